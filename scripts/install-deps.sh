@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs MarkBase's build and test dependencies on Debian 12 from Debian's own packages, by name.
+#   build-essential, cmake, ninja-build  the C++20 toolchain and build system (CMake >= 3.25 is Debian 12's)
+#   nlohmann-json3-dev                   header-only JSON for config.json, safetensors headers, tokenizer.json
+#   libgtest-dev                         GoogleTest, the test framework
+#   xz-utils                             unpacks the compressed tokenizer fixtures under tests/data
+#   python3                              the test scripts' small helpers (no third-party modules)
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev xz-utils python3)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,78 @@
+// Memory-mapped safetensors checkpoints: one file or a sharded set with model.safetensors.index.json.
+// Nothing is copied: tensors are views into the mapped files. Everything is validated when opened (header
+// length within the file, well-formed JSON, known dtype, shape * dtype size == byte range, ranges inside the
+// data section and non-overlapping, index entries present in their shards); errors name the file and tensor.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace markbase {
+
+enum class DType { BF16, F16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL, F8_E4M3, F8_E5M2 };
+
+const char* dtype_name(DType t);
+int dtype_size(DType t);
+
+struct TensorInfo {
+    std::string name;
+    DType dtype = DType::BF16;
+    std::vector<int64_t> shape;
+    const uint8_t* data = nullptr;  // inside the mapped file
+    uint64_t nbytes = 0;
+    std::string file;  // the shard it came from (for error messages)
+
+    int64_t numel() const;
+    std::string shape_str() const;  // "[128, 1408, 2816]"
+};
+
+// A read-only mapping of one file; unmapped on destruction.
+class MappedFile {
+public:
+    explicit MappedFile(const std::filesystem::path& path);
+    ~MappedFile();
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    const uint8_t* data() const { return data_; }
+    uint64_t size() const { return size_; }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    const uint8_t* data_ = nullptr;
+    uint64_t size_ = 0;
+};
+
+class SafetensorsSet {
+public:
+    // `path` is a model folder (index or single model.safetensors) or one .safetensors file.
+    static SafetensorsSet open(const std::filesystem::path& path);
+
+    const TensorInfo* find(std::string_view name) const;
+    // Throws markbase::Error "missing tensor NAME (looked in FILES)" when absent.
+    const TensorInfo& get(std::string_view name) const;
+    const std::map<std::string, TensorInfo, std::less<>>& tensors() const { return tensors_; }
+    std::vector<std::string> files() const;
+    uint64_t total_bytes() const;
+
+private:
+    std::vector<std::shared_ptr<MappedFile>> maps_;
+    std::map<std::string, TensorInfo, std::less<>> tensors_;
+};
+
+// Writing, for tests and for tools that make random checkpoints without Python.
+struct TensorToWrite {
+    std::string name;
+    DType dtype = DType::BF16;
+    std::vector<int64_t> shape;
+    const void* data = nullptr;  // exactly numel * dtype_size bytes
+};
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace markbase

@@ -1,0 +1,75 @@
+// The Gemma 4 text-decoder configuration, resolved to one plain struct.
+// Every value here is final: defaults, per-layer overrides and KV-sharing sources are worked out at parse time
+// (loading/config_json.cpp) so the forward passes never look at JSON. See ../shared/GEMMA4.md section 1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace markbase {
+
+enum class AttentionKind { Sliding, Full };
+
+struct RopeParams {
+    double theta = 10000.0;
+    // Fraction of the head's pairs that rotate. 1.0 for "default"; 0.25 for the "proportional" full layers,
+    // where the inverse frequencies still divide by the whole head dim (GEMMA4.md 2.5.5).
+    double partial_rotary_factor = 1.0;
+    bool proportional = false;
+};
+
+struct LayerSpec {
+    AttentionKind kind = AttentionKind::Sliding;
+    int head_dim = 256;        // d: 256 on sliding layers, 512 on full layers
+    int n_kv_heads = 1;        // per-layer-type KV head count
+    bool k_eq_v = false;       // full layers of 26B/31B: no v_proj, V from the raw k projection
+    int kv_source = -1;        // KV-shared layers: index of the layer whose cache they read; -1 = own cache
+    int mlp_width = 0;         // dense MLP intermediate size (E2B doubles it on shared layers)
+    bool has_own_kv() const { return kv_source < 0; }
+};
+
+struct ModelConfig {
+    // Where the text weights live: "model.language_model." (nested multimodal) or "model." (flat CausalLM).
+    std::string weight_prefix;
+    std::string architecture;  // as written in config.json (for `inspect`)
+
+    int64_t vocab_size = 262144;
+    int hidden = 0;            // H
+    int n_layers = 0;          // L
+    int n_heads = 0;
+    int sliding_window = 512;  // W: a sliding query sees the last W positions including itself
+    int64_t max_positions = 131072;
+    float rms_eps = 1e-6f;
+    float final_softcap = 0.0f;  // 0 = none; Gemma 4 ships 30
+
+    // Per-layer embeddings (E2B/E4B); ple_dim == 0 means off.
+    int ple_dim = 0;                 // P
+    int64_t ple_vocab = 262144;
+
+    // MoE (26B-A4B)
+    bool moe = false;
+    int n_experts = 0;
+    int top_k = 0;
+    int expert_width = 0;  // moe_intermediate_size / expert_intermediate_size
+
+    int n_kv_shared = 0;   // the last n layers read another layer's cache
+    RopeParams rope_sliding{10000.0, 1.0, false};
+    RopeParams rope_full{1e6, 0.25, true};
+
+    std::vector<LayerSpec> layers;  // [L]
+
+    int bos_id = 2, eos_id = 1, pad_id = 0;
+    std::vector<int> stop_ids;  // eos ids from the config (top-level list wins)
+
+    int first_shared_layer() const { return n_layers - n_kv_shared; }
+    // sqrt(H) rounded to the checkpoint dtype (bf16), as HF multiplies the bf16 embedding by it.
+    float embed_scale() const;
+};
+
+// Parse config.json (both the nested multimodal and the flat text-only layouts, released keys and the
+// per_layer_config form). Throws markbase::Error naming the file and the field on anything unsupported.
+ModelConfig parse_config_file(const std::string& path);
+ModelConfig parse_config_text(const std::string& json_text, const std::string& source_name);
+
+}  // namespace markbase
