@@ -31,10 +31,13 @@ struct TensorInfo {
     std::string shape_str() const;  // "[128, 1408, 2816]"
 };
 
-// A read-only mapping of one file; unmapped on destruction.
+// A read-only mapping of one file; unmapped on destruction. An empty file gives data() == nullptr and size 0
+// (mmap cannot map zero bytes; callers decide whether empty is an error). `prefetch` asks the kernel to read
+// the whole file ahead (MADV_WILLNEED). It is off by default: the CPU backend reads weights in place, and a
+// 60 GB model must not be pulled into the page cache ahead of need on a machine that cannot hold it.
 class MappedFile {
-public:
-    explicit MappedFile(const std::filesystem::path& path);
+  public:
+    explicit MappedFile(const std::filesystem::path& path, bool prefetch = false);
     ~MappedFile();
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
@@ -42,14 +45,14 @@ public:
     uint64_t size() const { return size_; }
     const std::string& path() const { return path_; }
 
-private:
+  private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     uint64_t size_ = 0;
 };
 
 class SafetensorsSet {
-public:
+  public:
     // `path` is a model folder (index or single model.safetensors) or one .safetensors file.
     static SafetensorsSet open(const std::filesystem::path& path);
 
@@ -57,12 +60,15 @@ public:
     // Throws markbase::Error "missing tensor NAME (looked in FILES)" when absent.
     const TensorInfo& get(std::string_view name) const;
     const std::map<std::string, TensorInfo, std::less<>>& tensors() const { return tensors_; }
-    std::vector<std::string> files() const;
-    uint64_t total_bytes() const;
+    std::vector<std::string> files() const;  // the shards' paths, in the order they were opened
+    uint64_t total_bytes() const;            // sum of all tensors' nbytes (not the files' sizes)
+    // Every shard's "__metadata__" merged (string -> string); a later shard's value wins on a key clash.
+    const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
-private:
+  private:
     std::vector<std::shared_ptr<MappedFile>> maps_;
     std::map<std::string, TensorInfo, std::less<>> tensors_;
+    std::map<std::string, std::string> metadata_;
 };
 
 // Writing, for tests and for tools that make random checkpoints without Python.

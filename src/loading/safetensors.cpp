@@ -1,0 +1,463 @@
+// Safetensors reader and writer. The header is untrusted input (downloaded checkpoints, half-copied files),
+// so every field is checked before any pointer into the mapping is formed; after open() succeeds, every
+// TensorInfo points at exactly nbytes readable bytes and no two tensors share a byte.
+#include "loading/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <system_error>
+
+#include "model/error.h"
+
+namespace markbase {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Real headers are ~100 KB even for the largest checkpoints; anything near this is corruption, and refusing
+// it keeps a flipped high bit in the length from making us parse gigabytes of tensor data as JSON.
+constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
+
+struct DTypeEntry {
+    DType t;
+    const char* name;
+    int size;
+};
+constexpr DTypeEntry kDTypes[] = {
+    {DType::BF16, "BF16", 2}, {DType::F16, "F16", 2},         {DType::F32, "F32", 4},
+    {DType::F64, "F64", 8},   {DType::I8, "I8", 1},           {DType::I16, "I16", 2},
+    {DType::I32, "I32", 4},   {DType::I64, "I64", 8},         {DType::U8, "U8", 1},
+    {DType::U16, "U16", 2},   {DType::U32, "U32", 4},         {DType::U64, "U64", 8},
+    {DType::BOOL, "BOOL", 1}, {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E5M2, "F8_E5M2", 1},
+};
+
+const DTypeEntry* dtype_entry(DType t) {
+    for (const auto& e : kDTypes)
+        if (e.t == t) return &e;
+    return nullptr;
+}
+
+std::string errno_text(int err) {
+    return std::error_code(err, std::generic_category()).message();
+}
+
+// A JSON value shown in an error, shortened so a corrupted multi-megabyte value cannot flood the terminal.
+std::string show(const json& v) {
+    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (s.size() > 80) s = s.substr(0, 77) + "...";
+    return s;
+}
+
+std::string known_dtypes() {
+    std::string s;
+    for (const auto& e : kDTypes) s += (s.empty() ? "" : ", ") + std::string(e.name);
+    return s;
+}
+
+// Overflow-safe product of non-negative factors; false when it does not fit in uint64.
+bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+// One shard's tensors, validated. `file` is the path used in every message.
+struct ParsedShard {
+    std::vector<TensorInfo> tensors;
+    std::map<std::string, std::string> metadata;
+};
+
+ParsedShard parse_shard(const MappedFile& m) {
+    const std::string& file = m.path();
+    auto fail = [&](const std::string& msg) -> Error { return Error(file + ": " + msg); };
+
+    if (m.size() < 8)
+        throw fail("file is " + std::to_string(m.size()) +
+                   " bytes, too short for a safetensors file (expected at least the 8-byte header length)");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | m.data()[i];  // little-endian regardless of host order
+    if (n > kMaxHeaderBytes)
+        throw fail("header length is " + std::to_string(n) + " bytes, larger than the " +
+                   std::to_string(kMaxHeaderBytes) + "-byte limit (corrupt file or not safetensors)");
+    if (n > m.size() - 8)
+        throw fail("header length is " + std::to_string(n) + " bytes but only " +
+                   std::to_string(m.size() - 8) + " bytes follow the length field (file truncated?)");
+    if (n < 2) throw fail("header length is " + std::to_string(n) + " bytes, too short for a JSON object");
+
+    const char* hdr = reinterpret_cast<const char*>(m.data() + 8);
+    const uint8_t* data_start = m.data() + 8 + n;
+    const uint64_t data_size = m.size() - 8 - n;
+
+    // nlohmann keeps the last of duplicate keys silently; a callback sees every top-level key so a duplicate
+    // tensor name (two definitions, one silently lost) is reported instead.
+    std::set<std::string> seen;
+    std::string duplicate;
+    json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+        if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+            const auto& k = parsed.get_ref<const std::string&>();
+            if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+        }
+        return true;
+    };
+    json j;
+    try {
+        j = json::parse(hdr, hdr + n, cb);
+    } catch (const json::exception& e) {
+        throw fail(std::string("header is not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) throw fail("header must be a JSON object, found " + std::string(j.type_name()));
+    if (!duplicate.empty()) throw fail("tensor '" + duplicate + "' appears more than once in the header");
+
+    ParsedShard out;
+    struct Range {
+        uint64_t begin, end;
+        const std::string* name;
+    };
+    std::vector<Range> ranges;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        const std::string& name = it.key();
+        const json& e = it.value();
+        if (name == "__metadata__") {
+            if (!e.is_object())
+                throw fail("__metadata__ must be an object of strings, found " + std::string(e.type_name()));
+            for (auto mi = e.begin(); mi != e.end(); ++mi) {
+                if (!mi.value().is_string())
+                    throw fail("__metadata__ key '" + mi.key() + "' must be a string, found " +
+                               show(mi.value()));
+                out.metadata[mi.key()] = mi.value().get<std::string>();
+            }
+            continue;
+        }
+        auto tfail = [&](const std::string& msg) { return fail("tensor '" + name + "': " + msg); };
+        if (!e.is_object()) throw tfail("entry must be an object, found " + show(e));
+
+        TensorInfo t;
+        t.name = name;
+        t.file = file;
+
+        auto dt = e.find("dtype");
+        if (dt == e.end()) throw tfail("missing \"dtype\"");
+        if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + show(*dt));
+        const auto& dts = dt->get_ref<const std::string&>();
+        const DTypeEntry* de = nullptr;
+        for (const auto& d : kDTypes)
+            if (dts == d.name) de = &d;
+        if (!de) throw tfail("unknown dtype \"" + dts + "\" (expected one of " + known_dtypes() + ")");
+        t.dtype = de->t;
+
+        auto sh = e.find("shape");
+        if (sh == e.end()) throw tfail("missing \"shape\"");
+        if (!sh->is_array())
+            throw tfail("\"shape\" must be an array of non-negative integers, found " + show(*sh));
+        uint64_t numel = 1;
+        bool numel_overflow = false;
+        for (const json& d : *sh) {
+            // Non-negative integers parse as number_unsigned; negatives, floats and huge values do not.
+            if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+                throw tfail("\"shape\" must be an array of non-negative integers, found " + show(*sh));
+            uint64_t dim = d.get<uint64_t>();
+            t.shape.push_back(int64_t(dim));
+            if (!checked_mul(numel, dim, &numel)) numel_overflow = true;
+        }
+
+        auto off = e.find("data_offsets");
+        if (off == e.end()) throw tfail("missing \"data_offsets\"");
+        if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+            !(*off)[1].is_number_unsigned())
+            throw tfail("\"data_offsets\" must be two non-negative integers [begin, end], found " +
+                        show(*off));
+        uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
+        if (begin > end)
+            throw tfail("data_offsets begin " + std::to_string(begin) + " is greater than end " +
+                        std::to_string(end));
+        if (end > data_size)
+            throw tfail("data_offsets end " + std::to_string(end) + " is beyond the data section, which is " +
+                        std::to_string(data_size) + " bytes (file truncated?)");
+
+        uint64_t expect = 0;
+        if (numel_overflow || !checked_mul(numel, uint64_t(de->size), &expect))
+            throw tfail("shape " + t.shape_str() + " x " + de->name +
+                        " overflows 64 bits, but data_offsets span " + std::to_string(end - begin) +
+                        " bytes");
+        if (expect != end - begin)
+            throw tfail("shape " + t.shape_str() + " of " + de->name + " needs " + std::to_string(expect) +
+                        " bytes, but data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                        "] span " + std::to_string(end - begin) + " bytes");
+
+        t.nbytes = end - begin;
+        t.data = data_start + begin;
+        out.tensors.push_back(std::move(t));
+        ranges.push_back({begin, end, nullptr});
+    }
+    for (size_t i = 0; i < ranges.size(); ++i) ranges[i].name = &out.tensors[i].name;
+
+    // Overlap would let a write through one tensor (or a quantizer's in-place view) corrupt another; empty
+    // tensors hold no bytes and cannot overlap anything.
+    std::erase_if(ranges, [](const Range& r) { return r.begin == r.end; });
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < ranges.size(); ++i)
+        if (ranges[i].begin < ranges[i - 1].end)
+            throw fail("tensor '" + *ranges[i].name + "' bytes [" + std::to_string(ranges[i].begin) + ", " +
+                       std::to_string(ranges[i].end) + ") overlap tensor '" + *ranges[i - 1].name +
+                       "' bytes [" + std::to_string(ranges[i - 1].begin) + ", " +
+                       std::to_string(ranges[i - 1].end) + ")");
+    return out;
+}
+
+bool is_regular(const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec);
+}
+
+}  // namespace
+
+const char* dtype_name(DType t) {
+    const DTypeEntry* e = dtype_entry(t);
+    return e ? e->name : "?";
+}
+
+int dtype_size(DType t) {
+    const DTypeEntry* e = dtype_entry(t);
+    return e ? e->size : 0;
+}
+
+int64_t TensorInfo::numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
+std::string TensorInfo::shape_str() const {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+MappedFile::MappedFile(const fs::path& path, bool prefetch) : path_(path.string()) {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error("cannot open " + path_ + ": " + errno_text(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        int err = errno;
+        ::close(fd);
+        throw Error("cannot stat " + path_ + ": " + errno_text(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw Error("cannot map " + path_ + ": not a regular file");
+    }
+    size_ = uint64_t(st.st_size);
+    if (size_ > 0) {
+        // MAP_PRIVATE + PROT_READ: pages come straight from the page cache, nothing is copied, and a stray
+        // write faults instead of changing the checkpoint on disk.
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int err = errno;
+            ::close(fd);
+            throw Error("cannot mmap " + path_ + " (" + std::to_string(size_) +
+                        " bytes): " + errno_text(err));
+        }
+        data_ = static_cast<const uint8_t*>(p);
+        if (prefetch) ::madvise(p, size_, MADV_WILLNEED);  // advice only: failure changes nothing we rely on
+    }
+    ::close(fd);  // the mapping keeps the file alive
+}
+
+MappedFile::~MappedFile() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+SafetensorsSet SafetensorsSet::open(const fs::path& path) {
+    SafetensorsSet set;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) throw Error("safetensors path " + path.string() + " does not exist");
+
+    // Maps one shard and adds its tensors; duplicates across shards would make which copy wins arbitrary.
+    auto add_shard = [&set](const fs::path& file) {
+        auto m = std::make_shared<MappedFile>(file);
+        ParsedShard shard = parse_shard(*m);
+        for (auto& t : shard.tensors) {
+            if (auto it = set.tensors_.find(t.name); it != set.tensors_.end())
+                throw Error("tensor '" + t.name + "' appears in both " + it->second.file + " and " + t.file);
+            std::string name = t.name;
+            set.tensors_.emplace(std::move(name), std::move(t));
+        }
+        for (auto& [k, v] : shard.metadata) set.metadata_[k] = v;
+        set.maps_.push_back(std::move(m));
+    };
+
+    if (!fs::is_directory(path, ec)) {
+        add_shard(path);
+        return set;
+    }
+
+    const fs::path index = path / "model.safetensors.index.json";
+    if (is_regular(index)) {
+        const std::string iname = index.string();
+        json j;
+        try {
+            std::ifstream in(index, std::ios::binary);
+            if (!in) throw Error("cannot open " + iname + ": " + errno_text(errno));
+            j = json::parse(in);
+        } catch (const json::exception& e) {
+            throw Error(iname + ": not valid JSON: " + e.what());
+        }
+        if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+            throw Error(iname +
+                        ": expected an object with a \"weight_map\" object (tensor name -> shard file)");
+        const json& wm = j["weight_map"];
+        std::vector<std::string> shards;  // each once, in first-mention order (stable, readable errors)
+        std::set<std::string> shard_set;
+        for (auto it = wm.begin(); it != wm.end(); ++it) {
+            if (!it.value().is_string())
+                throw Error(iname + ": weight_map entry for tensor '" + it.key() +
+                            "' must be a file name, found " + show(it.value()));
+            const auto& f = it.value().get_ref<const std::string&>();
+            // The index is untrusted too: a shard must be a plain file name inside the model folder.
+            if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+                throw Error(iname + ": weight_map entry for tensor '" + it.key() + "' names shard \"" + f +
+                            "\", expected a file name in " + path.string());
+            if (shard_set.insert(f).second) shards.push_back(f);
+        }
+        for (const auto& f : shards)
+            if (!is_regular(path / f))
+                throw Error(iname + ": shard " + f + " is listed in the index but " + (path / f).string() +
+                            " does not exist");
+        for (const auto& f : shards) add_shard(path / f);
+        for (auto it = wm.begin(); it != wm.end(); ++it) {
+            const std::string want = (path / it.value().get<std::string>()).string();
+            const TensorInfo* t = set.find(it.key());
+            if (!t || t->file != want)
+                throw Error(iname + ": index says tensor '" + it.key() + "' is in shard " + want + ", but " +
+                            want + " has no such tensor" + (t ? " (it is in " + t->file + ")" : ""));
+        }
+        return set;
+    }
+
+    if (is_regular(path / "model.safetensors")) {
+        add_shard(path / "model.safetensors");
+        return set;
+    }
+    std::vector<fs::path> found;
+    for (const auto& de : fs::directory_iterator(path, ec))
+        if (de.path().extension() == ".safetensors" && is_regular(de.path())) found.push_back(de.path());
+    if (ec) throw Error("cannot list " + path.string() + ": " + ec.message());
+    if (found.size() == 1) {
+        add_shard(found[0]);
+        return set;
+    }
+    if (found.empty())
+        throw Error(
+            "no safetensors checkpoint in " + path.string() +
+            ": looked for model.safetensors.index.json, model.safetensors, and any *.safetensors file");
+    std::sort(found.begin(), found.end());
+    std::string names;
+    for (const auto& f : found) names += (names.empty() ? "" : ", ") + f.filename().string();
+    throw Error(path.string() + " has " + std::to_string(found.size()) + " .safetensors files (" + names +
+                ") but no model.safetensors.index.json to say which tensors are where");
+}
+
+const TensorInfo* SafetensorsSet::find(std::string_view name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const TensorInfo& SafetensorsSet::get(std::string_view name) const {
+    if (const TensorInfo* t = find(name)) return *t;
+    std::string fl;
+    for (const auto& f : files()) fl += (fl.empty() ? "" : ", ") + f;
+    throw Error("missing tensor " + std::string(name) + " (looked in " + fl + ")");
+}
+
+std::vector<std::string> SafetensorsSet::files() const {
+    std::vector<std::string> out;
+    for (const auto& m : maps_) out.push_back(m->path());
+    return out;
+}
+
+uint64_t SafetensorsSet::total_bytes() const {
+    uint64_t n = 0;
+    for (const auto& [name, t] : tensors_) n += t.nbytes;
+    return n;
+}
+
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+    const std::string p = path.string();
+    json hdr = json::object();
+    if (!metadata.empty()) hdr["__metadata__"] = metadata;
+    // Data goes in order of falling dtype size (as the reference writer does): with the 8-aligned data
+    // section every tensor then starts at a multiple of its element size, so in-place readers get aligned
+    // pointers.
+    std::vector<size_t> order(tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
+    });
+    std::vector<uint64_t> sizes;
+    uint64_t offset = 0;
+    for (size_t i : order) {
+        const TensorToWrite& t = tensors[i];
+        auto tfail = [&](const std::string& msg) {
+            return Error("writing " + p + ": tensor '" + t.name + "': " + msg);
+        };
+        if (t.name.empty() || t.name == "__metadata__") throw tfail("invalid tensor name");
+        if (hdr.contains(t.name)) throw tfail("name given twice");
+        if (!dtype_entry(t.dtype)) throw tfail("invalid dtype");
+        uint64_t n = uint64_t(dtype_size(t.dtype));
+        for (int64_t d : t.shape) {
+            if (d < 0) throw tfail("negative dimension " + std::to_string(d));
+            if (!checked_mul(n, uint64_t(d), &n)) throw tfail("byte size overflows 64 bits");
+        }
+        if (n > 0 && !t.data) throw tfail("data is null but " + std::to_string(n) + " bytes are needed");
+        hdr[t.name] = {
+            {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+        sizes.push_back(n);
+        offset += n;
+    }
+    // Pad with spaces to a multiple of 8, as the reference writer does, so the data section starts aligned.
+    std::string h = hdr.dump();
+    h.append((8 - h.size() % 8) % 8, ' ');
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
+
+    // Write beside the target and rename: an interrupted run leaves no half-written checkpoint behind.
+    fs::path tmp = path;
+    tmp += ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out) throw Error("cannot create " + tmp.string() + ": " + errno_text(errno));
+        out.write(reinterpret_cast<const char*>(len), 8);
+        out.write(h.data(), std::streamsize(h.size()));
+        for (size_t k = 0; k < order.size(); ++k)
+            if (sizes[k])
+                out.write(static_cast<const char*>(tensors[order[k]].data), std::streamsize(sizes[k]));
+        out.flush();
+        if (!out) {
+            int err = errno;
+            out.close();
+            std::error_code ec;
+            fs::remove(tmp, ec);
+            throw Error("cannot write " + tmp.string() + ": " + errno_text(err));
+        }
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        std::error_code ec2;
+        fs::remove(tmp, ec2);
+        throw Error("cannot rename " + tmp.string() + " to " + p + ": " + ec.message());
+    }
+}
+
+}  // namespace markbase
