@@ -3,9 +3,12 @@
 // (loading/config_json.cpp) so the forward passes never look at JSON. See ../shared/GEMMA4.md section 1.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "model/bf16.h"
 
 namespace markbase {
 
@@ -64,12 +67,7 @@ struct ModelConfig {
 
     int first_shared_layer() const { return n_layers - n_kv_shared; }
     // sqrt(H) rounded to the checkpoint dtype (bf16), as HF multiplies the bf16 embedding by it.
-    float embed_scale() const;
+    float embed_scale() const { return round_to_bf16(std::sqrt(static_cast<float>(hidden))); }
 };
-
-// Parse config.json (both the nested multimodal and the flat text-only layouts, released keys and the
-// per_layer_config form). Throws markbase::Error naming the file and the field on anything unsupported.
-ModelConfig parse_config_file(const std::string& path);
-ModelConfig parse_config_text(const std::string& json_text, const std::string& source_name);
 
 }  // namespace markbase

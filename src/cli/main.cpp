@@ -1,0 +1,61 @@
+// markbase: the command-line entry point. Dispatches to src/cli/commands/; every user-facing error is a
+// markbase::Error printed as one line, never a crash or a stack trace.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cli/commands/commands.h"
+#include "model/error.h"
+
+namespace {
+
+const char* kUsage =
+    "markbase: Gemma 4 inference\n"
+    "usage: markbase COMMAND [options]\n"
+    "  run        -m DIR (-p TEXT | --ids 2,17,300) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+    "             [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [-s SEED] [--json]\n"
+    "  chat       -m DIR                       interactive multi-turn chat (Ctrl-D ends)\n"
+    "  logits     -m DIR --ids 2,17,300 -o out.npy\n"
+    "  inspect    -m DIR                       variant, layer plan, parameters, bytes per token\n"
+    "  bench      -m DIR [-p 128] [-n 32] [-r 3]  prefill and decode receipt with achieved GB/s\n"
+    "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
+    "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
+    "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace markbase::cli;
+    if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+        std::fputs(kUsage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const std::string cmd = argv[1];
+    Args args(argv + 2, argv + argc);
+    for (const auto& s : args)
+        if (s == "-h" || s == "--help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+    try {
+        if (cmd == "run") return cmd_run(args);
+        if (cmd == "chat") return cmd_chat(args);
+        if (cmd == "logits") return cmd_logits(args);
+        if (cmd == "inspect") return cmd_inspect(args);
+        if (cmd == "bench") return cmd_bench(args);
+        if (cmd == "tokenize") return cmd_tokenize(args);
+        if (cmd == "detokenize") return cmd_detokenize(args);
+        std::fprintf(stderr, "markbase: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+        return 2;
+    } catch (const markbase::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "error: out of memory\n");
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: internal: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,122 @@
+// 2.5: Gemma 4 attention on the CPU: q/k norms, RoPE (default or proportional), k_eq_v, weightless v_norm,
+// GQA, sliding-window and full causal masks, KV sharing, scale 1.0, no softcap.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/forward.h"
+#include "cpu/matmul.h"
+#include "cpu/ops.h"
+
+namespace markbase::cpu {
+
+namespace {
+
+// inv_freq[j] for j in [0, d/2): theta^(-2j/d) for the rotated pairs, 0 for the pairs that pass through.
+// "proportional" (full layers): only int(factor * d / 2) pairs rotate, and the exponent still divides by d.
+std::vector<float> inverse_frequencies(const RopeParams& rp, int d) {
+    const int half = d / 2;
+    const int n_rot = rp.proportional ? static_cast<int>(rp.partial_rotary_factor * d / 2) : half;
+    std::vector<float> inv(half, 0.0f);
+    for (int j = 0; j < n_rot; ++j)
+        inv[j] = static_cast<float>(1.0 / std::pow(rp.theta, static_cast<double>(2 * j) / d));
+    return inv;
+}
+
+}  // namespace
+
+void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
+    const LayerWeights& w = w_.layers[i];
+    const LayerSpec& s = c_.layers[i];
+    const int H = c_.hidden, d = s.head_dim, nH = c_.n_heads, nKV = s.n_kv_heads;
+    const int qw = nH * d, kvw = nKV * d;
+    const float eps = c_.rms_eps;
+    const bool sliding = s.kind == AttentionKind::Sliding;
+    const std::vector<float> inv = inverse_frequencies(sliding ? c_.rope_sliding : c_.rope_full, d);
+    const int half = d / 2;
+
+    // cos/sin per token of this chunk, [n][d/2], fp32 as HF computes them
+    std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
+    for (int t = 0; t < n; ++t) {
+        const float pos = static_cast<float>(pos0 + t);
+        for (int j = 0; j < half; ++j) {
+            const float ang = pos * inv[j];
+            cos_t[t * half + j] = std::cos(ang);
+            sin_t[t * half + j] = std::sin(ang);
+        }
+    }
+
+    // q = RoPE(q_norm(q_proj(a)))
+    matmul_bf16(pool_, a_.data(), n, H, w.q_proj, qw, q_.data());
+    pool_.parallel_for(int64_t{n} * nH, [&](int64_t b, int64_t e) {
+        for (int64_t th = b; th < e; ++th) {
+            const int64_t t = th / nH;
+            float* q = q_.data() + th * d;
+            rmsnorm(q, w.q_norm, d, eps, q);
+            rope_neox(q, d, cos_t.data() + t * half, sin_t.data() + t * half);
+        }
+    });
+
+    // Own K/V: k = RoPE(k_norm(kraw)); v = v_norm(V) with V = kraw on k_eq_v layers, written into the cache.
+    if (s.has_own_kv()) {
+        matmul_bf16(pool_, a_.data(), n, H, w.k_proj, kvw, k_.data());
+        if (w.v_proj) matmul_bf16(pool_, a_.data(), n, H, w.v_proj, kvw, v_.data());
+        else std::copy(k_.begin(), k_.begin() + int64_t{n} * kvw, v_.begin());  // raw k, before k_norm and RoPE
+        LayerCache& lc = cache.layers[i];
+        pool_.parallel_for(int64_t{n} * nKV, [&](int64_t b, int64_t e) {
+            for (int64_t th = b; th < e; ++th) {
+                const int64_t t = th / nKV, g = th % nKV;
+                float* k = k_.data() + th * d;
+                rmsnorm(k, w.k_norm, d, eps, k);
+                rope_neox(k, d, cos_t.data() + t * half, sin_t.data() + t * half);
+                float* v = v_.data() + th * d;
+                rmsnorm(v, nullptr, d, eps, v);
+                std::copy(k, k + d, lc.k_at(pos0 + t) + g * d);
+                std::copy(v, v + d, lc.v_at(pos0 + t) + g * d);
+            }
+        });
+    }
+
+    // Scores q.k * 1.0 over the visible keys, fp32 softmax, weighted sum of V. KV-shared layers read their
+    // source layer's (already updated) cache and apply their own layer type's mask.
+    LayerCache& src = cache.layers[s.has_own_kv() ? i : s.kv_source];
+    const int group = nH / nKV;
+    const int64_t W = c_.sliding_window;
+    pool_.parallel_for(int64_t{n} * nH, [&](int64_t b, int64_t e) {
+        std::vector<float> scores;
+        for (int64_t th = b; th < e; ++th) {
+            const int64_t t = th / nH;
+            const int h = static_cast<int>(th % nH), g = h / group;
+            const int64_t pos = pos0 + t;
+            const int64_t lo = sliding ? std::max<int64_t>(0, pos - W + 1) : 0;  // last W positions incl. itself
+            const float* q = q_.data() + th * d;
+            scores.resize(pos - lo + 1);
+            float mx = -INFINITY;
+            for (int64_t j = lo; j <= pos; ++j) {
+                const float* k = src.k_at(j) + g * d;
+                float acc = 0.0f;
+                for (int u = 0; u < d; ++u) acc += q[u] * k[u];
+                scores[j - lo] = acc;
+                mx = std::max(mx, acc);
+            }
+            double sum = 0.0;
+            for (float& sc : scores) {
+                sc = std::exp(sc - mx);
+                sum += sc;
+            }
+            const float inv_sum = static_cast<float>(1.0 / sum);
+            float* out = attn_.data() + th * d;
+            std::fill(out, out + d, 0.0f);
+            for (int64_t j = lo; j <= pos; ++j) {
+                const float p = scores[j - lo] * inv_sum;
+                const float* v = src.v_at(j) + g * d;
+                for (int u = 0; u < d; ++u) out[u] += p * v[u];
+            }
+        }
+    });
+
+    // o_proj(concat heads)
+    matmul_bf16(pool_, attn_.data(), n, qw, w.o_proj, H, o_.data());
+}
+
+}  // namespace markbase::cpu

@@ -1,0 +1,27 @@
+#include "cpu/kv_cache.h"
+
+#include <algorithm>
+
+namespace markbase::cpu {
+
+KvCache::KvCache(const ModelConfig& c, int64_t ctx, int chunk) : max_ctx(ctx), max_chunk(chunk) {
+    layers.resize(c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) {
+        const LayerSpec& s = c.layers[i];
+        if (!s.has_own_kv()) continue;
+        LayerCache& l = layers[i];
+        l.n_kv = s.n_kv_heads;
+        l.d = s.head_dim;
+        l.capacity = s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c.sliding_window + chunk) : ctx;
+        l.k.assign(static_cast<size_t>(l.capacity) * l.n_kv * l.d, 0.0f);
+        l.v.assign(l.k.size(), 0.0f);
+    }
+}
+
+uint64_t KvCache::bytes() const {
+    uint64_t b = 0;
+    for (const auto& l : layers) b += (l.k.size() + l.v.size()) * sizeof(float);
+    return b;
+}
+
+}  // namespace markbase::cpu

@@ -1,0 +1,40 @@
+// Small fp32 building blocks of the Gemma 4 forward on the CPU. Weights are bf16 read in place.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "model/bf16.h"
+
+namespace markbase::cpu {
+
+// y = x * (mean(x^2) + eps)^-1/2 * w   (plain w, not 1+w; w == nullptr means no weight, as v_norm/router norm)
+inline void rmsnorm(const float* x, const bf16* w, int64_t n, float eps, float* y) {
+    double ss = 0.0;  // double: the result must not depend on n's size or summation order at the 1e-6 level
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    if (w) {
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * bf16_to_float(w[i]);
+    } else {
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv;
+    }
+}
+
+// gelu with the tanh approximation (HF gelu_pytorch_tanh)
+inline float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+// NeoX-style (rotate_half) RoPE on one head of `d` dims: dim j pairs with j + d/2, for the first `n_rot` pairs;
+// inv_freq has d/2 entries (zeros beyond n_rot mean those pairs pass through).
+inline void rope_neox(float* x, int d, const float* cos_t, const float* sin_t) {
+    const int half = d / 2;
+    for (int j = 0; j < half; ++j) {
+        const float a = x[j], b = x[j + half];
+        x[j] = a * cos_t[j] - b * sin_t[j];
+        x[j + half] = b * cos_t[j] + a * sin_t[j];
+    }
+}
+
+}  // namespace markbase::cpu

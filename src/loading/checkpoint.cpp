@@ -1,0 +1,105 @@
+#include "loading/checkpoint.h"
+
+#include <set>
+#include <sstream>
+
+#include "loading/config_json.h"
+#include "model/error.h"
+#include "model/tensor_plan.h"
+
+namespace markbase {
+
+namespace {
+
+std::string shape_to_string(const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+bool is_other_modality(const std::string& name) {
+    for (const char* p : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
+                          "vision_tower.", "audio_tower.", "multi_modal_projector."}) {
+        if (name.rfind(p, 0) == 0) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
+    auto ck = std::make_unique<Checkpoint>();
+    ck->dir = dir;
+    if (!std::filesystem::is_directory(dir)) throw Error(dir.string() + ": not a model folder (no such directory)");
+    ck->config = parse_config_file((dir / "config.json").string());
+    ck->files = SafetensorsSet::open(dir);
+    const ModelConfig& c = ck->config;
+    const std::string& prefix = c.weight_prefix;
+
+    // Bind every tensor the config implies; collect all problems so one load reports them all.
+    std::vector<std::string> problems;
+    std::set<std::string> used;
+    for (const PlannedTensor& p : plan_tensors(c, &ck->weights)) {
+        const std::string full = prefix + p.name;
+        used.insert(full);
+        const TensorInfo* t = ck->files.find(full);
+        if (!t) {
+            problems.push_back("missing tensor " + full + " (expected BF16 " + shape_to_string(p.shape) + ")");
+        } else if (t->dtype != DType::BF16) {
+            problems.push_back(t->file + ": tensor " + full + ": expected dtype BF16, found " + dtype_name(t->dtype));
+        } else if (t->shape != p.shape) {
+            problems.push_back(t->file + ": tensor " + full + ": expected shape " + shape_to_string(p.shape) +
+                               ", found " + shape_to_string(t->shape));
+        } else {
+            *p.slot = reinterpret_cast<const bf16*>(t->data);
+            ck->bound_bytes += t->nbytes;
+        }
+    }
+    std::set<std::string> unused;
+    for (const std::string& n : unused_tensor_names(c)) unused.insert(prefix + n);
+
+    // Anything else that claims to be part of the text stack means the config and the checkpoint disagree.
+    for (const auto& [name, info] : ck->files.tensors()) {
+        if (used.count(name)) continue;
+        // lm_head.weight is tied to embed_tokens (HF normally does not even save it); released E2B/E4B files
+        // carry K/V tensors for KV-shared layers that transformers ignores too.
+        if (unused.count(name) || name == "lm_head.weight" || is_other_modality(name) ||
+            name.rfind(prefix, 0) != 0) {
+            ck->skipped.push_back(name);
+            continue;
+        }
+        problems.push_back(info.file + ": unexpected tensor " + name + " " + info.shape_str() +
+                           " (config.json implies no such tensor: does the config match the weights?)");
+    }
+    if (!problems.empty()) {
+        std::ostringstream msg;
+        msg << dir.string() << ": checkpoint does not match config.json (" << problems.size() << " problem"
+            << (problems.size() > 1 ? "s" : "") << "):";
+        for (size_t i = 0; i < problems.size(); ++i) {
+            if (i == 12) {
+                msg << "\n  ... and " << (problems.size() - 12) << " more";
+                break;
+            }
+            msg << "\n  " << problems[i];
+        }
+        throw Error(msg.str());
+    }
+    for (LayerWeights& l : ck->weights.layers) l.layer_scalar = bf16_to_float(l.layer_scalar_raw[0]);
+    return ck;
+}
+
+ModelCounts count_params(const ModelConfig& c) {
+    ModelCounts m;
+    for (const PlannedTensor& p : plan_tensors(c, nullptr)) {
+        double n = 1;
+        for (int64_t d : p.shape) n *= static_cast<double>(d);
+        m.total_params += n;
+        if (p.name == "embed_tokens_per_layer.weight") continue;  // PLE rows are lookups, not reads
+        if (p.name.find("experts.") != std::string::npos) n *= static_cast<double>(c.top_k) / c.n_experts;
+        m.active_params += n;  // the tied lm_head (embed_tokens) is read in full every token
+    }
+    m.bytes_per_token = 2 * m.active_params;
+    return m;
+}
+
+}  // namespace markbase

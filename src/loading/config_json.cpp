@@ -1,0 +1,323 @@
+// config.json -> ModelConfig. Accepts the three layouts GEMMA4.md describes: nested multimodal (text_config,
+// Gemma4ForConditionalGeneration), flat text-only (Gemma4ForCausalLM), and both the released keys
+// (global_head_dim, num_global_key_value_heads) and the per_layer_config map transformers >= 5.17 writes.
+// Defaults are transformers' Gemma4TextConfig class defaults, so a config that leaves a field out means
+// what it means to transformers.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "loading/config_json.h"
+#include "model/error.h"
+
+namespace markbase {
+
+using nlohmann::json;
+
+namespace {
+
+struct Reader {
+    const json& j;
+    std::string where;  // "config.json (text_config)"
+
+    [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+        throw Error(where + ": field '" + field + "' " + what);
+    }
+    bool has(const char* k) const { return j.contains(k) && !j.at(k).is_null(); }
+
+    int64_t integer(const char* k, std::optional<int64_t> def) const {
+        if (!has(k)) {
+            if (def) return *def;
+            fail(k, "is required but missing");
+        }
+        const json& v = j.at(k);
+        if (!v.is_number_integer()) fail(k, "must be an integer, found " + v.dump());
+        return v.get<int64_t>();
+    }
+    int positive(const char* k, std::optional<int64_t> def) const {
+        int64_t v = integer(k, def);
+        if (v <= 0 || v > (int64_t{1} << 30)) fail(k, "must be a positive integer, found " + std::to_string(v));
+        return static_cast<int>(v);
+    }
+    int non_negative(const char* k, std::optional<int64_t> def) const {
+        int64_t v = integer(k, def);
+        if (v < 0 || v > (int64_t{1} << 30)) fail(k, "must be >= 0, found " + std::to_string(v));
+        return static_cast<int>(v);
+    }
+    double number(const char* k, std::optional<double> def) const {
+        if (!has(k)) {
+            if (def) return *def;
+            fail(k, "is required but missing");
+        }
+        const json& v = j.at(k);
+        if (!v.is_number()) fail(k, "must be a number, found " + v.dump());
+        return v.get<double>();
+    }
+    bool boolean(const char* k, bool def) const {
+        if (!has(k)) return def;
+        const json& v = j.at(k);
+        if (!v.is_boolean()) fail(k, "must be true or false, found " + v.dump());
+        return v.get<bool>();
+    }
+    std::string string(const char* k, const std::string& def) const {
+        if (!has(k)) return def;
+        const json& v = j.at(k);
+        if (!v.is_string()) fail(k, "must be a string, found " + v.dump());
+        return v.get<std::string>();
+    }
+};
+
+RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_name) {
+    std::string field = "rope_parameters." + type_name;
+    if (!p.is_object()) r.fail(field, "must be an object, found " + p.dump());
+    RopeParams rp;
+    std::string rope_type = p.value("rope_type", std::string("default"));
+    if (p.contains("rope_theta") && p["rope_theta"].is_number()) rp.theta = p["rope_theta"].get<double>();
+    else r.fail(field + ".rope_theta", "is required but missing");
+    if (rope_type == "default") {
+        rp.partial_rotary_factor = 1.0;
+        rp.proportional = false;
+    } else if (rope_type == "proportional") {
+        rp.proportional = true;
+        rp.partial_rotary_factor = p.value("partial_rotary_factor", 1.0);
+        if (!(rp.partial_rotary_factor > 0.0 && rp.partial_rotary_factor <= 1.0))
+            r.fail(field + ".partial_rotary_factor", "must be in (0, 1]");
+    } else {
+        r.fail(field + ".rope_type", "'" + rope_type + "' is not supported (expected default or proportional)");
+    }
+    for (const char* k : {"factor", "scaling_factor"}) {
+        if (p.contains(k) && p[k].is_number() && p[k].get<double>() != 1.0)
+            r.fail(field + "." + k, "rope scaling is not supported by Gemma 4 (found " + p[k].dump() + ")");
+    }
+    return rp;
+}
+
+ModelConfig parse_text_config(const Reader& r) {
+    ModelConfig c;
+    std::string mt = r.string("model_type", "gemma4_text");
+    if (mt != "gemma4_text") r.fail("model_type", "must be gemma4_text, found '" + mt + "'");
+
+    c.vocab_size = r.positive("vocab_size", 262144);
+    c.hidden = r.positive("hidden_size", 2304);
+    c.n_layers = r.positive("num_hidden_layers", 30);
+    c.n_heads = r.positive("num_attention_heads", 8);
+    int n_kv = r.positive("num_key_value_heads", 4);
+    int head_dim = r.positive("head_dim", 256);
+    c.sliding_window = r.positive("sliding_window", 512);
+    c.max_positions = r.positive("max_position_embeddings", 131072);
+    c.rms_eps = static_cast<float>(r.number("rms_norm_eps", 1e-6));
+    c.final_softcap = r.has("final_logit_softcapping")
+                          ? static_cast<float>(r.number("final_logit_softcapping", 0.0))
+                          : 0.0f;
+    if (c.final_softcap < 0) r.fail("final_logit_softcapping", "must be >= 0");
+
+    std::string act = r.string("hidden_activation", "gelu_pytorch_tanh");
+    if (act != "gelu_pytorch_tanh")
+        r.fail("hidden_activation", "'" + act + "' is not supported (Gemma 4 uses gelu_pytorch_tanh)");
+    if (r.boolean("attention_bias", false)) r.fail("attention_bias", "true is not supported (Gemma 4 has no biases)");
+    if (!r.boolean("tie_word_embeddings", true))
+        r.fail("tie_word_embeddings", "false is not supported (Gemma 4 ties lm_head to embed_tokens)");
+    std::string bidi = r.string("use_bidirectional_attention", "");
+    if (bidi == "all")
+        r.fail("use_bidirectional_attention", "'all' is not supported (text decoding is causal; 'vision' is fine)");
+    for (const char* k : {"attn_logit_softcapping", "query_pre_attn_scalar"}) {
+        if (r.has(k))
+            r.fail(k, "is present: this looks like a different Gemma model (Gemma 4 has neither); refusing to guess");
+    }
+
+    c.ple_dim = r.non_negative("hidden_size_per_layer_input", 256);
+    c.ple_vocab = r.positive("vocab_size_per_layer_input", 262144);
+    c.moe = r.boolean("enable_moe_block", false);
+    if (c.moe) {
+        c.n_experts = r.positive("num_experts", std::nullopt);
+        c.top_k = r.positive("top_k_experts", std::nullopt);
+        if (r.has("moe_intermediate_size")) c.expert_width = r.positive("moe_intermediate_size", std::nullopt);
+        else if (r.has("expert_intermediate_size")) c.expert_width = r.positive("expert_intermediate_size", std::nullopt);
+        else r.fail("moe_intermediate_size", "is required when enable_moe_block is true (or expert_intermediate_size)");
+        if (c.top_k > c.n_experts)
+            r.fail("top_k_experts", "(" + std::to_string(c.top_k) + ") exceeds num_experts (" +
+                                        std::to_string(c.n_experts) + ")");
+    }
+    bool k_eq_v = r.boolean("attention_k_eq_v", false);
+    bool double_wide = r.boolean("use_double_wide_mlp", false);
+    int inter = r.positive("intermediate_size", 9216);
+    c.n_kv_shared = r.non_negative("num_kv_shared_layers", 0);
+    if (c.n_kv_shared >= c.n_layers)
+        r.fail("num_kv_shared_layers", "(" + std::to_string(c.n_kv_shared) + ") must be below num_hidden_layers (" +
+                                          std::to_string(c.n_layers) + ")");
+
+    // Layer types: explicit list, or transformers' default 5:1 pattern; the last layer is always full.
+    std::vector<AttentionKind> kinds(c.n_layers, AttentionKind::Sliding);
+    if (r.has("layer_types")) {
+        const json& lt = r.j.at("layer_types");
+        if (!lt.is_array() || static_cast<int>(lt.size()) != c.n_layers)
+            r.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.n_layers) +
+                                      ") entries, found " + std::to_string(lt.is_array() ? lt.size() : 0));
+        for (int i = 0; i < c.n_layers; ++i) {
+            std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+            if (t == "sliding_attention") kinds[i] = AttentionKind::Sliding;
+            else if (t == "full_attention") kinds[i] = AttentionKind::Full;
+            else r.fail("layer_types[" + std::to_string(i) + "]", "'" + t + "' is not sliding_attention or full_attention");
+        }
+    } else {
+        for (int i = 0; i < c.n_layers; ++i) kinds[i] = ((i + 1) % 6) ? AttentionKind::Sliding : AttentionKind::Full;
+    }
+    kinds.back() = AttentionKind::Full;
+
+    // RoPE per layer type.
+    if (r.has("rope_parameters")) {
+        const json& rp = r.j.at("rope_parameters");
+        if (!rp.is_object()) r.fail("rope_parameters", "must be an object");
+        if (rp.contains("sliding_attention")) c.rope_sliding = parse_rope(r, rp.at("sliding_attention"), "sliding_attention");
+        if (rp.contains("full_attention")) c.rope_full = parse_rope(r, rp.at("full_attention"), "full_attention");
+    }
+
+    // Full-layer overrides: per_layer_config (transformers >= 5.17 save format) or the released keys.
+    // As in transformers, num_global_key_value_heads applies only when attention_k_eq_v is set.
+    std::vector<int> layer_hd(c.n_layers, head_dim), layer_kv(c.n_layers, n_kv);
+    if (r.has("per_layer_config")) {
+        const json& plc = r.j.at("per_layer_config");
+        if (!plc.is_object()) r.fail("per_layer_config", "must be an object mapping layer index to overrides");
+        for (auto it = plc.begin(); it != plc.end(); ++it) {
+            int idx = -1;
+            try {
+                size_t used = 0;
+                idx = std::stoi(it.key(), &used);
+                if (used != it.key().size()) idx = -1;
+            } catch (const std::exception&) {
+                idx = -1;
+            }
+            if (idx < 0 || idx >= c.n_layers) r.fail("per_layer_config", "has key '" + it.key() + "', not a layer index");
+            Reader sub{it.value(), r.where + " per_layer_config[" + it.key() + "]"};
+            if (!it.value().is_object()) sub.fail("(entry)", "must be an object");
+            for (auto f = it.value().begin(); f != it.value().end(); ++f) {
+                if (f.key() != "head_dim" && f.key() != "num_key_value_heads")
+                    sub.fail(f.key(), "is not a supported per-layer override (head_dim, num_key_value_heads)");
+            }
+            layer_hd[idx] = sub.positive("head_dim", layer_hd[idx]);
+            layer_kv[idx] = sub.positive("num_key_value_heads", layer_kv[idx]);
+        }
+    } else {
+        int global_hd = r.positive("global_head_dim", 512);
+        std::optional<int> global_kv;
+        if (k_eq_v && r.has("num_global_key_value_heads")) global_kv = r.positive("num_global_key_value_heads", std::nullopt);
+        for (int i = 0; i < c.n_layers; ++i) {
+            if (kinds[i] != AttentionKind::Full) continue;
+            layer_hd[i] = global_hd;
+            if (global_kv) layer_kv[i] = *global_kv;
+        }
+    }
+
+    // KV sharing: layers from `first` on read the last non-shared layer of the same type.
+    int first = c.n_layers - c.n_kv_shared;
+    c.layers.resize(c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) {
+        LayerSpec& l = c.layers[i];
+        l.kind = kinds[i];
+        l.head_dim = layer_hd[i];
+        l.n_kv_heads = layer_kv[i];
+        l.k_eq_v = k_eq_v && kinds[i] == AttentionKind::Full;
+        l.mlp_width = inter * ((double_wide && c.n_kv_shared > 0 && i >= first) ? 2 : 1);
+        if (l.head_dim % 2) r.fail("head_dim", "must be even for RoPE (layer " + std::to_string(i) + ")");
+        if (c.n_heads % l.n_kv_heads)
+            r.fail("num_key_value_heads", "(" + std::to_string(l.n_kv_heads) + " on layer " + std::to_string(i) +
+                                              ") must divide num_attention_heads (" + std::to_string(c.n_heads) + ")");
+        if (c.n_kv_shared > 0 && i >= first) {
+            int src = -1;
+            for (int j = first - 1; j >= 0; --j) {
+                if (kinds[j] == kinds[i]) {
+                    src = j;
+                    break;
+                }
+            }
+            if (src < 0)
+                r.fail("num_kv_shared_layers", "leaves layer " + std::to_string(i) +
+                                                   " with no earlier non-shared layer of its type to share KV with");
+            if (layer_hd[src] != l.head_dim || layer_kv[src] != l.n_kv_heads)
+                r.fail("per_layer_config", "layer " + std::to_string(i) + " shares KV with layer " + std::to_string(src) +
+                                               " but their head_dim/num_key_value_heads differ");
+            l.kv_source = src;
+        }
+    }
+
+    c.bos_id = static_cast<int>(r.integer("bos_token_id", 2));
+    c.pad_id = static_cast<int>(r.integer("pad_token_id", 0));
+    if (r.has("eos_token_id")) {
+        const json& e = r.j.at("eos_token_id");
+        if (e.is_array()) {
+            for (const auto& v : e)
+                if (v.is_number_integer()) c.stop_ids.push_back(v.get<int>());
+        } else if (e.is_number_integer()) {
+            c.stop_ids.push_back(e.get<int>());
+        }
+    }
+    if (c.stop_ids.empty()) c.stop_ids.push_back(1);
+    c.eos_id = c.stop_ids.front();
+    return c;
+}
+
+}  // namespace
+
+ModelConfig parse_config_text(const std::string& text, const std::string& source) {
+    json root;
+    try {
+        root = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw Error(source + ": not valid JSON: " + e.what());
+    }
+    if (!root.is_object()) throw Error(source + ": expected a JSON object at the top level");
+    Reader top{root, source};
+    std::string mt = top.string("model_type", "");
+    std::string arch;
+    if (root.contains("architectures") && root["architectures"].is_array() && !root["architectures"].empty() &&
+        root["architectures"][0].is_string())
+        arch = root["architectures"][0].get<std::string>();
+
+    ModelConfig c;
+    if (root.contains("text_config")) {
+        if (mt != "gemma4")
+            top.fail("model_type", "must be gemma4 for a config with text_config, found '" + mt + "'" +
+                                       (mt.empty() ? "" : " (only Gemma 4 is supported)"));
+        if (!arch.empty() && arch != "Gemma4ForConditionalGeneration")
+            top.fail("architectures", "'" + arch + "' is not supported (expected Gemma4ForConditionalGeneration)");
+        const json& tc = root["text_config"];
+        if (!tc.is_object()) top.fail("text_config", "must be an object");
+        c = parse_text_config(Reader{tc, source + " (text_config)"});
+        c.weight_prefix = "model.language_model.";
+        // The top-level eos list (e.g. [1, 106] for -it models) is what generation stops on.
+        if (root.contains("eos_token_id")) {
+            std::vector<int> ids;
+            const json& e = root["eos_token_id"];
+            if (e.is_array()) {
+                for (const auto& v : e)
+                    if (v.is_number_integer()) ids.push_back(v.get<int>());
+            } else if (e.is_number_integer()) {
+                ids.push_back(e.get<int>());
+            }
+            if (!ids.empty()) c.stop_ids = ids;
+        }
+    } else {
+        if (mt != "gemma4_text")
+            top.fail("model_type", "must be gemma4_text (or gemma4 with a text_config), found '" + mt + "'" +
+                                       (mt == "gemma4_unified" ? " (gemma4_unified is a different model)" : ""));
+        if (!arch.empty() && arch != "Gemma4ForCausalLM" && arch != "Gemma4TextModel")
+            top.fail("architectures", "'" + arch + "' is not supported (expected Gemma4ForCausalLM)");
+        c = parse_text_config(top);
+        c.weight_prefix = "model.";
+    }
+    c.architecture = arch.empty() ? (c.weight_prefix == "model." ? "Gemma4ForCausalLM" : "Gemma4ForConditionalGeneration")
+                                  : arch;
+    return c;
+}
+
+ModelConfig parse_config_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw Error(path + ": cannot open config (does the model folder contain config.json?)");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return parse_config_text(ss.str(), path);
+}
+
+}  // namespace markbase

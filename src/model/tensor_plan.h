@@ -1,0 +1,31 @@
+// Every text tensor a Gemma 4 config implies, with its exact shape and the Weights field it fills.
+// One list serves the loader (bind and validate), `inspect`, and the random-checkpoint writer, so the three
+// can never disagree about names or shapes (GEMMA4.md 3.2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace markbase {
+
+enum class TensorRole { Matrix, Embedding, Norm, QkNorm, Scalar };  // how a random checkpoint draws it
+
+struct PlannedTensor {
+    std::string name;  // without the config's weight prefix, e.g. "layers.3.self_attn.q_proj.weight"
+    std::vector<int64_t> shape;
+    TensorRole role = TensorRole::Matrix;
+    const bf16** slot = nullptr;  // where the loader stores the pointer (null when planning without Weights)
+};
+
+// w may be null; when given, its layers vector is sized and every slot points into it.
+std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w);
+
+// Names present in released checkpoints that the text model deliberately does not use
+// (the K/V projections and k_norm of KV-shared layers).
+std::vector<std::string> unused_tensor_names(const ModelConfig& c);
+
+}  // namespace markbase

@@ -1,0 +1,35 @@
+// What the generation loop needs from a backend (CPU now, CUDA next): feed tokens, get logits, keep a cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+
+namespace markbase {
+
+struct BackendOptions {
+    int64_t ctx_size = 4096;  // positions the KV cache holds (capped at max_position_embeddings)
+    int threads = 0;          // CPU threads; 0 = all cores
+    int chunk = 256;          // prompt tokens per batched forward pass
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual const ModelConfig& config() const = 0;
+    virtual std::string name() const = 0;
+    virtual int64_t n_past() const = 0;   // positions in the cache
+    virtual int64_t ctx_size() const = 0;
+    virtual void reset() = 0;             // empty the cache
+    // Appends ids to the sequence (split into batched chunks internally). logits: [ids.size()][V] when
+    // all_logits, else [V] for the last id; nullptr computes none. Throws markbase::Error when the context is full.
+    virtual void eval(const int* ids, int64_t n, float* logits, bool all_logits) = 0;
+    virtual uint64_t cache_bytes() const = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const Checkpoint& ck, const BackendOptions& opt);
+
+}  // namespace markbase

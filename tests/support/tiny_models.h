@@ -1,0 +1,24 @@
+// Tiny Gemma 4 configs of each family for tests that need a model but no reference outputs, written as random
+// checkpoints into a temporary folder that is removed when the fixture dies.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace markbase::testing {
+
+// family: "e2b", "e4b", "26b-a4b", "31b" at tiny widths (hidden 64, head dims 16/32, vocab 256, window 4).
+nlohmann::json tiny_config(const std::string& family);
+
+class TempDir {
+public:
+    explicit TempDir(const std::string& tag);
+    ~TempDir();
+    const std::filesystem::path& path() const { return path_; }
+
+private:
+    std::filesystem::path path_;
+};
+
+}  // namespace markbase::testing
