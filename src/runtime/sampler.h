@@ -18,7 +18,8 @@
 // Reproducibility: the same seed gives the same ids on every platform. mt19937_64's sequence is fixed by the
 // standard, its bits become a double by hand (53 bits * 2^-53, never std::uniform_real_distribution), and
 // every sort and selection uses a total order (probability, then id), so no library's tie-breaking leaks into
-// the result. The one remaining platform dependence is the last bit of std::exp.
+// the result. What stays platform-dependent is the last bit of std::exp (and so a mass landing exactly on the
+// top_p line).
 //
 // Cost at vocab 262144: one copy of the row, one exp per surviving token, an O(vocab) nth_element for top_k,
 // and for top_p without top_k a selection by mass (partition, sum, narrow) that is O(vocab), never a full
