@@ -1,0 +1,139 @@
+// The CLI contract, run as a user would: `logits` writes a [n_ids, vocab] float32 .npy equal to the library's
+// forward, `run --json` prints the generated ids, and bad input ends in one clear "error:" line and exit 1.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <iterator>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "loading/checkpoint.h"
+#include "loading/npy.h"
+#include "loading/random_checkpoint.h"
+#include "runtime/backend.h"
+#include "runtime/generate.h"
+#include "support/tiny_models.h"
+
+namespace markbase {
+namespace {
+
+struct Result {
+    int code;
+    std::string out;  // stdout
+    std::string err;  // stderr
+    std::string all() const { return out + err; }
+};
+
+Result run(const std::string& args) {
+    static int counter = 0;
+    const std::string err_file =
+        (std::filesystem::temp_directory_path() / ("markbase-cli-" + std::to_string(getpid()) + "-" +
+                                                   std::to_string(counter++) + ".err"))
+            .string();
+    std::string cmd = std::string(MARKBASE_BINARY) + " " + args + " 2>" + err_file;
+    Result r{-1, "", ""};
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream f(err_file);
+    r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    std::filesystem::remove(err_file);
+    return r;
+}
+
+class Cli : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir = new testing::TempDir("cli");
+        write_random_checkpoint(dir->path(), testing::tiny_config("26b-a4b"), 11);
+    }
+    static void TearDownTestSuite() { delete dir; }
+    static std::string model() { return "-m " + dir->path().string(); }
+    static testing::TempDir* dir;
+};
+testing::TempDir* Cli::dir = nullptr;
+
+TEST_F(Cli, LogitsWritesTheForwardAsNpy) {
+    const std::string out = (dir->path() / "out.npy").string();
+    Result r = run("logits " + model() + " --ids 2,17,200 -o " + out);
+    ASSERT_EQ(r.code, 0) << r.all();
+    NpyArray a = read_npy_f32(out);
+    ASSERT_EQ(a.shape, (std::vector<int64_t>{3, 256}));
+
+    auto ck = load_checkpoint(dir->path());
+    BackendOptions o;
+    o.threads = 1;
+    auto be = make_cpu_backend(*ck, o);
+    std::vector<int> ids{2, 17, 200};
+    std::vector<float> ref(3 * 256);
+    be->eval(ids.data(), 3, ref.data(), true);
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(a.data[i], ref[i], 1e-5f) << i;
+}
+
+TEST_F(Cli, RunJsonPrintsTheGreedyIds) {
+    Result r = run("run " + model() + " --ids 2,17,200 -n 7 --temp 0 --json");
+    ASSERT_EQ(r.code, 0) << r.all();
+    const auto line = r.out.substr(0, r.out.find('\n'));
+    nlohmann::json j = nlohmann::json::parse(line);
+    std::vector<int> ids = j.at("ids").get<std::vector<int>>();
+
+    auto ck = load_checkpoint(dir->path());
+    auto be = make_cpu_backend(*ck, BackendOptions{});
+    GenerateOptions go;
+    go.max_new_tokens = 7;
+    go.sampling.temperature = 0;
+    go.stop_ids = ck->config.stop_ids;
+    std::vector<int> expect;
+    generate(*be, {2, 17, 200}, go, [](int) { return true; }, &expect);
+    EXPECT_EQ(ids, expect);
+    EXPECT_NE(r.err.find("decode"), std::string::npos) << "no receipt on stderr: " << r.err;
+}
+
+TEST_F(Cli, SameSeedSameSample) {
+    Result a = run("run " + model() + " --ids 2,5 -n 12 --temp 1.5 --top-k 0 --top-p 1 -s 99 --json --ignore-eos");
+    Result b = run("run " + model() + " --ids 2,5 -n 12 --temp 1.5 --top-k 0 --top-p 1 -s 99 --json --ignore-eos");
+    ASSERT_EQ(a.code, 0) << a.all();
+    EXPECT_EQ(a.out.substr(0, a.out.find('\n')), b.out.substr(0, b.out.find('\n')));
+}
+
+TEST_F(Cli, BadInputsGiveOneClearError) {
+    struct Case {
+        std::string args, expect;
+    };
+    for (const Case& c : std::vector<Case>{
+             {"run --ids 2,3", "no model given"},
+             {"run " + model() + " --ids 2,3 --bogus 1", "--bogus"},
+             {"run " + model() + " --ids 2,999", "outside the vocabulary"},
+             {"run " + model() + " --ids 2,x", "not a token id"},
+             {"run " + model() + " --ids 2,3,4,5,6,7 -c 4", "context"},
+             {"run " + model() + " --ids 2,3 --top-p 7", "--top-p"},
+             {"run -m /nonexistent --ids 2", "/nonexistent"},
+             {"logits " + model() + " --ids 2", "-o"},
+             {"frobnicate", "unknown command"},
+         }) {
+        Result r = run(c.args);
+        EXPECT_NE(r.code, 0) << c.args;
+        EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << " printed: " << r.all();
+        EXPECT_EQ(r.err.find("terminate"), std::string::npos) << c.args << " crashed: " << r.all();
+    }
+}
+
+TEST_F(Cli, InspectPrintsThePlan) {
+    Result r = run("inspect " + model());
+    ASSERT_EQ(r.code, 0) << r.all();
+    EXPECT_NE(r.out.find("MoE: 8 experts, top 3"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("k_eq_v"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("bytes/token"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace markbase
