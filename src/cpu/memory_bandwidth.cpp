@@ -1,0 +1,135 @@
+#include "cpu/memory_bandwidth.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cpu/matmul.h"
+#include "model/bf16.h"
+
+namespace markbase::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Integer sums: associative, so the compiler vectorises them, and far faster than memory on any core. The slice
+// is read as four interleaved streams, as a GEMV over four weight rows reads it: one stream per core leaves the
+// prefetchers (and so the bandwidth) of many cores, Intel's especially, partly idle.
+uint64_t sum_words(const uint64_t* p, int64_t n) {
+    constexpr int kStreams = 4, kStep = 8;  // 8 words = one 64-byte line per stream per step
+    const int64_t len = n / kStreams / kStep * kStep;
+    const uint64_t* q[kStreams];
+    for (int s = 0; s < kStreams; ++s) q[s] = p + s * len;
+    uint64_t acc[kStep] = {};
+    for (int64_t i = 0; i < len; i += kStep) {
+        for (int s = 0; s < kStreams; ++s)
+            for (int j = 0; j < kStep; ++j) acc[j] += q[s][i + j];
+    }
+    uint64_t total = 0;
+    for (int j = 0; j < kStep; ++j) total += acc[j];
+    for (int64_t i = kStreams * len; i < n; ++i) total += p[i];
+    return total;
+}
+
+std::atomic<uint64_t> g_sink{0};  // keeps the sums alive
+
+}  // namespace
+
+BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes) {
+    const int64_t words = static_cast<int64_t>(std::max<size_t>(bytes / sizeof(uint64_t), 1));
+    std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
+    uint64_t* p = buf.get();
+    // Written by the threads that will read it, so each slice's pages sit near its reader on NUMA machines.
+    pool.parallel_for(words, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) p[i] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+    });
+    auto pass = [&] {
+        pool.parallel_for(words, [&](int64_t b, int64_t e) {
+            g_sink.fetch_add(sum_words(p + b, e - b), std::memory_order_relaxed);
+        });
+    };
+    pass();
+    std::vector<double> times;
+    for (int i = 0; i < 7; ++i) {
+        const auto t0 = Clock::now();
+        pass();
+        times.push_back(seconds_since(t0));
+    }
+    BandwidthResult r;
+    r.bytes = static_cast<double>(words) * sizeof(uint64_t);
+    r.read_gbs = r.bytes / median(times) / 1e9;
+    r.threads = pool.size();
+    return r;
+}
+
+namespace {
+
+struct GemvResult {
+    double ms;
+    double gbs;
+};
+
+// Median time of matmul_bf16 at n tokens; weights are random bf16 in [-1, 1), never zeros. A weight smaller than
+// 512 MB is replicated and the copies are used in turn, so every call streams it from memory, not from L3.
+GemvResult time_matmul(ThreadPool& pool, int64_t n, int64_t in, int64_t out, int reps) {
+    const int64_t elems = in * out;
+    const int64_t copies = std::max<int64_t>(1, ((int64_t{512} << 20) + elems * 2 - 1) / (elems * 2));
+    std::vector<bf16> w(static_cast<size_t>(elems * copies));
+    pool.parallel_for(out * copies, [&](int64_t b, int64_t e) {
+        std::mt19937 r(static_cast<uint32_t>(b) * 7919u + 17u);
+        std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+        for (int64_t i = b * in; i < e * in; ++i) w[static_cast<size_t>(i)] = float_to_bf16(ud(r));
+    });
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(n * in)), y(static_cast<size_t>(n * out));
+    for (auto& v : x) v = u(rng);
+    for (int64_t c = 0; c < copies; ++c) matmul_bf16(pool, x.data(), n, in, w.data() + c * elems, out, y.data());
+    std::vector<double> times;
+    for (int i = 0; i < reps; ++i) {
+        const bf16* wc = w.data() + (i % copies) * elems;
+        const auto t0 = Clock::now();
+        matmul_bf16(pool, x.data(), n, in, wc, out, y.data());
+        times.push_back(seconds_since(t0));
+    }
+    const double t = median(times);
+    const double bytes = static_cast<double>(elems) * sizeof(bf16) + static_cast<double>(n * (in + out)) * 4;
+    return {t * 1e3, bytes / t / 1e9};
+}
+
+}  // namespace
+
+void run_matmul_bench(ThreadPool& pool) {
+    const BandwidthResult bw = measure_read_bandwidth(pool);
+    std::printf("simd path: %s, threads: %d\n", matmul_simd_path(), pool.size());
+    std::printf("read bandwidth: %.2f GB/s (%.0f MB buffer, median of 7)\n", bw.read_gbs, bw.bytes / 1e6);
+    const int64_t shapes[][2] = {{2816, 2816}, {5376, 21504}, {1536, 262144}};  // {in, out}
+    for (const auto& s : shapes) {
+        const int reps = s[0] * s[1] > (int64_t{1} << 26) ? 9 : 64;
+        const GemvResult r = time_matmul(pool, 1, s[0], s[1], reps);
+        std::printf("gemv  out=%-7lld in=%-6lld %8.3f ms  %7.2f GB/s  %5.1f%% of read\n",
+                    static_cast<long long>(s[1]), static_cast<long long>(s[0]), r.ms, r.gbs,
+                    100.0 * r.gbs / bw.read_gbs);
+    }
+    for (int64_t n : {int64_t{2}, int64_t{4}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{128}, int64_t{512}}) {
+        const int64_t in = 2048, out = 2048;
+        const GemvResult r = time_matmul(pool, n, in, out, n >= 128 ? 7 : 32);
+        const double gflops = 2.0 * static_cast<double>(n * in * out) / (r.ms * 1e-3) / 1e9;
+        std::printf("matmul n=%-4lld 2048x2048 %8.3f ms  %7.1f GFLOP/s  %7.2f GB/s of weight\n",
+                    static_cast<long long>(n), r.ms, gflops, r.gbs);
+    }
+}
+
+}  // namespace markbase::cpu

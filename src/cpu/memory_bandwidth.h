@@ -1,0 +1,24 @@
+// The machine's own ceilings, measured: decode GB/s is reported as a share of these.
+#pragma once
+
+#include <cstddef>
+
+#include "cpu/thread_pool.h"
+
+namespace markbase::cpu {
+
+struct BandwidthResult {
+    double read_gbs = 0;  // 1e9 bytes per second, median of the timed passes
+    double bytes = 0;     // bytes read per pass
+    int threads = 0;      // pool size used
+};
+
+// Every thread of the pool sums its contiguous slice of a freshly written buffer of `bytes` bytes (choose it far
+// larger than the last-level cache); one untimed pass, then the median of several timed passes.
+BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30);
+
+// A lab bench, not a test: prints the read bandwidth, GEMV (n = 1) GB/s and % of it at 2816x2816, 21504x5376 and
+// 262144x1536 (lm_head-like, ~800 MB), and prefill GFLOP/s at n = 128 for 2048x2048. Allocates about 1 GB.
+void run_matmul_bench(ThreadPool& pool);
+
+}  // namespace markbase::cpu
