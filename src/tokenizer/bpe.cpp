@@ -1,6 +1,7 @@
 #include "tokenizer/bpe.h"
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -291,48 +292,39 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
     if (syms.empty()) return;
 
     if (syms.size() > 1) {
-        struct Candidate {
-            uint32_t rank;
-            int pos;
-            int new_id;
-        };
-        // Min-heap on (rank, pos): HF's Merge ordering, lowest rank first and leftmost on ties.
-        auto later = [](const Candidate& x, const Candidate& y) {
-            return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos;
-        };
-        thread_local std::vector<Candidate> heap;
+        // Min-heap of (rank << 32 | pos): HF's Merge ordering, lowest rank first and leftmost on ties, packed in
+        // one integer so that heap moves compare 8 bytes. An entry is stale when the pair at pos no longer has
+        // that rank; ranks identify pairs, so this is HF's "same new_id" check.
+        thread_local std::vector<uint64_t> heap;
         heap.clear();
+        auto push = [&](uint32_t rank, int pos) {
+            heap.push_back((static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos));
+            std::push_heap(heap.begin(), heap.end(), std::greater<>());
+        };
         alive.assign(syms.size(), 1);
         for (std::size_t i = 0; i + 1 < syms.size(); ++i)
             if (const MergeSlot* m = find_merge(syms[i].id, syms[i + 1].id))
-                heap.push_back({m->rank, static_cast<int>(i), m->new_id});
-        std::make_heap(heap.begin(), heap.end(), later);
+                heap.push_back((static_cast<uint64_t>(m->rank) << 32) | i);
+        std::make_heap(heap.begin(), heap.end(), std::greater<>());
         while (!heap.empty()) {
-            std::pop_heap(heap.begin(), heap.end(), later);
-            const Candidate top = heap.back();
+            std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+            const uint64_t top = heap.back();
             heap.pop_back();
-            Symbol& cur = syms[top.pos];
-            if (!alive[top.pos] || cur.next < 0) continue;
-            // Skip stale entries: the pair at pos changed since this candidate was queued.
+            const int pos = static_cast<int>(top & 0xFFFFFFFFu);
+            const auto rank = static_cast<uint32_t>(top >> 32);
+            Symbol& cur = syms[pos];
+            if (!alive[pos] || cur.next < 0) continue;
             const MergeSlot* m = find_merge(cur.id, syms[cur.next].id);
-            if (!m || m->new_id != top.new_id) continue;
+            if (!m || m->rank != rank) continue;
             const int right = cur.next;
-            cur.id = top.new_id;
+            cur.id = m->new_id;
             cur.next = syms[right].next;
             alive[right] = 0;
-            if (cur.next >= 0) syms[cur.next].prev = top.pos;
-            if (cur.prev >= 0) {
-                if (const MergeSlot* p = find_merge(syms[cur.prev].id, cur.id)) {
-                    heap.push_back({p->rank, cur.prev, p->new_id});
-                    std::push_heap(heap.begin(), heap.end(), later);
-                }
-            }
-            if (cur.next >= 0) {
-                if (const MergeSlot* n = find_merge(cur.id, syms[cur.next].id)) {
-                    heap.push_back({n->rank, top.pos, n->new_id});
-                    std::push_heap(heap.begin(), heap.end(), later);
-                }
-            }
+            if (cur.next >= 0) syms[cur.next].prev = pos;
+            if (cur.prev >= 0)
+                if (const MergeSlot* p = find_merge(syms[cur.prev].id, cur.id)) push(p->rank, cur.prev);
+            if (cur.next >= 0)
+                if (const MergeSlot* n = find_merge(cur.id, syms[cur.next].id)) push(n->rank, pos);
         }
     }
     for (int i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
