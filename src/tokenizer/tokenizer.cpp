@@ -150,7 +150,7 @@ std::string Tokenizer::Impl::normalize(std::string_view s) const {
 
 std::string_view Tokenizer::Impl::piece(int id) const {
     if (id < 0 || id >= id_space) return {};
-    if (added_index[id] >= 0) return added[added_index[id]].content;
+    if (added_index[id] >= 0) return added[added_index[id]].piece;
     return bpe.vocab().has_id(id) ? bpe.vocab().text(id) : std::string_view{};
 }
 

@@ -15,6 +15,7 @@ namespace markbase::tok {
 
 struct AddedToken {
     std::string content;
+    std::string piece;  // what decode prints: content, or normalize(content) for normalized tokens (as HF 0.23)
     int id = -1;
     bool special = false;
     bool normalized = false;

@@ -349,10 +349,11 @@ void build_added_tokens(const json& list, Tokenizer::Impl& m) {
     m.id_space = std::max(vocab.id_space(), max_added + 1);
     m.added_index.assign(m.id_space, -1);
     for (std::size_t i = 0; i < m.added.size(); ++i) {
-        const tok::AddedToken& a = m.added[i];
-        m.added_index[a.id] = static_cast<int>(i);
-        if (a.normalized) m.normalized_trie.add(m.normalize(a.content), a.id);
-        else m.raw_trie.add(a.content, a.id);
+        m.added_index[m.added[i].id] = static_cast<int>(i);
+        tok::AddedToken& b = m.added[i];
+        b.piece = b.normalized ? m.normalize(b.content) : b.content;
+        if (b.normalized) m.normalized_trie.add(b.piece, b.id);
+        else m.raw_trie.add(b.content, b.id);
     }
 }
 
