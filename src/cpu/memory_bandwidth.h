@@ -14,7 +14,8 @@ struct BandwidthResult {
 };
 
 // Every thread of the pool sums its contiguous slice of a freshly written buffer of `bytes` bytes (choose it far
-// larger than the last-level cache); one untimed pass, then the median of several timed passes.
+// larger than the last-level cache), once as one sequential stream and once as 16 neighbouring rows side by side;
+// one untimed pass of each, then the faster of the two medians of 5 timed passes.
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30);
 
 // A lab bench, not a test: prints the read bandwidth, GEMV (n = 1) GB/s and % of it at 2816x2816, 21504x5376 and
