@@ -9,9 +9,11 @@
 //                  e.g. Gemma 4's "\n+"), or a Sequence of these; invert must be false
 //   decoder        null, Replace (string pattern), ByteFallback, Fuse, or a Sequence of these
 //   added_tokens   matched leftmost-longest in the raw text (normalized=false) or in the normalized text
-//                  (normalized=true); lstrip / rstrip / single_word must be false (as in every Gemma file)
+//                  (normalized=true, decoded as their normalized form as HF 0.23 does); lstrip / rstrip /
+//                  single_word must be false (as in every Gemma file)
 //   post_processor, truncation, padding: ignored (BOS is the caller's: the chat template writes "<bos>"; for a raw
 //                  prompt prepend bos_id()).
+// A Tokenizer is immutable after load; encode/decode are const and safe to call from several threads at once.
 #pragma once
 
 #include <filesystem>
