@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/commands/bench_cuda.h"
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
 #include "cpu/memory_bandwidth.h"
@@ -49,6 +50,7 @@ std::string cpu_name() {
 
 int cmd_bench(const Args& args) {
     ArgReader a("bench", args);
+    if (bench_wants_cuda(a)) return cmd_bench_cuda(a);  // bench_cuda.cpp: --device cuda, --synthetic
     ModelOptions mo = ModelOptions::read(a);
     const int n_prompt = static_cast<int>(a.integer({"-p", "--n-prompt"}, 128));
     const int n_gen = static_cast<int>(a.integer({"-n", "--n-gen"}, 32));

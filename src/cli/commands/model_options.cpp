@@ -5,6 +5,9 @@
 #include <random>
 
 #include "model/error.h"
+#ifdef MARKBASE_HAS_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace markbase::cli {
 
@@ -14,13 +17,21 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     if (m) o.model_dir = *m;
     else if (const char* env = std::getenv("MARKBASE_MODEL")) o.model_dir = env;
     else throw Error("no model given: pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
-    o.device = a.value_or({"--device", "-dev"}, "cpu");
+    o.device = resolve_device(a.value_or({"--device", "-dev"}, "auto"));
     o.backend.threads = static_cast<int>(a.integer({"-t", "--threads"}, 0));
     o.backend.ctx_size = a.integer({"-c", "--ctx-size"}, 4096);
     o.backend.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 256));
     if (o.backend.threads < 0) throw Error("--threads must be >= 0");
     if (o.backend.chunk <= 0 || o.backend.chunk > 8192) throw Error("--batch-size must be in [1, 8192]");
     return o;
+}
+
+std::string resolve_device(const std::string& requested) {
+    if (requested != "auto") return requested;
+#ifdef MARKBASE_HAS_CUDA
+    if (cuda_device_info().available) return "cuda";
+#endif
+    return "cpu";
 }
 
 LoadedModel load_model(const ModelOptions& o) {
@@ -30,9 +41,14 @@ LoadedModel load_model(const ModelOptions& o) {
     if (o.device == "cpu") {
         lm.backend = make_cpu_backend(*lm.checkpoint, o.backend);
     } else if (o.device == "cuda") {
-        throw Error("--device cuda: the CUDA backend is not part of this build yet; use --device cpu");
+#ifdef MARKBASE_HAS_CUDA
+        lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
+#else
+        throw Error("--device cuda: this build has no CUDA backend (configure where nvcc is found, or with "
+                    "-DMARKBASE_CUDA=ON); use --device cpu");
+#endif
     } else {
-        throw Error("--device: unknown device '" + o.device + "' (expected cpu or cuda)");
+        throw Error("--device: unknown device '" + o.device + "' (expected auto, cpu or cuda)");
     }
     lm.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return lm;

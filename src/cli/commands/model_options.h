@@ -27,6 +27,10 @@ struct ModelOptions {
 
 LoadedModel load_model(const ModelOptions& o);
 
+// "auto" (the default --device) becomes "cuda" when this build has the CUDA backend and a device is present,
+// else "cpu"; any other name is returned as given.
+std::string resolve_device(const std::string& requested);
+
 // Reads --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
 // --frequency-penalty, -s/--seed (llama.cpp's names). Defaults are Gemma 4's generation_config.
 SamplingParams read_sampling(ArgReader& a);

@@ -1,0 +1,260 @@
+// markbase bench --device cuda [-m DIR | --synthetic VARIANT [--layers N] [--seed S]] [-p 128] [-n 256] [-r 3]
+//                [--prefill-tokens 512] [--profile] [--json-out FILE]
+// Decode at batch 1: prefill a seeded random prompt of -p tokens, then -n greedy tokens decoded on the device
+// (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the bytes
+// each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a separate
+// --prefill-tokens prompt. --profile times one decode step kernel by kernel. Prints a receipt with a logits hash.
+#include "cli/commands/bench_cuda.h"
+
+#ifdef MARKBASE_HAS_CUDA
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands/model_options.h"
+#include "cuda/cuda_backend.h"
+#include "model/error.h"
+
+namespace markbase::cli {
+
+namespace {
+
+constexpr double kRooflineGBs = 4160.0;  // PERFORMANCE.md: measured H200 HBM read
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+std::string hash_hex(const void* p, size_t bytes) {
+    uint64_t h = 1469598103934665603ull;
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    char s[32];
+    std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(h));
+    return s;
+}
+std::vector<int> random_prompt(int n, const ModelConfig& c, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int> p(n);
+    p[0] = c.bos_id;
+    for (int i = 1; i < n; ++i) p[i] = static_cast<int>(rng() % static_cast<uint32_t>(c.vocab_size));
+    return p;
+}
+
+}  // namespace
+
+bool bench_wants_cuda(ArgReader& a) {
+    if (a.value({"--synthetic"})) return true;
+    return resolve_device(a.value_or({"--device", "-dev"}, "auto")) == "cuda";
+}
+
+int cmd_bench_cuda(ArgReader& a) {
+    const auto synthetic = a.value({"--synthetic"});
+    const int layers = static_cast<int>(a.integer({"--layers"}, 0));
+    const uint64_t seed = static_cast<uint64_t>(a.integer({"--seed"}, 1234));
+    const int n_prompt = static_cast<int>(a.integer({"-p", "--n-prompt"}, 128));
+    const int n_gen = static_cast<int>(a.integer({"-n", "--n-gen"}, 256));
+    const int reps = static_cast<int>(a.integer({"-r", "--repetitions"}, 3));
+    const int n_prefill = static_cast<int>(a.integer({"--prefill-tokens"}, 512));
+    const bool profile = a.flag({"--profile"});
+    const std::string json_out = a.value_or({"--json-out"}, "");
+    if (n_prompt < 1 || n_gen < 1 || reps < 1 || n_prefill < 0)
+        throw Error("bench: -p, -n and -r must be >= 1, --prefill-tokens >= 0");
+
+    std::unique_ptr<Backend> owner;
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::string model_label;
+    BackendOptions bo;
+    const int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
+    double load_s = 0;
+    if (synthetic) {
+        if (a.value({"-m", "--model"})) throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
+        const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
+        if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
+        bo.ctx_size = a.integer({"-c", "--ctx-size"}, need);
+        bo.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        a.finish();
+        bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
+        const double t0 = now_s();
+        owner = make_synthetic_cuda_backend(*synthetic, layers, bo, seed);
+        load_s = now_s() - t0;
+        model_label = "synthetic:" + *synthetic + (layers ? "/" + std::to_string(layers) + "L" : "");
+    } else {
+        ModelOptions mo = ModelOptions::read(a);
+        mo.device = "cuda";
+        mo.backend.ctx_size = std::max<int64_t>(a.integer({"-c", "--ctx-size"}, need), need);
+        mo.backend.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        a.finish();
+        LoadedModel lm = load_model(mo);
+        checkpoint = std::move(lm.checkpoint);
+        owner = std::move(lm.backend);
+        load_s = lm.load_s;
+        model_label = mo.model_dir;
+    }
+    auto* be = dynamic_cast<CudaBackend*>(owner.get());
+    if (!be) throw Error("internal: the CUDA bench got a non-CUDA backend");
+    const ModelConfig& c = be->config();
+    const ModelCounts counts = count_params(c);
+    const int64_t V = c.vocab_size;
+    const CudaDeviceInfo dev = be->device();
+
+    const std::vector<int> prompt = random_prompt(n_prompt, c, 1234);
+    const std::vector<int> long_prompt = random_prompt(n_prefill, c, 4321);
+
+    // warm-up: module load, cuBLAS handles, graph capture
+    be->reset();
+    be->eval(prompt.data(), n_prompt, nullptr, false);
+    be->decode_greedy(4, nullptr);
+
+    std::vector<double> prefill, decode;
+    for (int r = 0; r < reps && n_prefill > 0; ++r) {
+        be->reset();
+        const double t0 = now_s();
+        be->eval(long_prompt.data(), n_prefill, nullptr, false);
+        prefill.push_back(now_s() - t0);
+    }
+    std::vector<float> logits(V);
+    std::vector<int> ids;
+    for (int r = 0; r < reps; ++r) {
+        be->reset();
+        be->eval(prompt.data(), n_prompt, nullptr, false);
+        const double t0 = now_s();
+        ids = be->decode_greedy(n_gen, r + 1 == reps ? logits.data() : nullptr);
+        decode.push_back((now_s() - t0) / n_gen);
+    }
+    const double pf = median(prefill), dc = median(decode);
+    const double gbs = counts.bytes_per_token / dc / 1e9;
+    const std::string logits_hash = hash_hex(logits.data(), logits.size() * sizeof(float));
+    const std::string ids_hash = hash_hex(ids.data(), ids.size() * sizeof(int));
+
+    std::printf("model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token, %.1f GB on the GPU)\n",
+                model_label.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9,
+                be->weight_bytes() / 1e9);
+    std::printf("device    %s, %d SMs, %.1f GiB; weights ready in %.1f s; KV cache fp32 %.1f MB\n", dev.name.c_str(),
+                dev.sm_count, dev.memory_gib, load_s, be->cache_bytes() / 1e6);
+    if (n_prefill > 0)
+        std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prefill, pf * 1e3, n_prefill / pf,
+                    reps);
+    std::printf("decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
+                n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / kRooflineGBs, kRooflineGBs / 1e3);
+    std::printf("logits    hash %s, ids hash %s (greedy chain from a seeded random prompt)\n", logits_hash.c_str(),
+                ids_hash.c_str());
+
+    nlohmann::json prof_json = nlohmann::json::array();
+    nlohmann::json by_kernel_json = nlohmann::json::object();
+    double prof_total = 0;
+    if (profile) {
+        be->reset();
+        be->eval(prompt.data(), n_prompt, nullptr, false);
+        be->decode_greedy(1, nullptr);
+        const std::vector<CudaProfileEntry> entries = be->profile_step();
+        struct Agg {
+            int calls = 0;
+            double ms = 0, bytes = 0;
+        };
+        std::map<std::string, Agg> by_kernel;
+        std::map<int, double> by_layer;
+        for (const auto& e : entries) {
+            Agg& k = by_kernel[e.kernel];
+            ++k.calls;
+            k.ms += e.ms;
+            k.bytes += e.bytes;
+            by_layer[e.layer] += e.ms;
+            prof_total += e.ms;
+            prof_json.push_back({{"kernel", e.kernel}, {"layer", e.layer}, {"ms", e.ms}, {"bytes", e.bytes}});
+        }
+        std::vector<std::pair<std::string, Agg>> rows(by_kernel.begin(), by_kernel.end());
+        std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+        std::printf("profile   one decode step, kernel by kernel (events around each launch, no graph): %.3f ms in "
+                    "%zu launches; graph step %.3f ms\n",
+                    prof_total, entries.size(), dc * 1e3);
+        std::printf("  %-18s %6s %10s %7s %10s %8s\n", "kernel", "calls", "total ms", "%", "MB", "GB/s");
+        for (const auto& [name, k] : rows) {
+            std::printf("  %-18s %6d %10.4f %6.1f%% %10.2f %8.1f\n", name.c_str(), k.calls, k.ms,
+                        100.0 * k.ms / prof_total, k.bytes / 1e6, k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0.0);
+            by_kernel_json[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
+        }
+        std::printf("  per layer (ms):");
+        for (const auto& [layer, ms] : by_layer) {
+            if (layer < 0) std::printf(" outside=%.3f", ms);
+            else std::printf(" %d=%.3f", layer, ms);
+        }
+        std::printf("\n");
+    }
+
+    if (!json_out.empty()) {
+        std::time_t t = std::time(nullptr);
+        char date[32];
+        std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+        const char* commit = std::getenv("MARKBASE_COMMIT");
+        nlohmann::json j = {{"kind", "cuda-bench"},
+                            {"model", model_label},
+                            {"device", dev.name},
+                            {"sm_count", dev.sm_count},
+                            {"date", date},
+                            {"commit", commit ? commit : "unknown"},
+                            {"dtype", "bf16 weights, fp32 activations and KV cache"},
+                            {"batch", 1},
+                            {"layers", c.n_layers},
+                            {"hidden", c.hidden},
+                            {"active_params", counts.active_params},
+                            {"bytes_per_token", counts.bytes_per_token},
+                            {"weight_bytes_on_gpu", be->weight_bytes()},
+                            {"kv_cache_bytes", be->cache_bytes()},
+                            {"ctx_size", be->ctx_size()},
+                            {"load_s", load_s},
+                            {"n_prompt", n_prompt},
+                            {"n_gen", n_gen},
+                            {"repetitions", reps},
+                            {"prefill_tokens", n_prefill},
+                            {"prefill_s_median", pf},
+                            {"prefill_tok_s", pf > 0 ? n_prefill / pf : 0.0},
+                            {"prefill_s_all", prefill},
+                            {"decode_ms_per_tok_median", dc * 1e3},
+                            {"decode_s_per_tok_all", decode},
+                            {"decode_tok_s", 1.0 / dc},
+                            {"decode_gb_s", gbs},
+                            {"roofline_gb_s", kRooflineGBs},
+                            {"decode_pct_of_roofline", 100.0 * gbs / kRooflineGBs},
+                            {"logits_hash", logits_hash},
+                            {"ids_hash", ids_hash},
+                            {"profile_total_ms", prof_total},
+                            {"profile_by_kernel", by_kernel_json},
+                            {"profile", prof_json}};
+        std::ofstream f(json_out);
+        f << j.dump(1) << "\n";
+        if (!f) throw Error(json_out + ": cannot write");
+    }
+    return 0;
+}
+
+}  // namespace markbase::cli
+
+#else
+
+#include "model/error.h"
+
+namespace markbase::cli {
+bool bench_wants_cuda(ArgReader& a) {
+    const auto dev = a.value({"--device", "-dev"});
+    return a.value({"--synthetic"}).has_value() || (dev && *dev == "cuda");
+}
+int cmd_bench_cuda(ArgReader&) {
+    throw Error("bench: --device cuda / --synthetic need the CUDA backend, which this build does not have "
+                "(configure where nvcc is found, or with -DMARKBASE_CUDA=ON)");
+}
+}  // namespace markbase::cli
+
+#endif

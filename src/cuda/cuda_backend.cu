@@ -1,0 +1,152 @@
+// CudaModel behind the runtime's Backend interface, the factories, and device discovery.
+#include <algorithm>
+#include <mutex>
+
+#include "cuda/cuda_model.h"
+#include "loading/config_json.h"
+#include "model/tensor_plan.h"
+#include "model/variants.h"
+
+namespace markbase {
+
+namespace {
+
+class CudaBackendImpl final : public CudaBackend {
+public:
+    CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
+        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk)) {}
+
+    const ModelConfig& config() const override { return model_.config(); }
+    std::string name() const override { return "cuda (" + cuda_device_info().name + ")"; }
+    int64_t n_past() const override { return model_.n_past; }
+    int64_t ctx_size() const override { return model_.ctx(); }
+    void reset() override { model_.n_past = 0; }
+    uint64_t cache_bytes() const override { return model_.cache_bytes(); }
+
+    void eval(const int* ids, int64_t n, float* logits, bool all_logits) override {
+        if (n <= 0) return;
+        if (model_.n_past + n > model_.ctx())
+            throw Error("context full: " + std::to_string(model_.n_past) + " cached + " + std::to_string(n) +
+                        " new tokens exceed the context size " + std::to_string(model_.ctx()) +
+                        " (set --ctx-size, at most " + std::to_string(config().max_positions) + ")");
+        const ModelConfig& c = config();
+        const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
+        for (int64_t t = 0; t < n; ++t)
+            if (ids[t] < 0 || ids[t] >= limit)
+                throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+                            " is outside the vocabulary [0, " + std::to_string(limit) + ")");
+        if (n == 1 && !all_logits) {
+            model_.decode(ids[0], logits);
+            return;
+        }
+        const int64_t V = c.vocab_size, chunk = model_.chunk();
+        for (int64_t b = 0; b < n; b += chunk) {
+            const int m = static_cast<int>(std::min<int64_t>(chunk, n - b));
+            const bool last = b + m == n;
+            float* out = nullptr;
+            if (logits && all_logits) out = logits + b * V;
+            else if (logits && last) out = logits;
+            model_.prefill(ids + b, m, out, all_logits);
+        }
+    }
+
+    std::vector<int> decode_greedy(int steps, float* last_logits) override {
+        if (model_.n_past == 0) throw Error("decode_greedy: evaluate a prompt first");
+        return model_.decode_greedy(steps, last_logits);
+    }
+    std::vector<CudaProfileEntry> profile_step() override {
+        if (model_.n_past == 0) throw Error("profile_step: evaluate a prompt first");
+        return model_.profile_step();
+    }
+    CudaDeviceInfo device() const override { return cuda_device_info(); }
+    uint64_t weight_bytes() const override { return model_.weights().bytes; }
+    const cuda::DeviceWeights& weights() const { return model_.weights(); }
+
+private:
+    cuda::CudaModel model_;
+};
+
+void require_device() {
+    const CudaDeviceInfo info = cuda_device_info();
+    if (!info.available) throw Error("--device cuda: no usable CUDA device (" + info.why_not + ")");
+    CUDA_CHECK(cudaSetDevice(0));
+}
+
+BackendOptions clamp(const ModelConfig& c, BackendOptions opt) {
+    if (opt.ctx_size <= 0) throw Error("--ctx-size must be positive, found " + std::to_string(opt.ctx_size));
+    opt.ctx_size = std::min<int64_t>(opt.ctx_size, c.max_positions);
+    opt.chunk = std::max(1, std::min<int>(opt.chunk, static_cast<int>(opt.ctx_size)));
+    return opt;
+}
+
+}  // namespace
+
+CudaDeviceInfo cuda_device_info() {
+    static std::once_flag once;
+    static CudaDeviceInfo info;
+    std::call_once(once, [] {
+        int n = 0;
+        const cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {
+            info.why_not = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+            cudaGetLastError();
+            return;
+        }
+        if (n == 0) {
+            info.why_not = "the CUDA runtime reports no devices";
+            return;
+        }
+        cudaDeviceProp prop{};
+        const cudaError_t e2 = cudaGetDeviceProperties(&prop, 0);
+        if (e2 != cudaSuccess) {
+            info.why_not = std::string(cudaGetErrorName(e2)) + ": " + cudaGetErrorString(e2);
+            cudaGetLastError();
+            return;
+        }
+        info.available = true;
+        info.name = prop.name;
+        info.sm_count = prop.multiProcessorCount;
+        info.cc_major = prop.major;
+        info.cc_minor = prop.minor;
+        info.memory_gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+    });
+    return info;
+}
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
+    require_device();
+    const BackendOptions o = clamp(ck.config, opt);
+    return std::make_unique<CudaBackendImpl>(cuda::upload_weights(ck), o);
+}
+
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& variant, int layers,
+                                                         const BackendOptions& opt, uint64_t seed) {
+    const ModelConfig c = parse_config_text(variant_config(variant, layers).dump(), "synthetic " + variant);
+    require_device();
+    const BackendOptions o = clamp(c, opt);
+    return std::make_unique<CudaBackendImpl>(cuda::synthetic_weights(c, seed), o);
+}
+
+std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {
+    const auto* impl = dynamic_cast<const CudaBackendImpl*>(&be);
+    if (!impl) throw Error("copy_weights_to_host: not a CUDA backend");
+    const cuda::DeviceWeights& dw = impl->weights();
+    auto hw = std::make_unique<HostWeights>();
+    Checkpoint& ck = hw->checkpoint;
+    ck.dir = "(device copy)";
+    ck.config = dw.config;
+    const std::vector<PlannedTensor> plan = plan_tensors(ck.config, &ck.weights);
+    if (plan.size() != dw.tensors.size()) throw Error("internal: tensor plan changed");
+    hw->storage.reserve(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const auto& t = dw.tensors[i];
+        hw->storage.emplace_back(t.bytes / sizeof(bf16));
+        CUDA_CHECK(cudaMemcpy(hw->storage.back().data(), t.ptr, t.bytes, cudaMemcpyDeviceToHost));
+        *plan[i].slot = hw->storage.back().data();
+        ck.bound_bytes += t.bytes;
+    }
+    for (size_t i = 0; i < ck.weights.layers.size(); ++i) ck.weights.layers[i].layer_scalar = dw.w.layers[i].layer_scalar;
+    return hw;
+}
+
+}  // namespace markbase

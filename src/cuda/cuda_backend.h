@@ -1,0 +1,64 @@
+// The CUDA backend's public face (plain C++, no CUDA headers): device discovery, the backend factories for a
+// loaded checkpoint and for random weights generated directly in GPU memory, and the extras that only a GPU
+// backend has (device-side greedy decoding, a per-kernel profile of one decode step).
+// Built only when MARKBASE_HAS_CUDA is defined; callers guard their includes with it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "runtime/backend.h"
+
+namespace markbase {
+
+struct CudaDeviceInfo {
+    bool available = false;
+    std::string why_not;  // when not available: what the runtime said
+    std::string name;
+    int sm_count = 0;
+    int cc_major = 0, cc_minor = 0;
+    double memory_gib = 0;
+};
+// Cheap and never throws; the first call initialises the CUDA runtime.
+CudaDeviceInfo cuda_device_info();
+
+struct CudaProfileEntry {
+    std::string kernel;  // "qkv", "attention", "experts_gate_up", ...
+    int layer = -1;      // -1: outside the layers (embedding, lm_head, ...)
+    double ms = 0;
+    double bytes = 0;    // weight bytes the kernel streams (0 where not counted)
+};
+
+class CudaBackend : public Backend {
+public:
+    // Decodes `steps` tokens greedily on the device, starting from the argmax of the last evaluated position
+    // (prefill or decode); one graph launch per token, one copy back at the end. Returns the ids; the logits
+    // of the final step go to last_logits ([V]) when given.
+    virtual std::vector<int> decode_greedy(int steps, float* last_logits) = 0;
+    // Runs one decode step (of the device-held next token) kernel by kernel, timing each with CUDA events.
+    // It is a real step: the position advances.
+    virtual std::vector<CudaProfileEntry> profile_step() = 0;
+    virtual CudaDeviceInfo device() const = 0;
+    virtual uint64_t weight_bytes() const = 0;  // bytes of weights resident on the GPU
+};
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt);
+
+// Random bf16 weights for a released variant ("e2b", "e4b", "26b-a4b", "31b"; layers 0 = real depth), drawn on
+// the GPU with loading/random_checkpoint.cpp's distributions (uniform, variance 1/fan_in for matrices; norms in
+// [0.5, 1.5), q/k norms in [0.1, 0.35), layer scalars in [0.6, 1.2)). No files are involved.
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& variant, int layers,
+                                                         const BackendOptions& opt, uint64_t seed = 1234);
+
+// A host copy of a CUDA backend's weights as a Checkpoint (no files), so the CPU backend can run the very same
+// model: the check of synthetic models at real widths.
+struct HostWeights {
+    Checkpoint checkpoint;
+    std::vector<std::vector<bf16>> storage;
+};
+std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be);
+
+}  // namespace markbase

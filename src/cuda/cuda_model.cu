@@ -1,0 +1,250 @@
+// CudaModel's memory, graph and entry points: buffers sized once for the chunk and context, the KV cache, the
+// decode graph (captured on first use, replayed per token), greedy decoding that never leaves the device, and
+// the profiled step.
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/cuda_model.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+constexpr int kDecodeSplit = 256;  // keys per attention piece at decode
+
+// inv_freq[j] = theta^(-2j/d) for the rotated pairs, 0 for the rest (as cpu/attention.cpp computes it).
+std::vector<float> inverse_frequencies(const RopeParams& rp, int d) {
+    const int half = d / 2;
+    const int n_rot = rp.proportional ? static_cast<int>(rp.partial_rotary_factor * d / 2) : half;
+    std::vector<float> inv(half, 0.0f);
+    for (int j = 0; j < n_rot; ++j)
+        inv[j] = static_cast<float>(1.0 / std::pow(rp.theta, static_cast<double>(2 * j) / d));
+    return inv;
+}
+
+}  // namespace
+
+template <class T>
+T* CudaModel::alloc(size_t count) {
+    void* p = nullptr;
+    const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw Error("out of GPU memory: " + std::to_string(bytes >> 20) +
+                    " MiB of activations or KV cache (lower --ctx-size or --batch-size)");
+    }
+    allocs_.push_back(p);
+    return static_cast<T*>(p);
+}
+
+CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
+    : dw_(std::move(dw)), c_(dw_->config), w_(dw_->w), ctx_(ctx), chunk_(chunk) {
+    try {
+        const int H = c_.hidden, nH = c_.n_heads, L = c_.n_layers, P = c_.ple_dim;
+        const int64_t LP = int64_t{L} * P, V = c_.vocab_size, n = chunk;
+        int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
+        int64_t max_pieces = n * nH * 4;
+        decode_splits_.resize(L);
+        for (int i = 0; i < L; ++i) {
+            const LayerSpec& s = c_.layers[i];
+            max_q = std::max(max_q, nH * s.head_dim);
+            max_kv = std::max(max_kv, s.n_kv_heads * s.head_dim);
+            max_I = std::max(max_I, s.mlp_width);
+            dmax = std::max(dmax, s.head_dim);
+            (s.kind == AttentionKind::Sliding ? d_sliding : d_full) = s.head_dim;
+            const int64_t range = s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx) : ctx;
+            decode_splits_[i] = static_cast<int>((range + kDecodeSplit - 1) / kDecodeSplit);
+            max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * decode_splits_[i]);
+        }
+        max_pieces_ = max_pieces;
+        const int E = c_.moe ? c_.n_experts : 0, K = c_.moe ? c_.top_k : 0, Ie = c_.moe ? c_.expert_width : 0;
+        const int split_w = std::max({H, max_q, max_I, P});
+        gemv_prepare(std::max({H, max_q, max_I, P, Ie}));
+
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUBLAS_CHECK(cublasCreate(&blas_));
+        CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+
+        d_state_ = alloc<int>(4);
+        CUDA_CHECK(cudaMemset(d_state_, 0, 4 * sizeof(int)));
+        CUDA_CHECK(cudaMallocHost(&h_state_, 4 * sizeof(int)));
+        CUDA_CHECK(cudaMallocHost(&h_ids_, static_cast<size_t>(n) * sizeof(int)));
+        d_ids_ = alloc<int>(n);
+        d_out_ids_ = alloc<int>(ctx);
+        d_argmax_ = alloc<unsigned long long>(1);
+
+        x_ = alloc<float>(n * H);
+        q_ = alloc<float>(n * max_q);
+        k_ = alloc<float>(n * std::max(max_kv, 1));
+        v_ = alloc<float>(n * std::max(max_kv, 1));
+        attn_ = alloc<float>(n * max_q);
+        o_ = alloc<float>(n * H);
+        g_ = alloc<float>(n * std::max(max_I, P));
+        u_ = alloc<float>(n * std::max(max_I, P));
+        m_ = alloc<float>(n * H);
+        if (P) {
+            ple_ctx_ = alloc<float>(n * LP);
+            ple_ = alloc<float>(n * LP);
+        }
+        logits_ = alloc<float>(V);
+        hi_ = alloc<bf16>(n * split_w);
+        lo_ = alloc<bf16>(n * split_w);
+        part_o_ = alloc<float>(max_pieces * dmax);
+        part_ml_ = alloc<float>(2 * max_pieces);
+        if (c_.moe) {
+            rlogits_ = alloc<float>(n * E);
+            sel_w_ = alloc<float>(n * K);
+            sel_id_ = alloc<int>(n * K);
+            gexp_ = alloc<int>(std::max(E, K) + 1);
+            goff_ = alloc<int>(std::max(E, K) + 1);
+            gent_ = alloc<int>(n * K);
+            e_in_ = alloc<float>(n * H);
+            eh_ = alloc<float>(n * K * Ie);
+            eslots_ = alloc<float>(n * K * H);
+        }
+
+        cache_.resize(L);
+        for (int i = 0; i < L; ++i) {
+            const LayerSpec& s = c_.layers[i];
+            if (!s.has_own_kv()) continue;
+            LayerCache& lc = cache_[i];
+            lc.cap = s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c_.sliding_window + chunk) : ctx;
+            const size_t elems = static_cast<size_t>(lc.cap) * s.n_kv_heads * s.head_dim;
+            lc.k = alloc<float>(elems);
+            lc.v = alloc<float>(elems);
+            CUDA_CHECK(cudaMemset(lc.k, 0, elems * sizeof(float)));
+            CUDA_CHECK(cudaMemset(lc.v, 0, elems * sizeof(float)));
+            cache_bytes_ += 2 * elems * sizeof(float);
+        }
+        for (int i = 0; i < L; ++i)
+            if (!c_.layers[i].has_own_kv()) cache_[i] = cache_[c_.layers[i].kv_source];
+
+        auto upload = [&](const std::vector<float>& v) {
+            float* d = alloc<float>(v.size());
+            CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+            return d;
+        };
+        if (d_sliding) inv_sliding_ = upload(inverse_frequencies(c_.rope_sliding, d_sliding));
+        if (d_full) inv_full_ = upload(inverse_frequencies(c_.rope_full, d_full));
+        CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (...) {
+        release();
+        throw;
+    }
+}
+
+CudaModel::~CudaModel() { release(); }
+
+void CudaModel::release() {
+    if (graph_) cudaGraphExecDestroy(graph_);
+    graph_ = nullptr;
+    if (blas_) cublasDestroy(blas_);
+    blas_ = nullptr;
+    if (stream_) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+    for (void* p : allocs_) cudaFree(p);
+    allocs_.clear();
+    if (h_state_) cudaFreeHost(h_state_);
+    h_state_ = nullptr;
+    if (h_ids_) cudaFreeHost(h_ids_);
+    h_ids_ = nullptr;
+}
+
+void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
+    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 passes).
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, hi_, CUDA_R_16BF, K,
+                              &zero, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_, CUDA_R_16BF, K,
+                              &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::attention_args(int i, AttnArgs& a) const {
+    const LayerSpec& s = c_.layers[i];
+    const LayerCache& lc = cache_[i];
+    a.q = q_;
+    a.k_cache = lc.k;
+    a.v_cache = lc.v;
+    a.cap = lc.cap;
+    a.nH = c_.n_heads;
+    a.nKV = s.n_kv_heads;
+    a.d = s.head_dim;
+    a.window = s.kind == AttentionKind::Sliding ? c_.sliding_window : 0;
+    a.pos_base = d_state_ + 1;
+    a.part_o = part_o_;
+    a.part_ml = part_ml_;
+    a.out = attn_;
+}
+
+void CudaModel::ensure_graph() {
+    if (graph_) return;
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+        record_step(nullptr);
+    } catch (...) {
+        cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    const cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(e);
+}
+
+void CudaModel::decode(int id, float* logits) {
+    if (n_past >= ctx_)
+        throw Error("context full: " + std::to_string(n_past) + " tokens fill the context (raise --ctx-size)");
+    ensure_graph();
+    h_state_[0] = id;
+    h_state_[1] = static_cast<int>(n_past);
+    CUDA_CHECK(cudaMemcpyAsync(d_state_, h_state_, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    if (logits)
+        CUDA_CHECK(cudaMemcpyAsync(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ++n_past;
+}
+
+std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
+    if (steps <= 0) return {};
+    if (n_past + steps > ctx_)
+        throw Error("context full: " + std::to_string(n_past) + " + " + std::to_string(steps) +
+                    " tokens exceed the context of " + std::to_string(ctx_) + " (raise --ctx-size)");
+    ensure_graph();
+    CUDA_CHECK(cudaMemsetAsync(d_state_ + 2, 0, sizeof(int), stream_));
+    for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    std::vector<int> ids(steps);
+    CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_out_ids_, steps * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    if (last_logits)
+        CUDA_CHECK(cudaMemcpyAsync(last_logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    n_past += steps;
+    return ids;
+}
+
+std::vector<CudaProfileEntry> CudaModel::profile_step() {
+    if (n_past >= ctx_) throw Error("context full: no room for a profiled step");
+    Profiler pf;
+    record_step(&pf);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ++n_past;
+    std::vector<CudaProfileEntry> out;
+    for (auto& r : pf.recs) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
+        cudaEventDestroy(r.start);
+        cudaEventDestroy(r.stop);
+        out.push_back({r.kernel, r.layer, ms, r.bytes});
+    }
+    return out;
+}
+
+}  // namespace markbase::cuda
+
+namespace markbase::cuda {
+template float* CudaModel::alloc<float>(size_t);
+}  // namespace markbase::cuda

@@ -1,0 +1,141 @@
+// The Gemma 4 decoder on one CUDA device: weights resident in GPU memory (DeviceWeights), fp32 activations and
+// an fp32 KV cache, a decode step captured once as a CUDA graph and replayed per token, and batched prefill
+// through cuBLAS. The model's math follows cpu/forward.cpp step by step; cuda_step.cu holds the decode step,
+// cuda_prefill.cu the prefill, cuda_weights.cu the weights.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace markbase::cuda {
+
+// Weights in device memory, in the checkpoint's layout; Weights' pointers are device pointers here.
+struct DeviceWeights {
+    ModelConfig config;
+    Weights w;
+    struct Tensor {
+        std::string name;
+        std::vector<int64_t> shape;
+        const bf16* ptr = nullptr;
+        uint64_t bytes = 0;
+    };
+    std::vector<Tensor> tensors;  // plan order
+    uint64_t bytes = 0;
+    DeviceWeights() = default;
+    DeviceWeights(const DeviceWeights&) = delete;
+    DeviceWeights& operator=(const DeviceWeights&) = delete;
+    ~DeviceWeights();
+};
+
+std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck);
+std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
+
+class CudaModel {
+public:
+    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk);
+    ~CudaModel();
+    CudaModel(const CudaModel&) = delete;
+    CudaModel& operator=(const CudaModel&) = delete;
+
+    const ModelConfig& config() const { return c_; }
+    const DeviceWeights& weights() const { return *dw_; }
+    int64_t ctx() const { return ctx_; }
+    int chunk() const { return chunk_; }
+    uint64_t cache_bytes() const { return cache_bytes_; }
+    int64_t n_past = 0;
+
+    // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
+    void prefill(const int* ids, int n, float* logits, bool all_logits);
+    // One token through the captured graph.
+    void decode(int id, float* logits);
+    std::vector<int> decode_greedy(int steps, float* last_logits);
+    std::vector<CudaProfileEntry> profile_step();
+
+private:
+    // Events around each launch of a non-graph step; null while capturing the graph.
+    struct Profiler {
+        struct Rec {
+            const char* kernel;
+            int layer;
+            double bytes;
+            cudaEvent_t start, stop;
+        };
+        std::vector<Rec> recs;
+    };
+    template <class F>
+    void run(Profiler* pf, const char* name, int layer, double bytes, F&& launch) {
+        if (!pf) {
+            launch();
+            return;
+        }
+        Profiler::Rec r{name, layer, bytes, nullptr, nullptr};
+        CUDA_CHECK(cudaEventCreate(&r.start));
+        CUDA_CHECK(cudaEventCreate(&r.stop));
+        CUDA_CHECK(cudaEventRecord(r.start, stream_));
+        launch();
+        CUDA_CHECK(cudaEventRecord(r.stop, stream_));
+        pf->recs.push_back(r);
+    }
+    void record_step(Profiler* pf);           // cuda_step.cu: the decode step's kernels, n = 1
+    void record_layer(int i, Profiler* pf);   // cuda_step.cu
+    void prefill_layer(int i, int n, int64_t pos0);  // cuda_prefill.cu
+    void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
+    void ensure_graph();
+    void release();  // frees everything this object allocated (destructor, failed constructor)
+    template <class T>
+    T* alloc(size_t count);
+    void attention_args(int i, AttnArgs& a) const;
+
+    std::unique_ptr<DeviceWeights> dw_;
+    const ModelConfig& c_;
+    const Weights& w_;
+    int64_t ctx_;
+    int chunk_;
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t blas_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;
+    std::vector<void*> allocs_;
+
+    // device state: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
+    int* d_state_ = nullptr;
+    int* h_state_ = nullptr;  // pinned
+    int* h_ids_ = nullptr;    // pinned [chunk]
+    int* d_ids_ = nullptr;    // [chunk]
+    int* d_out_ids_ = nullptr;
+    unsigned long long* d_argmax_ = nullptr;
+
+    // activations, [chunk][width] row-major
+    float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
+    float *g_ = nullptr, *u_ = nullptr, *m_ = nullptr, *ple_ctx_ = nullptr, *ple_ = nullptr;
+    float* logits_ = nullptr;      // [V]
+    float* all_logits_ = nullptr;  // [chunk][V], allocated on first use
+    bf16 *hi_ = nullptr, *lo_ = nullptr;  // prefill GEMM inputs
+    float *part_o_ = nullptr, *part_ml_ = nullptr;
+    int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)
+
+    // MoE scratch
+    float *rlogits_ = nullptr, *sel_w_ = nullptr, *e_in_ = nullptr, *eh_ = nullptr, *eslots_ = nullptr;
+    int *sel_id_ = nullptr, *gexp_ = nullptr, *goff_ = nullptr, *gent_ = nullptr;
+
+    struct LayerCache {
+        float* k = nullptr;
+        float* v = nullptr;
+        int64_t cap = 0;
+    };
+    std::vector<LayerCache> cache_;  // [L]; KV-shared layers point at their source's
+    uint64_t cache_bytes_ = 0;
+    float *inv_sliding_ = nullptr, *inv_full_ = nullptr;
+    std::vector<int> decode_splits_;  // [L] attention pieces per head at decode
+};
+
+}  // namespace markbase::cuda

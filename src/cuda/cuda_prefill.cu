@@ -1,0 +1,146 @@
+// Batched prefill: the prompt chunk goes through every layer at once. Projections are cuBLAS GEMMs with bf16
+// weights and fp32 accumulation; the fp32 activations enter them as two bf16 halves (hi + lo), which keeps the
+// result within ~2^-16 of an fp32 product, so prefill and the fp32 decode path compute the same function.
+// Attention, norms, routing and the experts reuse the decode kernels with n tokens.
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/cuda_model.h"
+
+namespace markbase::cuda {
+
+void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
+    if (n <= 0) return;
+    if (n > chunk_) throw Error("internal: prefill of " + std::to_string(n) + " tokens exceeds the chunk size");
+    if (n_past + n > ctx_)
+        throw Error("context full: " + std::to_string(n_past + n) + " tokens do not fit in the context of " +
+                    std::to_string(ctx_) + " (raise --ctx-size)");
+    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
+    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const float eps = c_.rms_eps;
+    const int64_t pos0 = n_past;
+
+    std::copy(ids, ids + n, h_ids_);
+    h_state_[1] = static_cast<int>(pos0);
+    CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_ids_, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_state_ + 1, h_state_ + 1, sizeof(int), cudaMemcpyHostToDevice, stream_));
+
+    embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_);
+    if (P) {
+        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+        gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
+        ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
+    }
+    for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
+
+    // logits of the last token (its argmax becomes the next token on the device)
+    GemvInput in;
+    in.x = x_ + int64_t{n - 1} * H;
+    in.K = H;
+    in.norm = true;
+    in.norm_w = w_.final_norm;
+    in.eps = eps;
+    gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_);
+    if (logits && all_logits) {
+        if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
+        split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_, stream_);
+        gemm(w_.embed, static_cast<int>(V), H, n, all_logits_, V);
+        if (c_.final_softcap > 0.0f) softcap_inplace(all_logits_, int64_t{n} * V, c_.final_softcap, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(logits, all_logits_, static_cast<size_t>(n) * V * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    } else if (logits) {
+        CUDA_CHECK(cudaMemcpyAsync(logits, logits_, V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    finish_step(d_argmax_, d_state_, n, nullptr, 0, stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    n_past += n;
+}
+
+void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
+    const LayerWeights& lw = w_.layers[i];
+    const LayerSpec& s = c_.layers[i];
+    const int H = c_.hidden, nH = c_.n_heads, d = s.head_dim, nKV = s.n_kv_heads, I = s.mlp_width;
+    const int qw = nH * d, kvw = nKV * d;
+    const float eps = c_.rms_eps;
+    const bool own = s.has_own_kv(), sliding = s.kind == AttentionKind::Sliding;
+
+    // 2.5 attention
+    split_rows(x_, H, H, n, true, lw.input_norm, eps, hi_, lo_, stream_);
+    gemm(lw.q_proj, qw, H, n, q_, qw);
+    if (own) {
+        gemm(lw.k_proj, kvw, H, n, k_, kvw);
+        if (lw.v_proj) gemm(lw.v_proj, kvw, H, n, v_, kvw);
+    }
+    QkvPost p;
+    p.q = q_;
+    p.kraw = own ? k_ : nullptr;
+    p.vraw = lw.v_proj ? v_ : k_;
+    p.q_norm = lw.q_norm;
+    p.k_norm = lw.k_norm;
+    p.k_cache = cache_[i].k;
+    p.v_cache = cache_[i].v;
+    p.cap = cache_[i].cap;
+    p.nH = nH;
+    p.nKV = nKV;
+    p.d = d;
+    p.inv_freq = sliding ? inv_sliding_ : inv_full_;
+    p.pos_base = d_state_ + 1;
+    p.eps = eps;
+    qkv_post(p, n, stream_);
+
+    AttnArgs a;
+    attention_args(i, a);
+    const int64_t range = sliding ? std::min<int64_t>(c_.sliding_window, pos0 + n) : pos0 + n;
+    const int64_t want = (range + 255) / 256;
+    const int64_t room = std::max<int64_t>(1, max_pieces_ / (int64_t{n} * nH));
+    a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
+    a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
+    attention(a, n, stream_);
+
+    split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_, stream_);
+    gemm(lw.o_proj, H, qw, n, o_, H);
+    residual_add_norm(x_, o_, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
+
+    // FFN
+    const float ffn_scale = c_.ple_dim ? 1.0f : lw.layer_scalar;
+    split_rows(x_, H, H, n, true, lw.pre_ffn_norm, eps, hi_, lo_, stream_);
+    gemm(lw.gate_proj, I, H, n, g_, I);
+    gemm(lw.up_proj, I, H, n, u_, I);
+    geglu_split(g_, u_, I, I, n, hi_, lo_, stream_);
+    gemm(lw.down_proj, H, I, n, m_, H);
+
+    if (c_.moe) {
+        const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+        GemvInput in;
+        in.x = x_;
+        in.K = H;
+        in.ldx = H;
+        in.norm = true;
+        in.norm_w = lw.router_scale;
+        in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
+        in.eps = eps;
+        GemvSeg seg{lw.router_proj, rlogits_, E, E};
+        gemv(in, &seg, 1, n, stream_);
+        moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, stream_);
+        moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_);
+        rmsnorm_rows(x_, lw.pre_ffn_norm_2, H, n, eps, e_in_, stream_);
+        moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
+        moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
+        residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm,
+                             H, n, eps, ffn_scale, stream_);
+    } else {
+        residual_add_norm(x_, m_, lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+    }
+
+    if (c_.ple_dim) {
+        const int P = c_.ple_dim;
+        const int64_t LP = int64_t{c_.n_layers} * P;
+        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+        gemm(lw.ple_gate, P, H, n, g_, P);
+        geglu_split(g_, ple_ + int64_t{i} * P, LP, P, n, hi_, lo_, stream_);
+        gemm(lw.ple_proj, H, P, n, o_, H);
+        residual_add_norm(x_, o_, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
+    }
+}
+
+}  // namespace markbase::cuda

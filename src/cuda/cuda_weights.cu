@@ -1,0 +1,116 @@
+// Weights on the GPU: uploaded from a mapped checkpoint, or drawn at random directly in device memory for
+// benchmarks at real widths without files. One allocation per tensor, in the checkpoint's layout.
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/check.h"
+#include "cuda/cuda_model.h"
+#include "model/tensor_plan.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+// splitmix64 as loading/random_checkpoint.cpp's Rng: the k-th draw of a stream seeded s is mix(s + (k+1)*golden),
+// so every element can be drawn independently.
+__global__ void fill_kernel(uint16_t* out, int64_t n, uint64_t seed, float lo, float span) {
+    for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+         k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        uint64_t z = seed + static_cast<uint64_t>(k + 1) * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+        uint32_t b = __float_as_uint(fmaf(span, u, lo));
+        b += 0x7fffu + ((b >> 16) & 1u);
+        out[k] = static_cast<uint16_t>(b >> 16);
+    }
+}
+
+void role_bounds(const PlannedTensor& p, float& lo, float& hi) {
+    switch (p.role) {
+        case TensorRole::Matrix:
+        case TensorRole::Embedding: {
+            const float b = std::sqrt(3.0f / static_cast<float>(p.shape.back()));
+            lo = -b;
+            hi = b;
+            return;
+        }
+        case TensorRole::Norm: lo = 0.5f; hi = 1.5f; return;
+        case TensorRole::QkNorm: lo = 0.1f; hi = 0.35f; return;
+        case TensorRole::Scalar: lo = 0.6f; hi = 1.2f; return;
+    }
+}
+
+uint64_t numel(const std::vector<int64_t>& shape) {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    return n;
+}
+
+bf16* device_alloc(uint64_t bytes, const std::string& what) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        throw Error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " + what + " (" +
+                    std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
+    }
+    return static_cast<bf16*>(p);
+}
+
+}  // namespace
+
+void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s) {
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65536);
+    fill_kernel<<<static_cast<int>(blocks), threads, 0, s>>>(out, n, seed, lo, hi - lo);
+    CUDA_CHECK_LAUNCH();
+}
+
+DeviceWeights::~DeviceWeights() {
+    for (const Tensor& t : tensors) cudaFree(const_cast<bf16*>(t.ptr));
+}
+
+std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck) {
+    auto dw = std::make_unique<DeviceWeights>();
+    dw->config = ck.config;
+    for (const PlannedTensor& p : plan_tensors(dw->config, &dw->w)) {
+        const TensorInfo& info = ck.files.get(dw->config.weight_prefix + p.name);
+        bf16* d = device_alloc(info.nbytes, p.name);
+        dw->tensors.push_back({p.name, p.shape, d, info.nbytes});
+        CUDA_CHECK(cudaMemcpy(d, info.data, info.nbytes, cudaMemcpyHostToDevice));
+        *p.slot = d;
+        dw->bytes += info.nbytes;
+    }
+    for (size_t i = 0; i < dw->w.layers.size(); ++i) dw->w.layers[i].layer_scalar = ck.weights.layers[i].layer_scalar;
+    return dw;
+}
+
+std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed) {
+    auto dw = std::make_unique<DeviceWeights>();
+    dw->config = c;
+    const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const PlannedTensor& p = plan[i];
+        const uint64_t n = numel(p.shape);
+        bf16* d = device_alloc(2 * n, p.name);
+        dw->tensors.push_back({p.name, p.shape, d, 2 * n});
+        float lo = 0, hi = 0;
+        role_bounds(p, lo, hi);
+        fill_random_bf16(d, static_cast<int64_t>(n), seed * 1000003ull + i, lo, hi, nullptr);
+        *p.slot = d;
+        dw->bytes += 2 * n;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (LayerWeights& l : dw->w.layers) {
+        bf16 raw = 0;
+        CUDA_CHECK(cudaMemcpy(&raw, l.layer_scalar_raw, sizeof raw, cudaMemcpyDeviceToHost));
+        l.layer_scalar = bf16_to_float(raw);
+    }
+    return dw;
+}
+
+}  // namespace markbase::cuda

@@ -1,0 +1,84 @@
+// Device-side building blocks shared by the kernels: bf16 decoding, warp and block reductions, GELU, and the
+// streaming 16-byte weight load.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace markbase::cuda {
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) {
+    return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
+}
+
+// Round to nearest even, as torch casts float32 to bfloat16 (NaN kept quiet).
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
+    uint32_t b = __float_as_uint(f);
+    if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu)) return static_cast<uint16_t>((b >> 16) | 0x40);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return static_cast<uint16_t>(b >> 16);
+}
+
+// Weights are read exactly once per step: bypass L1 so they do not evict the activations staged there.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// dot of 8 bf16 (one 16-byte chunk) with 8 fp32 values
+__device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float4 b) {
+    float s = bf16_lo(w.x) * a.x;
+    s = fmaf(bf16_hi(w.x), a.y, s);
+    s = fmaf(bf16_lo(w.y), a.z, s);
+    s = fmaf(bf16_hi(w.y), a.w, s);
+    s = fmaf(bf16_lo(w.z), b.x, s);
+    s = fmaf(bf16_hi(w.z), b.y, s);
+    s = fmaf(bf16_lo(w.w), b.z, s);
+    s = fmaf(bf16_hi(w.w), b.w, s);
+    return s;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// `scratch` holds 32 floats of shared memory; the call ends with a barrier so scratch can be reused.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : 0.0f;
+    t = warp_sum(t);
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// Orders floats as unsigned integers (larger float, larger key); the low 32 bits hold ~index so that equal
+// values resolve to the lower index under atomicMax, as std::max_element does.
+__device__ __forceinline__ unsigned long long argmax_key(float v, uint32_t idx) {
+    uint32_t u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return (static_cast<unsigned long long>(u) << 32) | static_cast<unsigned long long>(0xffffffffu - idx);
+}
+
+}  // namespace markbase::cuda

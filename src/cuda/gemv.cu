@@ -1,0 +1,231 @@
+// Decode-time matrix-vector products: y = W @ xn with W bf16 [rows, K] and xn fp32.
+// Layout: a block of 8 warps stages the (optionally RMS-normalised) input in shared memory once, then each warp
+// streams R whole rows with 16-byte loads, U chunks per row in flight before the first use, and reduces with
+// shuffles. A grid-stride loop over row groups keeps the grid at a few blocks per SM however tall W is, so the
+// staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product (GeGLU,
+// the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
+#include <algorithm>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kLogits = 3 };
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;
+
+struct Params {
+    GemvInput in;
+    GemvSeg seg[3];
+    int seg_end[3] = {0, 0, 0};  // cumulative row counts
+    int nseg = 0;
+    int total_rows = 0;
+    const bf16* w2 = nullptr;   // kGeglu: the up projection
+    const float* aux = nullptr; // kGeluMul: the multiplier
+    float softcap = 0.0f;       // kLogits
+    unsigned long long* argmax = nullptr;
+};
+
+// Stage xn = x * rsqrt(mean(x^2) + eps) * w * scale (or plain x) into shared memory.
+__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* red) {
+    const int K = in.K;
+    float inv = 1.0f;
+    if (in.norm) {
+        float ss = 0.0f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(x[k], x[k], ss);
+        ss = block_sum(ss, red);
+        inv = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
+    }
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        float v = x[k];
+        if (in.norm) {
+            v *= inv;
+            if (in.norm_w) v *= bf16_at(in.norm_w, k);
+            if (in.norm_scale != 1.0f) v *= in.norm_scale;
+        }
+        xs[k] = v;
+    }
+    __syncthreads();
+}
+
+template <int M, int R>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    __shared__ float red[32];
+    __shared__ unsigned long long best_s[kWarps];
+
+    const int tok = blockIdx.y;
+    stage_input(p.in, p.in.x + tok * p.in.ldx, xs, red);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nchunk = p.in.K >> 3;
+    const int groups = (p.total_rows + kWarps * R - 1) / (kWarps * R);
+    unsigned long long best = 0;
+
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int row0 = (g * kWarps + warp) * R;
+        const uint4* wr[R];
+        const uint4* wu[R];
+        float* yp[R];
+        bool valid[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            valid[r] = row < p.total_rows;
+            int s = 0;
+            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+            const int local = row - (s ? p.seg_end[s - 1] : 0);
+            const int lr = valid[r] ? local : 0;
+            wr[r] = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(lr) * p.in.K);
+            wu[r] = M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(lr) * p.in.K) : wr[r];
+            yp[r] = p.seg[s].y + tok * p.seg[s].ldy + lr;
+        }
+        float acc[R], acc2[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = acc2[r] = 0.0f;
+
+        for (int base = 0; base < nchunk; base += 32 * kUnroll) {
+            uint4 wv[R][kUnroll], wv2[R][kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int c = base + u * 32 + lane;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const bool ok = valid[r] && c < nchunk;
+                    wv[r][u] = ok ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
+                    if constexpr (M == kGeglu) wv2[r][u] = ok ? ld_stream(wu[r] + c) : make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int c = base + u * 32 + lane;
+                if (c < nchunk) {
+                    const float4 a = smem4[2 * c], b = smem4[2 * c + 1];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        acc[r] += dot8(wv[r][u], a, b);
+                        if constexpr (M == kGeglu) acc2[r] += dot8(wv2[r][u], a, b);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            acc[r] = warp_sum(acc[r]);
+            if constexpr (M == kGeglu) acc2[r] = warp_sum(acc2[r]);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (!valid[r]) continue;
+                if constexpr (M == kStore) {
+                    *yp[r] = acc[r];
+                } else if constexpr (M == kGeglu) {
+                    *yp[r] = gelu_tanh(acc[r]) * acc2[r];
+                } else if constexpr (M == kGeluMul) {
+                    *yp[r] = gelu_tanh(acc[r]) * p.aux[row0 + r];
+                } else {
+                    const float v = p.softcap > 0.0f ? p.softcap * tanhf(acc[r] / p.softcap) : acc[r];
+                    *yp[r] = v;
+                    const unsigned long long key = argmax_key(v, static_cast<uint32_t>(row0 + r));
+                    best = key > best ? key : best;
+                }
+            }
+        }
+    }
+    if constexpr (M == kLogits) {
+        if (lane == 0) best_s[warp] = best;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned long long b = 0;
+            for (int w = 0; w < kWarps; ++w) b = best_s[w] > b ? best_s[w] : b;
+            if (b) atomicMax(p.argmax, b);
+        }
+    }
+}
+
+constexpr int kRows = 2;
+
+int sm_count() {
+    static int n = [] {
+        int dev = 0, v = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+        return v;
+    }();
+    return n;
+}
+
+template <int M>
+void launch(Params& p, int ntok, cudaStream_t s) {
+    if (p.in.K % 8 != 0)
+        throw Error("internal: GEMV input width " + std::to_string(p.in.K) + " is not a multiple of 8");
+    p.total_rows = 0;
+    for (int i = 0; i < p.nseg; ++i) p.seg_end[i] = (p.total_rows += p.seg[i].rows);
+    if (p.total_rows == 0 || ntok == 0) return;
+    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
+    const int groups = (p.total_rows + kWarps * kRows - 1) / (kWarps * kRows);
+    const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
+    const int blocks = std::min(groups, sm_count() * per_sm);
+    gemv_kernel<M, kRows><<<dim3(blocks, ntok), kThreads, smem, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void gemv_prepare(int max_K) {
+    const size_t smem = static_cast<size_t>(max_K) * sizeof(float);
+    if (smem > 220 * 1024)
+        throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");
+    const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kStore, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeglu, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeluMul, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kLogits, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
+    Params p;
+    p.in = in;
+    p.nseg = nseg;
+    for (int i = 0; i < nseg; ++i) p.seg[i] = segs[i];
+    launch<kStore>(p, ntok, s);
+}
+
+void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s) {
+    Params p;
+    p.in = in;
+    p.nseg = 1;
+    p.seg[0] = {wg, y, rows, 0};
+    p.w2 = wu;
+    launch<kGeglu>(p, 1, s);
+}
+
+void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s) {
+    Params p;
+    p.in = in;
+    p.nseg = 1;
+    p.seg[0] = {w, y, rows, 0};
+    p.aux = aux;
+    launch<kGeluMul>(p, 1, s);
+}
+
+void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
+                 unsigned long long* argmax_key_out, cudaStream_t s) {
+    Params p;
+    p.in = in;
+    p.nseg = 1;
+    p.seg[0] = {w, logits, rows, 0};
+    p.softcap = softcap;
+    p.argmax = argmax_key_out;
+    launch<kLogits>(p, 1, s);
+}
+
+}  // namespace markbase::cuda

@@ -1,0 +1,134 @@
+// Launchers for MarkBase's CUDA kernels. Every pointer is device memory; every launcher enqueues on `s` and
+// checks the launch. Weights are bf16 (raw uint16 bits), activations fp32, accumulation fp32. Shapes follow
+// HF's [out, in] layout, so a weight row is one output and rows are contiguous along the input dim.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "model/bf16.h"
+
+namespace markbase::cuda {
+
+// ---- gemv.cu: decode-time y = W @ xn for one or a few tokens, weights streamed with 16-byte loads ----------
+
+// The input vector, optionally RMS-normalised on the fly: xn = x * rsqrt(mean(x^2) + eps) * norm_w * scale
+// (norm_w may be null = no weight). K must be a multiple of 8; rows are 16-byte aligned.
+struct GemvInput {
+    const float* x = nullptr;
+    int K = 0;
+    int64_t ldx = 0;             // stride between tokens' x (elements), for ntok > 1
+    bool norm = false;
+    const bf16* norm_w = nullptr;
+    float norm_scale = 1.0f;
+    float eps = 1e-6f;
+};
+
+struct GemvSeg {
+    const bf16* w = nullptr;  // [rows, K]
+    float* y = nullptr;       // [rows] (per token, stride ldy)
+    int rows = 0;
+    int64_t ldy = 0;
+};
+
+// Up to 3 matrices sharing one input in one launch (q/k/v); ntok tokens along grid.y.
+void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s);
+// y = gelu_tanh(Wg @ xn) * (Wu @ xn): the GeGLU MLP's first half in one pass.
+void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
+// y = gelu_tanh(W @ xn) * aux: the per-layer-embedding gate.
+void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s);
+// logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu).
+void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
+                 unsigned long long* argmax_key, cudaStream_t s);
+// Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be staged.
+void gemv_prepare(int max_K);
+
+// ---- norm_rope.cu: embedding, per-layer inputs, residual updates, qk-norm + RoPE + cache write -----------
+
+// x[t] = embed[ids[t]] * scale for t < n; also clears *argmax_key (start of a step).
+void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, float* x,
+                unsigned long long* argmax_key, cudaStream_t s);
+// ple[t][l] = (RMSNorm_P(ctx[t][l] * H^-0.5) * norm_w + ple_embed[ids[t]][l] * sqrt(P)) * 2^-0.5
+void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
+             int H, float eps, float* ple, cudaStream_t s);
+// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale
+void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
+                       cudaStream_t s);
+// 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
+// x = (x + RMSNorm(m')*w) * scale
+void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
+                          const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
+                          cudaStream_t s);
+// out[t] = RMSNorm(x[t]) * w (w may be null) as fp32
+void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
+// Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs
+// reproduce fp32 activations to ~2^-16. v = norm ? RMSNorm(x)*w : x. Rows of `width`, row stride ld_in.
+void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps, bf16* hi,
+                bf16* lo, cudaStream_t s);
+// v = gelu_tanh(a) * b (b: row stride ld_b) split into hi/lo as above.
+void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
+                 cudaStream_t s);
+
+// Per token t at position pos_base[0] + t: q heads get q_norm + RoPE in place; own-KV layers write
+// k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the fp32 cache slot (pos % cap).
+struct QkvPost {
+    float* q = nullptr;           // [n][nH][d]
+    const float* kraw = nullptr;  // [n][nKV][d]; null on KV-shared layers
+    const float* vraw = nullptr;  // [n][nKV][d]; = kraw on k_eq_v layers
+    const bf16* q_norm = nullptr;
+    const bf16* k_norm = nullptr;
+    float* k_cache = nullptr;  // [cap][nKV][d]
+    float* v_cache = nullptr;
+    int64_t cap = 0;
+    int nH = 0, nKV = 0, d = 0;
+    const float* inv_freq = nullptr;  // [d/2]; 0 = the pair does not rotate
+    const int* pos_base = nullptr;
+    float eps = 1e-6f;
+};
+void qkv_post(const QkvPost& p, int n, cudaStream_t s);
+
+// ---- attention.cu: decode and prefill attention over the fp32 cache, split over the key range ------------
+struct AttnArgs {
+    const float* q = nullptr;        // [n][nH][d], normed and rotated
+    const float* k_cache = nullptr;  // [cap][nKV][d]
+    const float* v_cache = nullptr;
+    int64_t cap = 0;
+    int nH = 0, nKV = 0, d = 0;
+    int window = 0;                  // sliding: a query at p sees keys (p - window, p]; 0 = full causal
+    const int* pos_base = nullptr;   // query t sits at pos_base[0] + t
+    int nsplit = 1;                  // key range cut into nsplit pieces of split_len keys
+    int split_len = 256;
+    float* part_o = nullptr;         // [n][nH][nsplit][d] scratch
+    float* part_ml = nullptr;        // [n][nH][nsplit][2] scratch
+    float* out = nullptr;            // [n][nH][d]
+};
+void attention(const AttnArgs& a, int n, cudaStream_t s);
+
+// ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
+// logits [n][E] -> per token top-K of softmax(all E), renormalised, times per_expert_scale.
+// Writes sel_id/sel_w [n][K]. When groups_for_slots (n == 1), also writes the K expert groups directly.
+void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
+               bool groups_for_slots, int* group_expert, int* group_off, int* entries, cudaStream_t s);
+// Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
+void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
+                cudaStream_t s);
+// h[entry][j] = gelu(gate_e[j] . x[entry / K]) * (up_e[j] . x[entry / K]) for each group's entries.
+void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
+                 const int* group_off, const int* entries, int n_groups, float* h, cudaStream_t s);
+// slots[entry][j] = down_e[j] . h[entry]
+void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_expert, const int* group_off,
+              const int* entries, int n_groups, float* slots, cudaStream_t s);
+
+// ---- sampling.cu ----------------------------------------------------------------------------------------
+// state[0] = argmax token, state[1] (position) += advance, and the token is appended to out_ids at state[2]++
+// (when out_ids is not null and state[2] < out_cap).
+void finish_step(const unsigned long long* argmax_key, int* state, int advance, int* out_ids, int out_cap,
+                 cudaStream_t s);
+// logits = cap * tanh(logits / cap) over n values.
+void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s);
+// Deterministic random bf16 weights in [lo, hi): element k of a tensor is splitmix64(seed + (k+1)*golden),
+// exactly as loading/random_checkpoint.cpp draws them, so synthetic GPU weights equal the written files.
+void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s);
+
+}  // namespace markbase::cuda

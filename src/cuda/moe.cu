@@ -1,0 +1,202 @@
+// 26B-A4B mixture of experts with no host in the loop (GEMMA4.md 2.6). The router's logits come from a GEMV;
+// moe_route does softmax over all experts, top-K, renormalisation and per_expert_scale on the device and writes
+// "groups": a list of (expert, entries) that the expert kernels read from device memory. At decode the K groups
+// are the K slots of the one token; at prefill there is one group per expert holding every (token, slot) that
+// chose it, so each expert's rows are streamed once per 4 entries. Expert weights stay in the checkpoint layout:
+// gate_up [E][2*Ie][H] (gate rows first) and down [E][H][Ie] are already row-contiguous per expert.
+#include <algorithm>
+#include <cfloat>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kEntries = 4;  // entries (token inputs) per pass over a weight row
+constexpr int kUnroll = 2;
+
+// One warp per token: softmax over E, K rounds of arg-max (ties to the lower id), renormalise, scale.
+__global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                             bool slot_groups, int* group_expert, int* group_off, int* entries) {
+    extern __shared__ float p[];
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float* lg = logits + static_cast<int64_t>(t) * E;
+    float mx = -FLT_MAX;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        const float v = expf(lg[e] - mx);
+        p[e] = v;
+        sum += v;
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
+    __syncwarp();
+    float top_sum = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] > bv) {  // strided ascending: the first maximum a lane meets has its lowest id
+                bv = p[e];
+                bi = e;
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        top_sum += bv;
+        if (lane == 0) {
+            sel_id[t * K + k] = bi;
+            sel_w[t * K + k] = bv;  // the probability for now; scaled below
+            p[bi] = -2.0f;          // removed
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        for (int k = 0; k < K; ++k) {
+            const int e = sel_id[t * K + k];
+            sel_w[t * K + k] = sel_w[t * K + k] / top_sum * bf16_at(pes, e);
+            if (slot_groups) {
+                group_expert[k] = e;
+                group_off[k] = k;
+                entries[k] = k;
+            }
+        }
+        if (slot_groups) group_off[K] = K;
+    }
+}
+
+__global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
+                              int* entries) {
+    extern __shared__ int cnt[];  // [2*E]: counts, then cursors
+    int* cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < total; i += blockDim.x) atomicAdd(&cnt[sel_id[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0;
+        for (int e = 0; e < E; ++e) {
+            group_expert[e] = e;
+            group_off[e] = off;
+            cur[e] = off;
+            off += cnt[e];
+        }
+        group_off[E] = off;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < total; i += blockDim.x) entries[atomicAdd(&cur[sel_id[i]], 1)] = i;
+}
+
+// One warp per weight row (Dual: a gate row and its up row); up to kEntries inputs per pass.
+// in_div maps an entry to its input row (K for the gate/up inputs, which are per token; 1 for down's).
+template <bool Dual>
+__global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Kin, int in_div, const bf16* w,
+                                                          int rows, int64_t expert_stride, int64_t up_offset,
+                                                          const int* group_expert, const int* group_off,
+                                                          const int* entries, float* out, int out_width) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.y;
+    const int j = blockIdx.x * kWarps + warp;
+    if (j >= rows) return;
+    const int e = group_expert[g], o0 = group_off[g], o1 = group_off[g + 1];
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
+    const uint4* w2 = reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
+    const int nchunk = Kin >> 3;
+    for (int base = o0; base < o1; base += kEntries) {
+        const int ne = min(kEntries, o1 - base);
+        int ent[kEntries];
+        const float4* xr[kEntries];
+#pragma unroll
+        for (int i = 0; i < kEntries; ++i) {
+            ent[i] = entries[base + min(i, ne - 1)];
+            xr[i] = reinterpret_cast<const float4*>(x + static_cast<int64_t>(ent[i] / in_div) * Kin);
+        }
+        float a1[kEntries], a2[kEntries];
+#pragma unroll
+        for (int i = 0; i < kEntries; ++i) a1[i] = a2[i] = 0.0f;
+        for (int c0 = 0; c0 < nchunk; c0 += 32 * kUnroll) {
+            uint4 v1[kUnroll], v2[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int c = c0 + u * 32 + lane;
+                v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
+                if constexpr (Dual) v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int c = c0 + u * 32 + lane;
+                if (c >= nchunk) continue;
+#pragma unroll
+                for (int i = 0; i < kEntries; ++i) {
+                    if (i >= ne) continue;
+                    const float4 xa = __ldg(xr[i] + 2 * c), xb = __ldg(xr[i] + 2 * c + 1);
+                    a1[i] += dot8(v1[u], xa, xb);
+                    if constexpr (Dual) a2[i] += dot8(v2[u], xa, xb);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kEntries; ++i) {
+            a1[i] = warp_sum(a1[i]);
+            if constexpr (Dual) a2[i] = warp_sum(a2[i]);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int i = 0; i < kEntries; ++i) {
+                if (i >= ne) continue;
+                out[static_cast<int64_t>(ent[i]) * out_width + j] = Dual ? gelu_tanh(a1[i]) * a2[i] : a1[i];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
+               bool groups_for_slots, int* group_expert, int* group_off, int* entries, cudaStream_t s) {
+    route_kernel<<<n, 32, static_cast<size_t>(E) * sizeof(float), s>>>(logits, E, K, per_expert_scale, sel_id, sel_w,
+                                                                        groups_for_slots, group_expert, group_off,
+                                                                        entries);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
+                cudaStream_t s) {
+    bucket_kernel<<<1, 1024, 2 * static_cast<size_t>(E) * sizeof(int), s>>>(sel_id, n * K, E, group_expert,
+                                                                             group_off, entries);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
+                 const int* group_off, const int* entries, int n_groups, float* h, cudaStream_t s) {
+    if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
+    const int64_t stride = 2 * static_cast<int64_t>(Ie) * H;
+    expert_kernel<true><<<dim3((Ie + kWarps - 1) / kWarps, n_groups), kThreads, 0, s>>>(
+        x, H, K, gate_up, Ie, stride, static_cast<int64_t>(Ie) * H, group_expert, group_off, entries, h, Ie);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_expert, const int* group_off,
+              const int* entries, int n_groups, float* slots, cudaStream_t s) {
+    if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
+    const int64_t stride = static_cast<int64_t>(H) * Ie;
+    expert_kernel<false><<<dim3((H + kWarps - 1) / kWarps, n_groups), kThreads, 0, s>>>(
+        h, Ie, 1, down, H, stride, 0, group_expert, group_off, entries, slots, H);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace markbase::cuda

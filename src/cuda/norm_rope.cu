@@ -1,0 +1,238 @@
+// Row-wise kernels around the projections: embedding lookup, per-layer-input mixing, the sandwich-norm residual
+// updates, fp32 -> bf16 hi/lo splitting for the prefill GEMMs, and the fused q/k norm + RoPE + cache write.
+// One block per row (or per head), fp32 throughout, the Gemma 4 math as GEMMA4.md section 2 states it.
+#include <algorithm>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+__global__ void embed_kernel(const int* ids, const bf16* embed, int H, float scale, float* x,
+                             unsigned long long* argmax) {
+    const int t = blockIdx.x;
+    if (t == 0 && threadIdx.x == 0 && argmax) *argmax = 0;
+    const bf16* row = embed + static_cast<int64_t>(ids[t]) * H;
+    float* xt = x + static_cast<int64_t>(t) * H;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) xt[k] = bf16_at(row, k) * scale;
+}
+
+// grid (L, n); one block per (token, layer) slice of P values.
+__global__ void ple_mix_kernel(const float* ctx, const int* ids, const bf16* ple_embed, const bf16* norm_w, int L,
+                               int P, float proj_scale, float tok_scale, float mix, float eps, float* ple) {
+    __shared__ float red[32];
+    const int l = blockIdx.x, t = blockIdx.y;
+    const int64_t LP = static_cast<int64_t>(L) * P;
+    const float* c = ctx + t * LP + static_cast<int64_t>(l) * P;
+    const bf16* tok = ple_embed + static_cast<int64_t>(ids[t]) * LP + static_cast<int64_t>(l) * P;
+    float* out = ple + t * LP + static_cast<int64_t>(l) * P;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < P; j += blockDim.x) {
+        const float v = c[j] * proj_scale;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(P) + eps);
+    for (int j = threadIdx.x; j < P; j += blockDim.x) {
+        const float v = c[j] * proj_scale * inv * bf16_at(norm_w, j);
+        out[j] = (v + bf16_at(tok, j) * tok_scale) * mix;
+    }
+}
+
+__device__ float row_inv_rms(const float* y, int H, float eps, float* red) {
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(y[k], y[k], ss);
+    ss = block_sum(ss, red);
+    return 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+}
+
+__global__ void residual_kernel(float* x, const float* y, const bf16* w, int H, float eps, float scale) {
+    __shared__ float red[32];
+    const int64_t off = static_cast<int64_t>(blockIdx.x) * H;
+    const float inv = row_inv_rms(y + off, H, eps, red);
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        const float v = y[off + k] * inv * bf16_at(w, k);
+        x[off + k] = (x[off + k] + v) * scale;
+    }
+}
+
+// dynamic smem: 2*H floats (the expert sum, then the combined m')
+__global__ void residual_moe_kernel(float* x, const float* m, const float* slots, const float* sel_w, int K,
+                                    const bf16* w1, const bf16* w2, const bf16* w, int H, float eps, float scale) {
+    extern __shared__ float sm[];
+    __shared__ float red[32];
+    float* e = sm;
+    float* mm = sm + H;
+    const int t = blockIdx.x;
+    const int64_t off = static_cast<int64_t>(t) * H;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < K; ++s) acc += sel_w[t * K + s] * slots[(static_cast<int64_t>(t) * K + s) * H + k];
+        e[k] = acc;
+    }
+    __syncthreads();
+    const float inv_e = row_inv_rms(e, H, eps, red);
+    const float inv_m = row_inv_rms(m + off, H, eps, red);
+    for (int k = threadIdx.x; k < H; k += blockDim.x)
+        mm[k] = m[off + k] * inv_m * bf16_at(w1, k) + e[k] * inv_e * bf16_at(w2, k);
+    __syncthreads();
+    const float inv = row_inv_rms(mm, H, eps, red);
+    for (int k = threadIdx.x; k < H; k += blockDim.x) x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
+}
+
+__global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float eps, float* out) {
+    __shared__ float red[32];
+    const int64_t off = static_cast<int64_t>(blockIdx.x) * H;
+    const float inv = row_inv_rms(x + off, H, eps, red);
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        float v = x[off + k] * inv;
+        if (w) v *= bf16_at(w, k);
+        out[off + k] = v;
+    }
+}
+
+__device__ __forceinline__ void split_store(float v, bf16* hi, bf16* lo, int64_t i) {
+    const uint16_t h = float_to_bf16_bits(v);
+    hi[i] = h;
+    lo[i] = float_to_bf16_bits(v - __uint_as_float(static_cast<uint32_t>(h) << 16));
+}
+
+__global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool norm, const bf16* w, float eps,
+                                  bf16* hi, bf16* lo) {
+    __shared__ float red[32];
+    const float* xr = x + static_cast<int64_t>(blockIdx.x) * ld_in;
+    const float inv = norm ? row_inv_rms(xr, width, eps, red) : 1.0f;
+    const int64_t o = static_cast<int64_t>(blockIdx.x) * width;
+    for (int k = threadIdx.x; k < width; k += blockDim.x) {
+        float v = xr[k];
+        if (norm) {
+            v *= inv;
+            if (w) v *= bf16_at(w, k);
+        }
+        split_store(v, hi, lo, o + k);
+    }
+}
+
+__global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b, int width, bf16* hi, bf16* lo) {
+    const int64_t o = static_cast<int64_t>(blockIdx.x) * width;
+    const float* br = b + static_cast<int64_t>(blockIdx.x) * ld_b;
+    for (int k = threadIdx.x; k < width; k += blockDim.x) split_store(gelu_tanh(a[o + k]) * br[k], hi, lo, o + k);
+}
+
+// grid (nH + 2*nKV, n), 128 threads; dynamic smem d floats.
+__global__ void qkv_post_kernel(const QkvPost p) {
+    extern __shared__ float buf[];
+    __shared__ float red[32];
+    const int t = blockIdx.y, b = blockIdx.x, d = p.d, half = d / 2;
+    const int64_t pos = static_cast<int64_t>(p.pos_base[0]) + t;
+    const float* in;
+    float* out;
+    const bf16* w;
+    bool rope;
+    if (b < p.nH) {
+        in = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
+        out = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
+        w = p.q_norm;
+        rope = true;
+    } else if (b < p.nH + p.nKV) {
+        const int g = b - p.nH;
+        in = p.kraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
+        out = p.k_cache + ((pos % p.cap) * p.nKV + g) * d;
+        w = p.k_norm;
+        rope = true;
+    } else {
+        const int g = b - p.nH - p.nKV;
+        in = p.vraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
+        out = p.v_cache + ((pos % p.cap) * p.nKV + g) * d;
+        w = nullptr;
+        rope = false;
+    }
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = in[j];
+        buf[j] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);  // ends with a barrier: buf is complete
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + p.eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = buf[j] * inv;
+        if (w) v *= bf16_at(w, j);
+        buf[j] = v;
+    }
+    __syncthreads();
+    if (rope) {
+        const float fpos = static_cast<float>(pos);
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const float ang = fpos * p.inv_freq[j];
+            const float c = cosf(ang), s = sinf(ang);
+            const float a = buf[j], bb = buf[j + half];
+            out[j] = a * c - bb * s;
+            out[j + half] = bb * c + a * s;
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = buf[j];
+    }
+}
+
+int row_threads(int width) { return width >= 2048 ? 512 : width >= 512 ? 256 : 128; }
+
+}  // namespace
+
+void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, float* x,
+                unsigned long long* argmax_key, cudaStream_t s) {
+    embed_kernel<<<n, row_threads(H), 0, s>>>(ids, embed, H, scale, x, argmax_key);
+    CUDA_CHECK_LAUNCH();
+}
+
+void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
+             int H, float eps, float* ple, cudaStream_t s) {
+    const float proj_scale = 1.0f / std::sqrt(static_cast<float>(H));
+    const float tok_scale = round_to_bf16(std::sqrt(static_cast<float>(P)));
+    const float mix = 1.0f / std::sqrt(2.0f);
+    ple_mix_kernel<<<dim3(L, n), 128, 0, s>>>(ctx, ids, ple_embed, norm_w, L, P, proj_scale, tok_scale, mix, eps,
+                                              ple);
+    CUDA_CHECK_LAUNCH();
+}
+
+void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
+                       cudaStream_t s) {
+    residual_kernel<<<n, row_threads(H), 0, s>>>(x, y, w, H, eps, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K, const bf16* w1,
+                          const bf16* w2, const bf16* w, int H, int n, float eps, float scale, cudaStream_t s) {
+    const size_t smem = 2 * static_cast<size_t>(H) * sizeof(float);
+    if (smem > 48 * 1024) throw Error("internal: MoE combine needs hidden <= 6144");
+    residual_moe_kernel<<<n, row_threads(H), smem, s>>>(x, m, slots, sel_w, K, w1, w2, w, H, eps, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s) {
+    rmsnorm_rows_kernel<<<n, row_threads(H), 0, s>>>(x, w, H, eps, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps, bf16* hi,
+                bf16* lo, cudaStream_t s) {
+    split_rows_kernel<<<n, row_threads(width), 0, s>>>(x, ld_in, width, norm, w, eps, hi, lo);
+    CUDA_CHECK_LAUNCH();
+}
+
+void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
+                 cudaStream_t s) {
+    geglu_split_kernel<<<n, row_threads(width), 0, s>>>(a, b, ld_b, width, hi, lo);
+    CUDA_CHECK_LAUNCH();
+}
+
+void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
+    const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
+    qkv_post_kernel<<<dim3(heads, n), 128, static_cast<size_t>(p.d) * sizeof(float), s>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace markbase::cuda

@@ -1,0 +1,44 @@
+// The end of a step on the device: the argmax (accumulated by the lm_head GEMV into one 64-bit key) becomes the
+// next step's input token, the position advances, and the id is appended to the greedy-decoding output, so
+// consecutive graph replays chain without the host. Also the softcap for full-logit prefill.
+#include <algorithm>
+
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+__global__ void finish_kernel(const unsigned long long* key, int* state, int advance, int* out_ids, int out_cap) {
+    const int tok = static_cast<int>(0xffffffffu - static_cast<uint32_t>(*key & 0xffffffffull));
+    state[0] = tok;
+    state[1] += advance;
+    if (out_ids) {
+        const int k = state[2];
+        if (k < out_cap) out_ids[k] = tok;
+        state[2] = k + 1;
+    }
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+}  // namespace
+
+void finish_step(const unsigned long long* argmax_key, int* state, int advance, int* out_ids, int out_cap,
+                 cudaStream_t s) {
+    finish_kernel<<<1, 1, 0, s>>>(argmax_key, state, advance, out_ids, out_cap);
+    CUDA_CHECK_LAUNCH();
+}
+
+void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s) {
+    const int64_t blocks = std::min<int64_t>((n + 255) / 256, 8192);
+    softcap_kernel<<<static_cast<int>(blocks), 256, 0, s>>>(logits, n, cap);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace markbase::cuda
