@@ -181,6 +181,7 @@ void launch(Params& p, int ntok, cudaStream_t s) {
 }  // namespace
 
 void gemv_prepare(int max_K) {
+    sm_count();  // query the device now: launches may later run inside a graph capture
     const size_t smem = static_cast<size_t>(max_K) * sizeof(float);
     if (smem > 220 * 1024)
         throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");

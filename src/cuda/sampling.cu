@@ -11,7 +11,8 @@ namespace markbase::cuda {
 namespace {
 
 __global__ void finish_kernel(const unsigned long long* key, int* state, int advance, int* out_ids, int out_cap) {
-    const int tok = static_cast<int>(0xffffffffu - static_cast<uint32_t>(*key & 0xffffffffull));
+    // key 0: no finite logit was seen (all NaN); feed pad (0) rather than an out-of-range id
+    const int tok = *key ? static_cast<int>(0xffffffffu - static_cast<uint32_t>(*key & 0xffffffffull)) : 0;
     state[0] = tok;
     state[1] += advance;
     if (out_ids) {

@@ -40,6 +40,8 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
     return s;
 }
 
+#ifdef MARKBASE_HAS_CUDA
+
 int argmax(const float* v, int64_t n) { return static_cast<int>(std::max_element(v, v + n) - v); }
 
 // top-1 minus top-2
@@ -74,8 +76,6 @@ std::vector<int> random_ids(int n, int vocab, uint32_t seed) {
     for (int i = 1; i < n; ++i) ids[i] = static_cast<int>(rng() % static_cast<uint32_t>(vocab));
     return ids;
 }
-
-#ifdef MARKBASE_HAS_CUDA
 
 std::vector<float> all_logits(Backend& be, const std::vector<int>& ids, bool one_by_one) {
     const int64_t V = be.config().vocab_size;
@@ -172,11 +172,6 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
 
 // Real widths: head dims 256/512, 128 experts, the full vocabulary. Few layers keep the CPU side quick.
-struct RealCase {
-    const char* variant;
-    int layers;
-};
-
 class CudaSynthetic : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaSynthetic, MatchesCpuAtRealWidths) {
