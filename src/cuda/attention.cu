@@ -10,6 +10,7 @@
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 
 namespace markbase::cuda {
 
@@ -23,6 +24,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
     extern __shared__ float4 smem4[];
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     __shared__ float sc[kTile];
+    pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int d = a.d;
@@ -103,6 +105,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
 }
 
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a) {
+    pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y, d = a.d;
     const int64_t base = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit;
     float M = -FLT_MAX;
@@ -139,9 +142,9 @@ void attention(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.d % 4 != 0 || a.d > kThreads * kMaxDimsPerThread)
         throw Error("internal: attention head dim " + std::to_string(a.d) + " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
-    attn_partial_kernel<<<dim3(a.nsplit, a.nH, n), kThreads, static_cast<size_t>(a.d) * sizeof(float), s>>>(a);
+    launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), static_cast<size_t>(a.d) * sizeof(float), s, a);
     CUDA_CHECK_LAUNCH();
-    attn_combine_kernel<<<dim3(a.nH, n), kThreads, 0, s>>>(a);
+    launch_kernel(attn_combine_kernel, dim3(a.nH, n), dim3(kThreads), 0, s, a);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -82,3 +82,27 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, uint32_t idx) 
 }
 
 }  // namespace markbase::cuda
+
+namespace markbase::cuda {
+
+// Programmatic dependent launch (launch.h): wait for the previous kernel's completion and memory, then let the
+// next kernel be scheduled. Both are no-ops when the kernel was launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+}  // namespace markbase::cuda

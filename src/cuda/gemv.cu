@@ -9,6 +9,7 @@
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 
 namespace markbase::cuda {
 
@@ -62,6 +63,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     __shared__ unsigned long long best_s[kWarps];
 
     const int tok = blockIdx.y;
+    // Weights never depend on the previous kernel: before waiting for it, pull this block's first row group
+    // toward L2, so the streaming loop below starts on lines already in flight.
+    if (tok == 0 && blockIdx.x * kWarps * R < p.total_rows) {
+        const int lane = threadIdx.x & 31, row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+        const int64_t row_bytes = 2 * static_cast<int64_t>(p.in.K);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            if (row >= p.total_rows) break;
+            int s = 0;
+            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+            const int local = row - (s ? p.seg_end[s - 1] : 0);
+            const char* a = reinterpret_cast<const char*>(p.seg[s].w) + local * row_bytes;
+            const char* b = M == kGeglu ? reinterpret_cast<const char*>(p.w2) + local * row_bytes : nullptr;
+            for (int64_t off = lane * 128; off < row_bytes; off += 32 * 128) {
+                prefetch_l2(a + off);
+                if (b) prefetch_l2(b + off);
+            }
+        }
+    }
+    pdl_begin();
     stage_input(p.in, p.in.x + tok * p.in.ldx, xs, red);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -174,7 +196,7 @@ void launch(Params& p, int ntok, cudaStream_t s) {
     const int groups = (p.total_rows + kWarps * kRows - 1) / (kWarps * kRows);
     const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
     const int blocks = std::min(groups, sm_count() * per_sm);
-    gemv_kernel<M, kRows><<<dim3(blocks, ntok), kThreads, smem, s>>>(p);
+    launch_kernel(gemv_kernel<M, kRows>, dim3(blocks, ntok), dim3(kThreads), smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 
 namespace markbase::cuda {
 
@@ -24,6 +25,7 @@ constexpr int kUnroll = 2;
 __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
                              bool slot_groups, int* group_expert, int* group_off, int* entries) {
     extern __shared__ float p[];
+    pdl_begin();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* lg = logits + static_cast<int64_t>(t) * E;
     float mx = -FLT_MAX;
@@ -83,6 +85,7 @@ __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_ex
                               int* entries) {
     extern __shared__ int cnt[];  // [2*E]: counts, then cursors
     int* cur = cnt + E;
+    pdl_begin();
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < total; i += blockDim.x) atomicAdd(&cnt[sel_id[i]], 1);
@@ -108,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Ki
                                                           int rows, int64_t expert_stride, int64_t up_offset,
                                                           const int* group_expert, const int* group_off,
                                                           const int* entries, float* out, int out_width) {
+    pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
     const int j = blockIdx.x * kWarps + warp;
@@ -168,16 +172,15 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Ki
 
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
                bool groups_for_slots, int* group_expert, int* group_off, int* entries, cudaStream_t s) {
-    route_kernel<<<n, 32, static_cast<size_t>(E) * sizeof(float), s>>>(logits, E, K, per_expert_scale, sel_id, sel_w,
-                                                                        groups_for_slots, group_expert, group_off,
-                                                                        entries);
+    launch_kernel(route_kernel, dim3(n), dim3(32), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
+                  per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s) {
-    bucket_kernel<<<1, 1024, 2 * static_cast<size_t>(E) * sizeof(int), s>>>(sel_id, n * K, E, group_expert,
-                                                                             group_off, entries);
+    launch_kernel(bucket_kernel, dim3(1), dim3(1024), 2 * static_cast<size_t>(E) * sizeof(int), s, sel_id, n * K, E,
+                  group_expert, group_off, entries);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -185,8 +188,8 @@ void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, cons
                  const int* group_off, const int* entries, int n_groups, float* h, cudaStream_t s) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
     const int64_t stride = 2 * static_cast<int64_t>(Ie) * H;
-    expert_kernel<true><<<dim3((Ie + kWarps - 1) / kWarps, n_groups), kThreads, 0, s>>>(
-        x, H, K, gate_up, Ie, stride, static_cast<int64_t>(Ie) * H, group_expert, group_off, entries, h, Ie);
+    launch_kernel(expert_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, n_groups), dim3(kThreads), 0, s, x, H, K,
+                  gate_up, Ie, stride, static_cast<int64_t>(Ie) * H, group_expert, group_off, entries, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -194,8 +197,8 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
               const int* entries, int n_groups, float* slots, cudaStream_t s) {
     if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
     const int64_t stride = static_cast<int64_t>(H) * Ie;
-    expert_kernel<false><<<dim3((H + kWarps - 1) / kWarps, n_groups), kThreads, 0, s>>>(
-        h, Ie, 1, down, H, stride, 0, group_expert, group_off, entries, slots, H);
+    launch_kernel(expert_kernel<false>, dim3((H + kWarps - 1) / kWarps, n_groups), dim3(kThreads), 0, s, h, Ie, 1,
+                  down, H, stride, int64_t{0}, group_expert, group_off, entries, slots, H);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 
 namespace markbase::cuda {
 
@@ -13,6 +14,7 @@ namespace {
 
 __global__ void embed_kernel(const int* ids, const bf16* embed, int H, float scale, float* x,
                              unsigned long long* argmax) {
+    pdl_begin();
     const int t = blockIdx.x;
     if (t == 0 && threadIdx.x == 0 && argmax) *argmax = 0;
     const bf16* row = embed + static_cast<int64_t>(ids[t]) * H;
@@ -23,6 +25,7 @@ __global__ void embed_kernel(const int* ids, const bf16* embed, int H, float sca
 // grid (L, n); one block per (token, layer) slice of P values.
 __global__ void ple_mix_kernel(const float* ctx, const int* ids, const bf16* ple_embed, const bf16* norm_w, int L,
                                int P, float proj_scale, float tok_scale, float mix, float eps, float* ple) {
+    pdl_begin();
     __shared__ float red[32];
     const int l = blockIdx.x, t = blockIdx.y;
     const int64_t LP = static_cast<int64_t>(L) * P;
@@ -50,6 +53,7 @@ __device__ float row_inv_rms(const float* y, int H, float eps, float* red) {
 }
 
 __global__ void residual_kernel(float* x, const float* y, const bf16* w, int H, float eps, float scale) {
+    pdl_begin();
     __shared__ float red[32];
     const int64_t off = static_cast<int64_t>(blockIdx.x) * H;
     const float inv = row_inv_rms(y + off, H, eps, red);
@@ -62,6 +66,7 @@ __global__ void residual_kernel(float* x, const float* y, const bf16* w, int H, 
 // dynamic smem: 2*H floats (the expert sum, then the combined m')
 __global__ void residual_moe_kernel(float* x, const float* m, const float* slots, const float* sel_w, int K,
                                     const bf16* w1, const bf16* w2, const bf16* w, int H, float eps, float scale) {
+    pdl_begin();
     extern __shared__ float sm[];
     __shared__ float red[32];
     float* e = sm;
@@ -84,6 +89,7 @@ __global__ void residual_moe_kernel(float* x, const float* m, const float* slots
 }
 
 __global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float eps, float* out) {
+    pdl_begin();
     __shared__ float red[32];
     const int64_t off = static_cast<int64_t>(blockIdx.x) * H;
     const float inv = row_inv_rms(x + off, H, eps, red);
@@ -102,6 +108,7 @@ __device__ __forceinline__ void split_store(float v, bf16* hi, bf16* lo, int64_t
 
 __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool norm, const bf16* w, float eps,
                                   bf16* hi, bf16* lo) {
+    pdl_begin();
     __shared__ float red[32];
     const float* xr = x + static_cast<int64_t>(blockIdx.x) * ld_in;
     const float inv = norm ? row_inv_rms(xr, width, eps, red) : 1.0f;
@@ -117,6 +124,7 @@ __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool
 }
 
 __global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b, int width, bf16* hi, bf16* lo) {
+    pdl_begin();
     const int64_t o = static_cast<int64_t>(blockIdx.x) * width;
     const float* br = b + static_cast<int64_t>(blockIdx.x) * ld_b;
     for (int k = threadIdx.x; k < width; k += blockDim.x) split_store(gelu_tanh(a[o + k]) * br[k], hi, lo, o + k);
@@ -124,6 +132,7 @@ __global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b,
 
 // grid (nH + 2*nKV, n), 128 threads; dynamic smem d floats.
 __global__ void qkv_post_kernel(const QkvPost p) {
+    pdl_begin();
     extern __shared__ float buf[];
     __shared__ float red[32];
     const int t = blockIdx.y, b = blockIdx.x, d = p.d, half = d / 2;
@@ -184,7 +193,7 @@ int row_threads(int width) { return width >= 2048 ? 512 : width >= 512 ? 256 : 1
 
 void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, float* x,
                 unsigned long long* argmax_key, cudaStream_t s) {
-    embed_kernel<<<n, row_threads(H), 0, s>>>(ids, embed, H, scale, x, argmax_key);
+    launch_kernel(embed_kernel, dim3(n), dim3(row_threads(H)), 0, s, ids, embed, H, scale, x, argmax_key);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -193,14 +202,14 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
     const float proj_scale = 1.0f / std::sqrt(static_cast<float>(H));
     const float tok_scale = round_to_bf16(std::sqrt(static_cast<float>(P)));
     const float mix = 1.0f / std::sqrt(2.0f);
-    ple_mix_kernel<<<dim3(L, n), 128, 0, s>>>(ctx, ids, ple_embed, norm_w, L, P, proj_scale, tok_scale, mix, eps,
-                                              ple);
+    launch_kernel(ple_mix_kernel, dim3(L, n), dim3(128), 0, s, ctx, ids, ple_embed, norm_w, L, P, proj_scale,
+                  tok_scale, mix, eps, ple);
     CUDA_CHECK_LAUNCH();
 }
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s) {
-    residual_kernel<<<n, row_threads(H), 0, s>>>(x, y, w, H, eps, scale);
+    launch_kernel(residual_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -208,30 +217,31 @@ void residual_moe_combine(float* x, const float* m, const float* slots, const fl
                           const bf16* w2, const bf16* w, int H, int n, float eps, float scale, cudaStream_t s) {
     const size_t smem = 2 * static_cast<size_t>(H) * sizeof(float);
     if (smem > 48 * 1024) throw Error("internal: MoE combine needs hidden <= 6144");
-    residual_moe_kernel<<<n, row_threads(H), smem, s>>>(x, m, slots, sel_w, K, w1, w2, w, H, eps, scale);
+    launch_kernel(residual_moe_kernel, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w, K, w1, w2, w, H, eps,
+                  scale);
     CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s) {
-    rmsnorm_rows_kernel<<<n, row_threads(H), 0, s>>>(x, w, H, eps, out);
+    launch_kernel(rmsnorm_rows_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, w, H, eps, out);
     CUDA_CHECK_LAUNCH();
 }
 
 void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps, bf16* hi,
                 bf16* lo, cudaStream_t s) {
-    split_rows_kernel<<<n, row_threads(width), 0, s>>>(x, ld_in, width, norm, w, eps, hi, lo);
+    launch_kernel(split_rows_kernel, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w, eps, hi, lo);
     CUDA_CHECK_LAUNCH();
 }
 
 void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
                  cudaStream_t s) {
-    geglu_split_kernel<<<n, row_threads(width), 0, s>>>(a, b, ld_b, width, hi, lo);
+    launch_kernel(geglu_split_kernel, dim3(n), dim3(row_threads(width)), 0, s, a, b, ld_b, width, hi, lo);
     CUDA_CHECK_LAUNCH();
 }
 
 void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
-    qkv_post_kernel<<<dim3(heads, n), 128, static_cast<size_t>(p.d) * sizeof(float), s>>>(p);
+    launch_kernel(qkv_post_kernel, dim3(heads, n), dim3(128), static_cast<size_t>(p.d) * sizeof(float), s, p);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -5,12 +5,15 @@
 
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
+#include "cuda/device_common.cuh"
 
 namespace markbase::cuda {
 
 namespace {
 
 __global__ void finish_kernel(const unsigned long long* key, int* state, int advance, int* out_ids, int out_cap) {
+    pdl_begin();
     // key 0: no finite logit was seen (all NaN); feed pad (0) rather than an out-of-range id
     const int tok = *key ? static_cast<int>(0xffffffffu - static_cast<uint32_t>(*key & 0xffffffffull)) : 0;
     state[0] = tok;
@@ -23,6 +26,7 @@ __global__ void finish_kernel(const unsigned long long* key, int* state, int adv
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {
+    pdl_begin();
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
         x[i] = cap * tanhf(x[i] / cap);
@@ -32,13 +36,13 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
 
 void finish_step(const unsigned long long* argmax_key, int* state, int advance, int* out_ids, int out_cap,
                  cudaStream_t s) {
-    finish_kernel<<<1, 1, 0, s>>>(argmax_key, state, advance, out_ids, out_cap);
+    launch_kernel(finish_kernel, dim3(1), dim3(1), 0, s, argmax_key, state, advance, out_ids, out_cap);
     CUDA_CHECK_LAUNCH();
 }
 
 void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s) {
     const int64_t blocks = std::min<int64_t>((n + 255) / 256, 8192);
-    softcap_kernel<<<static_cast<int>(blocks), 256, 0, s>>>(logits, n, cap);
+    launch_kernel(softcap_kernel, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, s, logits, n, cap);
     CUDA_CHECK_LAUNCH();
 }
 

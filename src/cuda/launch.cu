@@ -1,0 +1,16 @@
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/launch.h"
+
+namespace markbase::cuda {
+
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("MARKBASE_CUDA_PDL");
+        return e ? std::strcmp(e, "0") != 0 : false;
+    }();
+    return on;
+}
+
+}  // namespace markbase::cuda
