@@ -23,6 +23,7 @@ public:
     int64_t n_past() const override { return cache_.n_past; }
     int64_t ctx_size() const override { return cache_.max_ctx; }
     void reset() override { cache_.clear(); }
+    bool truncate(int64_t n_keep) override { return cache_.truncate(n_keep, config().sliding_window); }
     uint64_t cache_bytes() const override { return cache_.bytes(); }
 
     void eval(const int* ids, int64_t n, float* logits, bool all_logits) override {

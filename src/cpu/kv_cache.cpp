@@ -18,6 +18,16 @@ KvCache::KvCache(const ModelConfig& c, int64_t ctx, int chunk) : max_ctx(ctx), m
     }
 }
 
+bool KvCache::truncate(int64_t n, int sliding_window) {
+    if (n < 0 || n > n_past) return false;
+    // Position p lives in slot p % capacity and is next overwritten by p + capacity. A query at n reads
+    // positions down to n - W (sliding layers; full layers never wrap), so none of them may have been replaced.
+    for (const LayerCache& l : layers)
+        if (l.capacity > 0 && l.capacity < max_ctx && n_past - n > l.capacity - sliding_window) return false;
+    n_past = n;
+    return true;
+}
+
 uint64_t KvCache::bytes() const {
     uint64_t b = 0;
     for (const auto& l : layers) b += (l.k.size() + l.v.size()) * sizeof(float);

@@ -28,6 +28,8 @@ struct KvCache {
     KvCache(const ModelConfig& c, int64_t max_ctx, int max_chunk);
     uint64_t bytes() const;
     void clear() { n_past = 0; }
+    // Keeps positions [0, n). Possible while no sliding ring has overwritten a slot that a query at n still reads.
+    bool truncate(int64_t n, int sliding_window);
 };
 
 }  // namespace markbase::cpu

@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 
 #include "model/error.h"
 
@@ -49,16 +48,21 @@ NpyArray read_npy_f32(const std::string& path) {
     if (header.find("'descr': '<f4'") == std::string::npos)
         throw Error(path + ": expected little-endian float32 ('<f4'), header is " + header);
     if (header.find("'fortran_order': False") == std::string::npos) throw Error(path + ": expected C order");
-    std::smatch m;
-    if (!std::regex_search(header, m, std::regex(R"('shape': \(([0-9, ]*)\))")))
-        throw Error(path + ": no shape in header");
+    // shape: the integers between "'shape': (" and ")"
+    const size_t sp = header.find("'shape': (");
+    const size_t se = sp == std::string::npos ? sp : header.find(')', sp);
+    if (se == std::string::npos) throw Error(path + ": no shape in header");
     NpyArray a;
-    int64_t n = 1;
-    std::string s = m[1];
-    const std::regex number("[0-9]+");
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), number); it != std::sregex_iterator(); ++it) {
-        a.shape.push_back(std::stoll(it->str()));
-        n *= a.shape.back();
+    int64_t n = 1, cur = -1;
+    for (size_t i = sp + 10; i <= se; ++i) {
+        const char ch = header[i];
+        if (ch >= '0' && ch <= '9') {
+            cur = (cur < 0 ? 0 : cur * 10) + (ch - '0');
+        } else if (cur >= 0) {
+            a.shape.push_back(cur);
+            n *= cur;
+            cur = -1;
+        }
     }
     a.data.resize(static_cast<size_t>(n));
     if (!f.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(n * sizeof(float))))

@@ -83,3 +83,37 @@ TEST(Forward, CountsMatchThePublishedSizes) {
 
 }  // namespace
 }  // namespace markbase
+
+namespace markbase {
+namespace {
+
+TEST(KvCache, TruncateThenContinueEqualsAFreshRun) {
+    testing::TempDir dir("trunc");
+    write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 9);  // window 4, KV sharing
+    auto ck = load_checkpoint(dir.path());
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.chunk = 8;
+    o.threads = 2;
+    auto a = make_cpu_backend(*ck, o);
+    auto b = make_cpu_backend(*ck, o);
+    std::vector<int> first{2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+    std::vector<int> second{2, 10, 11, 12, 13, 14, 15, 16, 99, 98, 97, 96, 95};
+    const int64_t V = ck->config.vocab_size;
+    std::vector<float> la(V), lb(V);
+    a->eval(first.data(), 12, la.data(), false);
+    ASSERT_TRUE(a->truncate(8));  // rolls back 4 positions: within the ring's slack (chunk 8)
+    EXPECT_EQ(a->n_past(), 8);
+    a->eval(second.data() + 8, 5, la.data(), false);
+    b->eval(second.data(), 13, lb.data(), false);
+    for (int64_t i = 0; i < V; ++i) ASSERT_NEAR(la[i], lb[i], 1e-5f) << i;
+
+    // rolling back further than the sliding ring's slack is refused, and the cache is left as it was
+    std::vector<int> more(30, 7);
+    a->eval(more.data(), 30, nullptr, false);
+    EXPECT_FALSE(a->truncate(3));
+    EXPECT_EQ(a->n_past(), 43);
+}
+
+}  // namespace
+}  // namespace markbase

@@ -1,9 +1,101 @@
-// markbase chat -m DIR : interactive multi-turn chat (needs the tokenizer).
+// markbase chat -m DIR [-sys TEXT] [--think] [sampling flags]
+// An interactive multi-turn session on the Gemma 4 chat template. Each turn re-renders the whole conversation
+// (as the template defines it), keeps the longest cached prefix it shares and feeds only the rest; when the
+// cache cannot roll back that far it prefills from scratch.
+// Ctrl-D or /exit ends; /reset starts a new conversation. A tok/s line follows each reply on stderr.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
 #include "cli/commands/commands.h"
+#include "cli/commands/model_options.h"
 #include "model/error.h"
+#include "runtime/generate.h"
+#include "tokenizer/chat_format.h"
+#include "tokenizer/tokenizer.h"
 
 namespace markbase::cli {
 
-int cmd_chat(const Args&) { throw Error("chat: needs the tokenizer, which this build does not have yet"); }
+int cmd_chat(const Args& args) {
+    ArgReader a("chat", args);
+    ModelOptions mo = ModelOptions::read(a);
+    GenerateOptions go;
+    go.max_new_tokens = static_cast<int>(a.integer({"-n", "--n-predict"}, 1024));
+    go.sampling = read_sampling(a);
+    const std::string system = a.value_or({"-sys", "--system-prompt"}, "");
+    const bool think = a.flag({"--think"});
+    a.finish();
+
+    Tokenizer tok = Tokenizer::load(mo.model_dir);
+    LoadedModel lm = load_model(mo);
+    Backend& be = *lm.backend;
+    go.stop_ids = be.config().stop_ids;
+    for (int id : default_stop_ids()) go.stop_ids.push_back(id);
+
+    std::vector<ChatMessage> history;
+    if (!system.empty()) history.push_back({"system", system});
+    std::vector<int> cached;  // the ids whose K/V the backend holds, in order
+    std::fprintf(stderr, "markbase chat: %s on %s. Ctrl-D or /exit ends, /reset clears the conversation.\n",
+                 mo.model_dir.c_str(), be.name().c_str());
+    std::string line;
+    while (true) {
+        std::fputs("> ", stdout);
+        std::fflush(stdout);
+        if (!std::getline(std::cin, line) || line == "/exit") break;
+        if (line == "/reset") {
+            history.resize(system.empty() ? 0 : 1);
+            be.reset();
+            cached.clear();
+            continue;
+        }
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        history.push_back({"user", line});
+        std::vector<int> ids = tok.encode(render_gemma4_chat(history, true, think));
+
+        // Reuse the cached prefix the new prompt shares (the template re-renders earlier replies, e.g. without
+        // their thought channel, so the shared part usually ends where the last reply began).
+        size_t common = 0;
+        while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
+        if (common == ids.size()) --common;  // at least one new token must be fed to get logits
+        if (!be.truncate(static_cast<int64_t>(common))) {
+            be.reset();
+            common = 0;
+        }
+        cached.resize(common);
+        std::vector<int> fresh(ids.begin() + static_cast<long>(common), ids.end());
+        if (be.n_past() + static_cast<int64_t>(fresh.size()) + 1 >= be.ctx_size()) {
+            std::fprintf(stderr, "[context full (%lld tokens): starting a new conversation]\n",
+                         static_cast<long long>(be.ctx_size()));
+            history = {history.back()};
+            if (!system.empty()) history.insert(history.begin(), {"system", system});
+            ids = tok.encode(render_gemma4_chat(history, true, think));
+            be.reset();
+            cached.clear();
+            fresh = ids;
+        }
+
+        StreamDecoder stream(tok);
+        std::vector<int> reply;
+        GenerateStats st = generate(be, fresh, go, [&](int id) {
+            if (std::find(go.stop_ids.begin(), go.stop_ids.end(), id) == go.stop_ids.end())
+                std::fputs(stream.push(id).c_str(), stdout);
+            std::fflush(stdout);
+            return true;
+        }, &reply);
+        std::fputs(stream.flush().c_str(), stdout);
+        std::fputs("\n", stdout);
+
+        cached = ids;
+        cached.insert(cached.end(), reply.begin(), reply.end() - (reply.empty() ? 0 : 1));  // last id not evaluated
+        if (!reply.empty() && std::find(go.stop_ids.begin(), go.stop_ids.end(), reply.back()) != go.stop_ids.end())
+            reply.pop_back();
+        history.push_back({"assistant", tok.decode(reply)});
+        std::fprintf(stderr, "[%s]\n", format_receipt(st).c_str());
+    }
+    std::fputs("\n", stdout);
+    return 0;
+}
 
 }  // namespace markbase::cli

@@ -1,0 +1,96 @@
+// Text in, text out through the CLI: a tiny random model with the real Gemma 4 vocabulary (262144) and its
+// tokenizer.json in the folder, so `run -p`, `run --chat` and `chat` run end to end.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include "loading/random_checkpoint.h"
+#include "support/tiny_models.h"
+#include "tokenizer/tokenizer.h"
+
+namespace markbase {
+namespace {
+
+std::string sh(const std::string& cmd, int* code) {
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return out;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    const int status = pclose(p);
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+}
+
+class CliText : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir = new testing::TempDir("clitext");
+        nlohmann::json c = testing::tiny_config("31b");
+        c["vocab_size"] = 262144;
+        c["eos_token_id"] = nlohmann::json::array({1, 106});
+        write_random_checkpoint(dir->path(), c, 5);
+        int code = 0;
+        sh("xz -dc '" + std::string(MARKBASE_TEST_DATA) + "/tokenizer/gemma4/tokenizer.json.xz' > '" +
+               (dir->path() / "tokenizer.json").string() + "'",
+           &code);
+        ASSERT_EQ(code, 0) << "xz failed (scripts/install-deps.sh installs xz-utils)";
+    }
+    static void TearDownTestSuite() { delete dir; }
+    static std::string bin() { return std::string(MARKBASE_BINARY) + " "; }
+    static std::string model() { return "-m '" + dir->path().string() + "' "; }
+    static testing::TempDir* dir;
+};
+testing::TempDir* CliText::dir = nullptr;
+
+TEST_F(CliText, RunPromptStreamsTheSameTextAsJson) {
+    int code = 0;
+    const std::string streamed = sh(bin() + "run " + model() + "-p 'The capital of France' -n 8 --temp 0 --ignore-eos 2>/dev/null", &code);
+    ASSERT_EQ(code, 0) << streamed;
+    const std::string js = sh(bin() + "run " + model() + "-p 'The capital of France' -n 8 --temp 0 --ignore-eos --json 2>/dev/null", &code);
+    ASSERT_EQ(code, 0) << js;
+    nlohmann::json j = nlohmann::json::parse(js);
+    ASSERT_EQ(j["ids"].size(), 8u);
+    // BOS + the prompt's own tokens, as the tokenizer encodes them
+    Tokenizer tok = Tokenizer::load(dir->path());
+    EXPECT_EQ(j["prompt_tokens"].get<size_t>(), 1 + tok.encode("The capital of France").size());
+    EXPECT_EQ(streamed, "The capital of France" + tok.decode(j["ids"].get<std::vector<int>>()) + "\n");
+}
+
+TEST_F(CliText, ChatKeepsHistoryAndPrintsAReceiptPerReply) {
+    int code = 0;
+    const std::string out = sh("printf 'Hello there\\nAnd again\\n' | " + bin() + "chat " + model() +
+                                   "-n 6 --temp 0 2>&1",
+                               &code);
+    ASSERT_EQ(code, 0) << out;
+    // one receipt per reply; "prompt N tok" there counts only what was fed to the model this turn
+    std::vector<int> prompt_tokens;
+    for (size_t p = out.find("[prompt "); p != std::string::npos; p = out.find("[prompt ", p + 1))
+        prompt_tokens.push_back(std::stoi(out.substr(p + 8)));
+    ASSERT_EQ(prompt_tokens.size(), 2u) << out;
+    Tokenizer tok = Tokenizer::load(dir->path());
+    // the second turn reuses the cache: only the re-rendered 6-token reply (+ a few for its turn markers), the
+    // new user turn and the generation prompt are fed, not the first turn again
+    const int new_turn = static_cast<int>(
+        tok.encode("<turn|>\n<|turn>user\nAnd again<turn|>\n<|turn>model\n<|channel>thought\n<channel|>").size());
+    EXPECT_LE(prompt_tokens[1], 6 + 3 + new_turn) << out;
+    EXPECT_GT(prompt_tokens[0], 5) << out;
+}
+
+TEST_F(CliText, PromptWithoutTokenizerIsAClearError) {
+    testing::TempDir bare("bare");
+    write_random_checkpoint(bare.path(), testing::tiny_config("31b"), 5);
+    int code = 0;
+    const std::string out = sh(bin() + "run -m '" + bare.path().string() + "' -p hi 2>&1", &code);
+    EXPECT_EQ(code, 1);
+    EXPECT_NE(out.find("tokenizer.json"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace markbase
