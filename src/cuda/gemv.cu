@@ -208,10 +208,13 @@ void gemv_prepare(int max_K) {
     if (smem > 220 * 1024)
         throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");
     const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));
+    static int prepared = 0;  // only ever raised: another live model may need the larger limit
+    if (bytes <= prepared) return;
     CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kStore, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeglu, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeluMul, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kLogits, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    prepared = bytes;
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
