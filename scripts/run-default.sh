@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMARKBASE_TESTS=OFF
 cmake --build build -j "$(nproc)"
-# Until a trained default model is bundled, the main job is greedy generation on the tiny 26B-A4B-like
-# checkpoint whose outputs tests/ checks against transformers.
-./build/markbase inspect -m tests/data/models/26b-flat
-./build/markbase run -m tests/data/models/26b-flat --ids 2,17,300,41,5 -n 16 --temp 0 --json
+# The bundled model (models/default: a tiny Gemma 4 trained on public-domain text by
+# tools/train_default_model.py) is used when no -m is given.
+./build/markbase run -p "And God said" -n 64 --temp 0
+./build/markbase run --chat -p "Who are you?" -n 48 --temp 0

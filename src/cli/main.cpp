@@ -19,9 +19,11 @@ const char* kUsage =
     "  logits     -m DIR --ids 2,17,300 -o out.npy\n"
     "  inspect    -m DIR                       variant, layer plan, parameters, bytes per token\n"
     "  bench      -m DIR [-p 128] [-n 32] [-r 3]  prefill and decode receipt with achieved GB/s\n"
+    "  perplexity -m DIR -f FILE [--window 512]  perplexity of a text file\n"
     "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
-    "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu\n";
+    "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
+    "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
 
 }  // namespace
 
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
         if (cmd == "logits") return cmd_logits(args);
         if (cmd == "inspect") return cmd_inspect(args);
         if (cmd == "bench") return cmd_bench(args);
+        if (cmd == "perplexity") return cmd_perplexity(args);
         if (cmd == "tokenize") return cmd_tokenize(args);
         if (cmd == "detokenize") return cmd_detokenize(args);
         std::fprintf(stderr, "markbase: unknown command '%s'\n%s", cmd.c_str(), kUsage);

@@ -23,7 +23,7 @@ int cmd_chat(const Args& args) {
     ModelOptions mo = ModelOptions::read(a);
     GenerateOptions go;
     go.max_new_tokens = static_cast<int>(a.integer({"-n", "--n-predict"}, 1024));
-    go.sampling = read_sampling(a);
+    go.sampling = read_sampling(a, mo.model_dir);
     const std::string system = a.value_or({"-sys", "--system-prompt"}, "");
     const bool think = a.flag({"--think"});
     a.finish();
@@ -31,7 +31,7 @@ int cmd_chat(const Args& args) {
     Tokenizer tok = Tokenizer::load(mo.model_dir);
     LoadedModel lm = load_model(mo);
     Backend& be = *lm.backend;
-    go.stop_ids = be.config().stop_ids;
+    go.stop_ids = stop_ids_for(lm);
     for (int id : default_stop_ids()) go.stop_ids.push_back(id);
 
     std::vector<ChatMessage> history;

@@ -1,9 +1,12 @@
 #include "cli/commands/model_options.h"
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <random>
 
+#include "loading/generation_config.h"
 #include "model/error.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -14,9 +17,7 @@ namespace markbase::cli {
 ModelOptions ModelOptions::read(ArgReader& a) {
     ModelOptions o;
     auto m = a.value({"-m", "--model"});
-    if (m) o.model_dir = *m;
-    else if (const char* env = std::getenv("MARKBASE_MODEL")) o.model_dir = env;
-    else throw Error("no model given: pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
+    o.model_dir = m ? *m : default_model_dir();
     o.device = resolve_device(a.value_or({"--device", "-dev"}, "auto"));
     o.backend.threads = static_cast<int>(a.integer({"-t", "--threads"}, 0));
     o.backend.ctx_size = a.integer({"-c", "--ctx-size"}, 4096);
@@ -54,13 +55,38 @@ LoadedModel load_model(const ModelOptions& o) {
     return lm;
 }
 
-SamplingParams read_sampling(ArgReader& a) {
+std::string default_model_dir() {
+    namespace fs = std::filesystem;
+    if (const char* env = std::getenv("MARKBASE_MODEL")) return env;
+    std::vector<fs::path> candidates{fs::path(MARKBASE_SOURCE_DIR) / "models" / "default"};
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        candidates.push_back(exe.parent_path() / "models" / "default");
+        candidates.push_back(exe.parent_path().parent_path() / "models" / "default");
+        candidates.push_back(exe.parent_path().parent_path() / "share" / "markbase" / "models" / "default");
+    }
+    for (const auto& c : candidates)
+        if (fs::exists(c / "config.json")) return c.string();
+    throw Error("no model given and no bundled model found (looked in " + candidates.front().string() +
+                "): pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
+}
+
+std::vector<int> stop_ids_for(const LoadedModel& lm) {
+    std::vector<int> ids = lm.backend->config().stop_ids;
+    for (int id : read_generation_config(lm.checkpoint->dir).stop_ids)
+        if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    return ids;
+}
+
+SamplingParams read_sampling(ArgReader& a, const std::string& model_dir) {
+    const GenerationDefaults g = read_generation_config(model_dir);
     SamplingParams s;
-    s.temperature = static_cast<float>(a.number({"--temp", "--temperature"}, 1.0));
-    s.top_k = static_cast<int>(a.integer({"--top-k"}, 64));
-    s.top_p = static_cast<float>(a.number({"--top-p"}, 0.95));
-    s.min_p = static_cast<float>(a.number({"--min-p"}, 0.0));
-    s.repeat_penalty = static_cast<float>(a.number({"--repeat-penalty"}, 1.0));
+    s.temperature = static_cast<float>(a.number({"--temp", "--temperature"}, g.do_sample ? g.temperature.value_or(1.0f) : 0.0));
+    s.top_k = static_cast<int>(a.integer({"--top-k"}, g.top_k.value_or(64)));
+    s.top_p = static_cast<float>(a.number({"--top-p"}, g.top_p.value_or(0.95f)));
+    s.min_p = static_cast<float>(a.number({"--min-p"}, g.min_p.value_or(0.0f)));
+    s.repeat_penalty = static_cast<float>(a.number({"--repeat-penalty"}, g.repetition_penalty.value_or(1.0f)));
     s.repeat_last_n = static_cast<int>(a.integer({"--repeat-last-n"}, 64));
     s.presence_penalty = static_cast<float>(a.number({"--presence-penalty"}, 0.0));
     s.frequency_penalty = static_cast<float>(a.number({"--frequency-penalty"}, 0.0));

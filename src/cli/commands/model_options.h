@@ -17,7 +17,8 @@ struct LoadedModel {
     double load_s = 0;
 };
 
-// Reads -m/--model, --device, -t/--threads, -c/--ctx-size, -b/--batch-size.
+// Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
+// -c/--ctx-size, -b/--batch-size.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";
@@ -32,7 +33,14 @@ LoadedModel load_model(const ModelOptions& o);
 std::string resolve_device(const std::string& requested);
 
 // Reads --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
-// --frequency-penalty, -s/--seed (llama.cpp's names). Defaults are Gemma 4's generation_config.
-SamplingParams read_sampling(ArgReader& a);
+// --frequency-penalty, -s/--seed (llama.cpp's names). Unset flags take the model folder's
+// generation_config.json values, else Gemma 4's (temperature 1.0, top_k 64, top_p 0.95).
+SamplingParams read_sampling(ArgReader& a, const std::string& model_dir);
+
+// The folder `markbase` uses without -m: $MARKBASE_MODEL, else models/default beside the sources or the binary.
+std::string default_model_dir();
+
+// Stop ids: config.json's eos ids plus generation_config.json's.
+std::vector<int> stop_ids_for(const LoadedModel& lm);
 
 }  // namespace markbase::cli

@@ -25,7 +25,7 @@ int cmd_run(const Args& args) {
     auto prompt_arg = a.value({"-p", "--prompt"});
     GenerateOptions go;
     go.max_new_tokens = static_cast<int>(a.integer({"-n", "--n-predict"}, 128));
-    go.sampling = read_sampling(a);
+    go.sampling = read_sampling(a, mo.model_dir);
     go.ignore_eos = a.flag({"--ignore-eos"});
     const bool as_json = a.flag({"--json"});
     const bool chat = a.flag({"--chat", "-cnv"});
@@ -50,7 +50,7 @@ int cmd_run(const Args& args) {
     }
 
     LoadedModel lm = load_model(mo);
-    go.stop_ids = lm.backend->config().stop_ids;
+    go.stop_ids = stop_ids_for(lm);
     if (chat)
         for (int id : default_stop_ids()) go.stop_ids.push_back(id);
 
