@@ -30,8 +30,11 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
     const int d = a.d;
     const int64_t pos = static_cast<int64_t>(a.pos_base[0]) + t;
     const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
-    const int64_t end = min(pos + 1, start + a.split_len);
+    // split_len 0 (decode graphs): spread the current range evenly over the pieces, at least 64 keys each
+    const int64_t split_len =
+        a.split_len > 0 ? a.split_len : max(static_cast<int64_t>(64), (pos - lo + a.nsplit) / a.nsplit);
+    const int64_t start = lo + static_cast<int64_t>(sp) * split_len;
+    const int64_t end = min(pos + 1, start + split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
     if (start >= end) {
         if (tid == 0) {
@@ -138,14 +141,23 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a
 
 }  // namespace
 
-void attention(const AttnArgs& a, int n, cudaStream_t s) {
+void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.d % 4 != 0 || a.d > kThreads * kMaxDimsPerThread)
         throw Error("internal: attention head dim " + std::to_string(a.d) + " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
-    launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), static_cast<size_t>(a.d) * sizeof(float), s, a);
+    launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), static_cast<size_t>(a.d) * sizeof(float),
+                  s, a);
     CUDA_CHECK_LAUNCH();
+}
+
+void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {
     launch_kernel(attn_combine_kernel, dim3(a.nH, n), dim3(kThreads), 0, s, a);
     CUDA_CHECK_LAUNCH();
+}
+
+void attention(const AttnArgs& a, int n, cudaStream_t s) {
+    attention_pieces(a, n, s);
+    attention_combine(a, n, s);
 }
 
 }  // namespace markbase::cuda

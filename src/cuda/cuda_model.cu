@@ -3,6 +3,8 @@
 // the profiled step.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/cuda_model.h"
 
@@ -10,7 +12,8 @@ namespace markbase::cuda {
 
 namespace {
 
-constexpr int kDecodeSplit = 256;  // keys per attention piece at decode
+constexpr int kDecodeSplit = 256;       // keys per attention piece at decode, up to...
+constexpr int kMaxDecodePieces = 256;   // ...this many pieces over all heads (<= kGemvMaxCombineFactors)
 
 // inv_freq[j] = theta^(-2j/d) for the rotated pairs, 0 for the rest (as cpu/attention.cpp computes it).
 std::vector<float> inverse_frequencies(const RopeParams& rp, int d) {
@@ -53,8 +56,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             max_I = std::max(max_I, s.mlp_width);
             dmax = std::max(dmax, s.head_dim);
             (s.kind == AttentionKind::Sliding ? d_sliding : d_full) = s.head_dim;
+            // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the
+            // current range (split_len 0), enough pieces to fill the SMs at long context.
             const int64_t range = s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx) : ctx;
-            decode_splits_[i] = static_cast<int>((range + kDecodeSplit - 1) / kDecodeSplit);
+            const int64_t cap_pieces = std::max(1, kMaxDecodePieces / nH);
+            decode_splits_[i] = static_cast<int>(std::clamp<int64_t>((range + kDecodeSplit - 1) / kDecodeSplit, 1,
+                                                                     cap_pieces));
             max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * decode_splits_[i]);
         }
         max_pieces_ = max_pieces;
@@ -74,7 +81,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         d_out_ids_ = alloc<int>(ctx);
         d_argmax_ = alloc<unsigned long long>(1);
 
+        if (const char* e = std::getenv("MARKBASE_CUDA_FUSE")) fuse_ = std::strcmp(e, "0") != 0;
         x_ = alloc<float>(n * H);
+        xb_ = alloc<float>(H);
+        d_counter_ = alloc<unsigned int>(1);
+        CUDA_CHECK(cudaMemset(d_counter_, 0, sizeof(unsigned int)));
         q_ = alloc<float>(n * max_q);
         k_ = alloc<float>(n * std::max(max_kv, 1));
         v_ = alloc<float>(n * std::max(max_kv, 1));

@@ -88,6 +88,9 @@ private:
     }
     void record_step(Profiler* pf);           // cuda_step.cu: the decode step's kernels, n = 1
     void record_layer(int i, Profiler* pf);   // cuda_step.cu
+    GemvInput x_input(bool norm, const bf16* norm_w);  // cuda_step.cu: the current x as a GEMV input
+    void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
+    void flush_residual(Profiler* pf, int layer);
     void prefill_layer(int i, int n, int64_t pos0);  // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     void ensure_graph();
@@ -113,6 +116,19 @@ private:
     int* d_ids_ = nullptr;    // [chunk]
     int* d_out_ids_ = nullptr;
     unsigned long long* d_argmax_ = nullptr;
+
+    // Decode-step fusion (MARKBASE_CUDA_FUSE, default on): a residual update waits as `pending_` and becomes the
+    // prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the attention merge becomes
+    // o_proj's prologue; the sampling step runs in lm_head's last block.
+    bool fuse_ = true;
+    struct PendingResidual {
+        const float* y = nullptr;
+        const bf16* w = nullptr;
+        float scale = 1.0f;
+    } pending_;
+    float* xcur_ = nullptr;  // the residual stream's current buffer while recording a step
+    float* xb_ = nullptr;    // [H] the other decode buffer
+    unsigned int* d_counter_ = nullptr;
 
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;

@@ -121,9 +121,9 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         in.eps = eps;
         GemvSeg seg{lw.router_proj, rlogits_, E, E};
         gemv(in, &seg, 1, n, stream_);
-        moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, stream_);
+        moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, x_,
+                  lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
         moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_);
-        rmsnorm_rows(x_, lw.pre_ffn_norm_2, H, n, eps, e_in_, stream_);
         moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
         moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
         residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm,

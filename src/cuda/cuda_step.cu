@@ -2,6 +2,8 @@
 // here reads host state that changes between tokens: the token id and its position are read by the kernels from
 // d_state_, so the same launches captured once as a CUDA graph serve every step. With a Profiler each launch is
 // bracketed by events instead (the profile mode).
+// With fusion on (the default), the sandwich-norm residual updates and the attention merge run as prologues of
+// the GEMV that consumes them, and sampling runs in lm_head's last block: E2B 8 kernels per layer instead of 12.
 #include <cmath>
 
 #include "cuda/cuda_model.h"
@@ -12,11 +14,53 @@ namespace {
 double wbytes(int64_t rows, int64_t cols) { return 2.0 * static_cast<double>(rows) * static_cast<double>(cols); }
 }  // namespace
 
+GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
+    GemvInput in;
+    in.K = c_.hidden;
+    in.eps = c_.rms_eps;
+    in.norm = norm;
+    in.norm_w = norm_w;
+    if (pending_.y) {  // x = (x + RMSNorm(y) * w) * scale, computed by the GEMV, stored to the other buffer
+        float* out = xcur_ == x_ ? xb_ : x_;
+        in.res_x = xcur_;
+        in.res_y = pending_.y;
+        in.res_w = pending_.w;
+        in.res_scale = pending_.scale;
+        in.res_out = out;
+        xcur_ = out;
+        pending_ = {};
+    } else {
+        in.x = xcur_;
+    }
+    return in;
+}
+
+void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale) {
+    if (fuse_) {
+        pending_ = {y, w, scale};
+        return;
+    }
+    float* x = xcur_;
+    run(pf, name, layer, 0.0, [&] { residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
+}
+
+// For kernels that read x directly rather than through a GEMV input.
+void CudaModel::flush_residual(Profiler* pf, int layer) {
+    if (!pending_.y) return;
+    const PendingResidual p = pending_;
+    pending_ = {};
+    float* x = xcur_;
+    run(pf, "residual", layer, 0.0,
+        [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
+}
+
 void CudaModel::record_step(Profiler* pf) {
     const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
     const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
     const float eps = c_.rms_eps;
     const int* tok = d_state_;
+    xcur_ = x_;
+    pending_ = {};
 
     // 2.2: x = embed[tok] * bf16(sqrt(H)); also clears the argmax for this step
     run(pf, "embed", -1, 2.0 * H,
@@ -38,18 +82,21 @@ void CudaModel::record_step(Profiler* pf) {
 
     for (int i = 0; i < L; ++i) record_layer(i, pf);
 
-    // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in
+    // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in, then the next token
+    const GemvInput in = x_input(true, w_.final_norm);
+    StepFinish fin;
+    fin.state = d_state_;
+    fin.advance = 1;
+    fin.out_ids = d_out_ids_;
+    fin.out_cap = static_cast<int>(ctx_);
+    fin.counter = d_counter_;
     run(pf, "lm_head", -1, wbytes(V, H), [&] {
-        GemvInput in;
-        in.x = x_;
-        in.K = H;
-        in.norm = true;
-        in.norm_w = w_.final_norm;
-        in.eps = eps;
-        gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_);
+        gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_,
+                    fuse_ ? &fin : nullptr);
     });
-    run(pf, "sample", -1, 0.0,
-        [&] { finish_step(d_argmax_, d_state_, 1, d_out_ids_, static_cast<int>(ctx_), stream_); });
+    if (!fuse_)
+        run(pf, "sample", -1, 0.0,
+            [&] { finish_step(d_argmax_, d_state_, 1, d_out_ids_, static_cast<int>(ctx_), stream_); });
 }
 
 void CudaModel::record_layer(int i, Profiler* pf) {
@@ -60,25 +107,20 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     const float eps = c_.rms_eps;
     const bool own = s.has_own_kv();
 
-    GemvInput xin;  // x through a fused RMSNorm with weight nw
-    xin.x = x_;
-    xin.K = H;
-    xin.norm = true;
-    xin.eps = eps;
-
     // 2.5: q (and own k, v) from input_layernorm(x), one launch
-    run(pf, "qkv", i, wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H), [&] {
-        GemvInput in = xin;
-        in.norm_w = lw.input_norm;
-        GemvSeg segs[3];
-        int ns = 0;
-        segs[ns++] = {lw.q_proj, q_, qw, 0};
-        if (own) {
-            segs[ns++] = {lw.k_proj, k_, kvw, 0};
-            if (lw.v_proj) segs[ns++] = {lw.v_proj, v_, kvw, 0};
-        }
-        gemv(in, segs, ns, 1, stream_);
-    });
+    {
+        const GemvInput in = x_input(true, lw.input_norm);
+        run(pf, "qkv", i, wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H), [&] {
+            GemvSeg segs[3];
+            int ns = 0;
+            segs[ns++] = {lw.q_proj, q_, qw, 0};
+            if (own) {
+                segs[ns++] = {lw.k_proj, k_, kvw, 0};
+                if (lw.v_proj) segs[ns++] = {lw.v_proj, v_, kvw, 0};
+            }
+            gemv(in, segs, ns, 1, stream_);
+        });
+    }
     const bool sliding = s.kind == AttentionKind::Sliding;
     run(pf, "qk_norm_rope", i, 0.0, [&] {
         QkvPost p;
@@ -98,30 +140,35 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         p.eps = eps;
         qkv_post(p, 1, stream_);
     });
-    run(pf, "attention", i, 0.0, [&] {
-        AttnArgs a;
-        attention_args(i, a);
-        a.nsplit = decode_splits_[i];
-        a.split_len = 256;
-        attention(a, 1, stream_);
-    });
+    AttnArgs a;
+    attention_args(i, a);
+    a.nsplit = decode_splits_[i];
+    a.split_len = 0;  // an even share of the current range per piece
+    run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
+    if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     run(pf, "o_proj", i, wbytes(H, qw), [&] {
         GemvInput in;
-        in.x = attn_;
         in.K = qw;
+        if (fuse_) {
+            in.comb_o = part_o_;
+            in.comb_ml = part_ml_;
+            in.comb_heads = nH;
+            in.comb_splits = a.nsplit;
+        } else {
+            in.x = attn_;
+        }
         GemvSeg seg{lw.o_proj, o_, H, 0};
         gemv(in, &seg, 1, 1, stream_);
     });
-    run(pf, "post_attn_norm", i, 0.0,
-        [&] { residual_add_norm(x_, o_, lw.post_attn_norm, H, 1, eps, 1.0f, stream_); });
+    residual(pf, "post_attn_norm", i, o_, lw.post_attn_norm, 1.0f);
 
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
     const float ffn_scale = c_.ple_dim ? 1.0f : lw.layer_scalar;  // layer_scalar goes on the layer's last update
-    run(pf, "mlp_gate_up", i, wbytes(2 * I, H), [&] {
-        GemvInput in = xin;
-        in.norm_w = lw.pre_ffn_norm;
-        gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_);
-    });
+    {
+        const GemvInput in = x_input(true, lw.pre_ffn_norm);
+        run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
+            [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
+    }
     run(pf, "mlp_down", i, wbytes(H, I), [&] {
         GemvInput in;
         in.x = g_;
@@ -132,17 +179,20 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 
     if (c_.moe) {  // 2.6
         const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-        run(pf, "router", i, wbytes(E, H), [&] {
-            GemvInput in = xin;
-            in.norm_w = lw.router_scale;
+        flush_residual(pf, i);  // (nothing pending here: the MLP consumed it) route and combine read x directly
+        {
+            GemvInput in = x_input(true, lw.router_scale);
             in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
-            GemvSeg seg{lw.router_proj, rlogits_, E, 0};
-            gemv(in, &seg, 1, 1, stream_);
-        });
+            run(pf, "router", i, wbytes(E, H), [&] {
+                GemvSeg seg{lw.router_proj, rlogits_, E, 0};
+                gemv(in, &seg, 1, 1, stream_);
+            });
+        }
+        float* x = xcur_;
         run(pf, "route_topk", i, 0.0, [&] {
-            moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, stream_);
+            moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
+                      lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
         });
-        run(pf, "experts_norm", i, 0.0, [&] { rmsnorm_rows(x_, lw.pre_ffn_norm_2, H, 1, eps, e_in_, stream_); });
         run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
             moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, stream_);
         });
@@ -150,22 +200,20 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_);
         });
         run(pf, "ffn_combine", i, 0.0, [&] {
-            residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+            residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                                  lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
         });
     } else {
-        run(pf, "post_ffn_norm", i, 0.0,
-            [&] { residual_add_norm(x_, m_, lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_); });
+        residual(pf, "post_ffn_norm", i, m_, lw.post_ffn_norm, ffn_scale);
     }
 
     if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then * layer_scalar
         const int P = c_.ple_dim;
-        run(pf, "ple_gate", i, wbytes(P, H), [&] {
-            GemvInput in;
-            in.x = x_;
-            in.K = H;
-            gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_);
-        });
+        {
+            const GemvInput in = x_input(false, nullptr);
+            run(pf, "ple_gate", i, wbytes(P, H),
+                [&] { gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_); });
+        }
         run(pf, "ple_proj", i, wbytes(H, P), [&] {
             GemvInput in;
             in.x = g_;
@@ -173,8 +221,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             GemvSeg seg{lw.ple_proj, o_, H, 0};
             gemv(in, &seg, 1, 1, stream_);
         });
-        run(pf, "ple_post_norm", i, 0.0,
-            [&] { residual_add_norm(x_, o_, lw.ple_post_norm, H, 1, eps, lw.layer_scalar, stream_); });
+        residual(pf, "ple_post_norm", i, o_, lw.ple_post_norm, lw.layer_scalar);
     }
 }
 

@@ -101,6 +101,20 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_wait();
     pdl_launch_dependents();
 }
+// The end of a step: the argmax key (see argmax_key) becomes the next token; the position advances; greedy
+// decoding appends the id. Key 0 means no finite logit was seen: feed pad (0) rather than an out-of-range id.
+__device__ __forceinline__ void finish_token(unsigned long long key, int* state, int advance, int* out_ids,
+                                             int out_cap) {
+    const int tok = key ? static_cast<int>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull)) : 0;
+    state[0] = tok;
+    state[1] += advance;
+    if (out_ids) {
+        const int k = state[2];
+        if (k < out_cap) out_ids[k] = tok;
+        state[2] = k + 1;
+    }
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }

@@ -5,6 +5,7 @@
 // staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product (GeGLU,
 // the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
 #include <algorithm>
+#include <cfloat>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -31,28 +32,65 @@ struct Params {
     const float* aux = nullptr; // kGeluMul: the multiplier
     float softcap = 0.0f;       // kLogits
     unsigned long long* argmax = nullptr;
+    StepFinish finish;          // kLogits: state == nullptr for none
 };
 
-// Stage xn = x * rsqrt(mean(x^2) + eps) * w * scale (or plain x) into shared memory.
-__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* red) {
+// Stage the input in shared memory: x itself, or one of the fused prologues (residual update, attention
+// combine), then optionally xn = x * rsqrt(mean(x^2) + eps) * w * scale.
+__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* fac, float* red) {
     const int K = in.K;
-    float inv = 1.0f;
-    if (in.norm) {
+    if (in.res_y) {
         float ss = 0.0f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(x[k], x[k], ss);
+        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(in.res_y[k], in.res_y[k], ss);
         ss = block_sum(ss, red);
-        inv = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
-    }
-    for (int k = threadIdx.x; k < K; k += blockDim.x) {
-        float v = x[k];
-        if (in.norm) {
-            v *= inv;
-            if (in.norm_w) v *= bf16_at(in.norm_w, k);
-            if (in.norm_scale != 1.0f) v *= in.norm_scale;
+        const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
+        const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            const float v = (in.res_x[k] + in.res_y[k] * inv_y * bf16_at(in.res_w, k)) * in.res_scale;
+            xs[k] = v;
+            if (writer) in.res_out[k] = v;
         }
-        xs[k] = v;
+    } else if (in.comb_o) {
+        const int S = in.comb_splits, d = K / in.comb_heads;
+        for (int h = threadIdx.x; h < in.comb_heads; h += blockDim.x) {
+            const float* ml = in.comb_ml + 2 * static_cast<int64_t>(h) * S;
+            float M = -FLT_MAX;
+            for (int sp = 0; sp < S; ++sp)
+                if (ml[2 * sp + 1] > 0.0f) M = fmaxf(M, ml[2 * sp]);
+            float L = 0.0f;
+            for (int sp = 0; sp < S; ++sp)
+                if (ml[2 * sp + 1] > 0.0f) L += ml[2 * sp + 1] * __expf(ml[2 * sp] - M);
+            const float invL = 1.0f / L;
+            for (int sp = 0; sp < S; ++sp)
+                fac[h * S + sp] = ml[2 * sp + 1] > 0.0f ? __expf(ml[2 * sp] - M) * invL : 0.0f;
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            const int h = k / d, dim = k - h * d;
+            float acc = 0.0f;
+            for (int sp = 0; sp < S; ++sp) {
+                const float f = fac[h * S + sp];
+                if (f != 0.0f) acc = fmaf(in.comb_o[(static_cast<int64_t>(h) * S + sp) * d + dim], f, acc);
+            }
+            xs[k] = acc;
+        }
+    } else {
+        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
     }
     __syncthreads();
+    if (in.norm) {
+        float ss = 0.0f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(xs[k], xs[k], ss);
+        ss = block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            float v = xs[k] * inv;
+            if (in.norm_w) v *= bf16_at(in.norm_w, k);
+            if (in.norm_scale != 1.0f) v *= in.norm_scale;
+            xs[k] = v;
+        }
+        __syncthreads();
+    }
 }
 
 template <int M, int R>
@@ -84,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
         }
     }
     pdl_begin();
-    stage_input(p.in, p.in.x + tok * p.in.ldx, xs, red);
+    stage_input(p.in, p.in.x + tok * p.in.ldx, xs, xs + p.in.K, red);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = p.in.K >> 3;
@@ -169,6 +207,16 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
             unsigned long long b = 0;
             for (int w = 0; w < kWarps; ++w) b = best_s[w] > b ? best_s[w] : b;
             if (b) atomicMax(p.argmax, b);
+            if (p.finish.state) {  // the last block to finish turns the argmax into the next token
+                __threadfence();
+                const unsigned int ticket = atomicAdd(p.finish.counter, 1u);
+                if (ticket == gridDim.x * gridDim.y - 1) {
+                    __threadfence();
+                    const unsigned long long key = atomicAdd(p.argmax, 0ull);
+                    finish_token(key, p.finish.state, p.finish.advance, p.finish.out_ids, p.finish.out_cap);
+                    *p.finish.counter = 0u;
+                }
+            }
         }
     }
 }
@@ -192,7 +240,10 @@ void launch(Params& p, int ntok, cudaStream_t s) {
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) p.seg_end[i] = (p.total_rows += p.seg[i].rows);
     if (p.total_rows == 0 || ntok == 0) return;
-    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
+    if (p.in.comb_o && p.in.comb_heads * p.in.comb_splits > kGemvMaxCombineFactors)
+        throw Error("internal: attention combine of " + std::to_string(p.in.comb_heads) + " x " +
+                    std::to_string(p.in.comb_splits) + " pieces exceeds the GEMV prologue's room");
+    const size_t smem = (static_cast<size_t>(p.in.K) + (p.in.comb_o ? kGemvMaxCombineFactors : 0)) * sizeof(float);
     const int groups = (p.total_rows + kWarps * kRows - 1) / (kWarps * kRows);
     const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
     const int blocks = std::min(groups, sm_count() * per_sm);
@@ -204,7 +255,7 @@ void launch(Params& p, int ntok, cudaStream_t s) {
 
 void gemv_prepare(int max_K) {
     sm_count();  // query the device now: launches may later run inside a graph capture
-    const size_t smem = static_cast<size_t>(max_K) * sizeof(float);
+    const size_t smem = (static_cast<size_t>(max_K) + kGemvMaxCombineFactors) * sizeof(float);
     if (smem > 220 * 1024)
         throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");
     const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));
@@ -244,8 +295,9 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 }
 
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
-                 unsigned long long* argmax_key_out, cudaStream_t s) {
+                 unsigned long long* argmax_key_out, cudaStream_t s, const StepFinish* finish) {
     Params p;
+    if (finish) p.finish = *finish;
     p.in = in;
     p.nseg = 1;
     p.seg[0] = {w, logits, rows, 0};

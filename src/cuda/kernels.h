@@ -23,6 +23,30 @@ struct GemvInput {
     const bf16* norm_w = nullptr;
     float norm_scale = 1.0f;
     float eps = 1e-6f;
+
+    // Decode-only prologues that replace x (one token), fusing the kernel that would otherwise precede:
+    // residual: x = (res_x + RMSNorm(res_y) * res_w) * res_scale, every block computes it, block 0 also stores it
+    // to res_out (never res_x: other blocks are still reading that);
+    const float* res_x = nullptr;
+    const float* res_y = nullptr;
+    const bf16* res_w = nullptr;
+    float res_scale = 1.0f;
+    float* res_out = nullptr;
+    // attention combine: x = the merged attention pieces (attention.cu's layout), K = heads * d.
+    const float* comb_o = nullptr;
+    const float* comb_ml = nullptr;
+    int comb_heads = 0, comb_splits = 0;
+};
+constexpr int kGemvMaxCombineFactors = 2048;  // heads x pieces the combine prologue can merge
+
+// The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the id
+// appended to out_ids at state[2]++ (when out_ids and state[2] < out_cap). counter: one zeroed uint.
+struct StepFinish {
+    int* state = nullptr;
+    int advance = 1;
+    int* out_ids = nullptr;
+    int out_cap = 0;
+    unsigned int* counter = nullptr;
 };
 
 struct GemvSeg {
@@ -40,7 +64,7 @@ void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, f
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s);
 // logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu).
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
-                 unsigned long long* argmax_key, cudaStream_t s);
+                 unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr);
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be staged.
 void gemv_prepare(int max_K);
 
@@ -98,18 +122,23 @@ struct AttnArgs {
     int window = 0;                  // sliding: a query at p sees keys (p - window, p]; 0 = full causal
     const int* pos_base = nullptr;   // query t sits at pos_base[0] + t
     int nsplit = 1;                  // key range cut into nsplit pieces of split_len keys
-    int split_len = 256;
+    int split_len = 256;             // 0: ceil(range / nsplit) from the device-side position (decode graphs)
     float* part_o = nullptr;         // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;        // [n][nH][nsplit][2] scratch
     float* out = nullptr;            // [n][nH][d]
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
+// The two halves of attention(): the pieces, and their merge (which a GEMV prologue may do instead).
+void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
+void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
 // logits [n][E] -> per token top-K of softmax(all E), renormalised, times per_expert_scale.
 // Writes sel_id/sel_w [n][K]. When groups_for_slots (n == 1), also writes the K expert groups directly.
+// Also the experts' input: e_in[t] = RMSNorm(x[t]) * norm_w (pre_feedforward_layernorm_2), H wide.
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
-               bool groups_for_slots, int* group_expert, int* group_off, int* entries, cudaStream_t s);
+               bool groups_for_slots, int* group_expert, int* group_off, int* entries, const float* x,
+               const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s);
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s);

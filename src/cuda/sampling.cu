@@ -14,15 +14,7 @@ namespace {
 
 __global__ void finish_kernel(const unsigned long long* key, int* state, int advance, int* out_ids, int out_cap) {
     pdl_begin();
-    // key 0: no finite logit was seen (all NaN); feed pad (0) rather than an out-of-range id
-    const int tok = *key ? static_cast<int>(0xffffffffu - static_cast<uint32_t>(*key & 0xffffffffull)) : 0;
-    state[0] = tok;
-    state[1] += advance;
-    if (out_ids) {
-        const int k = state[2];
-        if (k < out_cap) out_ids[k] = tok;
-        state[2] = k + 1;
-    }
+    finish_token(*key, state, advance, out_ids, out_cap);
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {

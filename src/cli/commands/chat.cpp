@@ -92,6 +92,7 @@ int cmd_chat(const Args& args) {
         if (!reply.empty() && std::find(go.stop_ids.begin(), go.stop_ids.end(), reply.back()) != go.stop_ids.end())
             reply.pop_back();
         history.push_back({"assistant", tok.decode(reply)});
+        std::fflush(stdout);
         std::fprintf(stderr, "[%s]\n", format_receipt(st).c_str());
     }
     std::fputs("\n", stdout);

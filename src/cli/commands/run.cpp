@@ -81,6 +81,7 @@ int cmd_run(const Args& args) {
         if (stream) std::fputs(stream->flush().c_str(), stdout);
         std::printf("\n");
     }
+    std::fflush(stdout);  // the text ends before the receipt starts, also when both go to one pipe
     const ModelCounts counts = count_params(lm.backend->config());
     std::fprintf(stderr, "[%s] load %.2f s | %s | stop: %s\n", lm.backend->name().c_str(), lm.load_s,
                  format_receipt(st, counts.bytes_per_token).c_str(), st.stop_reason.c_str());
