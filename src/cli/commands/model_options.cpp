@@ -29,6 +29,7 @@ ModelOptions ModelOptions::read(ArgReader& a) {
 
 std::string resolve_device(const std::string& requested) {
     if (requested != "auto") return requested;
+    if (const char* env = std::getenv("MARKBASE_DEVICE"); env && *env && std::string(env) != "auto") return env;
 #ifdef MARKBASE_HAS_CUDA
     if (cuda_device_info().available) return "cuda";
 #endif

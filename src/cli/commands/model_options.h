@@ -28,8 +28,8 @@ struct ModelOptions {
 
 LoadedModel load_model(const ModelOptions& o);
 
-// "auto" (the default --device) becomes "cuda" when this build has the CUDA backend and a device is present,
-// else "cpu"; any other name is returned as given.
+// "auto" (the default --device) becomes $MARKBASE_DEVICE when set, else "cuda" when this build has the CUDA
+// backend and a device is present, else "cpu"; any other name is returned as given.
 std::string resolve_device(const std::string& requested);
 
 // Reads --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
