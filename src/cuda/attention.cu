@@ -20,123 +20,150 @@ constexpr int kThreads = 128;  // == kTile: one thread per key when exponentiati
 constexpr int kTile = 128;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
+// Merge of a head's pieces into its output row: out = sum_s o_s * exp(m_s - M) / sum_s l_s * exp(m_s - M).
+// Reads through L2 (__ldcg): the pieces may have been written by other blocks of the running grid.
+__device__ void merge_pieces(const AttnArgs& a, int64_t base, float* out) {
+    float M = -FLT_MAX;
+    for (int s = 0; s < a.nsplit; ++s)
+        if (__ldcg(a.part_ml + 2 * (base + s) + 1) > 0.0f) M = fmaxf(M, __ldcg(a.part_ml + 2 * (base + s)));
+    float L = 0.0f;
+    float acc[kMaxDimsPerThread];
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0.0f;
+    for (int s = 0; s < a.nsplit; ++s) {
+        const float ls = __ldcg(a.part_ml + 2 * (base + s) + 1);
+        if (!(ls > 0.0f)) continue;  // empty piece: its partial output was never written
+        const float f = __expf(__ldcg(a.part_ml + 2 * (base + s)) - M);
+        L += ls * f;
+        const float* po = a.part_o + (base + s) * a.d;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int dim = threadIdx.x + i * kThreads;
+            if (dim < a.d) acc[i] = fmaf(__ldcg(po + dim), f, acc[i]);
+        }
+    }
+    const float inv = 1.0f / L;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        const int dim = threadIdx.x + i * kThreads;
+        if (dim < a.d) out[dim] = acc[i] * inv;
+    }
+}
+
 __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     __shared__ float sc[kTile];
+    __shared__ bool last_piece;
     pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int d = a.d;
     const int64_t pos = static_cast<int64_t>(a.pos_base[0]) + t;
     const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    // split_len 0 (decode graphs): spread the current range evenly over the pieces, at least 64 keys each
+    // split_len 0 (decode graphs): spread the current range evenly over the pieces, at least 32 keys each
     const int64_t split_len =
-        a.split_len > 0 ? a.split_len : max(static_cast<int64_t>(64), (pos - lo + a.nsplit) / a.nsplit);
+        a.split_len > 0 ? a.split_len : max(static_cast<int64_t>(32), (pos - lo + a.nsplit) / a.nsplit);
     const int64_t start = lo + static_cast<int64_t>(sp) * split_len;
     const int64_t end = min(pos + 1, start + split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
-    if (start >= end) {
-        if (tid == 0) {
-            a.part_ml[2 * idx] = -FLT_MAX;
-            a.part_ml[2 * idx + 1] = 0.0f;
-        }
-        return;
-    }
-    const int g = h / (a.nH / a.nKV);
-    const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
-    for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-    __syncthreads();
-
-    const int d4 = d / 4;
     float m = -FLT_MAX, l = 0.0f;
     float acc[kMaxDimsPerThread];
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0.0f;
 
-    for (int64_t ts = start; ts < end; ts += kTile) {
-        const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
-        for (int j = warp; j < cnt; j += kThreads / 32) {
-            const float4* kp =
-                reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
-            float s = 0.0f;
-            for (int c = lane; c < d4; c += 32) {
-                const float4 kv = __ldg(kp + c), qv = smem4[c];
-                s = fmaf(kv.x, qv.x, s);
-                s = fmaf(kv.y, qv.y, s);
-                s = fmaf(kv.z, qv.z, s);
-                s = fmaf(kv.w, qv.w, s);
+    if (start < end) {
+        const int g = h / (a.nH / a.nKV);
+        const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
+        const int d4 = d / 4;
+        for (int64_t ts = start; ts < end; ts += kTile) {
+            const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
+            // scores: each warp takes 4 consecutive keys at a time, their loads in flight together
+            for (int j0 = warp * 4; j0 < cnt; j0 += kThreads / 32 * 4) {
+                const float4* kp[4];
+                float s[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int j = min(j0 + u, cnt - 1);
+                    kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+                    s[u] = 0.0f;
+                }
+                for (int c = lane; c < d4; c += 32) {
+                    const float4 qv = smem4[c];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const float4 kv = __ldg(kp[u] + c);
+                        s[u] = fmaf(kv.x, qv.x, s[u]);
+                        s[u] = fmaf(kv.y, qv.y, s[u]);
+                        s[u] = fmaf(kv.z, qv.z, s[u]);
+                        s[u] = fmaf(kv.w, qv.w, s[u]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    s[u] = warp_sum(s[u]);
+                    if (lane == 0 && j0 + u < cnt) sc[j0 + u] = s[u];
+                }
             }
-            s = warp_sum(s);
-            if (lane == 0) sc[j] = s;
-        }
-        __syncthreads();
-        float tmax = -FLT_MAX;
-        for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
-        const float new_m = fmaxf(m, tmax);
-        const float corr = __expf(m - new_m);
-        __syncthreads();
-        if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
-        __syncthreads();
-        float lsum = 0.0f;
+            __syncthreads();
+            float tmax = -FLT_MAX;
+            for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
+            const float new_m = fmaxf(m, tmax);
+            const float corr = __expf(m - new_m);
+            __syncthreads();
+            if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
+            __syncthreads();
+            float lsum = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] *= corr;
-        for (int j = 0; j < cnt; ++j) {
-            const float p = sc[j];
-            lsum += p;
-            const float* vp = a.v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
+            for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] *= corr;
+#pragma unroll 4
+            for (int j = 0; j < cnt; ++j) {
+                const float p = sc[j];
+                lsum += p;
+                const float* vp = a.v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
 #pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                const int dim = tid + i * kThreads;
-                if (dim < d) acc[i] = fmaf(p, __ldg(vp + dim), acc[i]);
+                for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                    const int dim = tid + i * kThreads;
+                    if (dim < d) acc[i] = fmaf(p, __ldg(vp + dim), acc[i]);
+                }
             }
+            l = l * corr + lsum;
+            m = new_m;
+            __syncthreads();
         }
-        l = l * corr + lsum;
-        m = new_m;
-        __syncthreads();
-    }
-    float* po = a.part_o + idx * d;
+        float* po = a.part_o + idx * d;
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-        const int dim = tid + i * kThreads;
-        if (dim < d) po[dim] = acc[i];
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int dim = tid + i * kThreads;
+            if (dim < d) po[dim] = acc[i];
+        }
     }
     if (tid == 0) {
         a.part_ml[2 * idx] = m;
-        a.part_ml[2 * idx + 1] = l;
+        a.part_ml[2 * idx + 1] = l;  // 0 for an empty piece
     }
+    if (!a.merge_counters) return;
+    // The last piece of this head to finish merges all of them (classic flash-decoding reduction).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned int ticket = atomicAdd(a.merge_counters + static_cast<int64_t>(t) * a.nH + h, 1u);
+        last_piece = ticket == static_cast<unsigned int>(a.nsplit) - 1;
+    }
+    __syncthreads();
+    if (!last_piece) return;
+    __threadfence();
+    merge_pieces(a, idx - sp, a.out + (static_cast<int64_t>(t) * a.nH + h) * d);
+    if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a) {
     pdl_begin();
-    const int h = blockIdx.x, t = blockIdx.y, d = a.d;
+    const int h = blockIdx.x, t = blockIdx.y;
     const int64_t base = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit;
-    float M = -FLT_MAX;
-    for (int s = 0; s < a.nsplit; ++s)
-        if (a.part_ml[2 * (base + s) + 1] > 0.0f) M = fmaxf(M, a.part_ml[2 * (base + s)]);
-    float L = 0.0f;
-    float acc[kMaxDimsPerThread];
-#pragma unroll
-    for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0.0f;
-    for (int s = 0; s < a.nsplit; ++s) {
-        const float ls = a.part_ml[2 * (base + s) + 1];
-        if (!(ls > 0.0f)) continue;  // empty piece: its partial output was never written
-        const float f = __expf(a.part_ml[2 * (base + s)] - M);
-        L += ls * f;
-        const float* po = a.part_o + (base + s) * d;
-#pragma unroll
-        for (int i = 0; i < kMaxDimsPerThread; ++i) {
-            const int dim = threadIdx.x + i * kThreads;
-            if (dim < d) acc[i] = fmaf(po[dim], f, acc[i]);
-        }
-    }
-    const float inv = 1.0f / L;
-    float* out = a.out + (static_cast<int64_t>(t) * a.nH + h) * d;
-#pragma unroll
-    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-        const int dim = threadIdx.x + i * kThreads;
-        if (dim < d) out[dim] = acc[i] * inv;
-    }
+    merge_pieces(a, base, a.out + (static_cast<int64_t>(t) * a.nH + h) * a.d);
 }
 
 }  // namespace
@@ -157,7 +184,7 @@ void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {
 
 void attention(const AttnArgs& a, int n, cudaStream_t s) {
     attention_pieces(a, n, s);
-    attention_combine(a, n, s);
+    if (!a.merge_counters) attention_combine(a, n, s);
 }
 
 }  // namespace markbase::cuda

@@ -12,8 +12,10 @@ namespace markbase::cuda {
 
 namespace {
 
-constexpr int kDecodeSplit = 256;       // keys per attention piece at decode, up to...
-constexpr int kMaxDecodePieces = 256;   // ...this many pieces over all heads (<= kGemvMaxCombineFactors)
+// Decode attention: pieces of at least kDecodeMinSplit keys (attention.cu's split_len 0 rule), at most
+// kMaxDecodePieces blocks per layer, so that short contexts still spread over many SMs and long ones stay bounded.
+constexpr int kDecodeMinSplit = 32;
+constexpr int kMaxDecodePieces = 512;
 
 // inv_freq[j] = theta^(-2j/d) for the rotated pairs, 0 for the rest (as cpu/attention.cpp computes it).
 std::vector<float> inverse_frequencies(const RopeParams& rp, int d) {
@@ -60,8 +62,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             // current range (split_len 0), enough pieces to fill the SMs at long context.
             const int64_t range = s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx) : ctx;
             const int64_t cap_pieces = std::max(1, kMaxDecodePieces / nH);
-            decode_splits_[i] = static_cast<int>(std::clamp<int64_t>((range + kDecodeSplit - 1) / kDecodeSplit, 1,
-                                                                     cap_pieces));
+            decode_splits_[i] =
+                static_cast<int>(std::clamp<int64_t>((range + kDecodeMinSplit - 1) / kDecodeMinSplit, 1, cap_pieces));
             max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * decode_splits_[i]);
         }
         max_pieces_ = max_pieces;
@@ -86,6 +88,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_counter_, 0, sizeof(unsigned int)));
+        d_attn_counters_ = alloc<unsigned int>(nH);
+        CUDA_CHECK(cudaMemset(d_attn_counters_, 0, nH * sizeof(unsigned int)));
         q_ = alloc<float>(n * max_q);
         k_ = alloc<float>(n * std::max(max_kv, 1));
         v_ = alloc<float>(n * std::max(max_kv, 1));

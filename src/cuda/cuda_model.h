@@ -118,8 +118,8 @@ private:
     unsigned long long* d_argmax_ = nullptr;
 
     // Decode-step fusion (MARKBASE_CUDA_FUSE, default on): a residual update waits as `pending_` and becomes the
-    // prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the attention merge becomes
-    // o_proj's prologue; the sampling step runs in lm_head's last block.
+    // prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the last attention piece of a
+    // head merges the pieces; the sampling step runs in lm_head's last block.
     bool fuse_ = true;
     struct PendingResidual {
         const float* y = nullptr;
@@ -128,7 +128,8 @@ private:
     } pending_;
     float* xcur_ = nullptr;  // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;    // [H] the other decode buffer
-    unsigned int* d_counter_ = nullptr;
+    unsigned int* d_counter_ = nullptr;        // lm_head's finished blocks
+    unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
 
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;

@@ -2,8 +2,9 @@
 // here reads host state that changes between tokens: the token id and its position are read by the kernels from
 // d_state_, so the same launches captured once as a CUDA graph serve every step. With a Profiler each launch is
 // bracketed by events instead (the profile mode).
-// With fusion on (the default), the sandwich-norm residual updates and the attention merge run as prologues of
-// the GEMV that consumes them, and sampling runs in lm_head's last block: E2B 8 kernels per layer instead of 12.
+// With fusion on (the default), the sandwich-norm residual updates run as prologues of the GEMV that consumes
+// them, the attention pieces are merged by the last piece of each head, and sampling runs in lm_head's last block:
+// E2B 8 kernels per layer instead of 12.
 #include <cmath>
 
 #include "cuda/cuda_model.h"
@@ -144,19 +145,13 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
     a.split_len = 0;  // an even share of the current range per piece
+    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     run(pf, "o_proj", i, wbytes(H, qw), [&] {
         GemvInput in;
+        in.x = attn_;
         in.K = qw;
-        if (fuse_) {
-            in.comb_o = part_o_;
-            in.comb_ml = part_ml_;
-            in.comb_heads = nH;
-            in.comb_splits = a.nsplit;
-        } else {
-            in.x = attn_;
-        }
         GemvSeg seg{lw.o_proj, o_, H, 0};
         gemv(in, &seg, 1, 1, stream_);
     });

@@ -5,7 +5,6 @@
 // staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product (GeGLU,
 // the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
 #include <algorithm>
-#include <cfloat>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -35,9 +34,9 @@ struct Params {
     StepFinish finish;          // kLogits: state == nullptr for none
 };
 
-// Stage the input in shared memory: x itself, or one of the fused prologues (residual update, attention
-// combine), then optionally xn = x * rsqrt(mean(x^2) + eps) * w * scale.
-__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* fac, float* red) {
+// Stage the input in shared memory: x itself, or the fused residual update, then optionally
+// xn = x * rsqrt(mean(x^2) + eps) * w * scale.
+__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* red) {
     const int K = in.K;
     if (in.res_y) {
         float ss = 0.0f;
@@ -49,30 +48,6 @@ __device__ void stage_input(const GemvInput& in, const float* x, float* xs, floa
             const float v = (in.res_x[k] + in.res_y[k] * inv_y * bf16_at(in.res_w, k)) * in.res_scale;
             xs[k] = v;
             if (writer) in.res_out[k] = v;
-        }
-    } else if (in.comb_o) {
-        const int S = in.comb_splits, d = K / in.comb_heads;
-        for (int h = threadIdx.x; h < in.comb_heads; h += blockDim.x) {
-            const float* ml = in.comb_ml + 2 * static_cast<int64_t>(h) * S;
-            float M = -FLT_MAX;
-            for (int sp = 0; sp < S; ++sp)
-                if (ml[2 * sp + 1] > 0.0f) M = fmaxf(M, ml[2 * sp]);
-            float L = 0.0f;
-            for (int sp = 0; sp < S; ++sp)
-                if (ml[2 * sp + 1] > 0.0f) L += ml[2 * sp + 1] * __expf(ml[2 * sp] - M);
-            const float invL = 1.0f / L;
-            for (int sp = 0; sp < S; ++sp)
-                fac[h * S + sp] = ml[2 * sp + 1] > 0.0f ? __expf(ml[2 * sp] - M) * invL : 0.0f;
-        }
-        __syncthreads();
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const int h = k / d, dim = k - h * d;
-            float acc = 0.0f;
-            for (int sp = 0; sp < S; ++sp) {
-                const float f = fac[h * S + sp];
-                if (f != 0.0f) acc = fmaf(in.comb_o[(static_cast<int64_t>(h) * S + sp) * d + dim], f, acc);
-            }
-            xs[k] = acc;
         }
     } else {
         for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
@@ -122,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
         }
     }
     pdl_begin();
-    stage_input(p.in, p.in.x + tok * p.in.ldx, xs, xs + p.in.K, red);
+    stage_input(p.in, p.in.x + tok * p.in.ldx, xs, red);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = p.in.K >> 3;
@@ -240,10 +215,7 @@ void launch(Params& p, int ntok, cudaStream_t s) {
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) p.seg_end[i] = (p.total_rows += p.seg[i].rows);
     if (p.total_rows == 0 || ntok == 0) return;
-    if (p.in.comb_o && p.in.comb_heads * p.in.comb_splits > kGemvMaxCombineFactors)
-        throw Error("internal: attention combine of " + std::to_string(p.in.comb_heads) + " x " +
-                    std::to_string(p.in.comb_splits) + " pieces exceeds the GEMV prologue's room");
-    const size_t smem = (static_cast<size_t>(p.in.K) + (p.in.comb_o ? kGemvMaxCombineFactors : 0)) * sizeof(float);
+    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
     const int groups = (p.total_rows + kWarps * kRows - 1) / (kWarps * kRows);
     const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
     const int blocks = std::min(groups, sm_count() * per_sm);
@@ -255,7 +227,7 @@ void launch(Params& p, int ntok, cudaStream_t s) {
 
 void gemv_prepare(int max_K) {
     sm_count();  // query the device now: launches may later run inside a graph capture
-    const size_t smem = (static_cast<size_t>(max_K) + kGemvMaxCombineFactors) * sizeof(float);
+    const size_t smem = static_cast<size_t>(max_K) * sizeof(float);
     if (smem > 220 * 1024)
         throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");
     const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));

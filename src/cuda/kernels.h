@@ -24,20 +24,15 @@ struct GemvInput {
     float norm_scale = 1.0f;
     float eps = 1e-6f;
 
-    // Decode-only prologues that replace x (one token), fusing the kernel that would otherwise precede:
-    // residual: x = (res_x + RMSNorm(res_y) * res_w) * res_scale, every block computes it, block 0 also stores it
-    // to res_out (never res_x: other blocks are still reading that);
+    // Decode-only residual prologue, fusing the kernel that would otherwise precede (one token):
+    // x = (res_x + RMSNorm(res_y) * res_w) * res_scale; every block computes it, block 0 also stores it to res_out
+    // (never res_x: other blocks are still reading that).
     const float* res_x = nullptr;
     const float* res_y = nullptr;
     const bf16* res_w = nullptr;
     float res_scale = 1.0f;
     float* res_out = nullptr;
-    // attention combine: x = the merged attention pieces (attention.cu's layout), K = heads * d.
-    const float* comb_o = nullptr;
-    const float* comb_ml = nullptr;
-    int comb_heads = 0, comb_splits = 0;
 };
-constexpr int kGemvMaxCombineFactors = 2048;  // heads x pieces the combine prologue can merge
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the id
 // appended to out_ids at state[2]++ (when out_ids and state[2] < out_cap). counter: one zeroed uint.
@@ -126,9 +121,12 @@ struct AttnArgs {
     float* part_o = nullptr;         // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;        // [n][nH][nsplit][2] scratch
     float* out = nullptr;            // [n][nH][d]
+    // Optional [n][nH] zeroed counters: the last piece of each head merges them all into `out` (one kernel);
+    // without them attention() runs a separate merge kernel.
+    unsigned int* merge_counters = nullptr;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
-// The two halves of attention(): the pieces, and their merge (which a GEMV prologue may do instead).
+// The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
 
