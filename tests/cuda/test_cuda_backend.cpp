@@ -169,6 +169,41 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
 #endif
 }
 
+// Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and that
+// decode spreads full layers over many pieces merged by the last one.
+TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    testing::TempDir dir("cuda-long-" + GetParam());
+    write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 13);
+    auto ck = load_checkpoint(dir.path());
+    const std::vector<int> ids = random_ids(300, 256, 9);
+    BackendOptions o;
+    o.ctx_size = 512;
+    o.chunk = 160;  // two prefill chunks; the second one's queries see up to 300 keys
+    o.threads = 2;
+    auto cpu = make_cpu_backend(*ck, o);
+    auto gpu = make_cuda_backend(*ck, o);
+    const int64_t V = ck->config.vocab_size;
+    std::vector<float> ref(V), got(V);
+    cpu->eval(ids.data(), 300, ref.data(), false);
+    gpu->eval(ids.data(), 300, got.data(), false);
+    const double e_prefill = rel_err(ref, got);
+    double e_decode = 0;
+    int next = argmax(ref.data(), V);
+    for (int s = 0; s < 40; ++s) {
+        cpu->eval(&next, 1, ref.data(), false);
+        gpu->eval(&next, 1, got.data(), false);
+        e_decode = std::max(e_decode, rel_err(ref, got));
+        next = argmax(ref.data(), V);
+    }
+    std::printf("  %s long: rel err prefill(300) %.2e, graph decode to 340 %.2e\n", GetParam().c_str(), e_prefill,
+                e_decode);
+    EXPECT_LT(e_prefill, 1e-3);
+    EXPECT_LT(e_decode, 1e-3);
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
 
 // Real widths: head dims 256/512, 128 experts, the full vocabulary. Few layers keep the CPU side quick.
