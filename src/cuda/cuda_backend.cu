@@ -21,6 +21,7 @@ public:
     int64_t n_past() const override { return model_.n_past; }
     int64_t ctx_size() const override { return model_.ctx(); }
     void reset() override { model_.n_past = 0; }
+    bool truncate(int64_t n_keep) override { return model_.truncate(n_keep); }
     uint64_t cache_bytes() const override { return model_.cache_bytes(); }
 
     void eval(const int* ids, int64_t n, float* logits, bool all_logits) override {

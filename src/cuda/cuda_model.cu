@@ -209,6 +209,16 @@ void CudaModel::ensure_graph() {
     CUDA_CHECK(e);
 }
 
+bool CudaModel::truncate(int64_t n) {
+    if (n < 0 || n > n_past) return false;
+    // Position p lives in slot p % cap and is next overwritten by p + cap; a query at n reads back to n - W + 1.
+    for (int i = 0; i < c_.n_layers; ++i)
+        if (c_.layers[i].has_own_kv() && cache_[i].cap < ctx_ && n_past - n > cache_[i].cap - c_.sliding_window)
+            return false;
+    n_past = n;
+    return true;
+}
+
 void CudaModel::decode(int id, float* logits) {
     if (n_past >= ctx_)
         throw Error("context full: " + std::to_string(n_past) + " tokens fill the context (raise --ctx-size)");

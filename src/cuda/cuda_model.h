@@ -56,6 +56,8 @@ public:
 
     // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
     void prefill(const int* ids, int n, float* logits, bool all_logits);
+    // Drops positions >= n (false, nothing changed, when a sliding ring already overwrote what n needs).
+    bool truncate(int64_t n);
     // One token through the captured graph.
     void decode(int id, float* logits);
     std::vector<int> decode_greedy(int steps, float* last_logits);
