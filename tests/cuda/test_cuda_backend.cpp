@@ -157,6 +157,21 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
 
     expect_same_greedy(*cpu, *gpu, std::vector<int>(ids.begin(), ids.begin() + 9), 12, 1e-3f * mx);
 
+    // truncate and continue differently, as interactive chat does
+    {
+        const int64_t V = ck->config.vocab_size;
+        cpu->reset();
+        gpu->reset();
+        cpu->eval(ids.data(), 15, nullptr, false);
+        gpu->eval(ids.data(), 15, nullptr, false);
+        ASSERT_EQ(cpu->truncate(12), gpu->truncate(12));
+        const std::vector<int> tail{5, 6, 7};
+        std::vector<float> a(3 * V), b(3 * V);
+        cpu->eval(tail.data(), 3, a.data(), true);
+        gpu->eval(tail.data(), 3, b.data(), true);
+        EXPECT_LT(rel_err(a, b), 1e-3) << "after truncate";
+    }
+
     // a profiled step is a real step: it must leave the chain where decode_greedy would
     gpu->reset();
     gpu->eval(ids.data(), 9, nullptr, false);
