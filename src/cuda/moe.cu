@@ -21,22 +21,25 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kEntries = 4;  // entries (token inputs) per pass over a weight row
 constexpr int kUnroll = 2;
 
-// One warp per token: softmax over E, K rounds of arg-max (ties to the lower id), renormalise, scale.
+// One block per token: the experts' input norm over the block, then one warp does softmax over E, K rounds of
+// arg-max (ties to the lower id), renormalisation and scaling.
 __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
                              bool slot_groups, int* group_expert, int* group_off, int* entries, const float* x,
                              const bf16* norm_w, int H, float eps, float* e_in) {
     extern __shared__ float p[];
+    __shared__ float red[32];
     pdl_begin();
     const int t = blockIdx.x, lane = threadIdx.x;
-    {  // the experts' input: pre_feedforward_layernorm_2(r)
+    {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
         const float* xr = x + static_cast<int64_t>(t) * H;
         float ss = 0.0f;
-        for (int k = lane; k < H; k += 32) ss = fmaf(xr[k], xr[k], ss);
-        ss = warp_sum(ss);
+        for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(xr[k], xr[k], ss);
+        ss = block_sum(ss, red);
         const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
         float* er = e_in + static_cast<int64_t>(t) * H;
-        for (int k = lane; k < H; k += 32) er[k] = xr[k] * inv * bf16_at(norm_w, k);
+        for (int k = threadIdx.x; k < H; k += blockDim.x) er[k] = xr[k] * inv * bf16_at(norm_w, k);
     }
+    if (threadIdx.x >= 32) return;  // the routing itself is one warp's work
     const float* lg = logits + static_cast<int64_t>(t) * E;
     float mx = -FLT_MAX;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Ki
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
                bool groups_for_slots, int* group_expert, int* group_off, int* entries, const float* x,
                const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s) {
-    launch_kernel(route_kernel, dim3(n), dim3(32), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
+    launch_kernel(route_kernel, dim3(n), dim3(256), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
                   per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x, norm_w, H,
                   eps, e_in);
     CUDA_CHECK_LAUNCH();
