@@ -191,6 +191,32 @@ int main(int argc, char** argv) {
     CK(cudaStreamCreate(&stream));
     CB(cublasSetStream(blas, stream));
 
+    {  // the copy ceiling today (PERFORMANCE.md measured 4.24 TB/s read + write): 2 GiB device to device
+        const size_t bytes = size_t{2} << 30;
+        void *a = nullptr, *b = nullptr;
+        CK(cudaMalloc(&a, bytes));
+        CK(cudaMalloc(&b, bytes));
+        CK(cudaMemset(a, 1, bytes));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        std::vector<float> t;
+        for (int i = 0; i < 6; ++i) {
+            CK(cudaEventRecord(e0, stream));
+            CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+            CK(cudaEventRecord(e1, stream));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i) t.push_back(ms);
+        }
+        std::sort(t.begin(), t.end());
+        std::printf("device copy 2 GiB: %.3f ms, %.1f GB/s (read + write)\n", t[t.size() / 2],
+                    2.0 * bytes / (t[t.size() / 2] * 1e-3) / 1e9);
+        CK(cudaFree(a));
+        CK(cudaFree(b));
+    }
+
     struct Shape {
         const char* what;
         int N, K;
