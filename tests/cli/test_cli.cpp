@@ -110,7 +110,6 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
         std::string args, expect;
     };
     for (const Case& c : std::vector<Case>{
-             {"run --ids 2,3", "no model given"},
              {"run " + model() + " --ids 2,3 --bogus 1", "--bogus"},
              {"run " + model() + " --ids 2,999", "outside the vocabulary"},
              {"run " + model() + " --ids 2,x", "not a token id"},
@@ -125,6 +124,12 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
         EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << " printed: " << r.all();
         EXPECT_EQ(r.err.find("terminate"), std::string::npos) << c.args << " crashed: " << r.all();
     }
+}
+
+TEST_F(Cli, WithoutModelFlagTheBundledModelRuns) {
+    Result r = run("run --ids 2,677,540,705 -n 4 --temp 0 --json");
+    ASSERT_EQ(r.code, 0) << r.all();
+    EXPECT_EQ(nlohmann::json::parse(r.out.substr(0, r.out.find('\n'))).at("ids").size(), 4u) << r.out;
 }
 
 TEST_F(Cli, InspectPrintsThePlan) {
