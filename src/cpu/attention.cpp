@@ -48,7 +48,7 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
 
     // q = RoPE(q_norm(q_proj(a)))
     matmul_bf16(pool_, a_.data(), n, H, w.q_proj, qw, q_.data());
-    pool_.parallel_for(int64_t{n} * nH, [&](int64_t b, int64_t e) {
+    parallel_if(pool_, int64_t{n} * nH, 8 * d, [&](int64_t b, int64_t e) {
         for (int64_t th = b; th < e; ++th) {
             const int64_t t = th / nH;
             float* q = q_.data() + th * d;
@@ -63,7 +63,7 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
         if (w.v_proj) matmul_bf16(pool_, a_.data(), n, H, w.v_proj, kvw, v_.data());
         else std::copy(k_.begin(), k_.begin() + int64_t{n} * kvw, v_.begin());  // raw k, before k_norm and RoPE
         LayerCache& lc = cache.layers[i];
-        pool_.parallel_for(int64_t{n} * nKV, [&](int64_t b, int64_t e) {
+        parallel_if(pool_, int64_t{n} * nKV, 16 * d, [&](int64_t b, int64_t e) {
             for (int64_t th = b; th < e; ++th) {
                 const int64_t t = th / nKV, g = th % nKV;
                 float* k = k_.data() + th * d;
@@ -82,7 +82,8 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
     LayerCache& src = cache.layers[s.has_own_kv() ? i : s.kv_source];
     const int group = nH / nKV;
     const int64_t W = c_.sliding_window;
-    pool_.parallel_for(int64_t{n} * nH, [&](int64_t b, int64_t e) {
+    const int64_t visible = sliding ? std::min<int64_t>(W, pos0 + n) : pos0 + n;  // keys per query, at most
+    parallel_if(pool_, int64_t{n} * nH, 4 * visible * d, [&](int64_t b, int64_t e) {
         std::vector<float> scores;
         for (int64_t th = b; th < e; ++th) {
             const int64_t t = th / nH;

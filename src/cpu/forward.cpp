@@ -14,14 +14,10 @@ namespace markbase::cpu {
 
 namespace {
 
-// Applies `fn(row)` to rows [0, n) in parallel when there are enough rows to be worth it.
+// Applies `fn(row)` to rows [0, n) of `width` floats, in parallel when that is worth it.
 template <class Fn>
-void for_rows(ThreadPool& pool, int n, Fn fn) {
-    if (n < 4) {
-        for (int t = 0; t < n; ++t) fn(t);
-        return;
-    }
-    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+void for_rows(ThreadPool& pool, int n, int64_t width, Fn fn) {
+    parallel_if(pool, n, 4 * width, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) fn(static_cast<int>(t));
     });
 }
@@ -79,7 +75,7 @@ void CpuModel::per_layer_inputs(const int* ids, int n) {
     const float proj_scale = 1.0f / std::sqrt(static_cast<float>(H));
     const float tok_scale = round_to_bf16(std::sqrt(static_cast<float>(P)));
     const float mix = 1.0f / std::sqrt(2.0f);
-    for_rows(pool_, n, [&](int t) {
+    for_rows(pool_, n, LP * 3, [&](int t) {
         if (ids[t] >= c_.ple_vocab)
             throw Error("token id " + std::to_string(ids[t]) + " is outside the per-layer embedding table (" +
                         std::to_string(c_.ple_vocab) + " rows)");
@@ -111,9 +107,9 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
     float* x = x_.data();
 
     // a = input_layernorm(x); a = Attention(a); x = x + post_attention_layernorm(a)
-    for_rows(pool_, n, [&](int t) { rmsnorm(x + t * H, w.input_norm, H, eps, a_.data() + t * H); });
+    for_rows(pool_, n, H, [&](int t) { rmsnorm(x + t * H, w.input_norm, H, eps, a_.data() + t * H); });
     attention(i, n, pos0, cache);  // a_ -> o_
-    for_rows(pool_, n, [&](int t) {
+    for_rows(pool_, n, H, [&](int t) {
         float* xt = x + t * H;
         float* ot = o_.data() + t * H;
         rmsnorm(ot, w.post_attn_norm, H, eps, ot);
@@ -121,13 +117,13 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
     });
 
     // m = mlp(pre_feedforward_layernorm(r)), r = x
-    for_rows(pool_, n, [&](int t) { rmsnorm(x + t * H, w.pre_ffn_norm, H, eps, a_.data() + t * H); });
+    for_rows(pool_, n, H, [&](int t) { rmsnorm(x + t * H, w.pre_ffn_norm, H, eps, a_.data() + t * H); });
     mlp(w, s.mlp_width, a_.data(), n, m_.data());
 
     // 2.6 MoE: m = post_ffn_norm_1(m) + post_ffn_norm_2(experts(pre_ffn_norm_2(r)))
     if (c_.moe) {
         moe(i, n);  // x_ -> moe_out_ (already through post_feedforward_layernorm_2)
-        for_rows(pool_, n, [&](int t) {
+        for_rows(pool_, n, H, [&](int t) {
             float* mt = m_.data() + t * H;
             rmsnorm(mt, w.post_ffn_norm_1, H, eps, mt);
             const float* e = moe_out_.data() + t * H;
@@ -136,7 +132,7 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
     }
 
     // x = r + post_feedforward_layernorm(m)
-    for_rows(pool_, n, [&](int t) {
+    for_rows(pool_, n, H, [&](int t) {
         float* mt = m_.data() + t * H;
         rmsnorm(mt, w.post_ffn_norm, H, eps, mt);
         float* xt = x + t * H;
@@ -154,7 +150,7 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
             for (int j = 0; j < P; ++j) g[t * P + j] = gelu_tanh(g[t * P + j]) * pl[j];
         }
         matmul_bf16(pool_, g, n, P, w.ple_proj, H, o_.data());
-        for_rows(pool_, n, [&](int t) {
+        for_rows(pool_, n, H, [&](int t) {
             float* ot = o_.data() + t * H;
             rmsnorm(ot, w.ple_post_norm, H, eps, ot);
             float* xt = x + t * H;
@@ -195,7 +191,7 @@ void CpuModel::forward(const int* ids, int n, KvCache& cache, float* logits, boo
     if (c_.final_softcap > 0.0f) {
         const float cap = c_.final_softcap;
         const int64_t total = int64_t{rows} * c_.vocab_size;
-        pool_.parallel_for(total, [&](int64_t b, int64_t e) {
+        parallel_if(pool_, total, 20, [&](int64_t b, int64_t e) {
             for (int64_t j = b; j < e; ++j) logits[j] = cap * std::tanh(logits[j] / cap);
         });
     }

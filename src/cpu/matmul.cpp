@@ -216,7 +216,8 @@ constexpr int64_t kBlockK = 512;
 constexpr int64_t kBlockTilesOfRows = 8;
 constexpr int64_t kBlockTokens = 64;
 // Below this many multiply-adds the work runs on the calling thread: waking the pool would cost more.
-constexpr int64_t kMinParallelMacs = 1 << 15;
+// Below ~256K multiply-adds (tens of microseconds on one core) waking a second thread costs more than it saves.
+constexpr int64_t kMinParallelMacs = 1 << 18;
 // Runs of rows per thread (see matmul_impl). Each prefill run re-reads its tokens' x, so not too many.
 constexpr int64_t kRunsPerThread = 4;
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu/thread_pool.h"
 #include "model/bf16.h"
 
 namespace markbase::cpu {
@@ -18,6 +19,17 @@ inline void rmsnorm(const float* x, const bf16* w, int64_t n, float eps, float* 
     } else {
         for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv;
     }
+}
+
+// pool.parallel_for when the items' total cost (in rough flops) is worth waking other threads for, else inline:
+// a decode step of a small model makes hundreds of these calls, each only microseconds of work.
+template <class Fn>
+void parallel_if(ThreadPool& pool, int64_t n, int64_t cost_per_item, Fn&& fn) {
+    if (n * cost_per_item < (int64_t{1} << 17)) {
+        fn(int64_t{0}, n);
+        return;
+    }
+    pool.parallel_for(n, fn);
 }
 
 // gelu with the tanh approximation (HF gelu_pytorch_tanh)
