@@ -64,7 +64,7 @@ testing::TempDir* Cli::dir = nullptr;
 
 TEST_F(Cli, LogitsWritesTheForwardAsNpy) {
     const std::string out = (dir->path() / "out.npy").string();
-    Result r = run("logits " + model() + " --ids 2,17,200 -o " + out);
+    Result r = run("logits " + model() + " --device cpu --ids 2,17,200 -o " + out);  // exact: the CPU reference
     ASSERT_EQ(r.code, 0) << r.all();
     NpyArray a = read_npy_f32(out);
     ASSERT_EQ(a.shape, (std::vector<int64_t>{3, 256}));
