@@ -10,21 +10,6 @@
 
 namespace markbase::cpu {
 
-namespace {
-
-// inv_freq[j] for j in [0, d/2): theta^(-2j/d) for the rotated pairs, 0 for the pairs that pass through.
-// "proportional" (full layers): only int(factor * d / 2) pairs rotate, and the exponent still divides by d.
-std::vector<float> inverse_frequencies(const RopeParams& rp, int d) {
-    const int half = d / 2;
-    const int n_rot = rp.proportional ? static_cast<int>(rp.partial_rotary_factor * d / 2) : half;
-    std::vector<float> inv(half, 0.0f);
-    for (int j = 0; j < n_rot; ++j)
-        inv[j] = static_cast<float>(1.0 / std::pow(rp.theta, static_cast<double>(2 * j) / d));
-    return inv;
-}
-
-}  // namespace
-
 void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
     const LayerWeights& w = w_.layers[i];
     const LayerSpec& s = c_.layers[i];
@@ -32,7 +17,7 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
     const int qw = nH * d, kvw = nKV * d;
     const float eps = c_.rms_eps;
     const bool sliding = s.kind == AttentionKind::Sliding;
-    const std::vector<float> inv = inverse_frequencies(sliding ? c_.rope_sliding : c_.rope_full, d);
+    const std::vector<float> inv = (sliding ? c_.rope_sliding : c_.rope_full).inverse_frequencies(d);
     const int half = d / 2;
 
     // cos/sin per token of this chunk, [n][d/2], fp32 as HF computes them

@@ -17,16 +17,6 @@ namespace {
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 
-// inv_freq[j] = theta^(-2j/d) for the rotated pairs, 0 for the rest (as cpu/attention.cpp computes it).
-std::vector<float> inverse_frequencies(const RopeParams& rp, int d) {
-    const int half = d / 2;
-    const int n_rot = rp.proportional ? static_cast<int>(rp.partial_rotary_factor * d / 2) : half;
-    std::vector<float> inv(half, 0.0f);
-    for (int j = 0; j < n_rot; ++j)
-        inv[j] = static_cast<float>(1.0 / std::pow(rp.theta, static_cast<double>(2 * j) / d));
-    return inv;
-}
-
 }  // namespace
 
 template <class T>
@@ -140,8 +130,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
             return d;
         };
-        if (d_sliding) inv_sliding_ = upload(inverse_frequencies(c_.rope_sliding, d_sliding));
-        if (d_full) inv_full_ = upload(inverse_frequencies(c_.rope_full, d_full));
+        if (d_sliding) inv_sliding_ = upload(c_.rope_sliding.inverse_frequencies(d_sliding));
+        if (d_full) inv_full_ = upload(c_.rope_full.inverse_frequencies(d_full));
         CUDA_CHECK(cudaDeviceSynchronize());
     } catch (...) {
         release();

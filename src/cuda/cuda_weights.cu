@@ -30,21 +30,6 @@ __global__ void fill_kernel(uint16_t* out, int64_t n, uint64_t seed, float lo, f
     }
 }
 
-void role_bounds(const PlannedTensor& p, float& lo, float& hi) {
-    switch (p.role) {
-        case TensorRole::Matrix:
-        case TensorRole::Embedding: {
-            const float b = std::sqrt(3.0f / static_cast<float>(p.shape.back()));
-            lo = -b;
-            hi = b;
-            return;
-        }
-        case TensorRole::Norm: lo = 0.5f; hi = 1.5f; return;
-        case TensorRole::QkNorm: lo = 0.1f; hi = 0.35f; return;
-        case TensorRole::Scalar: lo = 0.6f; hi = 1.2f; return;
-    }
-}
-
 uint64_t numel(const std::vector<int64_t>& shape) {
     uint64_t n = 1;
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
@@ -153,7 +138,7 @@ std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t 
         bf16* d = device_alloc(2 * n, p.name);
         dw->tensors.push_back({p.name, p.shape, d, 2 * n});
         float lo = 0, hi = 0;
-        role_bounds(p, lo, hi);
+        random_init_bounds(p, lo, hi);
         fill_random_bf16(d, static_cast<int64_t>(n), seed * 1000003ull + i, lo, hi, nullptr);
         *p.slot = d;
         dw->bytes += 2 * n;

@@ -1,6 +1,5 @@
 #include "loading/random_checkpoint.h"
 
-#include <cmath>
 #include <fstream>
 #include <map>
 
@@ -31,19 +30,7 @@ std::vector<bf16> draw(const PlannedTensor& p, uint64_t seed) {
     std::vector<bf16> out(static_cast<size_t>(n));
     Rng rng{seed};
     float lo = 0, hi = 0;
-    switch (p.role) {
-        case TensorRole::Matrix:
-        case TensorRole::Embedding: {
-            // uniform with the variance of N(0, 1/fan_in): sqrt(3/fan_in) bounds
-            const float b = std::sqrt(3.0f / static_cast<float>(p.shape.back()));
-            lo = -b;
-            hi = b;
-            break;
-        }
-        case TensorRole::Norm: lo = 0.5f; hi = 1.5f; break;
-        case TensorRole::QkNorm: lo = 0.1f; hi = 0.35f; break;
-        case TensorRole::Scalar: lo = 0.6f; hi = 1.2f; break;
-    }
+    random_init_bounds(p, lo, hi);
     for (auto& v : out) v = float_to_bf16(lo + (hi - lo) * rng.uniform());
     return out;
 }

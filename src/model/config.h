@@ -20,6 +20,16 @@ struct RopeParams {
     // where the inverse frequencies still divide by the whole head dim (GEMMA4.md 2.5.5).
     double partial_rotary_factor = 1.0;
     bool proportional = false;
+
+    // inv_freq[j] for j in [0, d/2): theta^(-2j/d) for the rotated pairs, 0 for the pairs that pass through.
+    // "proportional" (full layers): only int(factor * d / 2) pairs rotate, and the exponent still divides by d.
+    std::vector<float> inverse_frequencies(int d) const {
+        const int half = d / 2;
+        const int n_rot = proportional ? static_cast<int>(partial_rotary_factor * d / 2) : half;
+        std::vector<float> inv(half, 0.0f);
+        for (int j = 0; j < n_rot; ++j) inv[j] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * j) / d));
+        return inv;
+    }
 };
 
 struct LayerSpec {

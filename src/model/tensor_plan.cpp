@@ -1,5 +1,7 @@
 #include "model/tensor_plan.h"
 
+#include <cmath>
+
 namespace markbase {
 
 std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
@@ -58,6 +60,21 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
         }
     }
     return out;
+}
+
+void random_init_bounds(const PlannedTensor& p, float& lo, float& hi) {
+    switch (p.role) {
+        case TensorRole::Matrix:
+        case TensorRole::Embedding: {
+            const float b = std::sqrt(3.0f / static_cast<float>(p.shape.back()));  // uniform(-b, b) has variance 1/fan_in
+            lo = -b;
+            hi = b;
+            return;
+        }
+        case TensorRole::Norm: lo = 0.5f; hi = 1.5f; return;
+        case TensorRole::QkNorm: lo = 0.1f; hi = 0.35f; return;
+        case TensorRole::Scalar: lo = 0.6f; hi = 1.2f; return;
+    }
 }
 
 std::vector<std::string> unused_tensor_names(const ModelConfig& c) {

@@ -21,6 +21,11 @@ struct PlannedTensor {
     const bf16** slot = nullptr;  // where the loader stores the pointer (null when planning without Weights)
 };
 
+// The range random checkpoints draw a tensor from (uniform), by role: matrices with the variance of
+// N(0, 1/fan_in); norms in [0.5, 1.5]; q/k norms in [0.1, 0.35]; layer scalars in [0.6, 1.2] — the ranges of
+// ../shared/tools/make_random_ckpt.py, so random models stay numerically sane at any depth.
+void random_init_bounds(const PlannedTensor& p, float& lo, float& hi);
+
 // w may be null; when given, its layers vector is sized and every slot points into it.
 std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w);
 
