@@ -1,8 +1,8 @@
 // Kernel lab for the hot decode op: y = W @ x with W bf16 [N, K] (row-major, HF [out, in]) and x fp32.
-// A CPU reference in double, numbered GPU variants, a correctness gate (poisoned output, every element checked
-// against the reference) and a GB/s sweep over the shapes Gemma 4 decodes with, rotating over enough weight
-// copies that the 60 MB L2 cannot serve the reads. cuBLAS (bf16 x bf16 -> fp32 GEMV through GemmEx) is the
-// baseline. The winner is promoted into src/cuda/gemv.cu (today: v2).
+// A CPU reference in double, numbered GPU variants, a correctness gate (poisoned output, every element
+// checked against the reference) and a GB/s sweep over the shapes Gemma 4 decodes with, rotating over enough
+// weight copies that the 60 MB L2 cannot serve the reads. cuBLAS (bf16 x bf16 -> fp32 GEMV through GemmEx) is
+// the baseline. The winner is promoted into src/cuda/gemv.cu (today: v2).
 //   markbase_gemv_lab [--quick]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -16,27 +16,33 @@
 #include <string>
 #include <vector>
 
-#define CK(call)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s failed: %s at %s:%d\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-            std::exit(1);                                                                              \
-        }                                                                                              \
+#define CK(call)                                                                                      \
+    do {                                                                                              \
+        cudaError_t e_ = (call);                                                                      \
+        if (e_ != cudaSuccess) {                                                                      \
+            std::fprintf(stderr, "%s failed: %s at %s:%d\n", #call, cudaGetErrorString(e_), __FILE__, \
+                         __LINE__);                                                                   \
+            std::exit(1);                                                                             \
+        }                                                                                             \
     } while (0)
-#define CB(call)                                                                                       \
-    do {                                                                                               \
-        cublasStatus_t s_ = (call);                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-            std::fprintf(stderr, "%s failed: %d at %s:%d\n", #call, static_cast<int>(s_), __FILE__, __LINE__); \
-            std::exit(1);                                                                              \
-        }                                                                                              \
+#define CB(call)                                                                                    \
+    do {                                                                                            \
+        cublasStatus_t s_ = (call);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+            std::fprintf(stderr, "%s failed: %d at %s:%d\n", #call, static_cast<int>(s_), __FILE__, \
+                         __LINE__);                                                                 \
+            std::exit(1);                                                                           \
+        }                                                                                           \
     } while (0)
 
 namespace {
 
-__device__ __forceinline__ float lo16(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float lo16(uint32_t w) {
+    return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float hi16(uint32_t w) {
+    return __uint_as_float(w & 0xffff0000u);
+}
 __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
     float s = lo16(w.x) * a.x;
     s = fmaf(hi16(w.x), a.y, s);
@@ -65,7 +71,8 @@ __global__ void v0_kernel(const uint16_t* W, const float* x, float* y, int N, in
     const int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= N) return;
     float s = 0;
-    for (int k = 0; k < K; ++k) s += __uint_as_float(static_cast<uint32_t>(W[static_cast<int64_t>(row) * K + k]) << 16) * x[k];
+    for (int k = 0; k < K; ++k)
+        s += __uint_as_float(static_cast<uint32_t>(W[static_cast<int64_t>(row) * K + k]) << 16) * x[k];
     y[row] = s;
 }
 
@@ -84,7 +91,8 @@ __global__ void v1_kernel(const uint16_t* W, const float* x, float* y, int N, in
 // v2..: x staged in shared memory, R rows per warp, U chunks per row in flight, streaming loads, grid-stride
 // over row groups (the production layout of src/cuda/gemv.cu is <2, 4>).
 template <int R, int U>
-__global__ void __launch_bounds__(256) staged_kernel(const uint16_t* W, const float* x, float* y, int N, int K) {
+__global__ void __launch_bounds__(256)
+    staged_kernel(const uint16_t* W, const float* x, float* y, int N, int K) {
     extern __shared__ float4 xs4[];
     float* xs = reinterpret_cast<float*>(xs4);
     for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
@@ -145,12 +153,12 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
 }
 
 const Variant kVariants[] = {
-    {"v0 thread/row scalar", [](const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
+    {"v0 thread/row scalar",
+     [](const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
          v0_kernel<<<(N + 255) / 256, 256, 0, s>>>(W, x, y, N, K);
      }},
-    {"v1 warp/row ldg16", [](const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
-         v1_kernel<<<(N + 7) / 8, 256, 0, s>>>(W, x, y, N, K);
-     }},
+    {"v1 warp/row ldg16", [](const uint16_t* W, const float* x, float* y, int N, int K,
+                             cudaStream_t s) { v1_kernel<<<(N + 7) / 8, 256, 0, s>>>(W, x, y, N, K); }},
     {"v2 smem R2 U4 (prod)", launch_staged<2, 4>},
     {"v3 smem R4 U2", launch_staged<4, 2>},
     {"v4 smem R1 U8", launch_staged<1, 8>},
@@ -180,10 +188,14 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     for (int K : {1536, 2560, 2816, 5376, 12288, 21504}) {
         const int bytes = K * 4;
-        CK(cudaFuncSetAttribute(staged_kernel<2, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(bytes, 48 << 10)));
-        CK(cudaFuncSetAttribute(staged_kernel<4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(bytes, 48 << 10)));
-        CK(cudaFuncSetAttribute(staged_kernel<1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(bytes, 48 << 10)));
-        CK(cudaFuncSetAttribute(staged_kernel<2, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(bytes, 48 << 10)));
+        CK(cudaFuncSetAttribute(staged_kernel<2, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                std::max(bytes, 48 << 10)));
+        CK(cudaFuncSetAttribute(staged_kernel<4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                std::max(bytes, 48 << 10)));
+        CK(cudaFuncSetAttribute(staged_kernel<1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                std::max(bytes, 48 << 10)));
+        CK(cudaFuncSetAttribute(staged_kernel<2, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                std::max(bytes, 48 << 10)));
     }
     cublasHandle_t blas;
     CB(cublasCreate(&blas));
@@ -221,11 +233,13 @@ int main(int argc, char** argv) {
         const char* what;
         int N, K;
     };
-    std::vector<Shape> shapes = {{"e2b q_proj", 2048, 1536},        {"e2b mlp gate", 12288, 1536},
-                                 {"e2b mlp down", 1536, 12288},     {"26b expert-like", 1408, 2816},
-                                 {"26b o_proj", 2816, 4096},        {"31b mlp gate", 21504, 5376},
-                                 {"31b mlp down", 5376, 21504},     {"e2b lm_head", 262144, 1536}};
-    if (quick) shapes = {{"e2b mlp gate", 12288, 1536}, {"31b mlp down", 5376, 21504}, {"e2b lm_head", 262144, 1536}};
+    std::vector<Shape> shapes = {{"e2b q_proj", 2048, 1536},    {"e2b mlp gate", 12288, 1536},
+                                 {"e2b mlp down", 1536, 12288}, {"26b expert-like", 1408, 2816},
+                                 {"26b o_proj", 2816, 4096},    {"31b mlp gate", 21504, 5376},
+                                 {"31b mlp down", 5376, 21504}, {"e2b lm_head", 262144, 1536}};
+    if (quick)
+        shapes = {
+            {"e2b mlp gate", 12288, 1536}, {"31b mlp down", 5376, 21504}, {"e2b lm_head", 262144, 1536}};
 
     uint64_t rng_state = 0x9e3779b97f4a7c15ull;
     auto uni = [&]() {  // xorshift64*: fast enough for a billion draws, uniform in [-1, 1)
@@ -254,7 +268,8 @@ int main(int argc, char** argv) {
         float *dx = nullptr, *dy = nullptr;
         uint16_t* dxb = nullptr;
         CK(cudaMalloc(&dw, wbytes * copies));
-        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * N * K, hw.data(), wbytes, cudaMemcpyHostToDevice));
+        for (int c = 0; c < copies; ++c)
+            CK(cudaMemcpy(dw + c * N * K, hw.data(), wbytes, cudaMemcpyHostToDevice));
         CK(cudaMalloc(&dx, K * 4));
         CK(cudaMalloc(&dy, N * 4));
         CK(cudaMalloc(&dxb, K * 2));
@@ -298,7 +313,8 @@ int main(int argc, char** argv) {
         };
 
         for (const Variant& v : kVariants) {
-            if (v.launch == kVariants[0].launch && N * K > (int64_t{1} << 27)) continue;  // v0 is too slow there
+            if (v.launch == kVariants[0].launch && N * K > (int64_t{1} << 27))
+                continue;                     // v0 is too slow there
             CK(cudaMemset(dy, 0xff, N * 4));  // NaN poison: every row must be written
             v.launch(dw, dx, dy, static_cast<int>(N), static_cast<int>(K), stream);
             CK(cudaGetLastError());
@@ -316,10 +332,10 @@ int main(int argc, char** argv) {
             float* dyc = dy;
             const float one = 1, zero = 0;
             auto run = [&](int c) {
-                CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), 1, static_cast<int>(K), &one,
-                                dw + c * N * K, CUDA_R_16BF, static_cast<int>(K), dxb, CUDA_R_16BF,
-                                static_cast<int>(K), &zero, dyc, CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+                CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), 1, static_cast<int>(K),
+                                &one, dw + c * N * K, CUDA_R_16BF, static_cast<int>(K), dxb, CUDA_R_16BF,
+                                static_cast<int>(K), &zero, dyc, CUDA_R_32F, static_cast<int>(N),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             };
             CK(cudaMemset(dy, 0xff, N * 4));
             run(0);
@@ -327,7 +343,8 @@ int main(int argc, char** argv) {
             const double err = check(1e-2);
             const double ms = measure(run);
             std::printf("%-16s %7lld %6lld | %-22s %9.1f %9.1f %8.1e\n", sh.what, static_cast<long long>(N),
-                        static_cast<long long>(K), "cuBLAS GemmEx bf16", ms * 1e3, wbytes / (ms * 1e-3) / 1e9, err);
+                        static_cast<long long>(K), "cuBLAS GemmEx bf16", ms * 1e3, wbytes / (ms * 1e-3) / 1e9,
+                        err);
         }
         CK(cudaFree(dw));
         CK(cudaFree(dx));

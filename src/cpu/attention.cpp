@@ -45,8 +45,11 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
     // Own K/V: k = RoPE(k_norm(kraw)); v = v_norm(V) with V = kraw on k_eq_v layers, written into the cache.
     if (s.has_own_kv()) {
         matmul_bf16(pool_, a_.data(), n, H, w.k_proj, kvw, k_.data());
-        if (w.v_proj) matmul_bf16(pool_, a_.data(), n, H, w.v_proj, kvw, v_.data());
-        else std::copy(k_.begin(), k_.begin() + int64_t{n} * kvw, v_.begin());  // raw k, before k_norm and RoPE
+        if (w.v_proj)
+            matmul_bf16(pool_, a_.data(), n, H, w.v_proj, kvw, v_.data());
+        else
+            std::copy(k_.begin(), k_.begin() + int64_t{n} * kvw,
+                      v_.begin());  // raw k, before k_norm and RoPE
         LayerCache& lc = cache.layers[i];
         parallel_if(pool_, int64_t{n} * nKV, 16 * d, [&](int64_t b, int64_t e) {
             for (int64_t th = b; th < e; ++th) {
@@ -74,7 +77,8 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
             const int64_t t = th / nH;
             const int h = static_cast<int>(th % nH), g = h / group;
             const int64_t pos = pos0 + t;
-            const int64_t lo = sliding ? std::max<int64_t>(0, pos - W + 1) : 0;  // last W positions incl. itself
+            const int64_t lo =
+                sliding ? std::max<int64_t>(0, pos - W + 1) : 0;  // last W positions incl. itself
             const float* q = q_.data() + th * d;
             scores.resize(pos - lo + 1);
             float mx = -INFINITY;

@@ -11,7 +11,7 @@ namespace markbase {
 namespace {
 
 class CpuBackend final : public Backend {
-public:
+  public:
     CpuBackend(const Checkpoint& ck, const BackendOptions& opt)
         : pool_(opt.threads),
           chunk_(std::max(1, opt.chunk)),
@@ -36,13 +36,15 @@ public:
             const int m = static_cast<int>(std::min<int64_t>(chunk_, n - b));
             const bool last = b + m == n;
             float* out = nullptr;
-            if (logits && all_logits) out = logits + b * V;
-            else if (logits && last) out = logits;
+            if (logits && all_logits)
+                out = logits + b * V;
+            else if (logits && last)
+                out = logits;
             model_.forward(ids + b, m, cache_, out, all_logits);
         }
     }
 
-private:
+  private:
     static int64_t clamp_ctx(const ModelConfig& c, int64_t ctx) {
         if (ctx <= 0) throw Error("--ctx-size must be positive, found " + std::to_string(ctx));
         return std::min<int64_t>(ctx, c.max_positions);

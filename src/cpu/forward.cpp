@@ -67,7 +67,8 @@ void CpuModel::embed(const int* ids, int n) {
     }
 }
 
-// 2.3: PLE = (RMSNorm_P(per_layer_model_projection(h0) * H^-0.5) + embed_tokens_per_layer[ids] * sqrt(P)) * 2^-0.5
+// 2.3: PLE = (RMSNorm_P(per_layer_model_projection(h0) * H^-0.5) + embed_tokens_per_layer[ids] * sqrt(P)) *
+// 2^-0.5
 void CpuModel::per_layer_inputs(const int* ids, int n) {
     const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
     const int64_t LP = int64_t{L} * P;
@@ -139,7 +140,8 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
         for (int j = 0; j < H; ++j) xt[j] += mt[j];
     });
 
-    // 2.3/2.4 PLE: x = x + post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(x)) * PLE_i))
+    // 2.3/2.4 PLE: x = x + post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(x)) *
+    // PLE_i))
     if (c_.ple_dim) {
         const int P = c_.ple_dim;
         const int64_t LP = int64_t{c_.n_layers} * P;

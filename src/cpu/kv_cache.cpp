@@ -12,7 +12,8 @@ KvCache::KvCache(const ModelConfig& c, int64_t ctx, int chunk) : max_ctx(ctx), m
         LayerCache& l = layers[i];
         l.n_kv = s.n_kv_heads;
         l.d = s.head_dim;
-        l.capacity = s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c.sliding_window + chunk) : ctx;
+        l.capacity =
+            s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c.sliding_window + chunk) : ctx;
         l.k.assign(static_cast<size_t>(l.capacity) * l.n_kv * l.d, 0.0f);
         l.v.assign(l.k.size(), 0.0f);
     }
@@ -21,7 +22,8 @@ KvCache::KvCache(const ModelConfig& c, int64_t ctx, int chunk) : max_ctx(ctx), m
 bool KvCache::truncate(int64_t n, int sliding_window) {
     if (n < 0 || n > n_past) return false;
     // Position p lives in slot p % capacity and is next overwritten by p + capacity. A query at n reads
-    // positions down to n - W (sliding layers; full layers never wrap), so none of them may have been replaced.
+    // positions down to n - W (sliding layers; full layers never wrap), so none of them may have been
+    // replaced.
     for (const LayerCache& l : layers)
         if (l.capacity > 0 && l.capacity < max_ctx && n_past - n > l.capacity - sliding_window) return false;
     n_past = n;

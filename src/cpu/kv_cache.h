@@ -20,15 +20,16 @@ struct LayerCache {
 };
 
 struct KvCache {
-    int64_t max_ctx = 0;     // positions this cache can hold in total
-    int max_chunk = 0;       // the most tokens one forward call may add
-    int64_t n_past = 0;      // positions already in the cache
+    int64_t max_ctx = 0;             // positions this cache can hold in total
+    int max_chunk = 0;               // the most tokens one forward call may add
+    int64_t n_past = 0;              // positions already in the cache
     std::vector<LayerCache> layers;  // [L]; empty (capacity 0) on KV-shared layers
 
     KvCache(const ModelConfig& c, int64_t max_ctx, int max_chunk);
     uint64_t bytes() const;
     void clear() { n_past = 0; }
-    // Keeps positions [0, n). Possible while no sliding ring has overwritten a slot that a query at n still reads.
+    // Keeps positions [0, n). Possible while no sliding ring has overwritten a slot that a query at n still
+    // reads.
     bool truncate(int64_t n, int sliding_window);
 };
 

@@ -14,8 +14,8 @@ namespace markbase::cpu {
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
-// Vector backends. Every kernel below is a template over one of these, so the scalar backend runs the very same
-// blocking and tail logic as the SIMD ones (and is tested on every machine). A backend offers:
+// Vector backends. Every kernel below is a template over one of these, so the scalar backend runs the very
+// same blocking and tail logic as the SIMD ones (and is tested on every machine). A backend offers:
 //   V, W (lanes), zero, load / load_n (fp32 or bf16 source; load_n reads only n < W elements, the rest is 0),
 //   fma(a, b, acc) = a * b + acc, hsum, store / store_n.
 // ---------------------------------------------------------------------------------------------------------------
@@ -53,9 +53,11 @@ struct SimdOps {
     static constexpr int kGemvRows = 16;                  // n = 1: 16 accumulators, 1 x, weights in flight
     static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
     // bf16 -> fp32 is a zero-extension to 32 bits and a shift into the high half. (The all-lanes maskz forms
-    // compile to the same instructions; the plain ones trip GCC 12's -Wmaybe-uninitialized in its own header.)
+    // compile to the same instructions; the plain ones trip GCC 12's -Wmaybe-uninitialized in its own
+    // header.)
     static V widen(__m256i h) {
-        return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+        return _mm512_castsi512_ps(
+            _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
     }
     static V zero() { return _mm512_setzero_ps(); }
     static V load(const float* p) { return _mm512_loadu_ps(p); }
@@ -75,8 +77,10 @@ struct SimdOps {
     // out[j] = hsum(j-th argument), as one transposing reduction tree.
     static void hsum4(V a, V b, V c, V d, float* out) {
         // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, d.
-        const V ab = _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xffff, a, b), _mm512_maskz_unpackhi_ps(0xffff, a, b));
-        const V cd = _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xffff, c, d), _mm512_maskz_unpackhi_ps(0xffff, c, d));
+        const V ab =
+            _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xffff, a, b), _mm512_maskz_unpackhi_ps(0xffff, a, b));
+        const V cd =
+            _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xffff, c, d), _mm512_maskz_unpackhi_ps(0xffff, c, d));
         // Per lane: [a, b, c, d] partial sums; then the four lanes are added.
         const V v = _mm512_add_ps(_mm512_maskz_shuffle_ps(0xffff, ab, cd, 0x44),
                                   _mm512_maskz_shuffle_ps(0xffff, ab, cd, 0xee));
@@ -137,9 +141,10 @@ using SimdOps = ScalarOps;
 #endif
 
 // ---------------------------------------------------------------------------------------------------------------
-// The micro-kernel: an R x T tile of y (R weight rows, T tokens), dot products of length k along the contiguous
-// input dimension. R weight vectors and one x vector live in registers at a time; R*T accumulators (16 at 4x4,
-// with 4 + 1 loads per 16 FMAs) hide the FMA latency. y[t*ldy + r] is written, or added to when accumulate.
+// The micro-kernel: an R x T tile of y (R weight rows, T tokens), dot products of length k along the
+// contiguous input dimension. R weight vectors and one x vector live in registers at a time; R*T accumulators
+// (16 at 4x4, with 4 + 1 loads per 16 FMAs) hide the FMA latency. y[t*ldy + r] is written, or added to when
+// accumulate.
 // ---------------------------------------------------------------------------------------------------------------
 
 template <class O, int R, int T, class WT>
@@ -186,10 +191,18 @@ template <class O, int R, class WT>
 inline void tile_t(int tokens, const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y,
                    int64_t ldy, bool acc) {
     switch (tokens) {
-        case 4: tile<O, R, 4>(w, ldw, x, ldx, k, y, ldy, acc); break;
-        case 3: tile<O, R, 3>(w, ldw, x, ldx, k, y, ldy, acc); break;
-        case 2: tile<O, R, 2>(w, ldw, x, ldx, k, y, ldy, acc); break;
-        default: tile<O, R, 1>(w, ldw, x, ldx, k, y, ldy, acc); break;
+        case 4:
+            tile<O, R, 4>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 3:
+            tile<O, R, 3>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 2:
+            tile<O, R, 2>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        default:
+            tile<O, R, 1>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
     }
 }
 
@@ -197,26 +210,36 @@ template <class O, class WT>
 inline void tile_rt(int rows, int tokens, const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                     float* y, int64_t ldy, bool acc) {
     switch (rows) {
-        case 4: tile_t<O, 4>(tokens, w, ldw, x, ldx, k, y, ldy, acc); break;
-        case 3: tile_t<O, 3>(tokens, w, ldw, x, ldx, k, y, ldy, acc); break;
-        case 2: tile_t<O, 2>(tokens, w, ldw, x, ldx, k, y, ldy, acc); break;
-        default: tile_t<O, 1>(tokens, w, ldw, x, ldx, k, y, ldy, acc); break;
+        case 4:
+            tile_t<O, 4>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 3:
+            tile_t<O, 3>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 2:
+            tile_t<O, 2>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        default:
+            tile_t<O, 1>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
     }
 }
 
-// Decode and short batches take the direct path: each tile of weight rows is read straight from bf16 and swept
-// by every token, whose x stays in L2. Up to 4 tokens that reads every weight once from memory; up to ~32 tokens
-// (while all of x fits in a core's L2) re-reading a tile from L1 beats widening it into a panel (measured).
+// Decode and short batches take the direct path: each tile of weight rows is read straight from bf16 and
+// swept by every token, whose x stays in L2. Up to 4 tokens that reads every weight once from memory; up to
+// ~32 tokens (while all of x fits in a core's L2) re-reading a tile from L1 beats widening it into a panel
+// (measured).
 constexpr int64_t kDirectMaxTokens = 4;
 constexpr int64_t kDirectMaxXBytes = 256 << 10;
-// Prefill blocking: kBlockK inputs x kBlockRows (8 tiles, 24 or 32) weight rows are converted to fp32 (<= 64 KB,
-// stays in L2) and reused by kBlockTokens tokens, whose x panel (kBlockTokens x kBlockK fp32 = 128 KB) also
-// stays in L2.
+// Prefill blocking: kBlockK inputs x kBlockRows (8 tiles, 24 or 32) weight rows are converted to fp32 (<= 64
+// KB, stays in L2) and reused by kBlockTokens tokens, whose x panel (kBlockTokens x kBlockK fp32 = 128 KB)
+// also stays in L2.
 constexpr int64_t kBlockK = 512;
 constexpr int64_t kBlockTilesOfRows = 8;
 constexpr int64_t kBlockTokens = 64;
 // Below this many multiply-adds the work runs on the calling thread: waking the pool would cost more.
-// Below ~256K multiply-adds (tens of microseconds on one core) waking a second thread costs more than it saves.
+// Below ~256K multiply-adds (tens of microseconds on one core) waking a second thread costs more than it
+// saves.
 constexpr int64_t kMinParallelMacs = 1 << 18;
 // Runs of rows per thread (see matmul_impl). Each prefill run re-reads its tokens' x, so not too many.
 constexpr int64_t kRunsPerThread = 4;
@@ -226,8 +249,8 @@ template <class O, class WT>
 void rows_direct(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
                  int64_t r1) {
     if (n == 1) {
-        // GEMV: x is twice the bytes of a bf16 row and the weight stream evicts it from L1, so each x vector is
-        // used by many rows at once (measured on Zen 4: 4 rows 18 GB/s, 8 rows 21, 16 rows 24 of a 28 GB/s
+        // GEMV: x is twice the bytes of a bf16 row and the weight stream evicts it from L1, so each x vector
+        // is used by many rows at once (measured on Zen 4: 4 rows 18 GB/s, 8 rows 21, 16 rows 24 of a 28 GB/s
         // single-core read ceiling).
         for (; r0 + O::kGemvRows <= r1; r0 += O::kGemvRows) {
             tile<O, O::kGemvRows, 1>(w + r0 * in, in, x, in, in, y + r0, out, false);
@@ -254,8 +277,8 @@ void widen_block(const bf16* w, int64_t in, int64_t rows, int64_t k0, int64_t k,
     }
 }
 
-// Prefill: rows [r0, r1), tokens in blocks; for each input block and row block the weights are widened once and
-// swept by every token of the token block.
+// Prefill: rows [r0, r1), tokens in blocks; for each input block and row block the weights are widened once
+// and swept by every token of the token block.
 template <class O, class WT>
 void rows_blocked(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
                   int64_t r1) {
@@ -293,15 +316,16 @@ void rows_blocked(const float* x, int64_t n, int64_t in, const WT* w, int64_t ou
 }
 
 template <class O, class WT>
-void matmul_impl(ThreadPool& pool, const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y) {
+void matmul_impl(ThreadPool& pool, const float* x, int64_t n, int64_t in, const WT* w, int64_t out,
+                 float* y) {
     if (n <= 0 || out <= 0) return;
     if (in <= 0) {
         std::fill(y, y + n * out, 0.0f);
         return;
     }
-    // Work is handed out in contiguous runs of whole row tiles, so each run streams one contiguous slice of the
-    // weight. There are a few runs per thread, taken from a shared counter: a thread slowed down by another
-    // process (or a slower core) takes fewer runs instead of holding everyone up at the end.
+    // Work is handed out in contiguous runs of whole row tiles, so each run streams one contiguous slice of
+    // the weight. There are a few runs per thread, taken from a shared counter: a thread slowed down by
+    // another process (or a slower core) takes fewer runs instead of holding everyone up at the end.
     const int64_t groups = (out + O::kTileRows - 1) / O::kTileRows;
     auto run = [&](int64_t g0, int64_t g1) {
         const int64_t r0 = g0 * O::kTileRows, r1 = std::min(out, g1 * O::kTileRows);
@@ -346,15 +370,19 @@ float dot_impl(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out, float* y) {
+void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
+                 float* y) {
     matmul_impl<SimdOps>(pool, x, n, in, w, out, y);
 }
 
-void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y) {
+void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w, int64_t out,
+                float* y) {
     matmul_impl<SimdOps>(pool, x, n, in, w, out, y);
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) { return dot_impl<SimdOps>(a, b, n); }
+float dot_f32(const float* a, const float* b, int64_t n) {
+    return dot_impl<SimdOps>(a, b, n);
+}
 
 void matmul_bf16_scalar(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
                         float* y) {
@@ -366,7 +394,9 @@ void matmul_f32_scalar(ThreadPool& pool, const float* x, int64_t n, int64_t in, 
     matmul_impl<ScalarOps>(pool, x, n, in, w, out, y);
 }
 
-float dot_f32_scalar(const float* a, const float* b, int64_t n) { return dot_impl<ScalarOps>(a, b, n); }
+float dot_f32_scalar(const float* a, const float* b, int64_t n) {
+    return dot_impl<ScalarOps>(a, b, n);
+}
 
 const char* matmul_simd_path() {
 #if defined(MARKBASE_MATMUL_AVX512)

@@ -17,7 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -97,8 +99,9 @@ struct GemvResult {
     double gbs;
 };
 
-// Median time of matmul_bf16 at n tokens; weights are random bf16 in [-1, 1), never zeros. A weight smaller than
-// 512 MB is replicated and the copies are used in turn, so every call streams it from memory, not from L3.
+// Median time of matmul_bf16 at n tokens; weights are random bf16 in [-1, 1), never zeros. A weight smaller
+// than 512 MB is replicated and the copies are used in turn, so every call streams it from memory, not from
+// L3.
 GemvResult time_matmul(ThreadPool& pool, int64_t n, int64_t in, int64_t out, int reps) {
     const int64_t elems = in * out;
     const int64_t copies = std::max<int64_t>(1, ((int64_t{512} << 20) + elems * 2 - 1) / (elems * 2));
@@ -112,7 +115,8 @@ GemvResult time_matmul(ThreadPool& pool, int64_t n, int64_t in, int64_t out, int
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(n * in)), y(static_cast<size_t>(n * out));
     for (auto& v : x) v = u(rng);
-    for (int64_t c = 0; c < copies; ++c) matmul_bf16(pool, x.data(), n, in, w.data() + c * elems, out, y.data());
+    for (int64_t c = 0; c < copies; ++c)
+        matmul_bf16(pool, x.data(), n, in, w.data() + c * elems, out, y.data());
     std::vector<double> times;
     for (int i = 0; i < reps; ++i) {
         const bf16* wc = w.data() + (i % copies) * elems;
@@ -130,7 +134,8 @@ GemvResult time_matmul(ThreadPool& pool, int64_t n, int64_t in, int64_t out, int
 void run_matmul_bench(ThreadPool& pool) {
     const BandwidthResult bw = measure_read_bandwidth(pool);
     std::printf("simd path: %s, threads: %d\n", matmul_simd_path(), pool.size());
-    std::printf("read bandwidth: %.2f GB/s (%.0f MB buffer, best pattern, median of 5)\n", bw.read_gbs, bw.bytes / 1e6);
+    std::printf("read bandwidth: %.2f GB/s (%.0f MB buffer, best pattern, median of 5)\n", bw.read_gbs,
+                bw.bytes / 1e6);
     const int64_t shapes[][2] = {{2816, 2816}, {5376, 21504}, {1536, 262144}};  // {in, out}
     for (const auto& s : shapes) {
         const int reps = s[0] * s[1] > (int64_t{1} << 26) ? 9 : 64;
@@ -139,7 +144,8 @@ void run_matmul_bench(ThreadPool& pool) {
                     static_cast<long long>(s[1]), static_cast<long long>(s[0]), r.ms, r.gbs,
                     100.0 * r.gbs / bw.read_gbs);
     }
-    for (int64_t n : {int64_t{2}, int64_t{4}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{128}, int64_t{512}}) {
+    for (int64_t n : {int64_t{2}, int64_t{4}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{128},
+                      int64_t{512}}) {
         const int64_t in = 2048, out = 2048;
         const GemvResult r = time_matmul(pool, n, in, out, n >= 128 ? 7 : 32);
         const double gflops = 2.0 * static_cast<double>(n * in * out) / (r.ms * 1e-3) / 1e9;

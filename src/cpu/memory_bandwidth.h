@@ -13,13 +13,14 @@ struct BandwidthResult {
     int threads = 0;      // pool size used
 };
 
-// Every thread of the pool sums its contiguous slice of a freshly written buffer of `bytes` bytes (choose it far
-// larger than the last-level cache), once as one sequential stream and once as 16 neighbouring rows side by side;
-// one untimed pass of each, then the faster of the two medians of 5 timed passes.
+// Every thread of the pool sums its contiguous slice of a freshly written buffer of `bytes` bytes (choose it
+// far larger than the last-level cache), once as one sequential stream and once as 16 neighbouring rows side
+// by side; one untimed pass of each, then the faster of the two medians of 5 timed passes.
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30);
 
-// A lab bench, not a test: prints the read bandwidth, GEMV (n = 1) GB/s and % of it at 2816x2816, 21504x5376 and
-// 262144x1536 (lm_head-like, ~800 MB), and prefill GFLOP/s at n = 128 for 2048x2048. Allocates about 1 GB.
+// A lab bench, not a test: prints the read bandwidth, GEMV (n = 1) GB/s and % of it at 2816x2816, 21504x5376
+// and 262144x1536 (lm_head-like, ~800 MB), and prefill GFLOP/s at n = 128 for 2048x2048. Allocates about 1
+// GB.
 void run_matmul_bench(ThreadPool& pool);
 
 }  // namespace markbase::cpu

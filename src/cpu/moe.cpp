@@ -18,7 +18,8 @@ void CpuModel::moe(int i, int n) {
     const float eps = c_.rms_eps;
     const float* x = x_.data();
 
-    // Router: z = RMSNorm_noweight(r) * scale * H^-0.5; softmax over all E; top-K; renormalise; * per_expert_scale
+    // Router: z = RMSNorm_noweight(r) * scale * H^-0.5; softmax over all E; top-K; renormalise; *
+    // per_expert_scale
     std::vector<float> z(static_cast<size_t>(n) * H), router_logits(static_cast<size_t>(n) * E);
     const float hs = 1.0f / std::sqrt(static_cast<float>(H));
     for (int t = 0; t < n; ++t) {
@@ -49,7 +50,8 @@ void CpuModel::moe(int i, int n) {
         }
     }
 
-    // Experts: out[t] += weight * down_e( gelu(gate_e(in_t)) * up_e(in_t) ), in = pre_feedforward_layernorm_2(r)
+    // Experts: out[t] += weight * down_e( gelu(gate_e(in_t)) * up_e(in_t) ), in =
+    // pre_feedforward_layernorm_2(r)
     for (int t = 0; t < n; ++t)
         rmsnorm(x + int64_t{t} * H, w.pre_ffn_norm_2, H, eps, moe_in_.data() + int64_t{t} * H);
     std::fill(moe_out_.begin(), moe_out_.begin() + int64_t{n} * H, 0.0f);
@@ -62,7 +64,8 @@ void CpuModel::moe(int i, int n) {
         for (int r = 0; r < m; ++r)
             std::copy_n(moe_in_.data() + int64_t{toks[r].first} * H, H, gathered.data() + int64_t{r} * H);
         gu.resize(static_cast<size_t>(m) * 2 * Ie);
-        matmul_bf16(pool_, gathered.data(), m, H, w.experts_gate_up + int64_t{e} * 2 * Ie * H, 2 * Ie, gu.data());
+        matmul_bf16(pool_, gathered.data(), m, H, w.experts_gate_up + int64_t{e} * 2 * Ie * H, 2 * Ie,
+                    gu.data());
         h.resize(static_cast<size_t>(m) * Ie);
         for (int r = 0; r < m; ++r) {
             const float* g = gu.data() + int64_t{r} * 2 * Ie;  // rows [0, Ie) gate, [Ie, 2Ie) up

@@ -9,7 +9,8 @@
 
 namespace markbase::cpu {
 
-// y = x * (mean(x^2) + eps)^-1/2 * w   (plain w, not 1+w; w == nullptr means no weight, as v_norm/router norm)
+// y = x * (mean(x^2) + eps)^-1/2 * w   (plain w, not 1+w; w == nullptr means no weight, as v_norm/router
+// norm)
 inline void rmsnorm(const float* x, const bf16* w, int64_t n, float eps, float* y) {
     double ss = 0.0;  // double: the result must not depend on n's size or summation order at the 1e-6 level
     for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
@@ -21,8 +22,8 @@ inline void rmsnorm(const float* x, const bf16* w, int64_t n, float eps, float* 
     }
 }
 
-// pool.parallel_for when the items' total cost (in rough flops) is worth waking other threads for, else inline:
-// a decode step of a small model makes hundreds of these calls, each only microseconds of work.
+// pool.parallel_for when the items' total cost (in rough flops) is worth waking other threads for, else
+// inline: a decode step of a small model makes hundreds of these calls, each only microseconds of work.
 template <class Fn>
 void parallel_if(ThreadPool& pool, int64_t n, int64_t cost_per_item, Fn&& fn) {
     if (n * cost_per_item < (int64_t{1} << 17)) {
@@ -38,8 +39,8 @@ inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
-// NeoX-style (rotate_half) RoPE on one head of `d` dims: dim j pairs with j + d/2, for the first `n_rot` pairs;
-// inv_freq has d/2 entries (zeros beyond n_rot mean those pairs pass through).
+// NeoX-style (rotate_half) RoPE on one head of `d` dims: dim j pairs with j + d/2, for the first `n_rot`
+// pairs; inv_freq has d/2 entries (zeros beyond n_rot mean those pairs pass through).
 inline void rope_neox(float* x, int d, const float* cos_t, const float* sin_t) {
     const int half = d / 2;
     for (int j = 0; j < half; ++j) {

@@ -23,9 +23,9 @@ inline void cpu_relax() {
 // little serial work (a norm, a residual add), so a short spin keeps the next wake-up free of a syscall.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
 
-// Spins until value != old, or until kSpinTime has passed; returns the last value read. After a short pure spin
-// it yields between polls, so an oversubscribed pool (more threads than free cores) lets the thread it waits for
-// run instead of burning that thread's core.
+// Spins until value != old, or until kSpinTime has passed; returns the last value read. After a short pure
+// spin it yields between polls, so an oversubscribed pool (more threads than free cores) lets the thread it
+// waits for run instead of burning that thread's core.
 template <typename T>
 T spin_while_equal(const std::atomic<T>& a, T old) {
     T v = a.load(std::memory_order_acquire);

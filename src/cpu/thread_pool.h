@@ -1,8 +1,8 @@
 // A persistent pool of worker threads for the CPU backend.
 //
 // parallel_for is called about ten times per layer per token, so it must cost microseconds, not tens of them:
-// workers spin briefly on a generation counter before they sleep (futex via std::atomic::wait), and the caller
-// thread does the first chunk itself instead of waiting idle.
+// workers spin briefly on a generation counter before they sleep (futex via std::atomic::wait), and the
+// caller thread does the first chunk itself instead of waiting idle.
 #pragma once
 
 #include <atomic>
@@ -16,7 +16,7 @@
 namespace markbase::cpu {
 
 class ThreadPool {
-public:
+  public:
     // n_threads counts the caller: a pool of 4 starts 3 workers. 0 means std::thread::hardware_concurrency().
     explicit ThreadPool(int n_threads);
     ~ThreadPool();
@@ -25,10 +25,11 @@ public:
 
     int size() const { return n_threads_; }
 
-    // Splits [0, n) into size() contiguous chunks of near-equal length (chunk i goes to worker i, chunk 0 to the
-    // caller), calls fn(begin, end) for every non-empty chunk and returns when all are done. The first exception
-    // thrown by any chunk is rethrown here, after every chunk has finished. A call made from inside fn (nested)
-    // or from a second thread while one is running is safe: nested calls run inline, others wait their turn.
+    // Splits [0, n) into size() contiguous chunks of near-equal length (chunk i goes to worker i, chunk 0 to
+    // the caller), calls fn(begin, end) for every non-empty chunk and returns when all are done. The first
+    // exception thrown by any chunk is rethrown here, after every chunk has finished. A call made from inside
+    // fn (nested) or from a second thread while one is running is safe: nested calls run inline, others wait
+    // their turn.
     void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
     // The process-wide pool, created on first use with hardware_concurrency() threads.
@@ -36,7 +37,7 @@ public:
     // Replaces the global pool. Call it before any work uses global(): references to the old pool dangle.
     static void set_global_threads(int n);
 
-private:
+  private:
     void worker_main(int index);
     void run_chunk(int index) noexcept;
 

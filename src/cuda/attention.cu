@@ -3,7 +3,8 @@
 // partial softmax-weighted sum with its running max and sum (online softmax over tiles of 128 keys), and a
 // combine kernel merges the pieces. Positions come from device memory, so a captured graph stays valid as the
 // sequence grows: pieces past the current range just report an empty result. Ring slots: position p lives at
-// p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h to KV head h / (nH/nKV).
+// p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h to KV head h /
+// (nH/nKV).
 #include <algorithm>
 #include <cfloat>
 
@@ -170,10 +171,11 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a
 
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.d % 4 != 0 || a.d > kThreads * kMaxDimsPerThread)
-        throw Error("internal: attention head dim " + std::to_string(a.d) + " unsupported (multiple of 4, <= 512)");
+        throw Error("internal: attention head dim " + std::to_string(a.d) +
+                    " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
-    launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), static_cast<size_t>(a.d) * sizeof(float),
-                  s, a);
+    launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads),
+                  static_cast<size_t>(a.d) * sizeof(float), s, a);
     CUDA_CHECK_LAUNCH();
 }
 

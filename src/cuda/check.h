@@ -22,16 +22,17 @@ namespace markbase::cuda {
 
 }  // namespace markbase::cuda
 
-#define CUDA_CHECK(call)                                                                   \
-    do {                                                                                   \
-        const cudaError_t mb_err_ = (call);                                                \
+#define CUDA_CHECK(call)                                                                              \
+    do {                                                                                              \
+        const cudaError_t mb_err_ = (call);                                                           \
         if (mb_err_ != cudaSuccess) ::markbase::cuda::throw_cuda(mb_err_, #call, __FILE__, __LINE__); \
     } while (0)
 
-#define CUBLAS_CHECK(call)                                                                 \
-    do {                                                                                   \
-        const cublasStatus_t mb_st_ = (call);                                              \
-        if (mb_st_ != CUBLAS_STATUS_SUCCESS) ::markbase::cuda::throw_cublas(mb_st_, #call, __FILE__, __LINE__); \
+#define CUBLAS_CHECK(call)                                                     \
+    do {                                                                       \
+        const cublasStatus_t mb_st_ = (call);                                  \
+        if (mb_st_ != CUBLAS_STATUS_SUCCESS)                                   \
+            ::markbase::cuda::throw_cublas(mb_st_, #call, __FILE__, __LINE__); \
     } while (0)
 
 // After a kernel launch: catches bad launch configurations (and, when debugging, faults via a sync).

@@ -12,7 +12,7 @@ namespace markbase {
 namespace {
 
 class CudaBackendImpl final : public CudaBackend {
-public:
+  public:
     CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
         : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk)) {}
 
@@ -45,8 +45,10 @@ public:
             const int m = static_cast<int>(std::min<int64_t>(chunk, n - b));
             const bool last = b + m == n;
             float* out = nullptr;
-            if (logits && all_logits) out = logits + b * V;
-            else if (logits && last) out = logits;
+            if (logits && all_logits)
+                out = logits + b * V;
+            else if (logits && last)
+                out = logits;
             model_.prefill(ids + b, m, out, all_logits);
         }
     }
@@ -63,7 +65,7 @@ public:
     uint64_t weight_bytes() const override { return model_.weights().bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 
-private:
+  private:
     cuda::CudaModel model_;
 };
 
@@ -146,7 +148,8 @@ std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {
         *plan[i].slot = hw->storage.back().data();
         ck.bound_bytes += t.bytes;
     }
-    for (size_t i = 0; i < ck.weights.layers.size(); ++i) ck.weights.layers[i].layer_scalar = dw.w.layers[i].layer_scalar;
+    for (size_t i = 0; i < ck.weights.layers.size(); ++i)
+        ck.weights.layers[i].layer_scalar = dw.w.layers[i].layer_scalar;
     return hw;
 }
 

@@ -29,11 +29,11 @@ struct CudaProfileEntry {
     std::string kernel;  // "qkv", "attention", "experts_gate_up", ...
     int layer = -1;      // -1: outside the layers (embedding, lm_head, ...)
     double ms = 0;
-    double bytes = 0;    // weight bytes the kernel streams (0 where not counted)
+    double bytes = 0;  // weight bytes the kernel streams (0 where not counted)
 };
 
 class CudaBackend : public Backend {
-public:
+  public:
     // Decodes `steps` tokens greedily on the device, starting from the argmax of the last evaluated position
     // (prefill or decode); one graph launch per token, one copy back at the end. Returns the ids; the logits
     // of the final step go to last_logits ([V]) when given.
@@ -47,14 +47,14 @@ public:
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt);
 
-// Random bf16 weights for a released variant ("e2b", "e4b", "26b-a4b", "31b"; layers 0 = real depth), drawn on
-// the GPU with loading/random_checkpoint.cpp's distributions (uniform, variance 1/fan_in for matrices; norms in
-// [0.5, 1.5), q/k norms in [0.1, 0.35), layer scalars in [0.6, 1.2)). No files are involved.
+// Random bf16 weights for a released variant ("e2b", "e4b", "26b-a4b", "31b"; layers 0 = real depth), drawn
+// on the GPU with loading/random_checkpoint.cpp's distributions (uniform, variance 1/fan_in for matrices;
+// norms in [0.5, 1.5), q/k norms in [0.1, 0.35), layer scalars in [0.6, 1.2)). No files are involved.
 std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& variant, int layers,
                                                          const BackendOptions& opt, uint64_t seed = 1234);
 
-// A host copy of a CUDA backend's weights as a Checkpoint (no files), so the CPU backend can run the very same
-// model: the check of synthetic models at real widths.
+// A host copy of a CUDA backend's weights as a Checkpoint (no files), so the CPU backend can run the very
+// same model: the check of synthetic models at real widths.
 struct HostWeights {
     Checkpoint checkpoint;
     std::vector<std::vector<bf16>> storage;

@@ -13,7 +13,8 @@ namespace markbase::cuda {
 namespace {
 
 // Decode attention: pieces of at least kDecodeMinSplit keys (attention.cu's split_len 0 rule), at most
-// kMaxDecodePieces blocks per layer, so that short contexts still spread over many SMs and long ones stay bounded.
+// kMaxDecodePieces blocks per layer, so that short contexts still spread over many SMs and long ones stay
+// bounded.
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 
@@ -50,10 +51,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             (s.kind == AttentionKind::Sliding ? d_sliding : d_full) = s.head_dim;
             // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the
             // current range (split_len 0), enough pieces to fill the SMs at long context.
-            const int64_t range = s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx) : ctx;
+            const int64_t range =
+                s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx) : ctx;
             const int64_t cap_pieces = std::max(1, kMaxDecodePieces / nH);
-            decode_splits_[i] =
-                static_cast<int>(std::clamp<int64_t>((range + kDecodeMinSplit - 1) / kDecodeMinSplit, 1, cap_pieces));
+            decode_splits_[i] = static_cast<int>(
+                std::clamp<int64_t>((range + kDecodeMinSplit - 1) / kDecodeMinSplit, 1, cap_pieces));
             max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * decode_splits_[i]);
         }
         max_pieces_ = max_pieces;
@@ -114,7 +116,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             const LayerSpec& s = c_.layers[i];
             if (!s.has_own_kv()) continue;
             LayerCache& lc = cache_[i];
-            lc.cap = s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c_.sliding_window + chunk) : ctx;
+            lc.cap =
+                s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c_.sliding_window + chunk) : ctx;
             const size_t elems = static_cast<size_t>(lc.cap) * s.n_kv_heads * s.head_dim;
             lc.k = alloc<float>(elems);
             lc.v = alloc<float>(elems);
@@ -139,7 +142,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
     }
 }
 
-CudaModel::~CudaModel() { release(); }
+CudaModel::~CudaModel() {
+    release();
+}
 
 void CudaModel::release() {
     if (graph_) cudaGraphExecDestroy(graph_);
@@ -159,10 +164,12 @@ void CudaModel::release() {
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
     // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 passes).
     const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, hi_, CUDA_R_16BF, K,
-                              &zero, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_, CUDA_R_16BF, K,
-                              &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, hi_,
+                              CUDA_R_16BF, K, &zero, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_,
+                              CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaModel::attention_args(int i, AttnArgs& a) const {
@@ -201,9 +208,11 @@ void CudaModel::ensure_graph() {
 
 bool CudaModel::truncate(int64_t n) {
     if (n < 0 || n > n_past) return false;
-    // Position p lives in slot p % cap and is next overwritten by p + cap; a query at n reads back to n - W + 1.
+    // Position p lives in slot p % cap and is next overwritten by p + cap; a query at n reads back to n - W
+    // + 1.
     for (int i = 0; i < c_.n_layers; ++i)
-        if (c_.layers[i].has_own_kv() && cache_[i].cap < ctx_ && n_past - n > cache_[i].cap - c_.sliding_window)
+        if (c_.layers[i].has_own_kv() && cache_[i].cap < ctx_ &&
+            n_past - n > cache_[i].cap - c_.sliding_window)
             return false;
     n_past = n;
     return true;
@@ -211,14 +220,16 @@ bool CudaModel::truncate(int64_t n) {
 
 void CudaModel::decode(int id, float* logits) {
     if (n_past >= ctx_)
-        throw Error("context full: " + std::to_string(n_past) + " tokens fill the context (raise --ctx-size)");
+        throw Error("context full: " + std::to_string(n_past) +
+                    " tokens fill the context (raise --ctx-size)");
     ensure_graph();
     h_state_[0] = id;
     h_state_[1] = static_cast<int>(n_past);
     CUDA_CHECK(cudaMemcpyAsync(d_state_, h_state_, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
     if (logits)
-        CUDA_CHECK(cudaMemcpyAsync(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(
+            cudaMemcpyAsync(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     ++n_past;
 }
@@ -234,8 +245,8 @@ std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
     std::vector<int> ids(steps);
     CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_out_ids_, steps * sizeof(int), cudaMemcpyDeviceToHost, stream_));
     if (last_logits)
-        CUDA_CHECK(cudaMemcpyAsync(last_logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
-                                   stream_));
+        CUDA_CHECK(cudaMemcpyAsync(last_logits, logits_, c_.vocab_size * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     n_past += steps;
     return ids;

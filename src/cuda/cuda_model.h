@@ -1,7 +1,7 @@
-// The Gemma 4 decoder on one CUDA device: weights resident in GPU memory (DeviceWeights), fp32 activations and
-// an fp32 KV cache, a decode step captured once as a CUDA graph and replayed per token, and batched prefill
-// through cuBLAS. The model's math follows cpu/forward.cpp step by step; cuda_step.cu holds the decode step,
-// cuda_prefill.cu the prefill, cuda_weights.cu the weights.
+// The Gemma 4 decoder on one CUDA device: weights resident in GPU memory (DeviceWeights), fp32 activations
+// and an fp32 KV cache, a decode step captured once as a CUDA graph and replayed per token, and batched
+// prefill through cuBLAS. The model's math follows cpu/forward.cpp step by step; cuda_step.cu holds the
+// decode step, cuda_prefill.cu the prefill, cuda_weights.cu the weights.
 #pragma once
 
 #include <cublas_v2.h>
@@ -41,7 +41,7 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck);
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
 
 class CudaModel {
-public:
+  public:
     CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
@@ -63,7 +63,7 @@ public:
     std::vector<int> decode_greedy(int steps, float* last_logits);
     std::vector<CudaProfileEntry> profile_step();
 
-private:
+  private:
     // Events around each launch of a non-graph step; null while capturing the graph.
     struct Profiler {
         struct Rec {
@@ -88,12 +88,12 @@ private:
         CUDA_CHECK(cudaEventRecord(r.stop, stream_));
         pf->recs.push_back(r);
     }
-    void record_step(Profiler* pf);           // cuda_step.cu: the decode step's kernels, n = 1
-    void record_layer(int i, Profiler* pf);   // cuda_step.cu
+    void record_step(Profiler* pf);                    // cuda_step.cu: the decode step's kernels, n = 1
+    void record_layer(int i, Profiler* pf);            // cuda_step.cu
     GemvInput x_input(bool norm, const bf16* norm_w);  // cuda_step.cu: the current x as a GEMV input
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
     void flush_residual(Profiler* pf, int layer);
-    void prefill_layer(int i, int n, int64_t pos0);  // cuda_prefill.cu
+    void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     void ensure_graph();
     void release();  // frees everything this object allocated (destructor, failed constructor)
@@ -119,25 +119,25 @@ private:
     int* d_out_ids_ = nullptr;
     unsigned long long* d_argmax_ = nullptr;
 
-    // Decode-step fusion (MARKBASE_CUDA_FUSE, default on): a residual update waits as `pending_` and becomes the
-    // prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the last attention piece of a
-    // head merges the pieces; the sampling step runs in lm_head's last block.
+    // Decode-step fusion (MARKBASE_CUDA_FUSE, default on): a residual update waits as `pending_` and becomes
+    // the prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the last attention
+    // piece of a head merges the pieces; the sampling step runs in lm_head's last block.
     bool fuse_ = true;
     struct PendingResidual {
         const float* y = nullptr;
         const bf16* w = nullptr;
         float scale = 1.0f;
     } pending_;
-    float* xcur_ = nullptr;  // the residual stream's current buffer while recording a step
-    float* xb_ = nullptr;    // [H] the other decode buffer
+    float* xcur_ = nullptr;                    // the residual stream's current buffer while recording a step
+    float* xb_ = nullptr;                      // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;        // lm_head's finished blocks
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
 
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
     float *g_ = nullptr, *u_ = nullptr, *m_ = nullptr, *ple_ctx_ = nullptr, *ple_ = nullptr;
-    float* logits_ = nullptr;      // [V]
-    float* all_logits_ = nullptr;  // [chunk][V], allocated on first use
+    float* logits_ = nullptr;             // [V]
+    float* all_logits_ = nullptr;         // [chunk][V], allocated on first use
     bf16 *hi_ = nullptr, *lo_ = nullptr;  // prefill GEMM inputs
     float *part_o_ = nullptr, *part_ml_ = nullptr;
     int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)

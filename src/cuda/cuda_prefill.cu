@@ -1,6 +1,6 @@
 // Batched prefill: the prompt chunk goes through every layer at once. Projections are cuBLAS GEMMs with bf16
-// weights and fp32 accumulation; the fp32 activations enter them as two bf16 halves (hi + lo), which keeps the
-// result within ~2^-16 of an fp32 product, so prefill and the fp32 decode path compute the same function.
+// weights and fp32 accumulation; the fp32 activations enter them as two bf16 halves (hi + lo), which keeps
+// the result within ~2^-16 of an fp32 product, so prefill and the fp32 decode path compute the same function.
 // Attention, norms, routing and the experts reuse the decode kernels with n tokens.
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,8 @@ namespace markbase::cuda {
 
 void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     if (n <= 0) return;
-    if (n > chunk_) throw Error("internal: prefill of " + std::to_string(n) + " tokens exceeds the chunk size");
+    if (n > chunk_)
+        throw Error("internal: prefill of " + std::to_string(n) + " tokens exceeds the chunk size");
     if (n_past + n > ctx_)
         throw Error("context full: " + std::to_string(n_past + n) + " tokens do not fit in the context of " +
                     std::to_string(ctx_) + " (raise --ctx-size)");
@@ -126,8 +127,8 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_);
         moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
         moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
-        residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm,
-                             H, n, eps, ffn_scale, stream_);
+        residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                             lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
     } else {
         residual_add_norm(x_, m_, lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
     }

@@ -1,10 +1,10 @@
-// The decode step (one token), as cpu/forward.cpp computes it, launched kernel by kernel on one stream. Nothing
-// here reads host state that changes between tokens: the token id and its position are read by the kernels from
-// d_state_, so the same launches captured once as a CUDA graph serve every step. With a Profiler each launch is
-// bracketed by events instead (the profile mode).
-// With fusion on (the default), the sandwich-norm residual updates run as prologues of the GEMV that consumes
-// them, the attention pieces are merged by the last piece of each head, and sampling runs in lm_head's last block:
-// E2B 8 kernels per layer instead of 12.
+// The decode step (one token), as cpu/forward.cpp computes it, launched kernel by kernel on one stream.
+// Nothing here reads host state that changes between tokens: the token id and its position are read by the
+// kernels from d_state_, so the same launches captured once as a CUDA graph serve every step. With a Profiler
+// each launch is bracketed by events instead (the profile mode). With fusion on (the default), the
+// sandwich-norm residual updates run as prologues of the GEMV that consumes them, the attention pieces are
+// merged by the last piece of each head, and sampling runs in lm_head's last block: E2B 8 kernels per layer
+// instead of 12.
 #include <cmath>
 
 #include "cuda/cuda_model.h"
@@ -12,7 +12,9 @@
 namespace markbase::cuda {
 
 namespace {
-double wbytes(int64_t rows, int64_t cols) { return 2.0 * static_cast<double>(rows) * static_cast<double>(cols); }
+double wbytes(int64_t rows, int64_t cols) {
+    return 2.0 * static_cast<double>(rows) * static_cast<double>(cols);
+}
 }  // namespace
 
 GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
@@ -36,7 +38,8 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     return in;
 }
 
-void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale) {
+void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
+                         float scale) {
     if (fuse_) {
         pending_ = {y, w, scale};
         return;
@@ -76,9 +79,8 @@ void CudaModel::record_step(Profiler* pf) {
             GemvSeg seg{w_.ple_model_proj, ple_ctx_, static_cast<int>(LP), 0};
             gemv(in, &seg, 1, 1, stream_);
         });
-        run(pf, "ple_mix", -1, 2.0 * LP, [&] {
-            ple_mix(ple_ctx_, tok, 1, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
-        });
+        run(pf, "ple_mix", -1, 2.0 * LP,
+            [&] { ple_mix(ple_ctx_, tok, 1, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_); });
     }
 
     for (int i = 0; i < L; ++i) record_layer(i, pf);
@@ -144,7 +146,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
-    a.split_len = 0;  // an even share of the current range per piece
+    a.split_len = 0;                                 // an even share of the current range per piece
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
@@ -158,7 +160,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     residual(pf, "post_attn_norm", i, o_, lw.post_attn_norm, 1.0f);
 
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
-    const float ffn_scale = c_.ple_dim ? 1.0f : lw.layer_scalar;  // layer_scalar goes on the layer's last update
+    const float ffn_scale =
+        c_.ple_dim ? 1.0f : lw.layer_scalar;  // layer_scalar goes on the layer's last update
     {
         const GemvInput in = x_input(true, lw.pre_ffn_norm);
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
@@ -174,7 +177,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 
     if (c_.moe) {  // 2.6
         const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-        flush_residual(pf, i);  // (nothing pending here: the MLP consumed it) route and combine read x directly
+        flush_residual(pf,
+                       i);  // (nothing pending here: the MLP consumed it) route and combine read x directly
         {
             GemvInput in = x_input(true, lw.router_scale);
             in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
@@ -188,12 +192,10 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
                       lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
         });
-        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
-            moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, stream_);
-        });
-        run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
-            moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_);
-        });
+        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H),
+            [&] { moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, stream_); });
+        run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie),
+            [&] { moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_); });
         run(pf, "ffn_combine", i, 0.0, [&] {
             residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                                  lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
@@ -202,7 +204,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         residual(pf, "post_ffn_norm", i, m_, lw.post_ffn_norm, ffn_scale);
     }
 
-    if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then * layer_scalar
+    if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then *
+                       // layer_scalar
         const int P = c_.ple_dim;
         {
             const GemvInput in = x_input(false, nullptr);

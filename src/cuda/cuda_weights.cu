@@ -14,8 +14,8 @@ namespace markbase::cuda {
 
 namespace {
 
-// splitmix64 as loading/random_checkpoint.cpp's Rng: the k-th draw of a stream seeded s is mix(s + (k+1)*golden),
-// so every element can be drawn independently.
+// splitmix64 as loading/random_checkpoint.cpp's Rng: the k-th draw of a stream seeded s is mix(s +
+// (k+1)*golden), so every element can be drawn independently.
 __global__ void fill_kernel(uint16_t* out, int64_t n, uint64_t seed, float lo, float span) {
     for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
          k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -43,8 +43,9 @@ bf16* device_alloc(uint64_t bytes, const std::string& what) {
         size_t free_b = 0, total_b = 0;
         cudaGetLastError();
         cudaMemGetInfo(&free_b, &total_b);
-        throw Error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " + what + " (" +
-                    std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
+        throw Error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " + what +
+                    " (" + std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) +
+                    " MiB)");
     }
     return static_cast<bf16*>(p);
 }
@@ -64,11 +65,11 @@ DeviceWeights::~DeviceWeights() {
 
 namespace {
 
-// Host -> device through two pinned staging buffers: while the GPU copies one, a pool of threads fills the other
-// from the mapped checkpoint (taking its page faults in parallel), so the transfer runs at pinned-copy speed
-// instead of the driver's single-threaded pageable path.
+// Host -> device through two pinned staging buffers: while the GPU copies one, a pool of threads fills the
+// other from the mapped checkpoint (taking its page faults in parallel), so the transfer runs at pinned-copy
+// speed instead of the driver's single-threaded pageable path.
 class Uploader {
-public:
+  public:
     Uploader() : pool_(std::min(8, std::max(1, static_cast<int>(std::thread::hardware_concurrency())))) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
@@ -94,13 +95,14 @@ public:
             pool_.parallel_for(static_cast<int64_t>(len), [&](int64_t lo, int64_t hi) {
                 std::memcpy(stage + lo, from + lo, static_cast<size_t>(hi - lo));
             });
-            CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, stage, len, cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, stage, len, cudaMemcpyHostToDevice,
+                                       stream_));
             CUDA_CHECK(cudaEventRecord(done_[b], stream_));
         }
     }
     void finish() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-private:
+  private:
     static constexpr size_t kChunk = size_t{64} << 20;
     cpu::ThreadPool pool_;
     cudaStream_t stream_ = nullptr;
@@ -124,7 +126,8 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck) {
         dw->bytes += info.nbytes;
     }
     up.finish();
-    for (size_t i = 0; i < dw->w.layers.size(); ++i) dw->w.layers[i].layer_scalar = ck.weights.layers[i].layer_scalar;
+    for (size_t i = 0; i < dw->w.layers.size(); ++i)
+        dw->w.layers[i].layer_scalar = ck.weights.layers[i].layer_scalar;
     return dw;
 }
 

@@ -8,8 +8,12 @@
 
 namespace markbase::cuda {
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_lo(uint32_t w) {
+    return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float bf16_hi(uint32_t w) {
+    return __uint_as_float(w & 0xffff0000u);
+}
 __device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) {
     return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
 }
@@ -85,8 +89,8 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, uint32_t idx) 
 
 namespace markbase::cuda {
 
-// Programmatic dependent launch (launch.h): wait for the previous kernel's completion and memory, then let the
-// next kernel be scheduled. Both are no-ops when the kernel was launched without the attribute.
+// Programmatic dependent launch (launch.h): wait for the previous kernel's completion and memory, then let
+// the next kernel be scheduled. Both are no-ops when the kernel was launched without the attribute.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
     asm volatile("griddepcontrol.wait;" ::: "memory");

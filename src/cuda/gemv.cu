@@ -1,9 +1,9 @@
 // Decode-time matrix-vector products: y = W @ xn with W bf16 [rows, K] and xn fp32.
-// Layout: a block of 8 warps stages the (optionally RMS-normalised) input in shared memory once, then each warp
-// streams R whole rows with 16-byte loads, U chunks per row in flight before the first use, and reduces with
-// shuffles. A grid-stride loop over row groups keeps the grid at a few blocks per SM however tall W is, so the
-// staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product (GeGLU,
-// the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
+// Layout: a block of 8 warps stages the (optionally RMS-normalised) input in shared memory once, then each
+// warp streams R whole rows with 16-byte loads, U chunks per row in flight before the first use, and reduces
+// with shuffles. A grid-stride loop over row groups keeps the grid at a few blocks per SM however tall W is,
+// so the staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product
+// (GeGLU, the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
 #include <algorithm>
 
 #include "cuda/check.h"
@@ -27,11 +27,11 @@ struct Params {
     int seg_end[3] = {0, 0, 0};  // cumulative row counts
     int nseg = 0;
     int total_rows = 0;
-    const bf16* w2 = nullptr;   // kGeglu: the up projection
-    const float* aux = nullptr; // kGeluMul: the multiplier
-    float softcap = 0.0f;       // kLogits
+    const bf16* w2 = nullptr;    // kGeglu: the up projection
+    const float* aux = nullptr;  // kGeluMul: the multiplier
+    float softcap = 0.0f;        // kLogits
     unsigned long long* argmax = nullptr;
-    StepFinish finish;          // kLogits: state == nullptr for none
+    StepFinish finish;  // kLogits: state == nullptr for none
 };
 
 // Stage the input in shared memory: x itself, or the fused residual update, then optionally
@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
             const int local = row - (s ? p.seg_end[s - 1] : 0);
             const int lr = valid[r] ? local : 0;
             wr[r] = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(lr) * p.in.K);
-            wu[r] = M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(lr) * p.in.K) : wr[r];
+            wu[r] = M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(lr) * p.in.K)
+                                : wr[r];
             yp[r] = p.seg[s].y + tok * p.seg[s].ldy + lr;
         }
         float acc[R], acc2[R];
@@ -233,10 +234,14 @@ void gemv_prepare(int max_K) {
     const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));
     static int prepared = 0;  // only ever raised: another live model may need the larger limit
     if (bytes <= prepared) return;
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kStore, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeglu, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeluMul, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kLogits, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_kernel<kStore, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_kernel<kGeglu, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeluMul, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kLogits, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    bytes));
     prepared = bytes;
 }
 

@@ -11,22 +11,23 @@
 
 namespace markbase::cuda {
 
-// ---- gemv.cu: decode-time y = W @ xn for one or a few tokens, weights streamed with 16-byte loads ----------
+// ---- gemv.cu: decode-time y = W @ xn for one or a few tokens, weights streamed with 16-byte loads
+// ----------
 
 // The input vector, optionally RMS-normalised on the fly: xn = x * rsqrt(mean(x^2) + eps) * norm_w * scale
 // (norm_w may be null = no weight). K must be a multiple of 8; rows are 16-byte aligned.
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
-    int64_t ldx = 0;             // stride between tokens' x (elements), for ntok > 1
+    int64_t ldx = 0;  // stride between tokens' x (elements), for ntok > 1
     bool norm = false;
     const bf16* norm_w = nullptr;
     float norm_scale = 1.0f;
     float eps = 1e-6f;
 
     // Decode-only residual prologue, fusing the kernel that would otherwise precede (one token):
-    // x = (res_x + RMSNorm(res_y) * res_w) * res_scale; every block computes it, block 0 also stores it to res_out
-    // (never res_x: other blocks are still reading that).
+    // x = (res_x + RMSNorm(res_y) * res_w) * res_scale; every block computes it, block 0 also stores it to
+    // res_out (never res_x: other blocks are still reading that).
     const float* res_x = nullptr;
     const float* res_y = nullptr;
     const bf16* res_w = nullptr;
@@ -34,8 +35,8 @@ struct GemvInput {
     float* res_out = nullptr;
 };
 
-// The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the id
-// appended to out_ids at state[2]++ (when out_ids and state[2] < out_cap). counter: one zeroed uint.
+// The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
+// id appended to out_ids at state[2]++ (when out_ids and state[2] < out_cap). counter: one zeroed uint.
 struct StepFinish {
     int* state = nullptr;
     int advance = 1;
@@ -60,7 +61,8 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 // logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu).
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr);
-// Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be staged.
+// Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
+// staged.
 void gemv_prepare(int max_K);
 
 // ---- norm_rope.cu: embedding, per-layer inputs, residual updates, qk-norm + RoPE + cache write -----------
@@ -83,8 +85,8 @@ void residual_moe_combine(float* x, const float* m, const float* slots, const fl
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
 // Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs
 // reproduce fp32 activations to ~2^-16. v = norm ? RMSNorm(x)*w : x. Rows of `width`, row stride ld_in.
-void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps, bf16* hi,
-                bf16* lo, cudaStream_t s);
+void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
+                bf16* hi, bf16* lo, cudaStream_t s);
 // v = gelu_tanh(a) * b (b: row stride ld_b) split into hi/lo as above.
 void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
                  cudaStream_t s);
@@ -114,13 +116,13 @@ struct AttnArgs {
     const float* v_cache = nullptr;
     int64_t cap = 0;
     int nH = 0, nKV = 0, d = 0;
-    int window = 0;                  // sliding: a query at p sees keys (p - window, p]; 0 = full causal
-    const int* pos_base = nullptr;   // query t sits at pos_base[0] + t
-    int nsplit = 1;                  // key range cut into nsplit pieces of split_len keys
-    int split_len = 256;             // 0: ceil(range / nsplit) from the device-side position (decode graphs)
-    float* part_o = nullptr;         // [n][nH][nsplit][d] scratch
-    float* part_ml = nullptr;        // [n][nH][nsplit][2] scratch
-    float* out = nullptr;            // [n][nH][d]
+    int window = 0;                 // sliding: a query at p sees keys (p - window, p]; 0 = full causal
+    const int* pos_base = nullptr;  // query t sits at pos_base[0] + t
+    int nsplit = 1;                 // key range cut into nsplit pieces of split_len keys
+    int split_len = 256;            // 0: ceil(range / nsplit) from the device-side position (decode graphs)
+    float* part_o = nullptr;        // [n][nH][nsplit][d] scratch
+    float* part_ml = nullptr;       // [n][nH][nsplit][2] scratch
+    float* out = nullptr;           // [n][nH][d]
     // Optional [n][nH] zeroed counters: the last piece of each head merges them all into `out` (one kernel);
     // without them attention() runs a separate merge kernel.
     unsigned int* merge_counters = nullptr;
@@ -134,9 +136,9 @@ void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
 // logits [n][E] -> per token top-K of softmax(all E), renormalised, times per_expert_scale.
 // Writes sel_id/sel_w [n][K]. When groups_for_slots (n == 1), also writes the K expert groups directly.
 // Also the experts' input: e_in[t] = RMSNorm(x[t]) * norm_w (pre_feedforward_layernorm_2), H wide.
-void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
-               bool groups_for_slots, int* group_expert, int* group_off, int* entries, const float* x,
-               const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s);
+void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
+               float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
+               const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s);
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s);

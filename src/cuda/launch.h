@@ -1,8 +1,8 @@
 // Kernel launches through cudaLaunchKernelEx so that, when enabled, each kernel may be scheduled while its
-// predecessor in the stream is still finishing (programmatic dependent launch, Hopper). Every kernel starts with
-// pdl_wait() (device_common.cuh), which returns only once the previous kernel has completed and its writes are
-// visible, so correctness never depends on the attribute; what overlaps is launch latency and, in the GEMVs, the
-// L2 prefetch of the next weights. MARKBASE_CUDA_PDL=0/1 overrides the default.
+// predecessor in the stream is still finishing (programmatic dependent launch, Hopper). Every kernel starts
+// with pdl_wait() (device_common.cuh), which returns only once the previous kernel has completed and its
+// writes are visible, so correctness never depends on the attribute; what overlaps is launch latency and, in
+// the GEMVs, the L2 prefetch of the next weights. MARKBASE_CUDA_PDL=0/1 overrides the default.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,7 +14,8 @@ namespace markbase::cuda {
 bool pdl_enabled();
 
 template <class... KArgs, class... Args>
-void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

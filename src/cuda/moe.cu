@@ -1,9 +1,10 @@
 // 26B-A4B mixture of experts with no host in the loop (GEMMA4.md 2.6). The router's logits come from a GEMV;
-// moe_route does softmax over all experts, top-K, renormalisation and per_expert_scale on the device and writes
-// "groups": a list of (expert, entries) that the expert kernels read from device memory. At decode the K groups
-// are the K slots of the one token; at prefill there is one group per expert holding every (token, slot) that
-// chose it, so each expert's rows are streamed once per 4 entries. Expert weights stay in the checkpoint layout:
-// gate_up [E][2*Ie][H] (gate rows first) and down [E][H][Ie] are already row-contiguous per expert.
+// moe_route does softmax over all experts, top-K, renormalisation and per_expert_scale on the device and
+// writes "groups": a list of (expert, entries) that the expert kernels read from device memory. At decode the
+// K groups are the K slots of the one token; at prefill there is one group per expert holding every (token,
+// slot) that chose it, so each expert's rows are streamed once per 4 entries. Expert weights stay in the
+// checkpoint layout: gate_up [E][2*Ie][H] (gate rows first) and down [E][H][Ie] are already row-contiguous
+// per expert.
 #include <algorithm>
 #include <cfloat>
 
@@ -24,8 +25,8 @@ constexpr int kUnroll = 2;
 // One block per token: the experts' input norm over the block, then one warp does softmax over E, K rounds of
 // arg-max (ties to the lower id), renormalisation and scaling.
 __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
-                             bool slot_groups, int* group_expert, int* group_off, int* entries, const float* x,
-                             const bf16* norm_w, int H, float eps, float* e_in) {
+                             bool slot_groups, int* group_expert, int* group_off, int* entries,
+                             const float* x, const bf16* norm_w, int H, float eps, float* e_in) {
     extern __shared__ float p[];
     __shared__ float red[32];
     pdl_begin();
@@ -120,10 +121,10 @@ __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_ex
 // One warp per weight row (Dual: a gate row and its up row); up to kEntries inputs per pass.
 // in_div maps an entry to its input row (K for the gate/up inputs, which are per token; 1 for down's).
 template <bool Dual>
-__global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Kin, int in_div, const bf16* w,
-                                                          int rows, int64_t expert_stride, int64_t up_offset,
-                                                          const int* group_expert, const int* group_off,
-                                                          const int* entries, float* out, int out_width) {
+__global__ void __launch_bounds__(kThreads)
+    expert_kernel(const float* x, int Kin, int in_div, const bf16* w, int rows, int64_t expert_stride,
+                  int64_t up_offset, const int* group_expert, const int* group_off, const int* entries,
+                  float* out, int out_width) {
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
@@ -131,7 +132,8 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Ki
     if (j >= rows) return;
     const int e = group_expert[g], o0 = group_off[g], o1 = group_off[g + 1];
     const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
-    const uint4* w2 = reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
+    const uint4* w2 =
+        reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
     const int nchunk = Kin >> 3;
     for (int base = o0; base < o1; base += kEntries) {
         const int ne = min(kEntries, o1 - base);
@@ -183,19 +185,19 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const float* x, int Ki
 
 }  // namespace
 
-void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id, float* sel_w,
-               bool groups_for_slots, int* group_expert, int* group_off, int* entries, const float* x,
-               const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s) {
+void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
+               float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
+               const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s) {
     launch_kernel(route_kernel, dim3(n), dim3(256), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
-                  per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x, norm_w, H,
-                  eps, e_in);
+                  per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x,
+                  norm_w, H, eps, e_in);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s) {
-    launch_kernel(bucket_kernel, dim3(1), dim3(1024), 2 * static_cast<size_t>(E) * sizeof(int), s, sel_id, n * K, E,
-                  group_expert, group_off, entries);
+    launch_kernel(bucket_kernel, dim3(1), dim3(1024), 2 * static_cast<size_t>(E) * sizeof(int), s, sel_id,
+                  n * K, E, group_expert, group_off, entries);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -203,8 +205,9 @@ void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, cons
                  const int* group_off, const int* entries, int n_groups, float* h, cudaStream_t s) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
     const int64_t stride = 2 * static_cast<int64_t>(Ie) * H;
-    launch_kernel(expert_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, n_groups), dim3(kThreads), 0, s, x, H, K,
-                  gate_up, Ie, stride, static_cast<int64_t>(Ie) * H, group_expert, group_off, entries, h, Ie);
+    launch_kernel(expert_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, n_groups), dim3(kThreads), 0, s, x, H,
+                  K, gate_up, Ie, stride, static_cast<int64_t>(Ie) * H, group_expert, group_off, entries, h,
+                  Ie);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -212,8 +215,8 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
               const int* entries, int n_groups, float* slots, cudaStream_t s) {
     if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
     const int64_t stride = static_cast<int64_t>(H) * Ie;
-    launch_kernel(expert_kernel<false>, dim3((H + kWarps - 1) / kWarps, n_groups), dim3(kThreads), 0, s, h, Ie, 1,
-                  down, H, stride, int64_t{0}, group_expert, group_off, entries, slots, H);
+    launch_kernel(expert_kernel<false>, dim3((H + kWarps - 1) / kWarps, n_groups), dim3(kThreads), 0, s, h,
+                  Ie, 1, down, H, stride, int64_t{0}, group_expert, group_off, entries, slots, H);
     CUDA_CHECK_LAUNCH();
 }
 

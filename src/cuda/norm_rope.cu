@@ -1,6 +1,6 @@
-// Row-wise kernels around the projections: embedding lookup, per-layer-input mixing, the sandwich-norm residual
-// updates, fp32 -> bf16 hi/lo splitting for the prefill GEMMs, and the fused q/k norm + RoPE + cache write.
-// One block per row (or per head), fp32 throughout, the Gemma 4 math as GEMMA4.md section 2 states it.
+// Row-wise kernels around the projections: embedding lookup, per-layer-input mixing, the sandwich-norm
+// residual updates, fp32 -> bf16 hi/lo splitting for the prefill GEMMs, and the fused q/k norm + RoPE + cache
+// write. One block per row (or per head), fp32 throughout, the Gemma 4 math as GEMMA4.md section 2 states it.
 #include <algorithm>
 
 #include "cuda/check.h"
@@ -23,8 +23,9 @@ __global__ void embed_kernel(const int* ids, const bf16* embed, int H, float sca
 }
 
 // grid (L, n); one block per (token, layer) slice of P values.
-__global__ void ple_mix_kernel(const float* ctx, const int* ids, const bf16* ple_embed, const bf16* norm_w, int L,
-                               int P, float proj_scale, float tok_scale, float mix, float eps, float* ple) {
+__global__ void ple_mix_kernel(const float* ctx, const int* ids, const bf16* ple_embed, const bf16* norm_w,
+                               int L, int P, float proj_scale, float tok_scale, float mix, float eps,
+                               float* ple) {
     pdl_begin();
     __shared__ float red[32];
     const int l = blockIdx.x, t = blockIdx.y;
@@ -65,7 +66,8 @@ __global__ void residual_kernel(float* x, const float* y, const bf16* w, int H, 
 
 // dynamic smem: 2*H floats (the expert sum, then the combined m')
 __global__ void residual_moe_kernel(float* x, const float* m, const float* slots, const float* sel_w, int K,
-                                    const bf16* w1, const bf16* w2, const bf16* w, int H, float eps, float scale) {
+                                    const bf16* w1, const bf16* w2, const bf16* w, int H, float eps,
+                                    float scale) {
     pdl_begin();
     extern __shared__ float sm[];
     __shared__ float red[32];
@@ -75,7 +77,8 @@ __global__ void residual_moe_kernel(float* x, const float* m, const float* slots
     const int64_t off = static_cast<int64_t>(t) * H;
     for (int k = threadIdx.x; k < H; k += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < K; ++s) acc += sel_w[t * K + s] * slots[(static_cast<int64_t>(t) * K + s) * H + k];
+        for (int s = 0; s < K; ++s)
+            acc += sel_w[t * K + s] * slots[(static_cast<int64_t>(t) * K + s) * H + k];
         e[k] = acc;
     }
     __syncthreads();
@@ -85,7 +88,8 @@ __global__ void residual_moe_kernel(float* x, const float* m, const float* slots
         mm[k] = m[off + k] * inv_m * bf16_at(w1, k) + e[k] * inv_e * bf16_at(w2, k);
     __syncthreads();
     const float inv = row_inv_rms(mm, H, eps, red);
-    for (int k = threadIdx.x; k < H; k += blockDim.x) x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
+    for (int k = threadIdx.x; k < H; k += blockDim.x)
+        x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
 }
 
 __global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float eps, float* out) {
@@ -106,8 +110,8 @@ __device__ __forceinline__ void split_store(float v, bf16* hi, bf16* lo, int64_t
     lo[i] = float_to_bf16_bits(v - __uint_as_float(static_cast<uint32_t>(h) << 16));
 }
 
-__global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool norm, const bf16* w, float eps,
-                                  bf16* hi, bf16* lo) {
+__global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool norm, const bf16* w,
+                                  float eps, bf16* hi, bf16* lo) {
     pdl_begin();
     __shared__ float red[32];
     const float* xr = x + static_cast<int64_t>(blockIdx.x) * ld_in;
@@ -123,11 +127,13 @@ __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool
     }
 }
 
-__global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b, int width, bf16* hi, bf16* lo) {
+__global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b, int width, bf16* hi,
+                                   bf16* lo) {
     pdl_begin();
     const int64_t o = static_cast<int64_t>(blockIdx.x) * width;
     const float* br = b + static_cast<int64_t>(blockIdx.x) * ld_b;
-    for (int k = threadIdx.x; k < width; k += blockDim.x) split_store(gelu_tanh(a[o + k]) * br[k], hi, lo, o + k);
+    for (int k = threadIdx.x; k < width; k += blockDim.x)
+        split_store(gelu_tanh(a[o + k]) * br[k], hi, lo, o + k);
 }
 
 // grid (nH + 2*nKV, n), 128 threads; dynamic smem d floats.
@@ -187,7 +193,9 @@ __global__ void qkv_post_kernel(const QkvPost p) {
     }
 }
 
-int row_threads(int width) { return width >= 2048 ? 512 : width >= 512 ? 256 : 128; }
+int row_threads(int width) {
+    return width >= 2048 ? 512 : width >= 512 ? 256 : 128;
+}
 
 }  // namespace
 
@@ -213,12 +221,13 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
     CUDA_CHECK_LAUNCH();
 }
 
-void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K, const bf16* w1,
-                          const bf16* w2, const bf16* w, int H, int n, float eps, float scale, cudaStream_t s) {
+void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
+                          const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
+                          cudaStream_t s) {
     const size_t smem = 2 * static_cast<size_t>(H) * sizeof(float);
     if (smem > 48 * 1024) throw Error("internal: MoE combine needs hidden <= 6144");
-    launch_kernel(residual_moe_kernel, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w, K, w1, w2, w, H, eps,
-                  scale);
+    launch_kernel(residual_moe_kernel, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w, K, w1, w2,
+                  w, H, eps, scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -227,9 +236,10 @@ void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float*
     CUDA_CHECK_LAUNCH();
 }
 
-void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps, bf16* hi,
-                bf16* lo, cudaStream_t s) {
-    launch_kernel(split_rows_kernel, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w, eps, hi, lo);
+void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
+                bf16* hi, bf16* lo, cudaStream_t s) {
+    launch_kernel(split_rows_kernel, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w, eps,
+                  hi, lo);
     CUDA_CHECK_LAUNCH();
 }
 

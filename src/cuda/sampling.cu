@@ -1,18 +1,19 @@
-// The end of a step on the device: the argmax (accumulated by the lm_head GEMV into one 64-bit key) becomes the
-// next step's input token, the position advances, and the id is appended to the greedy-decoding output, so
-// consecutive graph replays chain without the host. Also the softcap for full-logit prefill.
+// The end of a step on the device: the argmax (accumulated by the lm_head GEMV into one 64-bit key) becomes
+// the next step's input token, the position advances, and the id is appended to the greedy-decoding output,
+// so consecutive graph replays chain without the host. Also the softcap for full-logit prefill.
 #include <algorithm>
 
 #include "cuda/check.h"
+#include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
-#include "cuda/device_common.cuh"
 
 namespace markbase::cuda {
 
 namespace {
 
-__global__ void finish_kernel(const unsigned long long* key, int* state, int advance, int* out_ids, int out_cap) {
+__global__ void finish_kernel(const unsigned long long* key, int* state, int advance, int* out_ids,
+                              int out_cap) {
     pdl_begin();
     finish_token(*key, state, advance, out_ids, out_cap);
 }

@@ -18,8 +18,8 @@ std::string shape_to_string(const std::vector<int64_t>& s) {
 }
 
 bool is_other_modality(const std::string& name) {
-    for (const char* p : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
-                          "vision_tower.", "audio_tower.", "multi_modal_projector."}) {
+    for (const char* p : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                          "model.embed_audio.", "vision_tower.", "audio_tower.", "multi_modal_projector."}) {
         if (name.rfind(p, 0) == 0) return true;
     }
     return false;
@@ -30,7 +30,8 @@ bool is_other_modality(const std::string& name) {
 std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
     auto ck = std::make_unique<Checkpoint>();
     ck->dir = dir;
-    if (!std::filesystem::is_directory(dir)) throw Error(dir.string() + ": not a model folder (no such directory)");
+    if (!std::filesystem::is_directory(dir))
+        throw Error(dir.string() + ": not a model folder (no such directory)");
     ck->config = parse_config_file((dir / "config.json").string());
     ck->files = SafetensorsSet::open(dir);
     const ModelConfig& c = ck->config;
@@ -44,9 +45,11 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
         used.insert(full);
         const TensorInfo* t = ck->files.find(full);
         if (!t) {
-            problems.push_back("missing tensor " + full + " (expected BF16 " + shape_to_string(p.shape) + ")");
+            problems.push_back("missing tensor " + full + " (expected BF16 " + shape_to_string(p.shape) +
+                               ")");
         } else if (t->dtype != DType::BF16) {
-            problems.push_back(t->file + ": tensor " + full + ": expected dtype BF16, found " + dtype_name(t->dtype));
+            problems.push_back(t->file + ": tensor " + full + ": expected dtype BF16, found " +
+                               dtype_name(t->dtype));
         } else if (t->shape != p.shape) {
             problems.push_back(t->file + ": tensor " + full + ": expected shape " + shape_to_string(p.shape) +
                                ", found " + shape_to_string(t->shape));

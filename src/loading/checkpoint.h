@@ -1,6 +1,6 @@
 // A Gemma 4 checkpoint folder opened for inference: the parsed config, the mapped safetensors and the weights
-// bound to them. Every tensor the config implies is checked (present, bf16, exact shape) before anything runs;
-// vision/audio tensors and the unused K/V tensors of KV-shared layers are skipped.
+// bound to them. Every tensor the config implies is checked (present, bf16, exact shape) before anything
+// runs; vision/audio tensors and the unused K/V tensors of KV-shared layers are skipped.
 #pragma once
 
 #include <filesystem>
@@ -19,19 +19,20 @@ struct Checkpoint {
     ModelConfig config;
     SafetensorsSet files;
     Weights weights;
-    uint64_t bound_bytes = 0;           // bytes of the tensors the text model uses
-    std::vector<std::string> skipped;   // tensors present but deliberately unused
+    uint64_t bound_bytes = 0;          // bytes of the tensors the text model uses
+    std::vector<std::string> skipped;  // tensors present but deliberately unused
 };
 
 // Opens config.json + safetensors in `dir`. Throws markbase::Error listing every problem found
-// (missing tensors, wrong shapes or dtypes, unexpected text tensors), each with file, tensor, expected, found.
+// (missing tensors, wrong shapes or dtypes, unexpected text tensors), each with file, tensor, expected,
+// found.
 std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir);
 
 // Parameter and traffic accounting for `inspect` and benchmark receipts (GEMMA4.md 1.2, PERFORMANCE.md).
 struct ModelCounts {
-    double total_params = 0;       // every text parameter in the model as loaded (PLE table included)
-    double active_params = 0;      // read per decoded token: PLE rows and unselected experts excluded
-    double bytes_per_token = 0;    // bf16 bytes of active_params
+    double total_params = 0;     // every text parameter in the model as loaded (PLE table included)
+    double active_params = 0;    // read per decoded token: PLE rows and unselected experts excluded
+    double bytes_per_token = 0;  // bf16 bytes of active_params
 };
 ModelCounts count_params(const ModelConfig& c);
 

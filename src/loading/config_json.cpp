@@ -3,13 +3,14 @@
 // (global_head_dim, num_global_key_value_heads) and the per_layer_config map transformers >= 5.17 writes.
 // Defaults are transformers' Gemma4TextConfig class defaults, so a config that leaves a field out means
 // what it means to transformers.
+#include "loading/config_json.h"
+
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
-#include "loading/config_json.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -38,7 +39,8 @@ struct Reader {
     }
     int positive(const char* k, std::optional<int64_t> def) const {
         int64_t v = integer(k, def);
-        if (v <= 0 || v > (int64_t{1} << 30)) fail(k, "must be a positive integer, found " + std::to_string(v));
+        if (v <= 0 || v > (int64_t{1} << 30))
+            fail(k, "must be a positive integer, found " + std::to_string(v));
         return static_cast<int>(v);
     }
     int non_negative(const char* k, std::optional<int64_t> def) const {
@@ -74,8 +76,10 @@ RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_na
     if (!p.is_object()) r.fail(field, "must be an object, found " + p.dump());
     RopeParams rp;
     std::string rope_type = p.value("rope_type", std::string("default"));
-    if (p.contains("rope_theta") && p["rope_theta"].is_number()) rp.theta = p["rope_theta"].get<double>();
-    else r.fail(field + ".rope_theta", "is required but missing");
+    if (p.contains("rope_theta") && p["rope_theta"].is_number())
+        rp.theta = p["rope_theta"].get<double>();
+    else
+        r.fail(field + ".rope_theta", "is required but missing");
     if (rope_type == "default") {
         rp.partial_rotary_factor = 1.0;
         rp.proportional = false;
@@ -85,7 +89,8 @@ RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_na
         if (!(rp.partial_rotary_factor > 0.0 && rp.partial_rotary_factor <= 1.0))
             r.fail(field + ".partial_rotary_factor", "must be in (0, 1]");
     } else {
-        r.fail(field + ".rope_type", "'" + rope_type + "' is not supported (expected default or proportional)");
+        r.fail(field + ".rope_type",
+               "'" + rope_type + "' is not supported (expected default or proportional)");
     }
     for (const char* k : {"factor", "scaling_factor"}) {
         if (p.contains(k) && p[k].is_number() && p[k].get<double>() != 1.0)
@@ -116,15 +121,19 @@ ModelConfig parse_text_config(const Reader& r) {
     std::string act = r.string("hidden_activation", "gelu_pytorch_tanh");
     if (act != "gelu_pytorch_tanh")
         r.fail("hidden_activation", "'" + act + "' is not supported (Gemma 4 uses gelu_pytorch_tanh)");
-    if (r.boolean("attention_bias", false)) r.fail("attention_bias", "true is not supported (Gemma 4 has no biases)");
+    if (r.boolean("attention_bias", false))
+        r.fail("attention_bias", "true is not supported (Gemma 4 has no biases)");
     if (!r.boolean("tie_word_embeddings", true))
         r.fail("tie_word_embeddings", "false is not supported (Gemma 4 ties lm_head to embed_tokens)");
     std::string bidi = r.string("use_bidirectional_attention", "");
     if (bidi == "all")
-        r.fail("use_bidirectional_attention", "'all' is not supported (text decoding is causal; 'vision' is fine)");
+        r.fail("use_bidirectional_attention",
+               "'all' is not supported (text decoding is causal; 'vision' is fine)");
     for (const char* k : {"attn_logit_softcapping", "query_pre_attn_scalar"}) {
         if (r.has(k))
-            r.fail(k, "is present: this looks like a different Gemma model (Gemma 4 has neither); refusing to guess");
+            r.fail(k,
+                   "is present: this looks like a different Gemma model (Gemma 4 has neither); refusing to "
+                   "guess");
     }
 
     c.ple_dim = r.non_negative("hidden_size_per_layer_input", 256);
@@ -133,9 +142,13 @@ ModelConfig parse_text_config(const Reader& r) {
     if (c.moe) {
         c.n_experts = r.positive("num_experts", std::nullopt);
         c.top_k = r.positive("top_k_experts", std::nullopt);
-        if (r.has("moe_intermediate_size")) c.expert_width = r.positive("moe_intermediate_size", std::nullopt);
-        else if (r.has("expert_intermediate_size")) c.expert_width = r.positive("expert_intermediate_size", std::nullopt);
-        else r.fail("moe_intermediate_size", "is required when enable_moe_block is true (or expert_intermediate_size)");
+        if (r.has("moe_intermediate_size"))
+            c.expert_width = r.positive("moe_intermediate_size", std::nullopt);
+        else if (r.has("expert_intermediate_size"))
+            c.expert_width = r.positive("expert_intermediate_size", std::nullopt);
+        else
+            r.fail("moe_intermediate_size",
+                   "is required when enable_moe_block is true (or expert_intermediate_size)");
         if (c.top_k > c.n_experts)
             r.fail("top_k_experts", "(" + std::to_string(c.top_k) + ") exceeds num_experts (" +
                                         std::to_string(c.n_experts) + ")");
@@ -145,8 +158,9 @@ ModelConfig parse_text_config(const Reader& r) {
     int inter = r.positive("intermediate_size", 9216);
     c.n_kv_shared = r.non_negative("num_kv_shared_layers", 0);
     if (c.n_kv_shared >= c.n_layers)
-        r.fail("num_kv_shared_layers", "(" + std::to_string(c.n_kv_shared) + ") must be below num_hidden_layers (" +
-                                          std::to_string(c.n_layers) + ")");
+        r.fail("num_kv_shared_layers", "(" + std::to_string(c.n_kv_shared) +
+                                           ") must be below num_hidden_layers (" +
+                                           std::to_string(c.n_layers) + ")");
 
     // Layer types: explicit list, or transformers' default 5:1 pattern; the last layer is always full.
     std::vector<AttentionKind> kinds(c.n_layers, AttentionKind::Sliding);
@@ -157,12 +171,17 @@ ModelConfig parse_text_config(const Reader& r) {
                                       ") entries, found " + std::to_string(lt.is_array() ? lt.size() : 0));
         for (int i = 0; i < c.n_layers; ++i) {
             std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
-            if (t == "sliding_attention") kinds[i] = AttentionKind::Sliding;
-            else if (t == "full_attention") kinds[i] = AttentionKind::Full;
-            else r.fail("layer_types[" + std::to_string(i) + "]", "'" + t + "' is not sliding_attention or full_attention");
+            if (t == "sliding_attention")
+                kinds[i] = AttentionKind::Sliding;
+            else if (t == "full_attention")
+                kinds[i] = AttentionKind::Full;
+            else
+                r.fail("layer_types[" + std::to_string(i) + "]",
+                       "'" + t + "' is not sliding_attention or full_attention");
         }
     } else {
-        for (int i = 0; i < c.n_layers; ++i) kinds[i] = ((i + 1) % 6) ? AttentionKind::Sliding : AttentionKind::Full;
+        for (int i = 0; i < c.n_layers; ++i)
+            kinds[i] = ((i + 1) % 6) ? AttentionKind::Sliding : AttentionKind::Full;
     }
     kinds.back() = AttentionKind::Full;
 
@@ -170,8 +189,10 @@ ModelConfig parse_text_config(const Reader& r) {
     if (r.has("rope_parameters")) {
         const json& rp = r.j.at("rope_parameters");
         if (!rp.is_object()) r.fail("rope_parameters", "must be an object");
-        if (rp.contains("sliding_attention")) c.rope_sliding = parse_rope(r, rp.at("sliding_attention"), "sliding_attention");
-        if (rp.contains("full_attention")) c.rope_full = parse_rope(r, rp.at("full_attention"), "full_attention");
+        if (rp.contains("sliding_attention"))
+            c.rope_sliding = parse_rope(r, rp.at("sliding_attention"), "sliding_attention");
+        if (rp.contains("full_attention"))
+            c.rope_full = parse_rope(r, rp.at("full_attention"), "full_attention");
     }
 
     // Full-layer overrides: per_layer_config (transformers >= 5.17 save format) or the released keys.
@@ -179,7 +200,8 @@ ModelConfig parse_text_config(const Reader& r) {
     std::vector<int> layer_hd(c.n_layers, head_dim), layer_kv(c.n_layers, n_kv);
     if (r.has("per_layer_config")) {
         const json& plc = r.j.at("per_layer_config");
-        if (!plc.is_object()) r.fail("per_layer_config", "must be an object mapping layer index to overrides");
+        if (!plc.is_object())
+            r.fail("per_layer_config", "must be an object mapping layer index to overrides");
         for (auto it = plc.begin(); it != plc.end(); ++it) {
             int idx = -1;
             try {
@@ -189,12 +211,14 @@ ModelConfig parse_text_config(const Reader& r) {
             } catch (const std::exception&) {
                 idx = -1;
             }
-            if (idx < 0 || idx >= c.n_layers) r.fail("per_layer_config", "has key '" + it.key() + "', not a layer index");
+            if (idx < 0 || idx >= c.n_layers)
+                r.fail("per_layer_config", "has key '" + it.key() + "', not a layer index");
             Reader sub{it.value(), r.where + " per_layer_config[" + it.key() + "]"};
             if (!it.value().is_object()) sub.fail("(entry)", "must be an object");
             for (auto f = it.value().begin(); f != it.value().end(); ++f) {
                 if (f.key() != "head_dim" && f.key() != "num_key_value_heads")
-                    sub.fail(f.key(), "is not a supported per-layer override (head_dim, num_key_value_heads)");
+                    sub.fail(f.key(),
+                             "is not a supported per-layer override (head_dim, num_key_value_heads)");
             }
             layer_hd[idx] = sub.positive("head_dim", layer_hd[idx]);
             layer_kv[idx] = sub.positive("num_key_value_heads", layer_kv[idx]);
@@ -202,7 +226,8 @@ ModelConfig parse_text_config(const Reader& r) {
     } else {
         int global_hd = r.positive("global_head_dim", 512);
         std::optional<int> global_kv;
-        if (k_eq_v && r.has("num_global_key_value_heads")) global_kv = r.positive("num_global_key_value_heads", std::nullopt);
+        if (k_eq_v && r.has("num_global_key_value_heads"))
+            global_kv = r.positive("num_global_key_value_heads", std::nullopt);
         for (int i = 0; i < c.n_layers; ++i) {
             if (kinds[i] != AttentionKind::Full) continue;
             layer_hd[i] = global_hd;
@@ -222,8 +247,9 @@ ModelConfig parse_text_config(const Reader& r) {
         l.mlp_width = inter * ((double_wide && c.n_kv_shared > 0 && i >= first) ? 2 : 1);
         if (l.head_dim % 2) r.fail("head_dim", "must be even for RoPE (layer " + std::to_string(i) + ")");
         if (c.n_heads % l.n_kv_heads)
-            r.fail("num_key_value_heads", "(" + std::to_string(l.n_kv_heads) + " on layer " + std::to_string(i) +
-                                              ") must divide num_attention_heads (" + std::to_string(c.n_heads) + ")");
+            r.fail("num_key_value_heads", "(" + std::to_string(l.n_kv_heads) + " on layer " +
+                                              std::to_string(i) + ") must divide num_attention_heads (" +
+                                              std::to_string(c.n_heads) + ")");
         if (c.n_kv_shared > 0 && i >= first) {
             int src = -1;
             for (int j = first - 1; j >= 0; --j) {
@@ -233,10 +259,12 @@ ModelConfig parse_text_config(const Reader& r) {
                 }
             }
             if (src < 0)
-                r.fail("num_kv_shared_layers", "leaves layer " + std::to_string(i) +
-                                                   " with no earlier non-shared layer of its type to share KV with");
+                r.fail("num_kv_shared_layers",
+                       "leaves layer " + std::to_string(i) +
+                           " with no earlier non-shared layer of its type to share KV with");
             if (layer_hd[src] != l.head_dim || layer_kv[src] != l.n_kv_heads)
-                r.fail("per_layer_config", "layer " + std::to_string(i) + " shares KV with layer " + std::to_string(src) +
+                r.fail("per_layer_config", "layer " + std::to_string(i) + " shares KV with layer " +
+                                               std::to_string(src) +
                                                " but their head_dim/num_key_value_heads differ");
             l.kv_source = src;
         }
@@ -271,8 +299,8 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
     Reader top{root, source};
     std::string mt = top.string("model_type", "");
     std::string arch;
-    if (root.contains("architectures") && root["architectures"].is_array() && !root["architectures"].empty() &&
-        root["architectures"][0].is_string())
+    if (root.contains("architectures") && root["architectures"].is_array() &&
+        !root["architectures"].empty() && root["architectures"][0].is_string())
         arch = root["architectures"][0].get<std::string>();
 
     ModelConfig c;
@@ -281,7 +309,8 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
             top.fail("model_type", "must be gemma4 for a config with text_config, found '" + mt + "'" +
                                        (mt.empty() ? "" : " (only Gemma 4 is supported)"));
         if (!arch.empty() && arch != "Gemma4ForConditionalGeneration")
-            top.fail("architectures", "'" + arch + "' is not supported (expected Gemma4ForConditionalGeneration)");
+            top.fail("architectures",
+                     "'" + arch + "' is not supported (expected Gemma4ForConditionalGeneration)");
         const json& tc = root["text_config"];
         if (!tc.is_object()) top.fail("text_config", "must be an object");
         c = parse_text_config(Reader{tc, source + " (text_config)"});
@@ -300,15 +329,17 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
         }
     } else {
         if (mt != "gemma4_text")
-            top.fail("model_type", "must be gemma4_text (or gemma4 with a text_config), found '" + mt + "'" +
-                                       (mt == "gemma4_unified" ? " (gemma4_unified is a different model)" : ""));
+            top.fail("model_type",
+                     "must be gemma4_text (or gemma4 with a text_config), found '" + mt + "'" +
+                         (mt == "gemma4_unified" ? " (gemma4_unified is a different model)" : ""));
         if (!arch.empty() && arch != "Gemma4ForCausalLM" && arch != "Gemma4TextModel")
             top.fail("architectures", "'" + arch + "' is not supported (expected Gemma4ForCausalLM)");
         c = parse_text_config(top);
         c.weight_prefix = "model.";
     }
-    c.architecture = arch.empty() ? (c.weight_prefix == "model." ? "Gemma4ForCausalLM" : "Gemma4ForConditionalGeneration")
-                                  : arch;
+    c.architecture =
+        arch.empty() ? (c.weight_prefix == "model." ? "Gemma4ForCausalLM" : "Gemma4ForConditionalGeneration")
+                     : arch;
     return c;
 }
 

@@ -37,8 +37,8 @@ std::vector<bf16> draw(const PlannedTensor& p, uint64_t seed) {
 
 }  // namespace
 
-uint64_t write_random_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config, uint64_t seed,
-                                 uint64_t shard_bytes) {
+uint64_t write_random_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config,
+                                 uint64_t seed, uint64_t shard_bytes) {
     const ModelConfig c = parse_config_text(config.dump(), "random checkpoint config");
     std::filesystem::create_directories(dir);
     const std::vector<PlannedTensor> plan = plan_tensors(c, nullptr);
@@ -59,11 +59,12 @@ uint64_t write_random_checkpoint(const std::filesystem::path& dir, const nlohman
     }
     nlohmann::json weight_map = nlohmann::json::object();
     for (size_t s = 0; s < shards.size(); ++s) {
-        const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                    : "model-" + std::string(5 - std::to_string(s + 1).size(), '0') +
-                                                          std::to_string(s + 1) + "-of-" +
-                                                          std::string(5 - std::to_string(shards.size()).size(), '0') +
-                                                          std::to_string(shards.size()) + ".safetensors";
+        const std::string file = shards.size() == 1
+                                     ? "model.safetensors"
+                                     : "model-" + std::string(5 - std::to_string(s + 1).size(), '0') +
+                                           std::to_string(s + 1) + "-of-" +
+                                           std::string(5 - std::to_string(shards.size()).size(), '0') +
+                                           std::to_string(shards.size()) + ".safetensors";
         std::vector<std::vector<bf16>> data;
         std::vector<TensorToWrite> tw;
         data.reserve(shards[s].size());

@@ -10,7 +10,7 @@
 namespace markbase {
 
 // Returns the bytes of tensor data written.
-uint64_t write_random_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config, uint64_t seed,
-                                 uint64_t shard_bytes = uint64_t{4} << 30);
+uint64_t write_random_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config,
+                                 uint64_t seed, uint64_t shard_bytes = uint64_t{4} << 30);
 
 }  // namespace markbase

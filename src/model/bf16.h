@@ -19,11 +19,14 @@ inline float bf16_to_float(bf16 v) {
 inline bf16 float_to_bf16(float f) {
     uint32_t bits;
     std::memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) return static_cast<bf16>((bits >> 16) | 0x40);
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu))
+        return static_cast<bf16>((bits >> 16) | 0x40);
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return static_cast<bf16>(bits >> 16);
 }
 
-inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+inline float round_to_bf16(float f) {
+    return bf16_to_float(float_to_bf16(f));
+}
 
 }  // namespace markbase

@@ -1,6 +1,6 @@
 // The Gemma 4 text-decoder configuration, resolved to one plain struct.
-// Every value here is final: defaults, per-layer overrides and KV-sharing sources are worked out at parse time
-// (loading/config_json.cpp) so the forward passes never look at JSON. See ../shared/GEMMA4.md section 1.
+// Every value here is final: defaults, per-layer overrides and KV-sharing sources are worked out at parse
+// time (loading/config_json.cpp) so the forward passes never look at JSON. See ../shared/GEMMA4.md section 1.
 #pragma once
 
 #include <cmath>
@@ -22,23 +22,25 @@ struct RopeParams {
     bool proportional = false;
 
     // inv_freq[j] for j in [0, d/2): theta^(-2j/d) for the rotated pairs, 0 for the pairs that pass through.
-    // "proportional" (full layers): only int(factor * d / 2) pairs rotate, and the exponent still divides by d.
+    // "proportional" (full layers): only int(factor * d / 2) pairs rotate, and the exponent still divides by
+    // d.
     std::vector<float> inverse_frequencies(int d) const {
         const int half = d / 2;
         const int n_rot = proportional ? static_cast<int>(partial_rotary_factor * d / 2) : half;
         std::vector<float> inv(half, 0.0f);
-        for (int j = 0; j < n_rot; ++j) inv[j] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * j) / d));
+        for (int j = 0; j < n_rot; ++j)
+            inv[j] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * j) / d));
         return inv;
     }
 };
 
 struct LayerSpec {
     AttentionKind kind = AttentionKind::Sliding;
-    int head_dim = 256;        // d: 256 on sliding layers, 512 on full layers
-    int n_kv_heads = 1;        // per-layer-type KV head count
-    bool k_eq_v = false;       // full layers of 26B/31B: no v_proj, V from the raw k projection
-    int kv_source = -1;        // KV-shared layers: index of the layer whose cache they read; -1 = own cache
-    int mlp_width = 0;         // dense MLP intermediate size (E2B doubles it on shared layers)
+    int head_dim = 256;   // d: 256 on sliding layers, 512 on full layers
+    int n_kv_heads = 1;   // per-layer-type KV head count
+    bool k_eq_v = false;  // full layers of 26B/31B: no v_proj, V from the raw k projection
+    int kv_source = -1;   // KV-shared layers: index of the layer whose cache they read; -1 = own cache
+    int mlp_width = 0;    // dense MLP intermediate size (E2B doubles it on shared layers)
     bool has_own_kv() const { return kv_source < 0; }
 };
 
@@ -48,8 +50,8 @@ struct ModelConfig {
     std::string architecture;  // as written in config.json (for `inspect`)
 
     int64_t vocab_size = 262144;
-    int hidden = 0;            // H
-    int n_layers = 0;          // L
+    int hidden = 0;    // H
+    int n_layers = 0;  // L
     int n_heads = 0;
     int sliding_window = 512;  // W: a sliding query sees the last W positions including itself
     int64_t max_positions = 131072;
@@ -57,7 +59,7 @@ struct ModelConfig {
     float final_softcap = 0.0f;  // 0 = none; Gemma 4 ships 30
 
     // Per-layer embeddings (E2B/E4B); ple_dim == 0 means off.
-    int ple_dim = 0;                 // P
+    int ple_dim = 0;  // P
     int64_t ple_vocab = 262144;
 
     // MoE (26B-A4B)
@@ -66,7 +68,7 @@ struct ModelConfig {
     int top_k = 0;
     int expert_width = 0;  // moe_intermediate_size / expert_intermediate_size
 
-    int n_kv_shared = 0;   // the last n layers read another layer's cache
+    int n_kv_shared = 0;  // the last n layers read another layer's cache
     RopeParams rope_sliding{10000.0, 1.0, false};
     RopeParams rope_full{1e6, 0.25, true};
 

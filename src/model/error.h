@@ -8,7 +8,7 @@
 namespace markbase {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 

@@ -25,7 +25,8 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
         const LayerSpec& s = c.layers[i];
         LayerWeights& l = ww.layers[i];
         const std::string p = "layers." + std::to_string(i) + ".";
-        const int64_t d = s.head_dim, nq = int64_t{c.n_heads} * d, nkv = int64_t{s.n_kv_heads} * d, I = s.mlp_width;
+        const int64_t d = s.head_dim, nq = int64_t{c.n_heads} * d, nkv = int64_t{s.n_kv_heads} * d,
+                      I = s.mlp_width;
         add(p + "self_attn.q_proj.weight", {nq, H}, R::Matrix, &l.q_proj);
         add(p + "self_attn.q_norm.weight", {d}, R::QkNorm, &l.q_norm);
         if (s.has_own_kv()) {
@@ -66,14 +67,24 @@ void random_init_bounds(const PlannedTensor& p, float& lo, float& hi) {
     switch (p.role) {
         case TensorRole::Matrix:
         case TensorRole::Embedding: {
-            const float b = std::sqrt(3.0f / static_cast<float>(p.shape.back()));  // uniform(-b, b) has variance 1/fan_in
+            const float b =
+                std::sqrt(3.0f / static_cast<float>(p.shape.back()));  // uniform(-b, b) has variance 1/fan_in
             lo = -b;
             hi = b;
             return;
         }
-        case TensorRole::Norm: lo = 0.5f; hi = 1.5f; return;
-        case TensorRole::QkNorm: lo = 0.1f; hi = 0.35f; return;
-        case TensorRole::Scalar: lo = 0.6f; hi = 1.2f; return;
+        case TensorRole::Norm:
+            lo = 0.5f;
+            hi = 1.5f;
+            return;
+        case TensorRole::QkNorm:
+            lo = 0.1f;
+            hi = 0.35f;
+            return;
+        case TensorRole::Scalar:
+            lo = 0.6f;
+            hi = 1.2f;
+            return;
     }
 }
 

@@ -17,19 +17,20 @@ struct BackendOptions {
 };
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
     virtual const ModelConfig& config() const = 0;
     virtual std::string name() const = 0;
-    virtual int64_t n_past() const = 0;   // positions in the cache
+    virtual int64_t n_past() const = 0;  // positions in the cache
     virtual int64_t ctx_size() const = 0;
-    virtual void reset() = 0;             // empty the cache
+    virtual void reset() = 0;  // empty the cache
     // Drops positions >= n_keep so the sequence can continue differently from there. Returns false (and
-    // changes nothing) when the cache cannot do it, e.g. a sliding ring already overwrote what position n_keep
-    // still needs; the caller then resets and prefills again.
+    // changes nothing) when the cache cannot do it, e.g. a sliding ring already overwrote what position
+    // n_keep still needs; the caller then resets and prefills again.
     virtual bool truncate(int64_t n_keep) { return n_keep == n_past(); }
     // Appends ids to the sequence (split into batched chunks internally). logits: [ids.size()][V] when
-    // all_logits, else [V] for the last id; nullptr computes none. Throws markbase::Error when the context is full.
+    // all_logits, else [V] for the last id; nullptr computes none. Throws markbase::Error when the context is
+    // full.
     virtual void eval(const int* ids, int64_t n, float* logits, bool all_logits) = 0;
     virtual uint64_t cache_bytes() const = 0;
 };

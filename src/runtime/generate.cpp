@@ -48,7 +48,8 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
         history.push_back(id);
         ++st.generated;
         if (out_ids) out_ids->push_back(id);
-        const bool stop = !opt.ignore_eos && std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end();
+        const bool stop =
+            !opt.ignore_eos && std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end();
         if (!on_token(id)) {
             st.stop_reason = "callback";
             break;
@@ -66,9 +67,10 @@ std::string format_receipt(const GenerateStats& s, double bytes_per_token) {
     char buf[256];
     const int steps = std::max(0, s.generated - 1);
     const double ms = steps ? 1e3 * s.decode_s / steps : 0.0;
-    int k = std::snprintf(buf, sizeof buf, "prompt %d tok, prefill %.1f tok/s | decode %d tok, %.2f ms/tok, %.1f tok/s",
-                          s.prompt_tokens, s.prefill_s > 0 ? s.prompt_tokens / s.prefill_s : 0.0, s.generated, ms,
-                          ms > 0 ? 1e3 / ms : 0.0);
+    int k = std::snprintf(buf, sizeof buf,
+                          "prompt %d tok, prefill %.1f tok/s | decode %d tok, %.2f ms/tok, %.1f tok/s",
+                          s.prompt_tokens, s.prefill_s > 0 ? s.prompt_tokens / s.prefill_s : 0.0, s.generated,
+                          ms, ms > 0 ? 1e3 / ms : 0.0);
     if (bytes_per_token > 0 && ms > 0 && k > 0 && k < static_cast<int>(sizeof buf))
         std::snprintf(buf + k, sizeof buf - k, ", %.1f GB/s", bytes_per_token / (ms * 1e-3) / 1e9);
     return buf;

@@ -22,8 +22,8 @@ struct GenerateStats {
     int prompt_tokens = 0;
     int generated = 0;
     double prefill_s = 0;
-    double decode_s = 0;       // time for generated-1 decode steps (the first token comes from the prefill)
-    std::string stop_reason;   // "stop id", "length", "context full", "callback"
+    double decode_s = 0;      // time for generated-1 decode steps (the first token comes from the prefill)
+    std::string stop_reason;  // "stop id", "length", "context full", "callback"
 };
 
 // on_token(id) is called for each generated id (stop ids included); returning false stops generation.

@@ -1,6 +1,6 @@
 // Perplexity of a token sequence, as llama.cpp's perplexity tool and transformers compute it: each window of
-// at most `window` tokens gets BOS prepended (unless it already starts with it), runs in one forward pass, and
-// every position after the first predicts the next id; ppl = exp(mean NLL over all predicted ids).
+// at most `window` tokens gets BOS prepended (unless it already starts with it), runs in one forward pass,
+// and every position after the first predicts the next id; ppl = exp(mean NLL over all predicted ids).
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,9 @@
 #include "tokenizer/bpe.h"
 
 #include <algorithm>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "model/error.h"
@@ -33,10 +33,14 @@ std::size_t table_capacity(std::size_t n) {
 std::string quoted(std::string_view s) {
     std::string out = "\"";
     for (char c : s) {
-        if (c == '\n') out += "\\n";
-        else if (c == '\t') out += "\\t";
-        else if (c == '"') out += "\\\"";
-        else out += c;
+        if (c == '\n')
+            out += "\\n";
+        else if (c == '\t')
+            out += "\\t";
+        else if (c == '"')
+            out += "\\\"";
+        else
+            out += c;
     }
     return out + "\"";
 }
@@ -64,8 +68,8 @@ void Vocab::build(const std::vector<Entry>& entries, const std::string& origin) 
     std::size_t total = 0;
     for (const Entry& e : entries) {
         if (e.id < 0 || e.id > kMaxId)
-            throw Error(origin + ": model.vocab gives token " + quoted(e.text) + " the id " + std::to_string(e.id) +
-                        ", outside 0.." + std::to_string(kMaxId));
+            throw Error(origin + ": model.vocab gives token " + quoted(e.text) + " the id " +
+                        std::to_string(e.id) + ", outside 0.." + std::to_string(kMaxId));
         max_id = std::max(max_id, e.id);
         total += e.text.size();
     }
@@ -118,7 +122,8 @@ int Vocab::find(std::string_view token, uint64_t h) const {
 }
 
 void BpeModel::insert_merge(int left, int right, uint32_t rank, int new_id) {
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
     for (std::size_t i = mix(key) & merge_mask_;; i = (i + 1) & merge_mask_) {
         MergeSlot& s = merges_[i];
         if (s.key == kEmpty) {
@@ -135,7 +140,8 @@ void BpeModel::insert_merge(int left, int right, uint32_t rank, int new_id) {
 }
 
 const BpeModel::MergeSlot* BpeModel::find_merge(int left, int right) const {
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
     for (std::size_t i = mix(key) & merge_mask_;; i = (i + 1) & merge_mask_) {
         const MergeSlot& s = merges_[i];
         if (s.key == key) return &s;
@@ -162,8 +168,8 @@ void BpeModel::build(const std::vector<Vocab::Entry>& vocab,
     for (int c = 0; c < 128; ++c) ascii_ids_[c] = vocab_.find(std::string(1, static_cast<char>(c)));
 
     // Resolve every merge to (left, right, result) ids. The lookups miss the cache almost every time, so each
-    // thread hashes a few merges ahead and prefetches their slots to overlap the misses, and the ranks are split
-    // over a few threads (read-only on the vocabulary).
+    // thread hashes a few merges ahead and prefetches their slots to overlap the misses, and the ranks are
+    // split over a few threads (read-only on the vocabulary).
     struct Resolved {
         int a, b, c;
     };
@@ -205,7 +211,8 @@ void BpeModel::build(const std::vector<Vocab::Entry>& vocab,
         const std::size_t chunk = (merges.size() + n_threads - 1) / n_threads;
         for (std::size_t t = 1; t < n_threads; ++t)
             workers.emplace_back([&, t] {
-                bad[t] = resolve_range(std::min(t * chunk, merges.size()), std::min((t + 1) * chunk, merges.size()));
+                bad[t] = resolve_range(std::min(t * chunk, merges.size()),
+                                       std::min((t + 1) * chunk, merges.size()));
             });
         bad[0] = resolve_range(0, std::min(chunk, merges.size()));
         for (auto& w : workers) w.join();
@@ -217,8 +224,8 @@ void BpeModel::build(const std::vector<Vocab::Entry>& vocab,
         const Resolved& x = resolved[rank];
         const char* missing = x.a < 0 ? "its left token" : x.b < 0 ? "its right token" : "its result";
         const std::string_view which = x.a < 0 ? l : x.b < 0 ? r : std::string_view(joined);
-        throw Error(origin + ": model.merges[" + std::to_string(rank) + "] (" + quoted(l) + " + " + quoted(r) +
-                    "): " + missing + " " + quoted(which) + " is not in model.vocab");
+        throw Error(origin + ": model.merges[" + std::to_string(rank) + "] (" + quoted(l) + " + " +
+                    quoted(r) + "): " + missing + " " + quoted(which) + " is not in model.vocab");
     }
 
     merge_count_ = 0;
@@ -228,7 +235,8 @@ void BpeModel::build(const std::vector<Vocab::Entry>& vocab,
     for (std::size_t rank = 0; rank < resolved.size(); ++rank) {
         if (rank + 16 < resolved.size()) {
             const Resolved& f = resolved[rank + 16];
-            const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(f.a)) << 32) | static_cast<uint32_t>(f.b);
+            const uint64_t key =
+                (static_cast<uint64_t>(static_cast<uint32_t>(f.a)) << 32) | static_cast<uint32_t>(f.b);
             __builtin_prefetch(&merges_[mix(key) & merge_mask_], 1);
         }
         insert_merge(resolved[rank].a, resolved[rank].b, static_cast<uint32_t>(rank), resolved[rank].c);
@@ -250,7 +258,8 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
         int prev;
         int next;
     };
-    // thread_local scratch: encode is const and may run on several threads; this avoids an allocation per word.
+    // thread_local scratch: encode is const and may run on several threads; this avoids an allocation per
+    // word.
     thread_local std::vector<Symbol> syms;
     thread_local std::vector<uint8_t> alive;
     syms.clear();
@@ -260,8 +269,8 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
         if (i > 0) syms[i - 1].next = i;
     };
 
-    // Characters to initial symbols, as HF BPE::merge_word. Quirk kept on purpose: a byte-fallback character does
-    // not flush a pending <unk>, so the <unk> lands after it.
+    // Characters to initial symbols, as HF BPE::merge_word. Quirk kept on purpose: a byte-fallback character
+    // does not flush a pending <unk>, so the <unk> lands after it.
     bool pending_unk = false;
     for (std::size_t i = 0; i < word.size();) {
         const auto lead = static_cast<unsigned char>(word[i]);
@@ -275,9 +284,11 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
             bool done = false;
             if (options_.byte_fallback) {
                 bool all = true;
-                for (std::size_t k = 0; k < len; ++k) all = all && byte_ids_[static_cast<unsigned char>(word[i + k])] >= 0;
+                for (std::size_t k = 0; k < len; ++k)
+                    all = all && byte_ids_[static_cast<unsigned char>(word[i + k])] >= 0;
                 if (all) {
-                    for (std::size_t k = 0; k < len; ++k) add(byte_ids_[static_cast<unsigned char>(word[i + k])]);
+                    for (std::size_t k = 0; k < len; ++k)
+                        add(byte_ids_[static_cast<unsigned char>(word[i + k])]);
                     done = true;
                 }
             }
@@ -292,9 +303,9 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
     if (syms.empty()) return;
 
     if (syms.size() > 1) {
-        // Min-heap of (rank << 32 | pos): HF's Merge ordering, lowest rank first and leftmost on ties, packed in
-        // one integer so that heap moves compare 8 bytes. An entry is stale when the pair at pos no longer has
-        // that rank; ranks identify pairs, so this is HF's "same new_id" check.
+        // Min-heap of (rank << 32 | pos): HF's Merge ordering, lowest rank first and leftmost on ties, packed
+        // in one integer so that heap moves compare 8 bytes. An entry is stale when the pair at pos no longer
+        // has that rank; ranks identify pairs, so this is HF's "same new_id" check.
         thread_local std::vector<uint64_t> heap;
         heap.clear();
         auto push = [&](uint32_t rank, int pos) {

@@ -1,6 +1,6 @@
-// The BPE model of an HF tokenizer.json, with the exact semantics of HF `tokenizers` (models/bpe): a word is split
-// into characters, each looked up in the vocabulary (else byte-fallback <0xXX> tokens, else <unk>), then merges are
-// applied lowest rank first, leftmost first on ties, until none applies.
+// The BPE model of an HF tokenizer.json, with the exact semantics of HF `tokenizers` (models/bpe): a word is
+// split into characters, each looked up in the vocabulary (else byte-fallback <0xXX> tokens, else <unk>),
+// then merges are applied lowest rank first, leftmost first on ties, until none applies.
 #pragma once
 
 #include <array>
@@ -13,10 +13,10 @@ namespace markbase::tok {
 
 uint64_t hash_bytes(std::string_view s);
 
-// Token string <-> id for the model vocabulary. Token texts live in one arena; the hash table holds ids only, so
-// the object stays valid when moved.
+// Token string <-> id for the model vocabulary. Token texts live in one arena; the hash table holds ids only,
+// so the object stays valid when moved.
 class Vocab {
-public:
+  public:
     struct Entry {
         std::string_view text;
         int64_t id;
@@ -34,12 +34,12 @@ public:
     int id_space() const { return static_cast<int>(present_.size()); }  // max id + 1
     std::size_t size() const { return count_; }
 
-private:
+  private:
     std::vector<char> arena_;
     std::vector<uint32_t> offsets_;  // by id, id_space + 1 entries
     std::vector<uint8_t> present_;   // by id: ids may have holes
-    // Open addressing. A slot carries the token's place in the arena so that a probe touches one cache line of
-    // the table and one of the arena (the merges build does 1.5 M lookups at load).
+    // Open addressing. A slot carries the token's place in the arena so that a probe touches one cache line
+    // of the table and one of the arena (the merges build does 1.5 M lookups at load).
     struct Slot {
         uint32_t tag;     // high half of the hash
         int32_t id;       // -1 = empty
@@ -59,12 +59,12 @@ struct BpeOptions {
 };
 
 class BpeModel {
-public:
-    // `merges` are (left, right) token strings in rank order. Throws markbase::Error if a merge names a token that
-    // is not in the vocabulary or whose concatenation is not.
+  public:
+    // `merges` are (left, right) token strings in rank order. Throws markbase::Error if a merge names a token
+    // that is not in the vocabulary or whose concatenation is not.
     void build(const std::vector<Vocab::Entry>& vocab,
-               const std::vector<std::pair<std::string_view, std::string_view>>& merges, const BpeOptions& options,
-               const std::string& origin);
+               const std::vector<std::pair<std::string_view, std::string_view>>& merges,
+               const BpeOptions& options, const std::string& origin);
 
     // Appends the ids of one pre-tokenized, normalized word (valid UTF-8, non-empty).
     void encode_word(std::string_view word, std::vector<int>& out) const;
@@ -72,7 +72,7 @@ public:
     const Vocab& vocab() const { return vocab_; }
     std::size_t merge_count() const { return merge_count_; }
 
-private:
+  private:
     struct MergeSlot {
         uint64_t key;  // (left << 32) | right; kEmpty when unused
         uint32_t rank;
@@ -85,7 +85,7 @@ private:
     Vocab vocab_;
     BpeOptions options_;
     int unk_id_ = -1;
-    std::array<int, 256> byte_ids_{};  // <0xXX> token ids, -1 when absent
+    std::array<int, 256> byte_ids_{};   // <0xXX> token ids, -1 when absent
     std::array<int, 128> ascii_ids_{};  // single ASCII character tokens, -1 when absent
     std::vector<MergeSlot> merges_;
     std::size_t merge_mask_ = 0;

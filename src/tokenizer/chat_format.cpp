@@ -10,12 +10,15 @@ namespace {
 constexpr std::string_view kOpenChannel = "<|channel>";
 constexpr std::string_view kCloseChannel = "<channel|>";
 
-std::string trimmed(std::string_view s) { return std::string(tok::python_strip(s)); }
+std::string trimmed(std::string_view s) {
+    return std::string(tok::python_strip(s));
+}
 
 }  // namespace
 
 std::string strip_thinking(std::string_view text) {
-    // Jinja: for part in text.split('<channel|>'): keep part.split('<|channel>')[0] if '<|channel>' in part else part
+    // Jinja: for part in text.split('<channel|>'): keep part.split('<|channel>')[0] if '<|channel>' in part
+    // else part
     std::string result;
     std::size_t start = 0;
     while (true) {
@@ -60,7 +63,9 @@ std::string render_gemma4_chat(const std::vector<ChatMessage>& messages, bool ad
     return out;
 }
 
-std::vector<int> default_stop_ids() { return {1, 106, 50}; }
+std::vector<int> default_stop_ids() {
+    return {1, 106, 50};
+}
 
 ModelReply split_model_reply(std::string_view text) {
     ModelReply reply;

@@ -1,7 +1,8 @@
-// Gemma 4 chat prompts, rendered exactly as the shipped chat_template.jinja (tests/data/tokenizer/gemma4/) renders
-// text-only conversations through HF apply_chat_template. No Jinja interpreter: the template's text-only paths are
-// written out in chat_format.cpp and checked against transformers' output (tests/tokenizer/chat_goldens_test.cpp).
-// Tool declarations, tool calls and images/audio are not rendered here.
+// Gemma 4 chat prompts, rendered exactly as the shipped chat_template.jinja (tests/data/tokenizer/gemma4/)
+// renders text-only conversations through HF apply_chat_template. No Jinja interpreter: the template's
+// text-only paths are written out in chat_format.cpp and checked against transformers' output
+// (tests/tokenizer/chat_goldens_test.cpp). Tool declarations, tool calls and images/audio are not rendered
+// here.
 #pragma once
 
 #include <string>
@@ -11,13 +12,15 @@
 namespace markbase {
 
 struct ChatMessage {
-    std::string role;  // "system" / "developer" (first message only), "user", "assistant" (written as "model")
+    std::string
+        role;  // "system" / "developer" (first message only), "user", "assistant" (written as "model")
     std::string content;
 };
 
-// The full prompt text, beginning with "<bos>". Encode it with Tokenizer::encode (which turns "<bos>", "<|turn>"
-// and the other special strings into their ids); do not prepend BOS again.
-//   - a first message with role system/developer, or enable_thinking, opens a system turn; thinking puts "<|think|>"
+// The full prompt text, beginning with "<bos>". Encode it with Tokenizer::encode (which turns "<bos>",
+// "<|turn>" and the other special strings into their ids); do not prepend BOS again.
+//   - a first message with role system/developer, or enable_thinking, opens a system turn; thinking puts
+//   "<|think|>"
 //     at its very start;
 //   - contents are trimmed as Python's str.strip(); assistant/model contents also lose every
 //     "<|channel>...<channel|>" block (the model's earlier thinking is not fed back);
@@ -33,8 +36,9 @@ std::vector<int> default_stop_ids();
 // The template's strip_thinking macro: drops each "<|channel>...<channel|>" block, then trims.
 std::string strip_thinking(std::string_view text);
 
-// A finished model reply split into its thinking and its answer, for display: "<|channel>thought\nT<channel|>A"
-// gives {T, A}. Without a channel block the whole text is the answer. Both parts are trimmed.
+// A finished model reply split into its thinking and its answer, for display:
+// "<|channel>thought\nT<channel|>A" gives {T, A}. Without a channel block the whole text is the answer. Both
+// parts are trimmed.
 struct ModelReply {
     std::string thinking;
     std::string answer;

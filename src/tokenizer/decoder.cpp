@@ -1,5 +1,5 @@
-// Decoding, as HF TokenizerImpl::decode: ids -> pieces (added tokens first), special ones dropped on request, then
-// the decoder chain (Replace per piece, ByteFallback per run of <0xXX> pieces, Fuse), joined.
+// Decoding, as HF TokenizerImpl::decode: ids -> pieces (added tokens first), special ones dropped on request,
+// then the decoder chain (Replace per piece, ByteFallback per run of <0xXX> pieces, Fuse), joined.
 #include <algorithm>
 
 #include "model/error.h"

@@ -11,11 +11,12 @@ JsonCursor::JsonCursor(std::string_view text, std::string origin) : text_(text),
 
 void JsonCursor::fail(const std::string& what) const {
     const std::size_t at = std::min(pos_, text_.size());
-    const std::size_t line = 1 + static_cast<std::size_t>(std::count(text_.begin(), text_.begin() + at, '\n'));
+    const std::size_t line =
+        1 + static_cast<std::size_t>(std::count(text_.begin(), text_.begin() + at, '\n'));
     const std::size_t line_start = text_.rfind('\n', at == 0 ? 0 : at - 1);
     const std::size_t col = at - (line_start == std::string_view::npos ? 0 : line_start + 1) + 1;
-    throw Error(origin_ + ": invalid JSON at line " + std::to_string(line) + ", column " + std::to_string(col) +
-                ": " + what);
+    throw Error(origin_ + ": invalid JSON at line " + std::to_string(line) + ", column " +
+                std::to_string(col) + ": " + what);
 }
 
 void JsonCursor::skip_ws() {
@@ -85,14 +86,30 @@ std::string_view JsonCursor::read_string(std::string& scratch) {
         const char e = text_[pos_ + 1];
         pos_ += 2;
         switch (e) {
-            case '"': scratch.push_back('"'); break;
-            case '\\': scratch.push_back('\\'); break;
-            case '/': scratch.push_back('/'); break;
-            case 'b': scratch.push_back('\b'); break;
-            case 'f': scratch.push_back('\f'); break;
-            case 'n': scratch.push_back('\n'); break;
-            case 'r': scratch.push_back('\r'); break;
-            case 't': scratch.push_back('\t'); break;
+            case '"':
+                scratch.push_back('"');
+                break;
+            case '\\':
+                scratch.push_back('\\');
+                break;
+            case '/':
+                scratch.push_back('/');
+                break;
+            case 'b':
+                scratch.push_back('\b');
+                break;
+            case 'f':
+                scratch.push_back('\f');
+                break;
+            case 'n':
+                scratch.push_back('\n');
+                break;
+            case 'r':
+                scratch.push_back('\r');
+                break;
+            case 't':
+                scratch.push_back('\t');
+                break;
             case 'u': {
                 auto read4 = [&]() -> char32_t {
                     if (pos_ + 4 > text_.size()) fail("truncated \\u escape");
@@ -118,7 +135,8 @@ std::string_view JsonCursor::read_string(std::string& scratch) {
                 append_utf8(scratch, cp);
                 break;
             }
-            default: fail(std::string("invalid escape '\\") + e + "'");
+            default:
+                fail(std::string("invalid escape '\\") + e + "'");
         }
     }
 }
@@ -165,8 +183,8 @@ void JsonCursor::skip_string() {
 }
 
 std::string_view JsonCursor::skip_value() {
-    // Iterative so that a hostile file with deep nesting cannot overflow the stack; the skipped text is re-parsed
-    // by nlohmann (small sections) or ignored, so only the structure needs to be right here.
+    // Iterative so that a hostile file with deep nesting cannot overflow the stack; the skipped text is
+    // re-parsed by nlohmann (small sections) or ignored, so only the structure needs to be right here.
     const char first = peek();
     const std::size_t start = pos_;
     std::string stack;
@@ -192,8 +210,8 @@ std::string_view JsonCursor::skip_value() {
             } else if (c == '"') {
                 skip_string();
             } else if (c == '-' || (c >= '0' && c <= '9')) {
-                while (pos_ < text_.size() && std::string_view("+-.eE0123456789").find(text_[pos_]) !=
-                                                  std::string_view::npos)
+                while (pos_ < text_.size() &&
+                       std::string_view("+-.eE0123456789").find(text_[pos_]) != std::string_view::npos)
                     ++pos_;
             } else if (text_.substr(pos_, 4) == "true" || text_.substr(pos_, 4) == "null") {
                 pos_ += 4;

@@ -1,5 +1,6 @@
-// Encoding: added tokens out of the raw text, normalizer, added tokens out of the normalized text, pre-tokenizer
-// splits, then the BPE model on each piece -- the order of HF TokenizerImpl::encode_single_sequence.
+// Encoding: added tokens out of the raw text, normalizer, added tokens out of the normalized text,
+// pre-tokenizer splits, then the BPE model on each piece -- the order of HF
+// TokenizerImpl::encode_single_sequence.
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -64,8 +65,8 @@ struct Span {
     bool is_match;
 };
 
-// HF NormalizedString::split with a Pattern: the delimiter matches (with the gaps between them) reshaped by the
-// behavior, empty pieces dropped.
+// HF NormalizedString::split with a Pattern: the delimiter matches (with the gaps between them) reshaped by
+// the behavior, empty pieces dropped.
 void split_piece(const SplitRule& rule, std::string_view s, std::vector<std::string_view>& out) {
     thread_local std::vector<Span> spans, shaped;
     spans.clear();
@@ -95,22 +96,28 @@ void split_piece(const SplitRule& rule, std::string_view s, std::vector<std::str
             break;
         case SplitBehavior::Contiguous:
             for (const Span& sp : spans) {
-                if (sp.is_match == previous_match && !shaped.empty()) shaped.back().end = sp.end;
-                else shaped.push_back(sp);
+                if (sp.is_match == previous_match && !shaped.empty())
+                    shaped.back().end = sp.end;
+                else
+                    shaped.push_back(sp);
                 previous_match = sp.is_match;
             }
             break;
         case SplitBehavior::MergedWithPrevious:
             for (const Span& sp : spans) {
-                if (sp.is_match && !previous_match && !shaped.empty()) shaped.back().end = sp.end;
-                else shaped.push_back(sp);
+                if (sp.is_match && !previous_match && !shaped.empty())
+                    shaped.back().end = sp.end;
+                else
+                    shaped.push_back(sp);
                 previous_match = sp.is_match;
             }
             break;
         case SplitBehavior::MergedWithNext:
             for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-                if (it->is_match && !previous_match && !shaped.empty()) shaped.back().begin = it->begin;
-                else shaped.push_back(*it);
+                if (it->is_match && !previous_match && !shaped.empty())
+                    shaped.back().begin = it->begin;
+                else
+                    shaped.push_back(*it);
                 previous_match = it->is_match;
             }
             std::reverse(shaped.begin(), shaped.end());
@@ -142,8 +149,10 @@ void replace_all(std::string& s, const std::string& pattern, const std::string& 
 std::string Tokenizer::Impl::normalize(std::string_view s) const {
     std::string out(s);
     for (const auto& step : normalizer) {
-        if (step.kind == tok::NormalizerStep::Replace) tok::replace_all(out, step.pattern, step.content);
-        else if (!out.empty()) out.insert(0, step.content);
+        if (step.kind == tok::NormalizerStep::Replace)
+            tok::replace_all(out, step.pattern, step.content);
+        else if (!out.empty())
+            out.insert(0, step.content);
     }
     return out;
 }
@@ -155,8 +164,8 @@ std::string_view Tokenizer::Impl::piece(int id) const {
 }
 
 int Tokenizer::Impl::byte_value(std::string_view p) const {
-    // HF ByteFallback: a 6-byte token "<0x" .. ">" whose middle two characters parse with u8::from_str_radix(16)
-    // (which also takes "+F").
+    // HF ByteFallback: a 6-byte token "<0x" .. ">" whose middle two characters parse with
+    // u8::from_str_radix(16) (which also takes "+F").
     if (p.size() != 6 || p.substr(0, 3) != "<0x" || p[5] != '>') return -1;
     auto hex = [](char c) {
         if (c >= '0' && c <= '9') return c - '0';
@@ -169,7 +178,9 @@ int Tokenizer::Impl::byte_value(std::string_view p) const {
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-bool Tokenizer::Impl::is_byte_piece(std::string_view p) const { return byte_fallback_decoder && byte_value(p) >= 0; }
+bool Tokenizer::Impl::is_byte_piece(std::string_view p) const {
+    return byte_fallback_decoder && byte_value(p) >= 0;
+}
 
 namespace {
 
@@ -253,9 +264,13 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
     return ids;
 }
 
-int Tokenizer::vocab_size() const { return impl_->id_space; }
+int Tokenizer::vocab_size() const {
+    return impl_->id_space;
+}
 
-std::string_view Tokenizer::token_text(int id) const { return impl_->piece(id); }
+std::string_view Tokenizer::token_text(int id) const {
+    return impl_->piece(id);
+}
 
 std::optional<int> Tokenizer::token_id(std::string_view piece) const {
     for (const auto& a : impl_->added)
@@ -269,11 +284,17 @@ bool Tokenizer::is_added(int id) const {
     return id >= 0 && id < impl_->id_space && impl_->added_index[id] >= 0;
 }
 
-bool Tokenizer::is_special(int id) const { return is_added(id) && impl_->added[impl_->added_index[id]].special; }
+bool Tokenizer::is_special(int id) const {
+    return is_added(id) && impl_->added[impl_->added_index[id]].special;
+}
 
-bool Tokenizer::is_byte_token(int id) const { return impl_->is_byte_piece(impl_->piece(id)); }
+bool Tokenizer::is_byte_token(int id) const {
+    return impl_->is_byte_piece(impl_->piece(id));
+}
 
-int Tokenizer::bos_id() const { return token_id("<bos>").value_or(-1); }
+int Tokenizer::bos_id() const {
+    return token_id("<bos>").value_or(-1);
+}
 
 Tokenizer::Stats Tokenizer::stats() const {
     return {impl_->bpe.vocab().size(), impl_->bpe.merge_count(), impl_->added.size()};

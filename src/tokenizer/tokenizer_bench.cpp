@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -18,7 +18,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 }  // namespace
 
@@ -40,7 +42,8 @@ std::string load_bench_text(const std::filesystem::path& file) {
             throw Error(file.string() + ":" + std::to_string(n) + ": not a JSON line: " + e.what());
         }
         if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
-            throw Error(file.string() + ":" + std::to_string(n) + ": expected an object with a \"text\" string");
+            throw Error(file.string() + ":" + std::to_string(n) +
+                        ": expected an object with a \"text\" string");
         if (!first) text += '\n';
         text += j["text"].get<std::string>();
         first = false;
@@ -87,10 +90,11 @@ TokenizerBench bench_tokenizer(const std::filesystem::path& path, std::string_vi
 
 std::string format_bench(const TokenizerBench& b) {
     char line[256];
-    std::snprintf(line, sizeof line,
-                  "load %.1f ms (min of 3; median %.1f ms) | encode %.2f MB/s (%zu bytes -> %zu tokens, %d passes) | "
-                  "decode %.2f MB/s",
-                  b.load_ms_min, b.load_ms_median, b.encode_mb_s, b.bytes, b.tokens, b.passes, b.decode_mb_s);
+    std::snprintf(
+        line, sizeof line,
+        "load %.1f ms (min of 3; median %.1f ms) | encode %.2f MB/s (%zu bytes -> %zu tokens, %d passes) | "
+        "decode %.2f MB/s",
+        b.load_ms_min, b.load_ms_median, b.encode_mb_s, b.bytes, b.tokens, b.passes, b.decode_mb_s);
     return line;
 }
 

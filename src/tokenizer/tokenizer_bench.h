@@ -1,6 +1,7 @@
 // Tokenizer speed: load time of tokenizer.json and single-thread encode/decode throughput. Called by
-// `markbase tokenize --tokenizer PATH --bench FILE` (and later `markbase bench tokenizer`). The same text is timed
-// through HF `tokenizers` by tools/make_tokenizer_goldens.py --bench, so the numbers compare on one machine.
+// `markbase tokenize --tokenizer PATH --bench FILE` (and later `markbase bench tokenizer`). The same text is
+// timed through HF `tokenizers` by tools/make_tokenizer_goldens.py --bench, so the numbers compare on one
+// machine.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +19,8 @@ struct TokenizerBench {
     double decode_mb_s = 0;                      // bytes of text produced per second by decode
 };
 
-// The benchmark text: a .jsonl file contributes its lines' "text" fields joined with "\n" (the tokenizer corpus),
-// any other file its raw bytes.
+// The benchmark text: a .jsonl file contributes its lines' "text" fields joined with "\n" (the tokenizer
+// corpus), any other file its raw bytes.
 std::string load_bench_text(const std::filesystem::path& file);
 
 TokenizerBench bench_tokenizer(const std::filesystem::path& tokenizer, std::string_view text,

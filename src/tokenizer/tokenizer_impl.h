@@ -15,7 +15,8 @@ namespace markbase::tok {
 
 struct AddedToken {
     std::string content;
-    std::string piece;  // what decode prints: content, or normalize(content) for normalized tokens (as HF 0.23)
+    std::string
+        piece;  // what decode prints: content, or normalize(content) for normalized tokens (as HF 0.23)
     int id = -1;
     bool special = false;
     bool normalized = false;
@@ -24,13 +25,13 @@ struct AddedToken {
 // Byte trie of added-token strings for leftmost-longest matching (HF uses Aho-Corasick with LeftmostLongest;
 // trying every start position in order and keeping the longest match there gives the same matches).
 class TokenTrie {
-public:
+  public:
     void add(std::string_view s, int id);
     bool empty() const { return nodes_.size() <= 1; }
     // Longest token starting at text[pos]: returns its byte length (0 if none) and sets id.
     std::size_t match(std::string_view text, std::size_t pos, int& id) const;
 
-private:
+  private:
     struct Node {
         int id = -1;
         std::vector<std::pair<unsigned char, int>> children;  // sorted by byte
@@ -42,8 +43,8 @@ private:
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 
 struct SplitRule {
-    std::string literal;     // the delimiter, or the repeated unit when `repeated`
-    bool repeated = false;   // regex "X+": runs of X
+    std::string literal;    // the delimiter, or the repeated unit when `repeated`
+    bool repeated = false;  // regex "X+": runs of X
     SplitBehavior behavior = SplitBehavior::Isolated;
 };
 
@@ -70,7 +71,7 @@ struct Tokenizer::Impl {
     tok::TokenTrie normalized_trie;      // normalized=true ones, matched after the normalizer
     std::vector<tok::NormalizerStep> normalizer;
     std::vector<tok::SplitRule> pre_tokenizer;
-    bool has_decoder = false;            // no decoder: HF joins the tokens with " "
+    bool has_decoder = false;  // no decoder: HF joins the tokens with " "
     std::vector<tok::DecoderStep> decoder;
     bool byte_fallback_decoder = false;
     int id_space = 0;
@@ -78,7 +79,8 @@ struct Tokenizer::Impl {
     std::string normalize(std::string_view s) const;
     std::string_view piece(int id) const;  // added content first, then the vocabulary; "" if neither
     bool is_byte_piece(std::string_view p) const;
-    int byte_value(std::string_view p) const;  // -1 unless p is "<0xHH>" as HF's ByteFallback decoder reads it
+    int byte_value(
+        std::string_view p) const;  // -1 unless p is "<0xHH>" as HF's ByteFallback decoder reads it
 };
 
 }  // namespace markbase

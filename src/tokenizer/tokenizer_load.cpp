@@ -1,5 +1,5 @@
-// Reading tokenizer.json: the vocabulary and merges through the fast cursor, every other section through nlohmann,
-// and a check that each section is something we implement exactly (see tokenizer.h).
+// Reading tokenizer.json: the vocabulary and merges through the fast cursor, every other section through
+// nlohmann, and a check that each section is something we implement exactly (see tokenizer.h).
 #include <cctype>
 #include <deque>
 #include <fstream>
@@ -136,7 +136,8 @@ std::string type_of(const json& j) {
     return j["type"].get<std::string>();
 }
 
-bool get_bool(const json& j, const char* key, bool fallback, const std::string& origin, const std::string& where) {
+bool get_bool(const json& j, const char* key, bool fallback, const std::string& origin,
+              const std::string& where) {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_boolean()) throw Error(origin + ": " + where + "." + key + " must be true or false");
     return j[key].get<bool>();
@@ -148,10 +149,10 @@ std::string get_string(const json& j, const char* key, const std::string& origin
     return j[key].get<std::string>();
 }
 
-// A Replace/Split pattern: {"String": s} or {"Regex": r}. Regexes are accepted only when they are a plain literal
-// (returned as such) or, where `allow_repeat`, one character followed by '+'.
-std::string read_pattern(const json& j, const std::string& origin, const std::string& where, bool allow_repeat,
-                         bool& repeated) {
+// A Replace/Split pattern: {"String": s} or {"Regex": r}. Regexes are accepted only when they are a plain
+// literal (returned as such) or, where `allow_repeat`, one character followed by '+'.
+std::string read_pattern(const json& j, const std::string& origin, const std::string& where,
+                         bool allow_repeat, bool& repeated) {
     repeated = false;
     if (!j.contains("pattern") || !j["pattern"].is_object())
         throw Error(origin + ": " + where + ".pattern must be {\"String\": ...} or {\"Regex\": ...}");
@@ -161,9 +162,11 @@ std::string read_pattern(const json& j, const std::string& origin, const std::st
         throw Error(origin + ": " + where + ".pattern must be {\"String\": ...} or {\"Regex\": ...}");
     const std::string re = p["Regex"].get<std::string>();
     auto unsupported = [&]() -> Error {
-        return Error(origin + ": " + where + " uses the regex \"" + re +
-                     "\", which MarkBase does not implement (only literals and a single repeated character like "
-                     "\"\\n+\" are)" + kSupported);
+        return Error(
+            origin + ": " + where + " uses the regex \"" + re +
+            "\", which MarkBase does not implement (only literals and a single repeated character like "
+            "\"\\n+\" are)" +
+            kSupported);
     };
     std::string literal;
     std::size_t atoms = 0;
@@ -174,13 +177,24 @@ std::string read_pattern(const json& j, const std::string& origin, const std::st
             const char e = re[i + 1];
             i += 2;
             switch (e) {
-                case 'n': literal += '\n'; break;
-                case 't': literal += '\t'; break;
-                case 'r': literal += '\r'; break;
-                case 'f': literal += '\f'; break;
-                case 'v': literal += '\v'; break;
+                case 'n':
+                    literal += '\n';
+                    break;
+                case 't':
+                    literal += '\t';
+                    break;
+                case 'r':
+                    literal += '\r';
+                    break;
+                case 'f':
+                    literal += '\f';
+                    break;
+                case 'v':
+                    literal += '\v';
+                    break;
                 default:
-                    // An escaped punctuation character is itself; letters and digits are classes or references.
+                    // An escaped punctuation character is itself; letters and digits are classes or
+                    // references.
                     if (static_cast<unsigned char>(e) < 0x80 && !std::isalnum(static_cast<unsigned char>(e)))
                         literal += e;
                     else
@@ -210,7 +224,8 @@ void parse_normalizer(const json& j, std::vector<tok::NormalizerStep>& out, cons
         if (!j.contains("normalizers") || !j["normalizers"].is_array())
             throw Error(origin + ": " + where + ".normalizers must be a list");
         for (std::size_t i = 0; i < j["normalizers"].size(); ++i)
-            parse_normalizer(j["normalizers"][i], out, origin, where + ".normalizers[" + std::to_string(i) + "]");
+            parse_normalizer(j["normalizers"][i], out, origin,
+                             where + ".normalizers[" + std::to_string(i) + "]");
     } else if (type == "Replace") {
         bool repeated = false;
         tok::NormalizerStep step;
@@ -242,16 +257,24 @@ void parse_pre_tokenizer(const json& j, std::vector<tok::SplitRule>& out, const 
     } else if (type == "Split") {
         tok::SplitRule rule;
         rule.literal = read_pattern(j, origin, where, true, rule.repeated);
-        if (rule.repeated && rule.literal.empty()) throw Error(origin + ": " + where + ": empty repeated pattern");
+        if (rule.repeated && rule.literal.empty())
+            throw Error(origin + ": " + where + ": empty repeated pattern");
         const std::string behavior = get_string(j, "behavior", origin, where);
-        if (behavior == "Removed") rule.behavior = tok::SplitBehavior::Removed;
-        else if (behavior == "Isolated") rule.behavior = tok::SplitBehavior::Isolated;
-        else if (behavior == "MergedWithPrevious") rule.behavior = tok::SplitBehavior::MergedWithPrevious;
-        else if (behavior == "MergedWithNext") rule.behavior = tok::SplitBehavior::MergedWithNext;
-        else if (behavior == "Contiguous") rule.behavior = tok::SplitBehavior::Contiguous;
-        else throw Error(origin + ": " + where + ".behavior \"" + behavior + "\" is not a Split behavior");
+        if (behavior == "Removed")
+            rule.behavior = tok::SplitBehavior::Removed;
+        else if (behavior == "Isolated")
+            rule.behavior = tok::SplitBehavior::Isolated;
+        else if (behavior == "MergedWithPrevious")
+            rule.behavior = tok::SplitBehavior::MergedWithPrevious;
+        else if (behavior == "MergedWithNext")
+            rule.behavior = tok::SplitBehavior::MergedWithNext;
+        else if (behavior == "Contiguous")
+            rule.behavior = tok::SplitBehavior::Contiguous;
+        else
+            throw Error(origin + ": " + where + ".behavior \"" + behavior + "\" is not a Split behavior");
         if (get_bool(j, "invert", false, origin, where))
-            throw Error(origin + ": " + where + ".invert is true, which MarkBase does not implement" + kSupported);
+            throw Error(origin + ": " + where + ".invert is true, which MarkBase does not implement" +
+                        kSupported);
         out.push_back(rule);
     } else {
         throw Error(origin + ": " + where + " is of type \"" + type +
@@ -293,18 +316,22 @@ void build_model(const RawFile& f, Tokenizer::Impl& m) {
         throw Error(origin + ": " + found + "; MarkBase reads only BPE tokenizers" + kSupported);
     }
     if (!f.have_vocab)
-        throw Error(origin + (model.contains("vocab") ? ": model.vocab must be an object of token -> id"
-                                                      : ": model.vocab is missing (expected an object of token -> id)"));
+        throw Error(origin + (model.contains("vocab")
+                                  ? ": model.vocab must be an object of token -> id"
+                                  : ": model.vocab is missing (expected an object of token -> id)"));
     if (!f.have_merges)
-        throw Error(origin + (model.contains("merges") ? ": model.merges must be a list of token pairs"
-                                                       : ": model.merges is missing (expected a list of token pairs)"));
+        throw Error(origin + (model.contains("merges")
+                                  ? ": model.merges must be a list of token pairs"
+                                  : ": model.merges is missing (expected a list of token pairs)"));
     if (model.contains("dropout") && !model["dropout"].is_null() &&
         !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
-        throw Error(origin + ": model.dropout is set; BPE dropout makes tokenisation random and is not supported");
+        throw Error(origin +
+                    ": model.dropout is set; BPE dropout makes tokenisation random and is not supported");
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
         if (model.contains(key) && !model[key].is_null() &&
             !(model[key].is_string() && model[key].get<std::string>().empty()))
-            throw Error(origin + ": model." + key + " is set, which MarkBase does not implement" + kSupported);
+            throw Error(origin + ": model." + key + " is set, which MarkBase does not implement" +
+                        kSupported);
     }
     tok::BpeOptions opt;
     if (model.contains("unk_token") && !model["unk_token"].is_null())
@@ -332,8 +359,9 @@ void build_added_tokens(const json& list, Tokenizer::Impl& m) {
             if (get_bool(t, flag, false, origin, where))
                 throw Error(origin + ": " + where + " (\"" + a.content + "\") sets " + flag +
                             ", which MarkBase does not implement" + kSupported);
-        // As HF's AddedVocabulary: empty and repeated contents are ignored; the id is the vocabulary's when the
-        // token is in it, else the next id past the vocabulary (the "id" written in the file is only a hint).
+        // As HF's AddedVocabulary: empty and repeated contents are ignored; the id is the vocabulary's when
+        // the token is in it, else the next id past the vocabulary (the "id" written in the file is only a
+        // hint).
         if (a.content.empty()) continue;
         bool seen = false;
         for (const auto& b : m.added) seen = seen || b.content == a.content;
@@ -352,8 +380,10 @@ void build_added_tokens(const json& list, Tokenizer::Impl& m) {
         m.added_index[m.added[i].id] = static_cast<int>(i);
         tok::AddedToken& b = m.added[i];
         b.piece = b.normalized ? m.normalize(b.content) : b.content;
-        if (b.normalized) m.normalized_trie.add(b.piece, b.id);
-        else m.raw_trie.add(b.content, b.id);
+        if (b.normalized)
+            m.normalized_trie.add(b.piece, b.id);
+        else
+            m.raw_trie.add(b.content, b.id);
     }
 }
 
@@ -382,7 +412,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
         m->byte_fallback_decoder |= step.kind == tok::DecoderStep::ByteFallback;
         // After Fuse a Replace would see text across token boundaries, which streaming cannot reproduce.
         if (fused && step.kind != tok::DecoderStep::Fuse)
-            throw Error(origin + ": decoder has a Replace or ByteFallback after Fuse, which is not supported" +
+            throw Error(origin +
+                        ": decoder has a Replace or ByteFallback after Fuse, which is not supported" +
                         kSupported);
         fused |= step.kind == tok::DecoderStep::Fuse;
     }

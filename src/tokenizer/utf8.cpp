@@ -82,7 +82,14 @@ bool python_isspace(char32_t cp) {
     if (cp >= 0x09 && cp <= 0x0D) return true;
     if (cp >= 0x1C && cp <= 0x20) return true;
     switch (cp) {
-        case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+        case 0x85:
+        case 0xA0:
+        case 0x1680:
+        case 0x2028:
+        case 0x2029:
+        case 0x202F:
+        case 0x205F:
+        case 0x3000:
             return true;
         default:
             return cp >= 0x2000 && cp <= 0x200A;

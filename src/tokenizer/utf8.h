@@ -7,8 +7,8 @@
 
 namespace markbase::tok {
 
-// Length in bytes of the UTF-8 sequence that starts with `lead` (1 for a stray continuation byte, so that callers
-// that only walk already-validated text never stall).
+// Length in bytes of the UTF-8 sequence that starts with `lead` (1 for a stray continuation byte, so that
+// callers that only walk already-validated text never stall).
 inline std::size_t utf8_len(unsigned char lead) {
     if (lead < 0x80) return 1;
     if ((lead & 0xE0) == 0xC0) return 2;
@@ -18,8 +18,8 @@ inline std::size_t utf8_len(unsigned char lead) {
 }
 
 // Strict validation (no overlong forms, no surrogates, nothing past U+10FFFF): the same set of strings a Rust
-// `String` or a Python `str` can hold, so anything we accept is something HF `tokenizers` could have been given.
-// Returns the byte offset of the first bad byte, or npos when `s` is valid.
+// `String` or a Python `str` can hold, so anything we accept is something HF `tokenizers` could have been
+// given. Returns the byte offset of the first bad byte, or npos when `s` is valid.
 std::size_t find_invalid_utf8(std::string_view s);
 
 // Decodes the code point at s[i] (s must be valid UTF-8) and advances i past it.

@@ -1,16 +1,16 @@
 // The CLI contract, run as a user would: `logits` writes a [n_ids, vocab] float32 .npy equal to the library's
 // forward, `run --json` prints the generated ids, and bad input ends in one clear "error:" line and exit 1.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "loading/checkpoint.h"
 #include "loading/npy.h"
@@ -32,8 +32,8 @@ struct Result {
 Result run(const std::string& args) {
     static int counter = 0;
     const std::string err_file =
-        (std::filesystem::temp_directory_path() / ("markbase-cli-" + std::to_string(getpid()) + "-" +
-                                                   std::to_string(counter++) + ".err"))
+        (std::filesystem::temp_directory_path() /
+         ("markbase-cli-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".err"))
             .string();
     std::string cmd = std::string(MARKBASE_BINARY) + " " + args + " 2>" + err_file;
     Result r{-1, "", ""};
@@ -51,7 +51,7 @@ Result run(const std::string& args) {
 }
 
 class Cli : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir = new testing::TempDir("cli");
         write_random_checkpoint(dir->path(), testing::tiny_config("26b-a4b"), 11);
@@ -64,7 +64,8 @@ testing::TempDir* Cli::dir = nullptr;
 
 TEST_F(Cli, LogitsWritesTheForwardAsNpy) {
     const std::string out = (dir->path() / "out.npy").string();
-    Result r = run("logits " + model() + " --device cpu --ids 2,17,200 -o " + out);  // exact: the CPU reference
+    Result r =
+        run("logits " + model() + " --device cpu --ids 2,17,200 -o " + out);  // exact: the CPU reference
     ASSERT_EQ(r.code, 0) << r.all();
     NpyArray a = read_npy_f32(out);
     ASSERT_EQ(a.shape, (std::vector<int64_t>{3, 256}));
@@ -93,14 +94,17 @@ TEST_F(Cli, RunJsonPrintsTheGreedyIds) {
     go.sampling.temperature = 0;
     go.stop_ids = ck->config.stop_ids;
     std::vector<int> expect;
-    generate(*be, {2, 17, 200}, go, [](int) { return true; }, &expect);
+    generate(
+        *be, {2, 17, 200}, go, [](int) { return true; }, &expect);
     EXPECT_EQ(ids, expect);
     EXPECT_NE(r.err.find("decode"), std::string::npos) << "no receipt on stderr: " << r.err;
 }
 
 TEST_F(Cli, SameSeedSameSample) {
-    Result a = run("run " + model() + " --ids 2,5 -n 12 --temp 1.5 --top-k 0 --top-p 1 -s 99 --json --ignore-eos");
-    Result b = run("run " + model() + " --ids 2,5 -n 12 --temp 1.5 --top-k 0 --top-p 1 -s 99 --json --ignore-eos");
+    Result a =
+        run("run " + model() + " --ids 2,5 -n 12 --temp 1.5 --top-k 0 --top-p 1 -s 99 --json --ignore-eos");
+    Result b =
+        run("run " + model() + " --ids 2,5 -n 12 --temp 1.5 --top-k 0 --top-p 1 -s 99 --json --ignore-eos");
     ASSERT_EQ(a.code, 0) << a.all();
     EXPECT_EQ(a.out.substr(0, a.out.find('\n')), b.out.substr(0, b.out.find('\n')));
 }

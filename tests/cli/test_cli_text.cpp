@@ -1,13 +1,13 @@
 // Text in, text out through the CLI: a tiny random model with the real Gemma 4 vocabulary (262144) and its
 // tokenizer.json in the folder, so `run -p`, `run --chat` and `chat` run end to end.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 
 #include "loading/random_checkpoint.h"
 #include "support/tiny_models.h"
@@ -29,7 +29,7 @@ std::string sh(const std::string& cmd, int* code) {
 }
 
 class CliText : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir = new testing::TempDir("clitext");
         nlohmann::json c = testing::tiny_config("31b");
@@ -51,9 +51,13 @@ testing::TempDir* CliText::dir = nullptr;
 
 TEST_F(CliText, RunPromptStreamsTheSameTextAsJson) {
     int code = 0;
-    const std::string streamed = sh(bin() + "run " + model() + "-p 'The capital of France' -n 8 --temp 0 --ignore-eos 2>/dev/null", &code);
+    const std::string streamed =
+        sh(bin() + "run " + model() + "-p 'The capital of France' -n 8 --temp 0 --ignore-eos 2>/dev/null",
+           &code);
     ASSERT_EQ(code, 0) << streamed;
-    const std::string js = sh(bin() + "run " + model() + "-p 'The capital of France' -n 8 --temp 0 --ignore-eos --json 2>/dev/null", &code);
+    const std::string js = sh(
+        bin() + "run " + model() + "-p 'The capital of France' -n 8 --temp 0 --ignore-eos --json 2>/dev/null",
+        &code);
     ASSERT_EQ(code, 0) << js;
     nlohmann::json j = nlohmann::json::parse(js);
     ASSERT_EQ(j["ids"].size(), 8u);
@@ -65,9 +69,8 @@ TEST_F(CliText, RunPromptStreamsTheSameTextAsJson) {
 
 TEST_F(CliText, ChatKeepsHistoryAndPrintsAReceiptPerReply) {
     int code = 0;
-    const std::string out = sh("printf 'Hello there\\nAnd again\\n' | " + bin() + "chat " + model() +
-                                   "-n 6 --temp 0 2>&1",
-                               &code);
+    const std::string out = sh(
+        "printf 'Hello there\\nAnd again\\n' | " + bin() + "chat " + model() + "-n 6 --temp 0 2>&1", &code);
     ASSERT_EQ(code, 0) << out;
     // one receipt per reply; "prompt N tok" there counts only what was fed to the model this turn
     std::vector<int> prompt_tokens;
@@ -75,10 +78,11 @@ TEST_F(CliText, ChatKeepsHistoryAndPrintsAReceiptPerReply) {
         prompt_tokens.push_back(std::stoi(out.substr(p + 8)));
     ASSERT_EQ(prompt_tokens.size(), 2u) << out;
     Tokenizer tok = Tokenizer::load(dir->path());
-    // the second turn reuses the cache: only the re-rendered 6-token reply (+ a few for its turn markers), the
-    // new user turn and the generation prompt are fed, not the first turn again
+    // the second turn reuses the cache: only the re-rendered 6-token reply (+ a few for its turn markers),
+    // the new user turn and the generation prompt are fed, not the first turn again
     const int new_turn = static_cast<int>(
-        tok.encode("<turn|>\n<|turn>user\nAnd again<turn|>\n<|turn>model\n<|channel>thought\n<channel|>").size());
+        tok.encode("<turn|>\n<|turn>user\nAnd again<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
+            .size());
     EXPECT_LE(prompt_tokens[1], 6 + 3 + new_turn) << out;
     EXPECT_GT(prompt_tokens[0], 5) << out;
 }

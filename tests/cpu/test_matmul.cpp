@@ -1,5 +1,3 @@
-#include "cpu/matmul.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/matmul.h"
 #include "cpu/memory_bandwidth.h"
 
 namespace markbase::cpu {
@@ -28,8 +27,12 @@ std::vector<bf16> random_bf16(size_t count, uint32_t seed) {
     return v;
 }
 
-float to_float(float v) { return v; }
-float to_float(bf16 v) { return bf16_to_float(v); }
+float to_float(float v) {
+    return v;
+}
+float to_float(bf16 v) {
+    return bf16_to_float(v);
+}
 
 // Compares y against a double-precision reference; the tolerance scales with sum_i |x||w| of each output, the
 // size of the rounding errors an fp32 accumulation can make.
@@ -48,8 +51,8 @@ void expect_matches_reference(const std::vector<float>& x, int64_t n, int64_t in
             const float got = y[t * out + o];
             ASSERT_TRUE(std::isfinite(got)) << what << " t=" << t << " o=" << o;
             const double tol = 1e-5 * mag + 1e-30;
-            ASSERT_NEAR(got, ref, tol) << what << " n=" << n << " in=" << in << " out=" << out << " t=" << t
-                                       << " o=" << o;
+            ASSERT_NEAR(got, ref, tol)
+                << what << " n=" << n << " in=" << in << " out=" << out << " t=" << t << " o=" << o;
         }
     }
 }
@@ -82,11 +85,12 @@ TEST(Matmul, Bf16MatchesDoubleReferenceOnOddShapes) {
     }
 }
 
-// Crosses every blocking boundary of the prefill path: several token blocks, input blocks and row blocks, with
-// tails in each, and a weight too small to go parallel.
+// Crosses every blocking boundary of the prefill path: several token blocks, input blocks and row blocks,
+// with tails in each, and a weight too small to go parallel.
 TEST(Matmul, Bf16PrefillBlockBoundaries) {
     ThreadPool pool(2);
-    const int64_t cases[][3] = {{130, 1537, 67}, {70, 512, 32}, {64, 513, 33}, {6, 5, 3}, {4, 16, 4}, {3, 2048, 9}};
+    const int64_t cases[][3] = {{130, 1537, 67}, {70, 512, 32}, {64, 513, 33},
+                                {6, 5, 3},       {4, 16, 4},    {3, 2048, 9}};
     uint32_t seed = 100;
     for (const auto& c : cases) {
         const int64_t n = c[0], in = c[1], out = c[2];
@@ -179,8 +183,8 @@ TEST(Matmul, PropagatesNonFiniteInputs) {
     }
 }
 
-// Not a test: `markbase_tests --gtest_also_run_disabled_tests --gtest_filter='*MatmulBench*'` prints the numbers
-// (MARKBASE_BENCH_THREADS=k for a pool of k threads; all hardware threads by default).
+// Not a test: `markbase_tests --gtest_also_run_disabled_tests --gtest_filter='*MatmulBench*'` prints the
+// numbers (MARKBASE_BENCH_THREADS=k for a pool of k threads; all hardware threads by default).
 TEST(Matmul, DISABLED_MatmulBench) {
     const char* env = std::getenv("MARKBASE_BENCH_THREADS");
     ThreadPool pool(env ? std::atoi(env) : 0);

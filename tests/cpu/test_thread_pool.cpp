@@ -1,11 +1,11 @@
-#include "cpu/thread_pool.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include "cpu/thread_pool.h"
 
 namespace markbase::cpu {
 namespace {
@@ -24,7 +24,8 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
                 calls.fetch_add(1);
                 for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
             });
-            for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "n=" << n << " i=" << i;
+            for (int64_t i = 0; i < n; ++i)
+                ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "n=" << n << " i=" << i;
             EXPECT_LE(calls.load(), threads);
             EXPECT_EQ(calls.load(), n < threads ? n : threads) << "threads=" << threads << " n=" << n;
         }
@@ -35,7 +36,9 @@ TEST(ThreadPool, ChunksAreContiguousAndBalanced) {
     ThreadPool pool(4);
     std::vector<std::pair<int64_t, int64_t>> chunks(4, {-1, -1});
     std::atomic<int> next{0};
-    pool.parallel_for(10, [&](int64_t b, int64_t e) { chunks[static_cast<size_t>(next.fetch_add(1))] = {b, e}; });
+    pool.parallel_for(10, [&](int64_t b, int64_t e) {
+        chunks[static_cast<size_t>(next.fetch_add(1))] = {b, e};
+    });
     ASSERT_EQ(next.load(), 4);
     for (const auto& c : chunks) {
         EXPECT_GE(c.second - c.first, 2);

@@ -1,8 +1,8 @@
 // The CUDA backend must compute the CPU backend's function. Tiny random checkpoints of every family exercise
-// every code path (PLE, KV sharing, k_eq_v, MoE, sliding rings wrapping inside a prefill chunk, the decode graph,
-// device-side greedy decoding); synthetic models at real widths (weights drawn on the GPU, copied back for the
-// CPU) exercise the real head dims, expert counts and the 262144-row lm_head. Activations and the KV cache are
-// fp32 on both sides, so agreement is expected far inside bf16 tolerance: the error is reported as
+// every code path (PLE, KV sharing, k_eq_v, MoE, sliding rings wrapping inside a prefill chunk, the decode
+// graph, device-side greedy decoding); synthetic models at real widths (weights drawn on the GPU, copied back
+// for the CPU) exercise the real head dims, expert counts and the 262144-row lm_head. Activations and the KV
+// cache are fp32 on both sides, so agreement is expected far inside bf16 tolerance: the error is reported as
 // max|diff| / max|logit|. Without a GPU every test skips with the reason.
 #include <gtest/gtest.h>
 
@@ -24,13 +24,14 @@ namespace markbase {
 namespace {
 
 #ifdef MARKBASE_HAS_CUDA
-#define REQUIRE_CUDA()                                                                        \
-    do {                                                                                      \
-        const CudaDeviceInfo info_ = cuda_device_info();                                      \
-        if (!info_.available) GTEST_SKIP() << "no CUDA device: " << info_.why_not;            \
+#define REQUIRE_CUDA()                                                             \
+    do {                                                                           \
+        const CudaDeviceInfo info_ = cuda_device_info();                           \
+        if (!info_.available) GTEST_SKIP() << "no CUDA device: " << info_.why_not; \
     } while (0)
 #else
-#define REQUIRE_CUDA() GTEST_SKIP() << "no CUDA device: this build has no CUDA backend (MARKBASE_CUDA off or nvcc missing)"
+#define REQUIRE_CUDA() \
+    GTEST_SKIP() << "no CUDA device: this build has no CUDA backend (MARKBASE_CUDA off or nvcc missing)"
 #endif
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
@@ -42,7 +43,9 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
 
 #ifdef MARKBASE_HAS_CUDA
 
-int argmax(const float* v, int64_t n) { return static_cast<int>(std::max_element(v, v + n) - v); }
+int argmax(const float* v, int64_t n) {
+    return static_cast<int>(std::max_element(v, v + n) - v);
+}
 
 // top-1 minus top-2
 float margin(const float* v, int64_t n) {
@@ -89,8 +92,10 @@ std::vector<float> all_logits(Backend& be, const std::vector<int>& ids, bool one
     return out;
 }
 
-// Greedy chains: CPU from its prefill logits, CUDA on the device. Compared while the CPU's top-1 margin is clear.
-void expect_same_greedy(Backend& cpu, CudaBackend& gpu, const std::vector<int>& prompt, int steps, float min_margin) {
+// Greedy chains: CPU from its prefill logits, CUDA on the device. Compared while the CPU's top-1 margin is
+// clear.
+void expect_same_greedy(Backend& cpu, CudaBackend& gpu, const std::vector<int>& prompt, int steps,
+                        float min_margin) {
     const int64_t V = cpu.config().vocab_size;
     std::vector<float> lg(V), lg_gpu(V);
     cpu.reset();
@@ -111,8 +116,8 @@ void expect_same_greedy(Backend& cpu, CudaBackend& gpu, const std::vector<int>& 
     ASSERT_EQ(gpu_ids.size(), cpu_ids.size());
     for (int s = 0; s < steps; ++s) {
         if (margins[s] < min_margin) {
-            std::printf("  greedy: step %d margin %.2e below %.2e, chains compared up to here\n", s, margins[s],
-                        min_margin);
+            std::printf("  greedy: step %d margin %.2e below %.2e, chains compared up to here\n", s,
+                        margins[s], min_margin);
             return;
         }
         ASSERT_EQ(gpu_ids[s], cpu_ids[s]) << "greedy step " << s << " (margin " << margins[s] << ")";
@@ -148,7 +153,8 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
 
     const double e_batch = rel_err(ref, all_logits(*gpu, ids, false));
     const double e_chunk = rel_err(ref, all_logits(*gpu_chunked, ids, false));
-    const double e_decode = rel_err(ref, all_logits(*gpu, ids, true));  // the captured decode graph, per token
+    const double e_decode =
+        rel_err(ref, all_logits(*gpu, ids, true));  // the captured decode graph, per token
     std::printf("  %s: rel err prefill %.2e, chunked %.2e, graph decode %.2e\n", GetParam().c_str(), e_batch,
                 e_chunk, e_decode);
     EXPECT_LT(e_batch, 1e-3);
@@ -184,8 +190,8 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
 #endif
 }
 
-// Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and that
-// decode spreads full layers over many pieces merged by the last one.
+// Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and
+// that decode spreads full layers over many pieces merged by the last one.
 TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
@@ -212,8 +218,8 @@ TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
         e_decode = std::max(e_decode, rel_err(ref, got));
         next = argmax(ref.data(), V);
     }
-    std::printf("  %s long: rel err prefill(300) %.2e, graph decode to 340 %.2e\n", GetParam().c_str(), e_prefill,
-                e_decode);
+    std::printf("  %s long: rel err prefill(300) %.2e, graph decode to 340 %.2e\n", GetParam().c_str(),
+                e_prefill, e_decode);
     EXPECT_LT(e_prefill, 1e-3);
     EXPECT_LT(e_decode, 1e-3);
 #endif
@@ -250,7 +256,8 @@ TEST_P(CudaSynthetic, MatchesCpuAtRealWidths) {
         e_decode = std::max(e_decode, rel_err(ref, got));
         next = argmax(ref.data(), V);
     }
-    std::printf("  %s/%dL: rel err prefill %.2e, graph decode %.2e\n", v.c_str(), layers, e_prefill, e_decode);
+    std::printf("  %s/%dL: rel err prefill %.2e, graph decode %.2e\n", v.c_str(), layers, e_prefill,
+                e_decode);
     // MoE routing can flip on a near-tie between the 8th and 9th expert (fp32 sums in another order).
     const double tol = gpu->config().moe ? 3e-2 : 1e-3;
     EXPECT_LT(e_prefill, tol);
@@ -258,7 +265,8 @@ TEST_P(CudaSynthetic, MatchesCpuAtRealWidths) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
+INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                         param_name);
 
 }  // namespace
 }  // namespace markbase

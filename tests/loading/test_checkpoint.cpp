@@ -16,7 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // Rewrites dir/model.safetensors through `edit`, which may drop, add or replace tensors.
-void rewrite(const fs::path& dir, const std::function<void(std::vector<TensorToWrite>&, std::vector<std::vector<uint8_t>>&)>& edit) {
+void rewrite(
+    const fs::path& dir,
+    const std::function<void(std::vector<TensorToWrite>&, std::vector<std::vector<uint8_t>>&)>& edit) {
     std::vector<TensorToWrite> tw;
     std::vector<std::vector<uint8_t>> keep;
     {
@@ -41,7 +43,7 @@ std::string load_error(const fs::path& dir) {
 }
 
 class CheckpointTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override { write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 3); }
     testing::TempDir dir{"ckpt"};
 };
@@ -72,7 +74,8 @@ TEST_F(CheckpointTest, SkipsOtherModalitiesAndUnusedSharedKv) {
 
 TEST_F(CheckpointTest, MissingTensorIsNamed) {
     rewrite(dir.path(), [](auto& tw, auto&) {
-        std::erase_if(tw, [](const TensorToWrite& t) { return t.name == "model.layers.3.mlp.up_proj.weight"; });
+        std::erase_if(tw,
+                      [](const TensorToWrite& t) { return t.name == "model.layers.3.mlp.up_proj.weight"; });
     });
     const std::string e = load_error(dir.path());
     EXPECT_NE(e.find("missing tensor model.layers.3.mlp.up_proj.weight"), std::string::npos) << e;
@@ -83,11 +86,13 @@ TEST_F(CheckpointTest, WrongShapeSaysExpectedAndFound) {
     std::vector<uint16_t> small(64 * 95, 0x3f80);
     rewrite(dir.path(), [&](auto& tw, auto&) {
         for (auto& t : tw)
-            if (t.name == "model.layers.2.mlp.gate_proj.weight") t = {t.name, DType::BF16, {95, 64}, small.data()};
+            if (t.name == "model.layers.2.mlp.gate_proj.weight")
+                t = {t.name, DType::BF16, {95, 64}, small.data()};
     });
     const std::string e = load_error(dir.path());
     EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;
-    EXPECT_NE(e.find("model.layers.2.mlp.gate_proj.weight: expected shape [96, 64], found [95, 64]"), std::string::npos)
+    EXPECT_NE(e.find("model.layers.2.mlp.gate_proj.weight: expected shape [96, 64], found [95, 64]"),
+              std::string::npos)
         << e;
 }
 

@@ -1,5 +1,5 @@
-// config.json parsing: the released variants' layer plans, both config layouts and both override forms give the
-// same plan, transformers' defaults, and clear errors naming the field.
+// config.json parsing: the released variants' layer plans, both config layouts and both override forms give
+// the same plan, transformers' defaults, and clear errors naming the field.
 #include <gtest/gtest.h>
 
 #include "loading/config_json.h"
@@ -11,7 +11,9 @@ namespace {
 
 using nlohmann::json;
 
-ModelConfig parse(const json& j) { return parse_config_text(j.dump(), "config.json"); }
+ModelConfig parse(const json& j) {
+    return parse_config_text(j.dump(), "config.json");
+}
 
 std::string error_of(const json& j) {
     try {
@@ -44,7 +46,8 @@ TEST(Config, E2BLayerPlan) {
 TEST(Config, E4BSharesWithLayers22And23) {
     const ModelConfig c = parse(variant_config("e4b"));
     EXPECT_EQ(c.embed_scale(), 50.5f);
-    for (int i = 24; i < 42; ++i) EXPECT_EQ(c.layers[i].kv_source, c.layers[i].kind == AttentionKind::Full ? 23 : 22);
+    for (int i = 24; i < 42; ++i)
+        EXPECT_EQ(c.layers[i].kv_source, c.layers[i].kind == AttentionKind::Full ? 23 : 22);
     EXPECT_EQ(c.layers[23].mlp_width, 10240);
 }
 
@@ -90,11 +93,11 @@ TEST(Config, NestedLayoutAndPerLayerConfigGiveTheSamePlan) {
 }
 
 TEST(Config, TransformersDefaults) {
-    json j = {{"model_type", "gemma4_text"}, {"hidden_size", 64}, {"num_hidden_layers", 6},
-              {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 128}};
+    json j = {{"model_type", "gemma4_text"}, {"hidden_size", 64},        {"num_hidden_layers", 6},
+              {"num_attention_heads", 4},    {"num_key_value_heads", 2}, {"intermediate_size", 128}};
     const ModelConfig c = parse(j);
-    EXPECT_EQ(c.ple_dim, 256);            // hidden_size_per_layer_input defaults to 256: PLE on
-    EXPECT_EQ(c.final_softcap, 0.0f);     // final_logit_softcapping defaults to None
+    EXPECT_EQ(c.ple_dim, 256);         // hidden_size_per_layer_input defaults to 256: PLE on
+    EXPECT_EQ(c.final_softcap, 0.0f);  // final_logit_softcapping defaults to None
     EXPECT_EQ(c.sliding_window, 512);
     EXPECT_EQ(c.layers[5].kind, AttentionKind::Full);  // default 5:1 pattern, last layer full
     EXPECT_EQ(c.layers[5].head_dim, 512);
@@ -123,14 +126,16 @@ TEST(Config, ErrorsNameTheField) {
         EXPECT_NE(error_of(with("hidden_size", -5)).find("hidden_size"), std::string::npos);
         EXPECT_NE(error_of(with("hidden_size", "big")).find("hidden_size"), std::string::npos);
         EXPECT_NE(error_of(with("hidden_activation", "silu")).find("hidden_activation"), std::string::npos);
-        EXPECT_NE(error_of(with("query_pre_attn_scalar", 256)).find("query_pre_attn_scalar"), std::string::npos);
+        EXPECT_NE(error_of(with("query_pre_attn_scalar", 256)).find("query_pre_attn_scalar"),
+                  std::string::npos);
         EXPECT_NE(error_of(with("layer_types", json::array({"sliding_attention"}))).find("layer_types"),
                   std::string::npos);
         EXPECT_NE(error_of(with("num_kv_shared_layers", 10)).find("num_kv_shared_layers"), std::string::npos);
         EXPECT_NE(error_of(with("per_layer_config", {{"x", {{"head_dim", 512}}}})).find("per_layer_config"),
                   std::string::npos);
-        EXPECT_NE(error_of(with("per_layer_config", {{"04", {{"sliding_window", 5}}}})).find("sliding_window"),
-                  std::string::npos);
+        EXPECT_NE(
+            error_of(with("per_layer_config", {{"04", {{"sliding_window", 5}}}})).find("sliding_window"),
+            std::string::npos);
         json rope = base["rope_parameters"];
         rope["full_attention"]["rope_type"] = "yarn";
         EXPECT_NE(error_of(with("rope_parameters", rope)).find("rope_type"), std::string::npos);

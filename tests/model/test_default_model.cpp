@@ -1,6 +1,7 @@
-// The bundled default model (models/default, trained by tools/train_default_model.py) against the transformers
-// 5.17 goldens recorded with it: the tokenizer gives the same prompt ids, cached greedy decoding gives exactly
-// transformers' continuation, and the perplexity of the held-out passage agrees (the issue asks for 3 digits).
+// The bundled default model (models/default, trained by tools/train_default_model.py) against the
+// transformers 5.17 goldens recorded with it: the tokenizer gives the same prompt ids, cached greedy decoding
+// gives exactly transformers' continuation, and the perplexity of the held-out passage agrees (the issue asks
+// for 3 digits).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +22,7 @@ namespace {
 const std::string kModel = std::string(MARKBASE_TEST_DATA) + "/../../models/default";
 
 class DefaultModel : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         ck = load_checkpoint(kModel).release();
         tok = new Tokenizer(Tokenizer::load(kModel));
@@ -67,7 +68,8 @@ TEST_F(DefaultModel, GreedyOutputEqualsTransformersGenerate) {
         go.sampling.temperature = 0;
         go.ignore_eos = true;
         std::vector<int> got;
-        generate(*be, want_prompt, go, [](int) { return true; }, &got);
+        generate(
+            *be, want_prompt, go, [](int) { return true; }, &got);
         EXPECT_EQ(got, want) << text << " -> " << tok->decode(got);
     }
 }

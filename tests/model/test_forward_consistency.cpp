@@ -8,16 +8,17 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
-#include "loading/random_checkpoint.h"
-#include "runtime/backend.h"
 #include "loading/config_json.h"
+#include "loading/random_checkpoint.h"
 #include "model/variants.h"
+#include "runtime/backend.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
 namespace {
 
-std::vector<float> run_all_logits(const Checkpoint& ck, const std::vector<int>& ids, int chunk, bool one_by_one) {
+std::vector<float> run_all_logits(const Checkpoint& ck, const std::vector<int>& ids, int chunk,
+                                  bool one_by_one) {
     BackendOptions o;
     o.ctx_size = 512;
     o.chunk = chunk;
@@ -71,7 +72,10 @@ INSTANTIATE_TEST_SUITE_P(Families, ForwardConsistency, ::testing::Values("e2b", 
 TEST(Forward, CountsMatchThePublishedSizes) {
     // GEMMA4.md 1.2: derived text parameters 4.65B (E2B), 7.52B (E4B), 25.23B (26B), 30.70B (31B);
     // PERFORMANCE.md: active bytes per token 4.56, 9.28, 7.64, 61.4 GB.
-    struct Case { const char* v; double total_b, active_gb; };
+    struct Case {
+        const char* v;
+        double total_b, active_gb;
+    };
     for (const Case& k : {Case{"e2b", 4.65, 4.56}, Case{"e4b", 7.52, 9.28}, Case{"26b-a4b", 25.23, 7.64},
                           Case{"31b", 30.70, 61.4}}) {
         const ModelConfig c = parse_config_text(variant_config(k.v).dump(), k.v);

@@ -21,7 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path models_dir() { return fs::path(MARKBASE_TEST_DATA) / "models"; }
+fs::path models_dir() {
+    return fs::path(MARKBASE_TEST_DATA) / "models";
+}
 
 std::vector<std::string> golden_models() {
     std::vector<std::string> out;
@@ -41,7 +43,8 @@ TEST(Golden, EveryFamilyInBothLayoutsIsPresent) {
         layouts.insert(n.substr(n.rfind('-') + 1));
         sharded |= fs::exists(models_dir() / n / "model.safetensors.index.json");
     }
-    EXPECT_EQ(families, (std::set<std::string>{"26b", "31b", "e2b", "e4b"})) << "golden models found: " << names.size();
+    EXPECT_EQ(families, (std::set<std::string>{"26b", "31b", "e2b", "e4b"}))
+        << "golden models found: " << names.size();
     EXPECT_EQ(layouts, (std::set<std::string>{"flat", "nested"}));
     EXPECT_TRUE(sharded) << "no sharded golden checkpoint";
 }
@@ -85,7 +88,8 @@ TEST_P(GoldenModel, LogitsAndGreedyIdsMatchTransformers) {
     go.sampling.temperature = 0;
     go.ignore_eos = true;
     std::vector<int> ours;
-    generate(*be, prompt, go, [](int) { return true; }, &ours);
+    generate(
+        *be, prompt, go, [](int) { return true; }, &ours);
     EXPECT_EQ(ours, greedy);
 }
 
@@ -95,7 +99,8 @@ INSTANTIATE_TEST_SUITE_P(Transformers, GoldenModel, ::testing::ValuesIn(golden_m
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
     return s;
 });
-GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenModel);  // EveryFamilyInBothLayoutsIsPresent fails instead
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(
+    GoldenModel);  // EveryFamilyInBothLayoutsIsPresent fails instead
 
 }  // namespace
 }  // namespace markbase

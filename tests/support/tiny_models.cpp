@@ -1,7 +1,8 @@
 #include "support/tiny_models.h"
 
-#include <atomic>
 #include <unistd.h>
+
+#include <atomic>
 
 #include "model/variants.h"
 

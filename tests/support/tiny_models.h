@@ -12,12 +12,12 @@ namespace markbase::testing {
 nlohmann::json tiny_config(const std::string& family);
 
 class TempDir {
-public:
+  public:
     explicit TempDir(const std::string& tag);
     ~TempDir();
     const std::filesystem::path& path() const { return path_; }
 
-private:
+  private:
     std::filesystem::path path_;
 };
 

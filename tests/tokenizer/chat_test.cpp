@@ -1,5 +1,5 @@
-// The Gemma 4 chat formatter's rules, spelled out (the transformers goldens in goldens_test.cpp are the authority;
-// these pin the shape so a failure says which rule broke).
+// The Gemma 4 chat formatter's rules, spelled out (the transformers goldens in goldens_test.cpp are the
+// authority; these pin the shape so a failure says which rule broke).
 #include "model/error.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer_test_data.h"
@@ -19,9 +19,10 @@ TEST(ChatFormat, SystemTurnAndAssistantAsModel) {
                                            {"user", "Hi"},
                                            {"assistant", "<|channel>thought\nplan<channel|>Hello!"},
                                            {"user", "Bye"}};
-    EXPECT_EQ(render_gemma4_chat(chat, true, true),
-              "<bos><|turn>system\n<|think|>Be brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n"
-              "<|turn>user\nBye<turn|>\n<|turn>model\n");
+    EXPECT_EQ(
+        render_gemma4_chat(chat, true, true),
+        "<bos><|turn>system\n<|think|>Be brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n"
+        "<|turn>user\nBye<turn|>\n<|turn>model\n");
 }
 
 TEST(ChatFormat, EncodesWithOneBos) {
@@ -38,7 +39,7 @@ TEST(ChatFormat, StripThinkingAndTrim) {
     EXPECT_EQ(strip_thinking("Answer <|channel>never closed"), "Answer");
     EXPECT_EQ(strip_thinking("abc<channel|>def"), "abcdef");
     EXPECT_EQ(strip_thinking("\u3000\u00a0 x \u2028\n"), "x");  // Python's str.strip() whitespace set
-    EXPECT_EQ(strip_thinking("\u200bx"), "\u200bx");              // U+200B is not whitespace to Python
+    EXPECT_EQ(strip_thinking("\u200bx"), "\u200bx");            // U+200B is not whitespace to Python
 }
 
 TEST(ChatFormat, StopIdsAndErrors) {

@@ -47,7 +47,8 @@ std::string run(int (*cmd)(const cli::Args&), const cli::Args& args, const std::
     return out.str();
 }
 
-std::string error_of(int (*cmd)(const cli::Args&), const cli::Args& args, const std::string& stdin_text = "") {
+std::string error_of(int (*cmd)(const cli::Args&), const cli::Args& args,
+                     const std::string& stdin_text = "") {
     try {
         run(cmd, args, stdin_text);
     } catch (const Error& e) {
@@ -72,8 +73,10 @@ TEST(TokenizerCli, TokenizeFileAndStdin) {
 
 TEST(TokenizerCli, DetokenizePrintsExactText) {
     const std::string dir = model_dir().string();
-    EXPECT_EQ(run(cli::cmd_detokenize, {"--tokenizer", dir}, "[2, 9259, 1902, 106]"), "<bos>Hello world<turn|>");
-    EXPECT_EQ(run(cli::cmd_detokenize, {"--tokenizer", dir, "--skip-special"}, "[2,9259,1902,106]\n"), "Hello world");
+    EXPECT_EQ(run(cli::cmd_detokenize, {"--tokenizer", dir}, "[2, 9259, 1902, 106]"),
+              "<bos>Hello world<turn|>");
+    EXPECT_EQ(run(cli::cmd_detokenize, {"--tokenizer", dir, "--skip-special"}, "[2,9259,1902,106]\n"),
+              "Hello world");
     EXPECT_EQ(run(cli::cmd_detokenize, {"--tokenizer", dir}, "[]"), "");
 }
 
@@ -89,7 +92,8 @@ TEST(TokenizerCli, ClearErrors) {
               std::string::npos);
     EXPECT_NE(error_of(cli::cmd_tokenize, {"--tokenizer", "/nonexistent/tok.json"}).find("cannot open"),
               std::string::npos);
-    EXPECT_NE(error_of(cli::cmd_detokenize, {"--tokenizer", dir}, "1 2 3").find("not JSON"), std::string::npos);
+    EXPECT_NE(error_of(cli::cmd_detokenize, {"--tokenizer", dir}, "1 2 3").find("not JSON"),
+              std::string::npos);
     EXPECT_NE(error_of(cli::cmd_detokenize, {"--tokenizer", dir}, "{\"a\": 1}").find("JSON array"),
               std::string::npos);
     EXPECT_NE(error_of(cli::cmd_detokenize, {"--tokenizer", dir}, "[1, 262144]").find("element 1"),
@@ -98,7 +102,8 @@ TEST(TokenizerCli, ClearErrors) {
               std::string::npos);
     const std::string not_json = (model_dir() / "not.json").string();
     std::ofstream(not_json) << "<html>nope</html>";
-    EXPECT_NE(error_of(cli::cmd_tokenize, {"--tokenizer", not_json}, "x").find("invalid JSON"), std::string::npos);
+    EXPECT_NE(error_of(cli::cmd_tokenize, {"--tokenizer", not_json}, "x").find("invalid JSON"),
+              std::string::npos);
 }
 
 TEST(TokenizerCli, Help) {

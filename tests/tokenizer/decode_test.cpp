@@ -8,7 +8,9 @@ namespace markbase::test {
 
 namespace {
 
-bool valid_utf8(const std::string& s) { return tok::find_invalid_utf8(s) == std::string::npos; }
+bool valid_utf8(const std::string& s) {
+    return tok::find_invalid_utf8(s) == std::string::npos;
+}
 
 std::string streamed(const Tokenizer& tok, const std::vector<int>& ids, bool skip, bool check_chunks = true) {
     StreamDecoder stream(tok, skip);
@@ -42,7 +44,8 @@ void corpus_round_trip(const Tokenizer& tok) {
     for (const auto& row : read_jsonl(tokenizer_data("corpus.jsonl"))) {
         const std::string text = row["text"].get<std::string>();
         const std::string name = row["name"].get<std::string>();
-        const std::vector<int> ids = tok.encode(text);  // "<0x41>" typed as text stays text: BPE never builds it
+        const std::vector<int> ids =
+            tok.encode(text);  // "<0x41>" typed as text stays text: BPE never builds it
         const std::string decoded = tok.decode(ids);
         EXPECT_EQ(decoded, expected_round_trip(text)) << name;
         EXPECT_EQ(streamed(tok, ids, false), decoded) << name;
@@ -52,13 +55,18 @@ void corpus_round_trip(const Tokenizer& tok) {
 
 }  // namespace
 
-TEST(TokenizerRoundTrip, Gemma4Corpus) { corpus_round_trip(gemma4()); }
-TEST(TokenizerRoundTrip, Gemma3Corpus) { corpus_round_trip(gemma3()); }
+TEST(TokenizerRoundTrip, Gemma4Corpus) {
+    corpus_round_trip(gemma4());
+}
+TEST(TokenizerRoundTrip, Gemma3Corpus) {
+    corpus_round_trip(gemma3());
+}
 
 TEST(TokenizerRoundTrip, ByteFallbackReassembles) {
     const Tokenizer& tok = gemma4();
     // A character outside the vocabulary comes back through its <0xXX> tokens.
-    const std::string rare = "\xF0\x9F\x80\x84 \xF0\xA0\x80\x80 \xF3\xB0\x80\x80";  // U+1F004, U+20000, U+F0000
+    const std::string rare =
+        "\xF0\x9F\x80\x84 \xF0\xA0\x80\x80 \xF3\xB0\x80\x80";  // U+1F004, U+20000, U+F0000
     const std::vector<int> ids = tok.encode(rare);
     int bytes = 0;
     for (int id : ids) bytes += tok.is_byte_token(id);
@@ -73,7 +81,7 @@ TEST(TokenizerRoundTrip, StreamHoldsByteRunsUntilComplete) {
     StreamDecoder s(tok);
     EXPECT_EQ(s.push(e2), "");
     EXPECT_EQ(s.push(x9c), "");
-    EXPECT_EQ(s.push(x85), "");                   // a run ends only at the next ordinary token
+    EXPECT_EQ(s.push(x85), "");                    // a run ends only at the next ordinary token
     EXPECT_EQ(s.push(9259), "\xE2\x9C\x85Hello");  // U+2705 then "Hello"
     EXPECT_EQ(s.push(e2), "");
     EXPECT_EQ(s.flush(), "\xEF\xBF\xBD");  // an incomplete run becomes U+FFFD per byte, as HF
@@ -93,11 +101,12 @@ TEST(TokenizerRoundTrip, RandomIdStreamsEqualDecode) {
         std::mt19937 rng(7);
         const int first_byte = *tok->token_id("<0x00>");
         std::vector<int> pool;
-        for (int b = 0; b < 256; ++b) pool.push_back(*tok->token_id([&] {
-            char name[8];
-            std::snprintf(name, sizeof name, "<0x%02X>", b);
-            return std::string(name);
-        }()));
+        for (int b = 0; b < 256; ++b)
+            pool.push_back(*tok->token_id([&] {
+                char name[8];
+                std::snprintf(name, sizeof name, "<0x%02X>", b);
+                return std::string(name);
+            }()));
         for (int id : {0, 1, 2, 100, 101, 105, 106, 107, 108, 138, 9259, 236743, 236800}) pool.push_back(id);
         (void)first_byte;
         for (int round = 0; round < 200; ++round) {
@@ -120,7 +129,8 @@ TEST(TokenizerRoundTrip, EmptyAndWhitespace) {
     const Tokenizer& tok = gemma4();
     EXPECT_TRUE(tok.encode("").empty());
     EXPECT_EQ(tok.decode(std::vector<int>{}), "");
-    for (const std::string& s : std::vector<std::string>{" ", "\n", "\t", "\r\n", "  \n\n  ", std::string(1, '\0')})
+    for (const std::string& s :
+         std::vector<std::string>{" ", "\n", "\t", "\r\n", "  \n\n  ", std::string(1, '\0')})
         EXPECT_EQ(tok.decode(tok.encode(s)), s);
 }
 

@@ -1,5 +1,5 @@
-// Bad tokenizer files, unsupported tokenizer kinds and bad input all give markbase::Error with a message that says
-// what is wrong; never a crash and never a silently wrong tokenisation.
+// Bad tokenizer files, unsupported tokenizer kinds and bad input all give markbase::Error with a message that
+// says what is wrong; never a crash and never a silently wrong tokenisation.
 #include <filesystem>
 
 #include "model/error.h"
@@ -44,7 +44,7 @@ TEST(TokenizerErrors, TinyFileWorks) {
     const Tokenizer tok = Tokenizer::from_json(tiny().dump(), "tiny.json");
     EXPECT_EQ(tok.encode("ab ab\n\nab<bos>"), (std::vector<int>{4, 6, 7, 7, 4, 0}));
     EXPECT_EQ(tok.decode(std::vector<int>{4, 6, 7, 0}), "ab ab\n<bos>");
-    EXPECT_EQ(tok.encode("c"), std::vector<int>{1});  // no byte tokens in this vocab: <unk>
+    EXPECT_EQ(tok.encode("c"), std::vector<int>{1});    // no byte tokens in this vocab: <unk>
     EXPECT_EQ(tok.encode("ccc"), std::vector<int>{1});  // fuse_unk
 }
 
@@ -69,7 +69,8 @@ TEST(TokenizerErrors, WrongModelType) {
     auto j = tiny();
     j["model"] = {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"vocab", {{"[UNK]", 0}, {"a", 1}}}};
     expect_error(j.dump(), {"WordPiece", "only BPE"});
-    j["model"] = nlohmann::json::parse(R"({"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["a", -1.5]]})");
+    j["model"] =
+        nlohmann::json::parse(R"({"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["a", -1.5]]})");
     expect_error(j.dump(), {"Unigram", "only BPE"});
     j["model"] = nlohmann::json::parse(R"({"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"})");
     expect_error(j.dump(), {"WordLevel"});
@@ -140,7 +141,8 @@ TEST(TokenizerErrors, UnsupportedPipelines) {
 }
 
 TEST(TokenizerErrors, FilesAndFolders) {
-    const auto dir = std::filesystem::temp_directory_path() / ("markbase_tok_errors_" + std::to_string(getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("markbase_tok_errors_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
     try {
         Tokenizer::load(dir);
@@ -157,12 +159,12 @@ TEST(TokenizerErrors, FilesAndFolders) {
 TEST(TokenizerErrors, InvalidUtf8Input) {
     const Tokenizer& tok = gemma4();
     const std::vector<std::pair<std::string, std::string>> bad = {
-        {"abc\xff", "offset 3"},          // never valid
-        {"\xc3", "offset 0"},             // truncated sequence
-        {"ok \xed\xa0\x80", "offset 3"},  // UTF-16 surrogate
-        {"\xc0\xaf", "offset 0"},         // overlong '/'
-        {"\xf4\x90\x80\x80", "offset 0"}, // past U+10FFFF
-        {"\x80", "offset 0"}};            // lone continuation byte
+        {"abc\xff", "offset 3"},           // never valid
+        {"\xc3", "offset 0"},              // truncated sequence
+        {"ok \xed\xa0\x80", "offset 3"},   // UTF-16 surrogate
+        {"\xc0\xaf", "offset 0"},          // overlong '/'
+        {"\xf4\x90\x80\x80", "offset 0"},  // past U+10FFFF
+        {"\x80", "offset 0"}};             // lone continuation byte
     for (const auto& [text, where] : bad) {
         try {
             tok.encode(text);

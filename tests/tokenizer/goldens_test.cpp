@@ -1,6 +1,6 @@
-// Exact agreement with HF `tokenizers` / `transformers` on the corpus, the decode cases and the chat conversations.
-// The golden files are written by tools/make_tokenizer_goldens.py (run where HF is installed) into
-// tests/data/tokenizer/goldens/. A missing or stale golden file is a failure, not a skip.
+// Exact agreement with HF `tokenizers` / `transformers` on the corpus, the decode cases and the chat
+// conversations. The golden files are written by tools/make_tokenizer_goldens.py (run where HF is installed)
+// into tests/data/tokenizer/goldens/. A missing or stale golden file is a failure, not a skip.
 #include <filesystem>
 
 #include "tokenizer/chat_format.h"
@@ -11,7 +11,8 @@ namespace markbase::test {
 namespace {
 
 const char* kHowTo =
-    "generate it with `python3 tools/make_tokenizer_goldens.py --out OUT` on a machine with HF tokenizers and "
+    "generate it with `python3 tools/make_tokenizer_goldens.py --out OUT` on a machine with HF tokenizers "
+    "and "
     "transformers, then copy OUT/*.jsonl to tests/data/tokenizer/goldens/";
 
 std::vector<nlohmann::json> golden(const std::string& file) {
@@ -32,7 +33,8 @@ void check_encode(const Tokenizer& tok, const std::string& file) {
         const auto& row = rows[i];
         const std::string name = row["name"].get<std::string>();
         const std::string text = row["text"].get<std::string>();
-        ASSERT_EQ(text, corpus[i]["text"].get<std::string>()) << file << " is stale at " << name << ": " << kHowTo;
+        ASSERT_EQ(text, corpus[i]["text"].get<std::string>())
+            << file << " is stale at " << name << ": " << kHowTo;
         const std::vector<int> want = row["ids"].get<std::vector<int>>();
         const std::vector<int> got = tok.encode(text);
         EXPECT_EQ(ids_str(got), ids_str(want)) << file << ": " << name;
@@ -61,7 +63,8 @@ void check_decode(const Tokenizer& tok, const std::string& file) {
         if (cases[i].contains("pieces")) {
             const auto pieces = cases[i]["pieces"].get<std::vector<std::string>>();
             ASSERT_EQ(pieces.size(), ids.size());
-            for (std::size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(tok.token_id(pieces[k]), ids[k]) << pieces[k];
+            for (std::size_t k = 0; k < ids.size(); ++k)
+                EXPECT_EQ(tok.token_id(pieces[k]), ids[k]) << pieces[k];
         }
         EXPECT_EQ(tok.decode(ids), row["decoded"].get<std::string>()) << file << ": " << name;
         EXPECT_EQ(tok.decode(ids, true), row["decoded_skip"].get<std::string>()) << file << ": skip " << name;
@@ -70,23 +73,33 @@ void check_decode(const Tokenizer& tok, const std::string& file) {
             std::string streamed;
             for (int id : ids) streamed += stream.push(id);
             streamed += stream.flush();
-            EXPECT_EQ(streamed, row[skip ? "decoded_skip" : "decoded"].get<std::string>()) << "stream " << name;
+            EXPECT_EQ(streamed, row[skip ? "decoded_skip" : "decoded"].get<std::string>())
+                << "stream " << name;
         }
     }
 }
 
 }  // namespace
 
-TEST(TokenizerGoldens, Gemma4EncodeMatchesHF) { check_encode(gemma4(), "gemma4_encode.jsonl"); }
-TEST(TokenizerGoldens, Gemma3EncodeMatchesHF) { check_encode(gemma3(), "gemma3_encode.jsonl"); }
-TEST(TokenizerGoldens, Gemma4DecodeMatchesHF) { check_decode(gemma4(), "gemma4_decode.jsonl"); }
-TEST(TokenizerGoldens, Gemma3DecodeMatchesHF) { check_decode(gemma3(), "gemma3_decode.jsonl"); }
+TEST(TokenizerGoldens, Gemma4EncodeMatchesHF) {
+    check_encode(gemma4(), "gemma4_encode.jsonl");
+}
+TEST(TokenizerGoldens, Gemma3EncodeMatchesHF) {
+    check_encode(gemma3(), "gemma3_encode.jsonl");
+}
+TEST(TokenizerGoldens, Gemma4DecodeMatchesHF) {
+    check_decode(gemma4(), "gemma4_decode.jsonl");
+}
+TEST(TokenizerGoldens, Gemma3DecodeMatchesHF) {
+    check_decode(gemma3(), "gemma3_decode.jsonl");
+}
 
 TEST(ChatGoldens, Gemma4TemplateMatchesTransformers) {
     const auto cases = read_jsonl(tokenizer_data("gemma4/chat_cases.jsonl"));
     const auto rows = golden("gemma4_chat.jsonl");
     if (rows.empty()) return;
-    ASSERT_EQ(rows.size(), cases.size()) << "gemma4_chat.jsonl is stale (chat_cases.jsonl changed): " << kHowTo;
+    ASSERT_EQ(rows.size(), cases.size())
+        << "gemma4_chat.jsonl is stale (chat_cases.jsonl changed): " << kHowTo;
     for (std::size_t i = 0; i < rows.size(); ++i) {
         const auto& row = rows[i];
         const std::string name = row["name"].get<std::string>();

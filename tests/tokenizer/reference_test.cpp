@@ -1,6 +1,6 @@
-// llama.cpp's 46 reference tokenisations for Gemma 4 (tests/data/tokenizer/gemma4/reference-tokenizations.*), which
-// HF tokenizers also reproduces. The .inp file separates inputs with "\n__ggml_vocab_test__\n"; the .out file has
-// one line of space-separated ids per input.
+// llama.cpp's 46 reference tokenisations for Gemma 4 (tests/data/tokenizer/gemma4/reference-tokenizations.*),
+// which HF tokenizers also reproduces. The .inp file separates inputs with "\n__ggml_vocab_test__\n"; the
+// .out file has one line of space-separated ids per input.
 #include "tokenizer_test_data.h"
 
 namespace markbase::test {
@@ -32,12 +32,30 @@ TEST(TokenizerReference, Gemma4KnownIds) {
     const Tokenizer& tok = gemma4();
     EXPECT_EQ(tok.vocab_size(), 262144);
     EXPECT_EQ(tok.bos_id(), 2);
-    const std::vector<std::pair<std::string, int>> known = {
-        {"<pad>", 0},        {"<eos>", 1},       {"<bos>", 2},          {"<unk>", 3},        {"<mask>", 4},
-        {"<|tool>", 46},     {"<tool|>", 47},    {"<|tool_call>", 48},  {"<tool_call|>", 49}, {"<|tool_response>", 50},
-        {"<tool_response|>", 51}, {"<|\"|>", 52}, {"<|think|>", 98},    {"<|channel>", 100}, {"<channel|>", 101},
-        {"<|turn>", 105},    {"<turn|>", 106},   {"<|image>", 255999},  {"<|audio>", 256000}, {"<|image|>", 258880},
-        {"<|audio|>", 258881}, {"<image|>", 258882}, {"<audio|>", 258883}, {"<|video|>", 258884}};
+    const std::vector<std::pair<std::string, int>> known = {{"<pad>", 0},
+                                                            {"<eos>", 1},
+                                                            {"<bos>", 2},
+                                                            {"<unk>", 3},
+                                                            {"<mask>", 4},
+                                                            {"<|tool>", 46},
+                                                            {"<tool|>", 47},
+                                                            {"<|tool_call>", 48},
+                                                            {"<tool_call|>", 49},
+                                                            {"<|tool_response>", 50},
+                                                            {"<tool_response|>", 51},
+                                                            {"<|\"|>", 52},
+                                                            {"<|think|>", 98},
+                                                            {"<|channel>", 100},
+                                                            {"<channel|>", 101},
+                                                            {"<|turn>", 105},
+                                                            {"<turn|>", 106},
+                                                            {"<|image>", 255999},
+                                                            {"<|audio>", 256000},
+                                                            {"<|image|>", 258880},
+                                                            {"<|audio|>", 258881},
+                                                            {"<image|>", 258882},
+                                                            {"<audio|>", 258883},
+                                                            {"<|video|>", 258884}};
     for (const auto& [text, id] : known) {
         EXPECT_EQ(tok.token_id(text), id) << text;
         EXPECT_EQ(tok.token_text(id), text);

@@ -1,5 +1,5 @@
-// Shared fixtures for the tokenizer tests: the two real tokenizers (xz-compressed in tests/data/tokenizer, unpacked
-// in memory with the xz tool once per test process) and small JSONL readers.
+// Shared fixtures for the tokenizer tests: the two real tokenizers (xz-compressed in tests/data/tokenizer,
+// unpacked in memory with the xz tool once per test process) and small JSONL readers.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,7 +16,9 @@
 
 namespace markbase::test {
 
-inline std::string tokenizer_data(const std::string& rel) { return std::string(MARKBASE_TEST_DATA) + "/tokenizer/" + rel; }
+inline std::string tokenizer_data(const std::string& rel) {
+    return std::string(MARKBASE_TEST_DATA) + "/tokenizer/" + rel;
+}
 
 inline std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -41,7 +41,8 @@ int64_t ArgReader::integer(std::initializer_list<const char*> names, int64_t def
     if (!v) return def;
     char* end = nullptr;
     long long x = std::strtoll(v->c_str(), &end, 10);
-    if (v->empty() || *end) throw Error(command_ + ": " + *names.begin() + " expects an integer, got '" + *v + "'");
+    if (v->empty() || *end)
+        throw Error(command_ + ": " + *names.begin() + " expects an integer, got '" + *v + "'");
     return x;
 }
 
@@ -50,7 +51,8 @@ double ArgReader::number(std::initializer_list<const char*> names, double def) {
     if (!v) return def;
     char* end = nullptr;
     double x = std::strtod(v->c_str(), &end);
-    if (v->empty() || *end) throw Error(command_ + ": " + *names.begin() + " expects a number, got '" + *v + "'");
+    if (v->empty() || *end)
+        throw Error(command_ + ": " + *names.begin() + " expects a number, got '" + *v + "'");
     return x;
 }
 
@@ -70,7 +72,8 @@ std::string ArgReader::required(std::initializer_list<const char*> names, const 
 
 void ArgReader::finish() {
     for (size_t i = 0; i < args_.size(); ++i)
-        if (!used_[i]) throw Error(command_ + ": unknown or misplaced argument '" + args_[i] + "' (see --help)");
+        if (!used_[i])
+            throw Error(command_ + ": unknown or misplaced argument '" + args_[i] + "' (see --help)");
 }
 
 std::vector<int> parse_id_list(const std::string& text, const char* flag) {
@@ -80,13 +83,16 @@ std::vector<int> parse_id_list(const std::string& text, const char* flag) {
         if (cur.empty()) return;
         char* end = nullptr;
         long v = std::strtol(cur.c_str(), &end, 10);
-        if (*end || v < 0 || v > 0x7fffffff) throw Error(std::string(flag) + ": '" + cur + "' is not a token id");
+        if (*end || v < 0 || v > 0x7fffffff)
+            throw Error(std::string(flag) + ": '" + cur + "' is not a token id");
         ids.push_back(static_cast<int>(v));
         cur.clear();
     };
     for (char ch : text) {
-        if (ch == ',' || ch == ' ' || ch == '[' || ch == ']' || ch == '\n' || ch == '\t') push();
-        else cur += ch;
+        if (ch == ',' || ch == ' ' || ch == '[' || ch == ']' || ch == '\n' || ch == '\t')
+            push();
+        else
+            cur += ch;
     }
     push();
     if (ids.empty()) throw Error(std::string(flag) + ": no token ids given");

@@ -11,7 +11,7 @@
 namespace markbase::cli {
 
 class ArgReader {
-public:
+  public:
     ArgReader(std::string command, std::vector<std::string> args);
 
     std::optional<std::string> value(std::initializer_list<const char*> names);
@@ -22,7 +22,7 @@ public:
     std::string required(std::initializer_list<const char*> names, const char* what);
     void finish();  // throws markbase::Error for any argument nothing read
 
-private:
+  private:
     std::string command_;
     std::vector<std::string> args_;
     std::vector<bool> used_;

@@ -1,7 +1,7 @@
 // markbase bench -m DIR [-p 128] [-n 32] [-r 3] [--json-out FILE]
-// A benchmark, not a test: prefill tok/s over a random prompt of -p tokens, then decode ms/token for -n tokens,
-// median of -r repetitions; achieved GB/s from the bytes each decoded token must read, next to this machine's
-// own read bandwidth measured in the same run. Prints a receipt with a hash of the final logits.
+// A benchmark, not a test: prefill tok/s over a random prompt of -p tokens, then decode ms/token for -n
+// tokens, median of -r repetitions; achieved GB/s from the bytes each decoded token must read, next to this
+// machine's own read bandwidth measured in the same run. Prints a receipt with a hash of the final logits.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -94,13 +94,16 @@ int cmd_bench(const Args& args) {
     char hash_s[32];
     std::snprintf(hash_s, sizeof hash_s, "%016llx", static_cast<unsigned long long>(hash));
 
-    std::printf("model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token)\n", mo.model_dir.c_str(),
-                c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9);
+    std::printf("model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token)\n",
+                mo.model_dir.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9,
+                counts.bytes_per_token / 1e9);
     std::printf("device    %s, %s, %u hw threads; measured read bandwidth %.1f GB/s\n", be.name().c_str(),
                 cpu_name().c_str(), std::thread::hardware_concurrency(), bw.read_gbs);
-    std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prompt, pf * 1e3, n_prompt / pf, reps);
-    std::printf("decode    %d tok after %d: %.2f ms/tok, %.2f tok/s, %.2f GB/s = %.0f%% of measured bandwidth\n", n_gen,
-                n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / bw.read_gbs);
+    std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prompt, pf * 1e3, n_prompt / pf,
+                reps);
+    std::printf(
+        "decode    %d tok after %d: %.2f ms/tok, %.2f tok/s, %.2f GB/s = %.0f%% of measured bandwidth\n",
+        n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / bw.read_gbs);
     std::printf("logits    hash %s (greedy chain from a seeded random prompt)\n", hash_s);
 
     if (!json_out.empty()) {

@@ -1,9 +1,12 @@
-// markbase bench --device cuda [-m DIR | --synthetic VARIANT [--layers N] [--seed S]] [-p 128] [-n 256] [-r 3]
+// markbase bench --device cuda [-m DIR | --synthetic VARIANT [--layers N] [--seed S]] [-p 128] [-n 256] [-r
+// 3]
 //                [--prefill-tokens 512] [--profile] [--json-out FILE]
 // Decode at batch 1: prefill a seeded random prompt of -p tokens, then -n greedy tokens decoded on the device
-// (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the bytes
-// each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a separate
-// --prefill-tokens prompt. --profile times one decode step kernel by kernel. Prints a receipt with a logits hash.
+// (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the
+// bytes each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a
+// separate
+// --prefill-tokens prompt. --profile times one decode step kernel by kernel. Prints a receipt with a logits
+// hash.
 #include "cli/commands/bench_cuda.h"
 
 #ifdef MARKBASE_HAS_CUDA
@@ -80,7 +83,8 @@ int cmd_bench_cuda(ArgReader& a) {
     const int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
     double load_s = 0;
     if (synthetic) {
-        if (a.value({"-m", "--model"})) throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
+        if (a.value({"-m", "--model"}))
+            throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
         const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
         if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
         bo.ctx_size = a.integer({"-c", "--ctx-size"}, need);
@@ -139,18 +143,20 @@ int cmd_bench_cuda(ArgReader& a) {
     const std::string logits_hash = hash_hex(logits.data(), logits.size() * sizeof(float));
     const std::string ids_hash = hash_hex(ids.data(), ids.size() * sizeof(int));
 
-    std::printf("model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token, %.1f GB on the GPU)\n",
-                model_label.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9,
-                be->weight_bytes() / 1e9);
-    std::printf("device    %s, %d SMs, %.1f GiB; weights ready in %.1f s; KV cache fp32 %.1f MB\n", dev.name.c_str(),
-                dev.sm_count, dev.memory_gib, load_s, be->cache_bytes() / 1e6);
+    std::printf(
+        "model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token, %.1f GB on the GPU)\n",
+        model_label.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9,
+        be->weight_bytes() / 1e9);
+    std::printf("device    %s, %d SMs, %.1f GiB; weights ready in %.1f s; KV cache fp32 %.1f MB\n",
+                dev.name.c_str(), dev.sm_count, dev.memory_gib, load_s, be->cache_bytes() / 1e6);
     if (n_prefill > 0)
-        std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prefill, pf * 1e3, n_prefill / pf,
-                    reps);
-    std::printf("decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
-                n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / kRooflineGBs, kRooflineGBs / 1e3);
-    std::printf("logits    hash %s, ids hash %s (greedy chain from a seeded random prompt)\n", logits_hash.c_str(),
-                ids_hash.c_str());
+        std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prefill, pf * 1e3,
+                    n_prefill / pf, reps);
+    std::printf(
+        "decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
+        n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / kRooflineGBs, kRooflineGBs / 1e3);
+    std::printf("logits    hash %s, ids hash %s (greedy chain from a seeded random prompt)\n",
+                logits_hash.c_str(), ids_hash.c_str());
 
     nlohmann::json prof_json = nlohmann::json::array();
     nlohmann::json by_kernel_json = nlohmann::json::object();
@@ -176,20 +182,25 @@ int cmd_bench_cuda(ArgReader& a) {
             prof_json.push_back({{"kernel", e.kernel}, {"layer", e.layer}, {"ms", e.ms}, {"bytes", e.bytes}});
         }
         std::vector<std::pair<std::string, Agg>> rows(by_kernel.begin(), by_kernel.end());
-        std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-        std::printf("profile   one decode step, kernel by kernel (events around each launch, no graph): %.3f ms in "
-                    "%zu launches; graph step %.3f ms\n",
-                    prof_total, entries.size(), dc * 1e3);
+        std::sort(rows.begin(), rows.end(),
+                  [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+        std::printf(
+            "profile   one decode step, kernel by kernel (events around each launch, no graph): %.3f ms in "
+            "%zu launches; graph step %.3f ms\n",
+            prof_total, entries.size(), dc * 1e3);
         std::printf("  %-18s %6s %10s %7s %10s %8s\n", "kernel", "calls", "total ms", "%", "MB", "GB/s");
         for (const auto& [name, k] : rows) {
             std::printf("  %-18s %6d %10.4f %6.1f%% %10.2f %8.1f\n", name.c_str(), k.calls, k.ms,
-                        100.0 * k.ms / prof_total, k.bytes / 1e6, k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0.0);
+                        100.0 * k.ms / prof_total, k.bytes / 1e6,
+                        k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0.0);
             by_kernel_json[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
         }
         std::printf("  per layer (ms):");
         for (const auto& [layer, ms] : by_layer) {
-            if (layer < 0) std::printf(" outside=%.3f", ms);
-            else std::printf(" %d=%.3f", layer, ms);
+            if (layer < 0)
+                std::printf(" outside=%.3f", ms);
+            else
+                std::printf(" %d=%.3f", layer, ms);
         }
         std::printf("\n");
     }
@@ -252,8 +263,9 @@ bool bench_wants_cuda(ArgReader& a) {
     return a.value({"--synthetic"}).has_value() || (dev && *dev == "cuda");
 }
 int cmd_bench_cuda(ArgReader&) {
-    throw Error("bench: --device cuda / --synthetic need the CUDA backend, which this build does not have "
-                "(configure where nvcc is found, or with -DMARKBASE_CUDA=ON)");
+    throw Error(
+        "bench: --device cuda / --synthetic need the CUDA backend, which this build does not have "
+        "(configure where nvcc is found, or with -DMARKBASE_CUDA=ON)");
 }
 }  // namespace markbase::cli
 

@@ -1,5 +1,5 @@
-// `markbase bench` on the CUDA backend: a loaded checkpoint (-m DIR --device cuda) or random weights built in GPU
-// memory (--synthetic VARIANT [--layers N]). See bench_cuda.cpp.
+// `markbase bench` on the CUDA backend: a loaded checkpoint (-m DIR --device cuda) or random weights built in
+// GPU memory (--synthetic VARIANT [--layers N]). See bench_cuda.cpp.
 #pragma once
 
 #include "cli/commands/args.h"

@@ -54,8 +54,8 @@ int cmd_chat(const Args& args) {
         history.push_back({"user", line});
         std::vector<int> ids = tok.encode(render_gemma4_chat(history, true, think));
 
-        // Reuse the cached prefix the new prompt shares (the template re-renders earlier replies, e.g. without
-        // their thought channel, so the shared part usually ends where the last reply began).
+        // Reuse the cached prefix the new prompt shares (the template re-renders earlier replies, e.g.
+        // without their thought channel, so the shared part usually ends where the last reply began).
         size_t common = 0;
         while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
         if (common == ids.size()) --common;  // at least one new token must be fed to get logits
@@ -78,18 +78,23 @@ int cmd_chat(const Args& args) {
 
         StreamDecoder stream(tok);
         std::vector<int> reply;
-        GenerateStats st = generate(be, fresh, go, [&](int id) {
-            if (std::find(go.stop_ids.begin(), go.stop_ids.end(), id) == go.stop_ids.end())
-                std::fputs(stream.push(id).c_str(), stdout);
-            std::fflush(stdout);
-            return true;
-        }, &reply);
+        GenerateStats st = generate(
+            be, fresh, go,
+            [&](int id) {
+                if (std::find(go.stop_ids.begin(), go.stop_ids.end(), id) == go.stop_ids.end())
+                    std::fputs(stream.push(id).c_str(), stdout);
+                std::fflush(stdout);
+                return true;
+            },
+            &reply);
         std::fputs(stream.flush().c_str(), stdout);
         std::fputs("\n", stdout);
 
         cached = ids;
-        cached.insert(cached.end(), reply.begin(), reply.end() - (reply.empty() ? 0 : 1));  // last id not evaluated
-        if (!reply.empty() && std::find(go.stop_ids.begin(), go.stop_ids.end(), reply.back()) != go.stop_ids.end())
+        cached.insert(cached.end(), reply.begin(),
+                      reply.end() - (reply.empty() ? 0 : 1));  // last id not evaluated
+        if (!reply.empty() &&
+            std::find(go.stop_ids.begin(), go.stop_ids.end(), reply.back()) != go.stop_ids.end())
             reply.pop_back();
         history.push_back({"assistant", tok.decode(reply)});
         std::fflush(stdout);

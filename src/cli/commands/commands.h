@@ -1,5 +1,5 @@
-// The CLI's subcommands. Each takes the arguments after the subcommand name and returns the process exit code;
-// a markbase::Error escaping one is printed as "error: ..." by main with exit code 1.
+// The CLI's subcommands. Each takes the arguments after the subcommand name and returns the process exit
+// code; a markbase::Error escaping one is printed as "error: ..." by main with exit code 1.
 #pragma once
 
 #include <string>

@@ -2,8 +2,8 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/commands/commands.h"
 #include "cli/commands/args.h"
+#include "cli/commands/commands.h"
 #include "loading/checkpoint.h"
 
 namespace markbase::cli {
@@ -33,22 +33,29 @@ int cmd_inspect(const Args& args) {
     std::printf("model        %s\n", dir.c_str());
     std::printf("architecture %s (weights under '%s')\n", c.architecture.c_str(), c.weight_prefix.c_str());
     std::printf("variant      %s\n", guess_variant(c).c_str());
-    std::printf("hidden %d, layers %d, heads %d, vocab %lld, sliding window %d, max positions %lld\n", c.hidden,
-                c.n_layers, c.n_heads, static_cast<long long>(c.vocab_size), c.sliding_window,
+    std::printf("hidden %d, layers %d, heads %d, vocab %lld, sliding window %d, max positions %lld\n",
+                c.hidden, c.n_layers, c.n_heads, static_cast<long long>(c.vocab_size), c.sliding_window,
                 static_cast<long long>(c.max_positions));
     if (c.ple_dim) std::printf("per-layer embeddings: %d per layer\n", c.ple_dim);
-    if (c.moe) std::printf("MoE: %d experts, top %d, expert width %d (beside a dense MLP)\n", c.n_experts, c.top_k, c.expert_width);
-    if (c.n_kv_shared) std::printf("KV sharing: layers %d-%d reuse earlier caches\n", c.first_shared_layer(), c.n_layers - 1);
+    if (c.moe)
+        std::printf("MoE: %d experts, top %d, expert width %d (beside a dense MLP)\n", c.n_experts, c.top_k,
+                    c.expert_width);
+    if (c.n_kv_shared)
+        std::printf("KV sharing: layers %d-%d reuse earlier caches\n", c.first_shared_layer(),
+                    c.n_layers - 1);
     std::printf("final logit softcap %.1f, embedding scale %.4g\n", c.final_softcap, c.embed_scale());
     std::printf("layer plan:\n");
     for (int i = 0; i < c.n_layers; ++i) {
         const LayerSpec& s = c.layers[i];
-        std::printf("  %2d %-7s d=%-3d kv_heads=%-2d mlp=%-5d%s%s\n", i, s.kind == AttentionKind::Full ? "full" : "sliding",
-                    s.head_dim, s.n_kv_heads, s.mlp_width, s.k_eq_v ? " k_eq_v" : "",
+        std::printf("  %2d %-7s d=%-3d kv_heads=%-2d mlp=%-5d%s%s\n", i,
+                    s.kind == AttentionKind::Full ? "full" : "sliding", s.head_dim, s.n_kv_heads, s.mlp_width,
+                    s.k_eq_v ? " k_eq_v" : "",
                     s.has_own_kv() ? "" : (" kv<-" + std::to_string(s.kv_source)).c_str());
     }
-    std::printf("parameters   %.3f B total, %.3f B active per token\n", n.total_params / 1e9, n.active_params / 1e9);
-    std::printf("bytes/token  %.3f GB (bf16 weights read per decoded token, KV cache excluded)\n", n.bytes_per_token / 1e9);
+    std::printf("parameters   %.3f B total, %.3f B active per token\n", n.total_params / 1e9,
+                n.active_params / 1e9);
+    std::printf("bytes/token  %.3f GB (bf16 weights read per decoded token, KV cache excluded)\n",
+                n.bytes_per_token / 1e9);
     std::printf("checkpoint   %zu file(s), %.3f GB bound, %zu tensor(s) skipped (vision/audio/unused KV)\n",
                 ck->files.files().size(), ck->bound_bytes / 1e9, ck->skipped.size());
     return 0;

@@ -16,16 +16,19 @@ int cmd_logits(const Args& args) {
     std::vector<int> ids = parse_id_list(a.required({"--ids"}, "ID,ID,..."), "--ids");
     std::string out = a.required({"-o", "--output"}, "FILE.npy");
     a.finish();
-    if (mo.backend.ctx_size < static_cast<int64_t>(ids.size())) mo.backend.ctx_size = static_cast<int64_t>(ids.size());
+    if (mo.backend.ctx_size < static_cast<int64_t>(ids.size()))
+        mo.backend.ctx_size = static_cast<int64_t>(ids.size());
     LoadedModel lm = load_model(mo);
     const int64_t V = lm.backend->config().vocab_size;
     std::vector<float> logits(ids.size() * V);
     lm.backend->eval(ids.data(), static_cast<int64_t>(ids.size()), logits.data(), true);
     for (size_t i = 0; i < logits.size(); ++i)
         if (!std::isfinite(logits[i]))
-            throw Error("logits: non-finite value at token " + std::to_string(i / V) + ", id " + std::to_string(i % V));
+            throw Error("logits: non-finite value at token " + std::to_string(i / V) + ", id " +
+                        std::to_string(i % V));
     write_npy_f32(out, logits.data(), {static_cast<int64_t>(ids.size()), V});
-    std::fprintf(stderr, "wrote %s: [%zu, %lld] float32\n", out.c_str(), ids.size(), static_cast<long long>(V));
+    std::fprintf(stderr, "wrote %s: [%zu, %lld] float32\n", out.c_str(), ids.size(),
+                 static_cast<long long>(V));
     return 0;
 }
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 
 #include "loading/generation_config.h"
@@ -29,7 +29,8 @@ ModelOptions ModelOptions::read(ArgReader& a) {
 
 std::string resolve_device(const std::string& requested) {
     if (requested != "auto") return requested;
-    if (const char* env = std::getenv("MARKBASE_DEVICE"); env && *env && std::string(env) != "auto") return env;
+    if (const char* env = std::getenv("MARKBASE_DEVICE"); env && *env && std::string(env) != "auto")
+        return env;
 #ifdef MARKBASE_HAS_CUDA
     if (cuda_device_info().available) return "cuda";
 #endif
@@ -46,8 +47,9 @@ LoadedModel load_model(const ModelOptions& o) {
 #ifdef MARKBASE_HAS_CUDA
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
 #else
-        throw Error("--device cuda: this build has no CUDA backend (configure where nvcc is found, or with "
-                    "-DMARKBASE_CUDA=ON); use --device cpu");
+        throw Error(
+            "--device cuda: this build has no CUDA backend (configure where nvcc is found, or with "
+            "-DMARKBASE_CUDA=ON); use --device cpu");
 #endif
     } else {
         throw Error("--device: unknown device '" + o.device + "' (expected auto, cpu or cuda)");
@@ -83,11 +85,13 @@ std::vector<int> stop_ids_for(const LoadedModel& lm) {
 SamplingParams read_sampling(ArgReader& a, const std::string& model_dir) {
     const GenerationDefaults g = read_generation_config(model_dir);
     SamplingParams s;
-    s.temperature = static_cast<float>(a.number({"--temp", "--temperature"}, g.do_sample ? g.temperature.value_or(1.0f) : 0.0));
+    s.temperature = static_cast<float>(
+        a.number({"--temp", "--temperature"}, g.do_sample ? g.temperature.value_or(1.0f) : 0.0));
     s.top_k = static_cast<int>(a.integer({"--top-k"}, g.top_k.value_or(64)));
     s.top_p = static_cast<float>(a.number({"--top-p"}, g.top_p.value_or(0.95f)));
     s.min_p = static_cast<float>(a.number({"--min-p"}, g.min_p.value_or(0.0f)));
-    s.repeat_penalty = static_cast<float>(a.number({"--repeat-penalty"}, g.repetition_penalty.value_or(1.0f)));
+    s.repeat_penalty =
+        static_cast<float>(a.number({"--repeat-penalty"}, g.repetition_penalty.value_or(1.0f)));
     s.repeat_last_n = static_cast<int>(a.integer({"--repeat-last-n"}, 64));
     s.presence_penalty = static_cast<float>(a.number({"--presence-penalty"}, 0.0));
     s.frequency_penalty = static_cast<float>(a.number({"--frequency-penalty"}, 0.0));

@@ -37,7 +37,8 @@ std::string resolve_device(const std::string& requested);
 // generation_config.json values, else Gemma 4's (temperature 1.0, top_k 64, top_p 0.95).
 SamplingParams read_sampling(ArgReader& a, const std::string& model_dir);
 
-// The folder `markbase` uses without -m: $MARKBASE_MODEL, else models/default beside the sources or the binary.
+// The folder `markbase` uses without -m: $MARKBASE_MODEL, else models/default beside the sources or the
+// binary.
 std::string default_model_dir();
 
 // Stop ids: config.json's eos ids plus generation_config.json's.

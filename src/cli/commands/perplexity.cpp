@@ -1,6 +1,8 @@
 // markbase perplexity [-m DIR] -f FILE [--window N]
 // Perplexity of a text file (llama.cpp's llama-perplexity): the text is tokenized without special tokens and
 // scored in non-overlapping windows of N tokens, each starting with BOS.
+#include "runtime/perplexity.h"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -8,7 +10,6 @@
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
 #include "model/error.h"
-#include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
 
 namespace markbase::cli {
@@ -26,7 +27,8 @@ int cmd_perplexity(const Args& args) {
     ss << f.rdbuf();
     Tokenizer tok = Tokenizer::load(mo.model_dir);
     std::vector<int> ids = tok.encode(ss.str());
-    if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(static_cast<size_t>(max_tokens));
+    if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens)
+        ids.resize(static_cast<size_t>(max_tokens));
     mo.backend.ctx_size = std::max<int64_t>(mo.backend.ctx_size, window);
     LoadedModel lm = load_model(mo);
     const PerplexityResult r = perplexity(*lm.backend, ids, window, tok.bos_id() >= 0 ? tok.bos_id() : 2);

@@ -58,17 +58,20 @@ int cmd_run(const Args& args) {
     std::optional<StreamDecoder> stream;
     if (tok) stream.emplace(*tok);
     if (!as_json && tok && prompt_arg && !chat) std::fputs(prompt_arg->c_str(), stdout);
-    GenerateStats st = generate(*lm.backend, prompt, go, [&](int id) {
-        if (as_json) return true;
-        const bool is_stop = std::find(go.stop_ids.begin(), go.stop_ids.end(), id) != go.stop_ids.end();
-        if (stream) {
-            if (!is_stop || go.ignore_eos) std::fputs(stream->push(id).c_str(), stdout);
-        } else {
-            std::printf("%d ", id);
-        }
-        std::fflush(stdout);
-        return true;
-    }, &out);
+    GenerateStats st = generate(
+        *lm.backend, prompt, go,
+        [&](int id) {
+            if (as_json) return true;
+            const bool is_stop = std::find(go.stop_ids.begin(), go.stop_ids.end(), id) != go.stop_ids.end();
+            if (stream) {
+                if (!is_stop || go.ignore_eos) std::fputs(stream->push(id).c_str(), stdout);
+            } else {
+                std::printf("%d ", id);
+            }
+            std::fflush(stdout);
+            return true;
+        },
+        &out);
     if (as_json) {
         nlohmann::json j;
         j["ids"] = out;

@@ -1,10 +1,10 @@
-// `markbase tokenize` and `markbase detokenize`: the tokenizer on the command line, for checking prompts and ids
-// by hand and for scripts.
+// `markbase tokenize` and `markbase detokenize`: the tokenizer on the command line, for checking prompts and
+// ids by hand and for scripts.
 //   markbase tokenize   --tokenizer PATH [--file F] [--bos]   text of F (or stdin) -> one JSON array of ids
 //   markbase tokenize   --tokenizer PATH --bench FILE          load time and encode/decode MB/s
 //   markbase detokenize --tokenizer PATH [--skip-special]      JSON array of ids on stdin -> the exact text
-// PATH is a tokenizer.json or a model folder that holds one. The text is taken byte for byte (a trailing newline
-// from `echo` is part of it); ids are printed without BOS unless --bos is given.
+// PATH is a tokenizer.json or a model folder that holds one. The text is taken byte for byte (a trailing
+// newline from `echo` is part of it); ids are printed without BOS unless --bos is given.
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -30,9 +30,11 @@ struct TokenizeOptions {
 const char* kTokenizeUsage =
     "usage: markbase tokenize --tokenizer PATH [--file F] [--bos]\n"
     "       markbase tokenize --tokenizer PATH --bench FILE\n"
-    "Prints the token ids of F's text (or stdin's) as one JSON array. PATH is a tokenizer.json or a model folder.\n"
+    "Prints the token ids of F's text (or stdin's) as one JSON array. PATH is a tokenizer.json or a model "
+    "folder.\n"
     "  --bos          prepend the <bos> id (the chat template writes <bos> itself; raw prompts need it)\n"
-    "  --bench FILE   time loading PATH and encoding FILE (a .jsonl corpus contributes its \"text\" fields)\n";
+    "  --bench FILE   time loading PATH and encoding FILE (a .jsonl corpus contributes its \"text\" "
+    "fields)\n";
 
 const char* kDetokenizeUsage =
     "usage: markbase detokenize --tokenizer PATH [--skip-special]\n"
@@ -57,13 +59,21 @@ TokenizeOptions parse(const Args& args, const std::string& command) {
         auto no_value = [&]() {
             if (has_value) throw Error(command + ": " + flag + " takes no value");
         };
-        if (flag == "--tokenizer") o.tokenizer = take();
-        else if (flag == "--file" && command == "tokenize") o.file = take();
-        else if (flag == "--bench" && command == "tokenize") o.bench = take();
-        else if (flag == "--bos" && command == "tokenize") no_value(), o.bos = true;
-        else if (flag == "--skip-special" && command == "detokenize") no_value(), o.skip_special = true;
-        else if (flag == "--help" || flag == "-h") o.help = true;
-        else throw Error(command + ": unknown argument '" + args[i] + "' (see markbase " + command + " --help)");
+        if (flag == "--tokenizer")
+            o.tokenizer = take();
+        else if (flag == "--file" && command == "tokenize")
+            o.file = take();
+        else if (flag == "--bench" && command == "tokenize")
+            o.bench = take();
+        else if (flag == "--bos" && command == "tokenize")
+            no_value(), o.bos = true;
+        else if (flag == "--skip-special" && command == "detokenize")
+            no_value(), o.skip_special = true;
+        else if (flag == "--help" || flag == "-h")
+            o.help = true;
+        else
+            throw Error(command + ": unknown argument '" + args[i] + "' (see markbase " + command +
+                        " --help)");
     }
     if (!o.help && o.tokenizer.empty())
         throw Error(command + ": --tokenizer PATH is required (a tokenizer.json or a model folder)");
@@ -130,8 +140,9 @@ int cmd_detokenize(const Args& args) {
     try {
         j = nlohmann::json::parse(input);
     } catch (const nlohmann::json::exception& e) {
-        throw Error(std::string("detokenize: stdin is not JSON (expected an array of token ids like [2,9259]): ") +
-                    e.what());
+        throw Error(
+            std::string("detokenize: stdin is not JSON (expected an array of token ids like [2,9259]): ") +
+            e.what());
     }
     if (!j.is_array()) throw Error("detokenize: expected a JSON array of token ids on stdin, like [2,9259]");
     std::vector<int> ids;
@@ -140,7 +151,8 @@ int cmd_detokenize(const Args& args) {
         const auto& v = j[i];
         if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok.vocab_size())
             throw Error("detokenize: element " + std::to_string(i) + " (" + v.dump() +
-                        ") is not a token id of this tokenizer (0.." + std::to_string(tok.vocab_size() - 1) + ")");
+                        ") is not a token id of this tokenizer (0.." + std::to_string(tok.vocab_size() - 1) +
+                        ")");
         ids.push_back(static_cast<int>(v.get<int64_t>()));
     }
     std::cout << tok.decode(ids, o.skip_special);
