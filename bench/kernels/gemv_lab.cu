@@ -1,9 +1,15 @@
 // Kernel lab for the hot decode op: y = W @ x with W bf16 [N, K] (row-major, HF [out, in]) and x fp32.
-// A CPU reference in double, numbered GPU variants, a correctness gate (poisoned output, every element
-// checked against the reference) and a GB/s sweep over the shapes Gemma 4 decodes with, rotating over enough
+// Numbered GPU variants, a correctness gate (poisoned output, every element checked against an fp64 GPU
+// reference that is itself spot-checked against a CPU fp64 reference) and a GB/s sweep over every GEMV shape
+// that Gemma 4 decodes with (E2B, E4B, 26B-A4B incl. the 8 selected experts, 31B), rotating over enough
 // weight copies that the 60 MB L2 cannot serve the reads. cuBLAS (bf16 x bf16 -> fp32 GEMV through GemmEx) is
-// the baseline. The winner is promoted into src/cuda/gemv.cu (today: v2).
-//   markbase_gemv_lab [--quick]
+// the baseline. Two timings per (shape, variant): "solo" (CUDA events around one launch, median of 20) and
+// "graph" (20 launches on rotating copies captured as one CUDA graph, per-launch time, median of 5 replays:
+// what a decode graph sees, launch gaps included). The per-shape winner table and the per-model totals use
+// "graph". The winner is promoted into src/cuda/gemv.cu (today: v2; v6..v10 are also selectable there with
+// MARKBASE_CUDA_GEMV, see the legend printed first).
+//   markbase_gemv_lab [--quick] [--only SUBSTRING]
+// Weights and x are drawn on the GPU from a counter hash (uniform [-1, 1)), so a full sweep takes seconds.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -88,19 +94,69 @@ __global__ void v1_kernel(const uint16_t* W, const float* x, float* y, int N, in
     if (lane == 0) y[row] = s;
 }
 
-// v2..: x staged in shared memory, R rows per warp, U chunks per row in flight, streaming loads, grid-stride
-// over row groups (the production layout of src/cuda/gemv.cu is <2, 4>).
-template <int R, int U>
-__global__ void __launch_bounds__(256)
-    staged_kernel(const uint16_t* W, const float* x, float* y, int N, int K) {
+// v11: one warp per row, no shared memory, 8 independent 16-byte streaming loads in flight per lane before
+// the first use; x through L1 (__ldg). Few registers, no staging: many small blocks (N / 8), several waves.
+__global__ void __launch_bounds__(256) v11_kernel(const uint16_t* W, const float* x, float* y, int N, int K) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const int nchunk = K / 8;
+    const uint4* w = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(row) * K);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float s = 0;
+    for (int base = 0; base < nchunk; base += 32 * 8) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int c = base + u * 32 + lane;
+            v[u] = c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int c = base + u * 32 + lane;
+            if (c < nchunk) s += dot8(v[u], __ldg(x4 + 2 * c), __ldg(x4 + 2 * c + 1));
+        }
+    }
+    s = warp_sum(s);
+    if (lane == 0) y[row] = s;
+}
+
+// v2..v10, v12..v15: x staged in shared memory, NW warps per block, R rows per warp, U chunks per row in
+// flight, streaming loads, grid-stride over units. A unit is a group of NW*R rows times one of S slices of
+// the K range (S = 1: whole rows; S > 1: split-K, y zeroed first and the partial sums added with atomicAdd).
+// EARLY: the block's first batch of weights is loaded into registers before x is staged, so the staging
+// latency (x load, barrier) overlaps the first weight loads. The production layout of src/cuda/gemv.cu is
+// <2, 4, 8, false> with S = 1 and the legacy grid (v2).
+template <int R, int U, int NW, bool EARLY>
+__global__ void __launch_bounds__(NW * 32)
+    staged_kernel(const uint16_t* W, const float* x, float* y, int N, int K, int S) {
     extern __shared__ float4 xs4[];
     float* xs = reinterpret_cast<float*>(xs4);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = K / 8;
+    const int groups = (N + NW * R - 1) / (NW * R);
+    const int slice = (nchunk + S - 1) / S;
+    const int units = groups * S;
+    uint4 pre[R][U];
+    if constexpr (EARLY) {
+        const int unit = blockIdx.x;
+        const int g = unit / S, c_lo = (unit - g * S) * slice, c_hi = min(nchunk, c_lo + slice);
+        const int row0 = (g * NW + warp) * R;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int c = c_lo + u * 32 + lane;
+                const bool ok = unit < units && row0 + r < N && c < c_hi;
+                pre[r][u] =
+                    ok ? ld_stream(reinterpret_cast<const uint4*>(W + static_cast<int64_t>(row0 + r) * K) + c)
+                       : make_uint4(0, 0, 0, 0);
+            }
+    }
     for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = K / 8;
-    const int groups = (N + 8 * R - 1) / (8 * R);
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        const int row0 = (g * 8 + warp) * R;
+    bool first = true;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        const int g = unit / S, c_lo = (unit - g * S) * slice, c_hi = min(nchunk, c_lo + slice);
+        const int row0 = (g * NW + warp) * R;
         const uint4* w[R];
         bool ok[R];
         float acc[R];
@@ -110,67 +166,174 @@ __global__ void __launch_bounds__(256)
             w[r] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(ok[r] ? row0 + r : 0) * K);
             acc[r] = 0;
         }
-        for (int base = 0; base < nchunk; base += 32 * U) {
+        for (int base = c_lo; base < c_hi; base += 32 * U) {
             uint4 v[R][U];
+            if (EARLY && first) {
 #pragma unroll
-            for (int u = 0; u < U; ++u)
+                for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const int c = base + u * 32 + lane;
-                    v[r][u] = ok[r] && c < nchunk ? ld_stream(w[r] + c) : make_uint4(0, 0, 0, 0);
-                }
+                    for (int r = 0; r < R; ++r) v[r][u] = pre[r][u];
+                first = false;
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const int c = base + u * 32 + lane;
+                        v[r][u] = ok[r] && c < c_hi ? ld_stream(w[r] + c) : make_uint4(0, 0, 0, 0);
+                    }
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int c = base + u * 32 + lane;
-                if (c < nchunk) {
+                if (c < c_hi) {
                     const float4 a = xs4[2 * c], b = xs4[2 * c + 1];
 #pragma unroll
                     for (int r = 0; r < R; ++r) acc[r] += dot8(v[r][u], a, b);
                 }
             }
         }
+        first = false;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             acc[r] = warp_sum(acc[r]);
-            if (lane == 0 && ok[r]) y[row0 + r] = acc[r];
+            if (lane == 0 && ok[r]) {
+                if (S == 1)
+                    y[row0 + r] = acc[r];
+                else
+                    atomicAdd(y + row0 + r, acc[r]);
+            }
         }
+    }
+}
+
+// fp64 reference on the GPU: one warp per row, plain loads, double accumulation.
+__global__ void ref_kernel(const uint16_t* W, const float* x, double* y, int N, int K) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    double s = 0;
+    for (int k = lane; k < K; k += 32)
+        s += static_cast<double>(
+                 __uint_as_float(static_cast<uint32_t>(W[static_cast<int64_t>(row) * K + k]) << 16)) *
+             static_cast<double>(x[k]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) y[row] = s;
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// W[i] = bf16(uniform[-1, 1)) from a counter hash (round to nearest even).
+__global__ void fill_kernel(uint16_t* W, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
+        const float f = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        uint32_t b = __float_as_uint(f);
+        b += 0x7fffu + ((b >> 16) & 1u);
+        W[i] = static_cast<uint16_t>(b >> 16);
     }
 }
 
 int g_sms = 132;
 
+// Blocks resident at once per SM (occupancy), cached per instantiation and smem size.
+int resident(const void* fn, int threads, size_t smem) {
+    struct Key {
+        const void* fn;
+        size_t smem;
+    };
+    static std::vector<std::pair<Key, int>> cache;
+    for (auto& [k, v] : cache)
+        if (k.fn == fn && k.smem == smem) return v;
+    int nb = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, threads, smem));
+    nb = std::max(nb, 1);
+    cache.push_back({{fn, smem}, nb});
+    return nb;
+}
+
+// K slices per row group for a balanced split-K (the same rule as src/cuda/gemv.cu's choose_ksplit).
+int choose_ksplit(int groups, int blocks, int nchunk, int U) {
+    int best = 1;
+    double best_score = -1.0;
+    for (int S = 1; S <= 8; ++S) {
+        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
+        const int units = groups * S;
+        const int rounds = (units + blocks - 1) / blocks;
+        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
+        const double score = eff - 0.02 * (S - 1);
+        if (score > best_score + 1e-9) {
+            best_score = score;
+            best = S;
+        }
+    }
+    return best;
+}
+
+enum Grid { kLegacy, kResident, kResidentSplitK };
+
+template <int R, int U, int NW, bool EARLY, Grid G>
+void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
+    static bool prepared = false;
+    if (!prepared) {
+        CK(cudaFuncSetAttribute(staged_kernel<R, U, NW, EARLY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                96 << 10));
+        prepared = true;
+    }
+    const size_t smem = static_cast<size_t>(K) * 4;
+    const int groups = (N + NW * R - 1) / (NW * R);
+    int blocks, S = 1;
+    if (G == kLegacy) {
+        const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
+        blocks = std::min(groups, g_sms * per_sm);
+    } else {
+        blocks =
+            g_sms * resident(reinterpret_cast<const void*>(staged_kernel<R, U, NW, EARLY>), NW * 32, smem);
+        if (G == kResidentSplitK) S = choose_ksplit(groups, blocks, K / 8, U);
+        blocks = std::min(blocks, groups * S);
+    }
+    if (S > 1) CK(cudaMemsetAsync(y, 0, static_cast<size_t>(N) * 4, s));
+    staged_kernel<R, U, NW, EARLY><<<blocks, NW * 32, smem, s>>>(W, x, y, N, K, S);
+}
+
 struct Variant {
     const char* name;
+    const char* prod;  // MARKBASE_CUDA_GEMV name when src/cuda/gemv.cu has the same layout, else ""
     void (*launch)(const uint16_t*, const float*, float*, int, int, cudaStream_t);
 };
 
-template <int R, int U>
-void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
-    const size_t smem = static_cast<size_t>(K) * 4;
-    const int groups = (N + 8 * R - 1) / (8 * R);
-    const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
-    staged_kernel<R, U><<<std::min(groups, g_sms * per_sm), 256, smem, s>>>(W, x, y, N, K);
-}
-
 const Variant kVariants[] = {
-    {"v0 thread/row scalar",
+    {"v0 thread/row scalar", "",
      [](const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
          v0_kernel<<<(N + 255) / 256, 256, 0, s>>>(W, x, y, N, K);
      }},
-    {"v1 warp/row ldg16", [](const uint16_t* W, const float* x, float* y, int N, int K,
-                             cudaStream_t s) { v1_kernel<<<(N + 7) / 8, 256, 0, s>>>(W, x, y, N, K); }},
-    {"v2 smem R2 U4 (prod)", launch_staged<2, 4>},
-    {"v3 smem R4 U2", launch_staged<4, 2>},
-    {"v4 smem R1 U8", launch_staged<1, 8>},
-    {"v5 smem R2 U8", launch_staged<2, 8>},
+    {"v1 warp/row ldg16", "",
+     [](const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
+         v1_kernel<<<(N + 7) / 8, 256, 0, s>>>(W, x, y, N, K);
+     }},
+    {"v2 smem R2 U4 (prod)", "legacy", launch_staged<2, 4, 8, false, kLegacy>},
+    {"v3 smem R4 U2", "", launch_staged<4, 2, 8, false, kLegacy>},
+    {"v4 smem R1 U8", "", launch_staged<1, 8, 8, false, kLegacy>},
+    {"v5 smem R2 U8", "", launch_staged<2, 8, 8, false, kLegacy>},
+    {"v6 R2 U4 resident", "r2u4", launch_staged<2, 4, 8, false, kResident>},
+    {"v7 R1 U8 resident", "r1u8", launch_staged<1, 8, 8, false, kResident>},
+    {"v8 R4 U2 resident", "r4u2", launch_staged<4, 2, 8, false, kResident>},
+    {"v9 R1 U8 res splitK", "r1u8k", launch_staged<1, 8, 8, false, kResidentSplitK>},
+    {"v10 R2 U4 res splitK", "r2u4k", launch_staged<2, 4, 8, false, kResidentSplitK>},
+    {"v11 warp/row U8 nosmem", "",
+     [](const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
+         v11_kernel<<<(N + 7) / 8, 256, 0, s>>>(W, x, y, N, K);
+     }},
+    {"v12 R1 U8 res early", "", launch_staged<1, 8, 8, true, kResident>},
+    {"v13 R1 U8 res early spK", "", launch_staged<1, 8, 8, true, kResidentSplitK>},
+    {"v14 4w R2 U4 resident", "", launch_staged<2, 4, 4, false, kResident>},
+    {"v15 16w R1 U4 resident", "", launch_staged<1, 4, 16, false, kResident>},
 };
+constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
-uint16_t to_bf16(float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    b += 0x7fffu + ((b >> 16) & 1u);
-    return static_cast<uint16_t>(b >> 16);
-}
 float from_bf16(uint16_t v) {
     uint32_t b = static_cast<uint32_t>(v) << 16;
     float f;
@@ -178,25 +341,87 @@ float from_bf16(uint16_t v) {
     return f;
 }
 
+// Every GEMV a decoded token runs, by model: N x K and how many per token. Fused pairs are one matrix of the
+// same bytes here (qkv = q, k, v rows stacked; mlp gate_up = gate and up rows; the 8 selected experts = 8
+// experts' rows stacked, each expert's own x in reality).
+struct Shape {
+    const char* model;
+    const char* what;
+    int N, K;
+    int count;  // per token
+};
+const Shape kShapes[] = {
+    {"e2b", "qkv sliding own", 2560, 1536, 12},
+    {"e2b", "qkv full own", 5120, 1536, 3},
+    {"e2b", "q sliding shared", 2048, 1536, 16},
+    {"e2b", "q full shared", 4096, 1536, 4},
+    {"e2b", "o_proj sliding", 1536, 2048, 28},
+    {"e2b", "o_proj full", 1536, 4096, 7},
+    {"e2b", "gate_up", 12288, 1536, 15},
+    {"e2b", "gate_up double", 24576, 1536, 20},
+    {"e2b", "down", 1536, 6144, 15},
+    {"e2b", "down double", 1536, 12288, 20},
+    {"e2b", "ple_gate", 256, 1536, 35},
+    {"e2b", "ple_proj", 1536, 256, 35},
+    {"e2b", "ple_model_proj", 8960, 1536, 1},
+    {"e2b", "lm_head", 262144, 1536, 1},
+    {"e4b", "qkv sliding own", 3072, 2560, 20},
+    {"e4b", "qkv full own", 6144, 2560, 4},
+    {"e4b", "q sliding shared", 2048, 2560, 15},
+    {"e4b", "q full shared", 4096, 2560, 3},
+    {"e4b", "o_proj sliding", 2560, 2048, 35},
+    {"e4b", "o_proj full", 2560, 4096, 7},
+    {"e4b", "gate_up", 20480, 2560, 42},
+    {"e4b", "down", 2560, 10240, 42},
+    {"e4b", "ple_gate", 256, 2560, 42},
+    {"e4b", "ple_proj", 2560, 256, 42},
+    {"e4b", "ple_model_proj", 10752, 2560, 1},
+    {"e4b", "lm_head", 262144, 2560, 1},
+    {"26b", "qkv sliding", 8192, 2816, 25},
+    {"26b", "qkv full", 9216, 2816, 5},
+    {"26b", "o_proj sliding", 2816, 4096, 25},
+    {"26b", "o_proj full", 2816, 8192, 5},
+    {"26b", "gate_up", 4224, 2816, 30},
+    {"26b", "down", 2816, 2112, 30},
+    {"26b", "router", 128, 2816, 30},
+    {"26b", "experts gate_up x8", 11264, 2816, 30},
+    {"26b", "experts down x8", 22528, 704, 30},
+    {"26b", "lm_head", 262144, 2816, 1},
+    {"31b", "qkv sliding", 16384, 5376, 50},
+    {"31b", "qkv full", 18432, 5376, 10},
+    {"31b", "o_proj sliding", 5376, 8192, 50},
+    {"31b", "o_proj full", 5376, 16384, 10},
+    {"31b", "gate_up", 43008, 5376, 60},
+    {"31b", "down", 5376, 21504, 60},
+    {"31b", "lm_head", 262144, 5376, 1},
+};
+constexpr int kNumShapes = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+    bool quick = false;
+    std::string only;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--quick") {
+            quick = true;
+        } else if (a == "--only" && i + 1 < argc) {
+            only = argv[++i];
+        } else {
+            std::fprintf(stderr, "usage: markbase_gemv_lab [--quick] [--only SUBSTRING]\n");
+            return 2;
+        }
+    }
+    constexpr double kRoofGBs = 4160.0;  // PERFORMANCE.md: HBM read, one H200
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     g_sms = prop.multiProcessorCount;
-    std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-    for (int K : {1536, 2560, 2816, 5376, 12288, 21504}) {
-        const int bytes = K * 4;
-        CK(cudaFuncSetAttribute(staged_kernel<2, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                std::max(bytes, 48 << 10)));
-        CK(cudaFuncSetAttribute(staged_kernel<4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                std::max(bytes, 48 << 10)));
-        CK(cudaFuncSetAttribute(staged_kernel<1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                std::max(bytes, 48 << 10)));
-        CK(cudaFuncSetAttribute(staged_kernel<2, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                std::max(bytes, 48 << 10)));
-    }
+    std::printf("device %s, %d SMs, L2 %d MB; roofline %.0f GB/s\n", prop.name, prop.multiProcessorCount,
+                prop.l2CacheSize >> 20, kRoofGBs);
+    std::printf("variants (prod = its MARKBASE_CUDA_GEMV name in src/cuda/gemv.cu):\n");
+    for (int v = 0; v < kNumVariants; ++v)
+        std::printf("  %-24s %s\n", kVariants[v].name, *kVariants[v].prod ? kVariants[v].prod : "-");
     cublasHandle_t blas;
     CB(cublasCreate(&blas));
     cudaStream_t stream;
@@ -225,60 +450,91 @@ int main(int argc, char** argv) {
         std::sort(t.begin(), t.end());
         std::printf("device copy 2 GiB: %.3f ms, %.1f GB/s (read + write)\n", t[t.size() / 2],
                     2.0 * bytes / (t[t.size() / 2] * 1e-3) / 1e9);
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
         CK(cudaFree(a));
         CK(cudaFree(b));
     }
 
-    struct Shape {
-        const char* what;
-        int N, K;
-    };
-    std::vector<Shape> shapes = {{"e2b q_proj", 2048, 1536},    {"e2b mlp gate", 12288, 1536},
-                                 {"e2b mlp down", 1536, 12288}, {"26b expert-like", 1408, 2816},
-                                 {"26b o_proj", 2816, 4096},    {"31b mlp gate", 21504, 5376},
-                                 {"31b mlp down", 5376, 21504}, {"e2b lm_head", 262144, 1536}};
-    if (quick)
-        shapes = {
-            {"e2b mlp gate", 12288, 1536}, {"31b mlp down", 5376, 21504}, {"e2b lm_head", 262144, 1536}};
+    std::vector<int> shapes;
+    for (int i = 0; i < kNumShapes; ++i) {
+        const Shape& sh = kShapes[i];
+        const std::string tag = std::string(sh.model) + " " + sh.what;
+        if (!only.empty() && tag.find(only) == std::string::npos) continue;
+        if (quick && !(tag == "e2b gate_up" || tag == "31b down" || tag == "e2b lm_head" ||
+                       tag == "26b experts down x8" || tag == "31b o_proj sliding"))
+            continue;
+        shapes.push_back(i);
+    }
 
+    std::vector<float> hx;
     uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-    auto uni = [&]() {  // xorshift64*: fast enough for a billion draws, uniform in [-1, 1)
+    auto uni = [&]() {  // xorshift64*: uniform in [-1, 1)
         rng_state ^= rng_state >> 12;
         rng_state ^= rng_state << 25;
         rng_state ^= rng_state >> 27;
         return static_cast<float>((rng_state * 2685821657736338717ull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
     };
-    std::printf("%-16s %7s %6s | %-22s %9s %9s %8s\n", "shape", "N", "K", "variant", "us", "GB/s", "err");
+    // graph_us[shape][variant] (per launch, 20 launches in one graph), NaN = not run; cuBLAS is variant
+    // kNumVariants
+    const int nv = kNumVariants + 1;
+    std::vector<std::vector<double>> graph_us(kNumShapes, std::vector<double>(nv, NAN));
+    std::printf("\n%-4s %-20s %7s %6s | %-24s %9s %9s %9s %6s %8s\n", "mdl", "shape", "N", "K", "variant",
+                "solo us", "graph us", "GB/s", "%roof", "err");
     bool all_ok = true;
-    for (const Shape& sh : shapes) {
+    for (const int si : shapes) {
+        const Shape& sh = kShapes[si];
         const int64_t N = sh.N, K = sh.K;
         const size_t wbytes = static_cast<size_t>(N * K * 2);
         const int copies = static_cast<int>(std::max<size_t>(1, (size_t{1} << 30) / wbytes + 1));
-        std::vector<uint16_t> hw(N * K);
-        std::vector<float> hx(K);
-        for (auto& v : hw) v = to_bf16(uni());
-        for (auto& v : hx) v = uni();
-        std::vector<double> ref(N);
-        for (int64_t n = 0; n < N; ++n) {
-            double s = 0;
-            for (int64_t k = 0; k < K; ++k) s += static_cast<double>(from_bf16(hw[n * K + k])) * hx[k];
-            ref[n] = s;
-        }
         uint16_t* dw = nullptr;
         float *dx = nullptr, *dy = nullptr;
+        double* dref = nullptr;
         uint16_t* dxb = nullptr;
         CK(cudaMalloc(&dw, wbytes * copies));
-        for (int c = 0; c < copies; ++c)
-            CK(cudaMemcpy(dw + c * N * K, hw.data(), wbytes, cudaMemcpyHostToDevice));
+        fill_kernel<<<4 * g_sms, 256, 0, stream>>>(dw, N * K, 1234 + si);
+        CK(cudaGetLastError());
+        for (int c = 1; c < copies; ++c)
+            CK(cudaMemcpyAsync(dw + c * N * K, dw, wbytes, cudaMemcpyDeviceToDevice, stream));
+        hx.resize(K);
+        for (auto& v : hx) v = uni();
         CK(cudaMalloc(&dx, K * 4));
         CK(cudaMalloc(&dy, N * 4));
+        CK(cudaMalloc(&dref, N * 8));
         CK(cudaMalloc(&dxb, K * 2));
         CK(cudaMemcpy(dx, hx.data(), K * 4, cudaMemcpyHostToDevice));
         std::vector<uint16_t> hxb(K);
-        for (int64_t k = 0; k < K; ++k) hxb[k] = to_bf16(hx[k]);
+        for (int64_t k = 0; k < K; ++k) {
+            uint32_t b;
+            std::memcpy(&b, &hx[k], 4);
+            b += 0x7fffu + ((b >> 16) & 1u);
+            hxb[k] = static_cast<uint16_t>(b >> 16);
+        }
         CK(cudaMemcpy(dxb, hxb.data(), K * 2, cudaMemcpyHostToDevice));
+        ref_kernel<<<static_cast<int>((N + 7) / 8), 256, 0, stream>>>(dw, dx, dref, static_cast<int>(N),
+                                                                      static_cast<int>(K));
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(stream));
+        std::vector<double> ref(N);
+        CK(cudaMemcpy(ref.data(), dref, N * 8, cudaMemcpyDeviceToHost));
+        {  // the GPU reference against the CPU in fp64 on a few rows
+            std::vector<uint16_t> row(K);
+            double worst = 0;
+            for (int t = 0; t < 16; ++t) {
+                const int64_t n = (t * 7919) % N;
+                CK(cudaMemcpy(row.data(), dw + n * K, K * 2, cudaMemcpyDeviceToHost));
+                double s = 0;
+                for (int64_t k = 0; k < K; ++k) s += static_cast<double>(from_bf16(row[k])) * hx[k];
+                worst = std::max(worst, std::fabs(s - ref[n]) / (std::sqrt(static_cast<double>(K)) * 0.34));
+            }
+            if (!(worst < 1e-9)) {
+                std::printf("%-4s %-20s: GPU fp64 reference disagrees with the CPU (%.1e)  FAIL\n", sh.model,
+                            sh.what, worst);
+                all_ok = false;
+            }
+        }
 
-        auto measure = [&](auto&& fn) {
+        auto solo = [&](auto&& fn) {
             for (int i = 0; i < 3; ++i) fn(i % copies);
             CK(cudaStreamSynchronize(stream));
             cudaEvent_t a, b;
@@ -299,59 +555,168 @@ int main(int argc, char** argv) {
             std::sort(t.begin(), t.end());
             return static_cast<double>(t[t.size() / 2]);
         };
+        constexpr int kChain = 20;
+        auto graph = [&](auto&& fn) {  // per-launch ms of kChain launches on rotating copies in one graph
+            cudaGraph_t g = nullptr;
+            cudaGraphExec_t ge = nullptr;
+            CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < kChain; ++i) fn(i % copies);
+            CK(cudaStreamEndCapture(stream, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            CK(cudaGraphLaunch(ge, stream));
+            CK(cudaStreamSynchronize(stream));
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a));
+            CK(cudaEventCreate(&b));
+            std::vector<float> t;
+            for (int i = 0; i < 5; ++i) {
+                CK(cudaEventRecord(a, stream));
+                CK(cudaGraphLaunch(ge, stream));
+                CK(cudaEventRecord(b, stream));
+                CK(cudaEventSynchronize(b));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, a, b));
+                t.push_back(ms / kChain);
+            }
+            CK(cudaEventDestroy(a));
+            CK(cudaEventDestroy(b));
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+            std::sort(t.begin(), t.end());
+            return static_cast<double>(t[t.size() / 2]);
+        };
         auto check = [&](double tol) {
             std::vector<float> hy(N);
             CK(cudaMemcpy(hy.data(), dy, N * 4, cudaMemcpyDeviceToHost));
             double worst = 0;
+            const double scale = std::sqrt(static_cast<double>(K)) * 0.34;  // ~|row|*|x|
             for (int64_t n = 0; n < N; ++n) {
-                const double scale = std::sqrt(static_cast<double>(K)) * 0.34;  // ~|row|*|x|
                 const double e = std::isfinite(hy[n]) ? std::fabs(hy[n] - ref[n]) / scale : INFINITY;
                 worst = std::max(worst, e);
             }
-            if (!(worst < tol)) all_ok = false;
             return worst;
         };
+        auto report = [&](const char* name, double solo_ms, double graph_ms, double err, bool ok) {
+            std::printf("%-4s %-20s %7lld %6lld | %-24s %9.1f %9.1f %9.1f %5.1f%% %8.1e%s\n", sh.model,
+                        sh.what, static_cast<long long>(N), static_cast<long long>(K), name, solo_ms * 1e3,
+                        graph_ms * 1e3, wbytes / (graph_ms * 1e-3) / 1e9,
+                        100.0 * wbytes / (graph_ms * 1e-3) / 1e9 / kRoofGBs, err, ok ? "" : "  FAIL");
+        };
 
-        for (const Variant& v : kVariants) {
-            if (v.launch == kVariants[0].launch && N * K > (int64_t{1} << 27))
-                continue;                     // v0 is too slow there
-            CK(cudaMemset(dy, 0xff, N * 4));  // NaN poison: every row must be written
+        for (int vi = 0; vi < kNumVariants; ++vi) {
+            const Variant& v = kVariants[vi];
+            if (vi == 0 && N * K > (int64_t{1} << 24)) continue;  // v0 is far too slow there
+            CK(cudaMemsetAsync(dy, 0xff, N * 4, stream));         // NaN poison: every row must be written
             v.launch(dw, dx, dy, static_cast<int>(N), static_cast<int>(K), stream);
             CK(cudaGetLastError());
             CK(cudaStreamSynchronize(stream));
             const double err = check(1e-4);
-            const double ms = measure([&](int c) {
+            const bool ok = err < 1e-4;
+            if (!ok) all_ok = false;
+            const double ms = solo([&](int c) {
                 v.launch(dw + c * N * K, dx, dy, static_cast<int>(N), static_cast<int>(K), stream);
             });
-            std::printf("%-16s %7lld %6lld | %-22s %9.1f %9.1f %8.1e%s\n", sh.what, static_cast<long long>(N),
-                        static_cast<long long>(K), v.name, ms * 1e3, wbytes / (ms * 1e-3) / 1e9, err,
-                        err < 1e-4 ? "" : "  FAIL");
+            const double gms = graph([&](int c) {
+                v.launch(dw + c * N * K, dx, dy, static_cast<int>(N), static_cast<int>(K), stream);
+            });
+            if (ok) graph_us[si][vi] = gms * 1e3;
+            report(v.name, ms, gms, err, ok);
         }
-        // cuBLAS baseline (x rounded to bf16, so its error gate is looser)
-        {
-            float* dyc = dy;
+        {  // cuBLAS baseline (x rounded to bf16, so its error gate is looser: reported, not gated)
             const float one = 1, zero = 0;
             auto run = [&](int c) {
                 CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), 1, static_cast<int>(K),
                                 &one, dw + c * N * K, CUDA_R_16BF, static_cast<int>(K), dxb, CUDA_R_16BF,
-                                static_cast<int>(K), &zero, dyc, CUDA_R_32F, static_cast<int>(N),
+                                static_cast<int>(K), &zero, dy, CUDA_R_32F, static_cast<int>(N),
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             };
-            CK(cudaMemset(dy, 0xff, N * 4));
+            CK(cudaMemsetAsync(dy, 0xff, N * 4, stream));
             run(0);
             CK(cudaStreamSynchronize(stream));
             const double err = check(1e-2);
-            const double ms = measure(run);
-            std::printf("%-16s %7lld %6lld | %-22s %9.1f %9.1f %8.1e\n", sh.what, static_cast<long long>(N),
-                        static_cast<long long>(K), "cuBLAS GemmEx bf16", ms * 1e3, wbytes / (ms * 1e-3) / 1e9,
-                        err);
+            const double ms = solo(run);
+            const double gms = graph(run);
+            graph_us[si][kNumVariants] = gms * 1e3;
+            report("cuBLAS GemmEx bf16", ms, gms, err, err < 1e-2);
         }
         CK(cudaFree(dw));
         CK(cudaFree(dx));
         CK(cudaFree(dy));
+        CK(cudaFree(dref));
         CK(cudaFree(dxb));
+    }
+
+    // Per-shape winners (graph timing, correct variants only; cuBLAS listed beside, never a winner: its x is
+    // bf16).
+    auto vname = [&](int v) { return v == kNumVariants ? "cuBLAS" : kVariants[v].name; };
+    std::printf(
+        "\nwinners (graph timing per launch; prod = src/cuda/gemv.cu's default v2; best sel = best of the "
+        "variants MARKBASE_CUDA_GEMV can select):\n");
+    std::printf("%-4s %-20s %7s %6s | %8s %6s | %-24s %8s %6s | %-8s %8s | %8s\n", "mdl", "shape", "N", "K",
+                "v2 us", "%roof", "winner", "us", "%roof", "best sel", "us", "cuBLAS");
+    for (const int si : shapes) {
+        const Shape& sh = kShapes[si];
+        const double bytes = 2.0 * sh.N * static_cast<double>(sh.K);
+        auto pct = [&](double us) { return 100.0 * bytes / (us * 1e-6) / 1e9 / kRoofGBs; };
+        int win = -1, sel = -1;
+        for (int v = 0; v < kNumVariants; ++v) {
+            const double t = graph_us[si][v];
+            if (std::isnan(t)) continue;
+            if (win < 0 || t < graph_us[si][win]) win = v;
+            if (*kVariants[v].prod && (sel < 0 || t < graph_us[si][sel])) sel = v;
+        }
+        if (win < 0) continue;
+        const double t2 = graph_us[si][2];
+        std::printf("%-4s %-20s %7d %6d | %8.1f %5.1f%% | %-24s %8.1f %5.1f%% | %-8s %8.1f | %8.1f\n",
+                    sh.model, sh.what, sh.N, sh.K, t2, pct(t2), vname(win), graph_us[si][win],
+                    pct(graph_us[si][win]), sel >= 0 ? kVariants[sel].prod : "-",
+                    sel >= 0 ? graph_us[si][sel] : NAN, graph_us[si][kNumVariants]);
+    }
+
+    // Per model: the GEMV time of one token (sum over its shapes of count x graph time) for each variant used
+    // everywhere, and for the per-shape best; the roofline time of the same bytes beside.
+    std::printf(
+        "\nper model, GEMVs of one decoded token (sum of count x graph us; plain GEMVs, no norm prologue "
+        "or epilogue):\n");
+    for (const char* m : {"e2b", "e4b", "26b", "31b"}) {
+        double bytes = 0;
+        bool complete = true, any = false;
+        for (int si = 0; si < kNumShapes; ++si) {
+            if (std::strcmp(kShapes[si].model, m) != 0) continue;
+            const bool ran = std::find(shapes.begin(), shapes.end(), si) != shapes.end();
+            complete = complete && ran;
+            any = any || ran;
+            if (ran) bytes += 2.0 * kShapes[si].N * static_cast<double>(kShapes[si].K) * kShapes[si].count;
+        }
+        if (!any) continue;
+        std::printf("  %s%s: roofline %.0f us for %.2f GB |", m, complete ? "" : " (shapes run only)",
+                    bytes / (kRoofGBs * 1e9) * 1e6, bytes / 1e9);
+        for (int v = 1; v <= kNumVariants; ++v) {
+            double tot = 0;
+            bool have = true;
+            for (int si = 0; si < kNumShapes; ++si) {
+                if (std::strcmp(kShapes[si].model, m) != 0) continue;
+                if (std::find(shapes.begin(), shapes.end(), si) == shapes.end()) continue;
+                if (std::isnan(graph_us[si][v])) have = false;
+                tot += graph_us[si][v] * kShapes[si].count;
+            }
+            if (have)
+                std::printf(" %s %.0f",
+                            v == kNumVariants ? "cuBLAS" : std::string(vname(v)).substr(0, 3).c_str(), tot);
+        }
+        double best = 0;
+        for (int si = 0; si < kNumShapes; ++si) {
+            if (std::strcmp(kShapes[si].model, m) != 0) continue;
+            if (std::find(shapes.begin(), shapes.end(), si) == shapes.end()) continue;
+            double b = INFINITY;
+            for (int v = 1; v < kNumVariants; ++v)
+                if (!std::isnan(graph_us[si][v])) b = std::min(b, graph_us[si][v]);
+            best += b * kShapes[si].count;
+        }
+        std::printf(" | best-per-shape %.0f us\n", best);
     }
     std::printf("correctness gate: %s\n", all_ok ? "all variants pass" : "FAILURES (see FAIL rows)");
     CB(cublasDestroy(blas));
+    CK(cudaStreamDestroy(stream));
     return all_ok ? 0 : 1;
 }

@@ -21,17 +21,36 @@ constexpr int kThreads = 128;  // == kTile: one thread per key when exponentiati
 constexpr int kTile = 128;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
-// Merge of a head's pieces into its output row: out = sum_s o_s * exp(m_s - M) / sum_s l_s * exp(m_s - M).
-// Reads through L2 (__ldcg): the pieces may have been written by other blocks of the running grid.
-__device__ void merge_pieces(const AttnArgs& a, int64_t base, float* out) {
+// Decode (split_len 0): the pieces' length, and how many of them hold keys of the current range.
+struct PieceGeometry {
+    int64_t lo, pos, split_len;
+    int active;
+};
+__device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t) {
+    PieceGeometry g;
+    g.pos = static_cast<int64_t>(a.pos_base[0]) + t;
+    g.lo = a.window > 0 ? max(static_cast<int64_t>(0), g.pos - a.window + 1) : 0;
+    const int64_t range = g.pos - g.lo + 1;
+    g.split_len = a.split_len > 0
+                      ? a.split_len
+                      : max(static_cast<int64_t>(a.min_split), (g.pos - g.lo + a.nsplit) / a.nsplit);
+    g.active = static_cast<int>(min(static_cast<int64_t>(a.nsplit), (range + g.split_len - 1) / g.split_len));
+    if (!a.active_only || a.split_len > 0) g.active = a.nsplit;
+    return g;
+}
+
+// Merge of a head's first n pieces into its output row: out = sum_s o_s * exp(m_s - M) / sum_s l_s *
+// exp(m_s - M). Reads through L2 (__ldcg): the pieces may have been written by other blocks of the running
+// grid.
+__device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, float* out) {
     float M = -FLT_MAX;
-    for (int s = 0; s < a.nsplit; ++s)
+    for (int s = 0; s < n; ++s)
         if (__ldcg(a.part_ml + 2 * (base + s) + 1) > 0.0f) M = fmaxf(M, __ldcg(a.part_ml + 2 * (base + s)));
     float L = 0.0f;
     float acc[kMaxDimsPerThread];
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0.0f;
-    for (int s = 0; s < a.nsplit; ++s) {
+    for (int s = 0; s < n; ++s) {
         const float ls = __ldcg(a.part_ml + 2 * (base + s) + 1);
         if (!(ls > 0.0f)) continue;  // empty piece: its partial output was never written
         const float f = __expf(__ldcg(a.part_ml + 2 * (base + s)) - M);
@@ -60,11 +79,11 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int d = a.d;
-    const int64_t pos = static_cast<int64_t>(a.pos_base[0]) + t;
-    const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    // split_len 0 (decode graphs): spread the current range evenly over the pieces, at least 32 keys each
-    const int64_t split_len =
-        a.split_len > 0 ? a.split_len : max(static_cast<int64_t>(32), (pos - lo + a.nsplit) / a.nsplit);
+    // split_len 0 (decode graphs): spread the current range evenly over the pieces, at least min_split keys
+    // each; with active_only, the pieces past the range take no part at all
+    const PieceGeometry geo = piece_geometry(a, t);
+    if (sp >= geo.active) return;
+    const int64_t pos = geo.pos, lo = geo.lo, split_len = geo.split_len;
     const int64_t start = lo + static_cast<int64_t>(sp) * split_len;
     const int64_t end = min(pos + 1, start + split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
@@ -151,12 +170,12 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
     __syncthreads();
     if (tid == 0) {
         const unsigned int ticket = atomicAdd(a.merge_counters + static_cast<int64_t>(t) * a.nH + h, 1u);
-        last_piece = ticket == static_cast<unsigned int>(a.nsplit) - 1;
+        last_piece = ticket == static_cast<unsigned int>(geo.active) - 1;
     }
     __syncthreads();
     if (!last_piece) return;
     __threadfence();
-    merge_pieces(a, idx - sp, a.out + (static_cast<int64_t>(t) * a.nH + h) * d);
+    merge_pieces(a, idx - sp, geo.active, a.out + (static_cast<int64_t>(t) * a.nH + h) * d);
     if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
@@ -164,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a
     pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const int64_t base = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit;
-    merge_pieces(a, base, a.out + (static_cast<int64_t>(t) * a.nH + h) * a.d);
+    merge_pieces(a, base, piece_geometry(a, t).active, a.out + (static_cast<int64_t>(t) * a.nH + h) * a.d);
 }
 
 }  // namespace

@@ -18,6 +18,19 @@ namespace {
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 
+// MARKBASE_CUDA_ATTN_SPLIT: "legacy" (or unset) -> 0; "auto" -> 256; "auto:N" -> N (minimum keys per piece).
+int attn_split_from_env() {
+    const char* e = std::getenv("MARKBASE_CUDA_ATTN_SPLIT");
+    if (!e || !*e || std::strcmp(e, "legacy") == 0) return 0;
+    if (std::strcmp(e, "auto") == 0) return 256;
+    if (std::strncmp(e, "auto:", 5) == 0) {
+        char* end = nullptr;
+        const long n = std::strtol(e + 5, &end, 10);
+        if (end != e + 5 && *end == 0 && n >= 1 && n <= (1 << 20)) return static_cast<int>(n);
+    }
+    throw Error(std::string("MARKBASE_CUDA_ATTN_SPLIT=") + e + ": expected legacy, auto or auto:N (N >= 1)");
+}
+
 }  // namespace
 
 template <class T>
@@ -41,6 +54,20 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         const int64_t LP = int64_t{L} * P, V = c_.vocab_size, n = chunk;
         int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
         int64_t max_pieces = n * nH * 4;
+        gemv_variant_ = gemv_variant_from_env();
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_KSPLIT"))
+            gemv_ksplit_ = std::clamp(std::atoi(e), 0, 64);
+        const int auto_min = attn_split_from_env();
+        int sms = 0;
+        {
+            int dev = 0;
+            CUDA_CHECK(cudaGetDevice(&dev));
+            CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        }
+        if (auto_min > 0) {
+            attn_min_split_ = auto_min;
+            attn_active_only_ = true;
+        }
         decode_splits_.resize(L);
         for (int i = 0; i < L; ++i) {
             const LayerSpec& s = c_.layers[i];
@@ -53,9 +80,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             // current range (split_len 0), enough pieces to fill the SMs at long context.
             const int64_t range =
                 s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx) : ctx;
-            const int64_t cap_pieces = std::max(1, kMaxDecodePieces / nH);
-            decode_splits_[i] = static_cast<int>(
-                std::clamp<int64_t>((range + kDecodeMinSplit - 1) / kDecodeMinSplit, 1, cap_pieces));
+            if (auto_min > 0) {  // pieces of >= auto_min keys, at most ~2 waves of blocks over the SMs
+                const int64_t cap_pieces = std::max(1, 2 * std::max(sms, 1) / nH);
+                decode_splits_[i] =
+                    static_cast<int>(std::clamp<int64_t>((range + auto_min - 1) / auto_min, 1, cap_pieces));
+            } else {
+                const int64_t cap_pieces = std::max(1, kMaxDecodePieces / nH);
+                decode_splits_[i] = static_cast<int>(
+                    std::clamp<int64_t>((range + kDecodeMinSplit - 1) / kDecodeMinSplit, 1, cap_pieces));
+            }
             max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * decode_splits_[i]);
         }
         max_pieces_ = max_pieces;

@@ -155,6 +155,16 @@ class CudaModel {
     uint64_t cache_bytes_ = 0;
     float *inv_sliding_ = nullptr, *inv_full_ = nullptr;
     std::vector<int> decode_splits_;  // [L] attention pieces per head at decode
+
+    // A/B switches read when the model is built (defaults: the legacy kernels and policy).
+    // MARKBASE_CUDA_GEMV: the decode GEMVs' tile/grid variant (gemv.cu). MARKBASE_CUDA_ATTN_SPLIT:
+    // "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports to the merge) or
+    // "auto[:N]" (pieces of >= N keys, default 256, at most ~2 waves of blocks per layer, only the pieces
+    // holding keys run and merge).
+    int gemv_variant_ = 0;
+    int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
+    int attn_min_split_ = 32;
+    bool attn_active_only_ = false;
 };
 
 }  // namespace markbase::cuda

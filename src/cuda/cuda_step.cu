@@ -19,6 +19,8 @@ double wbytes(int64_t rows, int64_t cols) {
 
 GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     GemvInput in;
+    in.variant = gemv_variant_;
+    in.ksplit = gemv_ksplit_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -74,6 +76,8 @@ void CudaModel::record_step(Profiler* pf) {
     if (P) {
         run(pf, "ple_model_proj", -1, wbytes(LP, H), [&] {
             GemvInput in;
+            in.variant = gemv_variant_;
+            in.ksplit = gemv_ksplit_;
             in.x = x_;
             in.K = H;
             GemvSeg seg{w_.ple_model_proj, ple_ctx_, static_cast<int>(LP), 0};
@@ -146,12 +150,16 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
-    a.split_len = 0;                                 // an even share of the current range per piece
+    a.split_len = 0;  // an even share of the current range per piece
+    a.min_split = attn_min_split_;
+    a.active_only = attn_active_only_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     run(pf, "o_proj", i, wbytes(H, qw), [&] {
         GemvInput in;
+        in.variant = gemv_variant_;
+        in.ksplit = gemv_ksplit_;
         in.x = attn_;
         in.K = qw;
         GemvSeg seg{lw.o_proj, o_, H, 0};
@@ -169,6 +177,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     }
     run(pf, "mlp_down", i, wbytes(H, I), [&] {
         GemvInput in;
+        in.variant = gemv_variant_;
+        in.ksplit = gemv_ksplit_;
         in.x = g_;
         in.K = I;
         GemvSeg seg{lw.down_proj, m_, H, 0};
@@ -214,6 +224,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         }
         run(pf, "ple_proj", i, wbytes(H, P), [&] {
             GemvInput in;
+            in.variant = gemv_variant_;
+            in.ksplit = gemv_ksplit_;
             in.x = g_;
             in.K = P;
             GemvSeg seg{lw.ple_proj, o_, H, 0};

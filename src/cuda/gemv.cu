@@ -4,7 +4,18 @@
 // with shuffles. A grid-stride loop over row groups keeps the grid at a few blocks per SM however tall W is,
 // so the staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product
 // (GeGLU, the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
+//
+// MARKBASE_CUDA_GEMV selects a tile/grid variant for A/B runs (read when a model is built; unset = legacy,
+// the default and the layout described above): rows per warp R, chunks per row in flight U, the grid either
+// the legacy "a few blocks per SM, capped by groups" or exactly the blocks that can be resident at once (one
+// wave, every block loops, the input staged once per block), and for plain products at one token a balanced
+// split-K (the K range of each row group cut into S slices, partial sums added with atomicAdd into a zeroed
+// y) so that short-wide matrices (31B down, o_proj) end without a tail. See gemv_variant_name().
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -19,7 +30,6 @@ enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kLogits = 3 };
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;
 
 struct Params {
     GemvInput in;
@@ -27,6 +37,7 @@ struct Params {
     int seg_end[3] = {0, 0, 0};  // cumulative row counts
     int nseg = 0;
     int total_rows = 0;
+    int ksplit = 1;              // K slices per row group (> 1: kStore only, y zeroed, atomicAdd)
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
     float softcap = 0.0f;        // kLogits
@@ -68,7 +79,7 @@ __device__ void stage_input(const GemvInput& in, const float* x, float* xs, floa
     }
 }
 
-template <int M, int R>
+template <int M, int R, int U>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
@@ -78,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     const int tok = blockIdx.y;
     // Weights never depend on the previous kernel: before waiting for it, pull this block's first row group
     // toward L2, so the streaming loop below starts on lines already in flight.
-    if (tok == 0 && blockIdx.x * kWarps * R < p.total_rows) {
+    if (tok == 0 && p.ksplit == 1 && blockIdx.x * kWarps * R < p.total_rows) {
         const int lane = threadIdx.x & 31, row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
         const int64_t row_bytes = 2 * static_cast<int64_t>(p.in.K);
 #pragma unroll
@@ -102,9 +113,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = p.in.K >> 3;
     const int groups = (p.total_rows + kWarps * R - 1) / (kWarps * R);
+    const int S = p.ksplit;
+    const int slice_len = (nchunk + S - 1) / S;  // chunks per K slice
     unsigned long long best = 0;
 
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+    for (int unit = blockIdx.x; unit < groups * S; unit += gridDim.x) {
+        const int g = S == 1 ? unit : unit / S;
+        const int c_lo = S == 1 ? 0 : (unit - g * S) * slice_len;
+        const int c_hi = S == 1 ? nchunk : min(nchunk, c_lo + slice_len);
         const int row0 = (g * kWarps + warp) * R;
         const uint4* wr[R];
         const uint4* wu[R];
@@ -127,22 +143,22 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = acc2[r] = 0.0f;
 
-        for (int base = 0; base < nchunk; base += 32 * kUnroll) {
-            uint4 wv[R][kUnroll], wv2[R][kUnroll];
+        for (int base = c_lo; base < c_hi; base += 32 * U) {
+            uint4 wv[R][U], wv2[R][U];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const int c = base + u * 32 + lane;
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    const bool ok = valid[r] && c < nchunk;
+                    const bool ok = valid[r] && c < c_hi;
                     wv[r][u] = ok ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
                     if constexpr (M == kGeglu) wv2[r][u] = ok ? ld_stream(wu[r] + c) : make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const int c = base + u * 32 + lane;
-                if (c < nchunk) {
+                if (c < c_hi) {
                     const float4 a = smem4[2 * c], b = smem4[2 * c + 1];
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
@@ -162,7 +178,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
             for (int r = 0; r < R; ++r) {
                 if (!valid[r]) continue;
                 if constexpr (M == kStore) {
-                    *yp[r] = acc[r];
+                    if (S == 1)
+                        *yp[r] = acc[r];
+                    else
+                        atomicAdd(yp[r], acc[r]);
                 } else if constexpr (M == kGeglu) {
                     *yp[r] = gelu_tanh(acc[r]) * acc2[r];
                 } else if constexpr (M == kGeluMul) {
@@ -197,7 +216,22 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     }
 }
 
-constexpr int kRows = 2;
+// ---- variants (MARKBASE_CUDA_GEMV) ----
+struct VariantSpec {
+    const char* name;
+    int R, U;
+    bool resident;  // grid = blocks resident at once (one wave), else the legacy sizing
+    bool splitk;    // balanced split-K for kStore at one token
+};
+constexpr VariantSpec kSpecs[] = {
+    {"legacy", 2, 4, false, false},  // 0: the default
+    {"r2u4", 2, 4, true, false},     // 1
+    {"r1u8", 1, 8, true, false},     // 2
+    {"r4u2", 4, 2, true, false},     // 3
+    {"r1u8k", 1, 8, true, true},     // 4
+    {"r2u4k", 2, 4, true, true},     // 5
+};
+constexpr int kNumVariants = static_cast<int>(sizeof(kSpecs) / sizeof(kSpecs[0]));
 
 int sm_count() {
     static int n = [] {
@@ -209,6 +243,72 @@ int sm_count() {
     return n;
 }
 
+// Register and static shared-memory use of each instantiation, read in gemv_prepare (outside any graph
+// capture), for the resident-grid sizing.
+struct FuncRes {
+    int regs = 0;
+    size_t static_smem = 0;
+};
+std::unordered_map<const void*, FuncRes>& func_res() {
+    static std::unordered_map<const void*, FuncRes> m;
+    return m;
+}
+
+// Blocks of a kernel that fit on one SM at once (Hopper: 64K registers, 228 KB shared memory with 1 KB
+// reserved per block, 2048 threads, 32 blocks); 0 when unknown.
+int resident_blocks(const void* fn, size_t dyn_smem) {
+    const auto it = func_res().find(fn);
+    if (it == func_res().end() || it->second.regs == 0) return 0;
+    const int regs_per_warp = ((it->second.regs * 32 + 255) / 256) * 256;
+    const int by_regs = 65536 / (regs_per_warp * kWarps);
+    const int by_smem = static_cast<int>((228 * 1024) / (dyn_smem + it->second.static_smem + 1024));
+    return std::max(1, std::min({by_regs, by_smem, 2048 / kThreads, 32}));
+}
+
+// K slices per row group for a balanced split-K: the fewest slices whose units (groups x slices) spread over
+// `blocks` with little tail, each slice still a few full batches of U chunks per lane.
+int choose_ksplit(int groups, int blocks, int nchunk, int U) {
+    int best = 1;
+    double best_score = -1.0;
+    for (int S = 1; S <= 8; ++S) {
+        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
+        const int units = groups * S;
+        const int rounds = (units + blocks - 1) / blocks;
+        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
+        const double score = eff - 0.02 * (S - 1);  // atomics and re-staging are not free
+        if (score > best_score + 1e-9) {
+            best_score = score;
+            best = S;
+        }
+    }
+    return best;
+}
+
+template <int M, int R, int U>
+void launch_rt(Params& p, int ntok, const VariantSpec& v, cudaStream_t s) {
+    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
+    const int groups = (p.total_rows + kWarps * R - 1) / (kWarps * R);
+    int blocks = 0;
+    p.ksplit = 1;
+    const void* fn = reinterpret_cast<const void*>(gemv_kernel<M, R, U>);
+    const int res = v.resident ? resident_blocks(fn, smem) : 0;
+    if (res > 0) {
+        blocks = sm_count() * res;
+        if (M == kStore && v.splitk && ntok == 1)
+            p.ksplit = p.in.ksplit > 0 ? std::min(p.in.ksplit, std::max(1, p.in.K >> 3))
+                                       : choose_ksplit(groups, blocks, p.in.K >> 3, U);
+        blocks = std::min(blocks, groups * p.ksplit);
+    } else {
+        const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
+        blocks = std::min(groups, sm_count() * per_sm);
+    }
+    if (p.ksplit > 1)
+        for (int i = 0; i < p.nseg; ++i)
+            CUDA_CHECK(cudaMemsetAsync(p.seg[i].y, 0, static_cast<size_t>(p.seg[i].rows) * sizeof(float), s));
+    launch_kernel(gemv_kernel<M, R, U>, dim3(blocks, ntok), dim3(kThreads), smem, s, p);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int M>
 void launch(Params& p, int ntok, cudaStream_t s) {
     if (p.in.K % 8 != 0)
@@ -216,15 +316,46 @@ void launch(Params& p, int ntok, cudaStream_t s) {
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) p.seg_end[i] = (p.total_rows += p.seg[i].rows);
     if (p.total_rows == 0 || ntok == 0) return;
-    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
-    const int groups = (p.total_rows + kWarps * kRows - 1) / (kWarps * kRows);
-    const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
-    const int blocks = std::min(groups, sm_count() * per_sm);
-    launch_kernel(gemv_kernel<M, kRows>, dim3(blocks, ntok), dim3(kThreads), smem, s, p);
-    CUDA_CHECK_LAUNCH();
+    const int vi = p.in.variant >= 0 && p.in.variant < kNumVariants ? p.in.variant : 0;
+    const VariantSpec& v = kSpecs[vi];
+    if (v.R == 1)
+        launch_rt<M, 1, 8>(p, ntok, v, s);
+    else if (v.R == 4)
+        launch_rt<M, 4, 2>(p, ntok, v, s);
+    else
+        launch_rt<M, 2, 4>(p, ntok, v, s);
+}
+
+template <int M, int R, int U>
+void prepare_one(int bytes) {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_kernel<M, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    cudaFuncAttributes fa{};
+    CUDA_CHECK(cudaFuncGetAttributes(&fa, gemv_kernel<M, R, U>));
+    func_res()[reinterpret_cast<const void*>(gemv_kernel<M, R, U>)] = {fa.numRegs, fa.sharedSizeBytes};
+}
+
+template <int M>
+void prepare_mode(int bytes) {
+    prepare_one<M, 2, 4>(bytes);
+    prepare_one<M, 1, 8>(bytes);
+    prepare_one<M, 4, 2>(bytes);
 }
 
 }  // namespace
+
+int gemv_variant_from_env() {
+    const char* e = std::getenv("MARKBASE_CUDA_GEMV");
+    if (!e || !*e) return 0;
+    for (int i = 0; i < kNumVariants; ++i)
+        if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
+    throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
+                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k or 0..5)");
+}
+
+const char* gemv_variant_name(int v) {
+    return v >= 0 && v < kNumVariants ? kSpecs[v].name : "?";
+}
 
 void gemv_prepare(int max_K) {
     sm_count();  // query the device now: launches may later run inside a graph capture
@@ -234,14 +365,10 @@ void gemv_prepare(int max_K) {
     const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));
     static int prepared = 0;  // only ever raised: another live model may need the larger limit
     if (bytes <= prepared) return;
-    CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_kernel<kStore, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_kernel<kGeglu, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kGeluMul, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<kLogits, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    bytes));
+    prepare_mode<kStore>(bytes);
+    prepare_mode<kGeglu>(bytes);
+    prepare_mode<kGeluMul>(bytes);
+    prepare_mode<kLogits>(bytes);
     prepared = bytes;
 }
 

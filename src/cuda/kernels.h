@@ -33,6 +33,10 @@ struct GemvInput {
     const bf16* res_w = nullptr;
     float res_scale = 1.0f;
     float* res_out = nullptr;
+
+    // Tile/grid variant (gemv.cu's table; 0 = legacy, the default). Decode sets it from MARKBASE_CUDA_GEMV.
+    int variant = 0;
+    int ksplit = 0;  // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -62,8 +66,12 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr);
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
-// staged.
+// staged, and records their register use (for the resident-grid variants).
 void gemv_prepare(int max_K);
+// MARKBASE_CUDA_GEMV (a name or number, see gemv.cu) as a variant index; 0 when unset; throws on an unknown
+// name. gemv_variant_name(0) == "legacy".
+int gemv_variant_from_env();
+const char* gemv_variant_name(int variant);
 
 // ---- norm_rope.cu: embedding, per-layer inputs, residual updates, qk-norm + RoPE + cache write -----------
 
@@ -120,9 +128,13 @@ struct AttnArgs {
     const int* pos_base = nullptr;  // query t sits at pos_base[0] + t
     int nsplit = 1;                 // key range cut into nsplit pieces of split_len keys
     int split_len = 256;            // 0: ceil(range / nsplit) from the device-side position (decode graphs)
-    float* part_o = nullptr;        // [n][nH][nsplit][d] scratch
-    float* part_ml = nullptr;       // [n][nH][nsplit][2] scratch
-    float* out = nullptr;           // [n][nH][d]
+    int min_split = 32;             // split_len 0: at least this many keys per piece
+    // split_len 0 only: pieces past the current range exit at once, and the merge (and the last-piece ticket)
+    // counts only the pieces that hold keys (MARKBASE_CUDA_ATTN_SPLIT=auto; false = every piece reports).
+    bool active_only = false;
+    float* part_o = nullptr;   // [n][nH][nsplit][d] scratch
+    float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
+    float* out = nullptr;      // [n][nH][d]
     // Optional [n][nH] zeroed counters: the last piece of each head merges them all into `out` (one kernel);
     // without them attention() runs a separate merge kernel.
     unsigned int* merge_counters = nullptr;

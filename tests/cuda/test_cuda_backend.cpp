@@ -7,9 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <optional>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "loading/checkpoint.h"
@@ -124,15 +132,36 @@ void expect_same_greedy(Backend& cpu, CudaBackend& gpu, const std::vector<int>& 
     }
 }
 
-#endif
+// Sets environment variables for one scope (the CUDA model reads its A/B switches when it is built), and
+// restores them after.
+class ScopedEnv {
+  public:
+    explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
+        for (const auto& [k, v] : vars) {
+            const char* old = std::getenv(k.c_str());
+            saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+            setenv(k.c_str(), v.c_str(), 1);
+        }
+    }
+    ~ScopedEnv() {
+        for (const auto& [k, v] : saved_) {
+            if (v)
+                setenv(k.c_str(), v->c_str(), 1);
+            else
+                unsetenv(k.c_str());
+        }
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
 
-class CudaTiny : public ::testing::TestWithParam<std::string> {};
+  private:
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
 
-TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    testing::TempDir dir("cuda-" + GetParam());
-    write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 7);
+// Prefill, chunked prefill, the decode graph per token, greedy decoding, truncate, a profiled step.
+void check_tiny(const std::string& family, const std::string& label) {
+    testing::TempDir dir("cuda-" + family);
+    write_random_checkpoint(dir.path(), testing::tiny_config(family), 7);
     auto ck = load_checkpoint(dir.path());
     const std::vector<int> ids = random_ids(23, 256, 42);  // > 5 windows of 4
 
@@ -155,8 +184,8 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
     const double e_chunk = rel_err(ref, all_logits(*gpu_chunked, ids, false));
     const double e_decode =
         rel_err(ref, all_logits(*gpu, ids, true));  // the captured decode graph, per token
-    std::printf("  %s: rel err prefill %.2e, chunked %.2e, graph decode %.2e\n", GetParam().c_str(), e_batch,
-                e_chunk, e_decode);
+    std::printf("  %s%s: rel err prefill %.2e, chunked %.2e, graph decode %.2e\n", family.c_str(),
+                label.c_str(), e_batch, e_chunk, e_decode);
     EXPECT_LT(e_batch, 1e-3);
     EXPECT_LT(e_chunk, 1e-3);
     EXPECT_LT(e_decode, 1e-3);
@@ -187,16 +216,13 @@ TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
     for (const auto& e : prof) total += e.ms;
     EXPECT_GT(total, 0.0);
     EXPECT_EQ(gpu->n_past(), 10);
-#endif
 }
 
 // Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and
 // that decode spreads full layers over many pieces merged by the last one.
-TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    testing::TempDir dir("cuda-long-" + GetParam());
-    write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 13);
+void check_long(const std::string& family, const std::string& label) {
+    testing::TempDir dir("cuda-long-" + family);
+    write_random_checkpoint(dir.path(), testing::tiny_config(family), 13);
     auto ck = load_checkpoint(dir.path());
     const std::vector<int> ids = random_ids(300, 256, 9);
     BackendOptions o;
@@ -218,55 +244,181 @@ TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
         e_decode = std::max(e_decode, rel_err(ref, got));
         next = argmax(ref.data(), V);
     }
-    std::printf("  %s long: rel err prefill(300) %.2e, graph decode to 340 %.2e\n", GetParam().c_str(),
-                e_prefill, e_decode);
+    std::printf("  %s%s long: rel err prefill(300) %.2e, graph decode to 340 %.2e\n", family.c_str(),
+                label.c_str(), e_prefill, e_decode);
     EXPECT_LT(e_prefill, 1e-3);
     EXPECT_LT(e_decode, 1e-3);
+}
+
+#endif
+
+class CudaTiny : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaTiny, MatchesCpuPrefillChunkedDecodeAndGreedy) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    check_tiny(GetParam(), "");
+#endif
+}
+
+TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    check_long(GetParam(), "");
 #endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
 
+// The A/B switches that are not the default (MARKBASE_CUDA_GEMV variants, a forced split-K, the attention
+// split policies): every family's tiny model through the same checks, in this process. Each setting is
+// "VAR=VALUE[,VAR=VALUE]".
+const char* const kSwitchSettings[] = {
+    "MARKBASE_CUDA_GEMV=r2u4",
+    "MARKBASE_CUDA_GEMV=r1u8",
+    "MARKBASE_CUDA_GEMV=r4u2",
+    "MARKBASE_CUDA_GEMV=r1u8k",
+    "MARKBASE_CUDA_GEMV=r2u4k,MARKBASE_CUDA_GEMV_KSPLIT=3",
+    "MARKBASE_CUDA_GEMV=r1u8k,MARKBASE_CUDA_GEMV_KSPLIT=2",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:7",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:64,MARKBASE_CUDA_FUSE=0",
+    "MARKBASE_CUDA_GEMV=r1u8k,MARKBASE_CUDA_ATTN_SPLIT=auto:64",
+};
+
+#ifdef MARKBASE_HAS_CUDA
+std::vector<std::pair<std::string, std::string>> parse_setting(const std::string& setting) {
+    std::vector<std::pair<std::string, std::string>> out;
+    size_t at = 0;
+    while (at <= setting.size()) {
+        const size_t comma = std::min(setting.find(',', at), setting.size());
+        const std::string kv = setting.substr(at, comma - at);
+        const size_t eq = kv.find('=');
+        if (eq != std::string::npos) out.push_back({kv.substr(0, eq), kv.substr(eq + 1)});
+        at = comma + 1;
+    }
+    return out;
+}
+#endif
+
+using SwitchParam = std::tuple<std::string, std::string>;  // family, setting
+class CudaTinySwitches : public ::testing::TestWithParam<SwitchParam> {};
+
+TEST_P(CudaTinySwitches, MatchesCpu) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const auto& [family, setting] = GetParam();
+    ScopedEnv env(parse_setting(setting));
+    check_tiny(family, " [" + setting + "]");
+    check_long(family, " [" + setting + "]");
+#endif
+}
+
+std::string switch_name(const ::testing::TestParamInfo<SwitchParam>& p) {
+    std::string s = std::get<0>(p.param) + "_" + std::get<1>(p.param);
+    for (char& ch : s)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaTinySwitches,
+                         ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"),
+                                                              std::string("26b-a4b"), std::string("31b")),
+                                            ::testing::ValuesIn(std::vector<std::string>(
+                                                std::begin(kSwitchSettings), std::end(kSwitchSettings)))),
+                         switch_name);
+
 // Real widths: head dims 256/512, 128 experts, the full vocabulary. Few layers keep the CPU side quick.
 class CudaSynthetic : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(CudaSynthetic, MatchesCpuAtRealWidths) {
-    REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    const std::string v = GetParam();
+// The CPU side is the slow part and the same for every switch setting (the synthetic weights depend only on
+// the variant and the seed): computed once per variant and kept.
+struct SyntheticRef {
+    std::vector<int> ids;                    // the prompt, then the CPU's greedy tokens fed at decode
+    std::vector<std::vector<float>> logits;  // after the prompt, then after each decode step
+};
+
+void check_synthetic(const std::string& v, const std::string& label) {
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
+    constexpr int kPrompt = 12, kSteps = 3;
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 32;
     auto gpu = make_synthetic_cuda_backend(v, layers, o, 99);
-    auto host = copy_weights_to_host(*gpu);
-    auto cpu = make_cpu_backend(host->checkpoint, o);
     const int64_t V = gpu->config().vocab_size;
-    const std::vector<int> ids = random_ids(12, static_cast<int>(V), 5);
-
-    std::vector<float> ref(V), got(V);
-    cpu->eval(ids.data(), static_cast<int64_t>(ids.size()), ref.data(), false);
-    gpu->eval(ids.data(), static_cast<int64_t>(ids.size()), got.data(), false);
-    const double e_prefill = rel_err(ref, got);
-    double e_decode = 0;
-    int next = argmax(ref.data(), V);
-    for (int s = 0; s < 3; ++s) {
-        cpu->eval(&next, 1, ref.data(), false);
-        gpu->eval(&next, 1, got.data(), false);
-        e_decode = std::max(e_decode, rel_err(ref, got));
-        next = argmax(ref.data(), V);
+    static std::map<std::string, SyntheticRef> refs;
+    if (!refs.count(v)) {
+        auto host = copy_weights_to_host(*gpu);
+        auto cpu = make_cpu_backend(host->checkpoint, o);
+        SyntheticRef r;
+        r.ids = random_ids(kPrompt, static_cast<int>(V), 5);
+        std::vector<float> lg(V);
+        cpu->eval(r.ids.data(), kPrompt, lg.data(), false);
+        r.logits.push_back(lg);
+        for (int s = 0; s < kSteps; ++s) {
+            const int next = argmax(lg.data(), V);
+            r.ids.push_back(next);
+            cpu->eval(&next, 1, lg.data(), false);
+            r.logits.push_back(lg);
+        }
+        refs[v] = std::move(r);
     }
-    std::printf("  %s/%dL: rel err prefill %.2e, graph decode %.2e\n", v.c_str(), layers, e_prefill,
-                e_decode);
+    const SyntheticRef& r = refs[v];
+
+    std::vector<float> got(V);
+    gpu->eval(r.ids.data(), kPrompt, got.data(), false);
+    const double e_prefill = rel_err(r.logits[0], got);
+    double e_decode = 0;
+    for (int s = 0; s < kSteps; ++s) {
+        gpu->eval(&r.ids[kPrompt + s], 1, got.data(), false);
+        e_decode = std::max(e_decode, rel_err(r.logits[s + 1], got));
+    }
+    std::printf("  %s/%dL%s: rel err prefill %.2e, graph decode %.2e\n", v.c_str(), layers, label.c_str(),
+                e_prefill, e_decode);
     // MoE routing can flip on a near-tie between the 8th and 9th expert (fp32 sums in another order).
     const double tol = gpu->config().moe ? 3e-2 : 1e-3;
     EXPECT_LT(e_prefill, tol);
     EXPECT_LT(e_decode, tol);
+}
+#endif
+
+TEST_P(CudaSynthetic, MatchesCpuAtRealWidths) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    check_synthetic(GetParam(), "");
 #endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
                          param_name);
+
+// The GEMV variants at real widths, where the split-K rule actually cuts K (31B down, E2B/E4B down) and the
+// resident grids loop; the attention policies at head dims 256/512.
+const char* const kSyntheticSwitchSettings[] = {
+    "MARKBASE_CUDA_GEMV=r2u4",          "MARKBASE_CUDA_GEMV=r1u8",  "MARKBASE_CUDA_GEMV=r4u2",
+    "MARKBASE_CUDA_GEMV=r1u8k",         "MARKBASE_CUDA_GEMV=r2u4k", "MARKBASE_CUDA_ATTN_SPLIT=auto",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
+};
+class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
+
+TEST_P(CudaSyntheticSwitches, MatchesCpuAtRealWidths) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const auto& [variant, setting] = GetParam();
+    ScopedEnv env(parse_setting(setting));
+    check_synthetic(variant, " [" + setting + "]");
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, CudaSyntheticSwitches,
+    ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"), std::string("26b-a4b"),
+                                         std::string("31b")),
+                       ::testing::ValuesIn(std::vector<std::string>(std::begin(kSyntheticSwitchSettings),
+                                                                    std::end(kSyntheticSwitchSettings)))),
+    switch_name);
 
 }  // namespace
 }  // namespace markbase
