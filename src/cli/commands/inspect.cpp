@@ -5,6 +5,7 @@
 #include "cli/commands/args.h"
 #include "cli/commands/commands.h"
 #include "loading/checkpoint.h"
+#include "parallel/partition.h"
 
 namespace markbase::cli {
 
@@ -26,6 +27,7 @@ std::string guess_variant(const ModelConfig& c) {
 int cmd_inspect(const Args& args) {
     ArgReader a("inspect", args);
     std::string dir = a.required({"-m", "--model"}, "DIR");
+    const int tp = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
     a.finish();
     auto ck = load_checkpoint(dir);
     const ModelConfig& c = ck->config;
@@ -58,6 +60,33 @@ int cmd_inspect(const Args& args) {
                 n.bytes_per_token / 1e9);
     std::printf("checkpoint   %zu file(s), %.3f GB bound, %zu tensor(s) skipped (vision/audio/unused KV)\n",
                 ck->files.files().size(), ck->bound_bytes / 1e9, ck->skipped.size());
+    if (tp > 1) {
+        // the split issue 7 uses: heads and MLP rows by tensor parallelism, experts by expert parallelism
+        std::printf(
+            "split over %d GPUs (tensor parallel attention/MLP, expert parallel MoE, vocab-split lm_head):\n",
+            tp);
+        for (int r = 0; r < tp; ++r) {
+            const PartitionPlan p = plan_partition(c, tp, r);
+            const LayerShard& l0 = p.layers.front();
+            const LayerShard& lf = p.layers.back();
+            std::printf(
+                "  rank %d: q heads [%lld,%lld) kv [%lld,%lld)%s/full [%lld,%lld)%s, mlp rows [%lld,%lld)", r,
+                static_cast<long long>(l0.q_heads.begin), static_cast<long long>(l0.q_heads.end),
+                static_cast<long long>(l0.kv_heads.begin), static_cast<long long>(l0.kv_heads.end),
+                l0.kv_replicated ? " (replicated)" : "", static_cast<long long>(lf.kv_heads.begin),
+                static_cast<long long>(lf.kv_heads.end), lf.kv_replicated ? " (replicated)" : "",
+                static_cast<long long>(l0.mlp_rows.begin), static_cast<long long>(l0.mlp_rows.end));
+            if (c.moe)
+                std::printf(", experts [%lld,%lld)", static_cast<long long>(l0.experts.begin),
+                            static_cast<long long>(l0.experts.end));
+            std::printf(
+                ", vocab [%lld,%lld)\n          holds %.2f GB, streams %.3f GB/token (%.2f ms at 4.16 TB/s), "
+                "%d all-reduces of %d floats per step\n",
+                static_cast<long long>(p.vocab.begin), static_cast<long long>(p.vocab.end),
+                p.weight_bytes / 1e9, p.bytes_per_token / 1e9, p.bytes_per_token / 4.16e12 * 1e3,
+                p.allreduces_per_step, c.hidden);
+        }
+    }
     return 0;
 }
 

@@ -1,0 +1,105 @@
+#include "parallel/partition.h"
+
+#include <algorithm>
+
+#include "model/error.h"
+#include "model/tensor_plan.h"
+
+namespace markbase {
+
+Slice even_slice(int64_t n, int parts, int i) {
+    const int64_t base = n / parts, extra = n % parts;
+    const int64_t begin = i * base + std::min<int64_t>(i, extra);
+    return {begin, begin + base + (i < extra ? 1 : 0)};
+}
+
+namespace {
+
+double product(const std::vector<int64_t>& shape) {
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    return n;
+}
+
+}  // namespace
+
+PartitionPlan plan_partition(const ModelConfig& c, int world, int rank) {
+    if (world < 1) throw Error("tensor parallel size must be >= 1, found " + std::to_string(world));
+    if (rank < 0 || rank >= world)
+        throw Error("rank " + std::to_string(rank) + " is outside the world of " + std::to_string(world));
+    if (c.n_heads % world)
+        throw Error("num_attention_heads (" + std::to_string(c.n_heads) +
+                    ") is not divisible by the tensor parallel size " + std::to_string(world));
+    PartitionPlan p;
+    p.world = world;
+    p.rank = rank;
+    p.layers.resize(c.n_layers);
+    const Slice q = even_slice(c.n_heads, world, rank);
+    for (int i = 0; i < c.n_layers; ++i) {
+        const LayerSpec& s = c.layers[i];
+        LayerShard& l = p.layers[i];
+        l.q_heads = q;
+        if (s.n_kv_heads % world == 0) {
+            l.kv_heads = even_slice(s.n_kv_heads, world, rank);
+        } else if (world % s.n_kv_heads == 0) {
+            // GQA with fewer KV heads than ranks (26B full layers: 2; E2B: 1): every rank's query heads read
+            // one KV head, which that rank projects and caches itself (the KV weights are replicated
+            // world/nKV times).
+            const int group = c.n_heads / s.n_kv_heads;
+            const int64_t g = q.begin / group;
+            if ((q.end - 1) / group != g)
+                throw Error(
+                    "layer " + std::to_string(i) + ": the query heads of rank " + std::to_string(rank) +
+                    " span two KV heads; use a tensor parallel size that divides num_attention_heads / "
+                    "num_key_value_heads");
+            l.kv_heads = {g, g + 1};
+            l.kv_replicated = true;
+        } else {
+            throw Error("layer " + std::to_string(i) + ": " + std::to_string(s.n_kv_heads) +
+                        " KV heads cannot be split over " + std::to_string(world) +
+                        " ranks (neither divides the other)");
+        }
+        l.mlp_rows = even_slice(s.mlp_width, world, rank);
+        if (c.moe) l.experts = even_slice(c.n_experts, world, rank);
+    }
+    p.vocab = even_slice(c.vocab_size, world, rank);
+
+    // What this rank holds and streams: split tensors count their share, the rest (norms, router, PLE) in
+    // full.
+    for (const PlannedTensor& t : plan_tensors(c, nullptr)) {
+        double n = product(t.shape), share = 1.0;
+        const std::string& name = t.name;
+        const size_t dot = name.find('.', 7);  // "layers.<i>."
+        const bool layered = name.rfind("layers.", 0) == 0;
+        const int li = layered ? std::stoi(name.substr(7, dot - 7)) : -1;
+        const LayerShard* l = layered ? &p.layers[li] : nullptr;
+        const LayerSpec* s = layered ? &c.layers[li] : nullptr;
+        if (name == "embed_tokens.weight") {
+            share = static_cast<double>(p.vocab.size()) / c.vocab_size;
+        } else if (l &&
+                   (name.find("q_proj") != std::string::npos || name.find("o_proj") != std::string::npos)) {
+            share = static_cast<double>(l->q_heads.size()) / c.n_heads;
+        } else if (l &&
+                   (name.find("k_proj") != std::string::npos || name.find("v_proj") != std::string::npos)) {
+            share = static_cast<double>(l->kv_heads.size()) / s->n_kv_heads;
+        } else if (l && name.find(".mlp.") != std::string::npos) {
+            share = static_cast<double>(l->mlp_rows.size()) / s->mlp_width;
+        } else if (l && name.find("experts.") != std::string::npos) {
+            share = static_cast<double>(l->experts.size()) / c.n_experts;
+        }
+        p.weight_bytes += 2 * n * share;
+        if (name == "embed_tokens_per_layer.weight") continue;  // PLE rows are lookups, not streamed
+        // each rank streams its share of the top-k experts on average (routing spreads them over the ranks)
+        const double active =
+            name.find("experts.") != std::string::npos ? static_cast<double>(c.top_k) / c.n_experts : 1.0;
+        p.bytes_per_token += 2 * n * share * active;
+    }
+    // per layer: after o_proj and after the FFN (+ PLE's projection); once more for the embedding row, which
+    // only the rank owning that vocabulary slice can look up (the others contribute zeros)
+    const int per_layer = 2 + (c.ple_dim ? 1 : 0);
+    p.allreduces_per_step = world > 1 ? per_layer * c.n_layers + 1 : 0;
+    p.allreduce_bytes_per_step = world > 1 ? int64_t{p.allreduces_per_step} * c.hidden * 4 : 0;
+    return p;
+}
+
+}  // namespace markbase
