@@ -19,6 +19,8 @@ const char* kUsage =
     "  logits     -m DIR --ids 2,17,300 -o out.npy\n"
     "  inspect    -m DIR                       variant, layer plan, parameters, bytes per token\n"
     "  bench      -m DIR [-p 128] [-n 32] [-r 3]  prefill and decode receipt with achieved GB/s\n"
+    "  bench load -m DIR [--device cpu|cuda] [-t N] [--chunk-mib 64] [--direct] [--no-cold]\n"
+    "                                          load speed (cold, warm) vs the raw read speed\n"
     "  perplexity -m DIR -f FILE [--window 512]  perplexity of a text file\n"
     "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"

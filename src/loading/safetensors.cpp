@@ -196,6 +196,7 @@ ParsedShard parse_shard(const MappedFile& m) {
 
         t.nbytes = end - begin;
         t.data = data_start + begin;
+        t.file_offset = 8 + n + begin;
         out.tensors.push_back(std::move(t));
         ranges.push_back({begin, end, nullptr});
     }

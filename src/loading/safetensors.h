@@ -25,7 +25,8 @@ struct TensorInfo {
     std::vector<int64_t> shape;
     const uint8_t* data = nullptr;  // inside the mapped file
     uint64_t nbytes = 0;
-    std::string file;  // the shard it came from (for error messages)
+    uint64_t file_offset = 0;  // where data starts in the file (for loaders that read instead of mapping)
+    std::string file;          // the shard it came from (for error messages)
 
     int64_t numel() const;
     std::string shape_str() const;  // "[128, 1408, 2816]"

@@ -49,6 +49,7 @@ std::string cpu_name() {
 }  // namespace
 
 int cmd_bench(const Args& args) {
+    if (!args.empty() && args[0] == "load") return cmd_bench_load(Args(args.begin() + 1, args.end()));
     ArgReader a("bench", args);
     if (bench_wants_cuda(a)) return cmd_bench_cuda(a);  // bench_cuda.cpp: --device cuda, --synthetic
     ModelOptions mo = ModelOptions::read(a);

@@ -14,6 +14,7 @@ int cmd_chat(const Args& args);        // chat.cpp: interactive multi-turn sessi
 int cmd_logits(const Args& args);      // logits.cpp: full forward over ids, logits to .npy
 int cmd_inspect(const Args& args);     // inspect.cpp: variant, layer plan, parameters, bytes per token
 int cmd_bench(const Args& args);       // bench.cpp: prefill / decode receipt
+int cmd_bench_load(const Args& args);  // bench_load.cpp: checkpoint load speed vs raw read speed
 int cmd_perplexity(const Args& args);  // perplexity.cpp: perplexity of a text file
 int cmd_tokenize(const Args& args);    // tokenize.cpp: text -> JSON array of ids
 int cmd_detokenize(const Args& args);  // tokenize.cpp: JSON array of ids -> text

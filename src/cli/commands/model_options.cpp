@@ -10,6 +10,8 @@
 #include "model/error.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_loader.h"
+#include "loading/memory_plan.h"
 #endif
 
 namespace markbase::cli {
@@ -45,6 +47,14 @@ LoadedModel load_model(const ModelOptions& o) {
         lm.backend = make_cpu_backend(*lm.checkpoint, o.backend);
     } else if (o.device == "cuda") {
 #ifdef MARKBASE_HAS_CUDA
+        // Refuse before any weight moves when weights + KV cache + workspace exceed the free memory.
+        uint64_t free_b = 0, total_b = 0;
+        if (cuda_memory_info(&free_b, &total_b)) {
+            const FitCheck f =
+                check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes, o.backend.ctx_size,
+                               o.backend.chunk, free_b, cuda_device_info().name);
+            if (!f.fits) throw Error("--device cuda: " + f.message);
+        }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
 #else
         throw Error(

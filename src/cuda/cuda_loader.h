@@ -1,0 +1,37 @@
+// The staged checkpoint loader's CUDA side (issue 5), callable from plain C++ (no CUDA headers):
+// free-memory query for the fit check, and a one-shot timed load for `markbase bench load --device cuda`.
+// The implementation is cuda_staged_load.cu: pinned staging ring, async copies on their own stream, one
+// event per staging buffer. Built only when MARKBASE_HAS_CUDA is defined.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loading/checkpoint.h"
+#include "loading/staged_reader.h"
+
+namespace markbase {
+
+// Free and total bytes on device 0 (cudaMemGetInfo); false when there is no usable device.
+bool cuda_memory_info(uint64_t* free_bytes, uint64_t* total_bytes);
+
+// Staged options for the CUDA path: threads from MARKBASE_LOAD_THREADS (default min(8, cores)), chunk from
+// MARKBASE_LOAD_CHUNK_MIB (default 64), MARKBASE_LOAD_DIRECT=1 for O_DIRECT.
+StagedOptions cuda_staged_options_from_env();
+
+// Loads every bound tensor of `ck` into one device allocation through the staged pipeline, waits until it
+// is all on the device, frees it, and returns the pipeline's statistics (seconds include the allocation).
+// For `bench load`: the model is not built.
+StagedStats cuda_staged_load_once(const Checkpoint& ck, const StagedOptions& opt);
+
+namespace cuda {
+struct DeviceWeights;
+// The backend's upload through the staged pipeline (same DeviceWeights as upload_weights: one allocation per
+// tensor, checkpoint layout), with a progress bar on a TTY and the summary line on stderr. upload_weights
+// uses it when MARKBASE_LOADER=staged; the default stays the double-buffered upload until this path has
+// been measured on the GPU.
+std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck);
+}  // namespace cuda
+
+}  // namespace markbase

@@ -1,0 +1,43 @@
+// Memory honesty for the CUDA backend (issue 5): before any weight moves, add up what the device must hold
+// (weights, the KV cache for the requested context, activations and scratch) and compare it with the free
+// memory, so a model that cannot fit is refused with the numbers and the largest context that would fit,
+// instead of failing half-way through the upload. The sizes mirror cuda/cuda_model.cu's constructor (fp32 K
+// and V per layer with its own cache; sliding layers hold a ring of min(ctx, window + chunk) positions);
+// a change there must be mirrored here (tests/loading/test_memory_plan.cpp pins the arithmetic).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+
+namespace markbase {
+
+struct CudaMemoryPlan {
+    int64_t ctx = 0;  // after clamping to max_positions, as the backend does
+    int chunk = 0;    // after clamping to ctx
+    uint64_t weights = 0;
+    uint64_t kv_cache = 0;
+    uint64_t workspace = 0;  // activations, scratch, decode state, RoPE tables + a fixed runtime reserve
+    uint64_t total() const { return weights + kv_cache + workspace; }
+};
+
+// Headroom for what is not a cudaMalloc of ours: cuBLAS workspaces, the CUDA graph, allocation rounding.
+constexpr uint64_t kCudaRuntimeReserve = uint64_t{256} << 20;
+
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk);
+uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk);  // reserve included
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk);
+
+struct FitCheck {
+    bool fits = true;
+    int64_t max_ctx = 0;  // the largest context that fits with this chunk (0: not even the weights fit)
+    std::string message;  // one line: the sum, what it exceeds, and what to change
+};
+// `device` names the GPU in the message ("NVIDIA H200").
+FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
+                        uint64_t free_bytes, const std::string& device);
+
+std::string format_gb(uint64_t bytes);  // "50.5 GB" (decimal, as the issue's receipts)
+
+}  // namespace markbase
