@@ -179,6 +179,182 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
     if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
+// ---- decode pieces, v2 (MARKBASE_CUDA_ATTN_SPLIT=auto; active_only, split_len 0, merge by the last piece)
+// ---- The same math as attn_partial_kernel, with more loads in flight for longer pieces: in the V phase the
+// keys of a tile are spread over the 4 warps (key j to warp j % 4), each lane owning float4 columns lane + 32
+// i of the head, 4 keys x up to 4 columns loaded before the first use; the warps' partial outputs are summed
+// through shared memory at the end. The merge reads every piece's (m, l) in parallel and then the partial
+// outputs with independent loads (every merged piece holds keys, so l > 0 for each).
+constexpr int kWarpsAttn = kThreads / 32;
+
+__device__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < kWarpsAttn ? scratch[lane] : -FLT_MAX;
+    t = warp_max(t);
+    __syncthreads();
+    return t;
+}
+
+__device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, float* out, float* fs,
+                                      float* scratch) {
+    float mx = -FLT_MAX;
+    for (int s = threadIdx.x; s < n; s += kThreads) mx = fmaxf(mx, __ldcg(a.part_ml + 2 * (base + s)));
+    const float M = block_max(mx, scratch);
+    float lp = 0.0f;
+    for (int s = threadIdx.x; s < n; s += kThreads) {
+        const float f = __expf(__ldcg(a.part_ml + 2 * (base + s)) - M);
+        fs[s] = f;
+        lp += __ldcg(a.part_ml + 2 * (base + s) + 1) * f;
+    }
+    const float L = block_sum(lp, scratch);  // ends with a barrier: fs is visible
+    const float inv = 1.0f / L;
+    for (int dim = threadIdx.x; dim < a.d; dim += kThreads) {
+        const float* po = a.part_o + base * a.d + dim;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < n; ++s) acc = fmaf(__ldcg(po + static_cast<int64_t>(s) * a.d), fs[s], acc);
+        out[dim] = acc * inv;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
+    extern __shared__ float4 smem4[];
+    const int d = a.d, d4 = d / 4;
+    float* qs = reinterpret_cast<float*>(smem4);  // [d]
+    float* red = qs + d;                          // [kWarpsAttn][d]
+    float* fs = red + kWarpsAttn * d;             // [nsplit]
+    __shared__ float sc[kTile];
+    __shared__ float scratch[32];
+    __shared__ bool last_piece;
+    pdl_begin();
+    const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const PieceGeometry geo = piece_geometry(a, t);
+    if (sp >= geo.active) return;
+    const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
+    const int64_t end = min(geo.pos + 1, start + geo.split_len);
+    const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
+    const int g = h / (a.nH / a.nKV);
+    const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
+    for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+    __syncthreads();
+
+    float m = -FLT_MAX, l = 0.0f;
+    float4 acc[kMaxDimsPerThread];
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int64_t ts = start; ts < end; ts += kTile) {
+        const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
+        // scores: each warp takes 4 consecutive keys at a time, their loads in flight together
+        for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
+            const float4* kp[4];
+            float s[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = min(j0 + u, cnt - 1);
+                kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+                s[u] = 0.0f;
+            }
+            for (int c = lane; c < d4; c += 32) {
+                const float4 qv = smem4[c];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float4 kv = __ldg(kp[u] + c);
+                    s[u] = fmaf(kv.x, qv.x, s[u]);
+                    s[u] = fmaf(kv.y, qv.y, s[u]);
+                    s[u] = fmaf(kv.z, qv.z, s[u]);
+                    s[u] = fmaf(kv.w, qv.w, s[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                s[u] = warp_sum(s[u]);
+                if (lane == 0 && j0 + u < cnt) sc[j0 + u] = s[u];
+            }
+        }
+        __syncthreads();
+        float tmax = -FLT_MAX;
+        for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
+        const float new_m = fmaxf(m, tmax);
+        const float corr = __expf(m - new_m);
+        __syncthreads();
+        if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
+        __syncthreads();
+        float lsum = 0.0f;
+        for (int j = 0; j < cnt; ++j) lsum += sc[j];
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            acc[i].x *= corr;
+            acc[i].y *= corr;
+            acc[i].z *= corr;
+            acc[i].w *= corr;
+        }
+        // V: key j to warp j % 4, 4 keys per warp in flight, lane columns lane + 32 i
+        for (int j0 = warp; j0 < cnt; j0 += kWarpsAttn * 4) {
+            float4 vv[4][kMaxDimsPerThread];
+            float p[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = j0 + u * kWarpsAttn;
+                p[u] = j < cnt ? sc[j] : 0.0f;
+                const float4* vp = reinterpret_cast<const float4*>(
+                    a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
+#pragma unroll
+                for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                    const int c = lane + 32 * i;
+                    vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                    acc[i].x = fmaf(p[u], vv[u][i].x, acc[i].x);
+                    acc[i].y = fmaf(p[u], vv[u][i].y, acc[i].y);
+                    acc[i].z = fmaf(p[u], vv[u][i].z, acc[i].z);
+                    acc[i].w = fmaf(p[u], vv[u][i].w, acc[i].w);
+                }
+        }
+        l = l * corr + lsum;
+        m = new_m;
+        __syncthreads();
+    }
+    // the warps' partial outputs, summed through shared memory
+    float4* red4 = reinterpret_cast<float4*>(red + warp * d);
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        const int c = lane + 32 * i;
+        if (c < d4) red4[c] = acc[i];
+    }
+    __syncthreads();
+    float* po = a.part_o + idx * d;
+    for (int dim = tid; dim < d; dim += kThreads) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
+        po[dim] = v;
+    }
+    if (tid == 0) {
+        a.part_ml[2 * idx] = m;
+        a.part_ml[2 * idx + 1] = l;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned int ticket = atomicAdd(a.merge_counters + static_cast<int64_t>(t) * a.nH + h, 1u);
+        last_piece = ticket == static_cast<unsigned int>(geo.active) - 1;
+    }
+    __syncthreads();
+    if (!last_piece) return;
+    __threadfence();
+    merge_pieces_parallel(a, idx - sp, geo.active, a.out + (static_cast<int64_t>(t) * a.nH + h) * d, fs,
+                          scratch);
+    if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
+}
+
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a) {
     pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
@@ -193,8 +369,14 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         throw Error("internal: attention head dim " + std::to_string(a.d) +
                     " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
-    launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads),
-                  static_cast<size_t>(a.d) * sizeof(float), s, a);
+    if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
+        const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
+        if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+    } else {
+        launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads),
+                      static_cast<size_t>(a.d) * sizeof(float), s, a);
+    }
     CUDA_CHECK_LAUNCH();
 }
 

@@ -18,17 +18,31 @@ namespace {
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 
-// MARKBASE_CUDA_ATTN_SPLIT: "legacy" (or unset) -> 0; "auto" -> 256; "auto:N" -> N (minimum keys per piece).
-int attn_split_from_env() {
+// MARKBASE_CUDA_ATTN_SPLIT: "legacy" (or unset) -> {0}; "auto[:N]" -> {N (256), v2 kernel}; "active[:N]" ->
+// {N (256), today's kernel}: N is the minimum of keys per piece.
+struct AttnPolicy {
+    int min_keys = 0;  // 0: legacy
+    bool v2 = false;
+};
+AttnPolicy attn_policy_from_env() {
     const char* e = std::getenv("MARKBASE_CUDA_ATTN_SPLIT");
-    if (!e || !*e || std::strcmp(e, "legacy") == 0) return 0;
-    if (std::strcmp(e, "auto") == 0) return 256;
-    if (std::strncmp(e, "auto:", 5) == 0) {
-        char* end = nullptr;
-        const long n = std::strtol(e + 5, &end, 10);
-        if (end != e + 5 && *end == 0 && n >= 1 && n <= (1 << 20)) return static_cast<int>(n);
+    if (!e || !*e || std::strcmp(e, "legacy") == 0) return {};
+    for (const char* name : {"auto", "active"}) {
+        const size_t len = std::strlen(name);
+        if (std::strncmp(e, name, len) != 0) continue;
+        AttnPolicy p{256, name[1] == 'u'};
+        if (e[len] == 0) return p;
+        if (e[len] == ':') {
+            char* end = nullptr;
+            const long n = std::strtol(e + len + 1, &end, 10);
+            if (end != e + len + 1 && *end == 0 && n >= 1 && n <= (1 << 20)) {
+                p.min_keys = static_cast<int>(n);
+                return p;
+            }
+        }
     }
-    throw Error(std::string("MARKBASE_CUDA_ATTN_SPLIT=") + e + ": expected legacy, auto or auto:N (N >= 1)");
+    throw Error(std::string("MARKBASE_CUDA_ATTN_SPLIT=") + e +
+                ": expected legacy, auto, auto:N, active or active:N (N >= 1)");
 }
 
 }  // namespace
@@ -57,7 +71,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         gemv_variant_ = gemv_variant_from_env();
         if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_KSPLIT"))
             gemv_ksplit_ = std::clamp(std::atoi(e), 0, 64);
-        const int auto_min = attn_split_from_env();
+        const AttnPolicy policy = attn_policy_from_env();
+        const int auto_min = policy.min_keys;
         int sms = 0;
         {
             int dev = 0;
@@ -67,6 +82,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         if (auto_min > 0) {
             attn_min_split_ = auto_min;
             attn_active_only_ = true;
+            attn_v2_ = policy.v2;
         }
         decode_splits_.resize(L);
         for (int i = 0; i < L; ++i) {

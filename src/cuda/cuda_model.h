@@ -160,11 +160,12 @@ class CudaModel {
     // MARKBASE_CUDA_GEMV: the decode GEMVs' tile/grid variant (gemv.cu). MARKBASE_CUDA_ATTN_SPLIT:
     // "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports to the merge) or
     // "auto[:N]" (pieces of >= N keys, default 256, at most ~2 waves of blocks per layer, only the pieces
-    // holding keys run and merge).
+    // holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with today's kernel).
     int gemv_variant_ = 0;
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 32;
     bool attn_active_only_ = false;
+    bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 
 }  // namespace markbase::cuda

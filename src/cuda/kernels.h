@@ -132,6 +132,9 @@ struct AttnArgs {
     // split_len 0 only: pieces past the current range exit at once, and the merge (and the last-piece ticket)
     // counts only the pieces that hold keys (MARKBASE_CUDA_ATTN_SPLIT=auto; false = every piece reports).
     bool active_only = false;
+    // With active_only and merge_counters at decode: the v2 pieces kernel (keys spread over warps in the V
+    // phase too, a parallel merge); MARKBASE_CUDA_ATTN_SPLIT=auto sets it, active[:N] does not.
+    bool decode_v2 = false;
     float* part_o = nullptr;   // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
     float* out = nullptr;      // [n][nH][d]

@@ -283,6 +283,9 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_ATTN_SPLIT=auto",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:7",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:1",
+    "MARKBASE_CUDA_ATTN_SPLIT=active:32",
+    "MARKBASE_CUDA_ATTN_SPLIT=active",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:64,MARKBASE_CUDA_FUSE=0",
     "MARKBASE_CUDA_GEMV=r1u8k,MARKBASE_CUDA_ATTN_SPLIT=auto:64",
 };
@@ -397,9 +400,10 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b"
 // The GEMV variants at real widths, where the split-K rule actually cuts K (31B down, E2B/E4B down) and the
 // resident grids loop; the attention policies at head dims 256/512.
 const char* const kSyntheticSwitchSettings[] = {
-    "MARKBASE_CUDA_GEMV=r2u4",          "MARKBASE_CUDA_GEMV=r1u8",  "MARKBASE_CUDA_GEMV=r4u2",
-    "MARKBASE_CUDA_GEMV=r1u8k",         "MARKBASE_CUDA_GEMV=r2u4k", "MARKBASE_CUDA_ATTN_SPLIT=auto",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
+    "MARKBASE_CUDA_GEMV=r2u4",          "MARKBASE_CUDA_GEMV=r1u8",
+    "MARKBASE_CUDA_GEMV=r4u2",          "MARKBASE_CUDA_GEMV=r1u8k",
+    "MARKBASE_CUDA_GEMV=r2u4k",         "MARKBASE_CUDA_ATTN_SPLIT=auto",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:32", "MARKBASE_CUDA_ATTN_SPLIT=active:32",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
