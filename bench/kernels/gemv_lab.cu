@@ -273,7 +273,7 @@ int choose_ksplit(int groups, int blocks, int nchunk, int U) {
     return best;
 }
 
-enum Grid { kLegacy, kResident, kResidentSplitK };
+enum Grid { kLegacy, kResident, kResidentSplitK, kWaves4 };  // kWaves4: 4 x the resident blocks
 
 template <int R, int U, int NW, bool EARLY, Grid G>
 void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cudaStream_t s) {
@@ -293,6 +293,7 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
         blocks =
             g_sms * resident(reinterpret_cast<const void*>(staged_kernel<R, U, NW, EARLY>), NW * 32, smem);
         if (G == kResidentSplitK) S = choose_ksplit(groups, blocks, K / 8, U);
+        if (G == kWaves4) blocks *= 4;  // the block scheduler balances the tail, one group per block
         blocks = std::min(blocks, groups * S);
     }
     if (S > 1) CK(cudaMemsetAsync(y, 0, static_cast<size_t>(N) * 4, s));
@@ -331,6 +332,8 @@ const Variant kVariants[] = {
     {"v13 R1 U8 res early spK", "", launch_staged<1, 8, 8, true, kResidentSplitK>},
     {"v14 4w R2 U4 resident", "", launch_staged<2, 4, 4, false, kResident>},
     {"v15 16w R1 U4 resident", "", launch_staged<1, 4, 16, false, kResident>},
+    {"v16 R1 U8 4 waves", "", launch_staged<1, 8, 8, false, kWaves4>},
+    {"v17 R2 U4 4 waves", "", launch_staged<2, 4, 8, false, kWaves4>},
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
