@@ -129,6 +129,9 @@ int cmd_bench_load(const Args& args) {
     if (device != "cpu" && device != "cuda") throw Error("bench load: --device must be cpu or cuda");
 #ifndef MARKBASE_HAS_CUDA
     if (device == "cuda") throw Error("bench load --device cuda: this build has no CUDA backend");
+#else
+    if (device == "cuda" && !cuda_device_info().available)
+        throw Error("bench load --device cuda: no usable CUDA device (" + cuda_device_info().why_not + ")");
 #endif
 
     // Validation (headers, shapes, dtypes) happens once, here; the loads below only move bytes.
