@@ -22,6 +22,7 @@
 #include "loading/checkpoint.h"
 #include "model/error.h"
 #include "model/tensor_plan.h"
+#include "runtime/timing.h"
 
 namespace markbase {
 
@@ -39,10 +40,6 @@ uint64_t align_down(uint64_t x, uint64_t a) {
 
 std::string errno_text(int err) {
     return std::error_code(err, std::generic_category()).message();
-}
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Open file descriptors, closed on scope exit (any path).

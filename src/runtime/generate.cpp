@@ -5,14 +5,9 @@
 #include <cstdio>
 
 #include "model/error.h"
+#include "runtime/timing.h"
 
 namespace markbase {
-
-namespace {
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 GenerateStats generate(Backend& be, const std::vector<int>& prompt, const GenerateOptions& opt,
                        const std::function<bool(int)>& on_token, std::vector<int>* out_ids) {

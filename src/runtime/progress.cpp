@@ -5,15 +5,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "runtime/timing.h"
+
 namespace markbase {
-
-namespace {
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 ByteProgress::ByteProgress(std::string verb, uint64_t total, std::FILE* out, int force_bar)
     : verb_(std::move(verb)), total_(total), out_(out), t0_(now_s()) {

@@ -20,18 +20,12 @@
 #include "cpu/memory_bandwidth.h"
 #include "cpu/thread_pool.h"
 #include "model/error.h"
+#include "runtime/timing.h"
 
 namespace markbase::cli {
 
 namespace {
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
 uint64_t fnv1a(const float* p, size_t n) {
     uint64_t h = 1469598103934665603ull;
     const auto* b = reinterpret_cast<const unsigned char*>(p);

@@ -9,6 +9,8 @@
 // hash.
 #include "cli/commands/bench_cuda.h"
 
+#include "runtime/timing.h"
+
 #ifdef MARKBASE_HAS_CUDA
 
 #include <algorithm>
@@ -33,13 +35,6 @@ namespace {
 
 constexpr double kRooflineGBs = 4160.0;  // PERFORMANCE.md: measured H200 HBM read
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
 std::string hash_hex(const void* p, size_t bytes) {
     uint64_t h = 1469598103934665603ull;
     const auto* b = static_cast<const unsigned char*>(p);

@@ -32,6 +32,7 @@
 #include "loading/staged_reader.h"
 #include "model/error.h"
 #include "runtime/progress.h"
+#include "runtime/timing.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_loader.h"
@@ -41,13 +42,6 @@ namespace markbase::cli {
 
 namespace {
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
 double gbs(uint64_t bytes, double s) {
     return s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0;
 }
