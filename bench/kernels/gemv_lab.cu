@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_common.cuh"
+
 #define CK(call)                                                                                      \
     do {                                                                                              \
         cudaError_t e_ = (call);                                                                      \
@@ -43,27 +45,9 @@
 
 namespace {
 
-__device__ __forceinline__ float lo16(uint32_t w) {
-    return __uint_as_float(w << 16);
-}
-__device__ __forceinline__ float hi16(uint32_t w) {
-    return __uint_as_float(w & 0xffff0000u);
-}
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
-    float s = lo16(w.x) * a.x;
-    s = fmaf(hi16(w.x), a.y, s);
-    s = fmaf(lo16(w.y), a.z, s);
-    s = fmaf(hi16(w.y), a.w, s);
-    s = fmaf(lo16(w.z), b.x, s);
-    s = fmaf(hi16(w.z), b.y, s);
-    s = fmaf(lo16(w.w), b.z, s);
-    s = fmaf(hi16(w.w), b.w, s);
-    return s;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+// The device helpers the production kernels use (dot8, warp sums), so lab and backend agree.
+using markbase::cuda::dot8;
+using markbase::cuda::warp_sum;
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
