@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
 
 #define CK(call)                                                                                      \
     do {                                                                                              \
@@ -239,23 +240,7 @@ int resident(const void* fn, int threads, size_t smem) {
     return nb;
 }
 
-// K slices per row group for a balanced split-K (the same rule as src/cuda/gemv.cu's choose_ksplit).
-int choose_ksplit(int groups, int blocks, int nchunk, int U) {
-    int best = 1;
-    double best_score = -1.0;
-    for (int S = 1; S <= 8; ++S) {
-        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
-        const int units = groups * S;
-        const int rounds = (units + blocks - 1) / blocks;
-        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
-        const double score = eff - 0.02 * (S - 1);
-        if (score > best_score + 1e-9) {
-            best_score = score;
-            best = S;
-        }
-    }
-    return best;
-}
+using markbase::cuda::choose_ksplit;  // src/cuda/gemv.cu's rule
 
 enum Grid { kLegacy, kResident, kResidentSplitK, kWaves4 };  // kWaves4: 4 x the resident blocks
 

@@ -64,6 +64,8 @@ class CudaModel {
     std::vector<CudaProfileEntry> profile_step();
 
   private:
+    // q/k norms + RoPE + cache write arguments for layer i (decode and prefill build the same ones)
+    QkvPost qkv_post_args(int i) const;
     // Events around each launch of a non-graph step; null while capturing the graph.
     struct Profiler {
         struct Rec {

@@ -57,6 +57,27 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     n_past += n;
 }
 
+QkvPost CudaModel::qkv_post_args(int i) const {
+    const LayerWeights& lw = w_.layers[i];
+    const LayerSpec& s = c_.layers[i];
+    QkvPost p;
+    p.q = q_;
+    p.kraw = s.has_own_kv() ? k_ : nullptr;
+    p.vraw = lw.v_proj ? v_ : k_;  // k_eq_v: V is the raw k projection
+    p.q_norm = lw.q_norm;
+    p.k_norm = lw.k_norm;
+    p.k_cache = cache_[i].k;
+    p.v_cache = cache_[i].v;
+    p.cap = cache_[i].cap;
+    p.nH = c_.n_heads;
+    p.nKV = s.n_kv_heads;
+    p.d = s.head_dim;
+    p.inv_freq = s.kind == AttentionKind::Sliding ? inv_sliding_ : inv_full_;
+    p.pos_base = d_state_ + 1;
+    p.eps = c_.rms_eps;
+    return p;
+}
+
 void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     const LayerWeights& lw = w_.layers[i];
     const LayerSpec& s = c_.layers[i];
@@ -72,21 +93,7 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         gemm(lw.k_proj, kvw, H, n, k_, kvw);
         if (lw.v_proj) gemm(lw.v_proj, kvw, H, n, v_, kvw);
     }
-    QkvPost p;
-    p.q = q_;
-    p.kraw = own ? k_ : nullptr;
-    p.vraw = lw.v_proj ? v_ : k_;
-    p.q_norm = lw.q_norm;
-    p.k_norm = lw.k_norm;
-    p.k_cache = cache_[i].k;
-    p.v_cache = cache_[i].v;
-    p.cap = cache_[i].cap;
-    p.nH = nH;
-    p.nKV = nKV;
-    p.d = d;
-    p.inv_freq = sliding ? inv_sliding_ : inv_full_;
-    p.pos_base = d_state_ + 1;
-    p.eps = eps;
+    const QkvPost p = qkv_post_args(i);
     qkv_post(p, n, stream_);
 
     AttnArgs a;

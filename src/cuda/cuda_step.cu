@@ -128,23 +128,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             gemv(in, segs, ns, 1, stream_);
         });
     }
-    const bool sliding = s.kind == AttentionKind::Sliding;
     run(pf, "qk_norm_rope", i, 0.0, [&] {
-        QkvPost p;
-        p.q = q_;
-        p.kraw = own ? k_ : nullptr;
-        p.vraw = lw.v_proj ? v_ : k_;  // k_eq_v: V is the raw k projection
-        p.q_norm = lw.q_norm;
-        p.k_norm = lw.k_norm;
-        p.k_cache = cache_[i].k;
-        p.v_cache = cache_[i].v;
-        p.cap = cache_[i].cap;
-        p.nH = nH;
-        p.nKV = nKV;
-        p.d = d;
-        p.inv_freq = sliding ? inv_sliding_ : inv_full_;
-        p.pos_base = d_state_ + 1;
-        p.eps = eps;
+        const QkvPost p = qkv_post_args(i);
         qkv_post(p, 1, stream_);
     });
     AttnArgs a;

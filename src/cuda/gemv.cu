@@ -265,25 +265,6 @@ int resident_blocks(const void* fn, size_t dyn_smem) {
     return std::max(1, std::min({by_regs, by_smem, 2048 / kThreads, 32}));
 }
 
-// K slices per row group for a balanced split-K: the fewest slices whose units (groups x slices) spread over
-// `blocks` with little tail, each slice still a few full batches of U chunks per lane.
-int choose_ksplit(int groups, int blocks, int nchunk, int U) {
-    int best = 1;
-    double best_score = -1.0;
-    for (int S = 1; S <= 8; ++S) {
-        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
-        const int units = groups * S;
-        const int rounds = (units + blocks - 1) / blocks;
-        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
-        const double score = eff - 0.02 * (S - 1);  // atomics and re-staging are not free
-        if (score > best_score + 1e-9) {
-            best_score = score;
-            best = S;
-        }
-    }
-    return best;
-}
-
 template <int M, int R, int U>
 void launch_rt(Params& p, int ntok, const VariantSpec& v, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);

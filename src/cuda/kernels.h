@@ -68,6 +68,25 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
 // staged, and records their register use (for the resident-grid variants).
 void gemv_prepare(int max_K);
+// Host-side; the kernel lab uses the same rule.
+// K slices per row group for a balanced split-K: the fewest slices whose units (groups x slices) spread over
+// `blocks` with little tail, each slice still a few full batches of U chunks per lane.
+inline int choose_ksplit(int groups, int blocks, int nchunk, int U) {
+    int best = 1;
+    double best_score = -1.0;
+    for (int S = 1; S <= 8; ++S) {
+        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
+        const int units = groups * S;
+        const int rounds = (units + blocks - 1) / blocks;
+        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
+        const double score = eff - 0.02 * (S - 1);  // atomics and re-staging are not free
+        if (score > best_score + 1e-9) {
+            best_score = score;
+            best = S;
+        }
+    }
+    return best;
+}
 // MARKBASE_CUDA_GEMV (a name or number, see gemv.cu) as a variant index; 0 when unset; throws on an unknown
 // name. gemv_variant_name(0) == "legacy".
 int gemv_variant_from_env();
