@@ -27,10 +27,9 @@ StagedStats cuda_staged_load_once(const Checkpoint& ck, const StagedOptions& opt
 
 namespace cuda {
 struct DeviceWeights;
-// The backend's upload through the staged pipeline (same DeviceWeights as upload_weights: one allocation per
-// tensor, checkpoint layout), with a progress bar on a TTY and the summary line on stderr. upload_weights
-// uses it when MARKBASE_LOADER=staged; the default stays the double-buffered upload until this path has
-// been measured on the GPU.
+// The backend's upload through the staged pipeline (one device allocation for the model, tensors as views in
+// the checkpoint's layout), with a progress bar on a TTY and the summary line on stderr. upload_weights uses
+// it unless MARKBASE_LOADER=simple.
 std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck);
 }  // namespace cuda
 

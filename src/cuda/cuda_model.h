@@ -31,6 +31,7 @@ struct DeviceWeights {
     };
     std::vector<Tensor> tensors;  // plan order
     uint64_t bytes = 0;
+    void* arena = nullptr;  // when set, one allocation holds every tensor (the staged loader); else one each
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
     DeviceWeights& operator=(const DeviceWeights&) = delete;

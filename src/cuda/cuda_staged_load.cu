@@ -155,20 +155,28 @@ std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck) {
     const std::vector<PlannedTensor> plan_t = plan_tensors(dw->config, &dw->w);
     const LoadPlan plan = plan_checkpoint_load(ck);
     if (plan.items.size() != plan_t.size()) throw Error("internal: load plan and tensor plan disagree");
+    // One allocation for the whole model, tensors as aligned views into it: no per-tensor allocator calls,
+    // and a copy that spans neighbouring tensors stays inside one allocation (cudaMemcpyAsync refuses a
+    // range that crosses two).
+    const cudaError_t e = cudaMalloc(&dw->arena, std::max<uint64_t>(plan.arena_bytes, 1));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dw->arena = nullptr;
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        throw Error("out of GPU memory allocating " + format_gb(plan.arena_bytes) + " for the weights (" +
+                    format_gb(free_b) + " free of " + format_gb(total_b) + ")");
+    }
     std::vector<uint8_t*> dst;
     for (size_t i = 0; i < plan_t.size(); ++i) {
-        void* p = nullptr;
+        if (plan.items[i].name != dw->config.weight_prefix + plan_t[i].name)
+            throw Error("internal: load plan and tensor plan disagree at " + plan_t[i].name);
+        uint8_t* p = static_cast<uint8_t*>(dw->arena) + plan.items[i].dst;
         const uint64_t bytes = plan.items[i].bytes;
-        const cudaError_t e = cudaMalloc(&p, std::max<uint64_t>(bytes, 1));
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            throw Error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " +
-                        plan_t[i].name);
-        }
-        dw->tensors.push_back({plan_t[i].name, plan_t[i].shape, static_cast<const bf16*>(p), bytes});
-        *plan_t[i].slot = static_cast<const bf16*>(p);
+        dw->tensors.push_back({plan_t[i].name, plan_t[i].shape, reinterpret_cast<const bf16*>(p), bytes});
+        *plan_t[i].slot = reinterpret_cast<const bf16*>(p);
         dw->bytes += bytes;
-        dst.push_back(static_cast<uint8_t*>(p));
+        dst.push_back(p);
     }
     StagedOptions o = cuda_staged_options_from_env();
     o.buffers = std::max(1, o.threads) + 2;

@@ -1,5 +1,5 @@
 // The staged loader's CUDA sink (cuda/cuda_staged_load.cu) on a real device: the weights the backend holds
-// after MARKBASE_LOADER=staged are byte-identical to the mapped checkpoint, the one-shot bench load moves
+// after the staged load (the default; one device allocation) are byte-identical to the mapped checkpoint, the one-shot bench load moves
 // every bound byte, and the free-memory query answers. Skips without a device (compiled everywhere CUDA is).
 #include <gtest/gtest.h>
 
@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_loader.h"
@@ -54,6 +55,16 @@ TEST(CudaStagedLoad, WeightsAreByteExactAndFreeMemoryIsKnown) {
             ASSERT_EQ(host->storage[i].size() * sizeof(bf16), t.nbytes) << plan[i].name;
             EXPECT_EQ(0, std::memcmp(host->storage[i].data(), t.data, t.nbytes))
                 << family << " " << plan[i].name;
+        }
+
+        {
+            ScopedEnv bad("MARKBASE_LOADER", "fast");
+            try {
+                make_cuda_backend(*ck, opt);
+                ADD_FAILURE() << "MARKBASE_LOADER=fast was accepted";
+            } catch (const Error& e) {
+                EXPECT_NE(std::string(e.what()).find("MARKBASE_LOADER=fast"), std::string::npos) << e.what();
+            }
         }
 
         StagedOptions o;

@@ -45,8 +45,8 @@ std::string hash_hex(const void* p, size_t bytes) {
 }
 std::vector<int> random_prompt(int n, const ModelConfig& c, uint32_t seed) {
     std::mt19937 rng(seed);
-    std::vector<int> p(n);
-    p[0] = c.bos_id;
+    std::vector<int> p(static_cast<size_t>(std::max(n, 0)));
+    if (n > 0) p[0] = c.bos_id;
     for (int i = 1; i < n; ++i) p[i] = static_cast<int>(rng() % static_cast<uint32_t>(c.vocab_size));
     return p;
 }
