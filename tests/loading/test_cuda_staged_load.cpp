@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_loader.h"
+#include "model/error.h"
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "model/tensor_plan.h"
