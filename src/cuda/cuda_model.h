@@ -96,6 +96,10 @@ class CudaModel {
     GemvInput x_input(bool norm, const bf16* norm_w);  // cuda_step.cu: the current x as a GEMV input
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
     void flush_residual(Profiler* pf, int layer);
+    // y[rows] = W @ xin (K wide) at one token, then, in tail mode, x = (x + RMSNorm(y) * res_w) * scale;
+    // otherwise that update waits as pending_ (fusion) or runs as its own kernel.
+    void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
+                          int rows, const float* xin, int K, float* y, const bf16* res_w, float scale);
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     void ensure_graph();
@@ -131,9 +135,14 @@ class CudaModel {
         const bf16* w = nullptr;
         float scale = 1.0f;
     } pending_;
-    float* xcur_ = nullptr;                    // the residual stream's current buffer while recording a step
-    float* xb_ = nullptr;                      // [H] the other decode buffer
-    unsigned int* d_counter_ = nullptr;        // lm_head's finished blocks
+    float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
+    float* xb_ = nullptr;                // [H] the other decode buffer
+    unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks
+    // MARKBASE_CUDA_GEMV=warp with fusion: the residual updates run as the tails of the GEMVs that produce
+    // them (o_proj, down, the PLE projection; gemv_rows.cu), x stays in x_, and the consumers fold the input
+    // norm into each warp. d_tail_counter_: those tails' finished blocks.
+    bool tail_ = false;
+    unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
 
     // activations, [chunk][width] row-major

@@ -50,6 +50,24 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     run(pf, name, layer, 0.0, [&] { residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
 }
 
+void CudaModel::project_residual(Profiler* pf, const char* name, const char* res_name, int layer,
+                                 const bf16* W, int rows, const float* xin, int K, float* y,
+                                 const bf16* res_w, float scale) {
+    GemvInput in;
+    in.variant = gemv_variant_;
+    in.ksplit = gemv_ksplit_;
+    in.x = xin;
+    in.K = K;
+    GemvSeg seg{W, y, rows, 0};
+    if (tail_) {
+        const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, d_tail_counter_};
+        run(pf, name, layer, wbytes(rows, K), [&] { gemv_rows(in, &seg, 1, &t, stream_); });
+        return;
+    }
+    run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+    residual(pf, res_name, layer, y, res_w, scale);
+}
+
 // For kernels that read x directly rather than through a GEMV input.
 void CudaModel::flush_residual(Profiler* pf, int layer) {
     if (!pending_.y) return;
@@ -142,16 +160,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
-    run(pf, "o_proj", i, wbytes(H, qw), [&] {
-        GemvInput in;
-        in.variant = gemv_variant_;
-        in.ksplit = gemv_ksplit_;
-        in.x = attn_;
-        in.K = qw;
-        GemvSeg seg{lw.o_proj, o_, H, 0};
-        gemv(in, &seg, 1, 1, stream_);
-    });
-    residual(pf, "post_attn_norm", i, o_, lw.post_attn_norm, 1.0f);
+    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f);
 
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
     const float ffn_scale =
@@ -161,15 +170,20 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
             [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
     }
-    run(pf, "mlp_down", i, wbytes(H, I), [&] {
-        GemvInput in;
-        in.variant = gemv_variant_;
-        in.ksplit = gemv_ksplit_;
-        in.x = g_;
-        in.K = I;
-        GemvSeg seg{lw.down_proj, m_, H, 0};
-        gemv(in, &seg, 1, 1, stream_);
-    });
+    if (!c_.moe) {  // the dense layer's FFN update follows its down projection
+        project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_, lw.post_ffn_norm,
+                         ffn_scale);
+    } else {
+        run(pf, "mlp_down", i, wbytes(H, I), [&] {
+            GemvInput in;
+            in.variant = gemv_variant_;
+            in.ksplit = gemv_ksplit_;
+            in.x = g_;
+            in.K = I;
+            GemvSeg seg{lw.down_proj, m_, H, 0};
+            gemv(in, &seg, 1, 1, stream_);
+        });
+    }
 
     if (c_.moe) {  // 2.6
         const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
@@ -196,8 +210,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                                  lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
         });
-    } else {
-        residual(pf, "post_ffn_norm", i, m_, lw.post_ffn_norm, ffn_scale);
     }
 
     if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then *
@@ -208,16 +220,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             run(pf, "ple_gate", i, wbytes(P, H),
                 [&] { gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_); });
         }
-        run(pf, "ple_proj", i, wbytes(H, P), [&] {
-            GemvInput in;
-            in.variant = gemv_variant_;
-            in.ksplit = gemv_ksplit_;
-            in.x = g_;
-            in.K = P;
-            GemvSeg seg{lw.ple_proj, o_, H, 0};
-            gemv(in, &seg, 1, 1, stream_);
-        });
-        residual(pf, "ple_post_norm", i, o_, lw.ple_post_norm, lw.layer_scalar);
+        project_residual(pf, "ple_proj", "ple_post_norm", i, lw.ple_proj, H, g_, P, o_, lw.ple_post_norm,
+                         lw.layer_scalar);
     }
 }
 

@@ -65,6 +65,28 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 // logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu).
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr);
+
+// ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
+// MARKBASE_CUDA_GEMV=warp routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 and there is no
+// residual prologue (lm_head keeps gemv_logits). in.x, in.norm_w and the weights must be 16-byte aligned.
+
+// A residual update fused into a decode GEMV's end: once every row of y is written, the last block to finish
+// computes x = (x + RMSNorm(y) * w) * scale in place (y has as many rows as x). counter: one zeroed uint,
+// left zeroed.
+struct ResidualTail {
+    float* x = nullptr;
+    const bf16* w = nullptr;
+    float scale = 1.0f;
+    float eps = 1e-6f;
+    unsigned int* counter = nullptr;
+};
+void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s);
+void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
+void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
+                        cudaStream_t s);
+// The variant index of "warp" (gemv_variant_from_env's numbering).
+constexpr int kGemvVariantWarp = 6;
+
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
 // staged, and records their register use (for the resident-grid variants).
 void gemv_prepare(int max_K);

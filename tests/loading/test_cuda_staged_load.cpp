@@ -1,6 +1,7 @@
 // The staged loader's CUDA sink (cuda/cuda_staged_load.cu) on a real device: the weights the backend holds
-// after the staged load (the default; one device allocation) are byte-identical to the mapped checkpoint, the one-shot bench load moves
-// every bound byte, and the free-memory query answers. Skips without a device (compiled everywhere CUDA is).
+// after the staged load (the default; one device allocation) are byte-identical to the mapped checkpoint, the
+// one-shot bench load moves every bound byte, and the free-memory query answers. Skips without a device
+// (compiled everywhere CUDA is).
 #include <gtest/gtest.h>
 
 #ifdef MARKBASE_HAS_CUDA
@@ -11,9 +12,9 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_loader.h"
-#include "model/error.h"
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
+#include "model/error.h"
 #include "model/tensor_plan.h"
 #include "support/tiny_models.h"
 

@@ -1,0 +1,208 @@
+// Decode GEMVs at one token, one warp per output row (MARKBASE_CUDA_GEMV=warp): the kernel lab's best layout
+// on every decode shape of the four variants (bench/kernels/gemv_lab.cu v11: 8 independent 16-byte weight
+// loads in flight per lane, x read through L1, no shared memory, no barrier, many small blocks that the
+// hardware scheduler balances). What the lab kernel lacks and a model step needs is folded in here:
+//  - the input RMSNorm, inside each warp: every warp reads all of x anyway, so it also sums x^2 and applies
+//    the norm weight per element; y = rsqrt(mean(x^2) + eps) * scale * (W . (x * w)). No prologue, no
+//    staging, no extra kernel;
+//  - the sandwich-norm residual update that follows o_proj, down and the PLE projection, run once by the
+//    last block to finish (ResidualTail) instead of by every block of the next GEMV;
+//  - the first batch of weights is loaded before waiting for the previous kernel (weights never depend on
+//    it), so with programmatic dependent launch the stream of bytes starts during the predecessor's tail.
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2 };
+constexpr int kWarps = 8;
+constexpr int kU = 8;  // 16-byte chunks per lane in flight per matrix
+
+struct RowsParams {
+    GemvInput in;
+    GemvSeg seg[3];
+    int seg_end[3] = {0, 0, 0};
+    int nseg = 0;
+    int total_rows = 0;
+    const bf16* w2 = nullptr;    // kGeglu: the up projection
+    const float* aux = nullptr;  // kGeluMul: the multiplier
+    ResidualTail tail;
+};
+
+__device__ __forceinline__ float sq8(const float4 a, const float4 b, float s) {
+    s = fmaf(a.x, a.x, s);
+    s = fmaf(a.y, a.y, s);
+    s = fmaf(a.z, a.z, s);
+    s = fmaf(a.w, a.w, s);
+    s = fmaf(b.x, b.x, s);
+    s = fmaf(b.y, b.y, s);
+    s = fmaf(b.z, b.z, s);
+    return fmaf(b.w, b.w, s);
+}
+
+__device__ __forceinline__ void scale8(float4& a, float4& b, const uint4 n) {
+    a.x *= bf16_lo(n.x);
+    a.y *= bf16_hi(n.x);
+    a.z *= bf16_lo(n.y);
+    a.w *= bf16_hi(n.y);
+    b.x *= bf16_lo(n.z);
+    b.y *= bf16_hi(n.z);
+    b.z *= bf16_lo(n.w);
+    b.w *= bf16_hi(n.w);
+}
+
+// x = (x + RMSNorm(y) * w) * scale by the last block to finish; y is every row this grid wrote.
+__device__ void residual_tail(const RowsParams& p) {
+    __shared__ unsigned int ticket;
+    __shared__ float red[32];
+    __syncthreads();  // every warp of this block has stored its rows
+    if (threadIdx.x == 0) {
+        __threadfence();
+        ticket = atomicAdd(p.tail.counter, 1u);
+    }
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();
+    const int H = p.total_rows;
+    const float* y = p.seg[0].y;
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        const float v = __ldcg(y + k);  // written by other blocks: read from L2, not a stale L1 line
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + p.tail.eps);
+    for (int k = threadIdx.x; k < H; k += blockDim.x)
+        p.tail.x[k] = (p.tail.x[k] + __ldcg(y + k) * inv * bf16_at(p.tail.w, k)) * p.tail.scale;
+    if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
+}
+
+template <int M>
+__global__ void __launch_bounds__(kWarps * 32) rows_kernel(const RowsParams p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * kWarps + warp;
+    const bool active = row < p.total_rows;
+    const int K = p.in.K, nchunk = K >> 3;
+    int s = 0;
+    while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+    const int local = active ? row - (s ? p.seg_end[s - 1] : 0) : 0;
+    const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(local) * K);
+    const uint4* w2 =
+        M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
+
+    uint4 v[kU], v2[kU];
+    auto load = [&](int base) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int c = base + u * 32 + lane;
+            const bool ok = active && c < nchunk;
+            v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+            if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    load(0);      // weights only: safe before the previous kernel has finished
+    pdl_begin();  // from here on x (and y, the tail's x) may be touched
+
+    const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
+    const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
+    const bool norm = p.in.norm;
+    float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
+    for (int base = 0; base < nchunk; base += 32 * kU) {
+        if (base) load(base);
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int c = base + u * 32 + lane;
+            if (c < nchunk) {
+                float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
+                if (norm) {
+                    ss = sq8(a, b, ss);
+                    if (nw4) scale8(a, b, __ldg(nw4 + c));
+                }
+                acc += dot8(v[u], a, b);
+                if constexpr (M == kGeglu) acc2 += dot8(v2[u], a, b);
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
+    if (norm) {
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
+        acc *= inv;
+        acc2 *= inv;
+    }
+    if (lane == 0 && active) {
+        float* y = p.seg[s].y + local;
+        if constexpr (M == kStore)
+            *y = acc;
+        else if constexpr (M == kGeglu)
+            *y = gelu_tanh(acc) * acc2;
+        else
+            *y = gelu_tanh(acc) * p.aux[row];
+    }
+    if (M == kStore && p.tail.x) residual_tail(p);
+}
+
+void check_aligned(const void* p, const char* what) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+        throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
+}
+
+template <int M>
+void launch_rows(RowsParams& p, cudaStream_t s) {
+    if (p.in.K % 8 != 0)
+        throw Error("internal: GEMV input width " + std::to_string(p.in.K) + " is not a multiple of 8");
+    if (p.in.res_y) throw Error("internal: the warp-per-row GEMV takes no residual prologue");
+    check_aligned(p.in.x, "the GEMV input");
+    if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
+    p.total_rows = 0;
+    for (int i = 0; i < p.nseg; ++i) {
+        check_aligned(p.seg[i].w, "a weight matrix");
+        p.seg_end[i] = (p.total_rows += p.seg[i].rows);
+    }
+    if (p.w2) check_aligned(p.w2, "the up projection");
+    if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
+        throw Error("internal: a residual tail needs one output segment and a counter");
+    if (p.total_rows == 0) return;
+    launch_kernel(rows_kernel<M>, dim3((p.total_rows + kWarps - 1) / kWarps), dim3(kWarps * 32), 0, s, p);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s) {
+    RowsParams p;
+    p.in = in;
+    p.nseg = nseg;
+    for (int i = 0; i < nseg; ++i) p.seg[i] = segs[i];
+    if (tail) p.tail = *tail;
+    launch_rows<kStore>(p, s);
+}
+
+void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y,
+                     cudaStream_t s) {
+    RowsParams p;
+    p.in = in;
+    p.nseg = 1;
+    p.seg[0] = {wg, y, rows, 0};
+    p.w2 = wu;
+    launch_rows<kGeglu>(p, s);
+}
+
+void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
+                        cudaStream_t s) {
+    RowsParams p;
+    p.in = in;
+    p.nseg = 1;
+    p.seg[0] = {w, y, rows, 0};
+    p.aux = aux;
+    launch_rows<kGeluMul>(p, s);
+}
+
+}  // namespace markbase::cuda
