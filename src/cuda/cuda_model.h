@@ -168,12 +168,12 @@ class CudaModel {
     float *inv_sliding_ = nullptr, *inv_full_ = nullptr;
     std::vector<int> decode_splits_;  // [L] attention pieces per head at decode
 
-    // A/B switches read when the model is built (defaults: the legacy kernels and policy).
-    // MARKBASE_CUDA_GEMV: the decode GEMVs' tile/grid variant (gemv.cu). MARKBASE_CUDA_ATTN_SPLIT:
-    // "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports to the merge) or
-    // "auto[:N]" (pieces of >= N keys, default 256, at most ~2 waves of blocks per layer, only the pieces
-    // holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with today's kernel).
-    int gemv_variant_ = 0;
+    // A/B switches read when the model is built (defaults: warp-per-row GEMVs, auto:64 attention).
+    // MARKBASE_CUDA_GEMV: the decode GEMVs' variant (warp = gemv_rows.cu; legacy etc. = gemv.cu).
+    // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 64, at most ~2 waves of blocks per
+    // layer, only the pieces holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with
+    // the v1 kernel) or "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports).
+    int gemv_variant_ = kGemvVariantWarp;
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 32;
     bool attn_active_only_ = false;

@@ -5,12 +5,15 @@
 // so the staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product
 // (GeGLU, the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
 //
-// MARKBASE_CUDA_GEMV selects a tile/grid variant for A/B runs (read when a model is built; unset = legacy,
-// the default and the layout described above): rows per warp R, chunks per row in flight U, the grid either
-// the legacy "a few blocks per SM, capped by groups" or exactly the blocks that can be resident at once (one
-// wave, every block loops, the input staged once per block), and for plain products at one token a balanced
-// split-K (the K range of each row group cut into S slices, partial sums added with atomicAdd into a zeroed
-// y) so that short-wide matrices (31B down, o_proj) end without a tail. See gemv_variant_name().
+// Since the H200 A/B the decode step's plain, GeGLU and PLE-gate products at one token run in gemv_rows.cu
+// (MARKBASE_CUDA_GEMV unset or =warp); this file keeps lm_head (softcap + argmax + the step's end), products
+// over several tokens, and the older variants for A/B runs. MARKBASE_CUDA_GEMV=legacy|r2u4|... selects one
+// (read when a model is built; legacy is the layout described above): rows per warp R, chunks per row in
+// flight U, the grid either the legacy "a few blocks per SM, capped by groups" or exactly the blocks that can
+// be resident at once (one wave, every block loops, the input staged once per block), and for plain products
+// at one token a balanced split-K (the K range of each row group cut into S slices, partial sums added with
+// atomicAdd into a zeroed y) so that short-wide matrices (31B down, o_proj) end without a tail. See
+// gemv_variant_name().
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -328,7 +331,7 @@ void prepare_mode(int bytes) {
 
 int gemv_variant_from_env() {
     const char* e = std::getenv("MARKBASE_CUDA_GEMV");
-    if (!e || !*e) return 0;
+    if (!e || !*e) return kGemvVariantWarp;  // the default since the H200 A/B (bench/NOTES.md)
     for (int i = 0; i < kNumVariants; ++i)
         if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
     throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +

@@ -34,7 +34,8 @@ struct GemvInput {
     float res_scale = 1.0f;
     float* res_out = nullptr;
 
-    // Tile/grid variant (gemv.cu's table; 0 = legacy, the default). Decode sets it from MARKBASE_CUDA_GEMV.
+    // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
+    // warp).
     int variant = 0;
     int ksplit = 0;  // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
 };
@@ -110,7 +111,7 @@ inline int choose_ksplit(int groups, int blocks, int nchunk, int U) {
     return best;
 }
 // MARKBASE_CUDA_GEMV (a name or number, see gemv.cu) as a variant index; 0 when unset; throws on an unknown
-// name. gemv_variant_name(0) == "legacy".
+// name. Unset = kGemvVariantWarp; gemv_variant_name(0) == "legacy".
 int gemv_variant_from_env();
 const char* gemv_variant_name(int variant);
 

@@ -32,12 +32,15 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
     pdl_begin();
     const int t = blockIdx.x, lane = threadIdx.x;
     {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
-        const float* xr = x + static_cast<int64_t>(t) * H;
+        // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
+        const float* __restrict__ xr = x + static_cast<int64_t>(t) * H;
         float ss = 0.0f;
+#pragma unroll 4
         for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(xr[k], xr[k], ss);
         ss = block_sum(ss, red);
         const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-        float* er = e_in + static_cast<int64_t>(t) * H;
+        float* __restrict__ er = e_in + static_cast<int64_t>(t) * H;
+#pragma unroll 4
         for (int k = threadIdx.x; k < H; k += blockDim.x) er[k] = xr[k] * inv * bf16_at(norm_w, k);
     }
     if (threadIdx.x >= 32) return;  // the routing itself is one warp's work

@@ -46,18 +46,23 @@ __global__ void ple_mix_kernel(const float* ctx, const int* ids, const bf16* ple
     }
 }
 
-__device__ float row_inv_rms(const float* y, int H, float eps, float* red) {
+// The single-block row kernels are latency-bound (one block walks the row): loops are unrolled and the
+// pointers __restrict__ so that several loads are in flight before the first use.
+__device__ float row_inv_rms(const float* __restrict__ y, int H, float eps, float* red) {
     float ss = 0.0f;
+#pragma unroll 4
     for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(y[k], y[k], ss);
     ss = block_sum(ss, red);
     return 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
 }
 
-__global__ void residual_kernel(float* x, const float* y, const bf16* w, int H, float eps, float scale) {
+__global__ void residual_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                const bf16* __restrict__ w, int H, float eps, float scale) {
     pdl_begin();
     __shared__ float red[32];
     const int64_t off = static_cast<int64_t>(blockIdx.x) * H;
     const float inv = row_inv_rms(y + off, H, eps, red);
+#pragma unroll 4
     for (int k = threadIdx.x; k < H; k += blockDim.x) {
         const float v = y[off + k] * inv * bf16_at(w, k);
         x[off + k] = (x[off + k] + v) * scale;
@@ -65,9 +70,10 @@ __global__ void residual_kernel(float* x, const float* y, const bf16* w, int H, 
 }
 
 // dynamic smem: 2*H floats (the expert sum, then the combined m')
-__global__ void residual_moe_kernel(float* x, const float* m, const float* slots, const float* sel_w, int K,
-                                    const bf16* w1, const bf16* w2, const bf16* w, int H, float eps,
-                                    float scale) {
+__global__ void residual_moe_kernel(float* __restrict__ x, const float* __restrict__ m,
+                                    const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
+                                    const bf16* __restrict__ w1, const bf16* __restrict__ w2,
+                                    const bf16* __restrict__ w, int H, float eps, float scale) {
     pdl_begin();
     extern __shared__ float sm[];
     __shared__ float red[32];
@@ -75,8 +81,10 @@ __global__ void residual_moe_kernel(float* x, const float* m, const float* slots
     float* mm = sm + H;
     const int t = blockIdx.x;
     const int64_t off = static_cast<int64_t>(t) * H;
+#pragma unroll 2
     for (int k = threadIdx.x; k < H; k += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < K; ++s)
             acc += sel_w[t * K + s] * slots[(static_cast<int64_t>(t) * K + s) * H + k];
         e[k] = acc;
@@ -84,10 +92,12 @@ __global__ void residual_moe_kernel(float* x, const float* m, const float* slots
     __syncthreads();
     const float inv_e = row_inv_rms(e, H, eps, red);
     const float inv_m = row_inv_rms(m + off, H, eps, red);
+#pragma unroll 4
     for (int k = threadIdx.x; k < H; k += blockDim.x)
         mm[k] = m[off + k] * inv_m * bf16_at(w1, k) + e[k] * inv_e * bf16_at(w2, k);
     __syncthreads();
     const float inv = row_inv_rms(mm, H, eps, red);
+#pragma unroll 4
     for (int k = threadIdx.x; k < H; k += blockDim.x)
         x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
 }

@@ -288,8 +288,10 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_ATTN_SPLIT=active",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:64,MARKBASE_CUDA_FUSE=0",
     "MARKBASE_CUDA_GEMV=r1u8k,MARKBASE_CUDA_ATTN_SPLIT=auto:64",
-    "MARKBASE_CUDA_GEMV=warp",
-    "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto",
+    "MARKBASE_CUDA_GEMV=legacy",
+    "MARKBASE_CUDA_ATTN_SPLIT=legacy",
+    "MARKBASE_CUDA_GEMV=legacy,MARKBASE_CUDA_ATTN_SPLIT=legacy",
+    "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
     "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_FUSE=0",
 };
 
@@ -407,7 +409,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=r4u2",          "MARKBASE_CUDA_GEMV=r1u8k",
     "MARKBASE_CUDA_GEMV=r2u4k",         "MARKBASE_CUDA_ATTN_SPLIT=auto",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:32", "MARKBASE_CUDA_ATTN_SPLIT=active:32",
-    "MARKBASE_CUDA_GEMV=warp",          "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto",
+    "MARKBASE_CUDA_GEMV=legacy",        "MARKBASE_CUDA_ATTN_SPLIT=legacy",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
