@@ -177,7 +177,28 @@ int Sampler::sample(const float* logits, int64_t vocab, const std::vector<int>& 
         std::sort(cands_.begin(), cands_.end(), before<Candidate>);
         sorted = true;
     }
+    return draw(sorted);
+}
 
+int Sampler::sample_top(const std::vector<Top>& top, int64_t n_finite) {
+    if (top.empty() || n_finite <= 0)
+        throw Error("sampler: every logit is -inf after the penalties; nothing to sample");
+    if (params_.temperature == 0.0f) return top.front().id;
+    if (params_.top_k <= 0) throw Error("internal: sample_top needs top_k > 0");
+    const size_t want = static_cast<size_t>(std::min<int64_t>(params_.top_k, n_finite));
+    if (top.size() != want)
+        throw Error("internal: sample_top got " + std::to_string(top.size()) + " candidates, expected " +
+                    std::to_string(want));
+    cands_.clear();
+    for (const Top& t : top) cands_.push_back({t.logit, t.id});
+    // sample() sorts only when top_k actually cut something; otherwise its candidates stay in id order.
+    const bool sorted = static_cast<size_t>(params_.top_k) < static_cast<size_t>(n_finite);
+    if (!sorted)
+        std::sort(cands_.begin(), cands_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    return draw(sorted);
+}
+
+int Sampler::draw(bool sorted) {
     // Temperature and softmax. Subtracting the max before dividing keeps tiny T from overflowing to inf.
     float max_logit = cands_[0].w;
     for (const Candidate& c : cands_) max_logit = std::max(max_logit, c.w);

@@ -59,6 +59,16 @@ class Sampler {
     // Throws markbase::Error on NaN or +inf logits, or when every logit is -inf.
     int sample(const float* logits, int64_t vocab, const std::vector<int>& history);
 
+    // The same draw from a device-side selection: `top` holds the largest min(top_k, n_finite) penalised
+    // logits in descending order (ties: lower id first), n_finite the count of logits that are not -inf after
+    // the penalties. Gives exactly what sample() gives on the full row with the same state. Needs top_k > 0
+    // (or temperature 0, where top[0] is the answer).
+    struct Top {
+        float logit;
+        int id;
+    };
+    int sample_top(const std::vector<Top>& top, int64_t n_finite);
+
     const SamplingParams& params() const { return params_; }
 
   private:
@@ -66,6 +76,7 @@ class Sampler {
         float w;  // logit, then exp((logit - max) / T): unnormalised probability
         int id;
     };
+    int draw(bool sorted);  // steps 4-7 over cands_ (sorted: in `before` order, else in id order)
 
     void cut_top_p(double target);  // top_p on unsorted candidates, O(vocab)
 

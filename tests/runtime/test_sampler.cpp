@@ -364,5 +364,57 @@ TEST(Sampler, MaskedTokensAreNeverDrawn) {
     for (size_t i = 0; i < l.size(); i += 2) EXPECT_EQ(c[i], 0);
 }
 
+
+// The device path (a backend's top-k selection + sample_top) must draw exactly what sample() draws on the
+// full row: same ids for the same seed, whether top_k cuts (sorted candidates) or keeps every finite token
+// (id order), with penalties, masked tokens, temperature, top_p and min_p.
+TEST(Sampler, SampleTopDrawsExactlyWhatSampleDraws) {
+    const int V = 3000;
+    std::mt19937 gen(7);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> logits(V);
+    for (float& l : logits) l = nd(gen);
+    for (int i = 0; i < V; i += 7) logits[static_cast<size_t>(i)] = -INFINITY;  // masked
+    logits[100] = logits[101] = 9.0f;                                          // a tie at the top
+    const std::vector<int> history = {5, 17, 100, 17, 2999, 4};
+    struct Case {
+        int top_k;
+        float temp, top_p, min_p, rep, pres, freq;
+    };
+    const Case cases[] = {{64, 1.0f, 0.95f, 0.0f, 1.0f, 0.0f, 0.0f}, {1, 0.7f, 1.0f, 0.0f, 1.3f, 0.5f, 0.0f},
+                          {8, 1.5f, 0.9f, 0.05f, 1.1f, 0.0f, 0.25f}, {40, 0.0f, 1.0f, 0.0f, 1.2f, 0.0f, 0.0f},
+                          {5000, 1.0f, 0.8f, 0.0f, 1.0f, 0.0f, 0.0f}};  // top_k above every finite token
+    for (const Case& c : cases) {
+        SamplingParams p;
+        p.top_k = c.top_k;
+        p.temperature = c.temp;
+        p.top_p = c.top_p;
+        p.min_p = c.min_p;
+        p.repeat_penalty = c.rep;
+        p.presence_penalty = c.pres;
+        p.frequency_penalty = c.freq;
+        p.seed = 42;
+        std::vector<float> pen = logits;
+        apply_penalties(pen, history, p);
+        std::vector<Sampler::Top> all;
+        for (int i = 0; i < V; ++i)
+            if (pen[static_cast<size_t>(i)] != -INFINITY) all.push_back({pen[static_cast<size_t>(i)], i});
+        std::sort(all.begin(), all.end(), [](const Sampler::Top& a, const Sampler::Top& b) {
+            return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+        });
+        const int64_t n_finite = static_cast<int64_t>(all.size());
+        const size_t keep = c.temp == 0.0f ? 1 : static_cast<size_t>(std::min<int64_t>(c.top_k, n_finite));
+        const std::vector<Sampler::Top> top(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keep));
+        Sampler full(p), device(p);
+        for (int draw = 0; draw < 200; ++draw)
+            ASSERT_EQ(full.sample(logits.data(), V, history), device.sample_top(top, n_finite))
+                << "top_k " << c.top_k << " temp " << c.temp << " draw " << draw;
+    }
+    SamplingParams p;
+    p.top_k = 4;
+    Sampler s(p);
+    EXPECT_THROW(s.sample_top({}, 0), Error);                  // nothing finite
+    EXPECT_THROW(s.sample_top({{1.0f, 3}}, 100), Error);       // fewer candidates than top_k promised
+}
 }  // namespace
 }  // namespace markbase
