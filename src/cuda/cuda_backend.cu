@@ -53,6 +53,29 @@ class CudaBackendImpl final : public CudaBackend {
         }
     }
 
+    int max_select_k() const override {
+        return config().vocab_size <= int64_t{cuda::kTopKSlice} / cuda::kTopKMax * cuda::kTopKSlice
+                   ? cuda::kTopKMax
+                   : 0;
+    }
+    int max_select_penalty_ids() const override { return cuda::CudaModel::kMaxPenaltyIds; }
+    bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) override {
+        const ModelConfig& c = config();
+        const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
+        if (id < 0 || id >= limit)
+            throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(limit) + ")");
+        const int n_pen = static_cast<int>(req.pen_ids.size());
+        pen_.assign(req.pen_ids.begin(), req.pen_ids.end());
+        pen_.insert(pen_.end(), req.pen_counts.begin(), req.pen_counts.end());
+        if (!model_.decode_select(id, pen_.data(), n_pen, req.repeat_penalty, req.presence_penalty,
+                                  req.frequency_penalty, req.k, &top_, &out->n_finite, logits))
+            return false;
+        out->top.clear();
+        for (const auto& [v, i] : top_) out->top.push_back({v, i});
+        return true;
+    }
+
     std::vector<int> decode_greedy(int steps, float* last_logits) override {
         if (model_.n_past == 0) throw Error("decode_greedy: evaluate a prompt first");
         return model_.decode_greedy(steps, last_logits);
@@ -67,6 +90,8 @@ class CudaBackendImpl final : public CudaBackend {
 
   private:
     cuda::CudaModel model_;
+    std::vector<int> pen_;                    // eval_select's ids then counts
+    std::vector<std::pair<float, int>> top_;  // eval_select's candidates
 };
 
 void require_device() {

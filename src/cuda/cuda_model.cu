@@ -18,15 +18,15 @@ namespace {
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 
-// MARKBASE_CUDA_ATTN_SPLIT: unset or "auto[:N]" -> {N (64), v2 kernel}, the default; "active[:N]" -> {N (64),
+// MARKBASE_CUDA_ATTN_SPLIT: unset or "auto[:N]" -> {N (32), v2 kernel}, the default; "active[:N]" -> {N (32),
 // the v1 kernel}; "legacy" -> {0}: pieces of >= 32 keys, up to 512 blocks per layer. N is the minimum of keys
 // per piece. Measured on the H200 (bench/NOTES.md): auto:64 beat legacy by 0.2-0.6 ms per token on all four
-// variants, auto:256 lost to both.
+// variants, auto:32 beat auto:64 by another 2-5% (also at a 2000-token context), auto:128/256 lost.
 struct AttnPolicy {
     int min_keys = 0;  // 0: legacy
     bool v2 = false;
 };
-constexpr int kAutoMinKeys = 64;
+constexpr int kAutoMinKeys = 32;
 AttnPolicy attn_policy_from_env() {
     const char* e = std::getenv("MARKBASE_CUDA_ATTN_SPLIT");
     if (!e || !*e) return {kAutoMinKeys, true};
@@ -151,6 +151,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             ple_ = alloc<float>(n * LP);
         }
         logits_ = alloc<float>(V);
+        if (V <= int64_t{kTopKSlice} / kTopKMax * kTopKSlice) {
+            d_sel_slices_ = alloc<unsigned long long>((V + kTopKSlice - 1) / kTopKSlice * kTopKMax);
+            d_sel_top_ = alloc<unsigned long long>(kTopKMax);
+            d_sel_info_ = alloc<int>(2);
+            d_pen_ = alloc<int>(2 * kMaxPenaltyIds);
+            CUDA_CHECK(cudaMallocHost(&h_sel_top_, kTopKMax * sizeof(unsigned long long)));
+            CUDA_CHECK(cudaMallocHost(&h_sel_info_, 2 * sizeof(int)));
+            CUDA_CHECK(cudaMallocHost(&h_pen_, 2 * kMaxPenaltyIds * sizeof(int)));
+        }
         hi_ = alloc<bf16>(n * split_w);
         lo_ = alloc<bf16>(n * split_w);
         part_o_ = alloc<float>(max_pieces * dmax);
@@ -215,6 +224,12 @@ void CudaModel::release() {
     h_state_ = nullptr;
     if (h_ids_) cudaFreeHost(h_ids_);
     h_ids_ = nullptr;
+    for (void* p :
+         {static_cast<void*>(h_sel_top_), static_cast<void*>(h_sel_info_), static_cast<void*>(h_pen_)})
+        if (p) cudaFreeHost(p);
+    h_sel_top_ = nullptr;
+    h_sel_info_ = nullptr;
+    h_pen_ = nullptr;
 }
 
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
@@ -288,6 +303,50 @@ void CudaModel::decode(int id, float* logits) {
             cudaMemcpyAsync(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     ++n_past;
+}
+
+bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
+                              std::vector<std::pair<float, int>>* top, int64_t* n_finite, float* logits) {
+    if (!d_sel_top_ || k < 1 || k > kTopKMax || n_pen < 0 || n_pen > kMaxPenaltyIds)
+        throw Error("internal: decode_select cannot serve k = " + std::to_string(k) + " with " +
+                    std::to_string(n_pen) + " penalty ids");
+    if (n_past >= ctx_)
+        throw Error("context full: " + std::to_string(n_past) +
+                    " tokens fill the context (raise --ctx-size)");
+    ensure_graph();
+    h_state_[0] = id;
+    h_state_[1] = static_cast<int>(n_past);
+    CUDA_CHECK(cudaMemcpyAsync(d_state_, h_state_, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    if (n_pen) {
+        std::copy(pen, pen + 2 * n_pen, h_pen_);
+        CUDA_CHECK(cudaMemcpyAsync(d_pen_, h_pen_, 2 * n_pen * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    topk_select(logits_, static_cast<int>(c_.vocab_size), d_pen_, n_pen, rp, pp, fp, k, d_sel_slices_,
+                d_sel_top_, d_sel_info_, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(h_sel_top_, d_sel_top_, k * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                               stream_));
+    CUDA_CHECK(cudaMemcpyAsync(h_sel_info_, d_sel_info_, 2 * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ++n_past;
+    if (h_sel_info_[1]) {  // NaN or +inf: the host sampler names the id from the full row
+        if (logits)
+            CUDA_CHECK(cudaMemcpy(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost));
+        return false;
+    }
+    *n_finite = h_sel_info_[0];
+    top->clear();
+    for (int i = 0; i < k; ++i) {
+        const unsigned long long key = h_sel_top_[i];
+        if (!key) break;
+        // argmax_key inverted: the high word is the float's bits made order-preserving, the low word ~id
+        const uint32_t hi = static_cast<uint32_t>(key >> 32);
+        const uint32_t bits = (hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi;
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        top->push_back({v, static_cast<int>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull))});
+    }
+    return true;
 }
 
 std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {

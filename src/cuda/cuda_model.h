@@ -62,6 +62,12 @@ class CudaModel {
     // One token through the captured graph.
     void decode(int id, float* logits);
     std::vector<int> decode_greedy(int steps, float* last_logits);
+    // One token through the graph, then topk_select over its logits: the k best (logit, id) of the penalised
+    // row into top, n_finite, and whether a NaN/+inf was seen (then the row is copied to logits instead).
+    // pen: n_pen ids then n_pen counts, n_pen <= kMaxPenaltyIds. Returns false when the row was bad.
+    static constexpr int kMaxPenaltyIds = 1024;
+    bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
+                       std::vector<std::pair<float, int>>* top, int64_t* n_finite, float* logits);
     std::vector<CudaProfileEntry> profile_step();
 
   private:
@@ -125,6 +131,10 @@ class CudaModel {
     int* d_ids_ = nullptr;    // [chunk]
     int* d_out_ids_ = nullptr;
     unsigned long long* d_argmax_ = nullptr;
+    // device-side top-k for sampling (decode_select): slices' winners, the k best, [n_finite, bad] and the
+    // penalty ids + counts; pinned host mirrors
+    unsigned long long *d_sel_slices_ = nullptr, *d_sel_top_ = nullptr, *h_sel_top_ = nullptr;
+    int *d_sel_info_ = nullptr, *h_sel_info_ = nullptr, *d_pen_ = nullptr, *h_pen_ = nullptr;
 
     // Decode-step fusion (MARKBASE_CUDA_FUSE, default on): a residual update waits as `pending_` and becomes
     // the prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the last attention
@@ -170,7 +180,7 @@ class CudaModel {
 
     // A/B switches read when the model is built (defaults: warp-per-row GEMVs, auto:64 attention).
     // MARKBASE_CUDA_GEMV: the decode GEMVs' variant (warp = gemv_rows.cu; legacy etc. = gemv.cu).
-    // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 64, at most ~2 waves of blocks per
+    // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 32, at most ~2 waves of blocks per
     // layer, only the pieces holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with
     // the v1 kernel) or "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports).
     int gemv_variant_ = kGemvVariantWarp;

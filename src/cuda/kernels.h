@@ -211,6 +211,16 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // (when out_ids is not null and state[2] < out_cap).
 void finish_step(const unsigned long long* argmax_key, int* state, int advance, int* out_ids, int out_cap,
                  cudaStream_t s);
+// Device-side top-k for sampling: the k (<= kTopKMax) largest logits after the penalties, in the sampler's
+// order (logit descending, id ascending), as argmax_key-encoded 64-bit keys in out[0..k) (0 = none: fewer
+// finite logits than k). pen: n_pen distinct ids, then their n_pen counts in the penalty window (applied as
+// Sampler's apply_penalties does). info[0] = logits not -inf after the penalties, info[1] = 1 if any logit is
+// NaN or +inf. slices: scratch of ceil(V / kTopKSlice) * kTopKMax keys. V <= kTopKSlice^2 / kTopKMax.
+constexpr int kTopKMax = 64;
+constexpr int kTopKSlice = 4096;
+void topk_select(const float* logits, int V, const int* pen, int n_pen, float repeat_penalty,
+                 float presence_penalty, float frequency_penalty, int k, unsigned long long* slices,
+                 unsigned long long* out, int* info, cudaStream_t s);
 // logits = cap * tanh(logits / cap) over n values.
 void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s);
 // Deterministic random bf16 weights in [lo, hi): element k of a tensor is splitmix64(seed + (k+1)*golden),

@@ -1,7 +1,9 @@
 // The end of a step on the device: the argmax (accumulated by the lm_head GEMV into one 64-bit key) becomes
 // the next step's input token, the position advances, and the id is appended to the greedy-decoding output,
-// so consecutive graph replays chain without the host. Also the softcap for full-logit prefill.
+// so consecutive graph replays chain without the host. Also the softcap for full-logit prefill, and the
+// device-side top-k that sampling uses (topk_select): only k (logit, id) pairs cross the bus per token.
 #include <algorithm>
+#include <string>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -25,7 +27,100 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
         x[i] = cap * tanhf(x[i] / cap);
 }
 
+// ---- top-k over the logits row, in the sampler's total order (logit descending, then id ascending) ----
+// Keys are argmax_key(logit, id): that order as one unsigned comparison; 0 = no candidate (-inf, padding).
+constexpr int kSelThreads = 1024;
+
+// Descending bitonic sort of n (a power of two) keys in shared memory by the whole block.
+__device__ void bitonic_desc(unsigned long long* a, int n) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int ixj = i ^ j;
+                if (ixj > i) {
+                    const unsigned long long x = a[i], y = a[ixj];
+                    if ((i & k) == 0 ? x < y : x > y) {
+                        a[i] = y;
+                        a[ixj] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Stage 1: one block per slice of kTopKSlice logits: penalties (as Sampler's apply_penalties: repeat, then
+// presence + frequency * count, one fma), keys, a sort, the slice's best kTopKMax out. info[0] += the finite
+// candidates, info[1] |= 1 on NaN or +inf (the host then reports them from the full row).
+__global__ void __launch_bounds__(kSelThreads)
+    topk_slices_kernel(const float* logits, int V, const int* pen, int n_pen, float rp, float pp, float fp,
+                       unsigned long long* out, int* info) {
+    __shared__ unsigned long long keys[kTopKSlice];
+    __shared__ float red[32];
+    pdl_begin();
+    const int base = blockIdx.x * kTopKSlice;
+    float finite = 0.0f;
+    bool bad = false;
+    for (int i = threadIdx.x; i < kTopKSlice; i += blockDim.x) {
+        const int id = base + i;
+        unsigned long long key = 0;
+        if (id < V) {
+            const float l = logits[id];
+            bad |= !(l < INFINITY);
+            if (l > -INFINITY && l < INFINITY) key = argmax_key(l, static_cast<uint32_t>(id));
+        }
+        keys[i] = key;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n_pen; j += blockDim.x) {  // pen: ids [n_pen], then counts [n_pen]
+        const int id = pen[j];
+        if (id < base || id >= base + kTopKSlice || id >= V) continue;
+        float l = logits[id];
+        if (!(l > -INFINITY && l < INFINITY)) continue;  // masked stays masked; NaN/inf are reported above
+        l = l > 0.0f ? l / rp : l * rp;
+        l -= fmaf(fp, static_cast<float>(pen[n_pen + j]), pp);
+        keys[id - base] = l > -INFINITY ? argmax_key(l, static_cast<uint32_t>(id)) : 0ull;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTopKSlice; i += blockDim.x) finite += keys[i] ? 1.0f : 0.0f;
+    finite = block_sum(finite, red);
+    if (threadIdx.x == 0) atomicAdd(info, static_cast<int>(finite));
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(info + 1, 1);
+    bitonic_desc(keys, kTopKSlice);
+    for (int i = threadIdx.x; i < kTopKMax; i += blockDim.x) out[blockIdx.x * kTopKMax + i] = keys[i];
+}
+
+// Stage 2: one block sorts the slices' winners (n_in <= kTopKSlice, padded to n2) and keeps the best k.
+__global__ void __launch_bounds__(kSelThreads)
+    topk_merge_kernel(const unsigned long long* in, int n_in, int n2, int k, unsigned long long* out) {
+    __shared__ unsigned long long keys[kTopKSlice];
+    pdl_begin();
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) keys[i] = i < n_in ? in[i] : 0ull;
+    __syncthreads();
+    bitonic_desc(keys, n2);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = keys[i];
+}
+
 }  // namespace
+
+void topk_select(const float* logits, int V, const int* pen, int n_pen, float repeat_penalty,
+                 float presence_penalty, float frequency_penalty, int k, unsigned long long* slices,
+                 unsigned long long* out, int* info, cudaStream_t s) {
+    const int nb = (V + kTopKSlice - 1) / kTopKSlice;
+    if (V <= 0 || nb * kTopKMax > kTopKSlice || k < 1 || k > kTopKMax)
+        throw Error(
+            "internal: topk_select supports vocab <= " + std::to_string(kTopKSlice / kTopKMax * kTopKSlice) +
+            " and 1 <= k <= " + std::to_string(kTopKMax));
+    CUDA_CHECK(cudaMemsetAsync(info, 0, 2 * sizeof(int), s));
+    launch_kernel(topk_slices_kernel, dim3(nb), dim3(kSelThreads), 0, s, logits, V, pen, n_pen,
+                  repeat_penalty, presence_penalty, frequency_penalty, slices, info);
+    CUDA_CHECK_LAUNCH();
+    int n2 = 1;
+    while (n2 < nb * kTopKMax) n2 <<= 1;
+    launch_kernel(topk_merge_kernel, dim3(1), dim3(kSelThreads), 0, s, slices, nb * kTopKMax, n2, k, out);
+    CUDA_CHECK_LAUNCH();
+}
 
 void finish_step(const unsigned long long* argmax_key, int* state, int advance, int* out_ids, int out_cap,
                  cudaStream_t s) {

@@ -7,8 +7,22 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
+#include "runtime/sampler.h"
 
 namespace markbase {
+
+// One decode step's token choice made next to the logits (a GPU backend): the k largest logits after the
+// penalties instead of the whole row. pen_ids/pen_counts: the distinct ids of the penalty window and their
+// counts, applied as apply_penalties does.
+struct DeviceSelect {
+    int k = 1;
+    std::vector<int> pen_ids, pen_counts;
+    float repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+};
+struct DeviceSelection {
+    std::vector<Sampler::Top> top;  // min(k, n_finite) candidates, logit descending, id ascending
+    int64_t n_finite = 0;           // logits that are not -inf after the penalties
+};
 
 struct BackendOptions {
     int64_t ctx_size = 4096;  // positions the KV cache holds (capped at max_position_embeddings)
@@ -33,6 +47,19 @@ class Backend {
     // full.
     virtual void eval(const int* ids, int64_t n, float* logits, bool all_logits) = 0;
     virtual uint64_t cache_bytes() const = 0;
+
+    // The largest k eval_select serves and the most penalty ids it takes (0: no device-side selection).
+    virtual int max_select_k() const { return 0; }
+    virtual int max_select_penalty_ids() const { return 0; }
+    // Appends `id` like eval(&id, 1, logits, false) and selects on the device. Returns false when it could
+    // not select (no device path, or NaN/+inf in the logits); then the full row is in `logits` for the host
+    // sampler, which reports the problem. Requires 1 <= req.k <= max_select_k().
+    virtual bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) {
+        (void)req;
+        (void)out;
+        eval(&id, 1, logits, false);
+        return false;
+    }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Checkpoint& ck, const BackendOptions& opt);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "model/error.h"
 #include "runtime/timing.h"
@@ -29,17 +31,58 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
     st.prefill_s = now_s() - t0;
     st.stop_reason = "length";
 
+    // After the prompt, a backend that selects on the device returns k candidates instead of the row (the
+    // draw stays here, so the ids are exactly the host sampler's). MARKBASE_DEVICE_SAMPLING=0 turns it off.
+    const SamplingParams& sp = opt.sampling;
+    const int select_k = sp.temperature == 0.0f ? 1 : sp.top_k;
+    const char* ds = std::getenv("MARKBASE_DEVICE_SAMPLING");
+    const bool device_select =
+        !(ds && std::string(ds) == "0") && select_k >= 1 && select_k <= be.max_select_k();
+    const bool penalties =
+        sp.repeat_last_n != 0 &&
+        (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f);
+    DeviceSelect req;
+    req.k = select_k;
+    req.repeat_penalty = sp.repeat_penalty;
+    req.presence_penalty = sp.presence_penalty;
+    req.frequency_penalty = sp.frequency_penalty;
+    DeviceSelection sel;
+
     double t1 = now_s();
     for (int i = 0; opt.max_new_tokens < 0 || i < opt.max_new_tokens; ++i) {
+        int id = -1;
         if (i > 0) {
             if (be.n_past() >= be.ctx_size()) {
                 st.stop_reason = "context full";
                 break;
             }
             const int last = history.back();
-            be.eval(&last, 1, logits.data(), false);
+            bool host = !device_select;
+            if (!host && penalties) {  // the window's distinct ids and counts, as apply_penalties counts them
+                const size_t n = sp.repeat_last_n < 0
+                                     ? history.size()
+                                     : std::min(history.size(), static_cast<size_t>(sp.repeat_last_n));
+                std::vector<int> w(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
+                std::sort(w.begin(), w.end());
+                req.pen_ids.clear();
+                req.pen_counts.clear();
+                for (size_t a = 0; a < w.size();) {
+                    size_t b = a;
+                    while (b < w.size() && w[b] == w[a]) ++b;
+                    req.pen_ids.push_back(w[a]);
+                    req.pen_counts.push_back(static_cast<int>(b - a));
+                    a = b;
+                }
+                // ids outside the vocabulary: the host sampler names them
+                host = static_cast<int>(req.pen_ids.size()) > be.max_select_penalty_ids() ||
+                       (!w.empty() && (w.front() < 0 || w.back() >= V));
+            }
+            if (host)
+                be.eval(&last, 1, logits.data(), false);
+            else if (be.eval_select(last, req, &sel, logits.data()))
+                id = sampler.sample_top(sel.top, sel.n_finite);
         }
-        const int id = sampler.sample(logits.data(), V, history);
+        if (id < 0) id = sampler.sample(logits.data(), V, history);
         history.push_back(id);
         ++st.generated;
         if (out_ids) out_ids->push_back(id);

@@ -63,7 +63,9 @@ void apply_penalties(std::vector<float>& logits, const std::vector<int>& history
     auto penalise = [&](int id, int count) {
         float& l = logits[static_cast<size_t>(id)];
         l = l > 0.0f ? l / params.repeat_penalty : l * params.repeat_penalty;
-        l -= params.presence_penalty + params.frequency_penalty * static_cast<float>(count);
+        // one rounding, spelled out: a compiler may or may not contract a*b+c, and a device-side copy of this
+        // step (CudaModel::decode_select) must give the same float
+        l -= std::fma(params.frequency_penalty, static_cast<float>(count), params.presence_penalty);
     };
 
     // Usual windows (64) sort a few ids; a whole long history counts into a dense table instead.
@@ -194,7 +196,8 @@ int Sampler::sample_top(const std::vector<Top>& top, int64_t n_finite) {
     // sample() sorts only when top_k actually cut something; otherwise its candidates stay in id order.
     const bool sorted = static_cast<size_t>(params_.top_k) < static_cast<size_t>(n_finite);
     if (!sorted)
-        std::sort(cands_.begin(), cands_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+        std::sort(cands_.begin(), cands_.end(),
+                  [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
     return draw(sorted);
 }
 

@@ -364,7 +364,6 @@ TEST(Sampler, MaskedTokensAreNeverDrawn) {
     for (size_t i = 0; i < l.size(); i += 2) EXPECT_EQ(c[i], 0);
 }
 
-
 // The device path (a backend's top-k selection + sample_top) must draw exactly what sample() draws on the
 // full row: same ids for the same seed, whether top_k cuts (sorted candidates) or keeps every finite token
 // (id order), with penalties, masked tokens, temperature, top_p and min_p.
@@ -375,14 +374,16 @@ TEST(Sampler, SampleTopDrawsExactlyWhatSampleDraws) {
     std::vector<float> logits(V);
     for (float& l : logits) l = nd(gen);
     for (int i = 0; i < V; i += 7) logits[static_cast<size_t>(i)] = -INFINITY;  // masked
-    logits[100] = logits[101] = 9.0f;                                          // a tie at the top
+    logits[100] = logits[101] = 9.0f;                                           // a tie at the top
     const std::vector<int> history = {5, 17, 100, 17, 2999, 4};
     struct Case {
         int top_k;
         float temp, top_p, min_p, rep, pres, freq;
     };
-    const Case cases[] = {{64, 1.0f, 0.95f, 0.0f, 1.0f, 0.0f, 0.0f}, {1, 0.7f, 1.0f, 0.0f, 1.3f, 0.5f, 0.0f},
-                          {8, 1.5f, 0.9f, 0.05f, 1.1f, 0.0f, 0.25f}, {40, 0.0f, 1.0f, 0.0f, 1.2f, 0.0f, 0.0f},
+    const Case cases[] = {{64, 1.0f, 0.95f, 0.0f, 1.0f, 0.0f, 0.0f},
+                          {1, 0.7f, 1.0f, 0.0f, 1.3f, 0.5f, 0.0f},
+                          {8, 1.5f, 0.9f, 0.05f, 1.1f, 0.0f, 0.25f},
+                          {40, 0.0f, 1.0f, 0.0f, 1.2f, 0.0f, 0.0f},
                           {5000, 1.0f, 0.8f, 0.0f, 1.0f, 0.0f, 0.0f}};  // top_k above every finite token
     for (const Case& c : cases) {
         SamplingParams p;
@@ -413,8 +414,8 @@ TEST(Sampler, SampleTopDrawsExactlyWhatSampleDraws) {
     SamplingParams p;
     p.top_k = 4;
     Sampler s(p);
-    EXPECT_THROW(s.sample_top({}, 0), Error);                  // nothing finite
-    EXPECT_THROW(s.sample_top({{1.0f, 3}}, 100), Error);       // fewer candidates than top_k promised
+    EXPECT_THROW(s.sample_top({}, 0), Error);             // nothing finite
+    EXPECT_THROW(s.sample_top({{1.0f, 3}}, 100), Error);  // fewer candidates than top_k promised
 }
 }  // namespace
 }  // namespace markbase
