@@ -133,7 +133,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_counter_, 0, sizeof(unsigned int)));
-        tail_ = fuse_ && gemv_variant_ == kGemvVariantWarp;
+        tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

@@ -234,6 +234,7 @@ constexpr VariantSpec kSpecs[] = {
     {"r1u8k", 1, 8, true, true},     // 4
     {"r2u4k", 2, 4, true, true},     // 5
     {"warp", 2, 4, false, false},    // 6 = kGemvVariantWarp: gemv_rows.cu (here: lm_head, several tokens)
+    {"warpk", 2, 4, false, false},   // 7 = kGemvVariantWarpK: gemv_rows.cu with K shared by warps
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kSpecs) / sizeof(kSpecs[0]));
 
@@ -335,7 +336,7 @@ int gemv_variant_from_env() {
     for (int i = 0; i < kNumVariants; ++i)
         if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
     throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
-                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp or 0..6)");
+                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk or 0..7)");
 }
 
 const char* gemv_variant_name(int v) {
@@ -358,7 +359,7 @@ void gemv_prepare(int max_K) {
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (in.variant == kGemvVariantWarp && ntok == 1 && !in.res_y)
+    if (gemv_variant_is_rows(in.variant) && ntok == 1 && !in.res_y)
         return gemv_rows(in, segs, nseg, nullptr, s);
     Params p;
     p.in = in;
@@ -368,7 +369,7 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 }
 
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s) {
-    if (in.variant == kGemvVariantWarp && !in.res_y) return gemv_rows_geglu(in, wg, wu, rows, y, s);
+    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_geglu(in, wg, wu, rows, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;
@@ -378,7 +379,7 @@ void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, f
 }
 
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s) {
-    if (in.variant == kGemvVariantWarp && !in.res_y) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
+    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;

@@ -115,12 +115,21 @@ __device__ void residual_tail(const RowsParams& p) {
     if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
 }
 
-template <int M>
+// W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
+// partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
+// work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
+// blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
+template <int M, int W>
 __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(const RowsParams p) {
+    static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
+    constexpr int kRowsPerBlock = kWarps / W;
+    __shared__ float partial[kWarps][3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * kWarps + warp;
+    const int row = blockIdx.x * kRowsPerBlock + warp / W, part = warp % W;
     const bool active = row < p.total_rows;
     const int K = p.in.K, nchunk = K >> 3;
+    const int per = W == 1 ? nchunk : (nchunk + W - 1) / W;
+    const int c_lo = part * per, c_hi = min(nchunk, c_lo + per);  // this warp's chunks of the row
     int s = 0;
     while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
     const int local = active ? row - (s ? p.seg_end[s - 1] : 0) : 0;
@@ -133,24 +142,24 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int c = base + u * 32 + lane;
-            const bool ok = active && c < nchunk;
+            const bool ok = active && c < c_hi;
             v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
             if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
-    load(0);      // weights only: safe before the previous kernel has finished
+    load(c_lo);   // weights only: safe before the previous kernel has finished
     pdl_begin();  // from here on x (and y, the tail's x) may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
     const bool norm = p.in.norm;
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
-    for (int base = 0; base < nchunk; base += 32 * kU) {
-        if (base) load(base);
+    for (int base = c_lo; base < c_hi; base += 32 * kU) {
+        if (base != c_lo) load(base);
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int c = base + u * 32 + lane;
-            if (c < nchunk) {
+            if (c < c_hi) {
                 float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
                 if (norm) {
                     ss = sq8(a, b, ss);
@@ -163,13 +172,30 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
     }
     acc = warp_sum(acc);
     if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
+    if (norm) ss = warp_sum(ss);
+    if constexpr (W > 1) {
+        if (lane == 0) {
+            partial[warp][0] = acc;
+            partial[warp][1] = acc2;
+            partial[warp][2] = ss;
+        }
+        __syncthreads();
+        if (part == 0) {  // the row's first warp adds its parts in a fixed order (deterministic)
+            acc = acc2 = ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < W; ++j) {
+                acc += partial[warp + j][0];
+                acc2 += partial[warp + j][1];
+                ss += partial[warp + j][2];
+            }
+        }
+    }
     if (norm) {
-        ss = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
         acc *= inv;
         acc2 *= inv;
     }
-    if (lane == 0 && active) {
+    if (lane == 0 && part == 0 && active) {
         float* y = p.seg[s].y + local;
         if constexpr (M == kStore)
             *y = acc;
@@ -184,6 +210,22 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
 void check_aligned(const void* p, const char* what) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
+}
+
+// Warps per row for `warpk`: enough that each warp streams about one batch of kU chunks per lane (one
+// dependent load round), at most 8.
+int warps_per_row(int K) {
+    const int rounds = (K / 8 + 32 * kU - 1) / (32 * kU);
+    int w = 1;
+    while (w < rounds && w < 8) w <<= 1;
+    return w;
+}
+
+template <int M, int W>
+void launch_w(RowsParams& p, cudaStream_t s) {
+    constexpr int rpb = kWarps / W;
+    launch_kernel(rows_kernel<M, W>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
+    CUDA_CHECK_LAUNCH();
 }
 
 template <int M>
@@ -202,8 +244,16 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
-    launch_kernel(rows_kernel<M>, dim3((p.total_rows + kWarps - 1) / kWarps), dim3(kWarps * 32), 0, s, p);
-    CUDA_CHECK_LAUNCH();
+    switch (p.in.variant == kGemvVariantWarpK ? warps_per_row(p.in.K) : 1) {
+        case 8:
+            return launch_w<M, 8>(p, s);
+        case 4:
+            return launch_w<M, 4>(p, s);
+        case 2:
+            return launch_w<M, 2>(p, s);
+        default:
+            return launch_w<M, 1>(p, s);
+    }
 }
 
 }  // namespace

@@ -68,8 +68,9 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr);
 
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
-// MARKBASE_CUDA_GEMV=warp routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 and there is no
-// residual prologue (lm_head keeps gemv_logits). in.x, in.norm_w and the weights must be 16-byte aligned.
+// MARKBASE_CUDA_GEMV=warp (or warpk) routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 and there
+// is no residual prologue (lm_head keeps gemv_logits). in.x, in.norm_w and the weights must be 16-byte
+// aligned.
 
 // A residual update fused into a decode GEMV's end: once every row of y is written, the last block to finish
 // computes x = (x + RMSNorm(y) * w) * scale in place (y has as many rows as x). counter: one zeroed uint,
@@ -85,8 +86,13 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
-// The variant index of "warp" (gemv_variant_from_env's numbering).
+// The variant indices of "warp" and "warpk" (gemv_variant_from_env's numbering). warpk: the same kernel with
+// a row's K range shared by 1-8 warps (gemv_rows.cu's warps_per_row), for long rows.
 constexpr int kGemvVariantWarp = 6;
+constexpr int kGemvVariantWarpK = 7;
+inline bool gemv_variant_is_rows(int v) {
+    return v == kGemvVariantWarp || v == kGemvVariantWarpK;
+}
 
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
 // staged, and records their register use (for the resident-grid variants).

@@ -293,6 +293,8 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=legacy,MARKBASE_CUDA_ATTN_SPLIT=legacy",
     "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
     "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_FUSE=0",
+    "MARKBASE_CUDA_GEMV=warpk",
+    "MARKBASE_CUDA_GEMV=warpk,MARKBASE_CUDA_FUSE=0",
 };
 
 #ifdef MARKBASE_HAS_CUDA
@@ -410,6 +412,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=r2u4k",         "MARKBASE_CUDA_ATTN_SPLIT=auto",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:32", "MARKBASE_CUDA_ATTN_SPLIT=active:32",
     "MARKBASE_CUDA_GEMV=legacy",        "MARKBASE_CUDA_ATTN_SPLIT=legacy",
+    "MARKBASE_CUDA_GEMV=warpk",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
