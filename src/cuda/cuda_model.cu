@@ -289,7 +289,7 @@ bool CudaModel::truncate(int64_t n) {
     return true;
 }
 
-void CudaModel::decode(int id, float* logits) {
+void CudaModel::launch_step(int id) {
     if (n_past >= ctx_)
         throw Error("context full: " + std::to_string(n_past) +
                     " tokens fill the context (raise --ctx-size)");
@@ -298,6 +298,10 @@ void CudaModel::decode(int id, float* logits) {
     h_state_[1] = static_cast<int>(n_past);
     CUDA_CHECK(cudaMemcpyAsync(d_state_, h_state_, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+}
+
+void CudaModel::decode(int id, float* logits) {
+    launch_step(id);
     if (logits)
         CUDA_CHECK(
             cudaMemcpyAsync(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -310,18 +314,11 @@ bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float
     if (!d_sel_top_ || k < 1 || k > kTopKMax || n_pen < 0 || n_pen > kMaxPenaltyIds)
         throw Error("internal: decode_select cannot serve k = " + std::to_string(k) + " with " +
                     std::to_string(n_pen) + " penalty ids");
-    if (n_past >= ctx_)
-        throw Error("context full: " + std::to_string(n_past) +
-                    " tokens fill the context (raise --ctx-size)");
-    ensure_graph();
-    h_state_[0] = id;
-    h_state_[1] = static_cast<int>(n_past);
-    CUDA_CHECK(cudaMemcpyAsync(d_state_, h_state_, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    if (n_pen) {
+    launch_step(id);
+    if (n_pen) {  // h_pen_ is free: the previous call synchronised before returning
         std::copy(pen, pen + 2 * n_pen, h_pen_);
         CUDA_CHECK(cudaMemcpyAsync(d_pen_, h_pen_, 2 * n_pen * sizeof(int), cudaMemcpyHostToDevice, stream_));
     }
-    CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
     topk_select(logits_, static_cast<int>(c_.vocab_size), d_pen_, n_pen, rp, pp, fp, k, d_sel_slices_,
                 d_sel_top_, d_sel_info_, stream_);
     CUDA_CHECK(cudaMemcpyAsync(h_sel_top_, d_sel_top_, k * sizeof(unsigned long long), cudaMemcpyDeviceToHost,

@@ -109,7 +109,8 @@ class CudaModel {
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     void ensure_graph();
-    void release();  // frees everything this object allocated (destructor, failed constructor)
+    void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
+    void release();            // frees everything this object allocated (destructor, failed constructor)
     template <class T>
     T* alloc(size_t count);
     void attention_args(int i, AttnArgs& a) const;

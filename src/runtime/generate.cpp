@@ -58,24 +58,11 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
             }
             const int last = history.back();
             bool host = !device_select;
-            if (!host && penalties) {  // the window's distinct ids and counts, as apply_penalties counts them
-                const size_t n = sp.repeat_last_n < 0
-                                     ? history.size()
-                                     : std::min(history.size(), static_cast<size_t>(sp.repeat_last_n));
-                std::vector<int> w(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
-                std::sort(w.begin(), w.end());
-                req.pen_ids.clear();
-                req.pen_counts.clear();
-                for (size_t a = 0; a < w.size();) {
-                    size_t b = a;
-                    while (b < w.size() && w[b] == w[a]) ++b;
-                    req.pen_ids.push_back(w[a]);
-                    req.pen_counts.push_back(static_cast<int>(b - a));
-                    a = b;
-                }
-                // ids outside the vocabulary: the host sampler names them
+            if (!host && penalties) {
+                penalty_window(history, sp, &req.pen_ids, &req.pen_counts);
+                // too many for the device, or ids outside the vocabulary (the host sampler names them)
                 host = static_cast<int>(req.pen_ids.size()) > be.max_select_penalty_ids() ||
-                       (!w.empty() && (w.front() < 0 || w.back() >= V));
+                       (!req.pen_ids.empty() && (req.pen_ids.front() < 0 || req.pen_ids.back() >= V));
             }
             if (host)
                 be.eval(&last, 1, logits.data(), false);

@@ -88,6 +88,27 @@ void apply_penalties(std::vector<float>& logits, const std::vector<int>& history
     }
 }
 
+void penalty_window(const std::vector<int>& history, const SamplingParams& params, std::vector<int>* ids,
+                    std::vector<int>* counts) {
+    ids->clear();
+    counts->clear();
+    if (params.repeat_last_n == 0 || history.empty()) return;
+    if (params.repeat_penalty == 1.0f && params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f)
+        return;
+    const size_t n = params.repeat_last_n < 0
+                         ? history.size()
+                         : std::min(history.size(), static_cast<size_t>(params.repeat_last_n));
+    std::vector<int> w(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
+    std::sort(w.begin(), w.end());
+    for (size_t a = 0; a < w.size();) {
+        size_t b = a;
+        while (b < w.size() && w[b] == w[a]) ++b;
+        ids->push_back(w[a]);
+        counts->push_back(static_cast<int>(b - a));
+        a = b;
+    }
+}
+
 // Without top_k the candidates are in id order, and a full sort of 262144 would dominate the step. Instead,
 // select by mass on a copy: partition at a split point, sum the upper side, and keep narrowing to the side
 // that holds the crossing token (the first split tries a prefix of 64, the common peaked case; then halves),

@@ -51,6 +51,11 @@ struct SamplingParams {
 void apply_penalties(std::vector<float>& logits, const std::vector<int>& history,
                      const SamplingParams& params);
 
+// The penalty window of step 1 as distinct ids (ascending) and how often each occurs in it; empty when the
+// penalties are off. What a backend that applies the penalties itself (DeviceSelect) is given.
+void penalty_window(const std::vector<int>& history, const SamplingParams& params, std::vector<int>* ids,
+                    std::vector<int>* counts);
+
 class Sampler {
   public:
     explicit Sampler(const SamplingParams& params);  // validates params

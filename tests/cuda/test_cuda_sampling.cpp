@@ -80,16 +80,8 @@ TEST_P(CudaSampling, DeviceTopKEqualsHostTopK) {
         ASSERT_TRUE(be->truncate(be->n_past() - 1));
         DeviceSelect req;
         req.k = static_cast<int>(std::min<int64_t>(64, n_finite));
-        std::vector<int> w(ids.end() - std::min<std::ptrdiff_t>(64, static_cast<std::ptrdiff_t>(ids.size())),
-                           ids.end());
-        std::sort(w.begin(), w.end());
-        for (size_t a = 0; a < w.size();) {
-            size_t b = a;
-            while (b < w.size() && w[b] == w[a]) ++b;
-            req.pen_ids.push_back(w[a]);
-            req.pen_counts.push_back(static_cast<int>(b - a));
-            a = b;
-        }
+        penalty_window(ids, sp, &req.pen_ids, &req.pen_counts);
+        ASSERT_FALSE(req.pen_ids.empty());
         req.repeat_penalty = sp.repeat_penalty;
         req.presence_penalty = sp.presence_penalty;
         req.frequency_penalty = sp.frequency_penalty;

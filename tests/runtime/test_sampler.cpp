@@ -417,5 +417,25 @@ TEST(Sampler, SampleTopDrawsExactlyWhatSampleDraws) {
     EXPECT_THROW(s.sample_top({}, 0), Error);             // nothing finite
     EXPECT_THROW(s.sample_top({{1.0f, 3}}, 100), Error);  // fewer candidates than top_k promised
 }
+
+TEST(Sampler, PenaltyWindowListsDistinctIdsAndCounts) {
+    const std::vector<int> history = {5, 17, 100, 17, 2999, 4};
+    SamplingParams p;
+    std::vector<int> ids, counts;
+    penalty_window(history, p, &ids, &counts);  // penalties off
+    EXPECT_TRUE(ids.empty());
+    p.presence_penalty = 0.5f;
+    p.repeat_last_n = 4;
+    penalty_window(history, p, &ids, &counts);
+    EXPECT_EQ(ids, (std::vector<int>{4, 17, 100, 2999}));
+    EXPECT_EQ(counts, (std::vector<int>{1, 1, 1, 1}));
+    p.repeat_last_n = -1;
+    penalty_window(history, p, &ids, &counts);
+    EXPECT_EQ(ids, (std::vector<int>{4, 5, 17, 100, 2999}));
+    EXPECT_EQ(counts, (std::vector<int>{1, 1, 2, 1, 1}));
+    p.repeat_last_n = 0;
+    penalty_window(history, p, &ids, &counts);
+    EXPECT_TRUE(ids.empty() && counts.empty());
+}
 }  // namespace
 }  // namespace markbase
