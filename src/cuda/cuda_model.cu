@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "cuda/cuda_model.h"
+#include "loading/memory_plan.h"
 
 namespace markbase::cuda {
 
@@ -168,6 +169,18 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             rlogits_ = alloc<float>(n * E);
             sel_w_ = alloc<float>(n * K);
             sel_id_ = alloc<int>(n * K);
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
+                if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");
+                moe_gemm_ = std::strcmp(e, "gemm") == 0;
+            }
+            moe_cap_ = moe_prefill_rows_cap(static_cast<int>(n), E, K);
+            const int64_t rows = int64_t{E} * moe_cap_;
+            mx_ = alloc<float>(rows * H);  // = 2 x bf16 [rows][H] (hi, lo), later the fp32 [rows][H] output
+            mg_ = alloc<float>(rows * Ie);
+            mu_ = alloc<float>(rows * Ie);
+            mh_ = alloc<bf16>(2 * rows * Ie);
+            CUDA_CHECK(cudaMallocHost(&h_goff_, (E + 1) * sizeof(int)));
             gexp_ = alloc<int>(std::max(E, K) + 1);
             goff_ = alloc<int>(std::max(E, K) + 1);
             gent_ = alloc<int>(n * K);
@@ -230,6 +243,7 @@ void CudaModel::release() {
     h_sel_top_ = nullptr;
     h_sel_info_ = nullptr;
     h_pen_ = nullptr;
+    h_goff_ = nullptr;
 }
 
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
@@ -241,6 +255,19 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) 
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_,
                               CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                             const bf16* hi, const bf16* lo, float* Y) {
+    // gemm() per batch entry, as one strided-batched call per half
+    const float one = 1.0f, zero = 0.0f;
+    const long long sx = static_cast<long long>(rows) * K, sy = static_cast<long long>(rows) * N;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, W, CUDA_R_16BF,
+                                            K, w_stride, hi, CUDA_R_16BF, K, sx, &zero, Y, CUDA_R_32F, N, sy,
+                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, W, CUDA_R_16BF,
+                                            K, w_stride, lo, CUDA_R_16BF, K, sx, &one, Y, CUDA_R_32F, N, sy,
+                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaModel::attention_args(int i, AttnArgs& a) const {

@@ -108,6 +108,12 @@ class CudaModel {
                           int rows, const float* xin, int K, float* y, const bf16* res_w, float scale);
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
+    // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
+    void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
+                      const bf16* lo, float* Y);
+    // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): batched GEMMs when
+    // enabled and the busiest expert fits the scratch, else the grouped GEMV kernels. Writes eslots_.
+    void prefill_experts(int i, int n);
     void ensure_graph();
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
     void release();            // frees everything this object allocated (destructor, failed constructor)
@@ -164,6 +170,15 @@ class CudaModel {
     bf16 *hi_ = nullptr, *lo_ = nullptr;  // prefill GEMM inputs
     float *part_o_ = nullptr, *part_ml_ = nullptr;
     int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)
+
+    // MoE prefill as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): [E][cap][H] gathered inputs (bf16
+    // hi + lo; reused as the fp32 down output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
+    bool moe_gemm_ = false;
+    int moe_cap_ = 0;
+    void* mx_ = nullptr;
+    float *mg_ = nullptr, *mu_ = nullptr;
+    bf16* mh_ = nullptr;
+    int* h_goff_ = nullptr;  // pinned [E + 1]
 
     // MoE scratch
     float *rlogits_ = nullptr, *sel_w_ = nullptr, *e_in_ = nullptr, *eh_ = nullptr, *eslots_ = nullptr;

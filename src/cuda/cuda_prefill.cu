@@ -118,7 +118,7 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     gemm(lw.down_proj, H, I, n, m_, H);
 
     if (c_.moe) {
-        const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+        const int E = c_.n_experts, K = c_.top_k;
         GemvInput in;
         in.x = x_;
         in.K = H;
@@ -132,8 +132,7 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, x_,
                   lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
         moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_);
-        moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
-        moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
+        prefill_experts(i, n);
         residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                              lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
     } else {
@@ -149,6 +148,36 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         gemm(lw.ple_proj, H, P, n, o_, H);
         residual_add_norm(x_, o_, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
     }
+}
+
+void CudaModel::prefill_experts(int i, int n) {
+    const LayerWeights& lw = w_.layers[i];
+    const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+    int max_n = 0;
+    if (moe_gemm_) {  // the busiest expert sizes the batch: one small copy and a sync per MoE layer
+        CUDA_CHECK(cudaMemcpyAsync(h_goff_, goff_, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int e = 0; e < E; ++e) max_n = std::max(max_n, h_goff_[e + 1] - h_goff_[e]);
+    }
+    if (!moe_gemm_ || max_n > moe_cap_ || max_n == 0) {
+        moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
+        moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
+        return;
+    }
+    // Every expert's weights are read once per chunk (tensor cores), instead of once per 4 of its tokens.
+    const int64_t rows = int64_t{E} * max_n;
+    bf16* x_hi = static_cast<bf16*>(mx_);
+    bf16* x_lo = x_hi + rows * H;
+    moe_gather_split(e_in_, H, K, gent_, goff_, E, max_n, x_hi, x_lo, stream_);
+    const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
+    gemm_batched(lw.experts_gate_up, gu_stride, Ie, H, E, max_n, x_hi, x_lo, mg_);
+    gemm_batched(lw.experts_gate_up + int64_t{Ie} * H, gu_stride, Ie, H, E, max_n, x_hi, x_lo, mu_);
+    bf16* h_hi = mh_;
+    bf16* h_lo = mh_ + rows * Ie;
+    geglu_split(mg_, mu_, Ie, Ie, static_cast<int>(rows), h_hi, h_lo, stream_);
+    float* y = static_cast<float*>(mx_);  // the gathered inputs are consumed: reuse their bytes
+    gemm_batched(lw.experts_down, int64_t{H} * Ie, H, Ie, E, max_n, h_hi, h_lo, y);
+    moe_scatter_rows(y, H, gent_, goff_, E, max_n, eslots_, stream_);
 }
 
 }  // namespace markbase::cuda

@@ -26,6 +26,13 @@ __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
     return static_cast<uint16_t>(b >> 16);
 }
 
+// An fp32 value as two bf16 halves for the prefill GEMMs: hi = bf16(v), lo = bf16(v - hi).
+__device__ __forceinline__ void split_store(float v, uint16_t* hi, uint16_t* lo, int64_t i) {
+    const uint16_t h = float_to_bf16_bits(v);
+    hi[i] = h;
+    lo[i] = float_to_bf16_bits(v - __uint_as_float(static_cast<uint32_t>(h) << 16));
+}
+
 // Weights are read exactly once per step: bypass L1 so they do not evict the activations staged there.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 r;

@@ -212,6 +212,15 @@ void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, cons
 void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_expert, const int* group_off,
               const int* entries, int n_groups, float* slots, cudaStream_t s);
 
+// Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): after moe_bucket, expert e's entries
+// [group_off[e], group_off[e+1]) become rows [e][0, n_e) of hi/lo [E][max_n][H] (input row entry / K of x,
+// split into bf16 halves; rows past n_e zeroed); and rows [e][p] of y [E][max_n][H] go back to
+// slots[entries[group_off[e] + p]].
+void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
+                      int max_n, bf16* hi, bf16* lo, cudaStream_t s);
+void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int max_n,
+                      float* slots, cudaStream_t s);
+
 // ---- sampling.cu ----------------------------------------------------------------------------------------
 // state[0] = argmax token, state[1] (position) += advance, and the token is appended to out_ids at state[2]++
 // (when out_ids is not null and state[2] < out_cap).

@@ -114,12 +114,6 @@ __global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float 
     }
 }
 
-__device__ __forceinline__ void split_store(float v, bf16* hi, bf16* lo, int64_t i) {
-    const uint16_t h = float_to_bf16_bits(v);
-    hi[i] = h;
-    lo[i] = float_to_bf16_bits(v - __uint_as_float(static_cast<uint32_t>(h) << 16));
-}
-
 __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool norm, const bf16* w,
                                   float eps, bf16* hi, bf16* lo) {
     pdl_begin();

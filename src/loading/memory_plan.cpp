@@ -71,7 +71,7 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
     const uint64_t bytes = static_cast<uint64_t>(f32) * 4 +
                            static_cast<uint64_t>(2 * n * split_w) * 2 /* hi, lo bf16 */ +
                            static_cast<uint64_t>(rope) * 4;
-    return bytes + kCudaRuntimeReserve;
+    return bytes + moe_prefill_scratch_bytes(c, static_cast<int>(chunk)) + kCudaRuntimeReserve;
 }
 
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk) {

@@ -6,6 +6,7 @@
 // a change there must be mirrored here (tests/loading/test_memory_plan.cpp pins the arithmetic).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -24,6 +25,22 @@ struct CudaMemoryPlan {
 
 // Headroom for what is not a cudaMalloc of ours: cuBLAS workspaces, the CUDA graph, allocation rounding.
 constexpr uint64_t kCudaRuntimeReserve = uint64_t{256} << 20;
+
+// The MoE prefill's batched-GEMM scratch holds this many token rows per expert (a layer whose busiest expert
+// has more falls back to the grouped GEMV kernels): 4x the mean load of a full chunk, at least 64.
+inline int moe_prefill_rows_cap(int chunk, int n_experts, int top_k) {
+    if (n_experts <= 0) return 0;
+    const int64_t mean = (int64_t{chunk} * top_k + n_experts - 1) / n_experts;
+    return static_cast<int>(std::min<int64_t>(chunk, std::max<int64_t>(64, 4 * mean)));
+}
+// Bytes of that scratch: gathered inputs (bf16 hi + lo, reused for the fp32 down output), gate and up
+// outputs (fp32), the GeGLU result (bf16 hi + lo).
+inline uint64_t moe_prefill_scratch_bytes(const ModelConfig& c, int chunk) {
+    if (!c.moe) return 0;
+    const uint64_t rows =
+        static_cast<uint64_t>(c.n_experts) * moe_prefill_rows_cap(chunk, c.n_experts, c.top_k);
+    return rows * (4 * static_cast<uint64_t>(c.hidden) + 12 * static_cast<uint64_t>(c.expert_width));
+}
 
 uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk);
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk);  // reserve included

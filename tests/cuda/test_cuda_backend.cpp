@@ -295,6 +295,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_FUSE=0",
     "MARKBASE_CUDA_GEMV=warpk",
     "MARKBASE_CUDA_GEMV=warpk,MARKBASE_CUDA_FUSE=0",
+    "MARKBASE_CUDA_MOE_PREFILL=gemm",
 };
 
 #ifdef MARKBASE_HAS_CUDA
@@ -412,7 +413,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=r2u4k",         "MARKBASE_CUDA_ATTN_SPLIT=auto",
     "MARKBASE_CUDA_ATTN_SPLIT=auto:32", "MARKBASE_CUDA_ATTN_SPLIT=active:32",
     "MARKBASE_CUDA_GEMV=legacy",        "MARKBASE_CUDA_ATTN_SPLIT=legacy",
-    "MARKBASE_CUDA_GEMV=warpk",
+    "MARKBASE_CUDA_GEMV=warpk",         "MARKBASE_CUDA_MOE_PREFILL=gemm",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
