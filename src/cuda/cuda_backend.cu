@@ -84,6 +84,7 @@ class CudaBackendImpl final : public CudaBackend {
         if (model_.n_past == 0) throw Error("profile_step: evaluate a prompt first");
         return model_.profile_step();
     }
+    bool profile_gated() const override { return model_.profile_gated(); }
     CudaDeviceInfo device() const override { return cuda_device_info(); }
     uint64_t weight_bytes() const override { return model_.weights().bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }

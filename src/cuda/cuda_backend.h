@@ -41,6 +41,9 @@ class CudaBackend : public Backend {
     // Runs one decode step (of the device-held next token) kernel by kernel, timing each with CUDA events.
     // It is a real step: the position advances.
     virtual std::vector<CudaProfileEntry> profile_step() = 0;
+    // Whether the last profile_step ran gated (the whole step enqueued before the GPU started it, so the
+    // events time the GPU and the gaps between kernels, not the host's launch rate).
+    virtual bool profile_gated() const = 0;
     virtual CudaDeviceInfo device() const = 0;
     virtual uint64_t weight_bytes() const = 0;  // bytes of weights resident on the GPU
 };

@@ -393,9 +393,31 @@ std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
 
 std::vector<CudaProfileEntry> CudaModel::profile_step() {
     if (n_past >= ctx_) throw Error("context full: no room for a profiled step");
+    // Gate the stream while the step is enqueued (profile_gate.cu): the events then time the GPU, not the
+    // host's launch rate. If enqueueing outlasts the gate's timeout, the profile says so.
+    int* flag = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
+    *reinterpret_cast<volatile int*>(flag) = 0;
+    int* d_flag = nullptr;
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_flag), flag, 0));
+    int* d_timed_out = d_sel_info_ ? d_sel_info_ + 1 : nullptr;  // scratch int (the top-k flag slot)
+    int timed_out = 0;
     Profiler pf;
-    record_step(&pf);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    try {
+        if (d_timed_out) CUDA_CHECK(cudaMemsetAsync(d_timed_out, 0, sizeof(int), stream_));
+        if (d_timed_out) stream_gate(d_flag, 2.0, d_timed_out, stream_);
+        record_step(&pf);
+        *reinterpret_cast<volatile int*>(flag) = 1;
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (d_timed_out) CUDA_CHECK(cudaMemcpy(&timed_out, d_timed_out, sizeof(int), cudaMemcpyDeviceToHost));
+    } catch (...) {
+        *reinterpret_cast<volatile int*>(flag) = 1;
+        cudaStreamSynchronize(stream_);
+        cudaFreeHost(flag);
+        throw;
+    }
+    cudaFreeHost(flag);
+    profile_gated_ = d_timed_out && !timed_out;
     ++n_past;
     std::vector<CudaProfileEntry> out;
     for (auto& r : pf.recs) {

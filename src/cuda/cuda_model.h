@@ -69,6 +69,7 @@ class CudaModel {
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                        std::vector<std::pair<float, int>>* top, int64_t* n_finite, float* logits);
     std::vector<CudaProfileEntry> profile_step();
+    bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
 
   private:
     // q/k norms + RoPE + cache write arguments for layer i (decode and prefill build the same ones)
@@ -173,6 +174,7 @@ class CudaModel {
 
     // MoE prefill as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): [E][cap][H] gathered inputs (bf16
     // hi + lo; reused as the fp32 down output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
+    bool profile_gated_ = false;
     bool moe_gemm_ = false;
     int moe_cap_ = 0;
     void* mx_ = nullptr;

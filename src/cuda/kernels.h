@@ -238,6 +238,9 @@ void topk_select(const float* logits, int V, const int* pen, int n_pen, float re
                  unsigned long long* out, int* info, cudaStream_t s);
 // logits = cap * tanh(logits / cap) over n values.
 void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s);
+// profile_gate.cu: holds stream s until *flag (host-mapped memory) turns nonzero, or timeout_s passes (then
+// *timed_out = 1, device memory), so that a profiled step is enqueued whole before it starts.
+void stream_gate(const int* flag, double timeout_s, int* timed_out, cudaStream_t s);
 // Deterministic random bf16 weights in [lo, hi): element k of a tensor is splitmix64(seed + (k+1)*golden),
 // exactly as loading/random_checkpoint.cpp draws them, so synthetic GPU weights equal the written files.
 void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s);

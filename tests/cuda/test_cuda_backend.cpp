@@ -215,6 +215,7 @@ void check_tiny(const std::string& family, const std::string& label) {
     double total = 0;
     for (const auto& e : prof) total += e.ms;
     EXPECT_GT(total, 0.0);
+    EXPECT_TRUE(gpu->profile_gated()) << "a tiny step enqueues well within the gate's 2 s";
     EXPECT_EQ(gpu->n_past(), 10);
 }
 

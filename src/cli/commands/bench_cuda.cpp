@@ -207,8 +207,10 @@ int cmd_bench_cuda(ArgReader& a) {
         std::sort(rows.begin(), rows.end(),
                   [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
         std::printf(
-            "profile   one decode step, kernel by kernel (events around each launch, no graph): %.3f ms in "
+            "profile   one decode step, kernel by kernel (events around each launch, no graph, %s): %.3f ms "
+            "in "
             "%zu launches; graph step %.3f ms\n",
+            be->profile_gated() ? "enqueued whole behind a gate" : "NOT gated: small kernels read high",
             prof_total, entries.size(), dc * 1e3);
         std::printf("  %-18s %6s %10s %7s %10s %8s\n", "kernel", "calls", "total ms", "%", "MB", "GB/s");
         for (const auto& [name, k] : rows) {
@@ -266,6 +268,7 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"logits_hash", logits_hash},
                             {"ids_hash", ids_hash},
                             {"profile_total_ms", prof_total},
+                            {"profile_gated", profile && be->profile_gated()},
                             {"profile_by_kernel", by_kernel_json},
                             {"profile", prof_json}};
         std::ofstream f(json_out);
