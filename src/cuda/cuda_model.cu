@@ -169,6 +169,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
             rlogits_ = alloc<float>(n * E);
             sel_w_ = alloc<float>(n * K);
             sel_id_ = alloc<int>(n * K);
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_DECODE")) {
+                if (std::strcmp(e, "rows") != 0 && std::strcmp(e, "groups") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_DECODE=") + e + ": expected rows or groups");
+                moe_decode_rows_ = std::strcmp(e, "rows") == 0;
+            }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");

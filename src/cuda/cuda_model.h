@@ -175,6 +175,7 @@ class CudaModel {
     // MoE prefill as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): [E][cap][H] gathered inputs (bf16
     // hi + lo; reused as the fp32 down output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
     bool profile_gated_ = false;
+    bool moe_decode_rows_ = false;  // MARKBASE_CUDA_MOE_DECODE=rows: moe_*_decode kernels at decode
     bool moe_gemm_ = false;
     int moe_cap_ = 0;
     void* mx_ = nullptr;

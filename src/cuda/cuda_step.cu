@@ -202,10 +202,18 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
                       lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
         });
-        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H),
-            [&] { moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, stream_); });
-        run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie),
-            [&] { moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_); });
+        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
+            if (moe_decode_rows_)
+                moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, stream_);
+            else
+                moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, stream_);
+        });
+        run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
+            if (moe_decode_rows_)
+                moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, stream_);
+            else
+                moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_);
+        });
         run(pf, "ffn_combine", i, 0.0, [&] {
             residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                                  lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);

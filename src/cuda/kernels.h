@@ -212,6 +212,12 @@ void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, cons
 void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_expert, const int* group_off,
               const int* entries, int n_groups, float* slots, cudaStream_t s);
 
+// Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the same products, a warp per row
+// with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
+void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
+                        float* h, cudaStream_t s);
+void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
+                     float* slots, cudaStream_t s);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): after moe_bucket, expert e's entries
 // [group_off[e], group_off[e+1]) become rows [e][0, n_e) of hi/lo [E][max_n][H] (input row entry / K of x,
 // split into bf16 halves; rows past n_e zeroed); and rows [e][p] of y [E][max_n][H] go back to

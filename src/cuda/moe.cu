@@ -186,6 +186,48 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// Decode (one token, MARKBASE_CUDA_MOE_DECODE=rows): slot g's expert is group_expert[g] and its entry is g.
+// A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
+// dependent load rounds instead of six, and a 704-wide one a single round.
+constexpr int kDecU = 8;
+template <bool Dual>
+__global__ void __launch_bounds__(kThreads)
+    expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
+                         int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
+                         int out_width) {
+    pdl_begin();  // the experts are chosen by the previous kernel: nothing to load before it ends
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
+    if (j >= rows) return;
+    const int e = group_expert[g];
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
+    const uint4* w2 =
+        reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
+    const float4* x4 = reinterpret_cast<const float4*>(x + (x_per_slot ? static_cast<int64_t>(g) * Kin : 0));
+    const int nchunk = Kin >> 3;
+    float a1 = 0.0f, a2 = 0.0f;
+    for (int c0 = 0; c0 < nchunk; c0 += 32 * kDecU) {
+        uint4 v1[kDecU], v2[kDecU];
+#pragma unroll
+        for (int u = 0; u < kDecU; ++u) {
+            const int c = c0 + u * 32 + lane;
+            v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
+            if constexpr (Dual) v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kDecU; ++u) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= nchunk) continue;
+            const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
+            a1 += dot8(v1[u], xa, xb);
+            if constexpr (Dual) a2 += dot8(v2[u], xa, xb);
+        }
+    }
+    a1 = warp_sum(a1);
+    if constexpr (Dual) a2 = warp_sum(a2);
+    if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
+}
+
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
 __global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
@@ -214,6 +256,23 @@ __global__ void scatter_rows_kernel(const float* y, int H, const int* entries, c
 }
 
 }  // namespace
+
+void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
+                        float* h, cudaStream_t s) {
+    if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
+    launch_kernel(expert_decode_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H,
+                  false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H,
+                  group_expert, h, Ie);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
+                     float* slots, cudaStream_t s) {
+    if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
+    launch_kernel(expert_decode_kernel<false>, dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h,
+                  Ie, true, down, H, static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
+    CUDA_CHECK_LAUNCH();
+}
 
 void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
                       int max_n, bf16* hi, bf16* lo, cudaStream_t s) {

@@ -297,6 +297,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=warpk",
     "MARKBASE_CUDA_GEMV=warpk,MARKBASE_CUDA_FUSE=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemm",
+    "MARKBASE_CUDA_MOE_DECODE=rows",
 };
 
 #ifdef MARKBASE_HAS_CUDA
@@ -415,6 +416,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_ATTN_SPLIT=auto:32", "MARKBASE_CUDA_ATTN_SPLIT=active:32",
     "MARKBASE_CUDA_GEMV=legacy",        "MARKBASE_CUDA_ATTN_SPLIT=legacy",
     "MARKBASE_CUDA_GEMV=warpk",         "MARKBASE_CUDA_MOE_PREFILL=gemm",
+    "MARKBASE_CUDA_MOE_DECODE=rows",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
