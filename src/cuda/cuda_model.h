@@ -103,8 +103,8 @@ class CudaModel {
     GemvInput x_input(bool norm, const bf16* norm_w);  // cuda_step.cu: the current x as a GEMV input
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
     void flush_residual(Profiler* pf, int layer);
-    // y[rows] = W @ xin (K wide) at one token, then, in tail mode, x = (x + RMSNorm(y) * res_w) * scale;
-    // otherwise that update waits as pending_ (fusion) or runs as its own kernel.
+    // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
+    // res_w) * scale; otherwise that update waits as pending_ (fusion) or runs as its own kernel.
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
                           int rows, const float* xin, int K, float* y, const bf16* res_w, float scale);
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu

@@ -59,6 +59,10 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
+    if (!res_w) {  // a plain product
+        run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+        return;
+    }
     if (tail_) {
         const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, d_tail_counter_};
         run(pf, name, layer, wbytes(rows, K), [&] { gemv_rows(in, &seg, 1, &t, stream_); });
@@ -170,20 +174,9 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
             [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
     }
-    if (!c_.moe) {  // the dense layer's FFN update follows its down projection
-        project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_, lw.post_ffn_norm,
-                         ffn_scale);
-    } else {
-        run(pf, "mlp_down", i, wbytes(H, I), [&] {
-            GemvInput in;
-            in.variant = gemv_variant_;
-            in.ksplit = gemv_ksplit_;
-            in.x = g_;
-            in.K = I;
-            GemvSeg seg{lw.down_proj, m_, H, 0};
-            gemv(in, &seg, 1, 1, stream_);
-        });
-    }
+    // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
+    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
+                     c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale);
 
     if (c_.moe) {  // 2.6
         const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;

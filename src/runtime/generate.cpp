@@ -38,9 +38,6 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
     const char* ds = std::getenv("MARKBASE_DEVICE_SAMPLING");
     const bool device_select =
         !(ds && std::string(ds) == "0") && select_k >= 1 && select_k <= be.max_select_k();
-    const bool penalties =
-        sp.repeat_last_n != 0 &&
-        (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f);
     DeviceSelect req;
     req.k = select_k;
     req.repeat_penalty = sp.repeat_penalty;
@@ -58,7 +55,7 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
             }
             const int last = history.back();
             bool host = !device_select;
-            if (!host && penalties) {
+            if (!host) {  // the penalties' window (empty when they are off)
                 penalty_window(history, sp, &req.pen_ids, &req.pen_counts);
                 // too many for the device, or ids outside the vocabulary (the host sampler names them)
                 host = static_cast<int>(req.pen_ids.size()) > be.max_select_penalty_ids() ||
