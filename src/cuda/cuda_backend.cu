@@ -68,12 +68,8 @@ class CudaBackendImpl final : public CudaBackend {
         const int n_pen = static_cast<int>(req.pen_ids.size());
         pen_.assign(req.pen_ids.begin(), req.pen_ids.end());
         pen_.insert(pen_.end(), req.pen_counts.begin(), req.pen_counts.end());
-        if (!model_.decode_select(id, pen_.data(), n_pen, req.repeat_penalty, req.presence_penalty,
-                                  req.frequency_penalty, req.k, &top_, &out->n_finite, logits))
-            return false;
-        out->top.clear();
-        for (const auto& [v, i] : top_) out->top.push_back({v, i});
-        return true;
+        return model_.decode_select(id, pen_.data(), n_pen, req.repeat_penalty, req.presence_penalty,
+                                    req.frequency_penalty, req.k, &out->top, &out->n_finite, logits);
     }
 
     std::vector<int> decode_greedy(int steps, float* last_logits) override {
@@ -91,8 +87,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   private:
     cuda::CudaModel model_;
-    std::vector<int> pen_;                    // eval_select's ids then counts
-    std::vector<std::pair<float, int>> top_;  // eval_select's candidates
+    std::vector<int> pen_;  // eval_select's ids then counts
 };
 
 void require_device() {

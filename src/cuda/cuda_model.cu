@@ -342,7 +342,7 @@ void CudaModel::decode(int id, float* logits) {
 }
 
 bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
-                              std::vector<std::pair<float, int>>* top, int64_t* n_finite, float* logits) {
+                              std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits) {
     if (!d_sel_top_ || k < 1 || k > kTopKMax || n_pen < 0 || n_pen > kMaxPenaltyIds)
         throw Error("internal: decode_select cannot serve k = " + std::to_string(k) + " with " +
                     std::to_string(n_pen) + " penalty ids");

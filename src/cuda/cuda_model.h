@@ -16,6 +16,7 @@
 #include "cuda/kernels.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "runtime/sampler.h"
 
 namespace markbase::cuda {
 
@@ -67,7 +68,7 @@ class CudaModel {
     // pen: n_pen ids then n_pen counts, n_pen <= kMaxPenaltyIds. Returns false when the row was bad.
     static constexpr int kMaxPenaltyIds = 1024;
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
-                       std::vector<std::pair<float, int>>* top, int64_t* n_finite, float* logits);
+                       std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
     std::vector<CudaProfileEntry> profile_step();
     bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
 

@@ -70,14 +70,9 @@ void apply_penalties(std::vector<float>& logits, const std::vector<int>& history
 
     // Usual windows (64) sort a few ids; a whole long history counts into a dense table instead.
     if (n <= 4096) {
-        std::vector<int> ids(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
-        std::sort(ids.begin(), ids.end());
-        for (size_t i = 0; i < ids.size();) {
-            size_t j = i;
-            while (j < ids.size() && ids[j] == ids[i]) ++j;
-            penalise(ids[i], static_cast<int>(j - i));
-            i = j;
-        }
+        std::vector<int> ids, counts;
+        penalty_window(history, params, &ids, &counts);
+        for (size_t i = 0; i < ids.size(); ++i) penalise(ids[i], counts[i]);
     } else {
         std::vector<int> counts(logits.size(), 0);
         std::vector<int> seen;
