@@ -116,8 +116,9 @@ bool cuda_memory_info(uint64_t* free_bytes, uint64_t* total_bytes) {
 
 StagedOptions cuda_staged_options_from_env() {
     StagedOptions o;
-    // 16 readers: what `bench load` measured at 24 GB/s warm on the 16-core H200 host (the backend's load
-    // with 8 took 2.46 s against bench load's 2.1 s in the same run)
+    // 16 readers: the setting `bench load` measured at 24 GB/s warm on the 16-core H200 host (the backend's
+    // earlier default of 8 was not measured on its own; its whole load, context and allocation included,
+    // took 2.46 s in that run)
     o.threads = env_int("MARKBASE_LOAD_THREADS",
                         std::min(16, std::max(1, static_cast<int>(std::thread::hardware_concurrency()))));
     o.chunk_bytes = static_cast<uint64_t>(env_int("MARKBASE_LOAD_CHUNK_MIB", 64)) << 20;
