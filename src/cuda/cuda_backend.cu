@@ -30,12 +30,8 @@ class CudaBackendImpl final : public CudaBackend {
             throw Error("context full: " + std::to_string(model_.n_past) + " cached + " + std::to_string(n) +
                         " new tokens exceed the context size " + std::to_string(model_.ctx()) +
                         " (set --ctx-size, at most " + std::to_string(config().max_positions) + ")");
+        check_ids(ids, n);
         const ModelConfig& c = config();
-        const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
-        for (int64_t t = 0; t < n; ++t)
-            if (ids[t] < 0 || ids[t] >= limit)
-                throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
-                            " is outside the vocabulary [0, " + std::to_string(limit) + ")");
         if (n == 1 && !all_logits) {
             model_.decode(ids[0], logits);
             return;
@@ -60,11 +56,7 @@ class CudaBackendImpl final : public CudaBackend {
     }
     int max_select_penalty_ids() const override { return cuda::CudaModel::kMaxPenaltyIds; }
     bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) override {
-        const ModelConfig& c = config();
-        const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
-        if (id < 0 || id >= limit)
-            throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                        std::to_string(limit) + ")");
+        check_ids(&id, 1);
         const int n_pen = static_cast<int>(req.pen_ids.size());
         pen_.assign(req.pen_ids.begin(), req.pen_ids.end());
         pen_.insert(pen_.end(), req.pen_counts.begin(), req.pen_counts.end());
@@ -86,6 +78,16 @@ class CudaBackendImpl final : public CudaBackend {
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 
   private:
+    // Ids the embedding (and, with PLE, the per-layer table) can look up; a bad one is named, not read.
+    void check_ids(const int* ids, int64_t n) const {
+        const ModelConfig& c = config();
+        const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
+        for (int64_t t = 0; t < n; ++t)
+            if (ids[t] < 0 || ids[t] >= limit)
+                throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+                            " is outside the vocabulary [0, " + std::to_string(limit) + ")");
+    }
+
     cuda::CudaModel model_;
     std::vector<int> pen_;  // eval_select's ids then counts
 };
