@@ -25,6 +25,7 @@ const char* kUsage =
     "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
+    "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
 
 }  // namespace

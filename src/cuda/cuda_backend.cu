@@ -25,28 +25,7 @@ class CudaBackendImpl final : public CudaBackend {
     uint64_t cache_bytes() const override { return model_.cache_bytes(); }
 
     void eval(const int* ids, int64_t n, float* logits, bool all_logits) override {
-        if (n <= 0) return;
-        if (model_.n_past + n > model_.ctx())
-            throw Error("context full: " + std::to_string(model_.n_past) + " cached + " + std::to_string(n) +
-                        " new tokens exceed the context size " + std::to_string(model_.ctx()) +
-                        " (set --ctx-size, at most " + std::to_string(config().max_positions) + ")");
-        check_ids(ids, n);
-        const ModelConfig& c = config();
-        if (n == 1 && !all_logits) {
-            model_.decode(ids[0], logits);
-            return;
-        }
-        const int64_t V = c.vocab_size, chunk = model_.chunk();
-        for (int64_t b = 0; b < n; b += chunk) {
-            const int m = static_cast<int>(std::min<int64_t>(chunk, n - b));
-            const bool last = b + m == n;
-            float* out = nullptr;
-            if (logits && all_logits)
-                out = logits + b * V;
-            else if (logits && last)
-                out = logits;
-            model_.prefill(ids + b, m, out, all_logits);
-        }
+        cuda::eval_model(model_, config(), ids, n, logits, all_logits);
     }
 
     int max_select_k() const override {
@@ -56,7 +35,7 @@ class CudaBackendImpl final : public CudaBackend {
     }
     int max_select_penalty_ids() const override { return cuda::CudaModel::kMaxPenaltyIds; }
     bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) override {
-        check_ids(&id, 1);
+        cuda::check_token_ids(config(), &id, 1);
         const int n_pen = static_cast<int>(req.pen_ids.size());
         pen_.assign(req.pen_ids.begin(), req.pen_ids.end());
         pen_.insert(pen_.end(), req.pen_counts.begin(), req.pen_counts.end());
@@ -78,19 +57,50 @@ class CudaBackendImpl final : public CudaBackend {
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 
   private:
-    // Ids the embedding (and, with PLE, the per-layer table) can look up; a bad one is named, not read.
-    void check_ids(const int* ids, int64_t n) const {
-        const ModelConfig& c = config();
-        const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
-        for (int64_t t = 0; t < n; ++t)
-            if (ids[t] < 0 || ids[t] >= limit)
-                throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
-                            " is outside the vocabulary [0, " + std::to_string(limit) + ")");
-    }
-
     cuda::CudaModel model_;
     std::vector<int> pen_;  // eval_select's ids then counts
 };
+
+}  // namespace
+
+namespace cuda {
+
+void check_token_ids(const ModelConfig& c, const int* ids, int64_t n) {
+    const int64_t limit = c.ple_dim ? std::min<int64_t>(c.vocab_size, c.ple_vocab) : c.vocab_size;
+    for (int64_t t = 0; t < n; ++t)
+        if (ids[t] < 0 || ids[t] >= limit)
+            throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+                        " is outside the vocabulary [0, " + std::to_string(limit) + ")");
+}
+
+void eval_model(CudaModel& m, const ModelConfig& whole, const int* ids, int64_t n, float* logits,
+                bool all_logits) {
+    if (n <= 0) return;
+    if (m.n_past + n > m.ctx())
+        throw Error("context full: " + std::to_string(m.n_past) + " cached + " + std::to_string(n) +
+                    " new tokens exceed the context size " + std::to_string(m.ctx()) +
+                    " (set --ctx-size, at most " + std::to_string(m.config().max_positions) + ")");
+    check_token_ids(whole, ids, n);
+    const int64_t host_vocab = whole.vocab_size;
+    if (n == 1 && !all_logits) {
+        m.decode(ids[0], logits);
+        return;
+    }
+    const int64_t chunk = m.chunk();
+    for (int64_t b = 0; b < n; b += chunk) {
+        const int k = static_cast<int>(std::min<int64_t>(chunk, n - b));
+        float* out = nullptr;
+        if (logits && all_logits)
+            out = logits + b * host_vocab;
+        else if (logits && b + k == n)
+            out = logits;
+        m.prefill(ids + b, k, out, all_logits);
+    }
+}
+
+}  // namespace cuda
+
+namespace {
 
 void require_device() {
     const CudaDeviceInfo info = cuda_device_info();
@@ -102,6 +112,8 @@ BackendOptions clamp(const ModelConfig& c, BackendOptions opt) {
     if (opt.ctx_size <= 0) throw Error("--ctx-size must be positive, found " + std::to_string(opt.ctx_size));
     opt.ctx_size = std::min<int64_t>(opt.ctx_size, c.max_positions);
     opt.chunk = std::max(1, std::min<int>(opt.chunk, static_cast<int>(opt.ctx_size)));
+    if (opt.tensor_parallel < 1)
+        throw Error("--tensor-parallel-size must be >= 1, found " + std::to_string(opt.tensor_parallel));
     return opt;
 }
 
@@ -142,6 +154,7 @@ CudaDeviceInfo cuda_device_info() {
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
+    if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
     return std::make_unique<CudaBackendImpl>(cuda::upload_weights(ck), o);
 }
 
@@ -150,6 +163,7 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     const ModelConfig c = parse_config_text(variant_config(variant, layers).dump(), "synthetic " + variant);
     require_device();
     const BackendOptions o = clamp(c, opt);
+    if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
     return std::make_unique<CudaBackendImpl>(cuda::synthetic_weights(c, seed), o);
 }
 

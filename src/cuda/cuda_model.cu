@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_model.h"
 #include "loading/memory_plan.h"
+#include "parallel/nccl_comm.h"
 
 namespace markbase::cuda {
 
@@ -66,8 +67,10 @@ T* CudaModel::alloc(size_t count) {
     return static_cast<T*>(p);
 }
 
-CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
+CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard)
     : dw_(std::move(dw)), c_(dw_->config), w_(dw_->w), ctx_(ctx), chunk_(chunk) {
+    if (shard) shard_ = *shard;
+    if (sharded() && !shard_.group) throw Error("internal: a sharded model without its NCCL group");
     try {
         const int H = c_.hidden, nH = c_.n_heads, L = c_.n_layers, P = c_.ple_dim;
         const int64_t LP = int64_t{L} * P, V = c_.vocab_size, n = chunk;
@@ -146,13 +149,19 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
         o_ = alloc<float>(n * H);
         g_ = alloc<float>(n * std::max(max_I, P));
         u_ = alloc<float>(n * std::max(max_I, P));
-        m_ = alloc<float>(n * H);
+        // sharded MoE: [n][H] dense partial, then [n][H] this rank's experts' weighted sum: one all-reduce
+        m_ = alloc<float>((sharded() && c_.moe ? 2 : 1) * n * H);
+        if (sharded() && c_.moe) {
+            const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+            d_ones_ = alloc<float>(n);
+            CUDA_CHECK(cudaMemcpy(d_ones_, ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        }
         if (P) {
             ple_ctx_ = alloc<float>(n * LP);
             ple_ = alloc<float>(n * LP);
         }
         logits_ = alloc<float>(V);
-        if (V <= int64_t{kTopKSlice} / kTopKMax * kTopKSlice) {
+        if (!sharded() && V <= int64_t{kTopKSlice} / kTopKMax * kTopKSlice) {
             d_sel_slices_ = alloc<unsigned long long>((V + kTopKSlice - 1) / kTopKSlice * kTopKMax);
             d_sel_top_ = alloc<unsigned long long>(kTopKMax);
             d_sel_info_ = alloc<int>(2);
@@ -179,6 +188,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");
                 moe_gemm_ = std::strcmp(e, "gemm") == 0;
             }
+            if (sharded()) moe_gemm_ = false;  // the batched GEMMs would stream every expert; a rank has some
             moe_cap_ = moe_prefill_rows_cap(static_cast<int>(n), E, K);
             const int64_t rows = int64_t{E} * moe_cap_;
             mx_ = alloc<float>(rows * H);  // = 2 x bf16 [rows][H] (hi, lo), later the fp32 [rows][H] output
@@ -334,15 +344,14 @@ void CudaModel::launch_step(int id) {
 
 void CudaModel::decode(int id, float* logits) {
     launch_step(id);
-    if (logits)
-        CUDA_CHECK(
-            cudaMemcpyAsync(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    if (logits) logits_to_host(logits, logits_, 1);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     ++n_past;
 }
 
 bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                               std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits) {
+    if (sharded()) throw Error("internal: decode_select on a sharded model");
     if (!d_sel_top_ || k < 1 || k > kTopKMax || n_pen < 0 || n_pen > kMaxPenaltyIds)
         throw Error("internal: decode_select cannot serve k = " + std::to_string(k) + " with " +
                     std::to_string(n_pen) + " penalty ids");
@@ -388,16 +397,45 @@ std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
     for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
     std::vector<int> ids(steps);
     CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_out_ids_, steps * sizeof(int), cudaMemcpyDeviceToHost, stream_));
-    if (last_logits)
-        CUDA_CHECK(cudaMemcpyAsync(last_logits, logits_, c_.vocab_size * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream_));
+    if (last_logits) logits_to_host(last_logits, logits_, 1);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     n_past += steps;
     return ids;
 }
 
+void CudaModel::logits_to_host(float* host, const float* dev, int rows) {
+    const int64_t V = c_.vocab_size;
+    if (!sharded()) {
+        CUDA_CHECK(cudaMemcpyAsync(host, dev, static_cast<size_t>(rows) * V * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+        return;
+    }
+    CUDA_CHECK(cudaMemcpy2DAsync(host + shard_.vocab_begin, shard_.vocab_total * sizeof(float), dev,
+                                 V * sizeof(float), V * sizeof(float), rows, cudaMemcpyDeviceToHost,
+                                 stream_));
+}
+
+void CudaModel::connect() {
+    if (!sharded()) return;
+    all_reduce(nullptr, -1, x_, static_cast<size_t>(c_.hidden));
+    all_reduce_argmax(nullptr);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::all_reduce(Profiler* pf, int layer, float* buf, size_t n) {
+    if (!sharded()) return;
+    run(pf, "all_reduce", layer, 0.0, [&] { shard_.group->all_reduce_sum(shard_.rank, buf, n, stream_); });
+}
+
+void CudaModel::all_reduce_argmax(Profiler* pf) {
+    if (!sharded()) return;
+    run(pf, "argmax_all_reduce", -1, 0.0,
+        [&] { shard_.group->all_reduce_max_u64(shard_.rank, d_argmax_, 1, stream_); });
+}
+
 std::vector<CudaProfileEntry> CudaModel::profile_step() {
     if (n_past >= ctx_) throw Error("context full: no room for a profiled step");
+    if (sharded()) throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
     // Gate the stream while the step is enqueued (profile_gate.cu): the events then time the GPU, not the
     // host's launch rate. If enqueueing outlasts the gate's timeout, the profile says so.
     int* flag = nullptr;

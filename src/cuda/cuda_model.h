@@ -18,7 +18,14 @@
 #include "model/weights.h"
 #include "runtime/sampler.h"
 
+namespace markbase {
+class NcclGroup;
+struct PartitionPlan;
+}  // namespace markbase
+
 namespace markbase::cuda {
+
+class CudaModel;
 
 // Weights in device memory, in the checkpoint's layout; Weights' pointers are device pointers here.
 struct DeviceWeights {
@@ -39,12 +46,43 @@ struct DeviceWeights {
     ~DeviceWeights();
 };
 
+// cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
+bf16* device_alloc(uint64_t bytes, const std::string& what);
 std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck);
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
+// cuda_shard.cu: one tensor-parallel rank's weights on the current device, its config rank_config's: the
+// checkpoint's shard_weights, or synthetic_weights' very values (element for element) cut the same way.
+std::unique_ptr<DeviceWeights> upload_shard(const Checkpoint& ck, const PartitionPlan& plan);
+std::unique_ptr<DeviceWeights> synthetic_shard(const ModelConfig& c, const PartitionPlan& plan,
+                                               uint64_t seed);
 
+// Backend helpers shared by the one-GPU and the tensor-parallel backends (cuda_backend.cu).
+// Ids the embedding (and, with PLE, the per-layer table) can look up; a bad one is named, not read.
+void check_token_ids(const ModelConfig& c, const int* ids, int64_t n);
+// Backend::eval on one model: the context and id checks, then one decode step or prefill chunks. whole: the
+// model's config (a rank's model has its own widths; host logits rows are the whole vocabulary wide and a
+// rank writes its columns of them).
+void eval_model(CudaModel& m, const ModelConfig& whole, const int* ids, int64_t n, float* logits,
+                bool all_logits);
+// cuda_tp_backend.cu: the backend over opt.tensor_parallel GPUs, from a checkpoint (ck) or random weights.
+std::unique_ptr<CudaBackend> make_tp_backend(const ModelConfig& c, const Checkpoint* ck, uint64_t seed,
+                                             const BackendOptions& opt);
+
+// Tensor parallelism (issue 7): the model is rank `rank` of `world`, its weights that rank's shard and its
+// config rank_config's widths. Each collective runs on the model's stream, inside the decode graph: a sum
+// after the embedding (only the owner of the token's vocabulary row writes it), after o_proj and after the
+// FFN (the MoE's dense partial and its experts' weighted sum together), and a max over the ranks' argmax
+// keys.
+struct ShardContext {
+    NcclGroup* group = nullptr;
+    int rank = 0, world = 1;
+    int64_t vocab_begin = 0;  // this rank's first vocabulary row
+    int64_t vocab_total = 0;  // the model's vocabulary (host logits rows are this wide)
+    int expert_begin = 0, expert_count = -1;
+};
 class CudaModel {
   public:
-    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk);
+    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard = nullptr);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;
@@ -56,7 +94,12 @@ class CudaModel {
     uint64_t cache_bytes() const { return cache_bytes_; }
     int64_t n_past = 0;
 
+    bool sharded() const { return shard_.world > 1; }
+    // Sharded: one collective of each kind, so that NCCL connects now rather than inside a graph capture.
+    // Every rank's thread calls it together, once every rank's model exists.
+    void connect();
     // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
+    // Sharded, V is the whole vocabulary and the rank writes only its columns.
     void prefill(const int* ids, int n, float* logits, bool all_logits);
     // Drops positions >= n (false, nothing changed, when a sliding ring already overwrote what n needs).
     bool truncate(int64_t n);
@@ -106,8 +149,16 @@ class CudaModel {
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
     // res_w) * scale; otherwise that update waits as pending_ (fusion) or runs as its own kernel.
+    // reduce (tensor parallel): y is this rank's partial sum; it is summed over the ranks before the update.
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
-                          int rows, const float* xin, int K, float* y, const bf16* res_w, float scale);
+                          int rows, const float* xin, int K, float* y, const bf16* res_w, float scale,
+                          bool reduce = false);
+    // Sharded only (no-ops otherwise): in-place sum of n floats over the ranks; max of the argmax key.
+    void all_reduce(Profiler* pf, int layer, float* buf, size_t n);
+    void all_reduce_argmax(Profiler* pf);
+    // rows x (this rank's vocabulary columns) of device logits into host rows of the whole vocabulary
+    void logits_to_host(float* host, const float* dev, int rows);
+    ExpertRange held_experts() const { return {shard_.expert_begin, shard_.expert_count}; }
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
@@ -124,6 +175,8 @@ class CudaModel {
     void attention_args(int i, AttnArgs& a) const;
 
     std::unique_ptr<DeviceWeights> dw_;
+    ShardContext shard_;
+    float* d_ones_ = nullptr;  // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
     const ModelConfig& c_;
     const Weights& w_;
     int64_t ctx_;
@@ -176,7 +229,9 @@ class CudaModel {
     // MoE prefill as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): [E][cap][H] gathered inputs (bf16
     // hi + lo; reused as the fp32 down output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
     bool profile_gated_ = false;
-    bool moe_decode_rows_ = false;  // MARKBASE_CUDA_MOE_DECODE=rows: moe_*_decode kernels at decode
+    // MARKBASE_CUDA_MOE_DECODE: rows (the default since session 3's A/B: 26B -5.7% per token) = the
+    // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
+    bool moe_decode_rows_ = true;
     bool moe_gemm_ = false;
     int moe_cap_ = 0;
     void* mx_ = nullptr;
@@ -203,7 +258,7 @@ class CudaModel {
     // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 32, at most ~2 waves of blocks per
     // layer, only the pieces holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with
     // the v1 kernel) or "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports).
-    int gemv_variant_ = kGemvVariantWarp;
+    int gemv_variant_ = kGemvVariantWarpK;
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 32;
     bool attn_active_only_ = false;

@@ -26,7 +26,9 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_ids_, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_state_ + 1, h_state_ + 1, sizeof(int), cudaMemcpyHostToDevice, stream_));
 
-    embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_);
+    embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_, shard_.vocab_begin,
+               sharded() ? V : -1);
+    all_reduce(nullptr, -1, x_, static_cast<size_t>(n) * H);
     if (P) {
         split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
         gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
@@ -41,16 +43,17 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     in.norm = true;
     in.norm_w = w_.final_norm;
     in.eps = eps;
-    gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_);
+    gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_, nullptr,
+                shard_.vocab_begin);
+    all_reduce_argmax(nullptr);
     if (logits && all_logits) {
         if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
         split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_, stream_);
         gemm(w_.embed, static_cast<int>(V), H, n, all_logits_, V);
         if (c_.final_softcap > 0.0f) softcap_inplace(all_logits_, int64_t{n} * V, c_.final_softcap, stream_);
-        CUDA_CHECK(cudaMemcpyAsync(logits, all_logits_, static_cast<size_t>(n) * V * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream_));
+        logits_to_host(logits, all_logits_, n);
     } else if (logits) {
-        CUDA_CHECK(cudaMemcpyAsync(logits, logits_, V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        logits_to_host(logits, logits_, 1);
     }
     finish_step(d_argmax_, d_state_, n, nullptr, 0, stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -107,6 +110,7 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
 
     split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_, stream_);
     gemm(lw.o_proj, H, qw, n, o_, H);
+    all_reduce(nullptr, i, o_, static_cast<size_t>(n) * H);
     residual_add_norm(x_, o_, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
 
     // FFN
@@ -131,11 +135,20 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         gemv(in, &seg, 1, n, stream_);
         moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, x_,
                   lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
-        moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_);
+        moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_, held_experts());
         prefill_experts(i, n);
-        residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                             lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+        if (sharded()) {  // [n][H] dense partials, then [n][H] experts' partials: one sum over the ranks
+            float* e = m_ + int64_t{n} * H;
+            moe_weighted_sum(eslots_, sel_w_, K, H, n, e, stream_);
+            all_reduce(nullptr, i, m_, 2 * static_cast<size_t>(n) * H);
+            residual_moe_combine(x_, m_, e, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                                 lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+        } else {
+            residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                                 lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+        }
     } else {
+        all_reduce(nullptr, i, m_, static_cast<size_t>(n) * H);
         residual_add_norm(x_, m_, lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
     }
 

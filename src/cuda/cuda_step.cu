@@ -52,7 +52,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
 
 void CudaModel::project_residual(Profiler* pf, const char* name, const char* res_name, int layer,
                                  const bf16* W, int rows, const float* xin, int K, float* y,
-                                 const bf16* res_w, float scale) {
+                                 const bf16* res_w, float scale, bool reduce) {
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
@@ -61,6 +61,15 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     GemvSeg seg{W, y, rows, 0};
     if (!res_w) {  // a plain product
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+        return;
+    }
+    if (reduce && sharded()) {  // the ranks' partial sums first, then the update (it cannot be a GEMV tail)
+        run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+        all_reduce(pf, layer, y, static_cast<size_t>(rows));
+        flush_residual(pf, layer);
+        float* x = xcur_;
+        run(pf, res_name, layer, 0.0,
+            [&] { residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
         return;
     }
     if (tail_) {
@@ -91,8 +100,11 @@ void CudaModel::record_step(Profiler* pf) {
     pending_ = {};
 
     // 2.2: x = embed[tok] * bf16(sqrt(H)); also clears the argmax for this step
-    run(pf, "embed", -1, 2.0 * H,
-        [&] { embed_rows(tok, 1, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_); });
+    run(pf, "embed", -1, 2.0 * H, [&] {
+        embed_rows(tok, 1, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_, shard_.vocab_begin,
+                   sharded() ? V : -1);
+    });
+    all_reduce(pf, -1, x_, static_cast<size_t>(H));  // sharded: the owner's row, zeros from the others
 
     // 2.3: per-layer inputs from the scaled embedding
     if (P) {
@@ -119,11 +131,14 @@ void CudaModel::record_step(Profiler* pf) {
     fin.out_ids = d_out_ids_;
     fin.out_cap = static_cast<int>(ctx_);
     fin.counter = d_counter_;
+    // sharded: each rank scores its vocabulary rows; the largest key over the ranks is the token
+    const bool fused_finish = fuse_ && !sharded();
     run(pf, "lm_head", -1, wbytes(V, H), [&] {
         gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_,
-                    fuse_ ? &fin : nullptr);
+                    fused_finish ? &fin : nullptr, shard_.vocab_begin);
     });
-    if (!fuse_)
+    all_reduce_argmax(pf);
+    if (!fused_finish)
         run(pf, "sample", -1, 0.0,
             [&] { finish_step(d_argmax_, d_state_, 1, d_out_ids_, static_cast<int>(ctx_), stream_); });
 }
@@ -164,7 +179,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
-    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f);
+    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
+                     true);
 
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
     const float ffn_scale =
@@ -176,7 +192,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     }
     // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
     project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
-                     c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale);
+                     c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
 
     if (c_.moe) {  // 2.6
         const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
@@ -193,7 +209,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         float* x = xcur_;
         run(pf, "route_topk", i, 0.0, [&] {
             moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                      lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
+                      lw.pre_ffn_norm_2, H, eps, e_in_, stream_, held_experts());
         });
         run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
             if (moe_decode_rows_)
@@ -207,10 +223,20 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             else
                 moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_);
         });
-        run(pf, "ffn_combine", i, 0.0, [&] {
-            residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                 lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
-        });
+        if (sharded()) {  // [dense partial | experts' partial] summed over the ranks, then the norms
+            run(pf, "experts_sum", i, 0.0,
+                [&] { moe_weighted_sum(eslots_, sel_w_, K, H, 1, m_ + H, stream_); });
+            all_reduce(pf, i, m_, 2 * static_cast<size_t>(H));
+            run(pf, "ffn_combine", i, 0.0, [&] {
+                residual_moe_combine(x, m_, m_ + H, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
+            });
+        } else {
+            run(pf, "ffn_combine", i, 0.0, [&] {
+                residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
+            });
+        }
     }
 
     if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then *

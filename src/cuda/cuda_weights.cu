@@ -19,9 +19,14 @@ namespace {
 
 // splitmix64 as loading/random_checkpoint.cpp's Rng: the k-th draw of a stream seeded s is mix(s +
 // (k+1)*golden), so every element can be drawn independently.
-__global__ void fill_kernel(uint16_t* out, int64_t n, uint64_t seed, float lo, float span) {
-    for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
-         k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+// out[q] for q < rows * cols is draw k = k0 + (q / cols) * ld + q % cols: a whole tensor (k0 0, cols = ld)
+// or a rank's block of rows or columns of it, with the very values the whole tensor has there.
+__global__ void fill_kernel(uint16_t* out, int64_t rows, int64_t cols, int64_t ld, int64_t k0, uint64_t seed,
+                            float lo, float span) {
+    const int64_t n = rows * cols;
+    for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
+         q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t k = cols == ld ? k0 + q : k0 + (q / cols) * ld + q % cols;
         uint64_t z = seed + static_cast<uint64_t>(k + 1) * 0x9e3779b97f4a7c15ull;
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -29,7 +34,7 @@ __global__ void fill_kernel(uint16_t* out, int64_t n, uint64_t seed, float lo, f
         const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
         uint32_t b = __float_as_uint(fmaf(span, u, lo));
         b += 0x7fffu + ((b >> 16) & 1u);
-        out[k] = static_cast<uint16_t>(b >> 16);
+        out[q] = static_cast<uint16_t>(b >> 16);
     }
 }
 
@@ -38,6 +43,8 @@ uint64_t numel(const std::vector<int64_t>& shape) {
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
     return n;
 }
+
+}  // namespace
 
 bf16* device_alloc(uint64_t bytes, const std::string& what) {
     void* p = nullptr;
@@ -53,13 +60,18 @@ bf16* device_alloc(uint64_t bytes, const std::string& what) {
     return static_cast<bf16*>(p);
 }
 
-}  // namespace
+void fill_random_bf16_block(bf16* out, int64_t rows, int64_t cols, int64_t ld, int64_t k0, uint64_t seed,
+                            float lo, float hi, cudaStream_t s) {
+    const int threads = 256;
+    const int64_t n = rows * cols;
+    if (n <= 0) return;
+    const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65536);
+    fill_kernel<<<static_cast<int>(blocks), threads, 0, s>>>(out, rows, cols, ld, k0, seed, lo, hi - lo);
+    CUDA_CHECK_LAUNCH();
+}
 
 void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s) {
-    const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65536);
-    fill_kernel<<<static_cast<int>(blocks), threads, 0, s>>>(out, n, seed, lo, hi - lo);
-    CUDA_CHECK_LAUNCH();
+    fill_random_bf16_block(out, 1, n, n, 0, seed, lo, hi, s);
 }
 
 DeviceWeights::~DeviceWeights() {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -45,6 +46,8 @@ struct Params {
     const float* aux = nullptr;  // kGeluMul: the multiplier
     float softcap = 0.0f;        // kLogits
     unsigned long long* argmax = nullptr;
+    uint32_t id_base =
+        0;              // kLogits: the id of row 0 (a rank's first vocabulary row under tensor parallelism)
     StepFinish finish;  // kLogits: state == nullptr for none
 };
 
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
                 } else {
                     const float v = p.softcap > 0.0f ? p.softcap * tanhf(acc[r] / p.softcap) : acc[r];
                     *yp[r] = v;
-                    const unsigned long long key = argmax_key(v, static_cast<uint32_t>(row0 + r));
+                    const unsigned long long key = argmax_key(v, p.id_base + static_cast<uint32_t>(row0 + r));
                     best = key > best ? key : best;
                 }
             }
@@ -332,7 +335,8 @@ void prepare_mode(int bytes) {
 
 int gemv_variant_from_env() {
     const char* e = std::getenv("MARKBASE_CUDA_GEMV");
-    if (!e || !*e) return kGemvVariantWarp;  // the default since the H200 A/B (bench/NOTES.md)
+    // warpk, the default since session 3's H200 A/B (bench/NOTES.md): -1.6..-3.4% per token vs warp
+    if (!e || !*e) return kGemvVariantWarpK;
     for (int i = 0; i < kNumVariants; ++i)
         if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
     throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
@@ -349,13 +353,19 @@ void gemv_prepare(int max_K) {
     if (smem > 220 * 1024)
         throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");
     const int bytes = static_cast<int>(std::max<size_t>(smem, 48 * 1024));
-    static int prepared = 0;  // only ever raised: another live model may need the larger limit
-    if (bytes <= prepared) return;
+    // Per device (a function's attributes belong to the current device's context), only ever raised: another
+    // live model may need the larger limit. Tensor-parallel ranks build their models on several threads.
+    static std::mutex mu;
+    static std::unordered_map<int, int> prepared;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    if (bytes <= prepared[dev]) return;
     prepare_mode<kStore>(bytes);
     prepare_mode<kGeglu>(bytes);
     prepare_mode<kGeluMul>(bytes);
     prepare_mode<kLogits>(bytes);
-    prepared = bytes;
+    prepared[dev] = bytes;
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
@@ -389,8 +399,10 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 }
 
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
-                 unsigned long long* argmax_key_out, cudaStream_t s, const StepFinish* finish) {
+                 unsigned long long* argmax_key_out, cudaStream_t s, const StepFinish* finish,
+                 int64_t id_base) {
     Params p;
+    p.id_base = static_cast<uint32_t>(id_base);
     if (finish) p.finish = *finish;
     p.in = in;
     p.nseg = 1;

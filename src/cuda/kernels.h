@@ -63,9 +63,11 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 // y = gelu_tanh(W @ xn) * aux: the per-layer-embedding gate.
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s);
-// logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu).
+// logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu);
+// row r is token id id_base + r (a tensor-parallel rank scores its own vocabulary rows).
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
-                 unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr);
+                 unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr,
+                 int64_t id_base = 0);
 
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
 // MARKBASE_CUDA_GEMV=warp (or warpk) routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 and there
@@ -117,15 +119,18 @@ inline int choose_ksplit(int groups, int blocks, int nchunk, int U) {
     return best;
 }
 // MARKBASE_CUDA_GEMV (a name or number, see gemv.cu) as a variant index; 0 when unset; throws on an unknown
-// name. Unset = kGemvVariantWarp; gemv_variant_name(0) == "legacy".
+// name. Unset = kGemvVariantWarpK; gemv_variant_name(0) == "legacy".
 int gemv_variant_from_env();
 const char* gemv_variant_name(int variant);
 
 // ---- norm_rope.cu: embedding, per-layer inputs, residual updates, qk-norm + RoPE + cache write -----------
 
-// x[t] = embed[ids[t]] * scale for t < n; also clears *argmax_key (start of a step).
+// x[t] = embed[ids[t] - vocab_begin] * scale for t < n; also clears *argmax_key (start of a step). A
+// tensor-parallel rank holds the rows [vocab_begin, vocab_begin + vocab_rows) and writes zeros for other ids
+// (the all-reduce that follows adds the owner's row); vocab_rows < 0: every id is held.
 void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, float* x,
-                unsigned long long* argmax_key, cudaStream_t s);
+                unsigned long long* argmax_key, cudaStream_t s, int64_t vocab_begin = 0,
+                int64_t vocab_rows = -1);
 // ple[t][l] = (RMSNorm_P(ctx[t][l] * H^-0.5) * norm_w + ple_embed[ids[t]][l] * sqrt(P)) * 2^-0.5
 void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
              int H, float eps, float* ple, cudaStream_t s);
@@ -196,15 +201,25 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
+// The experts a rank holds (expert parallelism): global ids [begin, begin + count); a group whose expert is
+// elsewhere gets group_expert -1, and the expert kernels write zeros for its entries. count < 0: all of them.
+struct ExpertRange {
+    int begin = 0, count = -1;
+};
 // logits [n][E] -> per token top-K of softmax(all E), renormalised, times per_expert_scale.
-// Writes sel_id/sel_w [n][K]. When groups_for_slots (n == 1), also writes the K expert groups directly.
+// Writes sel_id/sel_w [n][K]. When groups_for_slots (n == 1), also writes the K expert groups directly
+// (group_expert = the expert's index among the held ones).
 // Also the experts' input: e_in[t] = RMSNorm(x[t]) * norm_w (pre_feedforward_layernorm_2), H wide.
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
-               const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s);
+               const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
+               ExpertRange held = {});
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
-                cudaStream_t s);
+                cudaStream_t s, ExpertRange held = {});
+// e[t] = sum_k sel_w[t][k] * slots[t*K + k] (H wide): a rank's share of the experts' weighted sum, which the
+// tensor-parallel step all-reduces before residual_moe_combine's norms.
+void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int n, float* e, cudaStream_t s);
 // h[entry][j] = gelu(gate_e[j] . x[entry / K]) * (up_e[j] . x[entry / K]) for each group's entries.
 void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
                  const int* group_off, const int* entries, int n_groups, float* h, cudaStream_t s);
@@ -250,5 +265,8 @@ void stream_gate(const int* flag, double timeout_s, int* timed_out, cudaStream_t
 // Deterministic random bf16 weights in [lo, hi): element k of a tensor is splitmix64(seed + (k+1)*golden),
 // exactly as loading/random_checkpoint.cpp draws them, so synthetic GPU weights equal the written files.
 void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s);
+// The same draws for a block of a tensor: out[r][c] (rows x cols) = draw k0 + r * ld + c.
+void fill_random_bf16_block(bf16* out, int64_t rows, int64_t cols, int64_t ld, int64_t k0, uint64_t seed,
+                            float lo, float hi, cudaStream_t s);
 
 }  // namespace markbase::cuda

@@ -22,11 +22,18 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kEntries = 4;  // entries (token inputs) per pass over a weight row
 constexpr int kUnroll = 2;
 
+// Expert e's index among the ones this rank holds, or -1 (another rank's: its entries get zeros).
+__device__ __forceinline__ int held_index(int e, ExpertRange held) {
+    if (held.count < 0) return e;
+    return e >= held.begin && e < held.begin + held.count ? e - held.begin : -1;
+}
+
 // One block per token: the experts' input norm over the block, then one warp does softmax over E, K rounds of
 // arg-max (ties to the lower id), renormalisation and scaling.
 __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
                              bool slot_groups, int* group_expert, int* group_off, int* entries,
-                             const float* x, const bf16* norm_w, int H, float eps, float* e_in) {
+                             const float* x, const bf16* norm_w, int H, float eps, float* e_in,
+                             ExpertRange held) {
     extern __shared__ float p[];
     __shared__ float red[32];
     pdl_begin();
@@ -89,7 +96,7 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
             const int e = sel_id[t * K + k];
             sel_w[t * K + k] = sel_w[t * K + k] / top_sum * bf16_at(pes, e);
             if (slot_groups) {
-                group_expert[k] = e;
+                group_expert[k] = held_index(e, held);
                 group_off[k] = k;
                 entries[k] = k;
             }
@@ -99,7 +106,7 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
 }
 
 __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
-                              int* entries) {
+                              int* entries, ExpertRange held) {
     extern __shared__ int cnt[];  // [2*E]: counts, then cursors
     int* cur = cnt + E;
     pdl_begin();
@@ -110,7 +117,7 @@ __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_ex
     if (threadIdx.x == 0) {
         int off = 0;
         for (int e = 0; e < E; ++e) {
-            group_expert[e] = e;
+            group_expert[e] = held_index(e, held);
             group_off[e] = off;
             cur[e] = off;
             off += cnt[e];
@@ -134,6 +141,11 @@ __global__ void __launch_bounds__(kThreads)
     const int j = blockIdx.x * kWarps + warp;
     if (j >= rows) return;
     const int e = group_expert[g], o0 = group_off[g], o1 = group_off[g + 1];
+    if (e < 0) {  // held by another rank: this rank's share of those entries is zero
+        if (lane == 0)
+            for (int b = o0; b < o1; ++b) out[static_cast<int64_t>(entries[b]) * out_width + j] = 0.0f;
+        return;
+    }
     const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
     const uint4* w2 =
         reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
@@ -200,6 +212,10 @@ __global__ void __launch_bounds__(kThreads)
     const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
     if (j >= rows) return;
     const int e = group_expert[g];
+    if (e < 0) {  // held by another rank
+        if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = 0.0f;
+        return;
+    }
     const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
     const uint4* w2 =
         reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
@@ -255,7 +271,25 @@ __global__ void scatter_rows_kernel(const float* y, int H, const int* entries, c
     for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
 }
 
+// e[t][k'] = sum_k sel_w[t][k] * slots[t*K + k][k'], one block per token.
+__global__ void weighted_sum_kernel(const float* slots, const float* sel_w, int K, int H, float* e) {
+    pdl_begin();
+    const int t = blockIdx.x;
+    const float* w = sel_w + static_cast<int64_t>(t) * K;
+    const float* sl = slots + static_cast<int64_t>(t) * K * H;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) acc = fmaf(w[k], sl[static_cast<int64_t>(k) * H + j], acc);
+        e[static_cast<int64_t>(t) * H + j] = acc;
+    }
+}
+
 }  // namespace
+
+void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int n, float* e, cudaStream_t s) {
+    launch_kernel(weighted_sum_kernel, dim3(n), dim3(256), 0, s, slots, sel_w, K, H, e);
+    CUDA_CHECK_LAUNCH();
+}
 
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
                         float* h, cudaStream_t s) {
@@ -292,17 +326,18 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
-               const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s) {
+               const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
+               ExpertRange held) {
     launch_kernel(route_kernel, dim3(n), dim3(256), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
                   per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x,
-                  norm_w, H, eps, e_in);
+                  norm_w, H, eps, e_in, held);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
-                cudaStream_t s) {
+                cudaStream_t s, ExpertRange held) {
     launch_kernel(bucket_kernel, dim3(1), dim3(1024), 2 * static_cast<size_t>(E) * sizeof(int), s, sel_id,
-                  n * K, E, group_expert, group_off, entries);
+                  n * K, E, group_expert, group_off, entries, held);
     CUDA_CHECK_LAUNCH();
 }
 

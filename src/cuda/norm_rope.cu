@@ -13,12 +13,17 @@ namespace markbase::cuda {
 namespace {
 
 __global__ void embed_kernel(const int* ids, const bf16* embed, int H, float scale, float* x,
-                             unsigned long long* argmax) {
+                             unsigned long long* argmax, int64_t vocab_begin, int64_t vocab_rows) {
     pdl_begin();
     const int t = blockIdx.x;
     if (t == 0 && threadIdx.x == 0 && argmax) *argmax = 0;
-    const bf16* row = embed + static_cast<int64_t>(ids[t]) * H;
+    const int64_t id = ids[t] - vocab_begin;
     float* xt = x + static_cast<int64_t>(t) * H;
+    if (vocab_rows >= 0 && (id < 0 || id >= vocab_rows)) {  // another rank's row
+        for (int k = threadIdx.x; k < H; k += blockDim.x) xt[k] = 0.0f;
+        return;
+    }
+    const bf16* row = embed + id * H;
     for (int k = threadIdx.x; k < H; k += blockDim.x) xt[k] = bf16_at(row, k) * scale;
 }
 
@@ -204,8 +209,9 @@ int row_threads(int width) {
 }  // namespace
 
 void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, float* x,
-                unsigned long long* argmax_key, cudaStream_t s) {
-    launch_kernel(embed_kernel, dim3(n), dim3(row_threads(H)), 0, s, ids, embed, H, scale, x, argmax_key);
+                unsigned long long* argmax_key, cudaStream_t s, int64_t vocab_begin, int64_t vocab_rows) {
+    launch_kernel(embed_kernel, dim3(n), dim3(row_threads(H)), 0, s, ids, embed, H, scale, x, argmax_key,
+                  vocab_begin, vocab_rows);
     CUDA_CHECK_LAUNCH();
 }
 

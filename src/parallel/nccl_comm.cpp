@@ -61,6 +61,22 @@ void NcclGroup::all_reduce_sum(const std::vector<float*>& buffers, size_t n,
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
 }
 
+void NcclGroup::all_reduce_sum(int rank, float* buffer, size_t n, void* stream) {
+    check_nccl(ncclAllReduce(buffer, buffer, n, ncclFloat, ncclSum,
+                             impl_->comms.at(static_cast<size_t>(rank)), static_cast<cudaStream_t>(stream)),
+               "ncclAllReduce (sum)");
+}
+
+void NcclGroup::all_reduce_max_u64(int rank, unsigned long long* buffer, size_t n, void* stream) {
+    check_nccl(ncclAllReduce(buffer, buffer, n, ncclUint64, ncclMax,
+                             impl_->comms.at(static_cast<size_t>(rank)), static_cast<cudaStream_t>(stream)),
+               "ncclAllReduce (max)");
+}
+
+int NcclGroup::device(int rank) const {
+    return impl_->devices.at(static_cast<size_t>(rank));
+}
+
 int NcclGroup::device_count() {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -84,6 +100,11 @@ int NcclGroup::world() const {
     return 0;
 }
 void NcclGroup::all_reduce_sum(const std::vector<float*>&, size_t, const std::vector<void*>&) {}
+void NcclGroup::all_reduce_sum(int, float*, size_t, void*) {}
+void NcclGroup::all_reduce_max_u64(int, unsigned long long*, size_t, void*) {}
+int NcclGroup::device(int) const {
+    return 0;
+}
 int NcclGroup::device_count() {
     return 0;
 }

@@ -25,6 +25,13 @@ class NcclGroup {
     // graph.
     void all_reduce_sum(const std::vector<float*>& buffers, size_t n, const std::vector<void*>& streams);
 
+    // The same collectives for one rank, enqueued on its stream alone: for one host thread per GPU, each
+    // capturing its own decode graph with the collectives inside (the caller has made devices[rank] current).
+    void all_reduce_sum(int rank, float* buffer, size_t n, void* stream);
+    // Element-wise max of n 64-bit keys (the (logit, id) argmax keys of the ranks' vocabulary slices).
+    void all_reduce_max_u64(int rank, unsigned long long* buffer, size_t n, void* stream);
+    int device(int rank) const;
+
     static int device_count();  // CUDA devices visible; 0 when there is no driver
 
   private:

@@ -59,7 +59,14 @@ PartitionPlan plan_partition(const ModelConfig& c, int world, int rank) {
                         " KV heads cannot be split over " + std::to_string(world) +
                         " ranks (neither divides the other)");
         }
-        l.mlp_rows = even_slice(s.mlp_width, world, rank);
+        // MLP rows in groups of 8 (when the width allows) so each rank's down_proj columns, the K of its
+        // GEMV, stay a multiple of 8 values: 16-byte rows for the vector loads
+        if (s.mlp_width % 8 == 0) {
+            const Slice g = even_slice(s.mlp_width / 8, world, rank);
+            l.mlp_rows = {g.begin * 8, g.end * 8};
+        } else {
+            l.mlp_rows = even_slice(s.mlp_width, world, rank);
+        }
         if (c.moe) l.experts = even_slice(c.n_experts, world, rank);
     }
     p.vocab = even_slice(c.vocab_size, world, rank);
@@ -94,12 +101,29 @@ PartitionPlan plan_partition(const ModelConfig& c, int world, int rank) {
             name.find("experts.") != std::string::npos ? static_cast<double>(c.top_k) / c.n_experts : 1.0;
         p.bytes_per_token += 2 * n * share * active;
     }
-    // per layer: after o_proj and after the FFN (+ PLE's projection); once more for the embedding row, which
-    // only the rank owning that vocabulary slice can look up (the others contribute zeros)
-    const int per_layer = 2 + (c.ple_dim ? 1 : 0);
-    p.allreduces_per_step = world > 1 ? per_layer * c.n_layers + 1 : 0;
-    p.allreduce_bytes_per_step = world > 1 ? int64_t{p.allreduces_per_step} * c.hidden * 4 : 0;
+    // per layer: after o_proj and after the FFN (the MoE's dense partial and its experts' weighted sum travel
+    // together, 2H floats, because the combine norms each before adding); PLE's small tensors are whole on
+    // every rank, so its projection needs none. Once more for the embedding row, which only the rank owning
+    // that vocabulary slice can look up (the others contribute zeros).
+    p.allreduces_per_step = world > 1 ? 2 * c.n_layers + 1 : 0;
+    p.allreduce_bytes_per_step =
+        world > 1 ? (int64_t{2 * c.n_layers + 1} + (c.moe ? c.n_layers : 0)) * c.hidden * 4 : 0;
     return p;
+}
+
+ModelConfig rank_config(const ModelConfig& c, const PartitionPlan& plan) {
+    if (static_cast<int>(plan.layers.size()) != c.n_layers)
+        throw Error("internal: a partition plan of " + std::to_string(plan.layers.size()) + " layers for a " +
+                    std::to_string(c.n_layers) + "-layer model");
+    ModelConfig r = c;
+    if (plan.world == 1) return r;
+    r.n_heads = static_cast<int>(plan.layers.empty() ? c.n_heads : plan.layers[0].q_heads.size());
+    for (int i = 0; i < c.n_layers; ++i) {
+        r.layers[i].n_kv_heads = static_cast<int>(plan.layers[i].kv_heads.size());
+        r.layers[i].mlp_width = static_cast<int>(plan.layers[i].mlp_rows.size());
+    }
+    r.vocab_size = plan.vocab.size();
+    return r;
 }
 
 }  // namespace markbase

@@ -48,4 +48,9 @@ struct PartitionPlan {
 // (e.g. query heads not divisible by the world size).
 PartitionPlan plan_partition(const ModelConfig& c, int world, int rank);
 
+// The widths rank plan.rank computes with: its query heads, its KV heads per layer, its dense-MLP rows and
+// its vocabulary rows; everything else (hidden size, head dims, the expert count the router scores over, PLE)
+// unchanged. A backend runs this config on the rank's shard_weights and adds the collectives. World 1: c.
+ModelConfig rank_config(const ModelConfig& c, const PartitionPlan& plan);
+
 }  // namespace markbase

@@ -28,6 +28,7 @@ struct BackendOptions {
     int64_t ctx_size = 4096;  // positions the KV cache holds (capped at max_position_embeddings)
     int threads = 0;          // CPU threads; 0 = all cores
     int chunk = 256;          // prompt tokens per batched forward pass
+    int tensor_parallel = 1;  // GPUs one model is split over (CUDA; --tensor-parallel-size)
 };
 
 class Backend {

@@ -98,6 +98,43 @@ TEST(Partition, ThirtyOneBOnTwoGpusHalvesTheStream) {
     for (int r = 0; r < 2; ++r) EXPECT_LT(plan_partition(c, 2, r).bytes_per_token, 0.51 * whole);
 }
 
+// The widths a rank computes with: its heads, KV heads, MLP rows (multiples of 8, so its down_proj rows stay
+// 16-byte vectors) and vocabulary rows; the rest of the model is unchanged.
+TEST(Partition, RankConfigHasTheRanksWidths) {
+    for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
+        const ModelConfig c = variant(v);
+        const ModelConfig one = rank_config(c, plan_partition(c, 1, 0));
+        EXPECT_EQ(one.n_heads, c.n_heads);
+        EXPECT_EQ(one.vocab_size, c.vocab_size);
+        for (int world : {2, 4}) {
+            int64_t vocab = 0;
+            for (int r = 0; r < world; ++r) {
+                const PartitionPlan p = plan_partition(c, world, r);
+                const ModelConfig rc = rank_config(c, p);
+                EXPECT_EQ(rc.n_heads, c.n_heads / world) << v;
+                EXPECT_EQ(rc.hidden, c.hidden);
+                EXPECT_EQ(rc.n_experts, c.n_experts) << "the router still scores every expert";
+                EXPECT_EQ(rc.ple_dim, c.ple_dim);
+                vocab += rc.vocab_size;
+                for (int i = 0; i < c.n_layers; ++i) {
+                    const LayerSpec &a = rc.layers[i], &b = c.layers[i];
+                    EXPECT_EQ(a.head_dim, b.head_dim);
+                    EXPECT_EQ(a.kv_source, b.kv_source);
+                    EXPECT_EQ(a.n_kv_heads, p.layers[i].kv_heads.size()) << v << " layer " << i;
+                    EXPECT_EQ(a.mlp_width, p.layers[i].mlp_rows.size()) << v << " layer " << i;
+                    EXPECT_EQ(a.mlp_width % 8, 0) << v << " layer " << i << " world " << world;
+                    EXPECT_EQ(rc.n_heads % a.n_kv_heads, 0) << "GQA groups stay whole";
+                }
+            }
+            EXPECT_EQ(vocab, c.vocab_size) << v;
+        }
+    }
+    const ModelConfig c = variant("31b");
+    PartitionPlan p = plan_partition(c, 2, 0);
+    p.layers.pop_back();
+    EXPECT_THROW(rank_config(c, p), Error) << "a plan for another model";
+}
+
 TEST(Partition, ImpossibleSplitsNameTheField) {
     const ModelConfig c = variant("31b");
     try {

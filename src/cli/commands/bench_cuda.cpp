@@ -78,6 +78,7 @@ int cmd_bench_cuda(ArgReader& a) {
     BackendOptions bo;
     const int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
     double load_s = 0;
+    int checkpoint_tp = 1;
     if (synthetic) {
         if (a.value({"-m", "--model"}))
             throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
@@ -85,6 +86,7 @@ int cmd_bench_cuda(ArgReader& a) {
         if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
         bo.ctx_size = a.integer({"-c", "--ctx-size"}, need);
         bo.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        bo.tensor_parallel = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
         a.finish();
         bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
         const double t0 = now_s();
@@ -97,6 +99,7 @@ int cmd_bench_cuda(ArgReader& a) {
         mo.backend.ctx_size = std::max<int64_t>(a.integer({"-c", "--ctx-size"}, need), need);
         mo.backend.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
         a.finish();
+        checkpoint_tp = mo.backend.tensor_parallel;
         LoadedModel lm = load_model(mo);
         checkpoint = std::move(lm.checkpoint);
         owner = std::move(lm.backend);
@@ -157,6 +160,9 @@ int cmd_bench_cuda(ArgReader& a) {
     };
     const double sampled_dev_ms = sampled_ms(true), sampled_host_ms = sampled_ms(false);
     const double pf = median(prefill), dc = median(decode);
+    // With tensor parallelism the roofline is the GPUs' together (each streams its share of the weights).
+    const int tp = bo.tensor_parallel > 1 ? bo.tensor_parallel : std::max(1, checkpoint_tp);
+    const double roofline = kRooflineGBs * tp;
     const double gbs = counts.bytes_per_token / dc / 1e9;
     const std::string logits_hash = hash_hex(logits.data(), logits.size() * sizeof(float));
     const std::string ids_hash = hash_hex(ids.data(), ids.size() * sizeof(int));
@@ -172,7 +178,10 @@ int cmd_bench_cuda(ArgReader& a) {
                     n_prefill / pf, reps);
     std::printf(
         "decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
-        n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / kRooflineGBs, kRooflineGBs / 1e3);
+        n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / roofline, roofline / 1e3);
+    if (tp > 1)
+        std::printf("parallel  tensor parallel over %d GPUs (roofline %d x %.2f TB/s)\n", tp, tp,
+                    kRooflineGBs / 1e3);
     std::printf(
         "sampled   top_k 64, top_p 0.95, T 1 through the generation loop: %.3f ms/tok selecting on the "
         "device, %.3f ms/tok with the row copied to the host sampler\n",
@@ -263,8 +272,9 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"sampled_ms_per_tok_device_select", sampled_dev_ms},
                             {"sampled_ms_per_tok_host_sampler", sampled_host_ms},
                             {"decode_gb_s", gbs},
-                            {"roofline_gb_s", kRooflineGBs},
-                            {"decode_pct_of_roofline", 100.0 * gbs / kRooflineGBs},
+                            {"tensor_parallel", tp},
+                            {"roofline_gb_s", roofline},
+                            {"decode_pct_of_roofline", 100.0 * gbs / roofline},
                             {"logits_hash", logits_hash},
                             {"ids_hash", ids_hash},
                             {"profile_total_ms", prof_total},

@@ -24,6 +24,8 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.threads = static_cast<int>(a.integer({"-t", "--threads"}, 0));
     o.backend.ctx_size = a.integer({"-c", "--ctx-size"}, 4096);
     o.backend.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 256));
+    o.backend.tensor_parallel = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
+    if (o.backend.tensor_parallel < 1) throw Error("--tensor-parallel-size must be >= 1");
     if (o.backend.threads < 0) throw Error("--threads must be >= 0");
     if (o.backend.chunk <= 0 || o.backend.chunk > 8192) throw Error("--batch-size must be in [1, 8192]");
     return o;
@@ -44,15 +46,19 @@ LoadedModel load_model(const ModelOptions& o) {
     auto t0 = std::chrono::steady_clock::now();
     lm.checkpoint = load_checkpoint(o.model_dir);
     if (o.device == "cpu") {
+        if (o.backend.tensor_parallel > 1)
+            throw Error("--tensor-parallel-size " + std::to_string(o.backend.tensor_parallel) +
+                        " splits a model over GPUs: use --device cuda");
         lm.backend = make_cpu_backend(*lm.checkpoint, o.backend);
     } else if (o.device == "cuda") {
 #ifdef MARKBASE_HAS_CUDA
         // Refuse before any weight moves when weights + KV cache + workspace exceed the free memory.
         uint64_t free_b = 0, total_b = 0;
         if (cuda_memory_info(&free_b, &total_b)) {
+            // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole)
             const FitCheck f =
-                check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes, o.backend.ctx_size,
-                               o.backend.chunk, free_b, cuda_device_info().name);
+                check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
+                               o.backend.ctx_size, o.backend.chunk, free_b, cuda_device_info().name);
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
