@@ -166,7 +166,10 @@ TEST_P(CudaTpSynthetic, TwoGpusMatchOneAtRealWidths) {
     BackendOptions o2 = o;
     o2.tensor_parallel = 2;
     auto two = make_synthetic_cuda_backend(v, layers, o2, 99);
-    EXPECT_LT(two->weight_bytes(), one->weight_bytes() * 0.75) << "each rank holds its share";
+    // the ranks' weights together: the whole model once, plus what every rank keeps whole (norms, router,
+    // PLE tables: E2B/E4B's per-layer embedding is the big one) and replicated KV heads
+    EXPECT_GE(two->weight_bytes(), one->weight_bytes());
+    EXPECT_LE(two->weight_bytes(), one->weight_bytes() * (one->config().ple_dim ? 1.5 : 1.02));
     const int64_t V = one->config().vocab_size;
     ASSERT_EQ(two->config().vocab_size, V) << "the backend reports the whole model's config";
     const std::vector<int> prompt = random_ids(12, static_cast<int>(V), 5);
