@@ -422,8 +422,48 @@ void CudaModel::connect() {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+CudaModel::PeerEndpoint CudaModel::peer_endpoint() {
+    if (!sharded()) throw Error("internal: peer_endpoint on a model that is not sharded");
+    const int world = shard_.world,
+              max_n = 2 * c_.hidden;  // the largest decode sum: the MoE's [dense | experts]
+    PeerEndpoint e;
+    e.inbox = alloc<float>(static_cast<size_t>(2) * world * max_n);
+    e.flags = alloc<unsigned long long>(static_cast<size_t>(world) + 1);  // + this rank's call count
+    CUDA_CHECK(cudaMemset(e.flags, 0, (world + 1) * sizeof(unsigned long long)));
+    int* timed_out = alloc<int>(1);
+    CUDA_CHECK(cudaMemset(timed_out, 0, sizeof(int)));
+    ps_.max_n = max_n;
+    ps_.calls = e.flags + world;
+    ps_.timed_out = timed_out;
+    return e;
+}
+
+void CudaModel::use_peers(const std::vector<PeerEndpoint>& ranks) {
+    if (static_cast<int>(ranks.size()) != shard_.world || shard_.world > kMaxPeers || !ps_.calls)
+        throw Error("internal: use_peers needs every rank's endpoint (world " + std::to_string(shard_.world) +
+                    ")");
+    if (graph_) throw Error("internal: use_peers after the decode graph was captured");
+    for (size_t q = 0; q < ranks.size(); ++q) {
+        ps_.inbox[q] = ranks[q].inbox;
+        ps_.flags[q] = ranks[q].flags;
+    }
+    ps_.rank = shard_.rank;
+    ps_.world = shard_.world;
+}
+
+bool CudaModel::peer_timed_out() {
+    if (!ps_.timed_out) return false;
+    int v = 0;
+    CUDA_CHECK(cudaMemcpy(&v, ps_.timed_out, sizeof v, cudaMemcpyDeviceToHost));
+    return v != 0;
+}
+
 void CudaModel::all_reduce(Profiler* pf, int layer, float* buf, size_t n) {
     if (!sharded()) return;
+    if (peer_ready(n)) {
+        run(pf, "peer_sum", layer, 0.0, [&] { peer_sum(ps_, buf, static_cast<int>(n), nullptr, stream_); });
+        return;
+    }
     run(pf, "all_reduce", layer, 0.0, [&] { shard_.group->all_reduce_sum(shard_.rank, buf, n, stream_); });
 }
 

@@ -98,6 +98,16 @@ class CudaModel {
     // Sharded: one collective of each kind, so that NCCL connects now rather than inside a graph capture.
     // Every rank's thread calls it together, once every rank's model exists.
     void connect();
+    // Sharded, with peer access between the GPUs: this rank's inbox and flags for peer_sum (allocated here),
+    // then every rank's, after which the decode step's sums run as peer_sum instead of NCCL (before the first
+    // decode: the graph is captured with whichever is set).
+    struct PeerEndpoint {
+        float* inbox = nullptr;
+        unsigned long long* flags = nullptr;
+    };
+    PeerEndpoint peer_endpoint();
+    void use_peers(const std::vector<PeerEndpoint>& ranks);
+    bool peer_timed_out();  // a peer_sum waited 2 s for a peer (a bug or a dead GPU): the results are wrong
     // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
     // Sharded, V is the whole vocabulary and the rank writes only its columns.
     void prefill(const int* ids, int n, float* logits, bool all_logits);
@@ -159,6 +169,9 @@ class CudaModel {
     // rows x (this rank's vocabulary columns) of device logits into host rows of the whole vocabulary
     void logits_to_host(float* host, const float* dev, int rows);
     ExpertRange held_experts() const { return {shard_.expert_begin, shard_.expert_count}; }
+    bool peer_ready(size_t n) const {
+        return in_decode_ && ps_.world > 1 && n <= static_cast<size_t>(ps_.max_n);
+    }
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
@@ -176,6 +189,8 @@ class CudaModel {
 
     std::unique_ptr<DeviceWeights> dw_;
     ShardContext shard_;
+    PeerSum ps_;               // set by use_peers: the decode step's sums over NVLink
+    bool in_decode_ = false;   // while record_step runs (prefill keeps NCCL: its sums are large)
     float* d_ones_ = nullptr;  // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
     const ModelConfig& c_;
     const Weights& w_;

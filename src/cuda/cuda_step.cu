@@ -65,8 +65,13 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     }
     if (reduce && sharded()) {  // the ranks' partial sums first, then the update (it cannot be a GEMV tail)
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
-        all_reduce(pf, layer, y, static_cast<size_t>(rows));
         flush_residual(pf, layer);
+        if (peer_ready(static_cast<size_t>(rows))) {  // the sum and the update in one kernel
+            const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, nullptr};
+            run(pf, res_name, layer, 0.0, [&] { peer_sum(ps_, y, rows, &t, stream_); });
+            return;
+        }
+        all_reduce(pf, layer, y, static_cast<size_t>(rows));
         float* x = xcur_;
         run(pf, res_name, layer, 0.0,
             [&] { residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
@@ -98,6 +103,11 @@ void CudaModel::record_step(Profiler* pf) {
     const int* tok = d_state_;
     xcur_ = x_;
     pending_ = {};
+    struct DecodeScope {  // in_decode_ while this step is recorded, also when it throws
+        bool& flag;
+        explicit DecodeScope(bool& f) : flag(f) { flag = true; }
+        ~DecodeScope() { flag = false; }
+    } scope(in_decode_);
 
     // 2.2: x = embed[tok] * bf16(sqrt(H)); also clears the argmax for this step
     run(pf, "embed", -1, 2.0 * H, [&] {

@@ -4,6 +4,7 @@
 // stream (cuda_step.cu: after the embedding, o_proj and the FFN, and a max over the argmax keys), and
 // captures that step as its own CUDA graph, so a decoded token is still one graph launch per GPU with no host
 // round trip. Every rank ends a step with the same token; the ids are checked to agree.
+#include <cstdlib>
 #include <numeric>
 
 #include "cuda/cuda_model.h"
@@ -48,6 +49,22 @@ class TpBackendImpl final : public CudaBackend {
                 std::make_unique<CudaModel>(std::move(dw), opt.ctx_size, chunk, &sc);
         });
         on_ranks([&](int r) { model(r).connect(); });
+        if (peer_sums_wanted() && peers_reachable(devices)) {
+            std::vector<CudaModel::PeerEndpoint> ends(static_cast<size_t>(world_));
+            on_ranks([&](int r) {
+                for (int q : devices) {  // map every other GPU's memory into this one's address space
+                    if (q == group_->device(r)) continue;
+                    const cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
+                    if (e == cudaErrorPeerAccessAlreadyEnabled)
+                        cudaGetLastError();
+                    else
+                        CUDA_CHECK(e);
+                }
+                ends[static_cast<size_t>(r)] = model(r).peer_endpoint();
+            });
+            on_ranks([&](int r) { model(r).use_peers(ends); });
+            peer_sums_ = true;
+        }
     }
 
     ~TpBackendImpl() override {
@@ -62,7 +79,7 @@ class TpBackendImpl final : public CudaBackend {
     const ModelConfig& config() const override { return config_; }
     std::string name() const override {
         return "cuda tp=" + std::to_string(world_) + " (" + std::to_string(world_) + " x " +
-               cuda_device_info().name + ")";
+               cuda_device_info().name + (peer_sums_ ? ", NVLink peer sums" : ", NCCL") + ")";
     }
     int64_t n_past() const override { return models_[0]->n_past; }
     int64_t ctx_size() const override { return models_[0]->ctx(); }
@@ -94,7 +111,12 @@ class TpBackendImpl final : public CudaBackend {
     std::vector<int> decode_greedy(int steps, float* last_logits) override {
         if (n_past() == 0) throw Error("decode_greedy: evaluate a prompt first");
         std::vector<std::vector<int>> ids(models_.size());
-        on_ranks([&](int r) { ids[static_cast<size_t>(r)] = model(r).decode_greedy(steps, last_logits); });
+        on_ranks([&](int r) {
+            ids[static_cast<size_t>(r)] = model(r).decode_greedy(steps, last_logits);
+            if (model(r).peer_timed_out())
+                throw Error("tensor parallel: rank " + std::to_string(r) +
+                            " waited 2 s for a peer's partial sum; the decoded tokens are not valid");
+        });
         for (size_t r = 1; r < ids.size(); ++r)
             if (ids[r] != ids[0])
                 throw Error("internal: tensor-parallel ranks 0 and " + std::to_string(r) +
@@ -113,6 +135,24 @@ class TpBackendImpl final : public CudaBackend {
     }
 
   private:
+    // MARKBASE_TP_ALLREDUCE: p2p (the default; used when every pair of GPUs has peer access) or nccl.
+    static bool peer_sums_wanted() {
+        const char* e = std::getenv("MARKBASE_TP_ALLREDUCE");
+        if (!e || !*e || std::string(e) == "p2p") return true;
+        if (std::string(e) == "nccl") return false;
+        throw Error(std::string("MARKBASE_TP_ALLREDUCE=") + e + ": expected p2p or nccl");
+    }
+    static bool peers_reachable(const std::vector<int>& devices) {
+        for (int a : devices)
+            for (int b : devices) {
+                int ok = 0;
+                if (a != b && (cudaDeviceCanAccessPeer(&ok, a, b) != cudaSuccess || !ok)) {
+                    cudaGetLastError();
+                    return false;
+                }
+            }
+        return true;
+    }
     CudaModel& model(int r) { return *models_[static_cast<size_t>(r)]; }
     // f(rank) on every rank's thread with that rank's device current
     template <class F>
@@ -126,6 +166,7 @@ class TpBackendImpl final : public CudaBackend {
 
     ModelConfig config_;
     int world_;
+    bool peer_sums_ = false;  // the decode step's sums through peer_sum rather than NCCL
     std::unique_ptr<NcclGroup> group_;
     std::unique_ptr<RankThreads> threads_;
     std::vector<std::unique_ptr<CudaModel>> models_;

@@ -242,6 +242,21 @@ void moe_gather_split(const float* x, int H, int K, const int* entries, const in
 void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int max_n,
                       float* slots, cudaStream_t s);
 
+// ---- peer_sum.cu: tensor-parallel sums over peer-to-peer NVLink at decode (issue 7) ---------------------
+constexpr int kMaxPeers = 8;
+struct PeerSum {
+    int world = 0, rank = 0;                    // world < 2: not set up (the collectives go through NCCL)
+    int max_n = 0;                              // floats per inbox row
+    float* inbox[kMaxPeers] = {};               // rank q's inbox [2 slots][world][max_n] (peer-mapped)
+    unsigned long long* flags[kMaxPeers] = {};  // rank q's arrival flags [world]: the last call of rank r
+    unsigned long long* calls = nullptr;        // this rank's count of finished sums
+    int* timed_out = nullptr;                   // set when a peer did not arrive within 2 s
+};
+// buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its
+// x, w, scale, eps; n = H), then x = (x + RMSNorm(buf) * w) * scale. One block; every rank must call it in
+// the same order.
+void peer_sum(const PeerSum& ps, float* buf, int n, const ResidualTail* res, cudaStream_t s);
+
 // ---- sampling.cu ----------------------------------------------------------------------------------------
 // state[0] = argmax token, state[1] (position) += advance, and the token is appended to out_ids at state[2]++
 // (when out_ids is not null and state[2] < out_cap).

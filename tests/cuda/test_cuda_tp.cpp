@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -146,6 +147,16 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     const std::vector<int> a = one->decode_greedy(6, nullptr), b = two->decode_greedy(6, nullptr);
     EXPECT_EQ(a, b) << "after truncate";
     EXPECT_EQ(two->n_past(), 12 + 3 + 6);
+
+    // the decode step's sums through NCCL instead of the NVLink peer sums (the default where peers can map
+    // each other's memory): the same chain
+    setenv("MARKBASE_TP_ALLREDUCE", "nccl", 1);
+    auto two_nccl = make_cuda_backend(*ck, o2);
+    unsetenv("MARKBASE_TP_ALLREDUCE");
+    EXPECT_NE(two_nccl->name().find("NCCL"), std::string::npos) << two_nccl->name();
+    std::printf("  %s: %s and %s\n", family.c_str(), two->name().c_str(), two_nccl->name().c_str());
+    expect_same_chain(*one, *two_nccl, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
+    EXPECT_LT(rel_err(ref, logits_of(*two_nccl, ids, true)), 1e-3);
 #endif
 }
 

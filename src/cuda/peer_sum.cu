@@ -1,0 +1,105 @@
+// The decode step's sums between tensor-parallel ranks over peer-to-peer NVLink (issue 7), in place of an
+// NCCL all-reduce and the residual kernel after it. One block per rank: it stores its partial vector into row
+// `rank` of every rank's inbox (a plain store through the peer's mapped pointer), publishes the call number
+// in each peer's arrival flags, waits until every peer has published it too, then sums the inbox rows in rank
+// order, so every rank computes the same bits (an all-reduce must leave the ranks' residual streams
+// identical, or their routers and argmaxes could part). The call number is the rank's own count of finished
+// sums, kept in device memory so that a captured graph replays correctly; the ranks run the same sequence of
+// sums, so their counts agree. Two inbox slots, alternating by call: a rank can only be one call ahead of a
+// peer (it waits for that peer's flag of the call before), so a slot is never rewritten while being read.
+// With a residual, the block also applies the sandwich-norm update x = (x + RMSNorm(sum) * w) * scale.
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr unsigned long long kTimeoutNs = 2000000000ull;  // a peer that never arrives: report, do not hang
+
+__device__ __forceinline__ void store_release_sys(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    peer_sum_kernel(const PeerSum ps, float* buf, int n, ResidualTail res) {
+    __shared__ unsigned long long call_s;
+    __shared__ float red[32];
+    pdl_begin();
+    if (threadIdx.x == 0) call_s = *ps.calls + 1;
+    __syncthreads();
+    const unsigned long long call = call_s;
+    const int slot = static_cast<int>(call & 1ull);
+    const int64_t stride = static_cast<int64_t>(ps.max_n);
+    const int64_t mine = (static_cast<int64_t>(slot) * ps.world + ps.rank) * stride;
+    // 1. this rank's partial into row `rank` of every inbox (its own included)
+    const bool vec = (n & 3) == 0;
+    for (int q = 0; q < ps.world; ++q) {
+        float* dst = ps.inbox[q] + mine;
+        if (vec) {
+            for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
+                reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(buf)[i];
+        } else {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = buf[i];
+        }
+    }
+    __threadfence_system();
+    __syncthreads();
+    // 2. publish the call to every peer, 3. wait for theirs
+    if (threadIdx.x == 0)
+        for (int q = 0; q < ps.world; ++q)
+            if (q != ps.rank) store_release_sys(ps.flags[q] + ps.rank, call);
+    if (static_cast<int>(threadIdx.x) < ps.world && static_cast<int>(threadIdx.x) != ps.rank) {
+        const unsigned long long* f = ps.flags[ps.rank] + threadIdx.x;
+        const unsigned long long t0 = global_ns();
+        // once a wait has timed out, later calls do not wait again: a broken link fails in seconds, not hours
+        while (!*reinterpret_cast<volatile int*>(ps.timed_out) && load_acquire_sys(f) < call)
+            if (global_ns() - t0 > kTimeoutNs) {
+                *ps.timed_out = 1;
+                break;
+            }
+    }
+    __syncthreads();
+    // 4. the sum in rank order (from L2: the peers' stores arrived there, never in this SM's L1)
+    const float* in = ps.inbox[ps.rank] + static_cast<int64_t>(slot) * ps.world * stride;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = 0.0f;
+        for (int q = 0; q < ps.world; ++q) v += __ldcg(in + q * stride + i);
+        buf[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    if (res.x) {  // 5. the residual update (each thread revisits its own elements of buf)
+        ss = block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + res.eps);
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            res.x[i] = (res.x[i] + buf[i] * inv * bf16_at(res.w, i)) * res.scale;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *ps.calls = call;
+}
+
+}  // namespace
+
+void peer_sum(const PeerSum& ps, float* buf, int n, const ResidualTail* res, cudaStream_t s) {
+    if (ps.world < 2 || ps.world > kMaxPeers || n > ps.max_n)
+        throw Error("internal: peer_sum of " + std::to_string(n) + " values over " +
+                    std::to_string(ps.world) + " ranks (inbox rows of " + std::to_string(ps.max_n) + ")");
+    launch_kernel(peer_sum_kernel, dim3(1), dim3(kThreads), 0, s, ps, buf, n, res ? *res : ResidualTail{});
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace markbase::cuda
