@@ -122,6 +122,8 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
              {"run -m /nonexistent --ids 2", "/nonexistent"},
              {"logits " + model() + " --ids 2", "-o"},
              {"frobnicate", "unknown command"},
+             {"run " + model() + " --ids 2,3 --device cpu -tp 2", "use --device cuda"},
+             {"run " + model() + " --ids 2,3 --tensor-parallel-size 0", "--tensor-parallel-size"},
          }) {
         Result r = run(c.args);
         EXPECT_NE(r.code, 0) << c.args;
