@@ -20,15 +20,17 @@ namespace {
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 
-// MARKBASE_CUDA_ATTN_SPLIT: unset or "auto[:N]" -> {N (32), v2 kernel}, the default; "active[:N]" -> {N (32),
+// MARKBASE_CUDA_ATTN_SPLIT: unset or "auto[:N]" -> {N (16), v2 kernel}, the default; "active[:N]" -> {N (16),
 // the v1 kernel}; "legacy" -> {0}: pieces of >= 32 keys, up to 512 blocks per layer. N is the minimum of keys
 // per piece. Measured on the H200 (bench/NOTES.md): auto:64 beat legacy by 0.2-0.6 ms per token on all four
-// variants, auto:32 beat auto:64 by another 2-5% (also at a 2000-token context), auto:128/256 lost.
+// variants, auto:32 beat auto:64 by another 2-5% (also at a 2000-token context), auto:128/256 lost; auto:16
+// beat auto:32 by 0.2-1.9% in two runs of all four (session 3). N only matters below the ~2-wave cap: on the
+// sliding layers (512 keys) at any context, on the full layers at short contexts.
 struct AttnPolicy {
     int min_keys = 0;  // 0: legacy
     bool v2 = false;
 };
-constexpr int kAutoMinKeys = 32;
+constexpr int kAutoMinKeys = 16;
 AttnPolicy attn_policy_from_env() {
     const char* e = std::getenv("MARKBASE_CUDA_ATTN_SPLIT");
     if (!e || !*e) return {kAutoMinKeys, true};

@@ -270,12 +270,12 @@ class CudaModel {
 
     // A/B switches read when the model is built (defaults: warp-per-row GEMVs, auto:64 attention).
     // MARKBASE_CUDA_GEMV: the decode GEMVs' variant (warp = gemv_rows.cu; legacy etc. = gemv.cu).
-    // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 32, at most ~2 waves of blocks per
+    // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 16, at most ~2 waves of blocks per
     // layer, only the pieces holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with
     // the v1 kernel) or "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports).
     int gemv_variant_ = kGemvVariantWarpK;
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
-    int attn_min_split_ = 32;
+    int attn_min_split_ = 16;
     bool attn_active_only_ = false;
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
