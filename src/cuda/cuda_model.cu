@@ -163,7 +163,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             ple_ = alloc<float>(n * LP);
         }
         logits_ = alloc<float>(V);
-        if (!sharded() && V <= int64_t{kTopKSlice} / kTopKMax * kTopKSlice) {
+        if (V <= int64_t{kTopKSlice} / kTopKMax * kTopKSlice) {
             d_sel_slices_ = alloc<unsigned long long>((V + kTopKSlice - 1) / kTopKSlice * kTopKMax);
             d_sel_top_ = alloc<unsigned long long>(kTopKMax);
             d_sel_info_ = alloc<int>(2);
@@ -353,12 +353,25 @@ void CudaModel::decode(int id, float* logits) {
 
 bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                               std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits) {
-    if (sharded()) throw Error("internal: decode_select on a sharded model");
     if (!d_sel_top_ || k < 1 || k > kTopKMax || n_pen < 0 || n_pen > kMaxPenaltyIds)
         throw Error("internal: decode_select cannot serve k = " + std::to_string(k) + " with " +
                     std::to_string(n_pen) + " penalty ids");
     launch_step(id);
-    if (n_pen) {  // h_pen_ is free: the previous call synchronised before returning
+    if (sharded()) {  // this rank's vocabulary columns only, as local ids (h_pen_ is free: see below)
+        const int64_t vb = shard_.vocab_begin, V = c_.vocab_size;
+        int m = 0;
+        for (int i = 0; i < n_pen; ++i)
+            if (pen[i] >= vb && pen[i] < vb + V) {
+                h_pen_[m] = static_cast<int>(pen[i] - vb);
+                h_pen_[kMaxPenaltyIds + m] = pen[n_pen + i];
+                ++m;
+            }
+        std::copy(h_pen_ + kMaxPenaltyIds, h_pen_ + kMaxPenaltyIds + m, h_pen_ + m);  // ids, then counts
+        n_pen = m;
+        if (n_pen)
+            CUDA_CHECK(
+                cudaMemcpyAsync(d_pen_, h_pen_, 2 * n_pen * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    } else if (n_pen) {  // h_pen_ is free: the previous call synchronised before returning
         std::copy(pen, pen + 2 * n_pen, h_pen_);
         CUDA_CHECK(cudaMemcpyAsync(d_pen_, h_pen_, 2 * n_pen * sizeof(int), cudaMemcpyHostToDevice, stream_));
     }
@@ -370,8 +383,7 @@ bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     ++n_past;
     if (h_sel_info_[1]) {  // NaN or +inf: the host sampler names the id from the full row
-        if (logits)
-            CUDA_CHECK(cudaMemcpy(logits, logits_, c_.vocab_size * sizeof(float), cudaMemcpyDeviceToHost));
+        if (logits) copy_logits(logits);
         return false;
     }
     *n_finite = h_sel_info_[0];
@@ -384,7 +396,8 @@ bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float
         const uint32_t bits = (hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi;
         float v;
         std::memcpy(&v, &bits, sizeof v);
-        top->push_back({v, static_cast<int>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull))});
+        const int local = static_cast<int>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull));
+        top->push_back({v, static_cast<int>(local + shard_.vocab_begin)});
     }
     return true;
 }
@@ -403,6 +416,11 @@ std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     n_past += steps;
     return ids;
+}
+
+void CudaModel::copy_logits(float* host) {
+    logits_to_host(host, logits_, 1);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaModel::logits_to_host(float* host, const float* dev, int rows) {

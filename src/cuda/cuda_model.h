@@ -119,9 +119,13 @@ class CudaModel {
     // One token through the graph, then topk_select over its logits: the k best (logit, id) of the penalised
     // row into top, n_finite, and whether a NaN/+inf was seen (then the row is copied to logits instead).
     // pen: n_pen ids then n_pen counts, n_pen <= kMaxPenaltyIds. Returns false when the row was bad.
+    // Sharded: over this rank's vocabulary columns (global ids in, global ids out); the caller merges the
+    // ranks' candidates.
     static constexpr int kMaxPenaltyIds = 1024;
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                        std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
+    bool can_select() const { return d_sel_top_ != nullptr; }
+    void copy_logits(float* host);  // the last step's logits row (sharded: this rank's columns of it)
     std::vector<CudaProfileEntry> profile_step();
     bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
 

@@ -4,6 +4,7 @@
 // stream (cuda_step.cu: after the embedding, o_proj and the FFN, and a max over the argmax keys), and
 // captures that step as its own CUDA graph, so a decoded token is still one graph launch per GPU with no host
 // round trip. Every rank ends a step with the same token; the ids are checked to agree.
+#include <algorithm>
 #include <cstdlib>
 #include <numeric>
 
@@ -102,10 +103,42 @@ class TpBackendImpl final : public CudaBackend {
         // each rank writes its vocabulary columns of the host rows
         on_ranks([&](int r) { eval_model(model(r), config_, ids, n, logits, all_logits); });
     }
-    // Sampling reads the whole logits row on the host (the device top-k runs on one GPU's row).
-    int max_select_k() const override { return 0; }
-    bool eval_select(int, const DeviceSelect&, DeviceSelection*, float*) override {
-        throw Error("internal: device-side selection with tensor parallelism");
+    // Sampling: each rank selects the k best of its vocabulary columns on its GPU; the global k best are
+    // among those world x k candidates, merged here in the sampler's order (logit descending, id ascending).
+    // Opt-in (MARKBASE_TP_DEVICE_SAMPLING=1) until tests/cuda/test_cuda_tp.cpp's CudaTpSampling has run on
+    // two GPUs; otherwise the whole row goes to the host sampler, as on the first tensor-parallel runs.
+    int max_select_k() const override { return device_select_ && models_[0]->can_select() ? kTopKMax : 0; }
+    int max_select_penalty_ids() const override { return CudaModel::kMaxPenaltyIds; }
+    bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) override {
+        check_token_ids(config_, &id, 1);
+        const int n_pen = static_cast<int>(req.pen_ids.size());
+        pen_.assign(req.pen_ids.begin(), req.pen_ids.end());
+        pen_.insert(pen_.end(), req.pen_counts.begin(), req.pen_counts.end());
+        const size_t w = models_.size();
+        std::vector<std::vector<Sampler::Top>> tops(w);
+        std::vector<int64_t> finite(w, 0);
+        std::vector<char> ok(w, 0);
+        on_ranks([&](int r) {
+            const size_t i = static_cast<size_t>(r);
+            ok[i] = model(r).decode_select(id, pen_.data(), n_pen, req.repeat_penalty, req.presence_penalty,
+                                           req.frequency_penalty, req.k, &tops[i], &finite[i], nullptr);
+        });
+        if (std::find(ok.begin(), ok.end(), 0) !=
+            ok.end()) {  // a NaN/+inf somewhere: the whole row to the host
+            if (logits) on_ranks([&](int r) { model(r).copy_logits(logits); });
+            return false;
+        }
+        out->top.clear();
+        out->n_finite = 0;
+        for (size_t r = 0; r < w; ++r) {
+            out->top.insert(out->top.end(), tops[r].begin(), tops[r].end());
+            out->n_finite += finite[r];
+        }
+        std::sort(out->top.begin(), out->top.end(), [](const Sampler::Top& a, const Sampler::Top& b) {
+            return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+        });
+        if (out->top.size() > static_cast<size_t>(req.k)) out->top.resize(static_cast<size_t>(req.k));
+        return true;
     }
 
     std::vector<int> decode_greedy(int steps, float* last_logits) override {
@@ -167,9 +200,14 @@ class TpBackendImpl final : public CudaBackend {
     ModelConfig config_;
     int world_;
     bool peer_sums_ = false;  // the decode step's sums through peer_sum rather than NCCL
+    bool device_select_ = [] {
+        const char* e = std::getenv("MARKBASE_TP_DEVICE_SAMPLING");
+        return e && std::string(e) == "1";
+    }();
     std::unique_ptr<NcclGroup> group_;
     std::unique_ptr<RankThreads> threads_;
     std::vector<std::unique_ptr<CudaModel>> models_;
+    std::vector<int> pen_;  // eval_select's ids then counts
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "loading/random_checkpoint.h"
 #include "model/error.h"
 #include "runtime/backend.h"
+#include "runtime/generate.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -161,6 +162,62 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaTpTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
+
+// Sampling on 2 GPUs: each rank selects the k best of its vocabulary columns, the backend merges them; the
+// generated ids must be the host sampler's on the full row (MARKBASE_DEVICE_SAMPLING=0), filters and
+// penalties included (penalised ids fall on both ranks' columns).
+class CudaTpSampling : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
+    REQUIRE_GPUS(2);
+#ifdef MARKBASE_HAS_CUDA
+    testing::TempDir dir("cuda-tp-sampling");
+    write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 12, 30000);
+    const auto ck = load_checkpoint(dir.path());
+    BackendOptions o;
+    o.ctx_size = 128;
+    o.chunk = 16;
+    o.tensor_parallel = 2;
+    setenv("MARKBASE_TP_DEVICE_SAMPLING", "1", 1);  // opt-in until this test has passed on two GPUs
+    const auto be = make_cuda_backend(*ck, o);
+    unsetenv("MARKBASE_TP_DEVICE_SAMPLING");
+    ASSERT_GT(be->max_select_k(), 0) << "device-side selection on 2 GPUs";
+    const std::vector<int> prompt = {2, 30, 31, 32, 33};
+    struct Case {
+        int top_k;
+        float temp, top_p, min_p, rep, pres, freq;
+        uint64_t seed;
+    };
+    for (const Case& c :
+         {Case{64, 1.0f, 0.95f, 0.0f, 1.0f, 0.0f, 0.0f, 7}, Case{20, 0.8f, 0.9f, 0.05f, 1.2f, 0.3f, 0.1f, 8},
+          Case{0, 0.0f, 1.0f, 0.0f, 1.5f, 0.0f, 0.0f, 9}}) {
+        GenerateOptions go;
+        go.max_new_tokens = 40;
+        go.ignore_eos = true;
+        go.sampling.top_k = c.top_k;
+        go.sampling.temperature = c.temp;
+        go.sampling.top_p = c.top_p;
+        go.sampling.min_p = c.min_p;
+        go.sampling.repeat_penalty = c.rep;
+        go.sampling.presence_penalty = c.pres;
+        go.sampling.frequency_penalty = c.freq;
+        go.sampling.seed = c.seed;
+        std::vector<int> dev_ids, host_ids;
+        be->reset();
+        generate(
+            *be, prompt, go, [](int) { return true; }, &dev_ids);
+        setenv("MARKBASE_DEVICE_SAMPLING", "0", 1);
+        be->reset();
+        generate(
+            *be, prompt, go, [](int) { return true; }, &host_ids);
+        unsetenv("MARKBASE_DEVICE_SAMPLING");
+        EXPECT_EQ(dev_ids, host_ids) << GetParam() << " top_k " << c.top_k << " temp " << c.temp;
+        EXPECT_EQ(dev_ids.size(), 40u);
+    }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaTpSampling, ::testing::Values("e2b", "26b-a4b", "31b"), param_name);
 
 // Real widths, few layers: the 2-GPU model against the 1-GPU model on the same synthetic weights.
 class CudaTpSynthetic : public ::testing::TestWithParam<std::string> {};
