@@ -53,6 +53,14 @@ class CudaBackendImpl final : public CudaBackend {
     }
     bool profile_gated() const override { return model_.profile_gated(); }
     CudaDeviceInfo device() const override { return cuda_device_info(); }
+    std::string prefill_note() const override {
+        if (!config().moe) return {};
+        const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();
+        return "MoE experts: " + std::to_string(m.gemm_layers) + " layers as batched GEMMs (" +
+               std::to_string(m.passes) + " passes of <= " + std::to_string(m.cap) +
+               " entries per expert; busiest expert " + std::to_string(m.busiest) + " entries), " +
+               std::to_string(m.gemv_layers) + " as grouped GEMVs (since the model was built)";
+    }
     uint64_t weight_bytes() const override { return model_.weights().bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 

@@ -45,6 +45,8 @@ class CudaBackend : public Backend {
     // events time the GPU and the gaps between kernels, not the host's launch rate).
     virtual bool profile_gated() const = 0;
     virtual CudaDeviceInfo device() const = 0;
+    // How the prefill ran where it has choices (the 26B's experts: GEMM passes or GEMV kernels); "" if none.
+    virtual std::string prefill_note() const { return {}; }
     virtual uint64_t weight_bytes() const = 0;  // bytes of weights resident on the GPU
 };
 

@@ -192,7 +192,10 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             }
             if (sharded()) moe_gemm_ = false;  // the batched GEMMs would stream every expert; a rank has some
             moe_cap_ = moe_prefill_rows_cap(static_cast<int>(n), E, K);
-            const int64_t rows = int64_t{E} * moe_cap_;
+            const int64_t scratch_rows = int64_t{E} * moe_cap_;  // the memory plan's; a pass may use less
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL_CAP"))  // entries per expert per pass
+                moe_cap_ = std::clamp(std::atoi(e), 1, moe_cap_);
+            const int64_t rows = scratch_rows;
             mx_ = alloc<float>(rows * H);  // = 2 x bf16 [rows][H] (hi, lo), later the fp32 [rows][H] output
             mg_ = alloc<float>(rows * Ie);
             mu_ = alloc<float>(rows * Ie);

@@ -125,6 +125,13 @@ class CudaModel {
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                        std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
     bool can_select() const { return d_sel_top_ != nullptr; }
+    // The 26B's prefill experts since the model was built (MARKBASE_CUDA_MOE_PREFILL=gemm shows in the bench
+    // receipt how its layers ran).
+    struct MoePrefillStats {
+        int gemm_layers = 0, passes = 0, gemv_layers = 0;
+        int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
+    };
+    const MoePrefillStats& moe_prefill_stats() const { return moe_stats_; }
     void copy_logits(float* host);  // the last step's logits row (sharded: this rank's columns of it)
     std::vector<CudaProfileEntry> profile_step();
     bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
@@ -252,6 +259,7 @@ class CudaModel {
     // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
     bool moe_decode_rows_ = true;
     bool moe_gemm_ = false;
+    MoePrefillStats moe_stats_;
     int moe_cap_ = 0;
     void* mx_ = nullptr;
     float *mg_ = nullptr, *mu_ = nullptr;

@@ -172,25 +172,36 @@ void CudaModel::prefill_experts(int i, int n) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         for (int e = 0; e < E; ++e) max_n = std::max(max_n, h_goff_[e + 1] - h_goff_[e]);
     }
-    if (!moe_gemm_ || max_n > moe_cap_ || max_n == 0) {
+    if (!moe_gemm_ || max_n == 0) {
         moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
         moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
+        ++moe_stats_.gemv_layers;
         return;
     }
-    // Every expert's weights are read once per chunk (tensor cores), instead of once per 4 of its tokens.
-    const int64_t rows = int64_t{E} * max_n;
-    bf16* x_hi = static_cast<bf16*>(mx_);
-    bf16* x_lo = x_hi + rows * H;
-    moe_gather_split(e_in_, H, K, gent_, goff_, E, max_n, x_hi, x_lo, stream_);
-    const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
-    gemm_batched(lw.experts_gate_up, gu_stride, Ie, H, E, max_n, x_hi, x_lo, mg_);
-    gemm_batched(lw.experts_gate_up + int64_t{Ie} * H, gu_stride, Ie, H, E, max_n, x_hi, x_lo, mu_);
-    bf16* h_hi = mh_;
-    bf16* h_lo = mh_ + rows * Ie;
-    geglu_split(mg_, mu_, Ie, Ie, static_cast<int>(rows), h_hi, h_lo, stream_);
-    float* y = static_cast<float*>(mx_);  // the gathered inputs are consumed: reuse their bytes
-    gemm_batched(lw.experts_down, int64_t{H} * Ie, H, Ie, E, max_n, h_hi, h_lo, y);
-    moe_scatter_rows(y, H, gent_, goff_, E, max_n, eslots_, stream_);
+    // Every expert's weights are read once per pass (tensor cores), instead of once per 4 of its tokens. A
+    // pass takes up to moe_cap_ entries of every expert (the scratch); the busiest expert sets the number of
+    // passes (random-weight models route unevenly, so a layer used to fall back to the GEMV kernels whenever
+    // its busiest expert exceeded the scratch).
+    ++moe_stats_.gemm_layers;
+    moe_stats_.busiest = std::max(moe_stats_.busiest, max_n);
+    moe_stats_.cap = moe_cap_;
+    for (int first = 0; first < max_n; first += moe_cap_) {
+        const int m = std::min(moe_cap_, max_n - first);
+        ++moe_stats_.passes;
+        const int64_t rows = int64_t{E} * m;
+        bf16* x_hi = static_cast<bf16*>(mx_);
+        bf16* x_lo = x_hi + rows * H;
+        moe_gather_split(e_in_, H, K, gent_, goff_, E, first, m, x_hi, x_lo, stream_);
+        const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
+        gemm_batched(lw.experts_gate_up, gu_stride, Ie, H, E, m, x_hi, x_lo, mg_);
+        gemm_batched(lw.experts_gate_up + int64_t{Ie} * H, gu_stride, Ie, H, E, m, x_hi, x_lo, mu_);
+        bf16* h_hi = mh_;
+        bf16* h_lo = mh_ + rows * Ie;
+        geglu_split(mg_, mu_, Ie, Ie, static_cast<int>(rows), h_hi, h_lo, stream_);
+        float* y = static_cast<float*>(mx_);  // the gathered inputs are consumed: reuse their bytes
+        gemm_batched(lw.experts_down, int64_t{H} * Ie, H, Ie, E, m, h_hi, h_lo, y);
+        moe_scatter_rows(y, H, gent_, goff_, E, first, m, eslots_, stream_);
+    }
 }
 
 }  // namespace markbase::cuda

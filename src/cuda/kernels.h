@@ -233,14 +233,14 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
                         float* h, cudaStream_t s);
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                      float* slots, cudaStream_t s);
-// Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): after moe_bucket, expert e's entries
-// [group_off[e], group_off[e+1]) become rows [e][0, n_e) of hi/lo [E][max_n][H] (input row entry / K of x,
-// split into bf16 halves; rows past n_e zeroed); and rows [e][p] of y [E][max_n][H] go back to
-// slots[entries[group_off[e] + p]].
+// Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
+// moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
+// of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries
+// zeroed); and rows [e][p] of y [E][max_n][H] go back to slots[entries[group_off[e] + first + p]].
 void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
-                      int max_n, bf16* hi, bf16* lo, cudaStream_t s);
-void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int max_n,
-                      float* slots, cudaStream_t s);
+                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s);
+void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
+                      int max_n, float* slots, cudaStream_t s);
 
 // ---- peer_sum.cu: tensor-parallel sums over peer-to-peer NVLink at decode (issue 7) ---------------------
 constexpr int kMaxPeers = 8;

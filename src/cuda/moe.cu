@@ -247,13 +247,13 @@ __global__ void __launch_bounds__(kThreads)
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
 __global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
-                                    int max_n, bf16* hi, bf16* lo) {
+                                    int first, int max_n, bf16* hi, bf16* lo) {
     pdl_begin();
     const int p = blockIdx.x, e = blockIdx.y;
     const int o0 = group_off[e], ne = group_off[e + 1] - o0;
     const int64_t dst = (static_cast<int64_t>(e) * max_n + p) * H;
-    if (p < ne) {
-        const float* src = x + static_cast<int64_t>(entries[o0 + p] / K) * H;
+    if (first + p < ne) {
+        const float* src = x + static_cast<int64_t>(entries[o0 + first + p] / K) * H;
         for (int k = threadIdx.x; k < H; k += blockDim.x) split_store(src[k], hi, lo, dst + k);
     } else {
         for (int k = threadIdx.x; k < H; k += blockDim.x) hi[dst + k] = lo[dst + k] = 0;
@@ -261,13 +261,13 @@ __global__ void gather_split_kernel(const float* x, int H, int K, const int* ent
 }
 
 __global__ void scatter_rows_kernel(const float* y, int H, const int* entries, const int* group_off,
-                                    int max_n, float* slots) {
+                                    int first, int max_n, float* slots) {
     pdl_begin();
     const int p = blockIdx.x, e = blockIdx.y;
     const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    if (p >= ne) return;
+    if (first + p >= ne) return;
     const float* src = y + (static_cast<int64_t>(e) * max_n + p) * H;
-    float* dst = slots + static_cast<int64_t>(entries[o0 + p]) * H;
+    float* dst = slots + static_cast<int64_t>(entries[o0 + first + p]) * H;
     for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
 }
 
@@ -309,18 +309,18 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
 }
 
 void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
-                      int max_n, bf16* hi, bf16* lo, cudaStream_t s) {
+                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s) {
     if (max_n <= 0) return;
-    launch_kernel(gather_split_kernel, dim3(max_n, E), dim3(256), 0, s, x, H, K, entries, group_off, max_n,
-                  hi, lo);
+    launch_kernel(gather_split_kernel, dim3(max_n, E), dim3(256), 0, s, x, H, K, entries, group_off, first,
+                  max_n, hi, lo);
     CUDA_CHECK_LAUNCH();
 }
 
-void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int max_n,
-                      float* slots, cudaStream_t s) {
+void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
+                      int max_n, float* slots, cudaStream_t s) {
     if (max_n <= 0) return;
-    launch_kernel(scatter_rows_kernel, dim3(max_n, E), dim3(256), 0, s, y, H, entries, group_off, max_n,
-                  slots);
+    launch_kernel(scatter_rows_kernel, dim3(max_n, E), dim3(256), 0, s, y, H, entries, group_off, first,
+                  max_n, slots);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -290,6 +290,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
     "MARKBASE_CUDA_GEMV=warpk,MARKBASE_CUDA_FUSE=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemm",
+    "MARKBASE_CUDA_MOE_PREFILL=gemm,MARKBASE_CUDA_MOE_PREFILL_CAP=3",
     "MARKBASE_CUDA_MOE_DECODE=groups",
 };
 
@@ -403,12 +404,20 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b"
 // The GEMV variants at real widths, where the split-K rule actually cuts K (31B down, E2B/E4B down) and the
 // resident grids loop; the attention policies at head dims 256/512.
 const char* const kSyntheticSwitchSettings[] = {
-    "MARKBASE_CUDA_GEMV=r2u4",          "MARKBASE_CUDA_GEMV=r1u8",
-    "MARKBASE_CUDA_GEMV=r4u2",          "MARKBASE_CUDA_GEMV=r1u8k",
-    "MARKBASE_CUDA_GEMV=r2u4k",         "MARKBASE_CUDA_ATTN_SPLIT=auto",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:32", "MARKBASE_CUDA_ATTN_SPLIT=active:32",
-    "MARKBASE_CUDA_GEMV=legacy",        "MARKBASE_CUDA_ATTN_SPLIT=legacy",
-    "MARKBASE_CUDA_GEMV=warp",          "MARKBASE_CUDA_MOE_PREFILL=gemm",
+    "MARKBASE_CUDA_GEMV=r2u4",
+    "MARKBASE_CUDA_GEMV=r1u8",
+    "MARKBASE_CUDA_GEMV=r4u2",
+    "MARKBASE_CUDA_GEMV=r1u8k",
+    "MARKBASE_CUDA_GEMV=r2u4k",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto",
+    "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
+    "MARKBASE_CUDA_ATTN_SPLIT=active:32",
+    "MARKBASE_CUDA_GEMV=legacy",
+    "MARKBASE_CUDA_ATTN_SPLIT=legacy",
+    "MARKBASE_CUDA_GEMV=warp",
+    "MARKBASE_CUDA_MOE_PREFILL=gemm",
+    "MARKBASE_CUDA_MOE_PREFILL=gemm,MARKBASE_CUDA_MOE_PREFILL_CAP=2",
+    "MARKBASE_CUDA_MOE_PREFILL=gemm,MARKBASE_CUDA_MOE_PREFILL_CAP=3",
     "MARKBASE_CUDA_MOE_DECODE=groups",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};

@@ -176,6 +176,8 @@ int cmd_bench_cuda(ArgReader& a) {
     if (n_prefill > 0)
         std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prefill, pf * 1e3,
                     n_prefill / pf, reps);
+    const std::string prefill_note = be->prefill_note();
+    if (!prefill_note.empty()) std::printf("prefill   %s\n", prefill_note.c_str());
     std::printf(
         "decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
         n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / roofline, roofline / 1e3);
@@ -266,6 +268,7 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"prefill_s_median", pf},
                             {"prefill_tok_s", pf > 0 ? n_prefill / pf : 0.0},
                             {"prefill_s_all", prefill},
+                            {"prefill_note", prefill_note},
                             {"decode_ms_per_tok_median", dc * 1e3},
                             {"decode_s_per_tok_all", decode},
                             {"decode_tok_s", 1.0 / dc},
