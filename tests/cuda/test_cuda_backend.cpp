@@ -23,6 +23,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/logits_compare.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -69,36 +70,9 @@ float margin(const float* v, int64_t n) {
     return a - b;
 }
 
-// max |a - b| / max |ref|
-double rel_err(const std::vector<float>& ref, const std::vector<float>& got) {
-    double mx = 0, diff = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        mx = std::max(mx, static_cast<double>(std::fabs(ref[i])));
-        if (!std::isfinite(got[i])) return INFINITY;
-        diff = std::max(diff, static_cast<double>(std::fabs(ref[i] - got[i])));
-    }
-    return mx > 0 ? diff / mx : diff;
-}
-
-std::vector<int> random_ids(int n, int vocab, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int> ids(n);
-    ids[0] = 2;
-    for (int i = 1; i < n; ++i) ids[i] = static_cast<int>(rng() % static_cast<uint32_t>(vocab));
-    return ids;
-}
-
-std::vector<float> all_logits(Backend& be, const std::vector<int>& ids, bool one_by_one) {
-    const int64_t V = be.config().vocab_size;
-    std::vector<float> out(ids.size() * V);
-    be.reset();
-    if (one_by_one) {
-        for (size_t i = 0; i < ids.size(); ++i) be.eval(&ids[i], 1, out.data() + i * V, false);
-    } else {
-        be.eval(ids.data(), static_cast<int64_t>(ids.size()), out.data(), true);
-    }
-    return out;
-}
+using testing::all_logits;
+using testing::random_ids;
+using testing::rel_err;
 
 // Greedy chains: CPU from its prefill logits, CUDA on the device. Compared while the CPU's top-1 margin is
 // clear.

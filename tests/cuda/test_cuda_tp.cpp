@@ -19,6 +19,7 @@
 #include "model/error.h"
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "support/logits_compare.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -54,35 +55,9 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
 
 #ifdef MARKBASE_HAS_CUDA
 
-double rel_err(const std::vector<float>& ref, const std::vector<float>& got) {
-    double mx = 0, diff = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        mx = std::max(mx, static_cast<double>(std::fabs(ref[i])));
-        if (!std::isfinite(got[i])) return INFINITY;
-        diff = std::max(diff, static_cast<double>(std::fabs(ref[i] - got[i])));
-    }
-    return mx > 0 ? diff / mx : diff;
-}
-
-std::vector<int> random_ids(int n, int vocab, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int> ids(n);
-    ids[0] = 2;
-    for (int i = 1; i < n; ++i) ids[i] = static_cast<int>(rng() % static_cast<uint32_t>(vocab));
-    return ids;
-}
-
-std::vector<float> logits_of(Backend& be, const std::vector<int>& ids, bool one_by_one) {
-    const int64_t V = be.config().vocab_size;
-    std::vector<float> out(ids.size() * V);
-    be.reset();
-    if (one_by_one) {
-        for (size_t i = 0; i < ids.size(); ++i) be.eval(&ids[i], 1, out.data() + i * V, false);
-    } else {
-        be.eval(ids.data(), static_cast<int64_t>(ids.size()), out.data(), true);
-    }
-    return out;
-}
+using testing::all_logits;
+using testing::random_ids;
+using testing::rel_err;
 
 // Prefill `prompt` on both, then `steps` greedy tokens on the device; the chains must be identical.
 void expect_same_chain(CudaBackend& one, CudaBackend& two, const std::vector<int>& prompt, int steps,
@@ -114,7 +89,7 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     o.chunk = 64;
     o.threads = 2;
     auto cpu = make_cpu_backend(*ck, o);
-    const std::vector<float> ref = logits_of(*cpu, ids, false);
+    const std::vector<float> ref = all_logits(*cpu, ids, false);
     auto one = make_cuda_backend(*ck, o);
     BackendOptions o2 = o;
     o2.tensor_parallel = 2;
@@ -124,9 +99,9 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     auto two_chunked = make_cuda_backend(*ck, o2c);
     EXPECT_NE(two->name().find("tp=2"), std::string::npos) << two->name();
 
-    const double e_batch = rel_err(ref, logits_of(*two, ids, false));
-    const double e_chunk = rel_err(ref, logits_of(*two_chunked, ids, false));
-    const double e_decode = rel_err(ref, logits_of(*two, ids, true));
+    const double e_batch = rel_err(ref, all_logits(*two, ids, false));
+    const double e_chunk = rel_err(ref, all_logits(*two_chunked, ids, false));
+    const double e_decode = rel_err(ref, all_logits(*two, ids, true));
     std::printf("  %s tp=2 vs cpu: rel err prefill %.2e, chunked %.2e, graph decode %.2e\n", family.c_str(),
                 e_batch, e_chunk, e_decode);
     EXPECT_LT(e_batch, 1e-3);
@@ -157,7 +132,7 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     EXPECT_NE(two_nccl->name().find("NCCL"), std::string::npos) << two_nccl->name();
     std::printf("  %s: %s and %s\n", family.c_str(), two->name().c_str(), two_nccl->name().c_str());
     expect_same_chain(*one, *two_nccl, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
-    EXPECT_LT(rel_err(ref, logits_of(*two_nccl, ids, true)), 1e-3);
+    EXPECT_LT(rel_err(ref, all_logits(*two_nccl, ids, true)), 1e-3);
 #endif
 }
 
