@@ -1,8 +1,8 @@
-// One tensor-parallel rank's weights on the current device (issue 7). From a checkpoint: shard_weights cuts
-// the rank's rows, columns and experts on the host and they are copied up tensor by tensor. Synthetic: each
-// tensor's block is drawn in place with fill_random_bf16_block, so a rank holds exactly the values that
-// synthetic_weights gives the whole model there; world 1 and world N then compute the same model, which is
-// what the tensor-parallel tests and benchmarks compare.
+// One tensor-parallel rank's weights on the current device (issue 7). From a checkpoint: shard_tensor cuts
+// the rank's rows, columns and experts of each tensor on the host and it is copied up, one tensor at a time.
+// Synthetic: each tensor's block is drawn in place with fill_random_bf16_block, so a rank holds exactly the
+// values that synthetic_weights gives the whole model there; world 1 and world N then compute the same model,
+// which is what the tensor-parallel tests and benchmarks compare.
 #include "cuda/cuda_model.h"
 #include "model/tensor_plan.h"
 #include "parallel/partition.h"
@@ -33,13 +33,10 @@ std::unique_ptr<DeviceWeights> upload_shard(const Checkpoint& ck, const Partitio
     dw->config = rank_config(ck.config, plan);
     // the slots come from the whole model's plan (same names and order as shard_weights), the shapes from
     // the shards
+    // tensor by tensor: the host holds one shard at a time (a whole rank's shards of the 31B are ~31 GB)
     const std::vector<PlannedTensor> planned = plan_tensors(ck.config, &dw->w);
-    const std::vector<ShardTensor> shards = shard_weights(ck, plan);
-    if (shards.size() != planned.size()) throw Error("internal: shard_weights and the tensor plan disagree");
-    for (size_t i = 0; i < shards.size(); ++i) {
-        const ShardTensor& t = shards[i];
-        if (t.name != planned[i].name)
-            throw Error("internal: shard " + t.name + " where the plan has " + planned[i].name);
+    for (size_t i = 0; i < planned.size(); ++i) {
+        const ShardTensor t = shard_tensor(ck, planned[i], plan);
         const uint64_t bytes = t.data.size() * sizeof(bf16);
         bf16* d = device_alloc(bytes, t.name + " (rank " + std::to_string(plan.rank) + ")");
         dw->tensors.push_back({t.name, t.shape, d, bytes});

@@ -45,46 +45,48 @@ ShardSplit shard_split(const std::string& name, const ModelConfig& c, const Part
     return ShardSplit::Whole;
 }
 
-std::vector<ShardTensor> shard_weights(const Checkpoint& ck, const PartitionPlan& plan) {
+ShardTensor shard_tensor(const Checkpoint& ck, const PlannedTensor& p, const PartitionPlan& plan) {
     const ModelConfig& c = ck.config;
-    std::vector<ShardTensor> out;
-    for (const PlannedTensor& p : plan_tensors(c, nullptr)) {
-        const TensorInfo& t = ck.files.get(c.weight_prefix + p.name);
-        const bf16* src = reinterpret_cast<const bf16*>(t.data);
-        ShardTensor s;
-        s.name = p.name;
-        s.split = shard_split(p.name, c, plan, &s.range);
-        s.shape = p.shape;
-        const int64_t n = t.numel();
-        switch (s.split) {
-            case ShardSplit::Whole:
-                s.data.assign(src, src + n);
-                break;
-            case ShardSplit::Rows:
-            case ShardSplit::Experts: {  // a contiguous run of dim 0
-                const int64_t inner = n / p.shape[0];
-                if (s.range.end > p.shape[0])
-                    throw Error("internal: " + p.name + ": shard " + std::to_string(s.range.begin) + ".." +
-                                std::to_string(s.range.end) + " exceeds " + std::to_string(p.shape[0]));
-                s.shape[0] = s.range.size();
-                s.data.assign(src + s.range.begin * inner, src + s.range.end * inner);
-                break;
-            }
-            case ShardSplit::Columns: {  // [rows][cols] -> [rows][range]
-                if (p.shape.size() != 2 || s.range.end > p.shape[1])
-                    throw Error("internal: " + p.name + ": cannot take columns " +
-                                std::to_string(s.range.begin) + ".." + std::to_string(s.range.end));
-                const int64_t rows = p.shape[0], cols = p.shape[1], w = s.range.size();
-                s.shape[1] = w;
-                s.data.resize(static_cast<size_t>(rows * w));
-                for (int64_t r = 0; r < rows; ++r)
-                    std::memcpy(s.data.data() + r * w, src + r * cols + s.range.begin,
-                                static_cast<size_t>(w) * sizeof(bf16));
-                break;
-            }
+    const TensorInfo& t = ck.files.get(c.weight_prefix + p.name);
+    const bf16* src = reinterpret_cast<const bf16*>(t.data);
+    ShardTensor s;
+    s.name = p.name;
+    s.split = shard_split(p.name, c, plan, &s.range);
+    s.shape = p.shape;
+    const int64_t n = t.numel();
+    switch (s.split) {
+        case ShardSplit::Whole:
+            s.data.assign(src, src + n);
+            break;
+        case ShardSplit::Rows:
+        case ShardSplit::Experts: {  // a contiguous run of dim 0
+            const int64_t inner = n / p.shape[0];
+            if (s.range.end > p.shape[0])
+                throw Error("internal: " + p.name + ": shard " + std::to_string(s.range.begin) + ".." +
+                            std::to_string(s.range.end) + " exceeds " + std::to_string(p.shape[0]));
+            s.shape[0] = s.range.size();
+            s.data.assign(src + s.range.begin * inner, src + s.range.end * inner);
+            break;
         }
-        out.push_back(std::move(s));
+        case ShardSplit::Columns: {  // [rows][cols] -> [rows][range]
+            if (p.shape.size() != 2 || s.range.end > p.shape[1])
+                throw Error("internal: " + p.name + ": cannot take columns " + std::to_string(s.range.begin) +
+                            ".." + std::to_string(s.range.end));
+            const int64_t rows = p.shape[0], cols = p.shape[1], w = s.range.size();
+            s.shape[1] = w;
+            s.data.resize(static_cast<size_t>(rows * w));
+            for (int64_t r = 0; r < rows; ++r)
+                std::memcpy(s.data.data() + r * w, src + r * cols + s.range.begin,
+                            static_cast<size_t>(w) * sizeof(bf16));
+            break;
+        }
     }
+    return s;
+}
+
+std::vector<ShardTensor> shard_weights(const Checkpoint& ck, const PartitionPlan& plan) {
+    std::vector<ShardTensor> out;
+    for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) out.push_back(shard_tensor(ck, p, plan));
     return out;
 }
 

@@ -11,6 +11,7 @@
 
 #include "loading/checkpoint.h"
 #include "model/bf16.h"
+#include "model/tensor_plan.h"
 #include "parallel/partition.h"
 
 namespace markbase {
@@ -29,6 +30,8 @@ struct ShardTensor {
 ShardSplit shard_split(const std::string& name, const ModelConfig& c, const PartitionPlan& plan,
                        Slice* range);
 
+// The rank's shard of one tensor of the plan (a loader that uploads tensor by tensor holds one at a time).
+ShardTensor shard_tensor(const Checkpoint& ck, const PlannedTensor& p, const PartitionPlan& plan);
 // The rank's shards of every tensor of the plan, in tensor-plan order.
 std::vector<ShardTensor> shard_weights(const Checkpoint& ck, const PartitionPlan& plan);
 
