@@ -52,6 +52,14 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_step();
     }
     bool profile_gated() const override { return model_.profile_gated(); }
+    std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) override {
+        if (n < 1 || n > model_.chunk())
+            throw Error("profile_prefill: " + std::to_string(n) + " tokens; at most the chunk of " +
+                        std::to_string(model_.chunk()) + " (-b)");
+        cuda::check_token_ids(config(), ids, n);
+        model_.n_past = 0;
+        return model_.profile_prefill(ids, n);
+    }
     CudaDeviceInfo device() const override { return cuda_device_info(); }
     std::string prefill_note() const override {
         if (!config().moe) return {};

@@ -44,6 +44,9 @@ class CudaBackend : public Backend {
     // Whether the last profile_step ran gated (the whole step enqueued before the GPU started it, so the
     // events time the GPU and the gaps between kernels, not the host's launch rate).
     virtual bool profile_gated() const = 0;
+    // A prefill of ids (n <= the chunk size) from an empty cache, with events around each phase of each layer
+    // (no graph; the prompt stays in the cache).
+    virtual std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) = 0;
     virtual CudaDeviceInfo device() const = 0;
     // How the prefill ran where it has choices (the 26B's experts: GEMM passes or GEMV kernels); "" if none.
     virtual std::string prefill_note() const { return {}; }

@@ -496,6 +496,36 @@ void CudaModel::all_reduce_argmax(Profiler* pf) {
         [&] { shard_.group->all_reduce_max_u64(shard_.rank, d_argmax_, 1, stream_); });
 }
 
+std::vector<CudaProfileEntry> CudaModel::profile_prefill(const int* ids, int n) {
+    if (sharded()) throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
+    Profiler pf;
+    prefill_pf_ = &pf;
+    try {
+        prefill(ids, n, nullptr, false);
+    } catch (...) {
+        prefill_pf_ = nullptr;
+        for (auto& r : pf.recs) {
+            cudaEventDestroy(r.start);
+            cudaEventDestroy(r.stop);
+        }
+        throw;
+    }
+    prefill_pf_ = nullptr;
+    return collect_profile(pf);
+}
+
+std::vector<CudaProfileEntry> CudaModel::collect_profile(Profiler& pf) {
+    std::vector<CudaProfileEntry> out;
+    for (auto& r : pf.recs) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
+        cudaEventDestroy(r.start);
+        cudaEventDestroy(r.stop);
+        out.push_back({r.kernel, r.layer, ms, r.bytes});
+    }
+    return out;
+}
+
 std::vector<CudaProfileEntry> CudaModel::profile_step() {
     if (n_past >= ctx_) throw Error("context full: no room for a profiled step");
     if (sharded()) throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
@@ -525,15 +555,7 @@ std::vector<CudaProfileEntry> CudaModel::profile_step() {
     cudaFreeHost(flag);
     profile_gated_ = d_timed_out && !timed_out;
     ++n_past;
-    std::vector<CudaProfileEntry> out;
-    for (auto& r : pf.recs) {
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
-        cudaEventDestroy(r.start);
-        cudaEventDestroy(r.stop);
-        out.push_back({r.kernel, r.layer, ms, r.bytes});
-    }
-    return out;
+    return collect_profile(pf);
 }
 
 }  // namespace markbase::cuda

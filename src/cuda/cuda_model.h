@@ -134,6 +134,9 @@ class CudaModel {
     const MoePrefillStats& moe_prefill_stats() const { return moe_stats_; }
     void copy_logits(float* host);  // the last step's logits row (sharded: this rank's columns of it)
     std::vector<CudaProfileEntry> profile_step();
+    // A prefill of n <= chunk tokens at n_past with events around each phase of each layer (the prompt
+    // advances, logits are not copied): where a prefill's time goes.
+    std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n);
     bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
 
   private:
@@ -163,6 +166,7 @@ class CudaModel {
         CUDA_CHECK(cudaEventRecord(r.stop, stream_));
         pf->recs.push_back(r);
     }
+    std::vector<CudaProfileEntry> collect_profile(Profiler& pf);  // the events' times; destroys them
     void record_step(Profiler* pf);                    // cuda_step.cu: the decode step's kernels, n = 1
     void record_layer(int i, Profiler* pf);            // cuda_step.cu
     GemvInput x_input(bool norm, const bf16* norm_w);  // cuda_step.cu: the current x as a GEMV input
@@ -200,9 +204,10 @@ class CudaModel {
 
     std::unique_ptr<DeviceWeights> dw_;
     ShardContext shard_;
-    PeerSum ps_;               // set by use_peers: the decode step's sums over NVLink
-    bool in_decode_ = false;   // while record_step runs (prefill keeps NCCL: its sums are large)
-    float* d_ones_ = nullptr;  // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
+    PeerSum ps_;                      // set by use_peers: the decode step's sums over NVLink
+    bool in_decode_ = false;          // while record_step runs (prefill keeps NCCL: its sums are large)
+    Profiler* prefill_pf_ = nullptr;  // set while profile_prefill runs a prefill
+    float* d_ones_ = nullptr;         // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
     const ModelConfig& c_;
     const Weights& w_;
     int64_t ctx_;

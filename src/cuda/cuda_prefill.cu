@@ -26,13 +26,18 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_ids_, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_state_ + 1, h_state_ + 1, sizeof(int), cudaMemcpyHostToDevice, stream_));
 
-    embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_, shard_.vocab_begin,
-               sharded() ? V : -1);
-    all_reduce(nullptr, -1, x_, static_cast<size_t>(n) * H);
+    Profiler* pf = prefill_pf_;  // profile_prefill: events around each phase
+    run(pf, "embed", -1, 0.0, [&] {
+        embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_, shard_.vocab_begin,
+                   sharded() ? V : -1);
+        all_reduce(nullptr, -1, x_, static_cast<size_t>(n) * H);
+    });
     if (P) {
-        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
-        gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
-        ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
+        run(pf, "ple_inputs", -1, 2.0 * LP * H, [&] {
+            split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+            gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
+            ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
+        });
     }
     for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
 
@@ -43,9 +48,11 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     in.norm = true;
     in.norm_w = w_.final_norm;
     in.eps = eps;
-    gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_, nullptr,
-                shard_.vocab_begin);
-    all_reduce_argmax(nullptr);
+    run(pf, "lm_head", -1, 2.0 * V * H, [&] {
+        gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_, nullptr,
+                    shard_.vocab_begin);
+        all_reduce_argmax(nullptr);
+    });
     if (logits && all_logits) {
         if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
         split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_, stream_);
@@ -89,15 +96,20 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     const float eps = c_.rms_eps;
     const bool own = s.has_own_kv(), sliding = s.kind == AttentionKind::Sliding;
 
+    Profiler* pf = prefill_pf_;
+    const double wb = 2.0 * H;  // bytes per weight row of H
+
     // 2.5 attention
-    split_rows(x_, H, H, n, true, lw.input_norm, eps, hi_, lo_, stream_);
-    gemm(lw.q_proj, qw, H, n, q_, qw);
-    if (own) {
-        gemm(lw.k_proj, kvw, H, n, k_, kvw);
-        if (lw.v_proj) gemm(lw.v_proj, kvw, H, n, v_, kvw);
-    }
+    run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
+        split_rows(x_, H, H, n, true, lw.input_norm, eps, hi_, lo_, stream_);
+        gemm(lw.q_proj, qw, H, n, q_, qw);
+        if (own) {
+            gemm(lw.k_proj, kvw, H, n, k_, kvw);
+            if (lw.v_proj) gemm(lw.v_proj, kvw, H, n, v_, kvw);
+        }
+    });
     const QkvPost p = qkv_post_args(i);
-    qkv_post(p, n, stream_);
+    run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(p, n, stream_); });
 
     AttnArgs a;
     attention_args(i, a);
@@ -106,20 +118,24 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     const int64_t room = std::max<int64_t>(1, max_pieces_ / (int64_t{n} * nH));
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
-    attention(a, n, stream_);
+    run(pf, "attention", i, 0.0, [&] { attention(a, n, stream_); });
 
-    split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_, stream_);
-    gemm(lw.o_proj, H, qw, n, o_, H);
-    all_reduce(nullptr, i, o_, static_cast<size_t>(n) * H);
-    residual_add_norm(x_, o_, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
+    run(pf, "o_proj", i, 2.0 * qw * H, [&] {
+        split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_, stream_);
+        gemm(lw.o_proj, H, qw, n, o_, H);
+        all_reduce(nullptr, i, o_, static_cast<size_t>(n) * H);
+        residual_add_norm(x_, o_, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
+    });
 
     // FFN
     const float ffn_scale = c_.ple_dim ? 1.0f : lw.layer_scalar;
-    split_rows(x_, H, H, n, true, lw.pre_ffn_norm, eps, hi_, lo_, stream_);
-    gemm(lw.gate_proj, I, H, n, g_, I);
-    gemm(lw.up_proj, I, H, n, u_, I);
-    geglu_split(g_, u_, I, I, n, hi_, lo_, stream_);
-    gemm(lw.down_proj, H, I, n, m_, H);
+    run(pf, "mlp", i, 3.0 * wb * I, [&] {
+        split_rows(x_, H, H, n, true, lw.pre_ffn_norm, eps, hi_, lo_, stream_);
+        gemm(lw.gate_proj, I, H, n, g_, I);
+        gemm(lw.up_proj, I, H, n, u_, I);
+        geglu_split(g_, u_, I, I, n, hi_, lo_, stream_);
+        gemm(lw.down_proj, H, I, n, m_, H);
+    });
 
     if (c_.moe) {
         const int E = c_.n_experts, K = c_.top_k;
@@ -132,11 +148,13 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
         in.eps = eps;
         GemvSeg seg{lw.router_proj, rlogits_, E, E};
-        gemv(in, &seg, 1, n, stream_);
-        moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, x_,
-                  lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
-        moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_, held_experts());
-        prefill_experts(i, n);
+        run(pf, "router", i, wb * E, [&] { gemv(in, &seg, 1, n, stream_); });
+        run(pf, "route", i, 0.0, [&] {
+            moe_route(rlogits_, n, E, K, lw.per_expert_scale, sel_id_, sel_w_, false, gexp_, goff_, gent_, x_,
+                      lw.pre_ffn_norm_2, H, eps, e_in_, stream_);
+            moe_bucket(sel_id_, n, E, K, gexp_, goff_, gent_, stream_, held_experts());
+        });
+        run(pf, "experts", i, 0.0, [&] { prefill_experts(i, n); });
         if (sharded()) {  // [n][H] dense partials, then [n][H] experts' partials: one sum over the ranks
             float* e = m_ + int64_t{n} * H;
             moe_weighted_sum(eslots_, sel_w_, K, H, n, e, stream_);
@@ -144,22 +162,28 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
             residual_moe_combine(x_, m_, e, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                                  lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
         } else {
-            residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                 lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+            run(pf, "ffn_combine", i, 0.0, [&] {
+                residual_moe_combine(x_, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                                     lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+            });
         }
     } else {
-        all_reduce(nullptr, i, m_, static_cast<size_t>(n) * H);
-        residual_add_norm(x_, m_, lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+        run(pf, "ffn_residual", i, 0.0, [&] {
+            all_reduce(nullptr, i, m_, static_cast<size_t>(n) * H);
+            residual_add_norm(x_, m_, lw.post_ffn_norm, H, n, eps, ffn_scale, stream_);
+        });
     }
 
     if (c_.ple_dim) {
         const int P = c_.ple_dim;
         const int64_t LP = int64_t{c_.n_layers} * P;
-        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
-        gemm(lw.ple_gate, P, H, n, g_, P);
-        geglu_split(g_, ple_ + int64_t{i} * P, LP, P, n, hi_, lo_, stream_);
-        gemm(lw.ple_proj, H, P, n, o_, H);
-        residual_add_norm(x_, o_, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
+        run(pf, "ple", i, 2.0 * wb * P, [&] {
+            split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+            gemm(lw.ple_gate, P, H, n, g_, P);
+            geglu_split(g_, ple_ + int64_t{i} * P, LP, P, n, hi_, lo_, stream_);
+            gemm(lw.ple_proj, H, P, n, o_, H);
+            residual_add_norm(x_, o_, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
+        });
     }
 }
 

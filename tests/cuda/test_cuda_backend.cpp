@@ -22,6 +22,7 @@
 
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
+#include "model/error.h"
 #include "runtime/backend.h"
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
@@ -191,6 +192,23 @@ void check_tiny(const std::string& family, const std::string& label) {
     EXPECT_GT(total, 0.0);
     EXPECT_TRUE(gpu->profile_gated()) << "a tiny step enqueues well within the gate's 2 s";
     EXPECT_EQ(gpu->n_past(), 10);
+
+    // the profiled prefill is a real prefill: the same next token as an ordinary one, every layer's phases
+    const auto pp = gpu->profile_prefill(ids.data(), 9);
+    std::map<std::string, int> phases;
+    for (const auto& e : pp) {
+        ++phases[e.kernel];
+        EXPECT_GE(e.ms, 0.0) << e.kernel;
+    }
+    EXPECT_EQ(phases["attention"], ck->config.n_layers);
+    EXPECT_EQ(phases["lm_head"], 1);
+    EXPECT_EQ(phases.count("experts"), ck->config.moe ? 1u : 0u);
+    EXPECT_EQ(gpu->n_past(), 9);
+    const std::vector<int> after_profile = gpu->decode_greedy(3, nullptr);
+    gpu->reset();
+    gpu->eval(ids.data(), 9, nullptr, false);
+    EXPECT_EQ(gpu->decode_greedy(3, nullptr), after_profile);
+    EXPECT_THROW(gpu->profile_prefill(ids.data(), o.chunk + 1), Error) << "more than a chunk";
 }
 
 // Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and

@@ -79,13 +79,14 @@ int cmd_bench_cuda(ArgReader& a) {
     const int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
     double load_s = 0;
     int checkpoint_tp = 1;
+    int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
     if (synthetic) {
         if (a.value({"-m", "--model"}))
             throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
         const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
         if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
         bo.ctx_size = a.integer({"-c", "--ctx-size"}, need);
-        bo.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        bo.chunk = chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
         bo.tensor_parallel = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
         a.finish();
         bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
@@ -97,7 +98,7 @@ int cmd_bench_cuda(ArgReader& a) {
         ModelOptions mo = ModelOptions::read(a);
         mo.device = "cuda";
         mo.backend.ctx_size = std::max<int64_t>(a.integer({"-c", "--ctx-size"}, need), need);
-        mo.backend.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        mo.backend.chunk = chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
         a.finish();
         checkpoint_tp = mo.backend.tensor_parallel;
         LoadedModel lm = load_model(mo);
@@ -193,7 +194,8 @@ int cmd_bench_cuda(ArgReader& a) {
 
     nlohmann::json prof_json = nlohmann::json::array();
     nlohmann::json by_kernel_json = nlohmann::json::object();
-    double prof_total = 0;
+    double prof_total = 0, prof_prefill_total = 0;
+    nlohmann::json prefill_by_phase_json = nlohmann::json::object();
     if (profile) {
         be->reset();
         be->eval(prompt.data(), n_prompt, nullptr, false);
@@ -238,6 +240,31 @@ int cmd_bench_cuda(ArgReader& a) {
                 std::printf(" %d=%.3f", layer, ms);
         }
         std::printf("\n");
+        // the prefill the same way, phase by phase (a phase is one or a few launches: GEMMs with their input
+        // splits, attention, the MoE's router / route / experts / combine)
+        const int n_pp = std::min(n_prefill, chunk);
+        if (n_pp > 0) {
+            const std::vector<CudaProfileEntry> pp = be->profile_prefill(long_prompt.data(), n_pp);
+            std::map<std::string, Agg> by_phase;
+            for (const auto& e : pp) {
+                Agg& k = by_phase[e.kernel];
+                ++k.calls;
+                k.ms += e.ms;
+                k.bytes += e.bytes;
+                prof_prefill_total += e.ms;
+            }
+            std::vector<std::pair<std::string, Agg>> prow(by_phase.begin(), by_phase.end());
+            std::sort(prow.begin(), prow.end(),
+                      [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+            std::printf("profile   prefill of %d tokens, phase by phase (events, no graph): %.3f ms\n", n_pp,
+                        prof_prefill_total);
+            std::printf("  %-18s %6s %10s %7s\n", "phase", "calls", "total ms", "%");
+            for (const auto& [name, k] : prow) {
+                std::printf("  %-18s %6d %10.3f %6.1f%%\n", name.c_str(), k.calls, k.ms,
+                            100.0 * k.ms / prof_prefill_total);
+                prefill_by_phase_json[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
+            }
+        }
     }
 
     if (!json_out.empty()) {
@@ -283,6 +310,8 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"profile_total_ms", prof_total},
                             {"profile_gated", profile && be->profile_gated()},
                             {"profile_by_kernel", by_kernel_json},
+                            {"profile_prefill_total_ms", prof_prefill_total},
+                            {"profile_prefill_by_phase", prefill_by_phase_json},
                             {"profile", prof_json}};
         std::ofstream f(json_out);
         f << j.dump(1) << "\n";
