@@ -106,7 +106,9 @@ class CudaModel {
         unsigned long long* flags = nullptr;
     };
     PeerEndpoint peer_endpoint();
-    void use_peers(const std::vector<PeerEndpoint>& ranks);
+    // in_tail: o_proj's and the dense down projection's sums run in the GEMV's last block (gemv_rows.cu's
+    // peer tail) instead of a peer_sum kernel after it (MARKBASE_TP_ALLREDUCE=tail)
+    void use_peers(const std::vector<PeerEndpoint>& ranks, bool in_tail);
     bool peer_timed_out();  // a peer_sum waited 2 s for a peer (a bug or a dead GPU): the results are wrong
     // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
     // Sharded, V is the whole vocabulary and the rank writes only its columns.
@@ -207,6 +209,7 @@ class CudaModel {
     PeerSum ps_;                      // set by use_peers: the decode step's sums over NVLink
     bool in_decode_ = false;          // while record_step runs (prefill keeps NCCL: its sums are large)
     Profiler* prefill_pf_ = nullptr;  // set while profile_prefill runs a prefill
+    bool peer_tail_ = false;          // use_peers' in_tail
     float* d_ones_ = nullptr;         // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
     const ModelConfig& c_;
     const Weights& w_;

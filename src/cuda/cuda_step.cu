@@ -63,9 +63,15 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
         return;
     }
-    if (reduce && sharded()) {  // the ranks' partial sums first, then the update (it cannot be a GEMV tail)
-        run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+    if (reduce && sharded()) {  // the ranks' partial sums first, then the update
         flush_residual(pf, layer);
+        if (peer_tail_ && tail_ &&
+            peer_ready(static_cast<size_t>(rows))) {  // the sum in the GEMV's last block
+            const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, d_tail_counter_, &ps_};
+            run(pf, name, layer, wbytes(rows, K), [&] { gemv_rows(in, &seg, 1, &t, stream_); });
+            return;
+        }
+        run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
         if (peer_ready(static_cast<size_t>(rows))) {  // the sum and the update in one kernel
             const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, nullptr};
             run(pf, res_name, layer, 0.0, [&] { peer_sum(ps_, y, rows, &t, stream_); });

@@ -50,7 +50,8 @@ class TpBackendImpl final : public CudaBackend {
                 std::make_unique<CudaModel>(std::move(dw), opt.ctx_size, chunk, &sc);
         });
         on_ranks([&](int r) { model(r).connect(); });
-        if (peer_sums_wanted() && peers_reachable(devices)) {
+        const AllReduce mode = all_reduce_mode();
+        if (mode != AllReduce::Nccl && peers_reachable(devices)) {
             std::vector<CudaModel::PeerEndpoint> ends(static_cast<size_t>(world_));
             on_ranks([&](int r) {
                 for (int q : devices) {  // map every other GPU's memory into this one's address space
@@ -63,8 +64,9 @@ class TpBackendImpl final : public CudaBackend {
                 }
                 ends[static_cast<size_t>(r)] = model(r).peer_endpoint();
             });
-            on_ranks([&](int r) { model(r).use_peers(ends); });
+            on_ranks([&](int r) { model(r).use_peers(ends, mode == AllReduce::PeerTail); });
             peer_sums_ = true;
+            peer_tail_ = mode == AllReduce::PeerTail;
         }
     }
 
@@ -80,7 +82,10 @@ class TpBackendImpl final : public CudaBackend {
     const ModelConfig& config() const override { return config_; }
     std::string name() const override {
         return "cuda tp=" + std::to_string(world_) + " (" + std::to_string(world_) + " x " +
-               cuda_device_info().name + (peer_sums_ ? ", NVLink peer sums" : ", NCCL") + ")";
+               cuda_device_info().name +
+               (peer_sums_ ? (peer_tail_ ? ", NVLink peer sums in GEMV tails" : ", NVLink peer sums")
+                           : ", NCCL") +
+               ")";
     }
     int64_t n_past() const override { return models_[0]->n_past; }
     int64_t ctx_size() const override { return models_[0]->ctx(); }
@@ -171,12 +176,15 @@ class TpBackendImpl final : public CudaBackend {
     }
 
   private:
-    // MARKBASE_TP_ALLREDUCE: p2p (the default; used when every pair of GPUs has peer access) or nccl.
-    static bool peer_sums_wanted() {
+    // MARKBASE_TP_ALLREDUCE: p2p (the default; used when every pair of GPUs has peer access), tail (p2p with
+    // the o_proj and dense-MLP sums in the producing GEMV's last block; not measured yet) or nccl.
+    enum class AllReduce { Peer, PeerTail, Nccl };
+    static AllReduce all_reduce_mode() {
         const char* e = std::getenv("MARKBASE_TP_ALLREDUCE");
-        if (!e || !*e || std::string(e) == "p2p") return true;
-        if (std::string(e) == "nccl") return false;
-        throw Error(std::string("MARKBASE_TP_ALLREDUCE=") + e + ": expected p2p or nccl");
+        if (!e || !*e || std::string(e) == "p2p") return AllReduce::Peer;
+        if (std::string(e) == "tail") return AllReduce::PeerTail;
+        if (std::string(e) == "nccl") return AllReduce::Nccl;
+        throw Error(std::string("MARKBASE_TP_ALLREDUCE=") + e + ": expected p2p, tail or nccl");
     }
     static bool peers_reachable(const std::vector<int>& devices) {
         for (int a : devices)
@@ -203,6 +211,7 @@ class TpBackendImpl final : public CudaBackend {
     ModelConfig config_;
     int world_;
     bool peer_sums_ = false;  // the decode step's sums through peer_sum rather than NCCL
+    bool peer_tail_ = false;  // ... o_proj's and the dense down projection's in the GEMV's last block
     bool device_select_ = [] {
         const char* e = std::getenv("MARKBASE_TP_DEVICE_SAMPLING");
         return e && std::string(e) == "1";

@@ -15,6 +15,7 @@
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/peer_sum.cuh"
 
 namespace markbase::cuda {
 
@@ -33,6 +34,7 @@ struct RowsParams {
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
     ResidualTail tail;
+    PeerSum peer;  // tensor parallel with the sum in the tail (world > 1): see ResidualTail
 };
 
 __device__ __forceinline__ float sq8(const float4 a, const float4 b, float s) {
@@ -115,11 +117,46 @@ __device__ void residual_tail(const RowsParams& p) {
     if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
 }
 
+// The same update with y summed over the tensor-parallel ranks (ResidualTail.peer): every block stored its
+// rows into each rank's inbox and fenced them at system scope before taking its ticket; the last block
+// publishes the call, waits for the peers' and updates x from the sum in rank order (as peer_sum does).
+__device__ void peer_tail(const RowsParams& p, unsigned long long call) {
+    __shared__ unsigned int ticket;
+    __shared__ float red[32];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        ticket = atomicAdd(p.tail.counter, 1u);
+    }
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence_system();
+    peer_exchange(p.peer, call);
+    const int H = p.total_rows;
+    float* x = p.tail.x;
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        const float v = peer_total(p.peer, call, k);
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + p.tail.eps);
+    for (int k = threadIdx.x; k < H; k += blockDim.x)
+        x[k] = (x[k] + peer_total(p.peer, call, k) * inv * bf16_at(p.tail.w, k)) * p.tail.scale;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *p.tail.counter = 0u;
+        *p.peer.calls = call;
+    }
+}
+
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
-template <int M, int W>
+// Peer: the tensor-parallel tail (kStore with ResidualTail.peer), a separate instantiation so that the
+// one-GPU kernels keep their registers.
+template <int M, int W, bool Peer = false>
 __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr int kRowsPerBlock = kWarps / W;
@@ -195,8 +232,17 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
         acc *= inv;
         acc2 *= inv;
     }
+    // tensor parallel with the sum in the tail: this call's number (the previous sums have finished: the
+    // stream orders them, and pdl_begin above waited for the kernel before)
+    constexpr bool peers = Peer && M == kStore;
+    unsigned long long call = 0;
+    if constexpr (peers) call = *p.peer.calls + 1;
     if (lane == 0 && part == 0 && active) {
         float* y = p.seg[s].y + local;
+        if constexpr (peers) {  // the partial row into every rank's inbox, fenced before this block's ticket
+            for (int q = 0; q < p.peer.world; ++q) peer_row(p.peer, q, call)[local] = acc;
+            __threadfence_system();
+        }
         if constexpr (M == kStore)
             *y = acc;
         else if constexpr (M == kGeglu)
@@ -204,7 +250,12 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
         else
             *y = gelu_tanh(acc) * p.aux[row];
     }
-    if (M == kStore && p.tail.x) residual_tail(p);
+    if (M == kStore && p.tail.x) {
+        if constexpr (peers)
+            peer_tail(p, call);
+        else
+            residual_tail(p);
+    }
 }
 
 void check_aligned(const void* p, const char* what) {
@@ -224,7 +275,15 @@ int warps_per_row(int K) {
 template <int M, int W>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
-    launch_kernel(rows_kernel<M, W>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
+    const dim3 grid((p.total_rows + rpb - 1) / rpb);
+    if constexpr (M == kStore) {
+        if (p.peer.world > 1) {
+            launch_kernel(rows_kernel<M, W, true>, grid, dim3(kWarps * 32), 0, s, p);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    launch_kernel(rows_kernel<M, W>, grid, dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -264,6 +323,12 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
     p.nseg = nseg;
     for (int i = 0; i < nseg; ++i) p.seg[i] = segs[i];
     if (tail) p.tail = *tail;
+    if (tail && tail->peer) {
+        p.peer = *tail->peer;
+        if (p.peer.world < 2 || nseg != 1 || segs[0].rows > p.peer.max_n)
+            throw Error(
+                "internal: a peer tail needs a set-up PeerSum and one segment of at most its row width");
+    }
     launch_rows<kStore>(p, s);
 }
 

@@ -74,15 +74,29 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
 // is no residual prologue (lm_head keeps gemv_logits). in.x, in.norm_w and the weights must be 16-byte
 // aligned.
 
+// ---- peer_sum.cu: tensor-parallel sums over peer-to-peer NVLink at decode (issue 7) ---------------------
+constexpr int kMaxPeers = 8;
+struct PeerSum {
+    int world = 0, rank = 0;                    // world < 2: not set up (the collectives go through NCCL)
+    int max_n = 0;                              // floats per inbox row
+    float* inbox[kMaxPeers] = {};               // rank q's inbox [2 slots][world][max_n] (peer-mapped)
+    unsigned long long* flags[kMaxPeers] = {};  // rank q's arrival flags [world]: the last call of rank r
+    unsigned long long* calls = nullptr;        // this rank's count of finished sums
+    int* timed_out = nullptr;                   // set when a peer did not arrive within 2 s
+};
+
 // A residual update fused into a decode GEMV's end: once every row of y is written, the last block to finish
 // computes x = (x + RMSNorm(y) * w) * scale in place (y has as many rows as x). counter: one zeroed uint,
-// left zeroed.
+// left zeroed. With peer (tensor parallel, MARKBASE_TP_ALLREDUCE=tail), y is this rank's partial sum: every
+// row also goes into each rank's peer_sum inbox, and the last block exchanges flags with the peers and uses
+// the sum over the ranks (in rank order) as y. peer: the host's PeerSum, copied into the launch.
 struct ResidualTail {
     float* x = nullptr;
     const bf16* w = nullptr;
     float scale = 1.0f;
     float eps = 1e-6f;
     unsigned int* counter = nullptr;
+    const PeerSum* peer = nullptr;
 };
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
@@ -242,19 +256,9 @@ void moe_gather_split(const float* x, int H, int K, const int* entries, const in
 void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
                       int max_n, float* slots, cudaStream_t s);
 
-// ---- peer_sum.cu: tensor-parallel sums over peer-to-peer NVLink at decode (issue 7) ---------------------
-constexpr int kMaxPeers = 8;
-struct PeerSum {
-    int world = 0, rank = 0;                    // world < 2: not set up (the collectives go through NCCL)
-    int max_n = 0;                              // floats per inbox row
-    float* inbox[kMaxPeers] = {};               // rank q's inbox [2 slots][world][max_n] (peer-mapped)
-    unsigned long long* flags[kMaxPeers] = {};  // rank q's arrival flags [world]: the last call of rank r
-    unsigned long long* calls = nullptr;        // this rank's count of finished sums
-    int* timed_out = nullptr;                   // set when a peer did not arrive within 2 s
-};
 // buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its
 // x, w, scale, eps; n = H), then x = (x + RMSNorm(buf) * w) * scale. One block; every rank must call it in
-// the same order.
+// the same order (and in the same order as the GEMV tails that sum through the same inboxes).
 void peer_sum(const PeerSum& ps, float* buf, int n, const ResidualTail* res, cudaStream_t s);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------------

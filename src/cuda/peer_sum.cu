@@ -9,30 +9,14 @@
 // peer (it waits for that peer's flag of the call before), so a slot is never rewritten while being read.
 // With a residual, the block also applies the sandwich-norm update x = (x + RMSNorm(sum) * w) * scale.
 #include "cuda/check.h"
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/peer_sum.cuh"
 
 namespace markbase::cuda {
 
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr unsigned long long kTimeoutNs = 2000000000ull;  // a peer that never arrives: report, do not hang
-
-__device__ __forceinline__ void store_release_sys(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned long long* p) {
-    unsigned long long v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 __global__ void __launch_bounds__(kThreads)
     peer_sum_kernel(const PeerSum ps, float* buf, int n, ResidualTail res) {
@@ -42,13 +26,10 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) call_s = *ps.calls + 1;
     __syncthreads();
     const unsigned long long call = call_s;
-    const int slot = static_cast<int>(call & 1ull);
-    const int64_t stride = static_cast<int64_t>(ps.max_n);
-    const int64_t mine = (static_cast<int64_t>(slot) * ps.world + ps.rank) * stride;
     // 1. this rank's partial into row `rank` of every inbox (its own included)
     const bool vec = (n & 3) == 0;
     for (int q = 0; q < ps.world; ++q) {
-        float* dst = ps.inbox[q] + mine;
+        float* dst = peer_row(ps, q, call);
         if (vec) {
             for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
                 reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(buf)[i];
@@ -59,26 +40,11 @@ __global__ void __launch_bounds__(kThreads)
     __threadfence_system();
     __syncthreads();
     // 2. publish the call to every peer, 3. wait for theirs
-    if (threadIdx.x == 0)
-        for (int q = 0; q < ps.world; ++q)
-            if (q != ps.rank) store_release_sys(ps.flags[q] + ps.rank, call);
-    if (static_cast<int>(threadIdx.x) < ps.world && static_cast<int>(threadIdx.x) != ps.rank) {
-        const unsigned long long* f = ps.flags[ps.rank] + threadIdx.x;
-        const unsigned long long t0 = global_ns();
-        // once a wait has timed out, later calls do not wait again: a broken link fails in seconds, not hours
-        while (!*reinterpret_cast<volatile int*>(ps.timed_out) && load_acquire_sys(f) < call)
-            if (global_ns() - t0 > kTimeoutNs) {
-                *ps.timed_out = 1;
-                break;
-            }
-    }
-    __syncthreads();
-    // 4. the sum in rank order (from L2: the peers' stores arrived there, never in this SM's L1)
-    const float* in = ps.inbox[ps.rank] + static_cast<int64_t>(slot) * ps.world * stride;
+    peer_exchange(ps, call);
+    // 4. the sum in rank order
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = 0.0f;
-        for (int q = 0; q < ps.world; ++q) v += __ldcg(in + q * stride + i);
+        const float v = peer_total(ps, call, i);
         buf[i] = v;
         ss = fmaf(v, v, ss);
     }

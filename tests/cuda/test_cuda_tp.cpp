@@ -133,6 +133,14 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     std::printf("  %s: %s and %s\n", family.c_str(), two->name().c_str(), two_nccl->name().c_str());
     expect_same_chain(*one, *two_nccl, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
     EXPECT_LT(rel_err(ref, all_logits(*two_nccl, ids, true)), 1e-3);
+
+    // and with o_proj's and the dense MLP's sums in the producing GEMV's last block
+    setenv("MARKBASE_TP_ALLREDUCE", "tail", 1);
+    auto two_tail = make_cuda_backend(*ck, o2);
+    unsetenv("MARKBASE_TP_ALLREDUCE");
+    std::printf("  %s: %s\n", family.c_str(), two_tail->name().c_str());
+    expect_same_chain(*one, *two_tail, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
+    EXPECT_LT(rel_err(ref, all_logits(*two_tail, ids, true)), 1e-3);
 #endif
 }
 
