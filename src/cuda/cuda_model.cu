@@ -191,6 +191,13 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 moe_gemm_ = std::strcmp(e, "gemm") == 0;
             }
             if (sharded()) moe_gemm_ = false;  // the batched GEMMs would stream every expert; a rank has some
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_OVERLAP"))
+                moe_overlap_ = std::strcmp(e, "1") == 0;
+            if (moe_overlap_) {
+                CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));
+                CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+                CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+            }
             moe_cap_ = moe_prefill_rows_cap(static_cast<int>(n), E, K);
             const int64_t scratch_rows = int64_t{E} * moe_cap_;  // the memory plan's; a pass may use less
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL_CAP"))  // entries per expert per pass
@@ -251,6 +258,12 @@ void CudaModel::release() {
     blas_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_);
     stream_ = nullptr;
+    if (stream2_) cudaStreamDestroy(stream2_);
+    stream2_ = nullptr;
+    for (cudaEvent_t* ev : {&fork_, &join_}) {
+        if (*ev) cudaEventDestroy(*ev);
+        *ev = nullptr;
+    }
     for (void* p : allocs_) cudaFree(p);
     allocs_.clear();
     if (h_state_) cudaFreeHost(h_state_);

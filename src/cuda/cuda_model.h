@@ -169,9 +169,10 @@ class CudaModel {
         pf->recs.push_back(r);
     }
     std::vector<CudaProfileEntry> collect_profile(Profiler& pf);  // the events' times; destroys them
-    void record_step(Profiler* pf);                    // cuda_step.cu: the decode step's kernels, n = 1
-    void record_layer(int i, Profiler* pf);            // cuda_step.cu
-    GemvInput x_input(bool norm, const bf16* norm_w);  // cuda_step.cu: the current x as a GEMV input
+    void record_step(Profiler* pf);          // cuda_step.cu: the decode step's kernels, n = 1
+    void record_layer(int i, Profiler* pf);  // cuda_step.cu
+    void record_experts(int i, Profiler* pf, cudaStream_t st);  // cuda_step.cu: router .. experts_down
+    GemvInput x_input(bool norm, const bf16* norm_w);           // cuda_step.cu: the current x as a GEMV input
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
@@ -267,6 +268,10 @@ class CudaModel {
     // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
     bool moe_decode_rows_ = true;
     bool moe_gemm_ = false;
+    // MARKBASE_CUDA_MOE_OVERLAP=1: the decode graph runs the routed experts on stream2_ beside the dense MLP
+    bool moe_overlap_ = false;
+    cudaStream_t stream2_ = nullptr;
+    cudaEvent_t fork_ = nullptr, join_ = nullptr;
     MoePrefillStats moe_stats_;
     int moe_cap_ = 0;
     void* mx_ = nullptr;

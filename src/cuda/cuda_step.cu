@@ -201,6 +201,16 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
     const float ffn_scale =
         c_.ple_dim ? 1.0f : lw.layer_scalar;  // layer_scalar goes on the layer's last update
+    // MoE with MARKBASE_CUDA_MOE_OVERLAP=1 (graph only): the routed experts on a second stream, forked from
+    // and joined back to the main one, so their chain of small kernels overlaps the dense MLP (both read x,
+    // which neither changes; the combine needs both).
+    const bool overlap = c_.moe && moe_overlap_ && !pf && tail_ && !pending_.y;
+    if (overlap) {
+        CUDA_CHECK(cudaEventRecord(fork_, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(stream2_, fork_, 0));
+        record_experts(i, pf, stream2_);
+        CUDA_CHECK(cudaEventRecord(join_, stream2_));
+    }
     {
         const GemvInput in = x_input(true, lw.pre_ffn_norm);
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
@@ -211,34 +221,14 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                      c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
 
     if (c_.moe) {  // 2.6
-        const int E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+        const int K = c_.top_k;
         flush_residual(pf,
                        i);  // (nothing pending here: the MLP consumed it) route and combine read x directly
-        {
-            GemvInput in = x_input(true, lw.router_scale);
-            in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
-            run(pf, "router", i, wbytes(E, H), [&] {
-                GemvSeg seg{lw.router_proj, rlogits_, E, 0};
-                gemv(in, &seg, 1, 1, stream_);
-            });
-        }
+        if (overlap)
+            CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+        else
+            record_experts(i, pf, stream_);
         float* x = xcur_;
-        run(pf, "route_topk", i, 0.0, [&] {
-            moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                      lw.pre_ffn_norm_2, H, eps, e_in_, stream_, held_experts());
-        });
-        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
-            if (moe_decode_rows_)
-                moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, stream_);
-            else
-                moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, stream_);
-        });
-        run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
-            if (moe_decode_rows_)
-                moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, stream_);
-            else
-                moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, stream_);
-        });
         if (sharded()) {  // [dense partial | experts' partial] summed over the ranks, then the norms
             run(pf, "experts_sum", i, 0.0,
                 [&] { moe_weighted_sum(eslots_, sel_w_, K, H, 1, m_ + H, stream_); });
@@ -266,6 +256,38 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         project_residual(pf, "ple_proj", "ple_post_norm", i, lw.ple_proj, H, g_, P, o_, lw.ple_post_norm,
                          lw.layer_scalar);
     }
+}
+
+// The routed experts of MoE layer i at one token, on stream st: router logits (input norm in each warp),
+// softmax / top-k / the experts' input norm, then the selected experts' gate/up and down rows.
+void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
+    const LayerWeights& lw = w_.layers[i];
+    const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+    {
+        GemvInput in = x_input(true, lw.router_scale);
+        in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
+        run(pf, "router", i, wbytes(E, H), [&] {
+            GemvSeg seg{lw.router_proj, rlogits_, E, 0};
+            gemv(in, &seg, 1, 1, st);
+        });
+    }
+    float* x = xcur_;
+    run(pf, "route_topk", i, 0.0, [&] {
+        moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
+                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts());
+    });
+    run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
+        if (moe_decode_rows_)
+            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st);
+        else
+            moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
+    });
+    run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
+        if (moe_decode_rows_)
+            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st);
+        else
+            moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, st);
+    });
 }
 
 }  // namespace markbase::cuda

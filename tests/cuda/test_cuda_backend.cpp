@@ -284,6 +284,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_PREFILL=gemm",
     "MARKBASE_CUDA_MOE_PREFILL=gemm,MARKBASE_CUDA_MOE_PREFILL_CAP=3",
     "MARKBASE_CUDA_MOE_DECODE=groups",
+    "MARKBASE_CUDA_MOE_OVERLAP=1",
 };
 
 #ifdef MARKBASE_HAS_CUDA
@@ -411,6 +412,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_PREFILL=gemm,MARKBASE_CUDA_MOE_PREFILL_CAP=2",
     "MARKBASE_CUDA_MOE_PREFILL=gemm,MARKBASE_CUDA_MOE_PREFILL_CAP=3",
     "MARKBASE_CUDA_MOE_DECODE=groups",
+    "MARKBASE_CUDA_MOE_OVERLAP=1",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
