@@ -92,10 +92,10 @@ class TpBackendImpl final : public CudaBackend {
     void reset() override {
         for (auto& m : models_) m->n_past = 0;
     }
-    bool truncate(int64_t n_keep) override {
-        std::vector<char> ok(models_.size(), 0);
-        for (size_t r = 0; r < models_.size(); ++r) ok[r] = models_[r]->truncate(n_keep) ? 1 : 0;
-        return ok[0] != 0;  // the ranks' caches have the same shape: they agree
+    bool truncate(int64_t n_keep) override {  // the ranks' caches have the same shape: they agree
+        bool ok = true;
+        for (auto& m : models_) ok = m->truncate(n_keep) && ok;
+        return ok;
     }
     uint64_t cache_bytes() const override {
         uint64_t b = 0;
@@ -104,8 +104,7 @@ class TpBackendImpl final : public CudaBackend {
     }
 
     void eval(const int* ids, int64_t n, float* logits, bool all_logits) override {
-        check_token_ids(config_, ids, n);
-        // each rank writes its vocabulary columns of the host rows
+        // each rank checks the ids and writes its vocabulary columns of the host rows
         on_ranks([&](int r) { eval_model(model(r), config_, ids, n, logits, all_logits); });
     }
     // Sampling: each rank selects the k best of its vocabulary columns on its GPU; the global k best are
@@ -128,8 +127,8 @@ class TpBackendImpl final : public CudaBackend {
             ok[i] = model(r).decode_select(id, pen_.data(), n_pen, req.repeat_penalty, req.presence_penalty,
                                            req.frequency_penalty, req.k, &tops[i], &finite[i], nullptr);
         });
-        if (std::find(ok.begin(), ok.end(), 0) !=
-            ok.end()) {  // a NaN/+inf somewhere: the whole row to the host
+        // a NaN/+inf on any rank: the whole row goes to the host sampler, which names the problem
+        if (std::find(ok.begin(), ok.end(), 0) != ok.end()) {
             if (logits) on_ranks([&](int r) { model(r).copy_logits(logits); });
             return false;
         }
