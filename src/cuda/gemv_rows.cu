@@ -65,16 +65,22 @@ __device__ __forceinline__ void scale8(float4& a, float4& b, const uint4 n) {
 // 8-45 us per call on the H200).
 constexpr int kTailBatch = 8;
 
-__device__ void residual_tail(const RowsParams& p) {
+// Once every warp of this block has stored its rows: whether this is the last block of the grid to get here
+// (its ticket from `counter`); the other blocks are done.
+__device__ __forceinline__ bool last_block_to_finish(unsigned int* counter) {
     __shared__ unsigned int ticket;
-    __shared__ float red[32];
-    __syncthreads();  // every warp of this block has stored its rows
+    __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        ticket = atomicAdd(p.tail.counter, 1u);
+        ticket = atomicAdd(counter, 1u);
     }
     __syncthreads();
-    if (ticket != gridDim.x - 1) return;
+    return ticket == gridDim.x - 1;
+}
+
+__device__ void residual_tail(const RowsParams& p) {
+    __shared__ float red[32];
+    if (!last_block_to_finish(p.tail.counter)) return;
     __threadfence();
     const int H = p.total_rows, T = blockDim.x;
     const float* y = p.seg[0].y;
@@ -121,28 +127,46 @@ __device__ void residual_tail(const RowsParams& p) {
 // rows into each rank's inbox and fenced them at system scope before taking its ticket; the last block
 // publishes the call, waits for the peers' and updates x from the sum in rank order (as peer_sum does).
 __device__ void peer_tail(const RowsParams& p, unsigned long long call) {
-    __shared__ unsigned int ticket;
     __shared__ float red[32];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        ticket = atomicAdd(p.tail.counter, 1u);
-    }
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
+    if (!last_block_to_finish(p.tail.counter)) return;
     __threadfence_system();
     peer_exchange(p.peer, call);
-    const int H = p.total_rows;
+    // as residual_tail: batches of independent loads, the sum recomputed in the second pass
+    const int H = p.total_rows, T = blockDim.x;
     float* x = p.tail.x;
-    float ss = 0.0f;
-    for (int k = threadIdx.x; k < H; k += blockDim.x) {
-        const float v = peer_total(p.peer, call, k);
-        ss = fmaf(v, v, ss);
+    float part[kTailBatch];
+#pragma unroll
+    for (int j = 0; j < kTailBatch; ++j) part[j] = 0.0f;
+    for (int k0 = threadIdx.x; k0 < H; k0 += T * kTailBatch) {
+        float v[kTailBatch];
+#pragma unroll
+        for (int j = 0; j < kTailBatch; ++j)
+            v[j] = k0 + j * T < H ? peer_total(p.peer, call, k0 + j * T) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kTailBatch; ++j) part[j] = fmaf(v[j], v[j], part[j]);
     }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTailBatch; ++j) ss += part[j];
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + p.tail.eps);
-    for (int k = threadIdx.x; k < H; k += blockDim.x)
-        x[k] = (x[k] + peer_total(p.peer, call, k) * inv * bf16_at(p.tail.w, k)) * p.tail.scale;
+    for (int k0 = threadIdx.x; k0 < H; k0 += T * kTailBatch) {
+        float yv[kTailBatch], xv[kTailBatch], wv[kTailBatch];
+#pragma unroll
+        for (int j = 0; j < kTailBatch; ++j) {
+            const int k = k0 + j * T;
+            if (k < H) {
+                yv[j] = peer_total(p.peer, call, k);
+                xv[j] = __ldcg(x + k);
+                wv[j] = bf16_at(p.tail.w, k);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kTailBatch; ++j) {
+            const int k = k0 + j * T;
+            if (k < H) x[k] = (xv[j] + yv[j] * inv * wv[j]) * p.tail.scale;
+        }
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         *p.tail.counter = 0u;
