@@ -26,9 +26,10 @@ struct PieceGeometry {
     int64_t lo, pos, split_len;
     int active;
 };
+template <bool Batched = false>
 __device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t) {
     PieceGeometry g;
-    g.pos = static_cast<int64_t>(a.pos_base[0]) + t;
+    g.pos = Batched ? static_cast<int64_t>(a.tok_pos[t]) : static_cast<int64_t>(a.pos_base[0]) + t;
     g.lo = a.window > 0 ? max(static_cast<int64_t>(0), g.pos - a.window + 1) : 0;
     const int64_t range = g.pos - g.lo + 1;
     g.split_len = a.split_len > 0
@@ -70,6 +71,8 @@ __device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, float* out)
     }
 }
 
+// Batched (AttnArgs.tok_pos): each query reads its own sequence slot's cache; a separate instantiation.
+template <bool Batched>
 __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
@@ -81,7 +84,10 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
     const int d = a.d;
     // split_len 0 (decode graphs): spread the current range evenly over the pieces, at least min_split keys
     // each; with active_only, the pieces past the range take no part at all
-    const PieceGeometry geo = piece_geometry(a, t);
+    const PieceGeometry geo = piece_geometry<Batched>(a, t);
+    const int64_t slot_off = Batched ? static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride : 0;
+    const float* k_cache = a.k_cache + slot_off;
+    const float* v_cache = a.v_cache + slot_off;
     if (sp >= geo.active) return;
     const int64_t pos = geo.pos, lo = geo.lo, split_len = geo.split_len;
     const int64_t start = lo + static_cast<int64_t>(sp) * split_len;
@@ -107,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int j = min(j0 + u, cnt - 1);
-                    kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+                    kp[u] = reinterpret_cast<const float4*>(k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
                     s[u] = 0.0f;
                 }
                 for (int c = lane; c < d4; c += 32) {
@@ -142,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
             for (int j = 0; j < cnt; ++j) {
                 const float p = sc[j];
                 lsum += p;
-                const float* vp = a.v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
+                const float* vp = v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
 #pragma unroll
                 for (int i = 0; i < kMaxDimsPerThread; ++i) {
                     const int dim = tid + i * kThreads;
@@ -355,11 +361,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
+template <bool Batched>
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a) {
     pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const int64_t base = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit;
-    merge_pieces(a, base, piece_geometry(a, t).active, a.out + (static_cast<int64_t>(t) * a.nH + h) * a.d);
+    merge_pieces(a, base, piece_geometry<Batched>(a, t).active,
+                 a.out + (static_cast<int64_t>(t) * a.nH + h) * a.d);
 }
 
 }  // namespace
@@ -369,19 +377,27 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         throw Error("internal: attention head dim " + std::to_string(a.d) +
                     " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
-    if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
+    if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
+        throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
+    if (a.tok_pos) {
+        launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
+                      static_cast<size_t>(a.d) * sizeof(float), s, a);
+    } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
         const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
         launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
-        launch_kernel(attn_partial_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads),
+        launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     }
     CUDA_CHECK_LAUNCH();
 }
 
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {
-    launch_kernel(attn_combine_kernel, dim3(a.nH, n), dim3(kThreads), 0, s, a);
+    if (a.tok_pos)
+        launch_kernel(attn_combine_kernel<true>, dim3(a.nH, n), dim3(kThreads), 0, s, a);
+    else
+        launch_kernel(attn_combine_kernel<false>, dim3(a.nH, n), dim3(kThreads), 0, s, a);
     CUDA_CHECK_LAUNCH();
 }
 

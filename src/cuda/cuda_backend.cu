@@ -14,7 +14,7 @@ namespace {
 class CudaBackendImpl final : public CudaBackend {
   public:
     CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
-        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk)) {}
+        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), nullptr, opt.slots) {}
 
     const ModelConfig& config() const override { return model_.config(); }
     std::string name() const override { return "cuda (" + cuda_device_info().name + ")"; }
@@ -61,6 +61,21 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_prefill(ids, n);
     }
     CudaDeviceInfo device() const override { return cuda_device_info(); }
+    int slots() const override { return model_.slots(); }
+    void slot_reset(int slot) override { model_.reset_slot(slot); }
+    void slot_eval(int slot, const int* ids, int64_t n) override {
+        cuda::check_token_ids(config(), ids, n);
+        if (slot >= 0 && slot < model_.slots() && model_.slot_past(slot) + n > model_.ctx())
+            throw Error("context full: sequence slot " + std::to_string(slot) + " holds " +
+                        std::to_string(model_.slot_past(slot)) + " + " + std::to_string(n) +
+                        " new tokens, more than the context size " + std::to_string(model_.ctx()));
+        for (int64_t b = 0; b < n; b += model_.chunk())
+            model_.prefill_slot(slot, ids + b, static_cast<int>(std::min<int64_t>(model_.chunk(), n - b)));
+    }
+    std::vector<int> decode_batch(const int* slots, const int* ids, int n, float* logits) override {
+        cuda::check_token_ids(config(), ids, n);
+        return model_.decode_batch(slots, ids, n, logits);
+    }
     std::string prefill_note() const override {
         if (!config().moe) return {};
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();
@@ -128,6 +143,7 @@ BackendOptions clamp(const ModelConfig& c, BackendOptions opt) {
     if (opt.ctx_size <= 0) throw Error("--ctx-size must be positive, found " + std::to_string(opt.ctx_size));
     opt.ctx_size = std::min<int64_t>(opt.ctx_size, c.max_positions);
     opt.chunk = std::max(1, std::min<int>(opt.chunk, static_cast<int>(opt.ctx_size)));
+    if (opt.slots < 1) throw Error("--parallel must be >= 1, found " + std::to_string(opt.slots));
     if (opt.tensor_parallel < 1)
         throw Error("--tensor-parallel-size must be >= 1, found " + std::to_string(opt.tensor_parallel));
     return opt;

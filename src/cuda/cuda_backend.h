@@ -48,6 +48,15 @@ class CudaBackend : public Backend {
     // (no graph; the prompt stays in the cache).
     virtual std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) = 0;
     virtual CudaDeviceInfo device() const = 0;
+    // Batched decode (docs/batched-decode.md; BackendOptions::slots sequences, each with its own cache). Use
+    // either these or the single-sequence calls on one backend, not both.
+    virtual int slots() const { return 1; }
+    virtual void slot_reset(int slot) { (void)slot; }
+    // Appends ids to the slot's sequence (batched prefill, chunked).
+    virtual void slot_eval(int slot, const int* ids, int64_t n) = 0;
+    // One token for each of n distinct slots in one pass; returns each slot's greedy next id; logits [n][V]
+    // when given.
+    virtual std::vector<int> decode_batch(const int* slots, const int* ids, int n, float* logits) = 0;
     // How the prefill ran where it has choices (the 26B's experts: GEMM passes or GEMV kernels); "" if none.
     virtual std::string prefill_note() const { return {}; }
     virtual uint64_t weight_bytes() const = 0;  // bytes of weights resident on the GPU

@@ -68,9 +68,15 @@ T* CudaModel::alloc(size_t count) {
     return static_cast<T*>(p);
 }
 
-CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard)
+CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard,
+                     int slots)
     : dw_(std::move(dw)), c_(dw_->config), w_(dw_->w), ctx_(ctx), chunk_(chunk) {
     if (shard) shard_ = *shard;
+    if (slots < 1) throw Error("--parallel: at least one sequence slot, found " + std::to_string(slots));
+    if (slots > 1 && sharded())
+        throw Error("batched decode (--parallel) does not combine with tensor parallelism yet");
+    slots_ = slots;
+    slot_pos_.assign(static_cast<size_t>(slots), 0);
     if (sharded() && !shard_.group) throw Error("internal: a sharded model without its NCCL group");
     try {
         const int H = c_.hidden, nH = c_.n_heads, L = c_.n_layers, P = c_.ple_dim;
@@ -222,7 +228,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             LayerCache& lc = cache_[i];
             lc.cap =
                 s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c_.sliding_window + chunk) : ctx;
-            const size_t elems = static_cast<size_t>(lc.cap) * s.n_kv_heads * s.head_dim;
+            lc.slot_stride = lc.cap * s.n_kv_heads * s.head_dim;
+            const size_t elems = static_cast<size_t>(lc.slot_stride) * slots_;
             lc.k = alloc<float>(elems);
             lc.v = alloc<float>(elems);
             CUDA_CHECK(cudaMemset(lc.k, 0, elems * sizeof(float)));
@@ -231,6 +238,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         }
         for (int i = 0; i < L; ++i)
             if (!c_.layers[i].has_own_kv()) cache_[i] = cache_[c_.layers[i].kv_source];
+
+        if (slots_ > 1) {
+            d_bpos_ = alloc<int>(n);
+            d_bslot_ = alloc<int>(n);
+            d_bnext_ = alloc<int>(n);
+        }
 
         auto upload = [&](const std::vector<float>& v) {
             float* d = alloc<float>(v.size());
@@ -306,8 +319,15 @@ void CudaModel::attention_args(int i, AttnArgs& a) const {
     const LayerSpec& s = c_.layers[i];
     const LayerCache& lc = cache_[i];
     a.q = q_;
-    a.k_cache = lc.k;
-    a.v_cache = lc.v;
+    a.k_cache = lc.k + cur_slot_ * lc.slot_stride;
+    a.v_cache = lc.v + cur_slot_ * lc.slot_stride;
+    if (batch_) {  // every token its own slot's cache (from the slots' base)
+        a.k_cache = lc.k;
+        a.v_cache = lc.v;
+        a.tok_pos = d_bpos_;
+        a.tok_slot = d_bslot_;
+        a.slot_stride = lc.slot_stride;
+    }
     a.cap = lc.cap;
     a.nH = c_.n_heads;
     a.nKV = s.n_kv_heads;

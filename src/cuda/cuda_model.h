@@ -82,7 +82,9 @@ struct ShardContext {
 };
 class CudaModel {
   public:
-    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard = nullptr);
+    // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
+    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard = nullptr,
+              int slots = 1);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;
@@ -127,6 +129,17 @@ class CudaModel {
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                        std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
     bool can_select() const { return d_sel_top_ != nullptr; }
+
+    // Batched decode (cuda_batch.cu, docs/batched-decode.md): slots() sequences, each with its own cache and
+    // position. The single-sequence API above is slot 0's when nothing else is used; do not mix the two.
+    int slots() const { return slots_; }
+    int64_t slot_past(int slot) const { return slot_pos_.at(static_cast<size_t>(slot)); }
+    void reset_slot(int slot);
+    // Appends n <= chunk ids to the slot's sequence (a prefill into its cache).
+    void prefill_slot(int slot, const int* ids, int n);
+    // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
+    // of each; logits [n][V] when given. Each slot's position advances by one.
+    std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
     // The 26B's prefill experts since the model was built (MARKBASE_CUDA_MOE_PREFILL=gemm shows in the bench
     // receipt how its layers ran).
     struct MoePrefillStats {
@@ -211,7 +224,14 @@ class CudaModel {
     bool in_decode_ = false;          // while record_step runs (prefill keeps NCCL: its sums are large)
     Profiler* prefill_pf_ = nullptr;  // set while profile_prefill runs a prefill
     bool peer_tail_ = false;          // use_peers' in_tail
-    float* d_ones_ = nullptr;         // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
+    // batched decode: the slots, their positions, the slot the single-sequence calls address, and while
+    // decode_batch runs, per-token positions / slots [chunk] and the next ids
+    int slots_ = 1;
+    std::vector<int64_t> slot_pos_;
+    int cur_slot_ = 0;
+    bool batch_ = false;
+    int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
+    float* d_ones_ = nullptr;  // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
     const ModelConfig& c_;
     const Weights& w_;
     int64_t ctx_;
@@ -284,9 +304,10 @@ class CudaModel {
     int *sel_id_ = nullptr, *gexp_ = nullptr, *goff_ = nullptr, *gent_ = nullptr;
 
     struct LayerCache {
-        float* k = nullptr;
+        float* k = nullptr;  // [slots][cap][nKV][d]
         float* v = nullptr;
         int64_t cap = 0;
+        int64_t slot_stride = 0;  // cap * nKV * d: one sequence slot's cache
     };
     std::vector<LayerCache> cache_;  // [L]; KV-shared layers point at their source's
     uint64_t cache_bytes_ = 0;

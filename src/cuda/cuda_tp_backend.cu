@@ -21,6 +21,8 @@ class TpBackendImpl final : public CudaBackend {
   public:
     TpBackendImpl(const ModelConfig& c, const Checkpoint* ck, uint64_t seed, const BackendOptions& opt)
         : config_(c), world_(opt.tensor_parallel) {
+        if (opt.slots > 1)
+            throw Error("batched decode (--parallel) does not combine with tensor parallelism yet");
         const int visible = NcclGroup::device_count();
         if (visible < world_)
             throw Error("--tensor-parallel-size " + std::to_string(world_) + ": only " +
@@ -164,6 +166,12 @@ class TpBackendImpl final : public CudaBackend {
         throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
     }
     bool profile_gated() const override { return false; }
+    void slot_eval(int, const int*, int64_t) override {
+        throw Error("batched decode (--parallel) does not combine with tensor parallelism yet");
+    }
+    std::vector<int> decode_batch(const int*, const int*, int, float*) override {
+        throw Error("batched decode (--parallel) does not combine with tensor parallelism yet");
+    }
     std::vector<CudaProfileEntry> profile_prefill(const int*, int) override {
         throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
     }

@@ -181,6 +181,11 @@ struct QkvPost {
     const float* inv_freq = nullptr;  // [d/2]; 0 = the pair does not rotate
     const int* pos_base = nullptr;
     float eps = 1e-6f;
+    // Batched decode (docs/batched-decode.md): token t sits at tok_pos[t] of sequence slot tok_slot[t], whose
+    // cache starts slot_stride floats after k_cache / v_cache. Null: pos_base[0] + t, one cache.
+    const int* tok_pos = nullptr;
+    const int* tok_slot = nullptr;
+    int64_t slot_stride = 0;
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 
@@ -193,9 +198,14 @@ struct AttnArgs {
     int nH = 0, nKV = 0, d = 0;
     int window = 0;                 // sliding: a query at p sees keys (p - window, p]; 0 = full causal
     const int* pos_base = nullptr;  // query t sits at pos_base[0] + t
-    int nsplit = 1;                 // key range cut into nsplit pieces of split_len keys
-    int split_len = 256;            // 0: ceil(range / nsplit) from the device-side position (decode graphs)
-    int min_split = 32;             // split_len 0: at least this many keys per piece
+    // Batched decode: query t sits at tok_pos[t] of slot tok_slot[t] (cache + slot * slot_stride), and sees
+    // only that sequence's keys (the v1 pieces kernel; split_len > 0). Null: pos_base, one cache.
+    const int* tok_pos = nullptr;
+    const int* tok_slot = nullptr;
+    int64_t slot_stride = 0;
+    int nsplit = 1;       // key range cut into nsplit pieces of split_len keys
+    int split_len = 256;  // 0: ceil(range / nsplit) from the device-side position (decode graphs)
+    int min_split = 32;   // split_len 0: at least this many keys per piece
     // split_len 0 only: pieces past the current range exit at once, and the merge (and the last-piece ticket)
     // counts only the pieces that hold keys (MARKBASE_CUDA_ATTN_SPLIT=auto; false = every piece reports).
     bool active_only = false;
@@ -276,6 +286,8 @@ constexpr int kTopKSlice = 4096;
 void topk_select(const float* logits, int V, const int* pen, int n_pen, float repeat_penalty,
                  float presence_penalty, float frequency_penalty, int k, unsigned long long* slices,
                  unsigned long long* out, int* info, cudaStream_t s);
+// out[r] = the argmax of row r of logits [rows][V] (ties to the lower id), one block per row.
+void argmax_rows(const float* logits, int rows, int64_t V, int* out, cudaStream_t s);
 // logits = cap * tanh(logits / cap) over n values.
 void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s);
 // profile_gate.cu: holds stream s until *flag (host-mapped memory) turns nonzero, or timeout_s passes (then

@@ -146,12 +146,17 @@ __global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b,
 }
 
 // grid (nH + 2*nKV, n), 128 threads; dynamic smem d floats.
+// Batched: per-token positions and cache slots (QkvPost.tok_pos); a separate instantiation, so the decode
+// step's kernel is unchanged.
+template <bool Batched>
 __global__ void qkv_post_kernel(const QkvPost p) {
     pdl_begin();
     extern __shared__ float buf[];
     __shared__ float red[32];
     const int t = blockIdx.y, b = blockIdx.x, d = p.d, half = d / 2;
-    const int64_t pos = static_cast<int64_t>(p.pos_base[0]) + t;
+    const int64_t pos =
+        Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
+    const int64_t slot_off = Batched ? static_cast<int64_t>(p.tok_slot[t]) * p.slot_stride : 0;
     const float* in;
     float* out;
     const bf16* w;
@@ -164,13 +169,13 @@ __global__ void qkv_post_kernel(const QkvPost p) {
     } else if (b < p.nH + p.nKV) {
         const int g = b - p.nH;
         in = p.kraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
-        out = p.k_cache + ((pos % p.cap) * p.nKV + g) * d;
+        out = p.k_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
         w = p.k_norm;
         rope = true;
     } else {
         const int g = b - p.nH - p.nKV;
         in = p.vraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
-        out = p.v_cache + ((pos % p.cap) * p.nKV + g) * d;
+        out = p.v_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
         w = nullptr;
         rope = false;
     }
@@ -261,7 +266,11 @@ void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n,
 
 void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
-    launch_kernel(qkv_post_kernel, dim3(heads, n), dim3(128), static_cast<size_t>(p.d) * sizeof(float), s, p);
+    const size_t smem = static_cast<size_t>(p.d) * sizeof(float);
+    if (p.tok_pos)
+        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(128), smem, s, p);
+    else
+        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(128), smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 

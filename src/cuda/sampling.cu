@@ -128,6 +128,43 @@ void finish_step(const unsigned long long* argmax_key, int* state, int advance, 
     CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// One block per row: the largest argmax_key (value, then the lower id) over the row.
+__global__ void argmax_rows_kernel(const float* logits, int64_t V, int* out) {
+    __shared__ unsigned long long best_s[32];
+    pdl_begin();
+    const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
+    unsigned long long best = 0;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const unsigned long long k = argmax_key(row[i], static_cast<uint32_t>(i));
+        best = k > best ? k : best;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) best_s[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+            best = best_s[w] > best ? best_s[w] : best;
+        best = best_s[0] > best ? best_s[0] : best;
+        out[blockIdx.x] =
+            best ? static_cast<int>(0xffffffffu - static_cast<uint32_t>(best & 0xffffffffull)) : 0;
+    }
+}
+
+}  // namespace
+
+void argmax_rows(const float* logits, int rows, int64_t V, int* out, cudaStream_t s) {
+    if (rows <= 0) return;
+    launch_kernel(argmax_rows_kernel, dim3(rows), dim3(1024), 0, s, logits, V, out);
+    CUDA_CHECK_LAUNCH();
+}
+
 void softcap_inplace(float* logits, int64_t n, float cap, cudaStream_t s) {
     const int64_t blocks = std::min<int64_t>((n + 255) / 256, 8192);
     launch_kernel(softcap_kernel, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, s, logits, n, cap);

@@ -29,6 +29,7 @@ struct BackendOptions {
     int threads = 0;          // CPU threads; 0 = all cores
     int chunk = 256;          // prompt tokens per batched forward pass
     int tensor_parallel = 1;  // GPUs one model is split over (CUDA; --tensor-parallel-size)
+    int slots = 1;            // sequences with their own cache for batched decode (CUDA; --parallel)
 };
 
 class Backend {

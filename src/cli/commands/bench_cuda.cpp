@@ -80,6 +80,10 @@ int cmd_bench_cuda(ArgReader& a) {
     double load_s = 0;
     int checkpoint_tp = 1;
     int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
+    // -np/--parallel N (llama.cpp's name): N sequences decoded together, one token each per step (batched
+    // decode, docs/batched-decode.md), timed after the one-sequence receipt
+    const int slots = static_cast<int>(a.integer({"-np", "--parallel"}, 1));
+    if (slots < 1) throw Error("bench: --parallel must be >= 1");
     if (synthetic) {
         if (a.value({"-m", "--model"}))
             throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
@@ -88,6 +92,7 @@ int cmd_bench_cuda(ArgReader& a) {
         bo.ctx_size = a.integer({"-c", "--ctx-size"}, need);
         bo.chunk = chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
         bo.tensor_parallel = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
+        bo.slots = slots;
         a.finish();
         bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
         const double t0 = now_s();
@@ -99,6 +104,7 @@ int cmd_bench_cuda(ArgReader& a) {
         mo.device = "cuda";
         mo.backend.ctx_size = std::max<int64_t>(a.integer({"-c", "--ctx-size"}, need), need);
         mo.backend.chunk = chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        mo.backend.slots = slots;
         a.finish();
         checkpoint_tp = mo.backend.tensor_parallel;
         LoadedModel lm = load_model(mo);
@@ -191,6 +197,41 @@ int cmd_bench_cuda(ArgReader& a) {
         sampled_dev_ms, sampled_host_ms);
     std::printf("logits    hash %s, ids hash %s (greedy chain from a seeded random prompt)\n",
                 logits_hash.c_str(), ids_hash.c_str());
+
+    // Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
+    // tokens/s over all slots against the one-sequence step above.
+    double batch_step = 0;
+    std::string batch_ids_hash;
+    if (slots > 1) {
+        std::vector<int> slot_ids(static_cast<size_t>(slots)), next(static_cast<size_t>(slots));
+        std::vector<double> per;
+        for (int r = 0; r < reps; ++r) {
+            for (int sl = 0; sl < slots; ++sl) {
+                slot_ids[static_cast<size_t>(sl)] = sl;
+                be->slot_reset(sl);
+                const std::vector<int> pr = random_prompt(n_prompt, c, 1000 + sl);
+                be->slot_eval(sl, pr.data(), n_prompt);
+                next[static_cast<size_t>(sl)] = pr.back();
+            }
+            std::vector<int> all;
+            // warm-up step (it feeds each prompt's last token again; the timed steps feed the greedy ids)
+            next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
+            const double t0 = now_s();
+            for (int g = 0; g < n_gen; ++g) {
+                next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
+                all.insert(all.end(), next.begin(), next.end());
+            }
+            per.push_back((now_s() - t0) / n_gen);
+            if (r + 1 == reps) batch_ids_hash = hash_hex(all.data(), all.size() * sizeof(int));
+        }
+        batch_step = median(per);
+        std::printf(
+            "batched   %d sequences x %d steps: %.3f ms/step, %.1f tok/s = %.2fx the one-sequence decode's "
+            "tokens/s "
+            "(ids hash %s)\n",
+            slots, n_gen, batch_step * 1e3, slots / batch_step, slots * dc / batch_step,
+            batch_ids_hash.c_str());
+    }
 
     nlohmann::json prof_json = nlohmann::json::array();
     nlohmann::json by_kernel_json = nlohmann::json::object();
@@ -303,6 +344,11 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"sampled_ms_per_tok_host_sampler", sampled_host_ms},
                             {"decode_gb_s", gbs},
                             {"tensor_parallel", tp},
+                            {"batch_slots", slots},
+                            {"batch_ms_per_step", batch_step * 1e3},
+                            {"batch_tok_s", batch_step > 0 ? slots / batch_step : 0.0},
+                            {"batch_speedup_vs_one_sequence", batch_step > 0 ? slots * dc / batch_step : 0.0},
+                            {"batch_ids_hash", batch_ids_hash},
                             {"roofline_gb_s", roofline},
                             {"decode_pct_of_roofline", 100.0 * gbs / roofline},
                             {"logits_hash", logits_hash},

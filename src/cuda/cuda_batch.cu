@@ -1,0 +1,106 @@
+// Batched decode (docs/batched-decode.md): several sequences, each with its own cache slot and position,
+// decode one token each in one pass. Everything but attention and the cache write is the prefill's work over
+// the batch's rows (GEMMs: the weights are read once per step, not once per sequence); qkv_post and attention
+// take per-token positions and slots (their Batched instantiations). Not captured as a graph yet.
+#include <algorithm>
+
+#include "cuda/cuda_model.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+void check_slot(int slot, int slots) {
+    if (slot < 0 || slot >= slots)
+        throw Error("sequence slot " + std::to_string(slot) + " is outside [0, " + std::to_string(slots) +
+                    ")");
+}
+
+}  // namespace
+
+void CudaModel::reset_slot(int slot) {
+    check_slot(slot, slots_);
+    slot_pos_[static_cast<size_t>(slot)] = 0;
+}
+
+void CudaModel::prefill_slot(int slot, const int* ids, int n) {
+    check_slot(slot, slots_);
+    const int64_t saved = n_past;
+    cur_slot_ = slot;
+    n_past = slot_pos_[static_cast<size_t>(slot)];
+    try {
+        prefill(ids, n, nullptr, false);
+    } catch (...) {
+        n_past = saved;
+        cur_slot_ = 0;
+        throw;
+    }
+    slot_pos_[static_cast<size_t>(slot)] = n_past;
+    n_past = saved;
+    cur_slot_ = 0;
+}
+
+std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, int n, float* logits) {
+    if (slots_ < 2 || !d_bpos_)
+        throw Error("internal: decode_batch needs a model built with 2 or more slots");
+    if (n < 1 || n > std::min(chunk_, slots_))
+        throw Error("decode_batch: " + std::to_string(n) + " sequences; at most " +
+                    std::to_string(std::min(chunk_, slots_)) + " (the slots, and the batch size -b)");
+    std::vector<int> pos(static_cast<size_t>(n)), slot(static_cast<size_t>(n));
+    std::vector<char> seen(static_cast<size_t>(slots_), 0);
+    int64_t max_pos = 0;
+    for (int t = 0; t < n; ++t) {
+        const int s = slot_ids[t];
+        check_slot(s, slots_);
+        if (seen[static_cast<size_t>(s)])
+            throw Error("decode_batch: sequence slot " + std::to_string(s) + " appears twice in one step");
+        seen[static_cast<size_t>(s)] = 1;
+        const int64_t p = slot_pos_[static_cast<size_t>(s)];
+        if (p >= ctx_)
+            throw Error("context full: sequence slot " + std::to_string(s) + " holds " + std::to_string(p) +
+                        " tokens (raise --ctx-size)");
+        pos[static_cast<size_t>(t)] = static_cast<int>(p);
+        slot[static_cast<size_t>(t)] = s;
+        max_pos = std::max(max_pos, p);
+    }
+    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
+    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const float eps = c_.rms_eps;
+
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned ids and the positions are free
+    std::copy(ids, ids + n, h_ids_);
+    CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_ids_, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_bslot_, slot.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+
+    struct BatchScope {  // batch_ while the step is enqueued, also when it throws
+        bool& flag;
+        explicit BatchScope(bool& f) : flag(f) { flag = true; }
+        ~BatchScope() { flag = false; }
+    } scope(batch_);
+    embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_);
+    if (P) {
+        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+        gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
+        ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
+    }
+    // prefill_layer sizes the attention pieces from pos0 + n: here the furthest token's range
+    const int64_t pos0 = max_pos + 1 - n;
+    for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
+
+    if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
+    split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_, stream_);
+    gemm(w_.embed, static_cast<int>(V), H, n, all_logits_, V);
+    if (c_.final_softcap > 0.0f) softcap_inplace(all_logits_, int64_t{n} * V, c_.final_softcap, stream_);
+    argmax_rows(all_logits_, n, V, d_bnext_, stream_);
+    std::vector<int> next(static_cast<size_t>(n));
+    CUDA_CHECK(cudaMemcpyAsync(next.data(), d_bnext_, n * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    if (logits)
+        CUDA_CHECK(cudaMemcpyAsync(logits, all_logits_, static_cast<size_t>(n) * V * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int t = 0; t < n; ++t) ++slot_pos_[static_cast<size_t>(slot[static_cast<size_t>(t)])];
+    return next;
+}
+
+}  // namespace markbase::cuda
