@@ -317,18 +317,8 @@ void CudaModel::gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int 
 
 void CudaModel::attention_args(int i, AttnArgs& a) const {
     const LayerSpec& s = c_.layers[i];
-    const LayerCache& lc = cache_[i];
     a.q = q_;
-    a.k_cache = lc.k + cur_slot_ * lc.slot_stride;
-    a.v_cache = lc.v + cur_slot_ * lc.slot_stride;
-    if (batch_) {  // every token its own slot's cache (from the slots' base)
-        a.k_cache = lc.k;
-        a.v_cache = lc.v;
-        a.tok_pos = d_bpos_;
-        a.tok_slot = d_bslot_;
-        a.slot_stride = lc.slot_stride;
-    }
-    a.cap = lc.cap;
+    bind_cache(i, a);
     a.nH = c_.n_heads;
     a.nKV = s.n_kv_heads;
     a.d = s.head_dim;

@@ -217,6 +217,20 @@ class CudaModel {
     template <class T>
     T* alloc(size_t count);
     void attention_args(int i, AttnArgs& a) const;
+    // Layer i's cache in QkvPost / AttnArgs: the current slot's (cur_slot_), or while decode_batch runs the
+    // slots' base with each token's position and slot.
+    template <class Args>
+    void bind_cache(int i, Args& a) const {
+        const LayerCache& lc = cache_[i];
+        a.cap = lc.cap;
+        a.k_cache = lc.k + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
+        a.v_cache = lc.v + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
+        if (batch_) {
+            a.tok_pos = d_bpos_;
+            a.tok_slot = d_bslot_;
+            a.slot_stride = lc.slot_stride;
+        }
+    }
 
     std::unique_ptr<DeviceWeights> dw_;
     ShardContext shard_;

@@ -76,17 +76,7 @@ QkvPost CudaModel::qkv_post_args(int i) const {
     p.vraw = lw.v_proj ? v_ : k_;  // k_eq_v: V is the raw k projection
     p.q_norm = lw.q_norm;
     p.k_norm = lw.k_norm;
-    const LayerCache& lc = cache_[i];
-    p.k_cache = lc.k + cur_slot_ * lc.slot_stride;
-    p.v_cache = lc.v + cur_slot_ * lc.slot_stride;
-    p.cap = lc.cap;
-    if (batch_) {  // every token its own slot's cache (from the slots' base)
-        p.k_cache = lc.k;
-        p.v_cache = lc.v;
-        p.tok_pos = d_bpos_;
-        p.tok_slot = d_bslot_;
-        p.slot_stride = lc.slot_stride;
-    }
+    bind_cache(i, p);
     p.nH = c_.n_heads;
     p.nKV = s.n_kv_heads;
     p.d = s.head_dim;
