@@ -79,6 +79,29 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return t;
 }
 
+// sum of squares of 8 inputs; the 8 inputs times 8 bf16 norm weights (the RMSNorm folded into a GEMV's x)
+__device__ __forceinline__ float sq8(const float4 a, const float4 b, float s) {
+    s = fmaf(a.x, a.x, s);
+    s = fmaf(a.y, a.y, s);
+    s = fmaf(a.z, a.z, s);
+    s = fmaf(a.w, a.w, s);
+    s = fmaf(b.x, b.x, s);
+    s = fmaf(b.y, b.y, s);
+    s = fmaf(b.z, b.z, s);
+    return fmaf(b.w, b.w, s);
+}
+
+__device__ __forceinline__ void scale8(float4& a, float4& b, const uint4 n) {
+    a.x *= bf16_lo(n.x);
+    a.y *= bf16_hi(n.x);
+    a.z *= bf16_lo(n.y);
+    a.w *= bf16_hi(n.y);
+    b.x *= bf16_lo(n.z);
+    b.y *= bf16_hi(n.z);
+    b.z *= bf16_lo(n.w);
+    b.w *= bf16_hi(n.w);
+}
+
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));

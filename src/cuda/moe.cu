@@ -28,30 +28,10 @@ __device__ __forceinline__ int held_index(int e, ExpertRange held) {
     return e >= held.begin && e < held.begin + held.count ? e - held.begin : -1;
 }
 
-// One block per token: the experts' input norm over the block, then one warp does softmax over E, K rounds of
-// arg-max (ties to the lower id), renormalisation and scaling.
-__global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
-                             bool slot_groups, int* group_expert, int* group_off, int* entries,
-                             const float* x, const bf16* norm_w, int H, float eps, float* e_in,
-                             ExpertRange held) {
-    extern __shared__ float p[];
-    __shared__ float red[32];
-    pdl_begin();
-    const int t = blockIdx.x, lane = threadIdx.x;
-    {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
-        // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
-        const float* __restrict__ xr = x + static_cast<int64_t>(t) * H;
-        float ss = 0.0f;
-#pragma unroll 4
-        for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(xr[k], xr[k], ss);
-        ss = block_sum(ss, red);
-        const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-        float* __restrict__ er = e_in + static_cast<int64_t>(t) * H;
-#pragma unroll 4
-        for (int k = threadIdx.x; k < H; k += blockDim.x) er[k] = xr[k] * inv * bf16_at(norm_w, k);
-    }
-    if (threadIdx.x >= 32) return;  // the routing itself is one warp's work
-    const float* lg = logits + static_cast<int64_t>(t) * E;
+// Softmax over E logits, K rounds of arg-max (ties to the lower id), renormalised and times per_expert_scale:
+// one warp's work (p: E floats of shared memory). Lane 0 ends with ids[k], w[k] (any memory it may write).
+__device__ void route_warp(const float* lg, int E, int K, const bf16* pes, float* p, int* ids, float* w) {
+    const int lane = threadIdx.x & 31;
     float mx = -FLT_MAX;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
     mx = warp_max(mx);
@@ -85,23 +65,46 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
         }
         top_sum += bv;
         if (lane == 0) {
-            sel_id[t * K + k] = bi;
-            sel_w[t * K + k] = bv;  // the probability for now; scaled below
-            p[bi] = -2.0f;          // removed
+            ids[k] = bi;
+            w[k] = bv;      // the probability for now; scaled below
+            p[bi] = -2.0f;  // removed
         }
         __syncwarp();
     }
-    if (lane == 0) {
+    if (lane == 0)
+        for (int k = 0; k < K; ++k) w[k] = w[k] / top_sum * bf16_at(pes, ids[k]);
+}
+
+// One block per token: the experts' input norm over the block, then one warp routes (route_warp).
+__global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                             bool slot_groups, int* group_expert, int* group_off, int* entries,
+                             const float* x, const bf16* norm_w, int H, float eps, float* e_in,
+                             ExpertRange held) {
+    extern __shared__ float p[];
+    __shared__ float red[32];
+    pdl_begin();
+    const int t = blockIdx.x, lane = threadIdx.x;
+    {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
+        // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
+        const float* __restrict__ xr = x + static_cast<int64_t>(t) * H;
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(xr[k], xr[k], ss);
+        ss = block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+        float* __restrict__ er = e_in + static_cast<int64_t>(t) * H;
+#pragma unroll 4
+        for (int k = threadIdx.x; k < H; k += blockDim.x) er[k] = xr[k] * inv * bf16_at(norm_w, k);
+    }
+    if (threadIdx.x >= 32) return;  // the routing itself is one warp's work
+    route_warp(logits + static_cast<int64_t>(t) * E, E, K, pes, p, sel_id + t * K, sel_w + t * K);
+    if (lane == 0 && slot_groups) {
         for (int k = 0; k < K; ++k) {
-            const int e = sel_id[t * K + k];
-            sel_w[t * K + k] = sel_w[t * K + k] / top_sum * bf16_at(pes, e);
-            if (slot_groups) {
-                group_expert[k] = held_index(e, held);
-                group_off[k] = k;
-                entries[k] = k;
-            }
+            group_expert[k] = held_index(sel_id[k], held);
+            group_off[k] = k;
+            entries[k] = k;
         }
-        if (slot_groups) group_off[K] = K;
+        group_off[K] = K;
     }
 }
 
@@ -244,6 +247,70 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
 }
 
+// Decode with MARKBASE_CUDA_MOE_ROUTE=fused: route_kernel's work folded into the experts' gate/up launch, one
+// kernel boundary fewer on the experts' chain. Every block routes the token itself from the router's logits
+// (route_warp: the same ids and weights in every block, and as route_kernel's) and takes slot blockIdx.y's
+// expert; block (0, 0) also stores the slots' ids, weights and groups for the down projection and the
+// combine. The experts' input norm, pre_feedforward_layernorm_2(x), is folded into each warp as in
+// gemv_rows.cu: every warp reads all of x anyway. dynamic smem: E floats.
+constexpr int kMaxTopK = 32;
+__global__ void __launch_bounds__(kThreads)
+    route_gate_up_decode_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                                int* group_expert, const float* x, const bf16* norm_w, float eps, int H,
+                                const bf16* w, int Ie, ExpertRange held, float* out) {
+    extern __shared__ float p[];
+    __shared__ int ids[kMaxTopK];
+    __shared__ float wts[kMaxTopK];
+    pdl_begin();  // the logits are the previous kernel's
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
+    if (warp == 0) route_warp(logits, E, K, pes, p, ids, wts);
+    __syncthreads();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+        const int k = threadIdx.x;
+        sel_id[k] = ids[k];
+        sel_w[k] = wts[k];
+        group_expert[k] = held_index(ids[k], held);
+    }
+    if (j >= Ie) return;
+    const int e = held_index(ids[g], held);
+    if (e < 0) {  // held by another rank
+        if (lane == 0) out[static_cast<int64_t>(g) * Ie + j] = 0.0f;
+        return;
+    }
+    const int64_t stride = 2 * static_cast<int64_t>(Ie) * H;
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + e * stride + static_cast<int64_t>(j) * H);
+    const uint4* w2 = reinterpret_cast<const uint4*>(w + e * stride + static_cast<int64_t>(Ie + j) * H);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const uint4* nw4 = reinterpret_cast<const uint4*>(norm_w);
+    const int nchunk = H >> 3;
+    float a1 = 0.0f, a2 = 0.0f, ss = 0.0f;
+    for (int c0 = 0; c0 < nchunk; c0 += 32 * kDecU) {
+        uint4 v1[kDecU], v2[kDecU];
+#pragma unroll
+        for (int u = 0; u < kDecU; ++u) {
+            const int c = c0 + u * 32 + lane;
+            v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
+            v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kDecU; ++u) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= nchunk) continue;
+            float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
+            ss = sq8(xa, xb, ss);
+            scale8(xa, xb, __ldg(nw4 + c));
+            a1 += dot8(v1[u], xa, xb);
+            a2 += dot8(v2[u], xa, xb);
+        }
+    }
+    a1 = warp_sum(a1);
+    a2 = warp_sum(a2);
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    if (lane == 0) out[static_cast<int64_t>(g) * Ie + j] = gelu_tanh(a1 * inv) * (a2 * inv);
+}
+
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
 __global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
@@ -297,6 +364,18 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
     launch_kernel(expert_decode_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H,
                   false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H,
                   group_expert, h, Ie);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_route_gate_up_decode(const float* logits, int E, int K, const bf16* per_expert_scale, int* sel_id,
+                              float* sel_w, int* group_expert, const float* x, const bf16* norm_w, float eps,
+                              int H, const bf16* gate_up, int Ie, float* h, cudaStream_t s,
+                              ExpertRange held) {
+    if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
+    if (K > kMaxTopK || K > E) throw Error("internal: fused routing takes at most 32 experts per token");
+    launch_kernel(route_gate_up_decode_kernel, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads),
+                  static_cast<size_t>(E) * sizeof(float), s, logits, E, K, per_expert_scale, sel_id, sel_w,
+                  group_expert, x, norm_w, eps, H, gate_up, Ie, held, h);
     CUDA_CHECK_LAUNCH();
 }
 
