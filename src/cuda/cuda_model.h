@@ -285,9 +285,6 @@ class CudaModel {
     bool tail_ = false;
     unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
-    // MARKBASE_CUDA_GEMV=stream: the streaming GEMV's pieces and row counters, for the launches on stream_
-    // (a GEMV on stream2_ runs beside them and takes the warpk kernel)
-    GemvStreamScratch gemv_stream_;
 
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
@@ -304,8 +301,6 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_DECODE: rows (the default since session 3's A/B: 26B -5.7% per token) = the
     // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
     bool moe_decode_rows_ = true;
-    // MARKBASE_CUDA_MOE_ROUTE=fused (with rows): the routing inside the experts' gate/up launch at decode
-    bool moe_route_fused_ = false;
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP

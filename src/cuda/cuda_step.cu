@@ -21,7 +21,6 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
-    in.stream = gemv_stream_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -57,7 +56,6 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
-    in.stream = gemv_stream_;
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
@@ -268,31 +266,22 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     {
         GemvInput in = x_input(true, lw.router_scale);
         in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
-        if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
         run(pf, "router", i, wbytes(E, H), [&] {
             GemvSeg seg{lw.router_proj, rlogits_, E, 0};
             gemv(in, &seg, 1, 1, st);
         });
     }
     float* x = xcur_;
-    if (moe_route_fused_ && moe_decode_rows_) {  // route + gate/up in one launch (the input norm folded in)
-        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
-            moe_route_gate_up_decode(rlogits_, E, K, lw.per_expert_scale, sel_id_, sel_w_, gexp_, x,
-                                     lw.pre_ffn_norm_2, c_.rms_eps, H, lw.experts_gate_up, Ie, eh_, st,
-                                     held_experts());
-        });
-    } else {
-        run(pf, "route_topk", i, 0.0, [&] {
-            moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                      lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts());
-        });
-        run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
-            if (moe_decode_rows_)
-                moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st);
-            else
-                moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
-        });
-    }
+    run(pf, "route_topk", i, 0.0, [&] {
+        moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
+                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts());
+    });
+    run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
+        if (moe_decode_rows_)
+            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st);
+        else
+            moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
+    });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_decode_rows_)
             moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st);

@@ -238,7 +238,6 @@ constexpr VariantSpec kSpecs[] = {
     {"r2u4k", 2, 4, true, true},     // 5
     {"warp", 2, 4, false, false},    // 6 = kGemvVariantWarp: gemv_rows.cu (here: lm_head, several tokens)
     {"warpk", 2, 4, false, false},   // 7 = kGemvVariantWarpK: gemv_rows.cu with K shared by warps
-    {"stream", 2, 4, false, false},  // 8 = kGemvVariantStream: gemv_rows.cu, warps streaming runs of rounds
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kSpecs) / sizeof(kSpecs[0]));
 
@@ -341,7 +340,7 @@ int gemv_variant_from_env() {
     for (int i = 0; i < kNumVariants; ++i)
         if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
     throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
-                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk|stream or 0..8)");
+                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk or 0..7)");
 }
 
 const char* gemv_variant_name(int v) {

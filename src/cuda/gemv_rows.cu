@@ -9,7 +9,6 @@
 //    last block to finish (ResidualTail) instead of by every block of the next GEMV;
 //  - the first batch of weights is loaded before waiting for the previous kernel (weights never depend on
 //    it), so with programmatic dependent launch the stream of bytes starts during the predecessor's tail.
-#include <algorithm>
 #include <string>
 
 #include "cuda/check.h"
@@ -261,151 +260,6 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
     }
 }
 
-// ---- stream (MARKBASE_CUDA_GEMV=stream) ----
-// The matrix as one sequence of rounds in memory order: row r's round j covers chunks [j, j + 1) * kRound of
-// its K (the last round of a row may be partial). Warp g of G takes rounds [g N / G, (g + 1) N / G): a
-// contiguous run of the weights, so its loads never wait on a row boundary, a reduction or a new block: the
-// next round's 8 x 16-byte loads per lane are issued before the current round is computed. Every warp gets
-// about the same number of rounds (no tail wave; the W > 1 kernels end each row in a barrier and start every
-// row cold). A row cut between warps is summed through the scratch: each warp has at most two such pieces
-// (its first and its last row), stored under (warp, 0 = first row | 1 = last row); the last piece to arrive
-// (a counter per row) adds them in warp order, so the result does not depend on timing.
-__device__ __forceinline__ int64_t stream_round_lo(int64_t g, int64_t N, int64_t G) {
-    return g * N / G;
-}
-__device__ __forceinline__ int64_t stream_warp_of(int64_t t, int64_t N, int64_t G) {
-    return ((t + 1) * G - 1) / N;  // the largest g with stream_round_lo(g) <= t
-}
-
-template <int M>
-__global__ void __launch_bounds__(kWarps * 32, 2) stream_kernel(const RowsParams p, int R, int64_t N) {
-    constexpr int kUnit = M == kGeglu ? kU / 2 : kU;  // 16-byte chunks per lane per matrix per round
-    constexpr int kRound = 32 * kUnit;
-    const int lane = threadIdx.x & 31;
-    const int64_t G = static_cast<int64_t>(gridDim.x) * kWarps;
-    const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-    const int64_t t_lo = stream_round_lo(g, N, G), t_hi = stream_round_lo(g + 1, N, G);
-    const int K = p.in.K, nchunk = K >> 3;
-    const GemvStreamScratch sc = p.in.stream;
-
-    uint4 a[kUnit], a2[kUnit], b[kUnit], b2[kUnit];
-    // positions (row, round within the row) of the next round to load and of the round to compute, advanced
-    // one round at a time (no division per round)
-    int lrow = static_cast<int>(t_lo / R), lj = static_cast<int>(t_lo % R);
-    int crow = lrow, cj = lj;
-    auto load = [&](uint4(&v)[kUnit], uint4(&v2)[kUnit]) {
-        int s = 0;
-        while (s + 1 < p.nseg && lrow >= p.seg_end[s]) ++s;
-        const int64_t off = static_cast<int64_t>(lrow - (s ? p.seg_end[s - 1] : 0)) * K;
-        const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + off);
-        const uint4* w2 = reinterpret_cast<const uint4*>((M == kGeglu ? p.w2 : p.seg[s].w) + off);
-        const int c0 = lj * kRound;
-#pragma unroll
-        for (int u = 0; u < kUnit; ++u) {
-            const int c = c0 + u * 32 + lane;
-            const bool ok = c < nchunk;
-            v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
-            if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
-        }
-        if (++lj == R) {
-            lj = 0;
-            ++lrow;
-        }
-    };
-    if (t_lo < t_hi) load(a, a2);  // weights only: safe before the previous kernel has finished
-    pdl_begin();
-
-    const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
-    const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
-    const bool norm = p.in.norm;
-    float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
-    auto compute = [&](const uint4(&v)[kUnit], const uint4(&v2)[kUnit]) {
-        const int c0 = cj * kRound;
-#pragma unroll
-        for (int u = 0; u < kUnit; ++u) {
-            const int c = c0 + u * 32 + lane;
-            if (c < nchunk) {
-                float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
-                if (norm) {
-                    ss = sq8(xa, xb, ss);
-                    if (nw4) scale8(xa, xb, __ldg(nw4 + c));
-                }
-                acc += dot8(v[u], xa, xb);
-                if constexpr (M == kGeglu) acc2 += dot8(v2[u], xa, xb);
-            }
-        }
-    };
-    // After computing round t: if it ends this warp's part of its row, the row's output (or this warp's piece
-    // of it); then the compute position moves on.
-    auto finish = [&](int64_t t) {
-        const int row = crow;
-        const bool row_end = ++cj == R;
-        if (row_end) {
-            cj = 0;
-            ++crow;
-        }
-        if (!row_end && t + 1 != t_hi) return;
-        acc = warp_sum(acc);
-        if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
-        if (norm) ss = warp_sum(ss);
-        const int64_t r0 = static_cast<int64_t>(row) * R, r1 = r0 + R - 1;
-        bool last = true;
-        if (r0 < t_lo || r1 >= t_hi) {  // shared with other warps
-            const int64_t g0 = stream_warp_of(r0, N, G), g1 = stream_warp_of(r1, N, G);
-            if (lane == 0) {
-                // slot 0: this warp's first row; 1: its last (a warp inside one row has only slot 0)
-                float* mine = sc.part + (g * 2 + (t_lo / R == row ? 0 : 1)) * 3;
-                mine[0] = acc;
-                mine[1] = acc2;
-                mine[2] = ss;
-                __threadfence();
-                const unsigned int ticket = atomicAdd(sc.count + row, 1u);
-                last = ticket == static_cast<unsigned int>(g1 - g0);
-                if (last) {
-                    __threadfence();
-                    acc = acc2 = ss = 0.0f;
-                    for (int64_t q = g0; q <= g1; ++q) {  // warp order: the same sum whoever finishes
-                        const float* pq =
-                            sc.part + (q * 2 + (stream_round_lo(q, N, G) / R == row ? 0 : 1)) * 3;
-                        acc += __ldcg(pq);
-                        acc2 += __ldcg(pq + 1);
-                        ss += __ldcg(pq + 2);
-                    }
-                    sc.count[row] = 0u;  // ready for the next launch (the stream orders them)
-                }
-            }
-        }
-        if (lane == 0 && last) {
-            if (norm) {
-                const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
-                acc *= inv;
-                acc2 *= inv;
-            }
-            int s = 0;
-            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
-            float* y = p.seg[s].y + (row - (s ? p.seg_end[s - 1] : 0));
-            if constexpr (M == kStore)
-                *y = acc;
-            else if constexpr (M == kGeglu)
-                *y = gelu_tanh(acc) * acc2;
-            else
-                *y = gelu_tanh(acc) * p.aux[row];
-        }
-        acc = acc2 = ss = 0.0f;
-    };
-    // two register stages, alternating: round t computes from one while round t + 1 loads into the other
-    for (int64_t t = t_lo; t < t_hi; t += 2) {
-        if (t + 1 < t_hi) load(b, b2);
-        compute(a, a2);
-        finish(t);
-        if (t + 1 >= t_hi) break;
-        if (t + 2 < t_hi) load(a, a2);
-        compute(b, b2);
-        finish(t + 1);
-    }
-    if (M == kStore && p.tail.x) residual_tail(p);
-}
-
 void check_aligned(const void* p, const char* what) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
@@ -435,35 +289,6 @@ void launch_w(RowsParams& p, cudaStream_t s) {
     CUDA_CHECK_LAUNCH();
 }
 
-int device_sms() {
-    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    if (d != dev) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
-        dev = d;
-    }
-    return sms;
-}
-
-// The streaming kernel when the launch has a scratch, no peer sums and at least kStreamMinRounds rounds per
-// warp at two blocks per SM (fewer: most warps would hold one or two rounds, nothing to overlap); false
-// leaves the launch to the warpk kernel.
-constexpr int kStreamMinRounds = 3;
-template <int M>
-bool launch_stream(RowsParams& p, cudaStream_t s) {
-    constexpr int kRound = 32 * (M == kGeglu ? kU / 2 : kU);
-    const GemvStreamScratch& sc = p.in.stream;
-    if (!sc.part || !sc.count || p.peer.world > 1 || p.total_rows > sc.rows) return false;
-    const int R = (p.in.K / 8 + kRound - 1) / kRound;
-    const int64_t N = static_cast<int64_t>(p.total_rows) * R;
-    const int64_t blocks = std::min<int64_t>(2 * device_sms(), N / (int64_t{kWarps} * kStreamMinRounds));
-    if (blocks < 1 || blocks * kWarps > sc.warps) return false;
-    launch_kernel(stream_kernel<M>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, s, p, R, N);
-    CUDA_CHECK_LAUNCH();
-    return true;
-}
-
 template <int M>
 void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K % 8 != 0)
@@ -480,9 +305,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
-    if (p.in.variant == kGemvVariantStream && launch_stream<M>(p, s)) return;
-    switch (p.in.variant == kGemvVariantWarpK || p.in.variant == kGemvVariantStream ? warps_per_row(p.in.K)
-                                                                                    : 1) {
+    switch (p.in.variant == kGemvVariantWarpK ? warps_per_row(p.in.K) : 1) {
         case 8:
             return launch_w<M, 8>(p, s);
         case 4:
@@ -495,10 +318,6 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
 }
 
 }  // namespace
-
-int64_t gemv_stream_max_warps() {
-    return 2 * int64_t{device_sms()} * kWarps;
-}
 
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s) {
     RowsParams p;

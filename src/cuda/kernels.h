@@ -16,16 +16,6 @@ namespace markbase::cuda {
 
 // The input vector, optionally RMS-normalised on the fly: xn = x * rsqrt(mean(x^2) + eps) * norm_w * scale
 // (norm_w may be null = no weight). K must be a multiple of 8; rows are 16-byte aligned.
-// Scratch of the streaming GEMV (MARKBASE_CUDA_GEMV=stream, gemv_rows.cu): each warp's partial sums of the
-// (at most two) rows it shares with other warps, and one arrival counter per output row (zero between
-// launches). One per stream that runs GEMVs concurrently; without it the launch takes the warpk kernel.
-struct GemvStreamScratch {
-    float* part = nullptr;          // [warps][2][3]
-    unsigned int* count = nullptr;  // [rows]
-    int64_t warps = 0;              // capacity of part, in warps
-    int rows = 0;                   // capacity of count
-};
-
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
@@ -47,8 +37,7 @@ struct GemvInput {
     // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
     // warp).
     int variant = 0;
-    int ksplit = 0;            // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
-    GemvStreamScratch stream;  // variant kGemvVariantStream at one token
+    int ksplit = 0;  // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -117,15 +106,9 @@ void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const floa
 // a row's K range shared by 1-8 warps (gemv_rows.cu's warps_per_row), for long rows.
 constexpr int kGemvVariantWarp = 6;
 constexpr int kGemvVariantWarpK = 7;
-// stream: each warp streams a contiguous run of 4 KB rounds of the matrix (rows in memory order), the next
-// round's loads in flight while it computes the current one; rows cut between warps meet through
-// GemvStreamScratch. Launches with too few rounds per warp take the warpk kernel.
-constexpr int kGemvVariantStream = 8;
 inline bool gemv_variant_is_rows(int v) {
-    return v == kGemvVariantWarp || v == kGemvVariantWarpK || v == kGemvVariantStream;
+    return v == kGemvVariantWarp || v == kGemvVariantWarpK;
 }
-// The warps a streaming GEMV launch may use on this device (its scratch's size).
-int64_t gemv_stream_max_warps();
 
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
 // staged, and records their register use (for the resident-grid variants).
@@ -272,12 +255,6 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
                         float* h, cudaStream_t s);
-// Decode with the routing folded in (MARKBASE_CUDA_MOE_ROUTE=fused): moe_route's ids, weights and slot
-// groups (group_expert only) and moe_gate_up_decode's products in one launch, with the experts' input norm
-// (norm_w, eps) applied to x inside each warp.
-void moe_route_gate_up_decode(const float* logits, int E, int K, const bf16* per_expert_scale, int* sel_id,
-                              float* sel_w, int* group_expert, const float* x, const bf16* norm_w, float eps,
-                              int H, const bf16* gate_up, int Ie, float* h, cudaStream_t s, ExpertRange held);
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                      float* slots, cudaStream_t s);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after

@@ -247,70 +247,6 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
 }
 
-// Decode with MARKBASE_CUDA_MOE_ROUTE=fused: route_kernel's work folded into the experts' gate/up launch, one
-// kernel boundary fewer on the experts' chain. Every block routes the token itself from the router's logits
-// (route_warp: the same ids and weights in every block, and as route_kernel's) and takes slot blockIdx.y's
-// expert; block (0, 0) also stores the slots' ids, weights and groups for the down projection and the
-// combine. The experts' input norm, pre_feedforward_layernorm_2(x), is folded into each warp as in
-// gemv_rows.cu: every warp reads all of x anyway. dynamic smem: E floats.
-constexpr int kMaxTopK = 32;
-__global__ void __launch_bounds__(kThreads)
-    route_gate_up_decode_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
-                                int* group_expert, const float* x, const bf16* norm_w, float eps, int H,
-                                const bf16* w, int Ie, ExpertRange held, float* out) {
-    extern __shared__ float p[];
-    __shared__ int ids[kMaxTopK];
-    __shared__ float wts[kMaxTopK];
-    pdl_begin();  // the logits are the previous kernel's
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
-    if (warp == 0) route_warp(logits, E, K, pes, p, ids, wts);
-    __syncthreads();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
-        const int k = threadIdx.x;
-        sel_id[k] = ids[k];
-        sel_w[k] = wts[k];
-        group_expert[k] = held_index(ids[k], held);
-    }
-    if (j >= Ie) return;
-    const int e = held_index(ids[g], held);
-    if (e < 0) {  // held by another rank
-        if (lane == 0) out[static_cast<int64_t>(g) * Ie + j] = 0.0f;
-        return;
-    }
-    const int64_t stride = 2 * static_cast<int64_t>(Ie) * H;
-    const uint4* w1 = reinterpret_cast<const uint4*>(w + e * stride + static_cast<int64_t>(j) * H);
-    const uint4* w2 = reinterpret_cast<const uint4*>(w + e * stride + static_cast<int64_t>(Ie + j) * H);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    const uint4* nw4 = reinterpret_cast<const uint4*>(norm_w);
-    const int nchunk = H >> 3;
-    float a1 = 0.0f, a2 = 0.0f, ss = 0.0f;
-    for (int c0 = 0; c0 < nchunk; c0 += 32 * kDecU) {
-        uint4 v1[kDecU], v2[kDecU];
-#pragma unroll
-        for (int u = 0; u < kDecU; ++u) {
-            const int c = c0 + u * 32 + lane;
-            v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
-            v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kDecU; ++u) {
-            const int c = c0 + u * 32 + lane;
-            if (c >= nchunk) continue;
-            float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
-            ss = sq8(xa, xb, ss);
-            scale8(xa, xb, __ldg(nw4 + c));
-            a1 += dot8(v1[u], xa, xb);
-            a2 += dot8(v2[u], xa, xb);
-        }
-    }
-    a1 = warp_sum(a1);
-    a2 = warp_sum(a2);
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-    if (lane == 0) out[static_cast<int64_t>(g) * Ie + j] = gelu_tanh(a1 * inv) * (a2 * inv);
-}
-
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
 __global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
@@ -364,18 +300,6 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
     launch_kernel(expert_decode_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H,
                   false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H,
                   group_expert, h, Ie);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_route_gate_up_decode(const float* logits, int E, int K, const bf16* per_expert_scale, int* sel_id,
-                              float* sel_w, int* group_expert, const float* x, const bf16* norm_w, float eps,
-                              int H, const bf16* gate_up, int Ie, float* h, cudaStream_t s,
-                              ExpertRange held) {
-    if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
-    if (K > kMaxTopK || K > E) throw Error("internal: fused routing takes at most 32 experts per token");
-    launch_kernel(route_gate_up_decode_kernel, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads),
-                  static_cast<size_t>(E) * sizeof(float), s, logits, E, K, per_expert_scale, sel_id, sel_w,
-                  group_expert, x, norm_w, eps, H, gate_up, Ie, held, h);
     CUDA_CHECK_LAUNCH();
 }
 

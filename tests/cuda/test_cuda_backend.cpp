@@ -285,10 +285,6 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_DECODE=groups",
     "MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
-    "MARKBASE_CUDA_GEMV=stream",
-    "MARKBASE_CUDA_GEMV=stream,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_MOE_ROUTE=fused",
-    "MARKBASE_CUDA_MOE_ROUTE=fused,MARKBASE_CUDA_MOE_OVERLAP=0,MARKBASE_CUDA_GEMV=stream",
 };
 
 #ifdef MARKBASE_HAS_CUDA
@@ -417,10 +413,6 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_DECODE=groups",
     "MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
-    "MARKBASE_CUDA_GEMV=stream",
-    "MARKBASE_CUDA_GEMV=stream,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_MOE_ROUTE=fused",
-    "MARKBASE_CUDA_MOE_ROUTE=fused,MARKBASE_CUDA_MOE_OVERLAP=0,MARKBASE_CUDA_GEMV=stream",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
