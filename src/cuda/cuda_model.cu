@@ -86,13 +86,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         gemv_variant_ = gemv_variant_from_env();
         if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_KSPLIT"))
             gemv_ksplit_ = std::clamp(std::atoi(e), 0, 64);
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_PREFETCH"))
-            gemv_prefetch_ = std::strcmp(e, "1") == 0;
-        if (const char* e = std::getenv("MARKBASE_CUDA_CARVEOUT")) {
-            if (std::strcmp(e, "l1") != 0 && std::strcmp(e, "auto") != 0)
-                throw Error(std::string("MARKBASE_CUDA_CARVEOUT=") + e + ": expected l1 or auto");
-            if (std::strcmp(e, "l1") == 0) gemv_rows_prefer_l1();
-        }
         const AttnPolicy policy = attn_policy_from_env();
         const int auto_min = policy.min_keys;
         int sms = 0;
@@ -156,17 +149,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);
         CUDA_CHECK(cudaMemset(d_attn_counters_, 0, nH * sizeof(unsigned int)));
-        if (const char* e = std::getenv("MARKBASE_CUDA_QKV_POST")) {
-            if (std::strcmp(e, "gemv") != 0 && std::strcmp(e, "kernel") != 0)
-                throw Error(std::string("MARKBASE_CUDA_QKV_POST=") + e + ": expected gemv or kernel");
-            qkv_post_gemv_ = std::strcmp(e, "gemv") == 0 && gemv_variant_is_rows(gemv_variant_);
-        }
-        {
-            int heads = nH;
-            for (const LayerSpec& s : c_.layers) heads = std::max(heads, nH + 2 * s.n_kv_heads);
-            d_head_counters_ = alloc<unsigned int>(heads);
-            CUDA_CHECK(cudaMemset(d_head_counters_, 0, heads * sizeof(unsigned int)));
-        }
         q_ = alloc<float>(n * max_q);
         k_ = alloc<float>(n * std::max(max_kv, 1));
         v_ = alloc<float>(n * std::max(max_kv, 1));

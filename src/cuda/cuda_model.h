@@ -335,11 +335,6 @@ class CudaModel {
     // layer, only the pieces holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with
     // the v1 kernel) or "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports).
     int gemv_variant_ = kGemvVariantWarpK;
-    bool gemv_prefetch_ = false;
-    // MARKBASE_CUDA_QKV_POST=gemv (warp-per-row GEMVs): the q/k norms, RoPE and cache write in the q/k/v
-    // GEMV's blocks (gemv_rows_qkv); d_head_counters_ [nH + 2 nKV] its per-head row counts
-    bool qkv_post_gemv_ = false;
-    unsigned int* d_head_counters_ = nullptr;  // MARKBASE_CUDA_GEMV_PREFETCH=1: GemvInput::prefetch_x
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;

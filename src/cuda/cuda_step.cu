@@ -21,7 +21,6 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
-    in.prefetch_x = gemv_prefetch_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -57,7 +56,6 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
-    in.prefetch_x = gemv_prefetch_;
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
@@ -180,17 +178,13 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                 segs[ns++] = {lw.k_proj, k_, kvw, 0};
                 if (lw.v_proj) segs[ns++] = {lw.v_proj, v_, kvw, 0};
             }
-            if (qkv_post_gemv_)
-                gemv_rows_qkv(in, segs, ns, qkv_post_args(i), d_head_counters_, stream_);
-            else
-                gemv(in, segs, ns, 1, stream_);
+            gemv(in, segs, ns, 1, stream_);
         });
     }
-    if (!qkv_post_gemv_)
-        run(pf, "qk_norm_rope", i, 0.0, [&] {
-            const QkvPost p = qkv_post_args(i);
-            qkv_post(p, 1, stream_);
-        });
+    run(pf, "qk_norm_rope", i, 0.0, [&] {
+        const QkvPost p = qkv_post_args(i);
+        qkv_post(p, 1, stream_);
+    });
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];

@@ -16,7 +16,6 @@
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/peer_sum.cuh"
-#include "cuda/qkv_post.cuh"
 
 namespace markbase::cuda {
 
@@ -24,8 +23,7 @@ namespace {
 
 enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2 };
 constexpr int kWarps = 8;
-constexpr int kMaxPostDim = 512;  // head dims the fused q/k/v post takes
-constexpr int kU = 8;             // 16-byte chunks per lane in flight per matrix
+constexpr int kU = 8;  // 16-byte chunks per lane in flight per matrix
 
 struct RowsParams {
     GemvInput in;
@@ -37,11 +35,6 @@ struct RowsParams {
     const float* aux = nullptr;  // kGeluMul: the multiplier
     ResidualTail tail;
     PeerSum peer;  // tensor parallel with the sum in the tail (world > 1): see ResidualTail
-    // q/k/v with the norms, RoPE and cache write folded in (MARKBASE_CUDA_QKV_POST=gemv): rows are heads of
-    // post.d; head_count[h] counts head h's stored rows, and the block that stores its last ones runs the
-    // head
-    QkvPost post;
-    unsigned int* head_count = nullptr;
 };
 
 // x = (x + RMSNorm(y) * w) * scale by the last block to finish; y is every row this grid wrote. One block
@@ -164,8 +157,8 @@ __device__ void peer_tail(const RowsParams& p, unsigned long long call) {
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
 // Peer: the tensor-parallel tail (kStore with ResidualTail.peer), a separate instantiation so that the
-// one-GPU kernels keep their registers. Post: the q/k/v launch with qkv_post folded in (RowsParams.post).
-template <int M, int W, bool Peer = false, bool Post = false>
+// one-GPU kernels keep their registers.
+template <int M, int W, bool Peer = false>
 __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr int kRowsPerBlock = kWarps / W;
@@ -195,19 +188,6 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
     };
     load(c_lo);   // weights only: safe before the previous kernel has finished
     pdl_begin();  // from here on x (and y, the tail's x) may be touched
-    if (p.in.prefetch_x &&
-        active) {  // this warp's x (32 bytes per chunk) and norm weights (16), line by line
-        const char* xb = reinterpret_cast<const char*>(p.in.x);
-        for (int64_t o = (int64_t{c_lo} * 32 & ~int64_t{127}) + lane * 128; o < int64_t{c_hi} * 32;
-             o += 32 * 128)
-            prefetch_l1(xb + o);
-        if (p.in.norm_w) {
-            const char* nb = reinterpret_cast<const char*>(p.in.norm_w);
-            for (int64_t o = (int64_t{c_lo} * 16 & ~int64_t{127}) + lane * 128; o < int64_t{c_hi} * 16;
-                 o += 32 * 128)
-                prefetch_l1(nb + o);
-        }
-    }
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
@@ -278,28 +258,6 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
         else
             residual_tail(p);
     }
-    if constexpr (Post) {  // this block's rows lie in one head (8 / W rows; head dims are multiples of 8)
-        __shared__ float buf[kMaxPostDim];
-        __shared__ float red[32];
-        __shared__ bool head_done;
-        const int first = blockIdx.x * kRowsPerBlock, head = first / p.post.d;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            const unsigned int n = static_cast<unsigned int>(min(kRowsPerBlock, p.total_rows - first));
-            head_done = atomicAdd(p.head_count + head, n) + n == static_cast<unsigned int>(p.post.d);
-        }
-        __syncthreads();
-        if (head_done) {
-            __threadfence();
-            qkv_post_head<false>(p.post, head, 0, buf, red);
-            // k_eq_v layers have no v rows: the value head is the key head's raw rows, normalised unrotated
-            const bool k_is_v = p.post.kraw && p.post.vraw == p.post.kraw;
-            if (k_is_v && head >= p.post.nH && head < p.post.nH + p.post.nKV)
-                qkv_post_head<false>(p.post, head + p.post.nKV, 0, buf, red);
-            if (threadIdx.x == 0) p.head_count[head] = 0u;  // ready for the next launch
-        }
-    }
 }
 
 void check_aligned(const void* p, const char* what) {
@@ -321,11 +279,6 @@ void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
     const dim3 grid((p.total_rows + rpb - 1) / rpb);
     if constexpr (M == kStore) {
-        if (p.head_count) {
-            launch_kernel(rows_kernel<M, W, false, true>, grid, dim3(kWarps * 32), 0, s, p);
-            CUDA_CHECK_LAUNCH();
-            return;
-        }
         if (p.peer.world > 1) {
             launch_kernel(rows_kernel<M, W, true>, grid, dim3(kWarps * 32), 0, s, p);
             CUDA_CHECK_LAUNCH();
@@ -364,25 +317,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     }
 }
 
-template <int M, int W>
-void prefer_l1() {
-    CUDA_CHECK(cudaFuncSetAttribute(rows_kernel<M, W>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxL1));
-}
-template <int M>
-void prefer_l1_all() {
-    prefer_l1<M, 1>();
-    prefer_l1<M, 2>();
-    prefer_l1<M, 4>();
-    prefer_l1<M, 8>();
-}
 }  // namespace
-
-void gemv_rows_prefer_l1() {
-    prefer_l1_all<kStore>();
-    prefer_l1_all<kGeglu>();
-    prefer_l1_all<kGeluMul>();
-}
 
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s) {
     RowsParams p;
@@ -396,23 +331,6 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
             throw Error(
                 "internal: a peer tail needs a set-up PeerSum and one segment of at most its row width");
     }
-    launch_rows<kStore>(p, s);
-}
-
-void gemv_rows_qkv(const GemvInput& in, const GemvSeg* segs, int nseg, const QkvPost& post,
-                   unsigned int* head_count, cudaStream_t s) {
-    RowsParams p;
-    p.in = in;
-    p.nseg = nseg;
-    int rows = 0;
-    for (int i = 0; i < nseg; ++i) {
-        p.seg[i] = segs[i];
-        rows += segs[i].rows;
-    }
-    if (post.d % 8 || post.d > kMaxPostDim || rows % post.d || !head_count)
-        throw Error("internal: the fused q/k/v post needs whole heads of at most 512 (a multiple of 8) rows");
-    p.post = post;
-    p.head_count = head_count;
     launch_rows<kStore>(p, s);
 }
 

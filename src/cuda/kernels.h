@@ -38,9 +38,6 @@ struct GemvInput {
     // warp).
     int variant = 0;
     int ksplit = 0;  // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
-    // warp/warpk (MARKBASE_CUDA_GEMV_PREFETCH=1): each warp prefetches its x (and norm weight) lines into L1
-    // right after the PDL wait, instead of missing L1 one chunk at a time inside its dependent loop
-    bool prefetch_x = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -103,15 +100,6 @@ struct ResidualTail {
 };
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
-// The q/k/v projection at one token with qkv_post folded in (MARKBASE_CUDA_QKV_POST=gemv): the block that
-// stores a head's last rows normalises, rotates and caches that head. head_count: nH + 2 nKV zeros, left
-// zero.
-struct QkvPost;
-void gemv_rows_qkv(const GemvInput& in, const GemvSeg* segs, int nseg, const QkvPost& post,
-                   unsigned int* head_count, cudaStream_t s);
-// MARKBASE_CUDA_CARVEOUT=l1: the warp-per-row kernels prefer the largest L1 (least shared memory); once per
-// device, outside any capture.
-void gemv_rows_prefer_l1();
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
 // The variant indices of "warp" and "warpk" (gemv_variant_from_env's numbering). warpk: the same kernel with

@@ -7,7 +7,6 @@
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
-#include "cuda/qkv_post.cuh"
 
 namespace markbase::cuda {
 
@@ -154,7 +153,58 @@ __global__ void qkv_post_kernel(const QkvPost p) {
     pdl_begin();
     extern __shared__ float buf[];
     __shared__ float red[32];
-    qkv_post_head<Batched>(p, blockIdx.x, blockIdx.y, buf, red);
+    const int t = blockIdx.y, b = blockIdx.x, d = p.d, half = d / 2;
+    const int64_t pos =
+        Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
+    const int64_t slot_off = Batched ? static_cast<int64_t>(p.tok_slot[t]) * p.slot_stride : 0;
+    const float* in;
+    float* out;
+    const bf16* w;
+    bool rope;
+    if (b < p.nH) {
+        in = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
+        out = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
+        w = p.q_norm;
+        rope = true;
+    } else if (b < p.nH + p.nKV) {
+        const int g = b - p.nH;
+        in = p.kraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
+        out = p.k_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
+        w = p.k_norm;
+        rope = true;
+    } else {
+        const int g = b - p.nH - p.nKV;
+        in = p.vraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
+        out = p.v_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
+        w = nullptr;
+        rope = false;
+    }
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = in[j];
+        buf[j] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);  // ends with a barrier: buf is complete
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + p.eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = buf[j] * inv;
+        if (w) v *= bf16_at(w, j);
+        buf[j] = v;
+    }
+    __syncthreads();
+    if (rope) {
+        const float fpos = static_cast<float>(pos);
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const float ang = fpos * p.inv_freq[j];
+            const float c = cosf(ang), s = sinf(ang);
+            const float a = buf[j], bb = buf[j + half];
+            out[j] = a * c - bb * s;
+            out[j + half] = bb * c + a * s;
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = buf[j];
+    }
 }
 
 int row_threads(int width) {
