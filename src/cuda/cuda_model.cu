@@ -149,6 +149,16 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);
         CUDA_CHECK(cudaMemset(d_attn_counters_, 0, nH * sizeof(unsigned int)));
+        if (gemv_variant_ == kGemvVariantAsync || gemv_variant_ == kGemvVariantAsync6) {
+            // rows of the widest one-token GEMV: q + k + v, the MLP, the PLE projections, the router
+            int rows = std::max({H, max_I, P, c_.moe ? c_.n_experts : 0, static_cast<int>(LP)});
+            for (const LayerSpec& s : c_.layers) rows = std::max(rows, (nH + 2 * s.n_kv_heads) * s.head_dim);
+            gemv_stream_.warps = gemv_async_prepare();
+            gemv_stream_.rows = rows;
+            gemv_stream_.part = alloc<float>(gemv_stream_.warps * 2 * 3);
+            gemv_stream_.count = alloc<unsigned int>(rows);
+            CUDA_CHECK(cudaMemset(gemv_stream_.count, 0, rows * sizeof(unsigned int)));
+        }
         q_ = alloc<float>(n * max_q);
         k_ = alloc<float>(n * std::max(max_kv, 1));
         v_ = alloc<float>(n * std::max(max_kv, 1));

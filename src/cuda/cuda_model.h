@@ -285,6 +285,9 @@ class CudaModel {
     bool tail_ = false;
     unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
+    // MARKBASE_CUDA_GEMV=async: the streaming GEMV's pieces and row counters, for the launches on stream_
+    // (a GEMV on stream2_ runs beside them and takes the warpk kernel)
+    GemvStreamScratch gemv_stream_;
 
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;

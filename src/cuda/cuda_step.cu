@@ -21,6 +21,7 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
+    in.stream = gemv_stream_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -56,6 +57,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
+    in.stream = gemv_stream_;
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
@@ -266,6 +268,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     {
         GemvInput in = x_input(true, lw.router_scale);
         in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
+        if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
         run(pf, "router", i, wbytes(E, H), [&] {
             GemvSeg seg{lw.router_proj, rlogits_, E, 0};
             gemv(in, &seg, 1, 1, st);

@@ -260,6 +260,176 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
     }
 }
 
+// ---- async (MARKBASE_CUDA_GEMV=async) ----
+// The matrix as one sequence of rounds in memory order: row r's round j covers 16-byte chunks [j, j + 1) *
+// kRound of its K (the last round of a row may be partial). Warp g of G takes rounds [g N / G, (g + 1) N /
+// G), a contiguous run of the weights, and streams it through a private ring of kStages shared-memory stages
+// that cp.async fills: rounds t + 1 and t + 2 are in flight while round t is computed, and, unlike a register
+// double buffer (session 4's `stream`, which lost: 118 registers, 16 warps per SM, one round ahead), the
+// bytes in flight hold no registers. Each lane reads back only the chunks it copied itself, so the ring needs
+// no barrier, only cp.async.wait_group. A row cut between warps is summed through the scratch: each warp has
+// at most two such pieces (its first and its last row), stored under (warp, 0 = first row | 1 = last row);
+// the last piece to arrive (a counter per row) adds them in warp order, so the result does not depend on
+// timing.
+// Ring shapes (MARKBASE_CUDA_GEMV=async | async6): 3 stages of 4 KB per warp (8 16-byte chunks per lane per
+// round; two rounds in flight), or 6 stages of 2 KB (4 chunks per lane; five rounds in flight). Both are
+// 96 KB per block of 8 warps, two blocks per SM.
+constexpr int kAsyncBlocksPerSm = 2;
+constexpr size_t kAsyncSmem = 96 * 1024;
+constexpr int kAsyncMinRounds = 3;
+
+__device__ __forceinline__ void cp_async16(uint4* smem, const uint4* gmem) {
+    const unsigned int s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ int64_t async_round_lo(int64_t g, int64_t N, int64_t G) {
+    return g * N / G;
+}
+__device__ __forceinline__ int64_t async_warp_of(int64_t t, int64_t N, int64_t G) {
+    return ((t + 1) * G - 1) / N;  // the largest g with async_round_lo(g) <= t
+}
+
+template <int M, int kLaneChunks, int kStages>
+__global__ void __launch_bounds__(kWarps * 32, kAsyncBlocksPerSm)
+    async_kernel(const RowsParams p, int R, int64_t N) {
+    static_assert(size_t{kWarps} * kStages * 32 * kLaneChunks * 16 == kAsyncSmem, "ring size");
+    constexpr int kAsyncRoundChunks = 32 * kLaneChunks;  // 16-byte chunks per stage
+    constexpr int kUnit =
+        M == kGeglu ? kLaneChunks / 2 : kLaneChunks;  // chunks per lane per matrix per round
+    constexpr int kRound = 32 * kUnit;                // chunks of a row per round
+    extern __shared__ uint4 ring_all[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint4* ring = ring_all + static_cast<size_t>(warp) * kStages * kAsyncRoundChunks;
+    const int64_t G = static_cast<int64_t>(gridDim.x) * kWarps;
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+    const int64_t t_lo = async_round_lo(g, N, G), t_hi = async_round_lo(g + 1, N, G);
+    const int K = p.in.K, nchunk = K >> 3;
+    const GemvStreamScratch sc = p.in.stream;
+
+    // the next round to issue, as (row, round within the row), advanced one round at a time
+    int64_t issued = t_lo;
+    int lrow = static_cast<int>(t_lo / R), lj = static_cast<int>(t_lo % R);
+    auto issue = [&](int stage) {  // round `issued` into `stage` (nothing past this warp's run), one group
+        if (issued < t_hi) {
+            int s = 0;
+            while (s + 1 < p.nseg && lrow >= p.seg_end[s]) ++s;
+            const int64_t off = static_cast<int64_t>(lrow - (s ? p.seg_end[s - 1] : 0)) * K;
+            const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + off);
+            const uint4* w2 = reinterpret_cast<const uint4*>((M == kGeglu ? p.w2 : p.seg[s].w) + off);
+            uint4* dst = ring + stage * kAsyncRoundChunks;
+            const int c0 = lj * kRound;
+#pragma unroll
+            for (int u = 0; u < kUnit; ++u) {
+                const int c = c0 + u * 32 + lane;
+                if (c < nchunk) {
+                    cp_async16(dst + u * 32 + lane, w + c);
+                    if constexpr (M == kGeglu) cp_async16(dst + (kUnit + u) * 32 + lane, w2 + c);
+                }
+            }
+            if (++lj == R) {
+                lj = 0;
+                ++lrow;
+            }
+        }
+        ++issued;
+        cp_async_commit();  // an empty group past the run keeps the group count uniform
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s);  // weights only: safe before the previous kernel ends
+    pdl_begin();
+
+    const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
+    const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
+    const bool norm = p.in.norm;
+    float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
+    int crow = static_cast<int>(t_lo / R), cj = static_cast<int>(t_lo % R);
+    int stage = 0;
+    for (int64_t t = t_lo; t < t_hi; ++t) {
+        issue(stage == 0 ? kStages - 1 : stage - 1);  // round t + kStages - 1 into the stage freed at t - 1
+        cp_async_wait<kStages - 1>();                 // round t has landed (this lane's chunks of it)
+        const uint4* src = ring + stage * kAsyncRoundChunks;
+        const int c0 = cj * kRound;
+#pragma unroll
+        for (int u = 0; u < kUnit; ++u) {
+            const int c = c0 + u * 32 + lane;
+            if (c < nchunk) {
+                float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
+                if (norm) {
+                    ss = sq8(xa, xb, ss);
+                    if (nw4) scale8(xa, xb, __ldg(nw4 + c));
+                }
+                acc += dot8(src[u * 32 + lane], xa, xb);
+                if constexpr (M == kGeglu) acc2 += dot8(src[(kUnit + u) * 32 + lane], xa, xb);
+            }
+        }
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+        // the end of this warp's part of the row: the row's output, or this warp's piece of it
+        const int row = crow;
+        const bool row_end = ++cj == R;
+        if (row_end) {
+            cj = 0;
+            ++crow;
+        }
+        if (!row_end && t + 1 != t_hi) continue;
+        acc = warp_sum(acc);
+        if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
+        if (norm) ss = warp_sum(ss);
+        const int64_t r0 = static_cast<int64_t>(row) * R, r1 = r0 + R - 1;
+        bool last = true;
+        if (r0 < t_lo || r1 >= t_hi) {  // shared with other warps
+            const int64_t g0 = async_warp_of(r0, N, G), g1 = async_warp_of(r1, N, G);
+            if (lane == 0) {
+                // slot 0: this warp's first row; 1: its last (a warp inside one row has only slot 0)
+                float* mine = sc.part + (g * 2 + (t_lo / R == row ? 0 : 1)) * 3;
+                mine[0] = acc;
+                mine[1] = acc2;
+                mine[2] = ss;
+                __threadfence();
+                const unsigned int ticket = atomicAdd(sc.count + row, 1u);
+                last = ticket == static_cast<unsigned int>(g1 - g0);
+                if (last) {
+                    __threadfence();
+                    acc = acc2 = ss = 0.0f;
+                    for (int64_t q = g0; q <= g1; ++q) {  // warp order: the same sum whoever finishes
+                        const float* pq =
+                            sc.part + (q * 2 + (async_round_lo(q, N, G) / R == row ? 0 : 1)) * 3;
+                        acc += __ldcg(pq);
+                        acc2 += __ldcg(pq + 1);
+                        ss += __ldcg(pq + 2);
+                    }
+                    sc.count[row] = 0u;  // ready for the next launch (the stream orders them)
+                }
+            }
+        }
+        if (lane == 0 && last) {
+            if (norm) {
+                const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
+                acc *= inv;
+                acc2 *= inv;
+            }
+            int s = 0;
+            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+            float* y = p.seg[s].y + (row - (s ? p.seg_end[s - 1] : 0));
+            if constexpr (M == kStore)
+                *y = acc;
+            else if constexpr (M == kGeglu)
+                *y = gelu_tanh(acc) * acc2;
+            else
+                *y = gelu_tanh(acc) * p.aux[row];
+        }
+        acc = acc2 = ss = 0.0f;
+    }
+    cp_async_wait<0>();  // no copy outlives the block
+    if (M == kStore && p.tail.x) residual_tail(p);
+}
+
 void check_aligned(const void* p, const char* what) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
@@ -289,6 +459,34 @@ void launch_w(RowsParams& p, cudaStream_t s) {
     CUDA_CHECK_LAUNCH();
 }
 
+int device_sms() {
+    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d != dev) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+        dev = d;
+    }
+    return sms;
+}
+
+// The async kernel when the launch has a scratch, no peer sums, and at least kAsyncMinRounds rounds per warp
+// on a full grid (two blocks per SM); false leaves the launch to the warpk kernel.
+template <int M, int kLaneChunks, int kStages>
+bool launch_async(RowsParams& p, cudaStream_t s) {
+    constexpr int kRound = 32 * (M == kGeglu ? kLaneChunks / 2 : kLaneChunks);
+    const GemvStreamScratch& sc = p.in.stream;
+    if (!sc.part || !sc.count || p.peer.world > 1 || p.total_rows > sc.rows) return false;
+    const int R = (p.in.K / 8 + kRound - 1) / kRound;
+    const int64_t N = static_cast<int64_t>(p.total_rows) * R;
+    const int64_t blocks = int64_t{kAsyncBlocksPerSm} * device_sms();
+    if (N < blocks * kWarps * kAsyncMinRounds || blocks * kWarps > sc.warps) return false;
+    launch_kernel(async_kernel<M, kLaneChunks, kStages>, dim3(static_cast<unsigned>(blocks)),
+                  dim3(kWarps * 32), kAsyncSmem, s, p, R, N);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
 template <int M>
 void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K % 8 != 0)
@@ -305,7 +503,9 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
-    switch (p.in.variant == kGemvVariantWarpK ? warps_per_row(p.in.K) : 1) {
+    if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
+    if (p.in.variant == kGemvVariantAsync6 && launch_async<M, 4, 6>(p, s)) return;
+    switch (p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K)) {
         case 8:
             return launch_w<M, 8>(p, s);
         case 4:
@@ -318,6 +518,22 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
 }
 
 }  // namespace
+
+template <int M, int C, int S>
+void allow_ring() {
+    CUDA_CHECK(cudaFuncSetAttribute(async_kernel<M, C, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kAsyncSmem)));
+}
+
+int64_t gemv_async_prepare() {
+    allow_ring<kStore, 8, 3>();
+    allow_ring<kGeglu, 8, 3>();
+    allow_ring<kGeluMul, 8, 3>();
+    allow_ring<kStore, 4, 6>();
+    allow_ring<kGeglu, 4, 6>();
+    allow_ring<kGeluMul, 4, 6>();
+    return int64_t{kAsyncBlocksPerSm} * device_sms() * kWarps;
+}
 
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s) {
     RowsParams p;

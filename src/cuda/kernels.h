@@ -16,6 +16,16 @@ namespace markbase::cuda {
 
 // The input vector, optionally RMS-normalised on the fly: xn = x * rsqrt(mean(x^2) + eps) * norm_w * scale
 // (norm_w may be null = no weight). K must be a multiple of 8; rows are 16-byte aligned.
+// Scratch of the asynchronous streaming GEMV (MARKBASE_CUDA_GEMV=async, gemv_rows.cu): each warp's partial
+// sums of the (at most two) rows it shares with other warps, and one arrival counter per output row (zero
+// between launches). One per stream that runs GEMVs concurrently; without it the launch takes warpk.
+struct GemvStreamScratch {
+    float* part = nullptr;          // [warps][2][3]
+    unsigned int* count = nullptr;  // [rows]
+    int64_t warps = 0;              // capacity of part, in warps
+    int rows = 0;                   // capacity of count
+};
+
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
@@ -37,7 +47,8 @@ struct GemvInput {
     // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
     // warp).
     int variant = 0;
-    int ksplit = 0;  // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
+    int ksplit = 0;            // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
+    GemvStreamScratch stream;  // variant kGemvVariantAsync at one token
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -106,9 +117,19 @@ void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const floa
 // a row's K range shared by 1-8 warps (gemv_rows.cu's warps_per_row), for long rows.
 constexpr int kGemvVariantWarp = 6;
 constexpr int kGemvVariantWarpK = 7;
+// async: each warp streams a contiguous run of 4 KB rounds of the matrix (rows in memory order) through a
+// ring of 3 shared-memory stages filled by cp.async, two rounds always in flight, and no registers held by
+// them; rows cut between warps meet through GemvStreamScratch. Launches with fewer than 3 rounds per warp on
+// a full grid take the warpk kernel.
+constexpr int kGemvVariantAsync = 8;
+constexpr int kGemvVariantAsync6 = 9;  // the same with 6 stages of 2 KB (five rounds in flight)
 inline bool gemv_variant_is_rows(int v) {
-    return v == kGemvVariantWarp || v == kGemvVariantWarpK;
+    return v == kGemvVariantWarp || v == kGemvVariantWarpK || v == kGemvVariantAsync ||
+           v == kGemvVariantAsync6;
 }
+// The warps an async GEMV launch may use on this device (its scratch's size); also raises the kernels'
+// shared-memory limit (call outside any capture).
+int64_t gemv_async_prepare();
 
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
 // staged, and records their register use (for the resident-grid variants).

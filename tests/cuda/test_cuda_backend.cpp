@@ -285,6 +285,9 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_DECODE=groups",
     "MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
+    "MARKBASE_CUDA_GEMV=async",
+    "MARKBASE_CUDA_GEMV=async6",
+    "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 
 #ifdef MARKBASE_HAS_CUDA
@@ -413,6 +416,9 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_DECODE=groups",
     "MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
+    "MARKBASE_CUDA_GEMV=async",
+    "MARKBASE_CUDA_GEMV=async6",
+    "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
