@@ -149,7 +149,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);
         CUDA_CHECK(cudaMemset(d_attn_counters_, 0, nH * sizeof(unsigned int)));
-        if (gemv_variant_ == kGemvVariantAsync || gemv_variant_ == kGemvVariantAsync6) {
+        if (gemv_variant_ == kGemvVariantAsync || gemv_variant_ == kGemvVariantAsyncG) {
             // rows of the widest one-token GEMV: q + k + v, the MLP, the PLE projections, the router
             int rows = std::max({H, max_I, P, c_.moe ? c_.n_experts : 0, static_cast<int>(LP)});
             for (const LayerSpec& s : c_.layers) rows = std::max(rows, (nH + 2 * s.n_kv_heads) * s.head_dim);

@@ -239,7 +239,7 @@ constexpr VariantSpec kSpecs[] = {
     {"warp", 2, 4, false, false},    // 6 = kGemvVariantWarp: gemv_rows.cu (here: lm_head, several tokens)
     {"warpk", 2, 4, false, false},   // 7 = kGemvVariantWarpK: gemv_rows.cu with K shared by warps
     {"async", 2, 4, false, false},   // 8 = kGemvVariantAsync: gemv_rows.cu, warps streaming through cp.async
-    {"async6", 2, 4, false, false},  // 9 = kGemvVariantAsync6: the same with 6 stages of 2 KB
+    {"asyncg", 2, 4, false, false},  // 9 = kGemvVariantAsyncG: async for the GeGLU launches only
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kSpecs) / sizeof(kSpecs[0]));
 
@@ -342,7 +342,7 @@ int gemv_variant_from_env() {
     for (int i = 0; i < kNumVariants; ++i)
         if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
     throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
-                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk|async|async6 or 0..9)");
+                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk|async|asyncg or 0..9)");
 }
 
 const char* gemv_variant_name(int v) {

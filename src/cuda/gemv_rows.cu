@@ -271,9 +271,9 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
 // at most two such pieces (its first and its last row), stored under (warp, 0 = first row | 1 = last row);
 // the last piece to arrive (a counter per row) adds them in warp order, so the result does not depend on
 // timing.
-// Ring shapes (MARKBASE_CUDA_GEMV=async | async6): 3 stages of 4 KB per warp (8 16-byte chunks per lane per
-// round; two rounds in flight), or 6 stages of 2 KB (4 chunks per lane; five rounds in flight). Both are
-// 96 KB per block of 8 warps, two blocks per SM.
+// The ring: 3 stages of 4 KB per warp (8 16-byte chunks per lane per round; two rounds in flight), 96 KB per
+// block of 8 warps, two blocks per SM. (6 stages of 2 KB, five rounds in flight, measured slower still in
+// session 4: 31B +8.6%, E2B +12.6%.)
 constexpr int kAsyncBlocksPerSm = 2;
 constexpr size_t kAsyncSmem = 96 * 1024;
 constexpr int kAsyncMinRounds = 3;
@@ -504,7 +504,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
-    if (p.in.variant == kGemvVariantAsync6 && launch_async<M, 4, 6>(p, s)) return;
+    if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
     switch (p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K)) {
         case 8:
             return launch_w<M, 8>(p, s);
@@ -529,9 +529,6 @@ int64_t gemv_async_prepare() {
     allow_ring<kStore, 8, 3>();
     allow_ring<kGeglu, 8, 3>();
     allow_ring<kGeluMul, 8, 3>();
-    allow_ring<kStore, 4, 6>();
-    allow_ring<kGeglu, 4, 6>();
-    allow_ring<kGeluMul, 4, 6>();
     return int64_t{kAsyncBlocksPerSm} * device_sms() * kWarps;
 }
 

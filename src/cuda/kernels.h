@@ -122,10 +122,10 @@ constexpr int kGemvVariantWarpK = 7;
 // them; rows cut between warps meet through GemvStreamScratch. Launches with fewer than 3 rounds per warp on
 // a full grid take the warpk kernel.
 constexpr int kGemvVariantAsync = 8;
-constexpr int kGemvVariantAsync6 = 9;  // the same with 6 stages of 2 KB (five rounds in flight)
+constexpr int kGemvVariantAsyncG = 9;  // async for the GeGLU (gate + up) launches only, warpk for the rest
 inline bool gemv_variant_is_rows(int v) {
     return v == kGemvVariantWarp || v == kGemvVariantWarpK || v == kGemvVariantAsync ||
-           v == kGemvVariantAsync6;
+           v == kGemvVariantAsyncG;
 }
 // The warps an async GEMV launch may use on this device (its scratch's size); also raises the kernels'
 // shared-memory limit (call outside any capture).

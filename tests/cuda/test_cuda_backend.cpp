@@ -286,7 +286,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
     "MARKBASE_CUDA_GEMV=async",
-    "MARKBASE_CUDA_GEMV=async6",
+    "MARKBASE_CUDA_GEMV=asyncg",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 
@@ -417,7 +417,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
     "MARKBASE_CUDA_GEMV=async",
-    "MARKBASE_CUDA_GEMV=async6",
+    "MARKBASE_CUDA_GEMV=asyncg",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
