@@ -84,9 +84,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
         int64_t max_pieces = n * nH * 4;
         gemv_variant_ = gemv_variant_from_env();
-        // Unset on the MoE model on one GPU: asyncg (session 4's H200 A/B: 26B-A4B 4.164 -> 4.018 ms per token;
-        // its dense GeGLU runs beside the experts, and the ring's 264 blocks leave them room; the dense models
-        // measured +0.8..+3.6% with it, so they keep warpk)
+        // Unset on the MoE model on one GPU: asyncg (session 4's H200 A/B: 26B-A4B 4.164 -> 4.018 ms per
+        // token; its dense GeGLU runs beside the experts, and the ring's 264 blocks leave them room; the
+        // dense models measured +0.8..+3.6% with it, so they keep warpk)
         const char* gv = std::getenv("MARKBASE_CUDA_GEMV");
         if ((!gv || !*gv) && c_.moe && !sharded()) gemv_variant_ = kGemvVariantAsyncG;
         if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_KSPLIT"))
@@ -205,6 +205,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_DECODE=") + e + ": expected rows or groups");
                 moe_decode_rows_ = std::strcmp(e, "rows") == 0;
             }
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_WIDE")) moe_wide_ = std::strcmp(e, "1") == 0;
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");

@@ -304,6 +304,9 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_DECODE: rows (the default since session 3's A/B: 26B -5.7% per token) = the
     // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
     bool moe_decode_rows_ = true;
+    // MARKBASE_CUDA_MOE_WIDE=1: the decode step's route and combine as 1024-thread kernels (moe_route and
+    // residual_moe_combine's `wide`)
+    bool moe_wide_ = false;
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP

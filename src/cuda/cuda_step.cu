@@ -237,12 +237,12 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             all_reduce(pf, i, m_, 2 * static_cast<size_t>(H));
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, m_ + H, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
             });
         } else {
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_);
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
             });
         }
     }
@@ -277,7 +277,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     float* x = xcur_;
     run(pf, "route_topk", i, 0.0, [&] {
         moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts());
+                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(), moe_wide_);
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)

@@ -174,9 +174,11 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
                        cudaStream_t s);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
+// wide (MARKBASE_CUDA_MOE_WIDE=1; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each thread's
+// loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s);
+                          cudaStream_t s, bool wide = false);
 // out[t] = RMSNorm(x[t]) * w (w may be null) as fp32
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
 // Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs
@@ -258,7 +260,9 @@ struct ExpertRange {
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held = {});
+               ExpertRange held = {}, bool wide = false);
+// (wide: MARKBASE_CUDA_MOE_WIDE=1, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits loaded in one
+// batch, the logits through shared memory.)
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});

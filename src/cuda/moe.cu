@@ -108,6 +108,48 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
     }
 }
 
+// One token (MARKBASE_CUDA_MOE_WIDE=1): route_kernel's work by 1024 threads, x, its norm weights and the
+// logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip and the routing warp
+// reads its logits from shared memory. The same routing (route_warp), the norm's sum in another order.
+constexpr int kWideThreads = 1024;
+constexpr int kWidePer = 4;  // H <= 4096
+__global__ void __launch_bounds__(kWideThreads)
+    route_wide_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                      int* group_expert, int* group_off, int* entries, const float* __restrict__ x,
+                      const bf16* __restrict__ norm_w, int H, float eps, float* __restrict__ e_in,
+                      ExpertRange held) {
+    extern __shared__ float p[];  // [E]: the logits, then route_warp's probabilities
+    __shared__ float red[32];
+    pdl_begin();
+    if (threadIdx.x < E) p[threadIdx.x] = logits[threadIdx.x];
+    float xv[kWidePer], wv[kWidePer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWidePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        xv[j] = k < H ? x[k] : 0.0f;
+        wv[j] = k < H ? bf16_at(norm_w, k) : 0.0f;
+        ss = fmaf(xv[j], xv[j], ss);
+    }
+    ss = block_sum(ss, red);  // its barriers also publish p
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+#pragma unroll
+    for (int j = 0; j < kWidePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) e_in[k] = xv[j] * inv * wv[j];
+    }
+    if (threadIdx.x >= 32) return;
+    route_warp(p, E, K, pes, p, sel_id, sel_w);  // reads each logit before overwriting it, lane by lane
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < K; ++k) {
+            group_expert[k] = held_index(sel_id[k], held);
+            group_off[k] = k;
+            entries[k] = k;
+        }
+        group_off[K] = K;
+    }
+}
+
 __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
                               int* entries, ExpertRange held) {
     extern __shared__ int cnt[];  // [2*E]: counts, then cursors
@@ -330,7 +372,14 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held) {
+               ExpertRange held, bool wide) {
+    if (wide && n == 1 && groups_for_slots && H <= kWideThreads * kWidePer && E <= kWideThreads) {
+        launch_kernel(route_wide_kernel, dim3(1), dim3(kWideThreads), static_cast<size_t>(E) * sizeof(float),
+                      s, logits, E, K, per_expert_scale, sel_id, sel_w, group_expert, group_off, entries, x,
+                      norm_w, H, eps, e_in, held);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     launch_kernel(route_kernel, dim3(n), dim3(256), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
                   per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x,
                   norm_w, H, eps, e_in, held);

@@ -107,6 +107,62 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
         x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
 }
 
+// The same update at one token (MARKBASE_CUDA_MOE_WIDE=1) by 1024 threads, each holding <= 3 elements: the
+// 256-thread kernel above walks H = 2816 in ~12 dependent L2 round trips (the profile's ffn_combine: ~18 us
+// per layer on the 26B); here each thread issues its loads in three batches (slots and m, the norm weights,
+// x). The expert sum adds the slots in the same order as above, so e is bit-identical; the norms' sums are in
+// another order.
+constexpr int kWideThreads = 1024;
+constexpr int kWideCombinePer = 3;  // H <= 3072
+constexpr int kWideMaxK = 8;
+__global__ void __launch_bounds__(kWideThreads)
+    residual_moe_wide_kernel(float* __restrict__ x, const float* __restrict__ m,
+                             const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
+                             const bf16* __restrict__ w1, const bf16* __restrict__ w2,
+                             const bf16* __restrict__ w, int H, float eps, float scale) {
+    pdl_begin();
+    __shared__ float red[32];
+    float sw[kWideMaxK];
+#pragma unroll
+    for (int s = 0; s < kWideMaxK; ++s) sw[s] = s < K ? sel_w[s] : 0.0f;
+    float e[kWideCombinePer], mv[kWideCombinePer];
+    float se = 0.0f, sm = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWideCombinePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        const bool ok = k < H;
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kWideMaxK; ++s)
+            if (s < K && ok) acc += sw[s] * slots[static_cast<int64_t>(s) * H + k];
+        e[j] = acc;
+        mv[j] = ok ? m[k] : 0.0f;
+        se = fmaf(e[j], e[j], se);
+        sm = fmaf(mv[j], mv[j], sm);
+    }
+    se = block_sum(se, red);
+    sm = block_sum(sm, red);
+    const float inv_e = 1.0f / sqrtf(se / static_cast<float>(H) + eps);
+    const float inv_m = 1.0f / sqrtf(sm / static_cast<float>(H) + eps);
+    // the norm weights and x only now (a second and third batch of loads): holding them from the start
+    // spills at 1024 threads' 64 registers
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWideCombinePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        const bool ok = k < H;
+        mv[j] = ok ? mv[j] * inv_m * bf16_at(w1, k) + e[j] * inv_e * bf16_at(w2, k) : 0.0f;
+        ss = fmaf(mv[j], mv[j], ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+#pragma unroll
+    for (int j = 0; j < kWideCombinePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) x[k] = (x[k] + mv[j] * inv * bf16_at(w, k)) * scale;
+    }
+}
+
 __global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float eps, float* out) {
     pdl_begin();
     __shared__ float red[32];
@@ -238,7 +294,13 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s) {
+                          cudaStream_t s, bool wide) {
+    if (wide && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
+        launch_kernel(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w, K, w1,
+                      w2, w, H, eps, scale);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     const size_t smem = 2 * static_cast<size_t>(H) * sizeof(float);
     if (smem > 48 * 1024) throw Error("internal: MoE combine needs hidden <= 6144");
     launch_kernel(residual_moe_kernel, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w, K, w1, w2,

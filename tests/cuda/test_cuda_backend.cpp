@@ -287,6 +287,8 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
     "MARKBASE_CUDA_GEMV=async",
     "MARKBASE_CUDA_GEMV=asyncg",
+    "MARKBASE_CUDA_MOE_WIDE=1",
+    "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 
@@ -418,6 +420,8 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_PREFILL=gemv",
     "MARKBASE_CUDA_GEMV=async",
     "MARKBASE_CUDA_GEMV=asyncg",
+    "MARKBASE_CUDA_MOE_WIDE=1",
+    "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
