@@ -285,8 +285,8 @@ class CudaModel {
     bool tail_ = false;
     unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
-    // MARKBASE_CUDA_GEMV=async: the streaming GEMV's pieces and row counters, for the launches on stream_
-    // (a GEMV on stream2_ runs beside them and takes the warpk kernel)
+    // MARKBASE_CUDA_GEMV=async|asyncg: the cp.async GEMV's pieces and row counters, for the launches on
+    // stream_ (a GEMV on stream2_ runs beside them and takes the warpk kernel)
     GemvStreamScratch gemv_stream_;
 
     // activations, [chunk][width] row-major

@@ -45,7 +45,7 @@ struct GemvInput {
     float* res_out = nullptr;
 
     // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
-    // warp).
+    // warpk; asyncg for the MoE model on one GPU).
     int variant = 0;
     int ksplit = 0;            // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
     GemvStreamScratch stream;  // variant kGemvVariantAsync at one token
