@@ -3,8 +3,10 @@
 // the profiled step.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "cuda/cuda_model.h"
 #include "loading/memory_plan.h"
@@ -84,6 +86,18 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
         int64_t max_pieces = n * nH * 4;
         gemv_variant_ = gemv_variant_from_env();
+        if (const char* e = std::getenv("MARKBASE_CUDA_SKIP"); e && *e) {
+            for (std::string_view v(e); !v.empty();) {
+                const size_t comma = v.find(',');
+                if (comma) skip_.emplace_back(v.substr(0, comma));
+                v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+            }
+            std::fprintf(
+                stderr,
+                "MARKBASE_CUDA_SKIP=%s: those kernels are not launched (a timing experiment; every output "
+                "is wrong)\n",
+                e);
+        }
         // Unset on the MoE model on one GPU: asyncg (session 4's H200 A/B: 26B-A4B 4.164 -> 4.018 ms per
         // token; its dense GeGLU runs beside the experts, and the ring's 264 blocks leave them room; the
         // dense models measured +0.8..+3.6% with it, so they keep warpk)
@@ -535,4 +549,10 @@ namespace markbase::cuda {
 template float* CudaModel::alloc<float>(size_t);
 template int* CudaModel::alloc<int>(size_t);
 template unsigned long long* CudaModel::alloc<unsigned long long>(size_t);
+bool CudaModel::skipped(const char* name) const {
+    for (const std::string& s : skip_)
+        if (s == name) return true;
+    return false;
+}
+
 }  // namespace markbase::cuda
