@@ -123,9 +123,13 @@ constexpr int kGemvVariantWarpK = 7;
 // a full grid take the warpk kernel.
 constexpr int kGemvVariantAsync = 8;
 constexpr int kGemvVariantAsyncG = 9;  // async for the GeGLU (gate + up) launches only, warpk for the rest
+// warp2: warpk with two adjacent rows per warp for the plain products, each x load serving both rows (the
+// GeGLU launch does this for its gate and up rows and streams at 71% of DRAM peak where the plain ones reach
+// 43-65%)
+constexpr int kGemvVariantWarp2 = 10;
 inline bool gemv_variant_is_rows(int v) {
     return v == kGemvVariantWarp || v == kGemvVariantWarpK || v == kGemvVariantAsync ||
-           v == kGemvVariantAsyncG;
+           v == kGemvVariantAsyncG || v == kGemvVariantWarp2;
 }
 // The warps an async GEMV launch may use on this device (its scratch's size); also raises the kernels'
 // shared-memory limit (call outside any capture).

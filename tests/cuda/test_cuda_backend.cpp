@@ -288,6 +288,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=async",
     "MARKBASE_CUDA_GEMV=asyncg",
     "MARKBASE_CUDA_MOE_WIDE=1",
+    "MARKBASE_CUDA_GEMV=warp2",
     "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
@@ -421,6 +422,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=async",
     "MARKBASE_CUDA_GEMV=asyncg",
     "MARKBASE_CUDA_MOE_WIDE=1",
+    "MARKBASE_CUDA_GEMV=warp2",
     "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
