@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -263,10 +264,28 @@ TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
 
+// Switches both lists below run: the MoE paths and the newer GEMV kernels (the lists add their own).
+const char* const kCommonSwitchSettings[] = {
+    "MARKBASE_CUDA_MOE_DECODE=groups",
+    "MARKBASE_CUDA_MOE_OVERLAP=0",
+    "MARKBASE_CUDA_MOE_PREFILL=gemv",
+    "MARKBASE_CUDA_GEMV=async",
+    "MARKBASE_CUDA_GEMV=asyncg",
+    "MARKBASE_CUDA_MOE_WIDE=1",
+    "MARKBASE_CUDA_GEMV=warp2",
+    "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
+    "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
+};
+std::vector<std::string> with_common(std::initializer_list<const char*> own) {
+    std::vector<std::string> v(own.begin(), own.end());
+    v.insert(v.end(), std::begin(kCommonSwitchSettings), std::end(kCommonSwitchSettings));
+    return v;
+}
+
 // The A/B switches that are not the default (MARKBASE_CUDA_GEMV variants, a forced split-K, the attention
 // split policies): every family's tiny model through the same checks, in this process. Each setting is
 // "VAR=VALUE[,VAR=VALUE]".
-const char* const kSwitchSettings[] = {
+const std::vector<std::string> kSwitchSettings = with_common({
     "MARKBASE_CUDA_GEMV=r2u4",
     "MARKBASE_CUDA_GEMV=r1u8k",
     "MARKBASE_CUDA_GEMV=r2u4k,MARKBASE_CUDA_GEMV_KSPLIT=3",
@@ -282,16 +301,7 @@ const char* const kSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
     "MARKBASE_CUDA_GEMV=warpk,MARKBASE_CUDA_FUSE=0",
     "MARKBASE_CUDA_MOE_PREFILL_CAP=3",
-    "MARKBASE_CUDA_MOE_DECODE=groups",
-    "MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_MOE_PREFILL=gemv",
-    "MARKBASE_CUDA_GEMV=async",
-    "MARKBASE_CUDA_GEMV=asyncg",
-    "MARKBASE_CUDA_MOE_WIDE=1",
-    "MARKBASE_CUDA_GEMV=warp2",
-    "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
-};
+});
 
 #ifdef MARKBASE_HAS_CUDA
 std::vector<std::pair<std::string, std::string>> parse_setting(const std::string& setting) {
@@ -331,8 +341,7 @@ std::string switch_name(const ::testing::TestParamInfo<SwitchParam>& p) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaTinySwitches,
                          ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"),
                                                               std::string("26b-a4b"), std::string("31b")),
-                                            ::testing::ValuesIn(std::vector<std::string>(
-                                                std::begin(kSwitchSettings), std::end(kSwitchSettings)))),
+                                            ::testing::ValuesIn(kSwitchSettings)),
                          switch_name);
 
 // Real widths: head dims 256/512, 128 experts, the full vocabulary. Few layers keep the CPU side quick.
@@ -402,7 +411,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b"
 
 // The GEMV variants at real widths, where the split-K rule actually cuts K (31B down, E2B/E4B down) and the
 // resident grids loop; the attention policies at head dims 256/512.
-const char* const kSyntheticSwitchSettings[] = {
+const std::vector<std::string> kSyntheticSwitchSettings = with_common({
     "MARKBASE_CUDA_GEMV=r2u4",
     "MARKBASE_CUDA_GEMV=r1u8",
     "MARKBASE_CUDA_GEMV=r4u2",
@@ -416,16 +425,7 @@ const char* const kSyntheticSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=warp",
     "MARKBASE_CUDA_MOE_PREFILL_CAP=2",
     "MARKBASE_CUDA_MOE_PREFILL_CAP=3",
-    "MARKBASE_CUDA_MOE_DECODE=groups",
-    "MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_MOE_PREFILL=gemv",
-    "MARKBASE_CUDA_GEMV=async",
-    "MARKBASE_CUDA_GEMV=asyncg",
-    "MARKBASE_CUDA_MOE_WIDE=1",
-    "MARKBASE_CUDA_GEMV=warp2",
-    "MARKBASE_CUDA_MOE_WIDE=1,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
-};
+});
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
 TEST_P(CudaSyntheticSwitches, MatchesCpuAtRealWidths) {
@@ -437,13 +437,11 @@ TEST_P(CudaSyntheticSwitches, MatchesCpuAtRealWidths) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Variants, CudaSyntheticSwitches,
-    ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"), std::string("26b-a4b"),
-                                         std::string("31b")),
-                       ::testing::ValuesIn(std::vector<std::string>(std::begin(kSyntheticSwitchSettings),
-                                                                    std::end(kSyntheticSwitchSettings)))),
-    switch_name);
+INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
+                         ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"),
+                                                              std::string("26b-a4b"), std::string("31b")),
+                                            ::testing::ValuesIn(kSyntheticSwitchSettings)),
+                         switch_name);
 
 }  // namespace
 }  // namespace markbase
