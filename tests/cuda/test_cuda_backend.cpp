@@ -46,10 +46,7 @@ namespace {
 #endif
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
-    std::string s = p.param;
-    for (char& ch : s)
-        if (ch == '-') ch = '_';
-    return s;
+    return testing::test_name(p.param);
 }
 
 #ifdef MARKBASE_HAS_CUDA
@@ -332,10 +329,7 @@ TEST_P(CudaTinySwitches, MatchesCpu) {
 }
 
 std::string switch_name(const ::testing::TestParamInfo<SwitchParam>& p) {
-    std::string s = std::get<0>(p.param) + "_" + std::get<1>(p.param);
-    for (char& ch : s)
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-    return s;
+    return testing::test_name(std::get<0>(p.param) + "_" + std::get<1>(p.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaTinySwitches,

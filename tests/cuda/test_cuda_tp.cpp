@@ -30,10 +30,7 @@ namespace markbase {
 namespace {
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
-    std::string s = p.param;
-    for (char& ch : s)
-        if (ch == '-') ch = '_';
-    return s;
+    return testing::test_name(p.param);
 }
 
 #ifdef MARKBASE_HAS_CUDA

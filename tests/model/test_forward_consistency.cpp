@@ -62,12 +62,7 @@ TEST_P(ForwardConsistency, BatchedChunkedAndCachedDecodeAgree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ForwardConsistency, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
-                         [](const auto& p) {
-                             std::string s = p.param;
-                             for (char& ch : s)
-                                 if (ch == '-') ch = '_';
-                             return s;
-                         });
+                         [](const auto& p) { return testing::test_name(p.param); });
 
 TEST(Forward, CountsMatchThePublishedSizes) {
     // GEMMA4.md 1.2: derived text parameters 4.65B (E2B), 7.52B (E4B), 25.23B (26B), 30.70B (31B);

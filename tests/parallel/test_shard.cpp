@@ -189,12 +189,7 @@ TEST_P(Shard, RanksTogetherComputeTheWholeModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Shard, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                             std::string s = p.param;
-                             for (char& ch : s)
-                                 if (ch == '-') ch = '_';
-                             return s;
-                         });
+                         [](const auto& p) { return testing::test_name(p.param); });
 
 }  // namespace
 }  // namespace markbase

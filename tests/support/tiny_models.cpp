@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 
 #include "model/variants.h"
 
@@ -42,6 +43,12 @@ TempDir::TempDir(const std::string& tag) {
 TempDir::~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
+}
+
+std::string test_name(std::string s) {
+    for (char& ch : s)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    return s;
 }
 
 }  // namespace markbase::testing

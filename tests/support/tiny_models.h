@@ -11,6 +11,9 @@ namespace markbase::testing {
 // family: "e2b", "e4b", "26b-a4b", "31b" at tiny widths (hidden 64, head dims 16/32, vocab 256, window 4).
 nlohmann::json tiny_config(const std::string& family);
 
+// A gtest parameter name: s with every character but letters and digits as '_' ("26b-a4b" -> "26b_a4b").
+std::string test_name(std::string s);
+
 class TempDir {
   public:
     explicit TempDir(const std::string& tag);
