@@ -219,7 +219,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_DECODE=") + e + ": expected rows or groups");
                 moe_decode_rows_ = std::strcmp(e, "rows") == 0;
             }
-            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_WIDE")) moe_wide_ = std::strcmp(e, "1") == 0;
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_WIDE")) {
+                if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
+                moe_wide_ = std::strcmp(e, "1") == 0;
+            }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");

@@ -311,9 +311,10 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_DECODE: rows (the default since session 3's A/B: 26B -5.7% per token) = the
     // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
     bool moe_decode_rows_ = true;
-    // MARKBASE_CUDA_MOE_WIDE=1: the decode step's route and combine as 1024-thread kernels (moe_route and
-    // residual_moe_combine's `wide`)
-    bool moe_wide_ = false;
+    // MARKBASE_CUDA_MOE_WIDE (default 1 since session 5's H200 A/B: 26B-A4B 4.007 -> 3.555 ms/token): the
+    // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
+    // 0 = the 256-thread kernels prefill uses
+    bool moe_wide_ = true;
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP

@@ -240,7 +240,6 @@ constexpr VariantSpec kSpecs[] = {
     {"warpk", 2, 4, false, false},   // 7 = kGemvVariantWarpK: gemv_rows.cu with K shared by warps
     {"async", 2, 4, false, false},   // 8 = kGemvVariantAsync: gemv_rows.cu, warps streaming through cp.async
     {"asyncg", 2, 4, false, false},  // 9 = kGemvVariantAsyncG: async for the GeGLU launches only
-    {"warp2", 2, 4, false, false},   // 10 = kGemvVariantWarp2: warpk with two rows per warp (plain products)
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kSpecs) / sizeof(kSpecs[0]));
 
@@ -342,9 +341,8 @@ int gemv_variant_from_env() {
     if (!e || !*e) return kGemvVariantWarpK;
     for (int i = 0; i < kNumVariants; ++i)
         if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
-    throw Error(
-        std::string("MARKBASE_CUDA_GEMV=") + e +
-        ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk|async|asyncg|warp2 or 0..10)");
+    throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
+                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk|async|asyncg or 0..9)");
 }
 
 const char* gemv_variant_name(int v) {

@@ -21,9 +21,7 @@ namespace markbase::cuda {
 
 namespace {
 
-// kPair (MARKBASE_CUDA_GEMV=warp2): kStore with two adjacent rows per warp, each x load serving both (as the
-// GeGLU's serves its gate and up rows)
-enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kPair = 3 };
+enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2 };
 constexpr int kWarps = 8;
 constexpr int kU = 8;  // 16-byte chunks per lane in flight per matrix
 
@@ -161,15 +159,12 @@ __device__ void peer_tail(const RowsParams& p, unsigned long long call) {
 // Peer: the tensor-parallel tail (kStore with ResidualTail.peer), a separate instantiation so that the
 // one-GPU kernels keep their registers.
 template <int M, int W, bool Peer = false>
-__global__ void __launch_bounds__(kWarps * 32, M == kGeglu || M == kPair ? 2 : 4)
-    rows_kernel(const RowsParams p) {
+__global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
-    constexpr bool kTwo = M == kGeglu || M == kPair;  // two weight rows per warp
-    constexpr int kRowsPerBlock = kWarps / W;         // (kPair: pairs of rows)
+    constexpr int kRowsPerBlock = kWarps / W;
     __shared__ float partial[kWarps][3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int unit = blockIdx.x * kRowsPerBlock + warp / W, part = warp % W;
-    const int row = M == kPair ? 2 * unit : unit;  // kPair: rows row and row + 1
+    const int row = blockIdx.x * kRowsPerBlock + warp / W, part = warp % W;
     const bool active = row < p.total_rows;
     const int K = p.in.K, nchunk = K >> 3;
     const int per = W == 1 ? nchunk : (nchunk + W - 1) / W;
@@ -178,9 +173,8 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu || M == kPair ? 2 : 4
     while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
     const int local = active ? row - (s ? p.seg_end[s - 1] : 0) : 0;
     const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(local) * K);
-    const uint4* w2 = M == kGeglu  ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K)
-                      : M == kPair ? w + K / 8
-                                   : w;
+    const uint4* w2 =
+        M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
 
     uint4 v[kU], v2[kU];
     auto load = [&](int base) {
@@ -189,7 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu || M == kPair ? 2 : 4
             const int c = base + u * 32 + lane;
             const bool ok = active && c < c_hi;
             v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
-            if constexpr (kTwo) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+            if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
     load(c_lo);   // weights only: safe before the previous kernel has finished
@@ -211,12 +205,12 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu || M == kPair ? 2 : 4
                     if (nw4) scale8(a, b, __ldg(nw4 + c));
                 }
                 acc += dot8(v[u], a, b);
-                if constexpr (kTwo) acc2 += dot8(v2[u], a, b);
+                if constexpr (M == kGeglu) acc2 += dot8(v2[u], a, b);
             }
         }
     }
     acc = warp_sum(acc);
-    if constexpr (kTwo) acc2 = warp_sum(acc2);
+    if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
     if (norm) ss = warp_sum(ss);
     if constexpr (W > 1) {
         if (lane == 0) {
@@ -251,18 +245,14 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu || M == kPair ? 2 : 4
             for (int q = 0; q < p.peer.world; ++q) peer_row(p.peer, q, call)[local] = acc;
             __threadfence_system();
         }
-        if constexpr (M == kStore) {
+        if constexpr (M == kStore)
             *y = acc;
-        } else if constexpr (M == kPair) {
-            y[0] = acc;
-            y[1] = acc2;
-        } else if constexpr (M == kGeglu) {
+        else if constexpr (M == kGeglu)
             *y = gelu_tanh(acc) * acc2;
-        } else {
+        else
             *y = gelu_tanh(acc) * p.aux[row];
-        }
     }
-    if ((M == kStore || M == kPair) && p.tail.x) {
+    if (M == kStore && p.tail.x) {
         if constexpr (peers)
             peer_tail(p, call);
         else
@@ -457,8 +447,7 @@ int warps_per_row(int K) {
 template <int M, int W>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
-    const int units = M == kPair ? p.total_rows / 2 : p.total_rows;
-    const dim3 grid((units + rpb - 1) / rpb);
+    const dim3 grid((p.total_rows + rpb - 1) / rpb);
     if constexpr (M == kStore) {
         if (p.peer.world > 1) {
             launch_kernel(rows_kernel<M, W, true>, grid, dim3(kWarps * 32), 0, s, p);
@@ -516,23 +505,6 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.total_rows == 0) return;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
-    if constexpr (M == kStore) {
-        // warp2: rows in pairs, which must not straddle a segment
-        bool pairs = p.in.variant == kGemvVariantWarp2 && p.peer.world <= 1;
-        for (int i = 0; i < p.nseg && pairs; ++i) pairs = p.seg[i].rows % 2 == 0;
-        if (pairs) {
-            switch (warps_per_row(p.in.K)) {
-                case 8:
-                    return launch_w<kPair, 8>(p, s);
-                case 4:
-                    return launch_w<kPair, 4>(p, s);
-                case 2:
-                    return launch_w<kPair, 2>(p, s);
-                default:
-                    return launch_w<kPair, 1>(p, s);
-            }
-        }
-    }
     switch (p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K)) {
         case 8:
             return launch_w<M, 8>(p, s);

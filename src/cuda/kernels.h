@@ -123,13 +123,9 @@ constexpr int kGemvVariantWarpK = 7;
 // a full grid take the warpk kernel.
 constexpr int kGemvVariantAsync = 8;
 constexpr int kGemvVariantAsyncG = 9;  // async for the GeGLU (gate + up) launches only, warpk for the rest
-// warp2: warpk with two adjacent rows per warp for the plain products, each x load serving both rows (the
-// GeGLU launch does this for its gate and up rows and streams at 71% of DRAM peak where the plain ones reach
-// 43-65%)
-constexpr int kGemvVariantWarp2 = 10;
 inline bool gemv_variant_is_rows(int v) {
     return v == kGemvVariantWarp || v == kGemvVariantWarpK || v == kGemvVariantAsync ||
-           v == kGemvVariantAsyncG || v == kGemvVariantWarp2;
+           v == kGemvVariantAsyncG;
 }
 // The warps an async GEMV launch may use on this device (its scratch's size); also raises the kernels'
 // shared-memory limit (call outside any capture).
@@ -178,7 +174,7 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
                        cudaStream_t s);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
-// wide (MARKBASE_CUDA_MOE_WIDE=1; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each thread's
+// wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each thread's
 // loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
@@ -265,7 +261,7 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
                ExpertRange held = {}, bool wide = false);
-// (wide: MARKBASE_CUDA_MOE_WIDE=1, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits loaded in one
+// (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits loaded in one
 // batch, the logits through shared memory.)
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
