@@ -41,7 +41,7 @@ CudaModel::PeerEndpoint CudaModel::peer_endpoint() {
     return e;
 }
 
-void CudaModel::use_peers(const std::vector<PeerEndpoint>& ranks, bool in_tail) {
+void CudaModel::use_peers(const std::vector<PeerEndpoint>& ranks) {
     if (static_cast<int>(ranks.size()) != shard_.world || shard_.world > kMaxPeers || !ps_.calls)
         throw Error("internal: use_peers needs every rank's endpoint (world " + std::to_string(shard_.world) +
                     ")");
@@ -52,7 +52,6 @@ void CudaModel::use_peers(const std::vector<PeerEndpoint>& ranks, bool in_tail) 
     }
     ps_.rank = shard_.rank;
     ps_.world = shard_.world;
-    peer_tail_ = in_tail;
 }
 
 bool CudaModel::peer_timed_out() {

@@ -118,6 +118,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             attn_active_only_ = true;
             attn_v2_ = policy.v2;
         }
+        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_FUSED")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                throw Error(std::string("MARKBASE_CUDA_ATTN_FUSED=") + e + ": expected 0 or 1");
+            attn_fused_ = std::strcmp(e, "1") == 0;
+        }
+        if (attn_fused_) attention_fused_prepare();
         decode_splits_.resize(L);
         for (int i = 0; i < L; ++i) {
             const LayerSpec& s = c_.layers[i];

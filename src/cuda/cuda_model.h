@@ -108,9 +108,7 @@ class CudaModel {
         unsigned long long* flags = nullptr;
     };
     PeerEndpoint peer_endpoint();
-    // in_tail: o_proj's and the dense down projection's sums run in the GEMV's last block (gemv_rows.cu's
-    // peer tail) instead of a peer_sum kernel after it (MARKBASE_TP_ALLREDUCE=tail)
-    void use_peers(const std::vector<PeerEndpoint>& ranks, bool in_tail);
+    void use_peers(const std::vector<PeerEndpoint>& ranks);
     bool peer_timed_out();  // a peer_sum waited 2 s for a peer (a bug or a dead GPU): the results are wrong
     // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
     // Sharded, V is the whole vocabulary and the rank writes only its columns.
@@ -244,7 +242,6 @@ class CudaModel {
     PeerSum ps_;                      // set by use_peers: the decode step's sums over NVLink
     bool in_decode_ = false;          // while record_step runs (prefill keeps NCCL: its sums are large)
     Profiler* prefill_pf_ = nullptr;  // set while profile_prefill runs a prefill
-    bool peer_tail_ = false;          // use_peers' in_tail
     // batched decode: the slots, their positions, the slot the single-sequence calls address, and while
     // decode_batch runs, per-token positions / slots [chunk] and the next ids
     int slots_ = 1;
@@ -353,6 +350,10 @@ class CudaModel {
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
+    // MARKBASE_CUDA_ATTN_FUSED=1: the decode step's qk_norm_rope and attention as one launch per layer
+    // (attention_fused.cu) where attention_fused_supported; needs auto attention pieces and the merge in the
+    // last piece (MARKBASE_CUDA_FUSE on)
+    bool attn_fused_ = false;
 };
 
 }  // namespace markbase::cuda

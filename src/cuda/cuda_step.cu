@@ -67,12 +67,6 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     }
     if (reduce && sharded()) {  // the ranks' partial sums first, then the update
         flush_residual(pf, layer);
-        if (peer_tail_ && tail_ &&
-            peer_ready(static_cast<size_t>(rows))) {  // the sum in the GEMV's last block
-            const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, d_tail_counter_, &ps_};
-            run(pf, name, layer, wbytes(rows, K), [&] { gemv_rows(in, &seg, 1, &t, stream_); });
-            return;
-        }
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
         if (peer_ready(static_cast<size_t>(rows))) {  // the sum and the update in one kernel
             const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, nullptr};
@@ -183,10 +177,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             gemv(in, segs, ns, 1, stream_);
         });
     }
-    run(pf, "qk_norm_rope", i, 0.0, [&] {
-        const QkvPost p = qkv_post_args(i);
-        qkv_post(p, 1, stream_);
-    });
+    const QkvPost post = qkv_post_args(i);
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
@@ -194,9 +185,14 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.min_split = attn_min_split_;
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
-    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
-    if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
+    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head (or KV head) merges
+    if (attn_fused_ && attention_fused_supported(a, post)) {  // q/k/v post and attention in one launch
+        run(pf, "attention", i, 0.0, [&] { attention_fused(a, post, stream_); });
+    } else {
+        run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(post, 1, stream_); });
+        run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
+        if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
+    }
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
                      true);
 

@@ -15,7 +15,6 @@
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
-#include "cuda/peer_sum.cuh"
 
 namespace markbase::cuda {
 
@@ -34,7 +33,6 @@ struct RowsParams {
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
     ResidualTail tail;
-    PeerSum peer;  // tensor parallel with the sum in the tail (world > 1): see ResidualTail
 };
 
 // x = (x + RMSNorm(y) * w) * scale by the last block to finish; y is every row this grid wrote. One block
@@ -101,64 +99,11 @@ __device__ void residual_tail(const RowsParams& p) {
     if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
 }
 
-// The same update with y summed over the tensor-parallel ranks (ResidualTail.peer): every block stored its
-// rows into each rank's inbox and fenced them at system scope before taking its ticket; the last block
-// publishes the call, waits for the peers' and updates x from the sum in rank order (as peer_sum does).
-__device__ void peer_tail(const RowsParams& p, unsigned long long call) {
-    __shared__ float red[32];
-    if (!last_block_to_finish(p.tail.counter)) return;
-    __threadfence_system();
-    peer_exchange(p.peer, call);
-    // as residual_tail: batches of independent loads, the sum recomputed in the second pass
-    const int H = p.total_rows, T = blockDim.x;
-    float* x = p.tail.x;
-    float part[kTailBatch];
-#pragma unroll
-    for (int j = 0; j < kTailBatch; ++j) part[j] = 0.0f;
-    for (int k0 = threadIdx.x; k0 < H; k0 += T * kTailBatch) {
-        float v[kTailBatch];
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j)
-            v[j] = k0 + j * T < H ? peer_total(p.peer, call, k0 + j * T) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) part[j] = fmaf(v[j], v[j], part[j]);
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTailBatch; ++j) ss += part[j];
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + p.tail.eps);
-    for (int k0 = threadIdx.x; k0 < H; k0 += T * kTailBatch) {
-        float yv[kTailBatch], xv[kTailBatch], wv[kTailBatch];
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) {
-            const int k = k0 + j * T;
-            if (k < H) {
-                yv[j] = peer_total(p.peer, call, k);
-                xv[j] = __ldcg(x + k);
-                wv[j] = bf16_at(p.tail.w, k);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) {
-            const int k = k0 + j * T;
-            if (k < H) x[k] = (xv[j] + yv[j] * inv * wv[j]) * p.tail.scale;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        *p.tail.counter = 0u;
-        *p.peer.calls = call;
-    }
-}
-
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
-// Peer: the tensor-parallel tail (kStore with ResidualTail.peer), a separate instantiation so that the
-// one-GPU kernels keep their registers.
-template <int M, int W, bool Peer = false>
+template <int M, int W>
 __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr int kRowsPerBlock = kWarps / W;
@@ -234,17 +179,8 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
         acc *= inv;
         acc2 *= inv;
     }
-    // tensor parallel with the sum in the tail: this call's number (the previous sums have finished: the
-    // stream orders them, and pdl_begin above waited for the kernel before)
-    constexpr bool peers = Peer && M == kStore;
-    unsigned long long call = 0;
-    if constexpr (peers) call = *p.peer.calls + 1;
     if (lane == 0 && part == 0 && active) {
         float* y = p.seg[s].y + local;
-        if constexpr (peers) {  // the partial row into every rank's inbox, fenced before this block's ticket
-            for (int q = 0; q < p.peer.world; ++q) peer_row(p.peer, q, call)[local] = acc;
-            __threadfence_system();
-        }
         if constexpr (M == kStore)
             *y = acc;
         else if constexpr (M == kGeglu)
@@ -252,12 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
         else
             *y = gelu_tanh(acc) * p.aux[row];
     }
-    if (M == kStore && p.tail.x) {
-        if constexpr (peers)
-            peer_tail(p, call);
-        else
-            residual_tail(p);
-    }
+    if (M == kStore && p.tail.x) residual_tail(p);
 }
 
 // ---- async (MARKBASE_CUDA_GEMV=async) ----
@@ -447,15 +378,7 @@ int warps_per_row(int K) {
 template <int M, int W>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
-    const dim3 grid((p.total_rows + rpb - 1) / rpb);
-    if constexpr (M == kStore) {
-        if (p.peer.world > 1) {
-            launch_kernel(rows_kernel<M, W, true>, grid, dim3(kWarps * 32), 0, s, p);
-            CUDA_CHECK_LAUNCH();
-            return;
-        }
-    }
-    launch_kernel(rows_kernel<M, W>, grid, dim3(kWarps * 32), 0, s, p);
+    launch_kernel(rows_kernel<M, W>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -470,13 +393,13 @@ int device_sms() {
     return sms;
 }
 
-// The async kernel when the launch has a scratch, no peer sums, and at least kAsyncMinRounds rounds per warp
-// on a full grid (two blocks per SM); false leaves the launch to the warpk kernel.
+// The async kernel when the launch has a scratch and at least kAsyncMinRounds rounds per warp on a full grid
+// (two blocks per SM); false leaves the launch to the warpk kernel.
 template <int M, int kLaneChunks, int kStages>
 bool launch_async(RowsParams& p, cudaStream_t s) {
     constexpr int kRound = 32 * (M == kGeglu ? kLaneChunks / 2 : kLaneChunks);
     const GemvStreamScratch& sc = p.in.stream;
-    if (!sc.part || !sc.count || p.peer.world > 1 || p.total_rows > sc.rows) return false;
+    if (!sc.part || !sc.count || p.total_rows > sc.rows) return false;
     const int R = (p.in.K / 8 + kRound - 1) / kRound;
     const int64_t N = static_cast<int64_t>(p.total_rows) * R;
     const int64_t blocks = int64_t{kAsyncBlocksPerSm} * device_sms();
@@ -538,12 +461,6 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
     p.nseg = nseg;
     for (int i = 0; i < nseg; ++i) p.seg[i] = segs[i];
     if (tail) p.tail = *tail;
-    if (tail && tail->peer) {
-        p.peer = *tail->peer;
-        if (p.peer.world < 2 || nseg != 1 || segs[0].rows > p.peer.max_n)
-            throw Error(
-                "internal: a peer tail needs a set-up PeerSum and one segment of at most its row width");
-    }
     launch_rows<kStore>(p, s);
 }
 

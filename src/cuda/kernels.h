@@ -98,16 +98,13 @@ struct PeerSum {
 
 // A residual update fused into a decode GEMV's end: once every row of y is written, the last block to finish
 // computes x = (x + RMSNorm(y) * w) * scale in place (y has as many rows as x). counter: one zeroed uint,
-// left zeroed. With peer (tensor parallel, MARKBASE_TP_ALLREDUCE=tail), y is this rank's partial sum: every
-// row also goes into each rank's peer_sum inbox, and the last block exchanges flags with the peers and uses
-// the sum over the ranks (in rank order) as y. peer: the host's PeerSum, copied into the launch.
+// left zeroed.
 struct ResidualTail {
     float* x = nullptr;
     const bf16* w = nullptr;
     float scale = 1.0f;
     float eps = 1e-6f;
     unsigned int* counter = nullptr;
-    const PeerSum* peer = nullptr;
 };
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
@@ -174,8 +171,8 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
                        cudaStream_t s);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
-// wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each thread's
-// loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
+// wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
+// thread's loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
                           cudaStream_t s, bool wide = false);
@@ -246,6 +243,14 @@ void attention(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
+// ---- attention_fused.cu: one-token decode attention with qkv_post folded in (MARKBASE_CUDA_ATTN_FUSED=1)
+// --- Reads p's raw q/k/v projections, applies the norms and RoPE itself, writes position pos's k and v to
+// the cache, and runs a's pieces (split_len 0, active_only, merge_counters: one per KV head) with one block
+// per (piece, KV head) serving the group's query heads. attention_fused_prepare() once per device before use.
+constexpr size_t kAttnFusedMaxSmem = 128 * 1024;
+bool attention_fused_supported(const AttnArgs& a, const QkvPost& p);
+void attention_fused_prepare();
+void attention_fused(const AttnArgs& a, const QkvPost& p, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
 // The experts a rank holds (expert parallelism): global ids [begin, begin + count); a group whose expert is
@@ -261,9 +266,9 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
                ExpertRange held = {}, bool wide = false);
-// (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits loaded in one
-// batch, the logits through shared memory.)
-// Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
+// (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits
+// loaded in one batch, the logits through shared memory.) Prefill: group the n*K (token, slot) entries by
+// expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});
 // e[t] = sum_k sel_w[t][k] * slots[t*K + k] (H wide): a rank's share of the experts' weighted sum, which the
@@ -293,7 +298,7 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 
 // buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its
 // x, w, scale, eps; n = H), then x = (x + RMSNorm(buf) * w) * scale. One block; every rank must call it in
-// the same order (and in the same order as the GEMV tails that sum through the same inboxes).
+// the same order.
 void peer_sum(const PeerSum& ps, float* buf, int n, const ResidualTail* res, cudaStream_t s);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------------

@@ -108,9 +108,10 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
     }
 }
 
-// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by 1024 threads, x, its norm weights and the
-// logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip and the routing warp
-// reads its logits from shared memory. The same routing (route_warp), the norm's sum in another order.
+// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by 1024 threads, x, its norm weights
+// and the logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip and the
+// routing warp reads its logits from shared memory. The same routing (route_warp), the norm's sum in another
+// order.
 constexpr int kWideThreads = 1024;
 constexpr int kWidePer = 4;  // H <= 4096
 __global__ void __launch_bounds__(kWideThreads)

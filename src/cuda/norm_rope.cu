@@ -107,11 +107,11 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
         x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
 }
 
-// The same update at one token (MARKBASE_CUDA_MOE_WIDE, the default) by 1024 threads, each holding <= 3 elements: the
-// 256-thread kernel above walks H = 2816 in ~12 dependent L2 round trips (the profile's ffn_combine: ~18 us
-// per layer on the 26B); here each thread issues its loads in three batches (slots and m, the norm weights,
-// x). The expert sum adds the slots in the same order as above, so e is bit-identical; the norms' sums are in
-// another order.
+// The same update at one token (MARKBASE_CUDA_MOE_WIDE, the default) by 1024 threads, each holding <= 3
+// elements: the 256-thread kernel above walks H = 2816 in ~12 dependent L2 round trips (the profile's
+// ffn_combine: ~18 us per layer on the 26B); here each thread issues its loads in three batches (slots and m,
+// the norm weights, x). The expert sum adds the slots in the same order as above, so e is bit-identical; the
+// norms' sums are in another order.
 constexpr int kWideThreads = 1024;
 constexpr int kWideCombinePer = 3;  // H <= 3072
 constexpr int kWideMaxK = 8;

@@ -1,6 +1,5 @@
-// Device side of the tensor-parallel peer sums (peer_sum.cu's kernel and the warp-per-row GEMV's peer tail in
-// gemv_rows.cu): the inbox layout, the flag exchange and the sum in rank order. See peer_sum.cu for the
-// protocol and why two slots suffice.
+// Device side of the tensor-parallel peer sums (peer_sum.cu's kernel): the inbox layout, the flag exchange
+// and the sum in rank order. See peer_sum.cu for the protocol and why two slots suffice.
 #pragma once
 
 #include "cuda/device_common.cuh"
@@ -30,8 +29,8 @@ __device__ __forceinline__ float* peer_row(const PeerSum& ps, int q, unsigned lo
 }
 
 // Block-wide: publish `call` in every peer's flags and wait until every peer has published it; ends with a
-// barrier, after which the peers' rows of this call are readable. The block's (and, through the caller's
-// ticket, the grid's) stores into the inboxes must already be fenced at system scope.
+// barrier, after which the peers' rows of this call are readable. The block's stores into the inboxes must
+// already be fenced at system scope.
 __device__ __forceinline__ void peer_exchange(const PeerSum& ps, unsigned long long call) {
     if (threadIdx.x == 0)
         for (int q = 0; q < ps.world; ++q)

@@ -130,14 +130,6 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     std::printf("  %s: %s and %s\n", family.c_str(), two->name().c_str(), two_nccl->name().c_str());
     expect_same_chain(*one, *two_nccl, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
     EXPECT_LT(rel_err(ref, all_logits(*two_nccl, ids, true)), 1e-3);
-
-    // and with o_proj's and the dense MLP's sums in the producing GEMV's last block
-    setenv("MARKBASE_TP_ALLREDUCE", "tail", 1);
-    auto two_tail = make_cuda_backend(*ck, o2);
-    unsetenv("MARKBASE_TP_ALLREDUCE");
-    std::printf("  %s: %s\n", family.c_str(), two_tail->name().c_str());
-    expect_same_chain(*one, *two_tail, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
-    EXPECT_LT(rel_err(ref, all_logits(*two_tail, ids, true)), 1e-3);
 #endif
 }
 
@@ -145,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaTpTiny, ::testing::Values("e2b", "e4b", "
 
 // Sampling on 2 GPUs: each rank selects the k best of its vocabulary columns, the backend merges them; the
 // generated ids must be the host sampler's on the full row (MARKBASE_DEVICE_SAMPLING=0), filters and
-// penalties included (penalised ids fall on both ranks' columns).
+// penalties included (penalised ids fall on both ranks' columns). The default; MARKBASE_TP_DEVICE_SAMPLING=0
+// turns it off.
 class CudaTpSampling : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
@@ -158,10 +151,13 @@ TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
     o.ctx_size = 128;
     o.chunk = 16;
     o.tensor_parallel = 2;
-    setenv("MARKBASE_TP_DEVICE_SAMPLING", "1", 1);  // opt-in until this test has passed on two GPUs
     const auto be = make_cuda_backend(*ck, o);
-    unsetenv("MARKBASE_TP_DEVICE_SAMPLING");
     ASSERT_GT(be->max_select_k(), 0) << "device-side selection on 2 GPUs";
+    setenv("MARKBASE_TP_DEVICE_SAMPLING", "0", 1);
+    EXPECT_EQ(make_cuda_backend(*ck, o)->max_select_k(), 0) << "MARKBASE_TP_DEVICE_SAMPLING=0";
+    setenv("MARKBASE_TP_DEVICE_SAMPLING", "yes", 1);
+    EXPECT_THROW(make_cuda_backend(*ck, o), Error);
+    unsetenv("MARKBASE_TP_DEVICE_SAMPLING");
     const std::vector<int> prompt = {2, 30, 31, 32, 33};
     struct Case {
         int top_k;
