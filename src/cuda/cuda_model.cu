@@ -118,12 +118,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             attn_active_only_ = true;
             attn_v2_ = policy.v2;
         }
-        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_FUSED")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_ATTN_FUSED=") + e + ": expected 0 or 1");
-            attn_fused_ = std::strcmp(e, "1") == 0;
-        }
-        if (attn_fused_) attention_fused_prepare();
         decode_splits_.resize(L);
         for (int i = 0; i < L; ++i) {
             const LayerSpec& s = c_.layers[i];
@@ -169,7 +163,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_counter_, 0, sizeof(unsigned int)));
-        tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_);
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_TAIL")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                throw Error(std::string("MARKBASE_CUDA_GEMV_TAIL=") + e + ": expected 0 or 1");
+            gemv_tail_ = std::strcmp(e, "1") == 0;
+        }
+        tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_) && gemv_tail_;
+        // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
+        // in every block of the next GEMV)
+        residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

@@ -287,6 +287,11 @@ class CudaModel {
     // them (o_proj, down, the PLE projection; gemv_rows.cu), x stays in x_, and the consumers fold the input
     // norm into each warp. d_tail_counter_: those tails' finished blocks.
     bool tail_ = false;
+    // MARKBASE_CUDA_GEMV_TAIL=0: no tails; each update is a one-block launch after its GEMV
+    // (residual_launch_, also with fusion off). Session 5's 31B A/B with fusion off: -5.2% per token, the
+    // GEMVs 2.8 ms faster: every block of a tailed GEMV waits for its fence and ticket before it retires.
+    bool gemv_tail_ = true;
+    bool residual_launch_ = false;
     unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
     // MARKBASE_CUDA_GEMV=async|asyncg: the cp.async GEMV's pieces and row counters, for the launches on
@@ -350,10 +355,6 @@ class CudaModel {
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
-    // MARKBASE_CUDA_ATTN_FUSED=1: the decode step's qk_norm_rope and attention as one launch per layer
-    // (attention_fused.cu) where attention_fused_supported; needs auto attention pieces and the merge in the
-    // last piece (MARKBASE_CUDA_FUSE on)
-    bool attn_fused_ = false;
 };
 
 }  // namespace markbase::cuda

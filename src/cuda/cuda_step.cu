@@ -43,7 +43,7 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
                          float scale) {
-    if (fuse_) {
+    if (!residual_launch_) {
         pending_ = {y, w, scale};
         return;
     }
@@ -177,7 +177,10 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             gemv(in, segs, ns, 1, stream_);
         });
     }
-    const QkvPost post = qkv_post_args(i);
+    run(pf, "qk_norm_rope", i, 0.0, [&] {
+        const QkvPost p = qkv_post_args(i);
+        qkv_post(p, 1, stream_);
+    });
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
@@ -185,14 +188,9 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.min_split = attn_min_split_;
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
-    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head (or KV head) merges
-    if (attn_fused_ && attention_fused_supported(a, post)) {  // q/k/v post and attention in one launch
-        run(pf, "attention", i, 0.0, [&] { attention_fused(a, post, stream_); });
-    } else {
-        run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(post, 1, stream_); });
-        run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
-        if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
-    }
+    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
+    run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
+    if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
                      true);
 
@@ -202,7 +200,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     // MoE with MARKBASE_CUDA_MOE_OVERLAP=1 (graph only): the routed experts on a second stream, forked from
     // and joined back to the main one, so their chain of small kernels overlaps the dense MLP (both read x,
     // which neither changes; the combine needs both).
-    const bool overlap = c_.moe && moe_overlap_ && !pf && tail_ && !pending_.y;
+    const bool overlap = c_.moe && moe_overlap_ && !pf && (tail_ || residual_launch_) && !pending_.y;
     if (overlap) {
         CUDA_CHECK(cudaEventRecord(fork_, stream_));
         CUDA_CHECK(cudaStreamWaitEvent(stream2_, fork_, 0));

@@ -166,7 +166,7 @@ void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, fl
 // ple[t][l] = (RMSNorm_P(ctx[t][l] * H^-0.5) * norm_w + ple_embed[ids[t]][l] * sqrt(P)) * 2^-0.5
 void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
              int H, float eps, float* ple, cudaStream_t s);
-// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale
+// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched)
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
@@ -243,14 +243,6 @@ void attention(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
-// ---- attention_fused.cu: one-token decode attention with qkv_post folded in (MARKBASE_CUDA_ATTN_FUSED=1)
-// --- Reads p's raw q/k/v projections, applies the norms and RoPE itself, writes position pos's k and v to
-// the cache, and runs a's pieces (split_len 0, active_only, merge_counters: one per KV head) with one block
-// per (piece, KV head) serving the group's query heads. attention_fused_prepare() once per device before use.
-constexpr size_t kAttnFusedMaxSmem = 128 * 1024;
-bool attention_fused_supported(const AttnArgs& a, const QkvPost& p);
-void attention_fused_prepare();
-void attention_fused(const AttnArgs& a, const QkvPost& p, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
 // The experts a rank holds (expert parallelism): global ids [begin, begin + count); a group whose expert is
@@ -267,8 +259,8 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
                ExpertRange held = {}, bool wide = false);
 // (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits
-// loaded in one batch, the logits through shared memory.) Prefill: group the n*K (token, slot) entries by
-// expert: group g = expert g, entries[group_off[g] ...].
+// loaded in one batch, the logits through shared memory.)
+// Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});
 // e[t] = sum_k sel_w[t][k] * slots[t*K + k] (H wide): a rank's share of the experts' weighted sum, which the

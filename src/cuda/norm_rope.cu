@@ -74,6 +74,40 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
     }
 }
 
+// The same update at one token by 1024 threads holding <= 6 elements each, their loads in one batch (the
+// norm weights before the PDL wait): the kernel above walks H in dependent L2 round trips (31B: ~11 per
+// pass).
+constexpr int kWideResidualThreads = 1024;
+constexpr int kWideResidualPer = 6;  // H <= 6144
+__global__ void __launch_bounds__(kWideResidualThreads)
+    residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
+                         int H, float eps, float scale) {
+    __shared__ float red[32];
+    float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer];
+#pragma unroll
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideResidualThreads;
+        wv[j] = k < H ? bf16_at(w, k) : 0.0f;
+    }
+    pdl_begin();
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideResidualThreads;
+        yv[j] = k < H ? y[k] : 0.0f;
+        xv[j] = k < H ? x[k] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kWideResidualPer; ++j) ss = fmaf(yv[j], yv[j], ss);
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+#pragma unroll
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideResidualThreads;
+        if (k < H) x[k] = (xv[j] + yv[j] * inv * wv[j]) * scale;
+    }
+}
+
 // dynamic smem: 2*H floats (the expert sum, then the combined m')
 __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restrict__ m,
                                     const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
@@ -288,6 +322,12 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s) {
+    if (n == 1 && H <= kWideResidualThreads * kWideResidualPer) {
+        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideResidualThreads), 0, s, x, y, w, H, eps,
+                      scale);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     launch_kernel(residual_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale);
     CUDA_CHECK_LAUNCH();
 }
