@@ -291,6 +291,9 @@ class CudaModel {
     // (residual_launch_, also with fusion off). Session 5's 31B A/B with fusion off: -5.2% per token, the
     // GEMVs 2.8 ms faster: every block of a tailed GEMV waits for its fence and ticket before it retires.
     bool gemv_tail_ = true;
+    // MARKBASE_CUDA_ATTN_POST=1: the decode step's qk_norm_rope folded into the attention pieces (one launch
+    // fewer per layer; attention.cu's Post)
+    bool attn_post_ = false;
     bool residual_launch_ = false;
     unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head

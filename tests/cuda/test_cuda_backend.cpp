@@ -272,6 +272,8 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_WIDE=0,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV_TAIL=0",
     "MARKBASE_CUDA_GEMV_TAIL=0,MARKBASE_CUDA_MOE_OVERLAP=0",
+    "MARKBASE_CUDA_ATTN_POST=1",
+    "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_GEMV_TAIL=0",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
