@@ -163,6 +163,10 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_counter_, 0, sizeof(unsigned int)));
+        // Unset: tails on the MoE model only (session 5's H200 A/B without them: 31B -10.9%, E4B -11.4%, E2B
+        // -5.7%, 26B-A4B +1.6%: its one tail is o_proj's, and the extra launch lands before the experts'
+        // fork)
+        gemv_tail_ = c_.moe;
         if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_TAIL")) {
             if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
                 throw Error(std::string("MARKBASE_CUDA_GEMV_TAIL=") + e + ": expected 0 or 1");

@@ -287,9 +287,10 @@ class CudaModel {
     // them (o_proj, down, the PLE projection; gemv_rows.cu), x stays in x_, and the consumers fold the input
     // norm into each warp. d_tail_counter_: those tails' finished blocks.
     bool tail_ = false;
-    // MARKBASE_CUDA_GEMV_TAIL=0: no tails; each update is a one-block launch after its GEMV
-    // (residual_launch_, also with fusion off). Session 5's 31B A/B with fusion off: -5.2% per token, the
-    // GEMVs 2.8 ms faster: every block of a tailed GEMV waits for its fence and ticket before it retires.
+    // MARKBASE_CUDA_GEMV_TAIL (default 0 on the dense models, 1 on the MoE model since session 5's H200 A/B):
+    // 0 = no tails; each update is a one-block launch after its GEMV (residual_launch_, also with fusion
+    // off). Every block of a tailed GEMV fences its stores and takes a ticket before it retires; without that
+    // the 31B's down projection went from 89 to 61 us per call.
     bool gemv_tail_ = true;
     // MARKBASE_CUDA_ATTN_POST=1: the decode step's qk_norm_rope folded into the attention pieces (one launch
     // fewer per layer; attention.cu's Post)

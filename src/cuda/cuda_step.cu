@@ -1,10 +1,11 @@
 // The decode step (one token), as cpu/forward.cpp computes it, launched kernel by kernel on one stream.
 // Nothing here reads host state that changes between tokens: the token id and its position are read by the
 // kernels from d_state_, so the same launches captured once as a CUDA graph serve every step. With a Profiler
-// each launch is bracketed by events instead (the profile mode). With fusion on (the default), the
-// sandwich-norm residual updates run as prologues of the GEMV that consumes them, the attention pieces are
-// merged by the last piece of each head, and sampling runs in lm_head's last block: E2B 8 kernels per layer
-// instead of 12.
+// each launch is bracketed by events instead (the profile mode). With fusion on (the default), the attention
+// pieces are merged by the last piece of each head and sampling runs in lm_head's last block; the
+// sandwich-norm residual updates run as one-block launches after the GEMV that produces them (dense models)
+// or as its tail (the MoE model; MARKBASE_CUDA_GEMV_TAIL), or, with the tile GEMVs, as the consumer's
+// prologue.
 #include <cmath>
 
 #include "cuda/cuda_model.h"
