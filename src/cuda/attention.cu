@@ -226,50 +226,16 @@ __device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, fl
     }
 }
 
-// Post (MARKBASE_CUDA_ATTN_POST=1): qkv_post's work for this head folded in, so the decode step has no
-// qk_norm_rope launch. The geometry and an L2 prefetch of the piece's first tile of keys and values (older
-// positions: written by earlier steps, or on KV-shared layers by an earlier layer of this step, i.e. by
-// kernels that completed before the previous one began) come before the PDL wait; after it the block
-// normalises and rotates its raw q head, and the blocks whose piece holds the current position normalise its
-// raw k and v into shared memory (the group's first head also writes them to the cache; no block of this grid
-// reads that row from the cache). Keys are then read with generic loads (the current one from shared memory).
-__device__ void post_row(const float* src, const bf16* w, const float* inv_freq, float fpos, float eps, int d,
-                         float* dst, float* scratch) {
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < d; j += kThreads) {
-        const float v = src[j];
-        dst[j] = v;
-        ss = fmaf(v, v, ss);
-    }
-    ss = block_sum(ss, scratch);  // ends with a barrier: dst is complete
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
-    for (int j = threadIdx.x; j < d; j += kThreads) dst[j] = w ? dst[j] * inv * bf16_at(w, j) : dst[j] * inv;
-    __syncthreads();
-    if (!inv_freq) return;
-    const int half = d / 2;
-    for (int j = threadIdx.x; j < half; j += kThreads) {
-        const float ang = fpos * inv_freq[j];
-        const float c = cosf(ang), s = sinf(ang);
-        const float x0 = dst[j], x1 = dst[j + half];
-        dst[j] = x0 * c - x1 * s;
-        dst[j + half] = x1 * c + x0 * s;
-    }
-    __syncthreads();
-}
-
-template <bool Post>
-__global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a, const QkvPost p) {
+__global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
     float* fs = red + kWarpsAttn * d;             // [nsplit]
-    float* knew = fs + (a.nsplit + 3) / 4 * 4;    // Post: [d] the current key, then [d] its value
-    float* vnew = knew + d;
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
-    if constexpr (!Post) pdl_begin();
+    pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const PieceGeometry geo = piece_geometry(a, t);
@@ -278,36 +244,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     const int64_t end = min(geo.pos + 1, start + geo.split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
     const int g = h / (a.nH / a.nKV);
-    // Post: the position this layer writes now (-1: none in this piece, or a KV-shared layer)
-    const int64_t cur = Post && p.kraw && end == geo.pos + 1 ? geo.pos : -1;
-    if constexpr (Post) {
-        const int64_t n_pre = min(static_cast<int64_t>(kTile), end - start), lines = d / 32;  // 128 B lines
-        for (int64_t c = tid; c < 2 * n_pre * lines; c += kThreads) {
-            const int64_t j = c / (2 * lines), r = c - j * 2 * lines;
-            if (start + j == cur) continue;
-            const float* base = r < lines ? a.k_cache : a.v_cache;
-            prefetch_l2(base + (((start + j) % a.cap) * a.nKV + g) * d + (r % lines) * 32);
-        }
-        pdl_begin();
-        const float fpos = static_cast<float>(geo.pos);
-        post_row(p.q + static_cast<int64_t>(h) * d, p.q_norm, p.inv_freq, fpos, p.eps, d, qs, scratch);
-        if (cur >= 0) {
-            post_row(p.kraw + static_cast<int64_t>(g) * d, p.k_norm, p.inv_freq, fpos, p.eps, d, knew,
-                     scratch);
-            post_row(p.vraw + static_cast<int64_t>(g) * d, nullptr, nullptr, fpos, p.eps, d, vnew, scratch);
-            if (h % (a.nH / a.nKV) == 0) {
-                const int64_t row = ((cur % p.cap) * p.nKV + g) * d;
-                for (int j = tid; j < d; j += kThreads) {
-                    p.k_cache[row + j] = knew[j];
-                    p.v_cache[row + j] = vnew[j];
-                }
-            }
-        }
-    } else {
-        const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
-        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-        __syncthreads();
-    }
+    const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
+    for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+    __syncthreads();
 
     float m = -FLT_MAX, l = 0.0f;
     float4 acc[kMaxDimsPerThread];
@@ -322,15 +261,14 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int j = min(j0 + u, cnt - 1);
-                kp[u] = reinterpret_cast<const float4*>(
-                    Post && ts + j == cur ? knew : a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+                kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
                 s[u] = 0.0f;
             }
             for (int c = lane; c < d4; c += 32) {
                 const float4 qv = smem4[c];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const float4 kv = Post ? kp[u][c] : __ldg(kp[u] + c);
+                    const float4 kv = __ldg(kp[u] + c);
                     s[u] = fmaf(kv.x, qv.x, s[u]);
                     s[u] = fmaf(kv.y, qv.y, s[u]);
                     s[u] = fmaf(kv.z, qv.z, s[u]);
@@ -368,13 +306,12 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
             for (int u = 0; u < 4; ++u) {
                 const int j = j0 + u * kWarpsAttn;
                 p[u] = j < cnt ? sc[j] : 0.0f;
-                const int64_t key = ts + min(j, cnt - 1);
                 const float4* vp = reinterpret_cast<const float4*>(
-                    Post && key == cur ? vnew : a.v_cache + ((key % a.cap) * a.nKV + g) * d);
+                    a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
 #pragma unroll
                 for (int i = 0; i < kMaxDimsPerThread; ++i) {
                     const int c = lane + 32 * i;
-                    vv[u][i] = c < d4 ? (Post ? vp[c] : __ldg(vp + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
             }
 #pragma unroll
@@ -448,27 +385,11 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
         const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a,
-                      QkvPost{});
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     }
-    CUDA_CHECK_LAUNCH();
-}
-
-bool attention_post_supported(const AttnArgs& a, const QkvPost& p) {
-    return a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters && !a.tok_pos &&
-           a.d % 4 == 0 && a.d <= kThreads * kMaxDimsPerThread && a.nKV > 0 && a.nH % a.nKV == 0 &&
-           p.d == a.d && p.nH == a.nH && p.nKV == a.nKV && !p.tok_pos &&
-           (static_cast<size_t>(3 + kWarpsAttn) * a.d + a.nsplit + 3) * sizeof(float) <= 48 * 1024;
-}
-
-void attention_pieces_post(const AttnArgs& a, const QkvPost& p, cudaStream_t s) {
-    if (!attention_post_supported(a, p))
-        throw Error("internal: attention with the q/k/v post does not take this layer");
-    const size_t smem = (static_cast<size_t>(3 + kWarpsAttn) * a.d + (a.nsplit + 3) / 4 * 4) * sizeof(float);
-    launch_kernel(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, 1), dim3(kThreads), smem, s, a, p);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -173,11 +173,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             gemv_tail_ = std::strcmp(e, "1") == 0;
         }
         tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_) && gemv_tail_;
-        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_POST")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_ATTN_POST=") + e + ": expected 0 or 1");
-            attn_post_ = std::strcmp(e, "1") == 0;
-        }
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
         // in every block of the next GEMV)
         residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);

@@ -292,9 +292,6 @@ class CudaModel {
     // off). Every block of a tailed GEMV fences its stores and takes a ticket before it retires; without that
     // the 31B's down projection went from 89 to 61 us per call.
     bool gemv_tail_ = true;
-    // MARKBASE_CUDA_ATTN_POST=1: the decode step's qk_norm_rope folded into the attention pieces (one launch
-    // fewer per layer; attention.cu's Post)
-    bool attn_post_ = false;
     bool residual_launch_ = false;
     unsigned int* d_tail_counter_ = nullptr;
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head

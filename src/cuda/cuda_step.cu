@@ -178,7 +178,10 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             gemv(in, segs, ns, 1, stream_);
         });
     }
-    const QkvPost post = qkv_post_args(i);
+    run(pf, "qk_norm_rope", i, 0.0, [&] {
+        const QkvPost p = qkv_post_args(i);
+        qkv_post(p, 1, stream_);
+    });
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
@@ -186,14 +189,9 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.min_split = attn_min_split_;
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
-    if (fuse_) a.merge_counters = d_attn_counters_;         // the last piece of each head merges
-    if (attn_post_ && attention_post_supported(a, post)) {  // q/k norms, RoPE and the cache write inside
-        run(pf, "attention", i, 0.0, [&] { attention_pieces_post(a, post, stream_); });
-    } else {
-        run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(post, 1, stream_); });
-        run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
-        if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
-    }
+    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
+    run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
+    if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
                      true);
 

@@ -243,11 +243,6 @@ void attention(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
-// One token (MARKBASE_CUDA_ATTN_POST=1): qkv_post(p) folded into the v2 decode pieces (auto policy, merge in
-// the last piece): p's raw q/k/v are normed and rotated by the attention blocks, which also write position
-// pos's k and v to the cache. Supported: what attention_pieces runs as v2 at n = 1.
-bool attention_post_supported(const AttnArgs& a, const QkvPost& p);
-void attention_pieces_post(const AttnArgs& a, const QkvPost& p, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
 // The experts a rank holds (expert parallelism): global ids [begin, begin + count); a group whose expert is

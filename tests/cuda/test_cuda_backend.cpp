@@ -273,8 +273,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV_TAIL=0",
     "MARKBASE_CUDA_GEMV_TAIL=1",
     "MARKBASE_CUDA_GEMV_TAIL=0,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_ATTN_POST=1",
-    "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_GEMV_TAIL=1",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
