@@ -35,6 +35,21 @@ struct RowsParams {
     ResidualTail tail;
 };
 
+// One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
+// through the input norm's weights when the launch folds the norm in (ss sums x^2 for its scale).
+template <bool Two>
+__device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bool norm, int c,
+                                          const uint4& w, const uint4& w2, float& acc, float& acc2,
+                                          float& ss) {
+    float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
+    if (norm) {
+        ss = sq8(a, b, ss);
+        if (nw4) scale8(a, b, __ldg(nw4 + c));
+    }
+    acc += dot8(w, a, b);
+    if constexpr (Two) acc2 += dot8(w2, a, b);
+}
+
 // x = (x + RMSNorm(y) * w) * scale by the last block to finish; y is every row this grid wrote. One block
 // walks the whole vector, so latency, not bandwidth, sets its length: each thread issues a batch of
 // independent loads before using any (a plain strided loop waited one L2 round trip per element and cost
@@ -144,13 +159,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
         for (int u = 0; u < kU; ++u) {
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
-                float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
-                if (norm) {
-                    ss = sq8(a, b, ss);
-                    if (nw4) scale8(a, b, __ldg(nw4 + c));
-                }
-                acc += dot8(v[u], a, b);
-                if constexpr (M == kGeglu) acc2 += dot8(v2[u], a, b);
+                dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
             }
         }
     }
@@ -291,13 +300,9 @@ __global__ void __launch_bounds__(kWarps * 32, kAsyncBlocksPerSm)
         for (int u = 0; u < kUnit; ++u) {
             const int c = c0 + u * 32 + lane;
             if (c < nchunk) {
-                float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
-                if (norm) {
-                    ss = sq8(xa, xb, ss);
-                    if (nw4) scale8(xa, xb, __ldg(nw4 + c));
-                }
-                acc += dot8(src[u * 32 + lane], xa, xb);
-                if constexpr (M == kGeglu) acc2 += dot8(src[(kUnit + u) * 32 + lane], xa, xb);
+                dot_chunk<M == kGeglu>(x4, nw4, norm, c, src[u * 32 + lane],
+                                       M == kGeglu ? src[(kUnit + u) * 32 + lane] : src[u * 32 + lane], acc,
+                                       acc2, ss);
             }
         }
         stage = stage + 1 == kStages ? 0 : stage + 1;
