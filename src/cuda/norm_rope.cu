@@ -77,23 +77,23 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 // The same update at one token by 1024 threads holding <= 6 elements each, their loads in one batch (the
 // norm weights before the PDL wait): the kernel above walks H in dependent L2 round trips (31B: ~11 per
 // pass).
-constexpr int kWideResidualThreads = 1024;
+constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
 constexpr int kWideResidualPer = 6;  // H <= 6144
-__global__ void __launch_bounds__(kWideResidualThreads)
+__global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
                          int H, float eps, float scale) {
     __shared__ float red[32];
     float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer];
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
-        const int k = threadIdx.x + j * kWideResidualThreads;
+        const int k = threadIdx.x + j * kWideThreads;
         wv[j] = k < H ? bf16_at(w, k) : 0.0f;
     }
     pdl_begin();
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
-        const int k = threadIdx.x + j * kWideResidualThreads;
+        const int k = threadIdx.x + j * kWideThreads;
         yv[j] = k < H ? y[k] : 0.0f;
         xv[j] = k < H ? x[k] : 0.0f;
     }
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kWideResidualThreads)
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
-        const int k = threadIdx.x + j * kWideResidualThreads;
+        const int k = threadIdx.x + j * kWideThreads;
         if (k < H) x[k] = (xv[j] + yv[j] * inv * wv[j]) * scale;
     }
 }
@@ -146,7 +146,6 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
 // ffn_combine: ~18 us per layer on the 26B); here each thread issues its loads in three batches (slots and m,
 // the norm weights, x). The expert sum adds the slots in the same order as above, so e is bit-identical; the
 // norms' sums are in another order.
-constexpr int kWideThreads = 1024;
 constexpr int kWideCombinePer = 3;  // H <= 3072
 constexpr int kWideMaxK = 8;
 __global__ void __launch_bounds__(kWideThreads)
@@ -322,9 +321,8 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s) {
-    if (n == 1 && H <= kWideResidualThreads * kWideResidualPer) {
-        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideResidualThreads), 0, s, x, y, w, H, eps,
-                      scale);
+    if (n == 1 && H <= kWideThreads * kWideResidualPer) {
+        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, y, w, H, eps, scale);
         CUDA_CHECK_LAUNCH();
         return;
     }
