@@ -201,7 +201,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     // MoE with MARKBASE_CUDA_MOE_OVERLAP=1 (graph only): the routed experts on a second stream, forked from
     // and joined back to the main one, so their chain of small kernels overlaps the dense MLP (both read x,
     // which neither changes; the combine needs both).
-    const bool overlap = c_.moe && moe_overlap_ && !pf && (tail_ || residual_launch_) && !pending_.y;
+    const bool overlap = c_.moe && moe_overlap_ && !pf && fuse_ && !pending_.y;  // o_proj's update applied
     if (overlap) {
         CUDA_CHECK(cudaEventRecord(fork_, stream_));
         CUDA_CHECK(cudaStreamWaitEvent(stream2_, fork_, 0));
