@@ -159,6 +159,16 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         d_argmax_ = alloc<unsigned long long>(1);
 
         if (const char* e = std::getenv("MARKBASE_CUDA_FUSE")) fuse_ = std::strcmp(e, "0") != 0;
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_U")) {
+            if (std::strcmp(e, "4") != 0 && std::strcmp(e, "8") != 0)
+                throw Error(std::string("MARKBASE_CUDA_GEGLU_U=") + e + ": expected 4 or 8");
+            geglu_u_ = std::atoi(e);
+        }
+        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_PREFETCH")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                throw Error(std::string("MARKBASE_CUDA_ATTN_PREFETCH=") + e + ": expected 0 or 1");
+            attn_prefetch_ = std::strcmp(e, "1") == 0;
+        }
         x_ = alloc<float>(n * H);
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
@@ -235,6 +245,23 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
                 moe_wide_ = std::strcmp(e, "1") == 0;
+            }
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_ROUTER")) {
+                if (std::strcmp(e, "fused") != 0 && std::strcmp(e, "gemv") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_ROUTER=") + e + ": expected fused or gemv");
+                moe_router_fused_ = std::strcmp(e, "fused") == 0;
+            }
+            d_router_counter_ = alloc<unsigned int>(1);
+            CUDA_CHECK(cudaMemset(d_router_counter_, 0, sizeof(unsigned int)));
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_GATE_W")) {
+                if (std::strcmp(e, "1") != 0 && std::strcmp(e, "2") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_GATE_W=") + e + ": expected 1 or 2");
+                moe_gate_w_ = std::atoi(e);
+            }
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_EARLY")) {
+                if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_EARLY=") + e + ": expected 0 or 1");
+                moe_early_ = std::strcmp(e, "1") == 0;
             }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)

@@ -118,8 +118,12 @@ __device__ void residual_tail(const RowsParams& p) {
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
-template <int M, int W>
-__global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(const RowsParams p) {
+// U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
+// fits 3 blocks per SM instead of 2: MARKBASE_CUDA_GEGLU_U=4; at 4 blocks, 64 registers, it spills).
+template <int M, int W, int U = kU>
+__global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
+                                               : U == kU   ? 2
+                                                           : 3) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr int kRowsPerBlock = kWarps / W;
     __shared__ float partial[kWarps][3];
@@ -136,10 +140,10 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
     const uint4* w2 =
         M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
 
-    uint4 v[kU], v2[kU];
+    uint4 v[U], v2[U];
     auto load = [&](int base) {
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             const bool ok = active && c < c_hi;
             v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
@@ -153,10 +157,10 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu ? 2 : 4) rows_kernel(
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
     const bool norm = p.in.norm;
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
-    for (int base = c_lo; base < c_hi; base += 32 * kU) {
+    for (int base = c_lo; base < c_hi; base += 32 * U) {
         if (base != c_lo) load(base);
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
                 dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
@@ -371,19 +375,19 @@ void check_aligned(const void* p, const char* what) {
         throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
 }
 
-// Warps per row for `warpk`: enough that each warp streams about one batch of kU chunks per lane (one
+// Warps per row for `warpk`: enough that each warp streams about one batch of U chunks per lane (one
 // dependent load round), at most 8.
-int warps_per_row(int K) {
-    const int rounds = (K / 8 + 32 * kU - 1) / (32 * kU);
+int warps_per_row(int K, int U = kU) {
+    const int rounds = (K / 8 + 32 * U - 1) / (32 * U);
     int w = 1;
     while (w < rounds && w < 8) w <<= 1;
     return w;
 }
 
-template <int M, int W>
+template <int M, int W, int U = kU>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
-    launch_kernel(rows_kernel<M, W>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
+    launch_kernel(rows_kernel<M, W, U>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -433,6 +437,18 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.total_rows == 0) return;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
+    if (M == kGeglu && p.in.geglu_u == 4 && p.in.variant != kGemvVariantWarp) {
+        switch (warps_per_row(p.in.K, 4)) {
+            case 8:
+                return launch_w<M, 8, 4>(p, s);
+            case 4:
+                return launch_w<M, 4, 4>(p, s);
+            case 2:
+                return launch_w<M, 2, 4>(p, s);
+            default:
+                return launch_w<M, 1, 4>(p, s);
+        }
+    }
     switch (p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K)) {
         case 8:
             return launch_w<M, 8>(p, s);
