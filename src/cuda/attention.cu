@@ -226,7 +226,6 @@ __device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, fl
     }
 }
 
-template <bool Prefetch>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
@@ -236,26 +235,15 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
+    pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = h / (a.nH / a.nKV);
-    if constexpr (Prefetch) {  // the older rows of this piece's first tile, 128-byte lines, into L2
-        const PieceGeometry geo = piece_geometry(a, t);
-        const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
-        const int64_t cnt = min(min(geo.pos, start + geo.split_len), start + kTile) - start;
-        const int lines = d / 32;  // fp32 rows: 32 floats per line
-        for (int64_t i = tid; sp < geo.active && i < cnt * lines; i += kThreads) {
-            const int64_t row = (((start + i / lines) % a.cap) * a.nKV + g) * d + (i % lines) * 32;
-            prefetch_l2(a.k_cache + row);
-            prefetch_l2(a.v_cache + row);
-        }
-    }
-    pdl_begin();
     const PieceGeometry geo = piece_geometry(a, t);
     if (sp >= geo.active) return;
     const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
     const int64_t end = min(geo.pos + 1, start + geo.split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
+    const int g = h / (a.nH / a.nKV);
     const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
     for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
     __syncthreads();
@@ -397,8 +385,7 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
         const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        launch_kernel(a.prefetch ? attn_decode_v2_kernel<true> : attn_decode_v2_kernel<false>,
-                      dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);

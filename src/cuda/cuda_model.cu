@@ -88,7 +88,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         gemv_variant_ = gemv_variant_from_env();
         if (const char* e = std::getenv("MARKBASE_CUDA_SKIP"); e && *e) {
             for (std::string_view v(e); !v.empty();) {
-                const size_t comma = v.find(',');
+                const size_t comma = v.find_first_of(",+");  // '+' too: gpu-check's A/B splits on ',
                 if (comma) skip_.emplace_back(v.substr(0, comma));
                 v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
             }
@@ -164,11 +164,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 throw Error(std::string("MARKBASE_CUDA_GEGLU_U=") + e + ": expected 4 or 8");
             geglu_u_ = std::atoi(e);
         }
-        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_PREFETCH")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_ATTN_PREFETCH=") + e + ": expected 0 or 1");
-            attn_prefetch_ = std::strcmp(e, "1") == 0;
-        }
         x_ = alloc<float>(n * H);
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
@@ -185,7 +180,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_) && gemv_tail_;
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
         // in every block of the next GEMV)
-        residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
+        // MARKBASE_CUDA_RES_FOLD=1 (warp-per-row GEMVs without tails): no launch either; the next GEMV's
+        // blocks fold the update into their x (gemv_rows.cu's Fold), block 0 stores it
+        if (const char* e = std::getenv("MARKBASE_CUDA_RES_FOLD")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                throw Error(std::string("MARKBASE_CUDA_RES_FOLD=") + e + ": expected 0 or 1");
+            res_fold_ = std::strcmp(e, "1") == 0;
+        }
+        res_fold_ = res_fold_ && fuse_ && gemv_variant_is_rows(gemv_variant_) && !gemv_tail_;
+        residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_ && !res_fold_);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);
@@ -245,23 +248,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
                 moe_wide_ = std::strcmp(e, "1") == 0;
-            }
-            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_ROUTER")) {
-                if (std::strcmp(e, "fused") != 0 && std::strcmp(e, "gemv") != 0)
-                    throw Error(std::string("MARKBASE_CUDA_MOE_ROUTER=") + e + ": expected fused or gemv");
-                moe_router_fused_ = std::strcmp(e, "fused") == 0;
-            }
-            d_router_counter_ = alloc<unsigned int>(1);
-            CUDA_CHECK(cudaMemset(d_router_counter_, 0, sizeof(unsigned int)));
-            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_GATE_W")) {
-                if (std::strcmp(e, "1") != 0 && std::strcmp(e, "2") != 0)
-                    throw Error(std::string("MARKBASE_CUDA_MOE_GATE_W=") + e + ": expected 1 or 2");
-                moe_gate_w_ = std::atoi(e);
-            }
-            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_EARLY")) {
-                if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                    throw Error(std::string("MARKBASE_CUDA_MOE_EARLY=") + e + ": expected 0 or 1");
-                moe_early_ = std::strcmp(e, "1") == 0;
             }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)

@@ -181,10 +181,10 @@ class CudaModel {
         pf->recs.push_back(r);
     }
     std::vector<CudaProfileEntry> collect_profile(Profiler& pf);  // the events' times; destroys them
-    // MARKBASE_CUDA_SKIP=name,name: those launches (run()'s names: qkv, route_topk, ffn_combine, ...) are
-    // left out of every step. A timing experiment only: the graph step without a kernel, against the step
-    // with it, is that kernel's true cost in the graph (the profile's events stop PDL overlap and overstate
-    // it); every output is wrong.
+    // MARKBASE_CUDA_SKIP=name,name (or name+name): those launches (run()'s names: qkv, route_topk,
+    // ffn_combine, ...) are left out of every step. A timing experiment only: the graph step without a
+    // kernel, against the step with it, is that kernel's true cost in the graph (the profile's events stop
+    // PDL overlap and overstate it); every output is wrong.
     std::vector<std::string> skip_;
     bool skipped(const char* name) const;
     void record_step(Profiler* pf);          // cuda_step.cu: the decode step's kernels, n = 1
@@ -318,13 +318,6 @@ class CudaModel {
     // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
     // 0 = the 256-thread kernels prefill uses
     bool moe_wide_ = true;
-    // MARKBASE_CUDA_MOE_ROUTER=fused: router GEMV and routing as one launch (moe_router_route)
-    bool moe_router_fused_ = false;
-    unsigned int* d_router_counter_ = nullptr;
-    // MARKBASE_CUDA_MOE_GATE_W (1 or 2): warps per expert gate/up row at decode
-    int moe_gate_w_ = 1;
-    // MARKBASE_CUDA_MOE_EARLY=1: the experts' down loads its first weights before the PDL wait
-    bool moe_early_ = false;
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP
@@ -362,10 +355,9 @@ class CudaModel {
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
-    bool attn_prefetch_ = false;
-    int geglu_u_ =
-        8;  // MARKBASE_CUDA_GEGLU_U (GemvInput.geglu_u)  // MARKBASE_CUDA_ATTN_PREFETCH=1 (AttnArgs.prefetch)
-    bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
+    int geglu_u_ = 0;        // MARKBASE_CUDA_GEGLU_U=4|8 (GemvInput.geglu_u; unset: by K)
+    bool res_fold_ = false;  // MARKBASE_CUDA_RES_FOLD=1: residual updates folded into the next GEMV
+    bool attn_v2_ = false;   // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 
 }  // namespace markbase::cuda

@@ -46,6 +46,7 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
                          float scale) {
     if (!residual_launch_) {
+        flush_residual(pf, layer);  // (never pending here today) one update pending at a time
         pending_ = {y, w, scale};
         return;
     }
@@ -138,6 +139,7 @@ void CudaModel::record_step(Profiler* pf) {
     for (int i = 0; i < L; ++i) record_layer(i, pf);
 
     // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in, then the next token
+    if (res_fold_) flush_residual(pf, -1);  // the logits kernel would redo the update in each of its blocks
     const GemvInput in = x_input(true, w_.final_norm);
     StepFinish fin;
     fin.state = d_state_;
@@ -190,7 +192,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.min_split = attn_min_split_;
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
-    a.prefetch = attn_prefetch_ && in_decode_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
@@ -262,39 +263,29 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    if (moe_router_fused_ && moe_wide_) {
-        flush_residual(pf, i);  // (nothing pending on the default paths) the kernel reads x directly
-        float* x = xcur_;
-        run(pf, "router_route", i, wbytes(E, H), [&] {
-            moe_router_route(lw.router_proj, lw.router_scale, 1.0f / std::sqrt(static_cast<float>(H)),
-                             rlogits_, d_router_counter_, E, K, lw.per_expert_scale, sel_id_, sel_w_, gexp_,
-                             goff_, gent_, x, lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts());
-        });
-    } else {
-        {
-            GemvInput in = x_input(true, lw.router_scale);
-            in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
-            if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
-            run(pf, "router", i, wbytes(E, H), [&] {
-                GemvSeg seg{lw.router_proj, rlogits_, E, 0};
-                gemv(in, &seg, 1, 1, st);
-            });
-        }
-        float* x = xcur_;
-        run(pf, "route_topk", i, 0.0, [&] {
-            moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                      lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(), moe_wide_);
+    {
+        GemvInput in = x_input(true, lw.router_scale);
+        in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
+        if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
+        run(pf, "router", i, wbytes(E, H), [&] {
+            GemvSeg seg{lw.router_proj, rlogits_, E, 0};
+            gemv(in, &seg, 1, 1, st);
         });
     }
+    float* x = xcur_;
+    run(pf, "route_topk", i, 0.0, [&] {
+        moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
+                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(), moe_wide_);
+    });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)
-            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_w_);
+            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st);
         else
             moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
     });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_decode_rows_)
-            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_early_);
+            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st);
         else
             moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, st);
     });

@@ -49,8 +49,9 @@ struct GemvInput {
     int variant = 0;
     int ksplit = 0;            // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
     GemvStreamScratch stream;  // variant kGemvVariantAsync at one token
-    int geglu_u = 8;           // the warp-per-row GeGLU's chunks per lane per matrix: 8, or 4 (half the
-                               // registers, twice the blocks per SM; MARKBASE_CUDA_GEGLU_U)
+    // The warp-per-row GeGLU's 16-byte chunks per lane per matrix: 8 (2 blocks per SM), 4 (3 blocks per SM,
+    // W doubled), or 0: 4 when K <= 2048 (session 6's H200 A/B: E2B -3.4%; E4B -0.5%, 31B +0.4%), else 8.
+    int geglu_u = 0;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -234,10 +235,6 @@ struct AttnArgs {
     // With active_only and merge_counters at decode: the v2 pieces kernel (keys spread over warps in the V
     // phase too, a parallel merge); MARKBASE_CUDA_ATTN_SPLIT=auto sets it, active[:N] does not.
     bool decode_v2 = false;
-    // decode_v2 in a decode graph only (MARKBASE_CUDA_ATTN_PREFETCH=1): before the PDL wait each piece asks
-    // L2 for its first tile of older keys and values (the position was written by the previous step, and
-    // those rows by earlier steps; the current row, written by the previous kernel, is read after the wait)
-    bool prefetch = false;
     float* part_o = nullptr;   // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
     float* out = nullptr;      // [n][nH][d]
@@ -266,14 +263,6 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
                ExpertRange held = {}, bool wide = false);
 // (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits
 // loaded in one batch, the logits through shared memory.)
-// One token, MARKBASE_CUDA_MOE_ROUTER=fused: the router's logits (x's norm folded in: logits = router_w .
-// (x * router_scale) * rsqrt(mean(x^2) + eps) * norm_scale, into `logits`) and moe_route's wide routing in
-// one launch, the routing by its last block. counter: one zeroed uint, left zeroed. H <= 4096, E <= 1024.
-void moe_router_route(const bf16* router_w, const bf16* router_scale, float norm_scale, float* logits,
-                      unsigned int* counter, int E, int K, const bf16* per_expert_scale, int* sel_id,
-                      float* sel_w, int* group_expert, int* group_off, int* entries, const float* x,
-                      const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-                      ExpertRange held = {});
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});
@@ -288,13 +277,11 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
               const int* entries, int n_groups, float* slots, cudaStream_t s);
 
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the same products, a warp per row
-// with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows). gate/up: warps_per_row 1 or 2 share a
-// row (MARKBASE_CUDA_MOE_GATE_W). down with `early` loads its first weights before the PDL wait: only when
-// it directly follows moe_gate_up_decode, which follows the routing (the experts are known by then).
+// with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int warps_per_row = 1);
+                        float* h, cudaStream_t s);
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s, bool early = false);
+                     float* slots, cudaStream_t s);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

@@ -108,135 +108,47 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
     }
 }
 
-// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by a whole block of T threads, x, its
-// norm weights and the logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip
-// and the routing warp reads its logits from shared memory. The same routing (route_warp), the norm's sum in
-// another order. The logits are read through L2 (__ldcg): the fused router writes them from other blocks of
-// its own grid.
+// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by 1024 threads, x, its norm weights
+// and the logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip and the
+// routing warp reads its logits from shared memory. The same routing (route_warp), the norm's sum in another
+// order.
 constexpr int kWideThreads = 1024;
-constexpr int kWideMaxH = 4096;
-struct RouteOne {
-    int E, K;
-    const bf16* pes;
-    int *sel_id, *group_expert, *group_off, *entries;
-    float* sel_w;
-    const float* x;
-    const bf16* norm_w;
-    int H;
-    float eps;
-    float* e_in;
-    ExpertRange held;
-};
-template <int T>
-__device__ void route_one_token(const float* logits, const RouteOne& r, float* p, float* red) {
-    constexpr int kPer = kWideMaxH / T;
-    for (int e = threadIdx.x; e < r.E; e += T) p[e] = __ldcg(logits + e);
-    float xv[kPer], wv[kPer];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int k = threadIdx.x + j * T;
-        xv[j] = k < r.H ? r.x[k] : 0.0f;
-        wv[j] = k < r.H ? bf16_at(r.norm_w, k) : 0.0f;
-        ss = fmaf(xv[j], xv[j], ss);
-    }
-    ss = block_sum(ss, red);  // its barriers also publish p
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(r.H) + r.eps);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int k = threadIdx.x + j * T;
-        if (k < r.H) r.e_in[k] = xv[j] * inv * wv[j];
-    }
-    if (threadIdx.x >= 32) return;
-    route_warp(p, r.E, r.K, r.pes, p, r.sel_id, r.sel_w);  // reads each logit before overwriting it
-    if (threadIdx.x == 0) {
-        for (int k = 0; k < r.K; ++k) {
-            r.group_expert[k] = held_index(r.sel_id[k], r.held);
-            r.group_off[k] = k;
-            r.entries[k] = k;
-        }
-        r.group_off[r.K] = r.K;
-    }
-}
-
-__global__ void __launch_bounds__(kWideThreads) route_wide_kernel(const float* logits, const RouteOne r) {
+constexpr int kWidePer = 4;  // H <= 4096
+__global__ void __launch_bounds__(kWideThreads)
+    route_wide_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                      int* group_expert, int* group_off, int* entries, const float* __restrict__ x,
+                      const bf16* __restrict__ norm_w, int H, float eps, float* __restrict__ e_in,
+                      ExpertRange held) {
     extern __shared__ float p[];  // [E]: the logits, then route_warp's probabilities
     __shared__ float red[32];
     pdl_begin();
-    route_one_token<kWideThreads>(logits, r, p, red);
-}
-
-// MARKBASE_CUDA_MOE_ROUTER=fused (one token): the router's logits and the routing in one launch. The router
-// GEMV (its input norm folded in, as gemv_rows does it: logit = W . (x * scale_w) * rsqrt(mean(x^2) + eps)
-// * norm_scale) runs kRouterW warps per row, one load round each; the last block to finish then routes
-// (route_one_token), reading the logits its grid wrote. One launch and one dependent L2 round trip fewer
-// on the experts' critical path than router GEMV + route_wide_kernel.
-constexpr int kRouterW = 4, kRouterU = 4, kRouterRowsPerBlock = kWarps / kRouterW;
-static_assert(kWideMaxH / 8 <= kRouterW * 32 * kRouterU, "one load round per router warp");
-struct RouterArgs {
-    const bf16* w;       // [E][H]
-    const bf16* norm_w;  // [H] the router's scale
-    float norm_scale;
-    float* logits;          // [E] scratch
-    unsigned int* counter;  // zeroed; left zeroed
-};
-__global__ void __launch_bounds__(kThreads) router_route_kernel(const RouterArgs ra, const RouteOne r) {
-    __shared__ float partial[kWarps][2];
-    __shared__ float p[kWideThreads];  // E <= 1024
-    __shared__ float red[32];
-    __shared__ unsigned int ticket;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * kRouterRowsPerBlock + warp / kRouterW, part = warp % kRouterW;
-    const bool active = row < r.E;
-    const int nchunk = r.H >> 3, per = (nchunk + kRouterW - 1) / kRouterW;
-    const int c_lo = part * per, c_hi = min(nchunk, c_lo + per);
-    const uint4* w = reinterpret_cast<const uint4*>(ra.w + static_cast<int64_t>(active ? row : 0) * r.H);
-    const float4* x4 = reinterpret_cast<const float4*>(r.x);
-    const uint4* nw4 = reinterpret_cast<const uint4*>(ra.norm_w);
-    // one load round per warp: H <= 4096 (moe_router_route checks) is at most 32 * kRouterU chunks
-    uint4 v[kRouterU];
+    if (threadIdx.x < E) p[threadIdx.x] = logits[threadIdx.x];
+    float xv[kWidePer], wv[kWidePer];
+    float ss = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kRouterU; ++u) {
-        const int c = c_lo + u * 32 + lane;
-        v[u] = active && c < c_hi ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < kWidePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        xv[j] = k < H ? x[k] : 0.0f;
+        wv[j] = k < H ? bf16_at(norm_w, k) : 0.0f;
+        ss = fmaf(xv[j], xv[j], ss);
     }
-    pdl_begin();  // weights only before: x comes from the previous kernel
-    float acc = 0.0f, ss = 0.0f;
+    ss = block_sum(ss, red);  // its barriers also publish p
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
 #pragma unroll
-    for (int u = 0; u < kRouterU; ++u) {
-        const int c = c_lo + u * 32 + lane;
-        if (c >= c_hi) continue;
-        float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
-        ss = sq8(a, b, ss);
-        scale8(a, b, __ldg(nw4 + c));
-        acc += dot8(v[u], a, b);
+    for (int j = 0; j < kWidePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) e_in[k] = xv[j] * inv * wv[j];
     }
-    acc = warp_sum(acc);
-    ss = warp_sum(ss);
-    if (lane == 0) {
-        partial[warp][0] = acc;
-        partial[warp][1] = ss;
-    }
-    __syncthreads();
-    if (part == 0 && lane == 0 && active) {
-        acc = ss = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kRouterW; ++q) {  // in warp order: deterministic
-            acc += partial[warp + q][0];
-            ss += partial[warp + q][1];
-        }
-        ra.logits[row] = acc / sqrtf(ss / static_cast<float>(r.H) + r.eps) * ra.norm_scale;
-    }
-    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    route_warp(p, E, K, pes, p, sel_id, sel_w);  // reads each logit before overwriting it, lane by lane
     if (threadIdx.x == 0) {
-        __threadfence();
-        ticket = atomicAdd(ra.counter, 1u);
+        for (int k = 0; k < K; ++k) {
+            group_expert[k] = held_index(sel_id[k], held);
+            group_off[k] = k;
+            entries[k] = k;
+        }
+        group_off[K] = K;
     }
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
-    __threadfence();
-    route_one_token<kThreads>(ra.logits, r, p, red);
-    if (threadIdx.x == 0) *ra.counter = 0u;  // ready for the next launch (the stream orders them)
 }
 
 __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
@@ -334,50 +246,40 @@ __global__ void __launch_bounds__(kThreads)
 
 // Decode (one token, MARKBASE_CUDA_MOE_DECODE=rows): slot g's expert is group_expert[g] and its entry is g.
 // A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
-// dependent load rounds instead of six, and a 704-wide one a single round. W warps may share a row (each
-// streaming a contiguous 1/W of it, partial sums meeting in shared memory; MARKBASE_CUDA_MOE_GATE_W=2 for
-// gate/up: one load round per warp). Early (the down projection): the experts were chosen two kernels back,
-// so they are known before the PDL wait and the first weights load during gate/up's tail; only h waits.
+// dependent load rounds instead of six, and a 704-wide one a single round.
 constexpr int kDecU = 8;
-template <bool Dual, int W, bool Early>
+template <bool Dual>
 __global__ void __launch_bounds__(kThreads)
     expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
                          int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
                          int out_width) {
-    static_assert(W == 1 || W == 2 || W == 4, "warps per row");
-    __shared__ float partial[kWarps][2];
+    pdl_begin();  // the experts are chosen by the previous kernel: nothing to load before it ends
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = blockIdx.y, j = blockIdx.x * (kWarps / W) + warp / W, part = warp % W;
-    const bool active = j < rows;
-    // Early: route finished before gate/up passed its own wait, which this launch follows; read from L2
-    // (__ldcg), never a line this SM cached for an earlier layer
-    if constexpr (!Early) pdl_begin();  // the experts are chosen by the previous kernel
-    const int e = active ? __ldcg(group_expert + g) : -1;
-    const int nchunk = Kin >> 3, per = (nchunk + W - 1) / W;
-    const int c_lo = part * per, c_hi = min(nchunk, c_lo + per);
-    const int64_t off = e < 0 ? 0 : e * expert_stride + static_cast<int64_t>(j) * Kin;
-    const uint4* w1 = reinterpret_cast<const uint4*>(w + off);
-    const uint4* w2 = reinterpret_cast<const uint4*>(w + off + up_offset);
-    uint4 v1[kDecU], v2[kDecU];
-    auto load = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < kDecU; ++u) {
-            const int c = c0 + u * 32 + lane;
-            const bool ok = e >= 0 && c < c_hi;
-            v1[u] = ok ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
-            if constexpr (Dual) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
-        }
-    };
-    load(c_lo);
-    if constexpr (Early) pdl_begin();
+    const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
+    if (j >= rows) return;
+    const int e = group_expert[g];
+    if (e < 0) {  // held by another rank
+        if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = 0.0f;
+        return;
+    }
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
+    const uint4* w2 =
+        reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
     const float4* x4 = reinterpret_cast<const float4*>(x + (x_per_slot ? static_cast<int64_t>(g) * Kin : 0));
+    const int nchunk = Kin >> 3;
     float a1 = 0.0f, a2 = 0.0f;
-    for (int c0 = c_lo; c0 < c_hi; c0 += 32 * kDecU) {
-        if (c0 != c_lo) load(c0);
+    for (int c0 = 0; c0 < nchunk; c0 += 32 * kDecU) {
+        uint4 v1[kDecU], v2[kDecU];
 #pragma unroll
         for (int u = 0; u < kDecU; ++u) {
             const int c = c0 + u * 32 + lane;
-            if (c >= c_hi) continue;
+            v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
+            if constexpr (Dual) v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kDecU; ++u) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= nchunk) continue;
             const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
             a1 += dot8(v1[u], xa, xb);
             if constexpr (Dual) a2 += dot8(v2[u], xa, xb);
@@ -385,23 +287,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     a1 = warp_sum(a1);
     if constexpr (Dual) a2 = warp_sum(a2);
-    if constexpr (W > 1) {
-        if (lane == 0) {
-            partial[warp][0] = a1;
-            partial[warp][1] = a2;
-        }
-        __syncthreads();
-        if (part != 0) return;
-        a1 = a2 = 0.0f;
-#pragma unroll
-        for (int q = 0; q < W; ++q) {  // in warp order: deterministic
-            a1 += partial[warp + q][0];
-            a2 += partial[warp + q][1];
-        }
-    }
-    if (lane != 0 || !active) return;
-    // held by another rank: this rank's share is zero (the loads above were skipped)
-    out[static_cast<int64_t>(g) * out_width + j] = e < 0 ? 0.0f : Dual ? gelu_tanh(a1) * a2 : a1;
+    if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
 }
 
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
@@ -451,34 +337,21 @@ void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int 
     CUDA_CHECK_LAUNCH();
 }
 
-template <bool Dual, int W, bool Early>
-void launch_expert_decode(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows, int K,
-                          int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                          int out_width, cudaStream_t s) {
-    constexpr int rpb = kWarps / W;
-    launch_kernel(expert_decode_kernel<Dual, W, Early>, dim3((rows + rpb - 1) / rpb, K), dim3(kThreads), 0, s,
-                  x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out, out_width);
+void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
+                        float* h, cudaStream_t s) {
+    if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
+    launch_kernel(expert_decode_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H,
+                  false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H,
+                  group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
-void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int warps_per_row) {
-    if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
-    const int64_t stride = 2 * static_cast<int64_t>(Ie) * H, up = static_cast<int64_t>(Ie) * H;
-    if (warps_per_row == 2)
-        launch_expert_decode<true, 2, false>(x, H, false, gate_up, Ie, K, stride, up, group_expert, h, Ie, s);
-    else
-        launch_expert_decode<true, 1, false>(x, H, false, gate_up, Ie, K, stride, up, group_expert, h, Ie, s);
-}
-
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s, bool early) {
+                     float* slots, cudaStream_t s) {
     if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
-    const int64_t stride = static_cast<int64_t>(H) * Ie;
-    if (early)
-        launch_expert_decode<false, 1, true>(h, Ie, true, down, H, K, stride, 0, group_expert, slots, H, s);
-    else
-        launch_expert_decode<false, 1, false>(h, Ie, true, down, H, K, stride, 0, group_expert, slots, H, s);
+    launch_kernel(expert_decode_kernel<false>, dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h,
+                  Ie, true, down, H, static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
+    CUDA_CHECK_LAUNCH();
 }
 
 void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
@@ -501,31 +374,16 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
                ExpertRange held, bool wide) {
-    if (wide && n == 1 && groups_for_slots && H <= kWideMaxH && E <= kWideThreads) {
-        const RouteOne r{E,     K, per_expert_scale, sel_id, group_expert, group_off, entries,
-                         sel_w, x, norm_w,           H,      eps,          e_in,      held};
+    if (wide && n == 1 && groups_for_slots && H <= kWideThreads * kWidePer && E <= kWideThreads) {
         launch_kernel(route_wide_kernel, dim3(1), dim3(kWideThreads), static_cast<size_t>(E) * sizeof(float),
-                      s, logits, r);
+                      s, logits, E, K, per_expert_scale, sel_id, sel_w, group_expert, group_off, entries, x,
+                      norm_w, H, eps, e_in, held);
         CUDA_CHECK_LAUNCH();
         return;
     }
     launch_kernel(route_kernel, dim3(n), dim3(256), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
                   per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x,
                   norm_w, H, eps, e_in, held);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_router_route(const bf16* router_w, const bf16* router_scale, float norm_scale, float* logits,
-                      unsigned int* counter, int E, int K, const bf16* per_expert_scale, int* sel_id,
-                      float* sel_w, int* group_expert, int* group_off, int* entries, const float* x,
-                      const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s, ExpertRange held) {
-    if (H % 8 || H > kWideMaxH || E > kWideThreads)
-        throw Error("internal: the fused router takes H <= 4096 (a multiple of 8) and E <= 1024");
-    const RouterArgs ra{router_w, router_scale, norm_scale, logits, counter};
-    const RouteOne r{E,     K, per_expert_scale, sel_id, group_expert, group_off, entries,
-                     sel_w, x, norm_w,           H,      eps,          e_in,      held};
-    launch_kernel(router_route_kernel, dim3((E + kRouterRowsPerBlock - 1) / kRouterRowsPerBlock),
-                  dim3(kThreads), 0, s, ra, r);
     CUDA_CHECK_LAUNCH();
 }
 
