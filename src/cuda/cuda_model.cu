@@ -180,15 +180,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_) && gemv_tail_;
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
         // in every block of the next GEMV)
-        // MARKBASE_CUDA_RES_FOLD=1 (warp-per-row GEMVs without tails): no launch either; the next GEMV's
-        // blocks fold the update into their x (gemv_rows.cu's Fold), block 0 stores it
-        if (const char* e = std::getenv("MARKBASE_CUDA_RES_FOLD")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_RES_FOLD=") + e + ": expected 0 or 1");
-            res_fold_ = std::strcmp(e, "1") == 0;
-        }
-        res_fold_ = res_fold_ && fuse_ && gemv_variant_is_rows(gemv_variant_) && !gemv_tail_;
-        residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_ && !res_fold_);
+        residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

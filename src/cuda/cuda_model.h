@@ -355,9 +355,8 @@ class CudaModel {
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
-    int geglu_u_ = 0;        // MARKBASE_CUDA_GEGLU_U=4|8 (GemvInput.geglu_u; unset: by K)
-    bool res_fold_ = false;  // MARKBASE_CUDA_RES_FOLD=1: residual updates folded into the next GEMV
-    bool attn_v2_ = false;   // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
+    int geglu_u_ = 0;       // MARKBASE_CUDA_GEGLU_U=4|8 (GemvInput.geglu_u; unset: by K)
+    bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 
 }  // namespace markbase::cuda

@@ -46,7 +46,6 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
                          float scale) {
     if (!residual_launch_) {
-        flush_residual(pf, layer);  // (never pending here today) one update pending at a time
         pending_ = {y, w, scale};
         return;
     }
@@ -139,7 +138,6 @@ void CudaModel::record_step(Profiler* pf) {
     for (int i = 0; i < L; ++i) record_layer(i, pf);
 
     // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in, then the next token
-    if (res_fold_) flush_residual(pf, -1);  // the logits kernel would redo the update in each of its blocks
     const GemvInput in = x_input(true, w_.final_norm);
     StepFinish fin;
     fin.state = d_state_;

@@ -35,40 +35,13 @@ struct RowsParams {
     ResidualTail tail;
 };
 
-// The sandwich-norm residual update folded into the consumer (GemvInput.res_y; MARKBASE_CUDA_RES_FOLD): its
-// x is (res_x + res_y * inv * res_w) * res_scale, inv = rsqrt(mean(res_y^2) + eps) computed by every block
-// (the same bits in each: one fixed reduction order), and the warps of block 0's first row, which together
-// cover all of x, store it to res_out.
-struct Fold {
-    const float4* y4 = nullptr;
-    const uint4* w4 = nullptr;
-    float inv = 0.0f, scale = 1.0f;
-    float4* out4 = nullptr;  // null but in the writing warps
-};
-
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
 // through the input norm's weights when the launch folds the norm in (ss sums x^2 for its scale).
-template <bool Two, bool F = false>
+template <bool Two>
 __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bool norm, int c,
-                                          const uint4& w, const uint4& w2, float& acc, float& acc2, float& ss,
-                                          const Fold& f = {}) {
+                                          const uint4& w, const uint4& w2, float& acc, float& acc2,
+                                          float& ss) {
     float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
-    if constexpr (F) {
-        const float4 ya = __ldg(f.y4 + 2 * c), yb = __ldg(f.y4 + 2 * c + 1);
-        const uint4 rw = __ldg(f.w4 + c);
-        a.x = (a.x + ya.x * f.inv * bf16_lo(rw.x)) * f.scale;
-        a.y = (a.y + ya.y * f.inv * bf16_hi(rw.x)) * f.scale;
-        a.z = (a.z + ya.z * f.inv * bf16_lo(rw.y)) * f.scale;
-        a.w = (a.w + ya.w * f.inv * bf16_hi(rw.y)) * f.scale;
-        b.x = (b.x + yb.x * f.inv * bf16_lo(rw.z)) * f.scale;
-        b.y = (b.y + yb.y * f.inv * bf16_hi(rw.z)) * f.scale;
-        b.z = (b.z + yb.z * f.inv * bf16_lo(rw.w)) * f.scale;
-        b.w = (b.w + yb.w * f.inv * bf16_hi(rw.w)) * f.scale;
-        if (f.out4) {
-            f.out4[2 * c] = a;
-            f.out4[2 * c + 1] = b;
-        }
-    }
     if (norm) {
         ss = sq8(a, b, ss);
         if (nw4) scale8(a, b, __ldg(nw4 + c));
@@ -147,12 +120,10 @@ __device__ void residual_tail(const RowsParams& p) {
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
 // U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
 // fits 3 blocks per SM instead of 2, GemvInput.geglu_u; at 4 blocks, 64 registers, it spills).
-// F: the residual update folded in (Fold; its loads need more registers: 3 blocks per SM for the plain
-// products, which spill at 64).
-template <int M, int W, int U = kU, bool F = false>
-__global__ void __launch_bounds__(kWarps * 32, M == kGeglu && U == kU ? 2
-                                               : F || M == kGeglu     ? 3
-                                                                      : 4) rows_kernel(const RowsParams p) {
+template <int M, int W, int U = kU>
+__global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
+                                               : U == kU   ? 2
+                                                           : 3) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr int kRowsPerBlock = kWarps / W;
     __shared__ float partial[kWarps][3];
@@ -182,35 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu && U == kU ? 2
     load(c_lo);   // weights only: safe before the previous kernel has finished
     pdl_begin();  // from here on x (and y, the tail's x) may be touched
 
-    Fold f;
-    if constexpr (F) {  // mean(res_y^2) by the whole block, while the weights are in flight
-        __shared__ float red[32];
-        f.y4 = reinterpret_cast<const float4*>(p.in.res_y);
-        f.w4 = reinterpret_cast<const uint4*>(p.in.res_w);
-        f.scale = p.in.res_scale;
-        if (blockIdx.x == 0 && warp < W) f.out4 = reinterpret_cast<float4*>(p.in.res_out);
-        constexpr int kB = 4;
-        const int n4 = K >> 2;
-        float sy = 0.0f;
-        for (int i0 = threadIdx.x; i0 < n4; i0 += kWarps * 32 * kB) {
-            float4 yv[kB];
-#pragma unroll
-            for (int j = 0; j < kB; ++j) {
-                const int i = i0 + j * kWarps * 32;
-                yv[j] = i < n4 ? __ldg(f.y4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int j = 0; j < kB; ++j) {
-                sy = fmaf(yv[j].x, yv[j].x, sy);
-                sy = fmaf(yv[j].y, yv[j].y, sy);
-                sy = fmaf(yv[j].z, yv[j].z, sy);
-                sy = fmaf(yv[j].w, yv[j].w, sy);
-            }
-        }
-        sy = block_sum(sy, red);
-        f.inv = 1.0f / sqrtf(sy / static_cast<float>(K) + p.in.eps);
-    }
-    const float4* x4 = reinterpret_cast<const float4*>(F ? p.in.res_x : p.in.x);
+    const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
     const bool norm = p.in.norm;
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
@@ -220,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == kGeglu && U == kU ? 2
         for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
-                dot_chunk<M == kGeglu, F>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss, f);
+                dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
             }
         }
     }
@@ -444,11 +387,7 @@ int warps_per_row(int K, int U = kU) {
 template <int M, int W, int U = kU>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
-    const dim3 grid((p.total_rows + rpb - 1) / rpb);
-    if (p.in.res_y)
-        launch_kernel(rows_kernel<M, W, U, true>, grid, dim3(kWarps * 32), 0, s, p);
-    else
-        launch_kernel(rows_kernel<M, W, U>, grid, dim3(kWarps * 32), 0, s, p);
+    launch_kernel(rows_kernel<M, W, U>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -484,18 +423,8 @@ template <int M>
 void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K % 8 != 0)
         throw Error("internal: GEMV input width " + std::to_string(p.in.K) + " is not a multiple of 8");
-    if (p.in.res_y) {  // the residual update folded in
-        if (!p.in.res_x || !p.in.res_w || !p.in.res_out || p.in.res_out == p.in.res_x || p.tail.x)
-            throw Error(
-                "internal: a folded residual update needs x, its norm weight, another output "
-                "buffer, and no tail");
-        check_aligned(p.in.res_x, "the residual stream");
-        check_aligned(p.in.res_y, "the residual update");
-        check_aligned(p.in.res_w, "the residual norm weight");
-        check_aligned(p.in.res_out, "the residual output");
-    } else {
-        check_aligned(p.in.x, "the GEMV input");
-    }
+    if (p.in.res_y) throw Error("internal: the warp-per-row GEMV takes no residual prologue");
+    check_aligned(p.in.x, "the GEMV input");
     if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) {
@@ -506,9 +435,8 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
-    const bool ring = !p.in.res_y;  // the async kernels take no folded update: warpk does it
-    if (ring && p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
-    if (ring && p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
+    if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
+    if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
     if constexpr (M == kGeglu) {
         const int geglu_u = p.in.geglu_u ? p.in.geglu_u : p.in.K <= 2048 ? 4 : 8;
         if (geglu_u == 4 && p.in.variant != kGemvVariantWarp) {

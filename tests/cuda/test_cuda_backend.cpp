@@ -276,9 +276,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEGLU_U=4",
     "MARKBASE_CUDA_GEGLU_U=8",
-    "MARKBASE_CUDA_RES_FOLD=1",
-    "MARKBASE_CUDA_RES_FOLD=1,MARKBASE_CUDA_GEGLU_U=8",
-    "MARKBASE_CUDA_RES_FOLD=1,MARKBASE_CUDA_GEMV_TAIL=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
