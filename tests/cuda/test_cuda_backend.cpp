@@ -276,6 +276,8 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEGLU_U=4",
     "MARKBASE_CUDA_GEGLU_U=8",
+    "MARKBASE_CUDA_L2_STAGE=32",
+    "MARKBASE_CUDA_L2_STAGE=64,MARKBASE_CUDA_MOE_OVERLAP=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -341,6 +343,31 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaTinySwitches,
                                                               std::string("26b-a4b"), std::string("31b")),
                                             ::testing::ValuesIn(kSwitchSettings)),
                          switch_name);
+
+// A switch with a value it does not take is refused when the backend is built, naming the variable and the
+// value, never ignored.
+TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    testing::TempDir dir("cuda-switch-values");
+    write_random_checkpoint(dir.path(), testing::tiny_config("26b-a4b"), 7);
+    auto ck = load_checkpoint(dir.path());
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.chunk = 8;
+    for (const char* setting :
+         {"MARKBASE_CUDA_L2_STAGE=abc", "MARKBASE_CUDA_L2_STAGE=-1", "MARKBASE_CUDA_L2_STAGE=4096",
+          "MARKBASE_CUDA_GEGLU_U=5", "MARKBASE_CUDA_GEMV_TAIL=2", "MARKBASE_CUDA_MOE_WIDE=yes"}) {
+        ScopedEnv env(parse_setting(setting));
+        try {
+            auto gpu = make_cuda_backend(*ck, o);
+            ADD_FAILURE() << setting << " was accepted";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
+        }
+    }
+#endif
+}
 
 // Real widths: head dims 256/512, 128 experts, the full vocabulary. Few layers keep the CPU side quick.
 class CudaSynthetic : public ::testing::TestWithParam<std::string> {};
