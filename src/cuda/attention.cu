@@ -226,7 +226,6 @@ __device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, fl
     }
 }
 
-template <bool Stage>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
@@ -236,7 +235,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
-    if constexpr (Stage) stage_l2(a.stage);  // weights only: safe before the wait
     pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -387,8 +385,7 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
         const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        launch_kernel(a.stage.p[0] ? attn_decode_v2_kernel<true> : attn_decode_v2_kernel<false>,
-                      dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);

@@ -159,12 +159,10 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         d_argmax_ = alloc<unsigned long long>(1);
 
         if (const char* e = std::getenv("MARKBASE_CUDA_FUSE")) fuse_ = std::strcmp(e, "0") != 0;
-        if (const char* e = std::getenv("MARKBASE_CUDA_L2_STAGE")) {
-            char* end = nullptr;
-            const long mb = std::strtol(e, &end, 10);
-            if (!*e || *end || mb < 0 || mb > 1024)
-                throw Error(std::string("MARKBASE_CUDA_L2_STAGE=") + e + ": expected megabytes, 0..1024");
-            l2_stage_bytes_ = int64_t{mb} << 20;
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_U")) {
+            if (std::strcmp(e, "4") != 0 && std::strcmp(e, "8") != 0)
+                throw Error(std::string("MARKBASE_CUDA_GEMV_U=") + e + ": expected 4 or 8");
+            plain_u_ = std::atoi(e);
         }
         if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_U")) {
             if (std::strcmp(e, "4") != 0 && std::strcmp(e, "8") != 0)

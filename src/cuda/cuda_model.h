@@ -355,11 +355,7 @@ class CudaModel {
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
-    // MARKBASE_CUDA_L2_STAGE=MB: the attention pieces ask up to this many MB of the layer's MLP weights into
-    // L2 (the dense down projection; on the MoE model the dense gate, up and down); the GEMVs streaming
-    // between them and their use read with an evict-first policy (stream_ef_ while they are recorded)
-    int64_t l2_stage_bytes_ = 0;
-    bool stream_ef_ = false;
+    int plain_u_ = 8;       // MARKBASE_CUDA_GEMV_U=4|8 (GemvInput.plain_u)
     int geglu_u_ = 0;       // MARKBASE_CUDA_GEGLU_U=4|8 (GemvInput.geglu_u; unset: by K)
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };

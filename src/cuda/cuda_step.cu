@@ -6,7 +6,6 @@
 // sandwich-norm residual updates run as one-block launches after the GEMV that produces them (dense models)
 // or as its tail (the MoE model; MARKBASE_CUDA_GEMV_TAIL), or, with the tile GEMVs, as the consumer's
 // prologue.
-#include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_model.h"
@@ -25,7 +24,7 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     in.ksplit = gemv_ksplit_;
     in.stream = gemv_stream_;
     in.geglu_u = geglu_u_;
-    in.evict_first = stream_ef_;
+    in.plain_u = plain_u_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -62,7 +61,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
     in.stream = gemv_stream_;
-    in.evict_first = stream_ef_;
+    in.plain_u = plain_u_;
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
@@ -194,23 +193,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    if (l2_stage_bytes_ > 0 && !pf) {  // the MLP weights that follow, into L2 while attention runs
-        const bf16* mats[3] = {lw.down_proj, nullptr, nullptr};
-        int64_t sizes[3] = {int64_t{H} * I * 2, 0, 0};
-        if (c_.moe) {  // the dense MLP beside the experts: gate, up, then down
-            mats[0] = lw.gate_proj;
-            mats[1] = lw.up_proj;
-            mats[2] = lw.down_proj;
-            sizes[0] = sizes[1] = sizes[2] = int64_t{H} * I * 2;
-        }
-        int64_t left = l2_stage_bytes_;
-        for (int r = 0; r < L2Stage::kRanges && mats[r] && left > 0; ++r) {
-            a.stage.p[r] = mats[r];
-            a.stage.bytes[r] = std::min(sizes[r], left);
-            left -= a.stage.bytes[r];
-        }
-        stream_ef_ = true;  // until the staged weights are read
-    }
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
@@ -237,7 +219,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
     project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
                      c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
-    stream_ef_ = false;  // (the experts were recorded above, when overlapped, with the flag still set)
 
     if (c_.moe) {  // 2.6
         const int K = c_.top_k;
@@ -298,13 +279,13 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)
-            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, stream_ef_);
+            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st);
         else
             moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
     });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_decode_rows_)
-            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, stream_ef_);
+            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st);
         else
             moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, st);
     });

@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "cuda/kernels.h"
-
 namespace markbase::cuda {
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) {
@@ -41,23 +39,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
-    return r;
-}
-
-// L2 staging (MARKBASE_CUDA_L2_STAGE): weights streamed while other weights wait in L2 for their GEMV are
-// read with an evict-first policy, so that they leave L2 before the staged lines do.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t pol;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-template <bool EvictFirst>
-__device__ __forceinline__ uint4 ld_stream_p(const uint4* p, uint64_t pol) {
-    if constexpr (!EvictFirst) return ld_stream(p);
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "l"(pol));
     return r;
 }
 
@@ -170,20 +151,6 @@ __device__ __forceinline__ void finish_token(unsigned long long key, int* state,
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// The ranges of an L2Stage asked into L2 (evict-last: before the streamed weights go) by every thread of
-// the grid, 128-byte lines split over the threads. Fire and forget: nothing waits for them.
-__device__ __forceinline__ void stage_l2(const L2Stage& st) {
-    const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x;
-    const int64_t me =
-        ((static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x +
-        threadIdx.x;
-    for (int r = 0; r < L2Stage::kRanges; ++r) {
-        const char* base = static_cast<const char*>(st.p[r]);
-        for (int64_t i = me; i < st.bytes[r] / 128; i += nthreads)
-            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + i * 128));
-    }
 }
 
 }  // namespace markbase::cuda

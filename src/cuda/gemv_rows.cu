@@ -119,9 +119,9 @@ __device__ void residual_tail(const RowsParams& p) {
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
 // U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
-// fits 3 blocks per SM instead of 2, GemvInput.geglu_u; at 4 blocks, 64 registers, it spills).
-// EF: the weights read with an L2 evict-first policy (GemvInput.evict_first).
-template <int M, int W, int U = kU, bool EF = false>
+// fits 3 blocks per SM instead of 2, GemvInput.geglu_u; at 4 blocks, 64 registers, it spills; the plain
+// products at U = 4 keep 4 blocks per SM with twice the warps per row, GemvInput.plain_u).
+template <int M, int W, int U = kU>
 __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
                                                : U == kU   ? 2
                                                            : 3) rows_kernel(const RowsParams p) {
@@ -142,14 +142,13 @@ __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
         M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
 
     uint4 v[U], v2[U];
-    const uint64_t pol = EF ? evict_first_policy() : 0;
     auto load = [&](int base) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             const bool ok = active && c < c_hi;
-            v[u] = ok ? ld_stream_p<EF>(w + c, pol) : make_uint4(0, 0, 0, 0);
-            if constexpr (M == kGeglu) v2[u] = ok ? ld_stream_p<EF>(w2 + c, pol) : make_uint4(0, 0, 0, 0);
+            v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+            if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
     load(c_lo);   // weights only: safe before the previous kernel has finished
@@ -389,11 +388,7 @@ int warps_per_row(int K, int U = kU) {
 template <int M, int W, int U = kU>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / W;
-    const dim3 grid((p.total_rows + rpb - 1) / rpb);
-    if (M != kGeluMul && p.in.evict_first)
-        launch_kernel(rows_kernel<M, W, U, M != kGeluMul>, grid, dim3(kWarps * 32), 0, s, p);
-    else
-        launch_kernel(rows_kernel<M, W, U>, grid, dim3(kWarps * 32), 0, s, p);
+    launch_kernel(rows_kernel<M, W, U>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -443,9 +438,9 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.total_rows == 0) return;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
-    if constexpr (M == kGeglu) {
-        const int geglu_u = p.in.geglu_u ? p.in.geglu_u : p.in.K <= 2048 ? 4 : 8;
-        if (geglu_u == 4 && p.in.variant != kGemvVariantWarp) {
+    {
+        const int u = M == kGeglu ? (p.in.geglu_u ? p.in.geglu_u : p.in.K <= 2048 ? 4 : 8) : p.in.plain_u;
+        if (u == 4 && p.in.variant != kGemvVariantWarp) {
             switch (warps_per_row(p.in.K, 4)) {
                 case 8:
                     return launch_w<M, 8, 4>(p, s);

@@ -26,13 +26,6 @@ struct GemvStreamScratch {
     int rows = 0;                   // capacity of count
 };
 
-// Weights asked into L2 ahead of their GEMV (MARKBASE_CUDA_L2_STAGE): up to kRanges byte ranges.
-struct L2Stage {
-    static constexpr int kRanges = 3;
-    const void* p[kRanges] = {nullptr, nullptr, nullptr};
-    int64_t bytes[kRanges] = {0, 0, 0};
-};
-
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
@@ -59,7 +52,7 @@ struct GemvInput {
     // The warp-per-row GeGLU's 16-byte chunks per lane per matrix: 8 (2 blocks per SM), 4 (3 blocks per SM,
     // W doubled), or 0: 4 when K <= 2048 (session 6's H200 A/B: E2B -3.4%; E4B -0.5%, 31B +0.4%), else 8.
     int geglu_u = 0;
-    bool evict_first = false;  // warp-per-row GEMVs: weights read with an L2 evict-first policy (L2Stage)
+    int plain_u = 8;  // the same for the plain products (store, gelu-mul): 8, or 4 (MARKBASE_CUDA_GEMV_U)
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -243,9 +236,6 @@ struct AttnArgs {
     // With active_only and merge_counters at decode: the v2 pieces kernel (keys spread over warps in the V
     // phase too, a parallel merge); MARKBASE_CUDA_ATTN_SPLIT=auto sets it, active[:N] does not.
     bool decode_v2 = false;
-    // decode_v2 only: weights the pieces ask into L2 before their PDL wait (MARKBASE_CUDA_L2_STAGE: the
-    // layer's MLP weights, while attention leaves the memory bus idle)
-    L2Stage stage;
     float* part_o = nullptr;   // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
     float* out = nullptr;      // [n][nH][d]
@@ -289,11 +279,10 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the same products, a warp per row
 // with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
-// evict_first: the weights read with an L2 evict-first policy (L2Stage).
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, bool evict_first = false);
+                        float* h, cudaStream_t s);
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s, bool evict_first = false);
+                     float* slots, cudaStream_t s);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads)
 // A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
 // dependent load rounds instead of six, and a 704-wide one a single round.
 constexpr int kDecU = 8;
-template <bool Dual, bool EF>
+template <bool Dual>
 __global__ void __launch_bounds__(kThreads)
     expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
                          int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
@@ -267,15 +267,14 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
     const float4* x4 = reinterpret_cast<const float4*>(x + (x_per_slot ? static_cast<int64_t>(g) * Kin : 0));
     const int nchunk = Kin >> 3;
-    const uint64_t pol = EF ? evict_first_policy() : 0;
     float a1 = 0.0f, a2 = 0.0f;
     for (int c0 = 0; c0 < nchunk; c0 += 32 * kDecU) {
         uint4 v1[kDecU], v2[kDecU];
 #pragma unroll
         for (int u = 0; u < kDecU; ++u) {
             const int c = c0 + u * 32 + lane;
-            v1[u] = c < nchunk ? ld_stream_p<EF>(w1 + c, pol) : make_uint4(0, 0, 0, 0);
-            if constexpr (Dual) v2[u] = c < nchunk ? ld_stream_p<EF>(w2 + c, pol) : make_uint4(0, 0, 0, 0);
+            v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
+            if constexpr (Dual) v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < kDecU; ++u) {
@@ -339,20 +338,19 @@ void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int 
 }
 
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, bool evict_first) {
+                        float* h, cudaStream_t s) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
-    launch_kernel(evict_first ? expert_decode_kernel<true, true> : expert_decode_kernel<true, false>,
-                  dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H, false, gate_up, Ie,
-                  2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
+    launch_kernel(expert_decode_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H,
+                  false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H,
+                  group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s, bool evict_first) {
+                     float* slots, cudaStream_t s) {
     if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
-    launch_kernel(evict_first ? expert_decode_kernel<false, true> : expert_decode_kernel<false, false>,
-                  dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h, Ie, true, down, H,
-                  static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
+    launch_kernel(expert_decode_kernel<false>, dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h,
+                  Ie, true, down, H, static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -276,8 +276,7 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEGLU_U=4",
     "MARKBASE_CUDA_GEGLU_U=8",
-    "MARKBASE_CUDA_L2_STAGE=32",
-    "MARKBASE_CUDA_L2_STAGE=64,MARKBASE_CUDA_MOE_OVERLAP=0",
+    "MARKBASE_CUDA_GEMV_U=4",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -355,9 +354,9 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 8;
-    for (const char* setting :
-         {"MARKBASE_CUDA_L2_STAGE=abc", "MARKBASE_CUDA_L2_STAGE=-1", "MARKBASE_CUDA_L2_STAGE=4096",
-          "MARKBASE_CUDA_GEGLU_U=5", "MARKBASE_CUDA_GEMV_TAIL=2", "MARKBASE_CUDA_MOE_WIDE=yes"}) {
+    for (const char* setting : {"MARKBASE_CUDA_GEMV_U=5", "MARKBASE_CUDA_GEGLU_U=5",
+                                "MARKBASE_CUDA_GEGLU_U=", "MARKBASE_CUDA_GEMV_TAIL=2",
+                                "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
