@@ -159,15 +159,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         d_argmax_ = alloc<unsigned long long>(1);
 
         if (const char* e = std::getenv("MARKBASE_CUDA_FUSE")) fuse_ = std::strcmp(e, "0") != 0;
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_U")) {
-            if (std::strcmp(e, "4") != 0 && std::strcmp(e, "8") != 0)
-                throw Error(std::string("MARKBASE_CUDA_GEMV_U=") + e + ": expected 4 or 8");
-            plain_u_ = std::atoi(e);
-        }
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_U")) {
-            if (std::strcmp(e, "4") != 0 && std::strcmp(e, "8") != 0)
-                throw Error(std::string("MARKBASE_CUDA_GEGLU_U=") + e + ": expected 4 or 8");
-            geglu_u_ = std::atoi(e);
+        for (auto [name, value] : {std::pair{"MARKBASE_CUDA_GEMV_U4_MAXK", &u4_max_k_},
+                                   std::pair{"MARKBASE_CUDA_GEGLU_U4_MAXK", &u4_max_k_geglu_}}) {
+            if (const char* e = std::getenv(name)) {
+                char* end = nullptr;
+                const long k = std::strtol(e, &end, 10);
+                if (!*e || *end || k < 0 || k > (1L << 20))
+                    throw Error(std::string(name) + "=" + e + ": expected a width, 0..1048576");
+                *value = static_cast<int>(k);
+            }
         }
         x_ = alloc<float>(n * H);
         xb_ = alloc<float>(H);

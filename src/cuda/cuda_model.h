@@ -355,8 +355,7 @@ class CudaModel {
     int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
-    int plain_u_ = 8;       // MARKBASE_CUDA_GEMV_U=4|8 (GemvInput.plain_u)
-    int geglu_u_ = 0;       // MARKBASE_CUDA_GEGLU_U=4|8 (GemvInput.geglu_u; unset: by K)
+    int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 

@@ -23,8 +23,8 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
     in.stream = gemv_stream_;
-    in.geglu_u = geglu_u_;
-    in.plain_u = plain_u_;
+    in.u4_max_k = u4_max_k_;
+    in.u4_max_k_geglu = u4_max_k_geglu_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -61,7 +61,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
     in.stream = gemv_stream_;
-    in.plain_u = plain_u_;
+    in.u4_max_k = u4_max_k_;
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
@@ -128,6 +128,7 @@ void CudaModel::record_step(Profiler* pf) {
             GemvInput in;
             in.variant = gemv_variant_;
             in.ksplit = gemv_ksplit_;
+            in.u4_max_k = u4_max_k_;
             in.x = x_;
             in.K = H;
             GemvSeg seg{w_.ple_model_proj, ple_ctx_, static_cast<int>(LP), 0};

@@ -119,8 +119,8 @@ __device__ void residual_tail(const RowsParams& p) {
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
 // U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
-// fits 3 blocks per SM instead of 2, GemvInput.geglu_u; at 4 blocks, 64 registers, it spills; the plain
-// products at U = 4 keep 4 blocks per SM with twice the warps per row, GemvInput.plain_u).
+// fits 3 blocks per SM instead of 2; at 4 blocks, 64 registers, it spills; the plain products at U = 4 keep
+// 4 blocks per SM with twice the warps per row; GemvInput.u4_max_k).
 template <int M, int W, int U = kU>
 __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
                                                : U == kU   ? 2
@@ -439,7 +439,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
     {
-        const int u = M == kGeglu ? (p.in.geglu_u ? p.in.geglu_u : p.in.K <= 2048 ? 4 : 8) : p.in.plain_u;
+        const int u = p.in.K <= (M == kGeglu ? p.in.u4_max_k_geglu : p.in.u4_max_k) ? 4 : 8;
         if (u == 4 && p.in.variant != kGemvVariantWarp) {
             switch (warps_per_row(p.in.K, 4)) {
                 case 8:

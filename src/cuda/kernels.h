@@ -49,10 +49,13 @@ struct GemvInput {
     int variant = 0;
     int ksplit = 0;            // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
     GemvStreamScratch stream;  // variant kGemvVariantAsync at one token
-    // The warp-per-row GeGLU's 16-byte chunks per lane per matrix: 8 (2 blocks per SM), 4 (3 blocks per SM,
-    // W doubled), or 0: 4 when K <= 2048 (session 6's H200 A/B: E2B -3.4%; E4B -0.5%, 31B +0.4%), else 8.
-    int geglu_u = 0;
-    int plain_u = 8;  // the same for the plain products (store, gelu-mul): 8, or 4 (MARKBASE_CUDA_GEMV_U)
+    // Warp-per-row GEMVs at 4 16-byte chunks per lane per matrix (twice the warps per row, the GeGLU at 3
+    // blocks per SM instead of 2) instead of 8, when K is at most this (MARKBASE_CUDA_GEMV_U4_MAXK for the
+    // plain products, MARKBASE_CUDA_GEGLU_U4_MAXK for the GeGLU). Session 6's H200 A/B: E2B -3.4% (GeGLU,
+    // K = 1536) and -2.4% (every plain product at 4); E4B +2.8%, 26B +3.7%, 31B +5.4% with every plain
+    // product at 4, where K is 2560 and wider.
+    int u4_max_k = 2048;
+    int u4_max_k_geglu = 2048;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the

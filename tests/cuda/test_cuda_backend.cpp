@@ -274,9 +274,9 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV_TAIL=1",
     "MARKBASE_CUDA_GEMV_TAIL=0,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEGLU_U=4",
-    "MARKBASE_CUDA_GEGLU_U=8",
-    "MARKBASE_CUDA_GEMV_U=4",
+    "MARKBASE_CUDA_GEGLU_U4_MAXK=65536",
+    "MARKBASE_CUDA_GEMV_U4_MAXK=65536",
+    "MARKBASE_CUDA_GEMV_U4_MAXK=0,MARKBASE_CUDA_GEGLU_U4_MAXK=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -354,8 +354,8 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 8;
-    for (const char* setting : {"MARKBASE_CUDA_GEMV_U=5", "MARKBASE_CUDA_GEGLU_U=5",
-                                "MARKBASE_CUDA_GEGLU_U=", "MARKBASE_CUDA_GEMV_TAIL=2",
+    for (const char* setting : {"MARKBASE_CUDA_GEMV_U4_MAXK=-1", "MARKBASE_CUDA_GEMV_U4_MAXK=2k",
+                                "MARKBASE_CUDA_GEGLU_U4_MAXK=", "MARKBASE_CUDA_GEMV_TAIL=2",
                                 "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x"}) {
         ScopedEnv env(parse_setting(setting));
         try {
