@@ -246,6 +246,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
                 moe_wide_ = std::strcmp(e, "1") == 0;
             }
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_GATE_OCC")) {
+                if (std::strcmp(e, "2") != 0 && std::strcmp(e, "3") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_GATE_OCC=") + e + ": expected 2 or 3");
+                moe_gate_occ_ = std::atoi(e);
+            }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");

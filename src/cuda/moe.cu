@@ -248,11 +248,13 @@ __global__ void __launch_bounds__(kThreads)
 // A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
 // dependent load rounds instead of six, and a 704-wide one a single round.
 constexpr int kDecU = 8;
-template <bool Dual>
-__global__ void __launch_bounds__(kThreads)
-    expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
-                         int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                         int out_width) {
+// The body, instantiated by two kernels below: the default at 2 blocks per SM for gate/up (its 91
+// registers), and MARKBASE_CUDA_MOE_GATE_OCC=3's at 3 (at most 85 registers, with U = 6 loads in flight per
+// matrix: at 8 it spills; a 2816-wide row still takes two rounds).
+template <bool Dual, int U>
+__device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const bf16* w,
+                                                   int rows, int64_t expert_stride, int64_t up_offset,
+                                                   const int* group_expert, float* out, int out_width) {
     pdl_begin();  // the experts are chosen by the previous kernel: nothing to load before it ends
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
@@ -268,16 +270,16 @@ __global__ void __launch_bounds__(kThreads)
     const float4* x4 = reinterpret_cast<const float4*>(x + (x_per_slot ? static_cast<int64_t>(g) * Kin : 0));
     const int nchunk = Kin >> 3;
     float a1 = 0.0f, a2 = 0.0f;
-    for (int c0 = 0; c0 < nchunk; c0 += 32 * kDecU) {
-        uint4 v1[kDecU], v2[kDecU];
+    for (int c0 = 0; c0 < nchunk; c0 += 32 * U) {
+        uint4 v1[U], v2[U];
 #pragma unroll
-        for (int u = 0; u < kDecU; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = c0 + u * 32 + lane;
             v1[u] = c < nchunk ? ld_stream(w1 + c) : make_uint4(0, 0, 0, 0);
             if constexpr (Dual) v2[u] = c < nchunk ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < kDecU; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = c0 + u * 32 + lane;
             if (c >= nchunk) continue;
             const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
@@ -288,6 +290,22 @@ __global__ void __launch_bounds__(kThreads)
     a1 = warp_sum(a1);
     if constexpr (Dual) a2 = warp_sum(a2);
     if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
+}
+
+template <bool Dual>
+__global__ void __launch_bounds__(kThreads)
+    expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
+                         int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
+                         int out_width) {
+    expert_decode_rows<Dual, kDecU>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
+                                    out_width);
+}
+__global__ void __launch_bounds__(kThreads, 3)
+    expert_gate_up_occ3_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
+                               int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
+                               int out_width) {
+    expert_decode_rows<true, 6>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
+                                out_width);
 }
 
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
@@ -338,11 +356,11 @@ void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int 
 }
 
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s) {
+                        float* h, cudaStream_t s, int blocks_per_sm) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
-    launch_kernel(expert_decode_kernel<true>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H,
-                  false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H,
-                  group_expert, h, Ie);
+    launch_kernel(blocks_per_sm == 3 ? expert_gate_up_occ3_kernel : expert_decode_kernel<true>,
+                  dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H, false, gate_up, Ie,
+                  2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
