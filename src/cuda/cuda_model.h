@@ -318,7 +318,8 @@ class CudaModel {
     // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
     // 0 = the 256-thread kernels prefill uses
     bool moe_wide_ = true;
-    int moe_gate_occ_ = 0;  // MARKBASE_CUDA_MOE_GATE_OCC=3: the experts' gate/up at 3 blocks per SM
+    // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
+    int moe_gate_occ_ = 2;
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP

@@ -248,9 +248,9 @@ __global__ void __launch_bounds__(kThreads)
 // A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
 // dependent load rounds instead of six, and a 704-wide one a single round.
 constexpr int kDecU = 8;
-// The body, instantiated by two kernels below: the default at 2 blocks per SM for gate/up (its 91
-// registers), and MARKBASE_CUDA_MOE_GATE_OCC=3's at 3 (at most 85 registers, with U = 6 loads in flight per
-// matrix: at 8 it spills; a 2816-wide row still takes two rounds).
+// The body, instantiated by two kernels below: 2 blocks per SM for gate/up (91 registers), and 3
+// (MARKBASE_CUDA_MOE_GATE_OCC=3, the one-GPU default since session 6's H200 A/B: 26B-A4B -1.8%; at most 85
+// registers, with U = 6 loads in flight per matrix: at 8 it spills; a 2816-wide row still takes two rounds).
 template <bool Dual, int U>
 __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const bf16* w,
                                                    int rows, int64_t expert_stride, int64_t up_offset,
