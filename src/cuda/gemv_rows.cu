@@ -392,6 +392,20 @@ void launch_w(RowsParams& p, cudaStream_t s) {
     CUDA_CHECK_LAUNCH();
 }
 
+template <int M, int U>
+void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
+    switch (w) {
+        case 8:
+            return launch_w<M, 8, U>(p, s);
+        case 4:
+            return launch_w<M, 4, U>(p, s);
+        case 2:
+            return launch_w<M, 2, U>(p, s);
+        default:
+            return launch_w<M, 1, U>(p, s);
+    }
+}
+
 int device_sms() {
     thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
     int d = 0;
@@ -438,31 +452,11 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.total_rows == 0) return;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
-    {
-        const int u = p.in.K <= (M == kGeglu ? p.in.u4_max_k_geglu : p.in.u4_max_k) ? 4 : 8;
-        if (u == 4 && p.in.variant != kGemvVariantWarp) {
-            switch (warps_per_row(p.in.K, 4)) {
-                case 8:
-                    return launch_w<M, 8, 4>(p, s);
-                case 4:
-                    return launch_w<M, 4, 4>(p, s);
-                case 2:
-                    return launch_w<M, 2, 4>(p, s);
-                default:
-                    return launch_w<M, 1, 4>(p, s);
-            }
-        }
-    }
-    switch (p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K)) {
-        case 8:
-            return launch_w<M, 8>(p, s);
-        case 4:
-            return launch_w<M, 4>(p, s);
-        case 2:
-            return launch_w<M, 2>(p, s);
-        default:
-            return launch_w<M, 1>(p, s);
-    }
+    // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8
+    const bool u4 =
+        p.in.variant != kGemvVariantWarp && p.in.K <= (M == kGeglu ? p.in.u4_max_k_geglu : p.in.u4_max_k);
+    const int w = p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K, u4 ? 4 : kU);
+    return u4 ? launch_by_w<M, 4>(p, s, w) : launch_by_w<M, kU>(p, s, w);
 }
 
 }  // namespace

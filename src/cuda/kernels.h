@@ -285,7 +285,7 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // blocks_per_sm 3: gate/up's registers capped for 3 blocks per SM (MARKBASE_CUDA_MOE_GATE_OCC; the one-GPU
 // default), else 2.
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int blocks_per_sm = 0);
+                        float* h, cudaStream_t s, int blocks_per_sm = 2);
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                      float* slots, cudaStream_t s);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
