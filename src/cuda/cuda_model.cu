@@ -265,6 +265,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_GATE_OCC=") + e + ": expected 2 or 3");
                 moe_gate_occ_ = std::atoi(e);
             }
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_DOWN_OCC")) {
+                if (std::strcmp(e, "4") != 0 && std::strcmp(e, "6") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_DOWN_OCC=") + e + ": expected 4 or 6");
+                moe_down_occ_ = std::atoi(e);
+            }
             if (moe_overlap_) {
                 CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));
                 CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));

@@ -320,6 +320,8 @@ class CudaModel {
     bool moe_wide_ = true;
     // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
     int moe_gate_occ_ = 2;
+    int moe_down_occ_ =
+        4;  // MARKBASE_CUDA_MOE_DOWN_OCC=6: the experts' down at 6 blocks per SM (not measured)
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP

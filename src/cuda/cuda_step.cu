@@ -286,7 +286,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_decode_rows_)
-            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st);
+            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_down_occ_);
         else
             moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, st);
     });

@@ -286,8 +286,10 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // default), else 2.
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
                         float* h, cudaStream_t s, int blocks_per_sm = 2);
+// blocks_per_sm 6 (MARKBASE_CUDA_MOE_DOWN_OCC=6; rows of at most 1024): 4 loads in flight per lane, 6 blocks
+// per SM; else the default kernel (8 loads, 4 blocks per SM at its 53 registers).
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s);
+                     float* slots, cudaStream_t s, int blocks_per_sm = 4);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

@@ -307,6 +307,16 @@ __global__ void __launch_bounds__(kThreads, 3)
     expert_decode_rows<true, 6>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
                                 out_width);
 }
+// MARKBASE_CUDA_MOE_DOWN_OCC=6 (prepared after session 6's last GPU call, not yet measured): the experts'
+// down at U = 4 (a 704-wide row is 88 chunks: one round of 4 per lane still) and 6 blocks per SM instead
+// of 4.
+__global__ void __launch_bounds__(kThreads, 6)
+    expert_down_occ6_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
+                            int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
+                            int out_width) {
+    expert_decode_rows<false, 4>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
+                                 out_width);
+}
 
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
@@ -365,10 +375,13 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
 }
 
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s) {
+                     float* slots, cudaStream_t s, int blocks_per_sm) {
     if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
-    launch_kernel(expert_decode_kernel<false>, dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h,
-                  Ie, true, down, H, static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
+    // the 6-block kernel holds 4 chunks per lane: one round only while a row is at most 128 chunks
+    const bool occ6 = blocks_per_sm == 6 && Ie / 8 <= 32 * 4;
+    launch_kernel(occ6 ? expert_down_occ6_kernel : expert_decode_kernel<false>,
+                  dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h, Ie, true, down, H,
+                  static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
     CUDA_CHECK_LAUNCH();
 }
 
