@@ -248,9 +248,9 @@ __global__ void __launch_bounds__(kThreads)
 // A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
 // dependent load rounds instead of six, and a 704-wide one a single round.
 constexpr int kDecU = 8;
-// The body, instantiated by two kernels below: 2 blocks per SM for gate/up (91 registers), and 3
-// (MARKBASE_CUDA_MOE_GATE_OCC=3, the one-GPU default since session 6's H200 A/B: 26B-A4B -1.8%; at most 85
-// registers, with U = 6 loads in flight per matrix: at 8 it spills; a 2816-wide row still takes two rounds).
+// The body of expert_decode_kernel (gate/up at 2 blocks per SM, 91 registers; down at 4) and of
+// expert_decode_occ_kernel (more blocks per SM: gate/up at 3 is the one-GPU default since session 6's H200
+// A/B, 26B-A4B -1.8%; a 2816-wide row still takes two rounds).
 template <bool Dual, int U>
 __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const bf16* w,
                                                    int rows, int64_t expert_stride, int64_t up_offset,
@@ -300,22 +300,17 @@ __global__ void __launch_bounds__(kThreads)
     expert_decode_rows<Dual, kDecU>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
                                     out_width);
 }
-__global__ void __launch_bounds__(kThreads, 3)
-    expert_gate_up_occ3_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
-                               int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                               int out_width) {
-    expert_decode_rows<true, 6>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
+// More blocks per SM than the registers of expert_decode_kernel allow, with fewer loads in flight per lane
+// (U): gate/up at 3 (MARKBASE_CUDA_MOE_GATE_OCC=3, U = 6; at 8 it spills) and down at 6
+// (MARKBASE_CUDA_MOE_DOWN_OCC=6, prepared after session 6's last GPU call, not yet measured: U = 4, still
+// one round for a 704-wide row).
+template <bool Dual, int U, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks)
+    expert_decode_occ_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
+                             int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
+                             int out_width) {
+    expert_decode_rows<Dual, U>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
                                 out_width);
-}
-// MARKBASE_CUDA_MOE_DOWN_OCC=6 (prepared after session 6's last GPU call, not yet measured): the experts'
-// down at U = 4 (a 704-wide row is 88 chunks: one round of 4 per lane still) and 6 blocks per SM instead
-// of 4.
-__global__ void __launch_bounds__(kThreads, 6)
-    expert_down_occ6_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
-                            int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                            int out_width) {
-    expert_decode_rows<false, 4>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
-                                 out_width);
 }
 
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
@@ -368,7 +363,7 @@ void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int 
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
                         float* h, cudaStream_t s, int blocks_per_sm) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
-    launch_kernel(blocks_per_sm == 3 ? expert_gate_up_occ3_kernel : expert_decode_kernel<true>,
+    launch_kernel(blocks_per_sm == 3 ? expert_decode_occ_kernel<true, 6, 3> : expert_decode_kernel<true>,
                   dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H, false, gate_up, Ie,
                   2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
@@ -379,7 +374,7 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
     if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
     // the 6-block kernel holds 4 chunks per lane: one round only while a row is at most 128 chunks
     const bool occ6 = blocks_per_sm == 6 && Ie / 8 <= 32 * 4;
-    launch_kernel(occ6 ? expert_down_occ6_kernel : expert_decode_kernel<false>,
+    launch_kernel(occ6 ? expert_decode_occ_kernel<false, 4, 6> : expert_decode_kernel<false>,
                   dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h, Ie, true, down, H,
                   static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
     CUDA_CHECK_LAUNCH();
