@@ -246,6 +246,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
                 moe_wide_ = std::strcmp(e, "1") == 0;
             }
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_TOPK")) {
+                if (std::strcmp(e, "rank") != 0 && std::strcmp(e, "rounds") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_TOPK=") + e + ": expected rank or rounds");
+                moe_topk_rank_ = std::strcmp(e, "rank") == 0;
+            }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");

@@ -318,6 +318,9 @@ class CudaModel {
     // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
     // 0 = the 256-thread kernels prefill uses
     bool moe_wide_ = true;
+    // MARKBASE_CUDA_MOE_TOPK=rank|rounds (default rounds; rank not yet measured): the wide route's top-K by
+    // every expert's rank in one pass instead of K dependent arg-max rounds (the same ids and weights)
+    bool moe_topk_rank_ = false;
     // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
     int moe_gate_occ_ = 2;
     int moe_down_occ_ =

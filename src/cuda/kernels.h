@@ -264,10 +264,12 @@ struct ExpertRange {
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held = {}, bool wide = false);
+               ExpertRange held = {}, bool wide = false, bool rank = false);
 // (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits
-// loaded in one batch, the logits through shared memory.)
-// Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
+// loaded in one batch, the logits through shared memory. rank, with wide: MARKBASE_CUDA_MOE_TOPK=rank, the
+// same top-K chosen by every expert's rank in one pass instead of K arg-max rounds; the same ids and
+// weights.) Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g]
+// ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});
 // e[t] = sum_k sel_w[t][k] * slots[t*K + k] (H wide): a rank's share of the experts' weighted sum, which the

@@ -114,11 +114,67 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
 // order.
 constexpr int kWideThreads = 1024;
 constexpr int kWidePer = 4;  // H <= 4096
+constexpr int kRankMaxK = 32;
+
+// route_warp's selection by ranks (MARKBASE_CUDA_MOE_TOPK=rank; E <= blockDim.x, K <= kRankMaxK): warp 0
+// turns the logits in p into route_warp's probabilities (the same operations in the same order), then every
+// expert's thread counts the experts ahead of it (larger, or equal with a lower id) and the K first write
+// their slot. The same ids and weights as route_warp's K dependent arg-max rounds, whose lane 0 also wrote
+// each id to global memory and read it back before loading its per-expert scale (a chain of 2K round trips);
+// here slot k's thread holds its id and loads its scale at once. Called by the whole block.
+__device__ void route_ranks(float* p, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                            int* group_expert, int* group_off, int* entries, ExpertRange held) {
+    __shared__ float top_p[kRankMaxK];
+    __shared__ int top_id[kRankMaxK];
+    const int t = threadIdx.x, lane = t & 31;
+    if (t < 32) {
+        float mx = -FLT_MAX;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, p[e]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int e = lane; e < E; e += 32) {
+            const float v = expf(p[e] - mx);
+            p[e] = v;
+            sum += v;
+        }
+        sum = warp_sum(sum);
+        for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
+    } else if (t < 32 + K) {
+        top_id[t - 32] = 0;  // a slot no expert ranks into (NaN logits) still names a real expert
+        top_p[t - 32] = 0.0f;
+    }
+    __syncthreads();
+    if (t < E) {
+        const float v = p[t];
+        int r = 0;
+        for (int j = 0; j < E; ++j) {
+            const float o = p[j];
+            r += (o > v || (o == v && j < t)) ? 1 : 0;
+        }
+        if (r < K) {
+            top_p[r] = v;
+            top_id[r] = t;
+        }
+    }
+    __syncthreads();
+    if (t < K) {
+        float top_sum = 0.0f;
+        for (int k = 0; k < K; ++k) top_sum += top_p[k];  // route_warp's order: largest first
+        const int id = top_id[t];
+        sel_id[t] = id;
+        sel_w[t] = top_p[t] / top_sum * bf16_at(pes, id);
+        group_expert[t] = held_index(id, held);
+        group_off[t] = t;
+        entries[t] = t;
+        if (t == 0) group_off[K] = K;
+    }
+}
+
 __global__ void __launch_bounds__(kWideThreads)
     route_wide_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
                       int* group_expert, int* group_off, int* entries, const float* __restrict__ x,
                       const bf16* __restrict__ norm_w, int H, float eps, float* __restrict__ e_in,
-                      ExpertRange held) {
+                      ExpertRange held, bool rank) {
     extern __shared__ float p[];  // [E]: the logits, then route_warp's probabilities
     __shared__ float red[32];
     pdl_begin();
@@ -138,6 +194,10 @@ __global__ void __launch_bounds__(kWideThreads)
     for (int j = 0; j < kWidePer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         if (k < H) e_in[k] = xv[j] * inv * wv[j];
+    }
+    if (rank) {
+        route_ranks(p, E, K, pes, sel_id, sel_w, group_expert, group_off, entries, held);
+        return;
     }
     if (threadIdx.x >= 32) return;
     route_warp(p, E, K, pes, p, sel_id, sel_w);  // reads each logit before overwriting it, lane by lane
@@ -399,11 +459,11 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held, bool wide) {
+               ExpertRange held, bool wide, bool rank) {
     if (wide && n == 1 && groups_for_slots && H <= kWideThreads * kWidePer && E <= kWideThreads) {
         launch_kernel(route_wide_kernel, dim3(1), dim3(kWideThreads), static_cast<size_t>(E) * sizeof(float),
                       s, logits, E, K, per_expert_scale, sel_id, sel_w, group_expert, group_off, entries, x,
-                      norm_w, H, eps, e_in, held);
+                      norm_w, H, eps, e_in, held, rank && K <= kRankMaxK);
         CUDA_CHECK_LAUNCH();
         return;
     }

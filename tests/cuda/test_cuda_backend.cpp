@@ -277,6 +277,8 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEGLU_U4_MAXK=65536",
     "MARKBASE_CUDA_MOE_GATE_OCC=2",
     "MARKBASE_CUDA_MOE_DOWN_OCC=6",
+    "MARKBASE_CUDA_MOE_TOPK=rank",
+    "MARKBASE_CUDA_MOE_TOPK=rank,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_MOE_GATE_OCC=3,MARKBASE_CUDA_MOE_OVERLAP=0",
     "MARKBASE_CUDA_GEMV_U4_MAXK=65536",
     "MARKBASE_CUDA_GEMV_U4_MAXK=0,MARKBASE_CUDA_GEGLU_U4_MAXK=0",
@@ -358,9 +360,9 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
     o.ctx_size = 64;
     o.chunk = 8;
     for (const char* setting :
-         {"MARKBASE_CUDA_GEMV_U4_MAXK=-1", "MARKBASE_CUDA_GEMV_U4_MAXK=2k",
-          "MARKBASE_CUDA_GEGLU_U4_MAXK=", "MARKBASE_CUDA_GEMV_TAIL=2", "MARKBASE_CUDA_MOE_GATE_OCC=4",
-          "MARKBASE_CUDA_MOE_DOWN_OCC=5", "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x"}) {
+         {"MARKBASE_CUDA_GEMV_U4_MAXK=-1", "MARKBASE_CUDA_GEMV_U4_MAXK=2k", "MARKBASE_CUDA_GEGLU_U4_MAXK=",
+          "MARKBASE_CUDA_GEMV_TAIL=2", "MARKBASE_CUDA_MOE_GATE_OCC=4", "MARKBASE_CUDA_MOE_DOWN_OCC=5",
+          "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x", "MARKBASE_CUDA_MOE_TOPK=fast"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);

@@ -1,0 +1,670 @@
+// Kernel lab for a persistent decode step (bench/NOTES.md "Next"): is one kernel with grid-wide barriers
+// between phases faster than today's chain of launches (programmatic dependent launch, one CUDA graph)?
+// The workload is E2B's decode layer without attention, over its 35 layers at real widths (3.7 GB of
+// distinct bf16 weights, so L2 never serves them): per layer
+//   qkv = Wqkv . norm(x)             [2560 x 1536]
+//   o   = Wo . qkv[0:2048]           [1536 x 2048]   (attention left out: o_proj reads q directly)
+//   x   = x + norm(o) * w
+//   g   = gelu(Wg . norm(x)) * (Wu . norm(x))     [I x 1536], I = 6144 (layers 0-14) or 12288
+//   m   = Wd . g                     [1536 x I]
+//   x   = x + norm(m) * w
+//   p   = gelu(Wpg . x) * ple_l      [256 x 1536]
+//   o2  = Wpp . p                    [1536 x 256]
+//   x   = (x + norm(o2) * w) * layer_scalar
+// Variants:
+//   A  today: the production launchers (src/cuda: gemv / gemv_geglu / gemv_gelu_mul at warpk, and
+//      residual_add_norm), PDL on, 9 launches per layer captured as one graph
+//   B  one cooperative kernel, a grid barrier after every phase (9 per layer); each block stages the phase's
+//      input vector in shared memory (the input norm folded into the staging), then the same warp-per-row
+//      products as A (the same U and warps per row); the residual updates by block 0
+//   C  B, and each warp loads its first weights of the next phase before the barrier (they never depend on
+//      it)
+//   D  C with the residual updates folded into the next product's staging (every block computes the new x
+//      in shared memory, block 0 also stores it): 6 barriers per layer
+// Also the bare cost of a phase boundary: 315 empty PDL launches in a graph vs 315 grid barriers.
+// Correctness gate: B, C and D's final x against A's (relative error, 1e-3).
+//   markbase_persist_lab [--reps N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.h"
+
+#define CK(call)                                                                                      \
+    do {                                                                                              \
+        cudaError_t e_ = (call);                                                                      \
+        if (e_ != cudaSuccess) {                                                                      \
+            std::fprintf(stderr, "%s failed: %s at %s:%d\n", #call, cudaGetErrorString(e_), __FILE__, \
+                         __LINE__);                                                                   \
+            std::exit(1);                                                                             \
+        }                                                                                             \
+    } while (0)
+
+namespace {
+
+using markbase::bf16;
+using namespace markbase::cuda;
+
+constexpr int kH = 1536, kQKV = 2560, kQ = 2048, kP = 256, kLayers = 35;
+constexpr float kEps = 1e-6f;
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kMaxK = 12288;  // the widest staged input (down's)
+enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2 };
+
+struct Layer {
+    const bf16 *qkv, *o, *g, *u, *d, *pg, *pp;      // weights, [out][in]
+    const bf16 *n_in, *n_pa, *n_pf, *n_ffn, *n_pp;  // norm weights [kH]
+    const float* ple;                               // [kP]
+    int I;
+    float scalar;
+};
+struct Bufs {
+    float* x[2];  // the residual stream (B, C: x[0] in place; D: ping-pong)
+    float *qkv, *o, *g, *m, *p, *o2;
+    unsigned int* counter;  // the grid barrier's arrivals
+    int* timed_out;
+};
+
+struct Mat {
+    const bf16* w;
+    const bf16* w2;
+    int rows, K;
+};
+
+// ---- the persistent kernel's pieces ----
+
+__device__ __forceinline__ uint64_t now_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Every block arrives (release) and waits (acquire) until the count reaches target. Bounded at 2 s so a
+// bug reports instead of hanging the machine.
+__device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int target, int* timed_out) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(counter, 1u);
+        const uint64_t t0 = now_ns();
+        for (int i = 0;; ++i) {
+            unsigned int v;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+            if (static_cast<int>(v - target) >= 0) break;
+            if ((i & 1023) == 1023 && now_ns() - t0 > 2000000000ull) {
+                *timed_out = 1;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Block-unit bu of a product: kWarps / W rows, each split over W warps (production's warpk layout).
+template <int W>
+struct Unit {
+    int row, c_lo, c_hi;
+    __device__ Unit(const Mat& m, int bu) {
+        const int warp = threadIdx.x >> 5, nchunk = m.K >> 3, per = (nchunk + W - 1) / W;
+        row = bu * (kWarps / W) + warp / W;
+        c_lo = (warp % W) * per;
+        c_hi = min(nchunk, c_lo + per);
+        if (row >= m.rows) c_hi = c_lo;  // nothing to load
+    }
+};
+
+template <int M, int W, int U>
+__device__ __forceinline__ void load_round(const Mat& m, const Unit<W>& un, int base, uint4* v, uint4* v2) {
+    const int lane = threadIdx.x & 31;
+    const uint4* w = reinterpret_cast<const uint4*>(m.w) + static_cast<int64_t>(un.row) * (m.K >> 3);
+    const uint4* w2 = reinterpret_cast<const uint4*>(m.w2) + static_cast<int64_t>(un.row) * (m.K >> 3);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = base + u * 32 + lane;
+        const bool ok = c < un.c_hi;
+        v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+        if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The first round of this block's first unit, before the barrier (variants C, D).
+template <int M, int W, int U>
+__device__ __forceinline__ bool preload(const Mat& m, uint4* v, uint4* v2) {
+    const int nunits = (m.rows + kWarps / W - 1) / (kWarps / W);
+    if (static_cast<int>(blockIdx.x) >= nunits) return false;
+    const Unit<W> un(m, blockIdx.x);
+    load_round<M, W, U>(m, un, un.c_lo, v, v2);
+    return true;
+}
+
+// y = product of the staged input xs (shared memory) with m's rows, times inv (the input norm's scale).
+template <int M, int W, int U>
+__device__ void gemv_phase(const Mat& m, const float* xs, float inv, float* y, const float* aux, uint4* v,
+                           uint4* v2, bool preloaded, float (*partial)[2]) {
+    constexpr int RPB = kWarps / W;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nunits = (m.rows + RPB - 1) / RPB;
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    for (int bu = blockIdx.x; bu < nunits; bu += gridDim.x) {
+        const Unit<W> un(m, bu);
+        float acc = 0.0f, acc2 = 0.0f;
+        for (int base = un.c_lo; base < un.c_hi; base += 32 * U) {
+            if (!preloaded || base != un.c_lo) load_round<M, W, U>(m, un, base, v, v2);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = base + u * 32 + lane;
+                if (c < un.c_hi) {
+                    const float4 a = x4[2 * c], b = x4[2 * c + 1];
+                    acc += dot8(v[u], a, b);
+                    if constexpr (M == kGeglu) acc2 += dot8(v2[u], a, b);
+                }
+            }
+        }
+        preloaded = false;
+        acc = warp_sum(acc);
+        if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
+        if constexpr (W > 1) {
+            if (lane == 0) {
+                partial[warp][0] = acc;
+                partial[warp][1] = acc2;
+            }
+            __syncthreads();
+            if (warp % W == 0) {
+                acc = acc2 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < W; ++j) {
+                    acc += partial[warp + j][0];
+                    acc2 += partial[warp + j][1];
+                }
+            }
+            __syncthreads();
+        }
+        if (lane == 0 && warp % W == 0 && un.row < m.rows) {
+            acc *= inv;
+            acc2 *= inv;
+            if constexpr (M == kStore)
+                y[un.row] = acc;
+            else if constexpr (M == kGeglu)
+                y[un.row] = gelu_tanh(acc) * acc2;
+            else
+                y[un.row] = gelu_tanh(acc) * aux[un.row];
+        }
+    }
+}
+
+// xs = src (times nw when given); returns the RMSNorm scale of src when norm, else 1. src was written by
+// other blocks in this kernel: read from L2 (ld.cg), never a stale L1 line.
+__device__ float stage(float* xs, const float* src, int K, bool norm, const bf16* nw, float* red) {
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int k = threadIdx.x * 4; k < K; k += kThreads * 4) {
+        float4 a = __ldcg(reinterpret_cast<const float4*>(src + k));
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        if (nw) {
+            a.x *= bf16_at(nw, k);
+            a.y *= bf16_at(nw, k + 1);
+            a.z *= bf16_at(nw, k + 2);
+            a.w *= bf16_at(nw, k + 3);
+        }
+        *reinterpret_cast<float4*>(xs + k) = a;
+    }
+    if (!norm) {
+        __syncthreads();
+        return 1.0f;
+    }
+    ss = block_sum(ss, red);  // its barriers also publish xs
+    return 1.0f / sqrtf(ss / static_cast<float>(K) + kEps);
+}
+
+// The residual update folded into staging (variant D): xn = (x + RMSNorm(y) * rw) * rscale over kH, kept in
+// xs (times nw when given) and stored by block 0 to x_out; returns xn's RMSNorm scale when norm, else 1.
+__device__ float stage_fold(float* xs, const float* x, const float* y, const bf16* rw, float rscale,
+                            float* x_out, bool norm, const bf16* nw, float* red) {
+    constexpr int kPer = (kH + kThreads - 1) / kThreads;  // 6
+    float yv[kPer], xv[kPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int k = threadIdx.x + j * kThreads;
+        yv[j] = k < kH ? __ldcg(y + k) : 0.0f;
+        xv[j] = k < kH ? __ldcg(x + k) : 0.0f;
+        ss = fmaf(yv[j], yv[j], ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(kH) + kEps);
+    float sx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int k = threadIdx.x + j * kThreads;
+        if (k < kH) {
+            const float xn = (xv[j] + yv[j] * inv_y * bf16_at(rw, k)) * rscale;
+            sx = fmaf(xn, xn, sx);
+            if (blockIdx.x == 0) x_out[k] = xn;
+            xs[k] = nw ? xn * bf16_at(nw, k) : xn;
+        }
+    }
+    if (!norm) {
+        __syncthreads();
+        return 1.0f;
+    }
+    sx = block_sum(sx, red);
+    return 1.0f / sqrtf(sx / static_cast<float>(kH) + kEps);
+}
+
+// x = (x + RMSNorm(y) * w) * scale in place, by block 0 (B, C).
+__device__ void residual_block0(float* x, const float* y, const bf16* w, float scale, float* red) {
+    if (blockIdx.x != 0) return;
+    constexpr int kPer = (kH + kThreads - 1) / kThreads;
+    float yv[kPer], xv[kPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int k = threadIdx.x + j * kThreads;
+        yv[j] = k < kH ? __ldcg(y + k) : 0.0f;
+        xv[j] = k < kH ? __ldcg(x + k) : 0.0f;
+        ss = fmaf(yv[j], yv[j], ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(kH) + kEps);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int k = threadIdx.x + j * kThreads;
+        if (k < kH) x[k] = (xv[j] + yv[j] * inv * bf16_at(w, k)) * scale;
+    }
+}
+
+// Layer matrices and their compile-time shapes (production's U and warps per row for these K).
+__device__ __forceinline__ Mat m_qkv(const Layer& L) {
+    return {L.qkv, nullptr, kQKV, kH};
+}
+__device__ __forceinline__ Mat m_o(const Layer& L) {
+    return {L.o, nullptr, kH, kQ};
+}
+__device__ __forceinline__ Mat m_gu(const Layer& L) {
+    return {L.g, L.u, L.I, kH};
+}
+__device__ __forceinline__ Mat m_d(const Layer& L) {
+    return {L.d, nullptr, kH, L.I};
+}
+__device__ __forceinline__ Mat m_pg(const Layer& L) {
+    return {L.pg, nullptr, kP, kH};
+}
+__device__ __forceinline__ Mat m_pp(const Layer& L) {
+    return {L.pp, nullptr, kH, kP};
+}
+
+template <bool Prefetch, bool Fold, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks)
+    persistent_kernel(const Layer* __restrict__ layers, int n_layers, Bufs b) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    __shared__ float red[32];
+    __shared__ float partial[kWarps][2];
+    uint4 v[8], v2[4];
+    unsigned int target = 0;
+    auto sync = [&] { grid_sync(b.counter, target += gridDim.x, b.timed_out); };
+    int cur = 0;  // D: which x buffer holds the stream
+    bool pre = false;
+    for (int l = 0; l < n_layers; ++l) {
+        const Layer& L = layers[l];
+        float inv;
+        // qkv
+        if (Fold && l > 0) {
+            const Layer& P = layers[l - 1];
+            inv = stage_fold(xs, b.x[cur], b.o2, P.n_pp, P.scalar, b.x[cur ^ 1], true, L.n_in, red);
+            cur ^= 1;
+        } else {
+            inv = stage(xs, b.x[cur], kH, true, L.n_in, red);
+        }
+        gemv_phase<kStore, 2, 4>(m_qkv(L), xs, inv, b.qkv, nullptr, v, v2, pre, partial);
+        if (Prefetch) pre = preload<kStore, 2, 4>(m_o(L), v, v2);
+        sync();
+        // o_proj
+        stage(xs, b.qkv, kQ, false, nullptr, red);
+        gemv_phase<kStore, 2, 4>(m_o(L), xs, 1.0f, b.o, nullptr, v, v2, pre, partial);
+        if (Prefetch) pre = preload<kGeglu, 2, 4>(m_gu(L), v, v2);
+        sync();
+        // residual, GeGLU
+        if (Fold) {
+            inv = stage_fold(xs, b.x[cur], b.o, L.n_pa, 1.0f, b.x[cur ^ 1], true, L.n_pf, red);
+            cur ^= 1;
+        } else {
+            residual_block0(b.x[0], b.o, L.n_pa, 1.0f, red);
+            sync();
+            inv = stage(xs, b.x[0], kH, true, L.n_pf, red);
+        }
+        gemv_phase<kGeglu, 2, 4>(m_gu(L), xs, inv, b.g, nullptr, v, v2, pre, partial);
+        if (Prefetch)
+            pre = L.I > 8192 ? preload<kStore, 8, 8>(m_d(L), v, v2) : preload<kStore, 4, 8>(m_d(L), v, v2);
+        sync();
+        // down
+        stage(xs, b.g, L.I, false, nullptr, red);
+        if (L.I > 8192)
+            gemv_phase<kStore, 8, 8>(m_d(L), xs, 1.0f, b.m, nullptr, v, v2, pre, partial);
+        else
+            gemv_phase<kStore, 4, 8>(m_d(L), xs, 1.0f, b.m, nullptr, v, v2, pre, partial);
+        if (Prefetch) pre = preload<kGeluMul, 2, 4>(m_pg(L), v, v2);
+        sync();
+        // residual, PLE gate
+        if (Fold) {
+            inv = stage_fold(xs, b.x[cur], b.m, L.n_ffn, 1.0f, b.x[cur ^ 1], false, nullptr, red);
+            cur ^= 1;
+        } else {
+            residual_block0(b.x[0], b.m, L.n_ffn, 1.0f, red);
+            sync();
+            inv = stage(xs, b.x[0], kH, false, nullptr, red);
+        }
+        gemv_phase<kGeluMul, 2, 4>(m_pg(L), xs, inv, b.p, L.ple, v, v2, pre, partial);
+        if (Prefetch) pre = preload<kStore, 1, 4>(m_pp(L), v, v2);
+        sync();
+        // PLE projection
+        stage(xs, b.p, kP, false, nullptr, red);
+        gemv_phase<kStore, 1, 4>(m_pp(L), xs, 1.0f, b.o2, nullptr, v, v2, pre, partial);
+        if (Prefetch) pre = l + 1 < n_layers && preload<kStore, 2, 4>(m_qkv(layers[l + 1]), v, v2);
+        sync();
+        if (!Fold) {  // residual (D folds it into the next layer's qkv staging)
+            residual_block0(b.x[0], b.o2, L.n_pp, L.scalar, red);
+            sync();
+        }
+    }
+    if (Fold) {  // the last layer's update, and the stream back in x[0]
+        if (blockIdx.x == 0) {
+            const Layer& P = layers[n_layers - 1];
+            stage_fold(xs, b.x[cur], b.o2, P.n_pp, P.scalar, b.x[0], false, nullptr, red);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) barriers_kernel(int n, unsigned int* counter, int* timed_out) {
+    unsigned int target = 0;
+    for (int i = 0; i < n; ++i) grid_sync(counter, target += gridDim.x, timed_out);
+}
+
+__global__ void __launch_bounds__(kThreads) empty_kernel(int) {
+    pdl_begin();
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// bf16(center + spread * uniform[-1, 1)) from a counter hash
+__global__ void fill_bf16(uint16_t* w, int64_t n, uint64_t seed, float center, float spread) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
+        const float f = center + spread * (static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f);
+        uint32_t bits = __float_as_uint(f);
+        bits += 0x7fffu + ((bits >> 16) & 1u);
+        w[i] = static_cast<uint16_t>(bits >> 16);
+    }
+}
+__global__ void fill_f32(float* x, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
+        x[i] = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    }
+}
+
+// ---- host ----
+
+uint64_t g_seed = 1;
+bf16* new_bf16(int64_t n, float center, float spread) {
+    bf16* p = nullptr;
+    CK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(bf16)));
+    fill_bf16<<<1024, 256>>>(p, n, g_seed++ * 0x1234567ull, center, spread);
+    CK(cudaGetLastError());
+    return p;
+}
+float* new_f32(int64_t n, bool random) {
+    float* p = nullptr;
+    CK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(float)));
+    if (random) {
+        fill_f32<<<64, 256>>>(p, n, g_seed++ * 0x7654321ull);
+        CK(cudaGetLastError());
+    } else {
+        CK(cudaMemset(p, 0, static_cast<size_t>(n) * sizeof(float)));
+    }
+    return p;
+}
+
+// A: the production launchers, one layer
+void record_launches(const std::vector<Layer>& ls, const Bufs& b, cudaStream_t s) {
+    GemvInput base;
+    base.variant = kGemvVariantWarpK;
+    base.eps = kEps;
+    for (const Layer& L : ls) {
+        GemvInput in = base;
+        in.x = b.x[0];
+        in.K = kH;
+        in.norm = true;
+        in.norm_w = L.n_in;
+        GemvSeg seg{L.qkv, b.qkv, kQKV, 0};
+        gemv(in, &seg, 1, 1, s);
+        in = base;
+        in.x = b.qkv;
+        in.K = kQ;
+        seg = {L.o, b.o, kH, 0};
+        gemv(in, &seg, 1, 1, s);
+        residual_add_norm(b.x[0], b.o, L.n_pa, kH, 1, kEps, 1.0f, s);
+        in = base;
+        in.x = b.x[0];
+        in.K = kH;
+        in.norm = true;
+        in.norm_w = L.n_pf;
+        gemv_geglu(in, L.g, L.u, L.I, b.g, s);
+        in = base;
+        in.x = b.g;
+        in.K = L.I;
+        seg = {L.d, b.m, kH, 0};
+        gemv(in, &seg, 1, 1, s);
+        residual_add_norm(b.x[0], b.m, L.n_ffn, kH, 1, kEps, 1.0f, s);
+        in = base;
+        in.x = b.x[0];
+        in.K = kH;
+        gemv_gelu_mul(in, L.pg, kP, L.ple, b.p, s);
+        in = base;
+        in.x = b.p;
+        in.K = kP;
+        seg = {L.pp, b.o2, kH, 0};
+        gemv(in, &seg, 1, 1, s);
+        residual_add_norm(b.x[0], b.o2, L.n_pp, kH, 1, kEps, L.scalar, s);
+    }
+}
+
+float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+template <class F>
+float time_ms(int reps, cudaStream_t s, F&& run) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    run();  // warm-up
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> t;
+    for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(e0, s));
+        run();
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return median(t);
+}
+
+struct Persistent {
+    const void* fn;
+    const char* name;
+    int min_blocks;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int reps = 20;
+    for (int i = 1; i < argc; ++i)
+        if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int sms = prop.multiProcessorCount;
+    std::printf("persist_lab on %s (%d SMs): E2B decode layer without attention, %d layers\n", prop.name, sms,
+                kLayers);
+
+    std::vector<Layer> ls(kLayers);
+    double bytes = 0.0;
+    for (int l = 0; l < kLayers; ++l) {
+        Layer& L = ls[l];
+        L.I = l < 15 ? 6144 : 12288;
+        L.scalar = 1.0f;
+        const float a = 0.04f;
+        L.qkv = new_bf16(int64_t{kQKV} * kH, 0.0f, a);
+        L.o = new_bf16(int64_t{kH} * kQ, 0.0f, a);
+        L.g = new_bf16(int64_t{L.I} * kH, 0.0f, a);
+        L.u = new_bf16(int64_t{L.I} * kH, 0.0f, a);
+        L.d = new_bf16(int64_t{kH} * L.I, 0.0f, a);
+        L.pg = new_bf16(int64_t{kP} * kH, 0.0f, a);
+        L.pp = new_bf16(int64_t{kH} * kP, 0.0f, a);
+        L.n_in = new_bf16(kH, 1.0f, 0.2f);
+        L.n_pa = new_bf16(kH, 1.0f, 0.2f);
+        L.n_pf = new_bf16(kH, 1.0f, 0.2f);
+        L.n_ffn = new_bf16(kH, 1.0f, 0.2f);
+        L.n_pp = new_bf16(kH, 1.0f, 0.2f);
+        L.ple = new_f32(kP, true);
+        bytes += 2.0 * (double(kQKV) * kH + double(kH) * kQ + 3.0 * L.I * kH + 2.0 * kP * kH);
+    }
+    Layer* d_layers = nullptr;
+    CK(cudaMalloc(&d_layers, sizeof(Layer) * kLayers));
+    CK(cudaMemcpy(d_layers, ls.data(), sizeof(Layer) * kLayers, cudaMemcpyHostToDevice));
+    Bufs b{};
+    float* x0 = new_f32(kH, true);
+    b.x[0] = new_f32(kH, false);
+    b.x[1] = new_f32(kH, false);
+    b.qkv = new_f32(kQKV, false);
+    b.o = new_f32(kH, false);
+    b.g = new_f32(kMaxK, false);
+    b.m = new_f32(kH, false);
+    b.p = new_f32(kP, false);
+    b.o2 = new_f32(kH, false);
+    CK(cudaMalloc(&b.counter, sizeof(unsigned int)));
+    CK(cudaMalloc(&b.timed_out, sizeof(int)));
+    CK(cudaMemset(b.timed_out, 0, sizeof(int)));
+    CK(cudaDeviceSynchronize());
+    std::printf("weights: %.2f GB (%.1f MB per layer), roofline %.3f ms at 4.16 TB/s\n", bytes / 1e9,
+                bytes / kLayers / 1e6, bytes / 4.16e9);
+
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto reset_x = [&] { CK(cudaMemcpyAsync(b.x[0], x0, kH * sizeof(float), cudaMemcpyDeviceToDevice, s)); };
+
+    // A: graph of launches
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    record_launches(ls, b, s);
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    reset_x();
+    CK(cudaGraphLaunch(ge, s));
+    std::vector<float> ref(kH), got(kH);
+    CK(cudaMemcpyAsync(ref.data(), b.x[0], kH * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    bool ref_ok = true;
+    for (float f : ref) ref_ok = ref_ok && std::isfinite(f);
+    const float ta = time_ms(reps, s, [&] { CK(cudaGraphLaunch(ge, s)); });
+    auto report = [&](const char* name, float ms, const char* extra) {
+        std::printf("  %-34s %8.3f ms  %6.2f us/layer  %7.1f GB/s  %5.1f%% roofline  %s\n", name, ms,
+                    1000.0 * ms / kLayers, bytes / ms / 1e6, 100.0 * bytes / ms / 1e6 / 4160.0, extra);
+    };
+    std::printf("decode chain (median of %d):\n", reps);
+    report("A launches (production, PDL, graph)", ta, ref_ok ? "reference finite" : "REFERENCE NOT FINITE");
+
+    const Persistent variants[] = {
+        {reinterpret_cast<const void*>(persistent_kernel<false, false, 3>), "B persistent, 3 blocks/SM", 3},
+        {reinterpret_cast<const void*>(persistent_kernel<true, false, 3>), "C B + preload, 3 blocks/SM", 3},
+        {reinterpret_cast<const void*>(persistent_kernel<true, true, 3>), "D C + folded residuals, 3/SM", 3},
+        {reinterpret_cast<const void*>(persistent_kernel<true, true, 2>), "D at 2 blocks/SM", 2},
+        {reinterpret_cast<const void*>(persistent_kernel<true, true, 4>), "D at 4 blocks/SM", 4},
+    };
+    const size_t smem = kMaxK * sizeof(float);
+    int failures = 0;
+    for (const Persistent& pv : variants) {
+        CK(cudaFuncSetAttribute(pv.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        int occ = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, pv.fn, kThreads, smem));
+        cudaFuncAttributes fa{};
+        CK(cudaFuncGetAttributes(&fa, pv.fn));
+        if (occ < 1) {
+            std::printf("  %-34s does not fit (registers %d)\n", pv.name, fa.numRegs);
+            continue;
+        }
+        const int blocks = std::min(occ, pv.min_blocks) * sms;
+        const int n_layers = kLayers;
+        void* args[] = {const_cast<Layer**>(&d_layers), const_cast<int*>(&n_layers), &b};
+        auto launch = [&] {
+            CK(cudaMemsetAsync(b.counter, 0, sizeof(unsigned int), s));
+            CK(cudaLaunchCooperativeKernel(pv.fn, dim3(blocks), dim3(kThreads), args, smem, s));
+        };
+        reset_x();
+        launch();
+        CK(cudaMemcpyAsync(got.data(), b.x[0], kH * sizeof(float), cudaMemcpyDeviceToHost, s));
+        int timed_out = 0;
+        CK(cudaMemcpyAsync(&timed_out, b.timed_out, sizeof(int), cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        double num = 0.0, den = 0.0;
+        bool finite = true;
+        for (int k = 0; k < kH; ++k) {
+            finite = finite && std::isfinite(got[k]);
+            num += (double(got[k]) - ref[k]) * (double(got[k]) - ref[k]);
+            den += double(ref[k]) * ref[k];
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-30));
+        const bool ok = finite && !timed_out && rel < 1e-3;
+        failures += ok ? 0 : 1;
+        const float t = time_ms(reps, s, launch);
+        char extra[160];
+        std::snprintf(extra, sizeof extra, "%d blocks, %d regs, rel err %.2e %s%s", blocks, fa.numRegs, rel,
+                      ok ? "ok" : "FAIL", timed_out ? " (barrier timed out)" : "");
+        report(pv.name, t, extra);
+    }
+
+    // the bare phase boundary: empty launches vs grid barriers
+    const int n_bound = 9 * kLayers;
+    const int eblocks = 3 * sms;
+    cudaGraph_t g2;
+    cudaGraphExec_t ge2;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n_bound; ++i) launch_kernel(empty_kernel, dim3(eblocks), dim3(kThreads), 0, s, 0);
+    CK(cudaStreamEndCapture(s, &g2));
+    CK(cudaGraphInstantiate(&ge2, g2, 0));
+    const float te = time_ms(reps, s, [&] { CK(cudaGraphLaunch(ge2, s)); });
+    int n = n_bound;
+    void* bargs[] = {&n, &b.counter, &b.timed_out};
+    const float tb = time_ms(reps, s, [&] {
+        CK(cudaMemsetAsync(b.counter, 0, sizeof(unsigned int), s));
+        CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(barriers_kernel), dim3(eblocks),
+                                       dim3(kThreads), bargs, 0, s));
+    });
+    std::printf(
+        "phase boundary (%d, %d blocks of %d threads): empty PDL launches in a graph %.3f us each, "
+        "grid barriers %.3f us each\n",
+        n_bound, eblocks, kThreads, 1000.0 * te / n_bound, 1000.0 * tb / n_bound);
+    std::printf("correctness gate: %s\n", failures ? "FAIL" : "all persistent variants match A");
+    return failures ? 1 : 0;
+}
