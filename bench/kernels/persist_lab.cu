@@ -87,8 +87,8 @@ __device__ __forceinline__ uint64_t now_ns() {
     return t;
 }
 
-// Every block arrives (release) and waits (acquire) until the count reaches target. Bounded at 2 s so a
-// bug reports instead of hanging the machine.
+// Every block arrives (release) and waits (acquire) until the count reaches target. Bounded at 2 s (and
+// not at all once one wait has timed out) so a bug reports instead of hanging the machine.
 __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int target, int* timed_out) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -99,7 +99,8 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
             unsigned int v;
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
             if (static_cast<int>(v - target) >= 0) break;
-            if ((i & 1023) == 1023 && now_ns() - t0 > 2000000000ull) {
+            if ((i & 1023) == 1023 &&
+                (now_ns() - t0 > 2000000000ull || *static_cast<volatile int*>(timed_out))) {
                 *timed_out = 1;
                 break;
             }
