@@ -57,6 +57,7 @@ constexpr int kH = 1536, kQKV = 2560, kQ = 2048, kP = 256, kLayers = 35;
 constexpr float kEps = 1e-6f;
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kMaxK = 12288;  // the widest staged input (down's)
+constexpr int kCounters = 128;
 enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2 };
 
 struct Layer {
@@ -69,8 +70,9 @@ struct Layer {
 struct Bufs {
     float* x[2];  // the residual stream (B, C: x[0] in place; D: ping-pong)
     float *qkv, *o, *g, *m, *p, *o2;
-    unsigned int* counter;  // the grid barrier's arrivals
+    unsigned int* counter;  // the grid barrier's counters (grid_sync), kCounters of them
     int* timed_out;
+    unsigned long long* stamps;  // null, or block 0's clock at the start and after every barrier
 };
 
 struct Mat {
@@ -87,22 +89,58 @@ __device__ __forceinline__ uint64_t now_ns() {
     return t;
 }
 
-// Every block arrives (release) and waits (acquire) until the count reaches target. Bounded at 2 s (and
-// not at all once one wait has timed out) so a bug reports instead of hanging the machine.
-__device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int target, int* timed_out) {
+__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Spins until *p >= target (as a wrapping count). Bounded at 2 s (and not at all once one wait has timed
+// out) so a bug reports instead of hanging the machine.
+__device__ __forceinline__ void wait_for(const unsigned int* p, unsigned int target, int* timed_out) {
+    const uint64_t t0 = now_ns();
+    for (int i = 0;; ++i) {
+        if (static_cast<int>(ld_acquire(p) - target) >= 0) return;
+        if ((i & 1023) == 1023 && (now_ns() - t0 > 2000000000ull || *static_cast<volatile int*>(timed_out))) {
+            *timed_out = 1;
+            return;
+        }
+    }
+}
+
+// Grid barrier number n (1, 2, ...; the counters start at zero). Kinds:
+//   0  thread 0 of each block: __threadfence, atomicAdd on one counter, spin (cooperative groups' pattern)
+//   1  one red.release (an arrival with no fence and no reply), spin
+//   2  two levels: blocks in groups of kGroup arrive on their group's counter (atom.acq_rel); a group's last
+//      arrival arrives on the top counter, waits for every group, then opens its group's flag; the others
+//      spin on their group's flag (kGroup + ~grid/kGroup spinners per address instead of the whole grid)
+// counters: [0] top, [1 + g] group g's arrivals, [kFlags + g] group g's flag.
+constexpr int kGroup = 16, kFlags = 64;
+template <int Kind>
+__device__ __forceinline__ void grid_sync(unsigned int* counters, unsigned int n, int* timed_out) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(counter, 1u);
-        const uint64_t t0 = now_ns();
-        for (int i = 0;; ++i) {
-            unsigned int v;
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-            if (static_cast<int>(v - target) >= 0) break;
-            if ((i & 1023) == 1023 &&
-                (now_ns() - t0 > 2000000000ull || *static_cast<volatile int*>(timed_out))) {
-                *timed_out = 1;
-                break;
+        if constexpr (Kind == 0) {
+            __threadfence();
+            atomicAdd(counters, 1u);
+            wait_for(counters, n * gridDim.x, timed_out);
+        } else if constexpr (Kind == 1) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counters) : "memory");
+            wait_for(counters, n * gridDim.x, timed_out);
+        } else {
+            const unsigned int g = blockIdx.x / kGroup, groups = (gridDim.x + kGroup - 1) / kGroup;
+            const unsigned int size = min(static_cast<unsigned int>(kGroup), gridDim.x - g * kGroup);
+            unsigned int old;
+            asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
+                         : "=r"(old)
+                         : "l"(counters + 1 + g)
+                         : "memory");
+            if (old + 1 == n * size) {
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counters) : "memory");
+                wait_for(counters, n * groups, timed_out);
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(counters + kFlags + g), "r"(n)
+                             : "memory");
+            } else {
+                wait_for(counters + kFlags + g, n, timed_out);
             }
         }
     }
@@ -302,7 +340,7 @@ __device__ __forceinline__ Mat m_pp(const Layer& L) {
     return {L.pp, nullptr, kH, kP};
 }
 
-template <bool Prefetch, bool Fold, int MinBlocks>
+template <bool Prefetch, bool Fold, int MinBlocks, int Barrier = 0>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     persistent_kernel(const Layer* __restrict__ layers, int n_layers, Bufs b) {
     extern __shared__ float4 smem4[];
@@ -310,8 +348,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
     __shared__ float red[32];
     __shared__ float partial[kWarps][2];
     uint4 v[8], v2[4];
-    unsigned int target = 0;
-    auto sync = [&] { grid_sync(b.counter, target += gridDim.x, b.timed_out); };
+    unsigned int nb = 0;  // barriers passed
+    const bool stamp = b.stamps && blockIdx.x == 0 && threadIdx.x == 0;
+    if (stamp) b.stamps[0] = now_ns();
+    auto sync = [&] {
+        grid_sync<Barrier>(b.counter, ++nb, b.timed_out);
+        if (stamp) b.stamps[nb] = now_ns();
+    };
     int cur = 0;  // D: which x buffer holds the stream
     bool pre = false;
     for (int l = 0; l < n_layers; ++l) {
@@ -384,9 +427,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
     }
 }
 
-__global__ void __launch_bounds__(kThreads) barriers_kernel(int n, unsigned int* counter, int* timed_out) {
-    unsigned int target = 0;
-    for (int i = 0; i < n; ++i) grid_sync(counter, target += gridDim.x, timed_out);
+template <int Kind>
+__global__ void __launch_bounds__(kThreads) barriers_kernel(int n, unsigned int* counters, int* timed_out) {
+    for (int i = 1; i <= n; ++i) grid_sync<Kind>(counters, i, timed_out);
 }
 
 __global__ void __launch_bounds__(kThreads) empty_kernel(int) {
@@ -563,7 +606,10 @@ int main(int argc, char** argv) {
     b.m = new_f32(kH, false);
     b.p = new_f32(kP, false);
     b.o2 = new_f32(kH, false);
-    CK(cudaMalloc(&b.counter, sizeof(unsigned int)));
+    CK(cudaMalloc(&b.counter, kCounters * sizeof(unsigned int)));
+    const int n_stamps = 9 * kLayers + 1;
+    unsigned long long* d_stamps = nullptr;
+    CK(cudaMalloc(&d_stamps, n_stamps * sizeof(unsigned long long)));
     CK(cudaMalloc(&b.timed_out, sizeof(int)));
     CK(cudaMemset(b.timed_out, 0, sizeof(int)));
     CK(cudaDeviceSynchronize());
@@ -598,6 +644,9 @@ int main(int argc, char** argv) {
 
     const Persistent variants[] = {
         {reinterpret_cast<const void*>(persistent_kernel<false, false, 3>), "B persistent, 3 blocks/SM", 3},
+        {reinterpret_cast<const void*>(persistent_kernel<false, false, 3, 1>), "B1 B, barrier kind 1", 3},
+        {reinterpret_cast<const void*>(persistent_kernel<false, false, 3, 2>), "B2 B, barrier kind 2", 3},
+        {reinterpret_cast<const void*>(persistent_kernel<true, true, 3, 2>), "D2 D, barrier kind 2", 3},
         {reinterpret_cast<const void*>(persistent_kernel<true, false, 3>), "C B + preload, 3 blocks/SM", 3},
         {reinterpret_cast<const void*>(persistent_kernel<true, true, 3>), "D C + folded residuals, 3/SM", 3},
         {reinterpret_cast<const void*>(persistent_kernel<true, true, 2>), "D at 2 blocks/SM", 2},
@@ -619,7 +668,7 @@ int main(int argc, char** argv) {
         const int n_layers = kLayers;
         void* args[] = {const_cast<Layer**>(&d_layers), const_cast<int*>(&n_layers), &b};
         auto launch = [&] {
-            CK(cudaMemsetAsync(b.counter, 0, sizeof(unsigned int), s));
+            CK(cudaMemsetAsync(b.counter, 0, kCounters * sizeof(unsigned int), s));
             CK(cudaLaunchCooperativeKernel(pv.fn, dim3(blocks), dim3(kThreads), args, smem, s));
         };
         reset_x();
@@ -643,6 +692,40 @@ int main(int argc, char** argv) {
         std::snprintf(extra, sizeof extra, "%d blocks, %d regs, rel err %.2e %s%s", blocks, fa.numRegs, rel,
                       ok ? "ok" : "FAIL", timed_out ? " (barrier timed out)" : "");
         report(pv.name, t, extra);
+        if (pv.name[0] == 'B') {  // 9 barriers per layer: block 0's time per phase, barrier included
+            b.stamps = d_stamps;
+            launch();
+            b.stamps = nullptr;
+            std::vector<unsigned long long> st(n_stamps);
+            CK(cudaMemcpyAsync(st.data(), d_stamps, n_stamps * sizeof(unsigned long long),
+                               cudaMemcpyDeviceToHost, s));
+            CK(cudaStreamSynchronize(s));
+            static const char* const kPhase[9] = {"qkv",      "o_proj",   "residual", "gate_up", "down",
+                                                  "residual", "ple_gate", "ple_proj", "residual"};
+            for (int wide = 0; wide < 2; ++wide) {
+                const int I = wide ? 12288 : 6144;
+                const double mb[9] = {2.0 * kQKV * kH / 1e6, 2.0 * kH * kQ / 1e6, 0,
+                                      4.0 * I * kH / 1e6,    2.0 * kH * I / 1e6,  0,
+                                      2.0 * kP * kH / 1e6,   2.0 * kH * kP / 1e6, 0};
+                std::printf("    %s layers (I = %d), us per phase (block 0, barrier included):",
+                            wide ? "15-34" : "0-14", I);
+                for (int ph = 0; ph < 9; ++ph) {
+                    double sum = 0.0;
+                    int cnt = 0;
+                    for (int l = wide ? 15 : 0; l < (wide ? kLayers : 15); ++l) {
+                        const int k = l * 9 + ph + 1;
+                        sum += static_cast<double>(st[k] - st[k - 1]) / 1000.0;
+                        ++cnt;
+                    }
+                    const double us = sum / cnt;
+                    if (mb[ph] > 0)
+                        std::printf(" %s %.2f (%.0f GB/s)", kPhase[ph], us, mb[ph] / us * 1000.0);
+                    else
+                        std::printf(" %s %.2f", kPhase[ph], us);
+                }
+                std::printf("\n");
+            }
+        }
     }
 
     // the bare phase boundary: empty launches vs grid barriers
@@ -655,17 +738,28 @@ int main(int argc, char** argv) {
     CK(cudaStreamEndCapture(s, &g2));
     CK(cudaGraphInstantiate(&ge2, g2, 0));
     const float te = time_ms(reps, s, [&] { CK(cudaGraphLaunch(ge2, s)); });
+    std::printf(
+        "phase boundary (%d of them): empty PDL launches in a graph (%d blocks of %d threads) %.3f us each\n",
+        n_bound, eblocks, kThreads, 1000.0 * te / n_bound);
     int n = n_bound;
     void* bargs[] = {&n, &b.counter, &b.timed_out};
-    const float tb = time_ms(reps, s, [&] {
-        CK(cudaMemsetAsync(b.counter, 0, sizeof(unsigned int), s));
-        CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(barriers_kernel), dim3(eblocks),
-                                       dim3(kThreads), bargs, 0, s));
-    });
-    std::printf(
-        "phase boundary (%d, %d blocks of %d threads): empty PDL launches in a graph %.3f us each, "
-        "grid barriers %.3f us each\n",
-        n_bound, eblocks, kThreads, 1000.0 * te / n_bound, 1000.0 * tb / n_bound);
+    const void* kinds[3] = {reinterpret_cast<const void*>(barriers_kernel<0>),
+                            reinterpret_cast<const void*>(barriers_kernel<1>),
+                            reinterpret_cast<const void*>(barriers_kernel<2>)};
+    for (int kind = 0; kind < 3; ++kind) {
+        std::printf("  grid barrier kind %d, us each:", kind);
+        for (int per_sm = 1; per_sm <= 4; ++per_sm) {
+            const float tb = time_ms(reps, s, [&] {
+                CK(cudaMemsetAsync(b.counter, 0, kCounters * sizeof(unsigned int), s));
+                CK(cudaLaunchCooperativeKernel(kinds[kind], dim3(per_sm * sms), dim3(kThreads), bargs, 0, s));
+            });
+            std::printf(" %d blocks %.3f", per_sm * sms, 1000.0 * tb / n_bound);
+        }
+        int timed_out = 0;
+        CK(cudaMemcpy(&timed_out, b.timed_out, sizeof(int), cudaMemcpyDeviceToHost));
+        std::printf("%s\n", timed_out ? " (TIMED OUT)" : "");
+        failures += timed_out;
+    }
     std::printf("correctness gate: %s\n", failures ? "FAIL" : "all persistent variants match A");
     return failures ? 1 : 0;
 }

@@ -86,6 +86,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
         int64_t max_pieces = n * nH * 4;
         gemv_variant_ = gemv_variant_from_env();
+        if (const char* e = std::getenv("MARKBASE_CUDA_EARLY_CONST")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                throw Error(std::string("MARKBASE_CUDA_EARLY_CONST=") + e + ": expected 0 or 1");
+            early_const_ = std::strcmp(e, "1") == 0;
+        }
         if (const char* e = std::getenv("MARKBASE_CUDA_SKIP"); e && *e) {
             for (std::string_view v(e); !v.empty();) {
                 const size_t comma = v.find_first_of(",+");  // '+' too: gpu-check's A/B splits on ',
@@ -246,11 +251,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
                 moe_wide_ = std::strcmp(e, "1") == 0;
             }
-            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_TOPK")) {
-                if (std::strcmp(e, "rank") != 0 && std::strcmp(e, "rounds") != 0)
-                    throw Error(std::string("MARKBASE_CUDA_MOE_TOPK=") + e + ": expected rank or rounds");
-                moe_topk_rank_ = std::strcmp(e, "rank") == 0;
-            }
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");
@@ -270,6 +270,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_GATE_OCC=") + e + ": expected 2 or 3");
                 moe_gate_occ_ = std::atoi(e);
             }
+            // Unset: 6 with the overlap (session 7's H200 A/B: 26B-A4B -0.6% alone, -0.6% beside the ranked
+            // top-K), else 4 (not measured without the overlap)
+            moe_down_occ_ = moe_overlap_ ? 6 : 4;
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_DOWN_OCC")) {
                 if (std::strcmp(e, "4") != 0 && std::strcmp(e, "6") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_DOWN_OCC=") + e + ": expected 4 or 6");

@@ -318,13 +318,13 @@ class CudaModel {
     // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
     // 0 = the 256-thread kernels prefill uses
     bool moe_wide_ = true;
-    // MARKBASE_CUDA_MOE_TOPK=rank|rounds (default rounds; rank not yet measured): the wide route's top-K by
-    // every expert's rank in one pass instead of K dependent arg-max rounds (the same ids and weights)
-    bool moe_topk_rank_ = false;
+    // MARKBASE_CUDA_EARLY_CONST=0|1 (default 0; 1 prepared in session 7): qk_norm_rope and the MoE combine
+    // load their constant operands (norm weights, RoPE frequencies) before the PDL wait
+    bool early_const_ = false;
     // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
     int moe_gate_occ_ = 2;
-    int moe_down_occ_ =
-        4;  // MARKBASE_CUDA_MOE_DOWN_OCC=6: the experts' down at 6 blocks per SM (not measured)
+    // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4
+    int moe_down_occ_ = 4;
     bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP

@@ -183,7 +183,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         });
     }
     run(pf, "qk_norm_rope", i, 0.0, [&] {
-        const QkvPost p = qkv_post_args(i);
+        QkvPost p = qkv_post_args(i);
+        p.early = early_const_;
         qkv_post(p, 1, stream_);
     });
     AttnArgs a;
@@ -241,7 +242,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         } else {
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_,
+                                     early_const_);
             });
         }
     }
@@ -276,7 +278,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     float* x = xcur_;
     run(pf, "route_topk", i, 0.0, [&] {
         moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(), moe_wide_, moe_topk_rank_);
+                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(), moe_wide_);
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)

@@ -180,9 +180,11 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
 // thread's loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
+// early (wide only; MARKBASE_CUDA_EARLY_CONST): the norm weights staged before the PDL wait, x in the first
+// batch of loads.
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide = false);
+                          cudaStream_t s, bool wide = false, bool early = false);
 // out[t] = RMSNorm(x[t]) * w (w may be null) as fp32
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
 // Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs
@@ -213,6 +215,8 @@ struct QkvPost {
     const int* tok_pos = nullptr;
     const int* tok_slot = nullptr;
     int64_t slot_stride = 0;
+    // MARKBASE_CUDA_EARLY_CONST (decode): the norm weights and RoPE frequencies loaded before the PDL wait
+    bool early = false;
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 
@@ -264,12 +268,11 @@ struct ExpertRange {
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held = {}, bool wide = false, bool rank = false);
-// (wide: MARKBASE_CUDA_MOE_WIDE, default on, n == 1, H <= 4096, E <= 1024: 1024 threads, x and the logits
-// loaded in one batch, the logits through shared memory. rank, with wide: MARKBASE_CUDA_MOE_TOPK=rank, the
-// same top-K chosen by every expert's rank in one pass instead of K arg-max rounds; the same ids and
-// weights.) Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g]
-// ...].
+               ExpertRange held = {}, bool wide = false);
+// (E <= 256, K <= 32: the top K by every expert's rank in one pass. wide: MARKBASE_CUDA_MOE_WIDE, default
+// on, n == 1, H <= 4096: 1024 threads, x and the logits loaded in one batch, the logits through shared
+// memory.)
+// Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});
 // e[t] = sum_k sel_w[t][k] * slots[t*K + k] (H wide): a rank's share of the experts' weighted sum, which the
@@ -288,8 +291,8 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // default), else 2.
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
                         float* h, cudaStream_t s, int blocks_per_sm = 2);
-// blocks_per_sm 6 (MARKBASE_CUDA_MOE_DOWN_OCC=6; rows of at most 1024): 4 loads in flight per lane, 6 blocks
-// per SM; else the default kernel (8 loads, 4 blocks per SM at its 53 registers).
+// blocks_per_sm 6 (MARKBASE_CUDA_MOE_DOWN_OCC; the one-GPU default; rows of at most 1024): 4 loads in
+// flight per lane, 6 blocks per SM; else 8 loads, 4 blocks per SM at 53 registers.
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                      float* slots, cudaStream_t s, int blocks_per_sm = 4);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after

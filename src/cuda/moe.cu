@@ -28,101 +28,16 @@ __device__ __forceinline__ int held_index(int e, ExpertRange held) {
     return e >= held.begin && e < held.begin + held.count ? e - held.begin : -1;
 }
 
-// Softmax over E logits, K rounds of arg-max (ties to the lower id), renormalised and times per_expert_scale:
-// one warp's work (p: E floats of shared memory). Lane 0 ends with ids[k], w[k] (any memory it may write).
-__device__ void route_warp(const float* lg, int E, int K, const bf16* pes, float* p, int* ids, float* w) {
-    const int lane = threadIdx.x & 31;
-    float mx = -FLT_MAX;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) {
-        const float v = expf(lg[e] - mx);
-        p[e] = v;
-        sum += v;
-    }
-    sum = warp_sum(sum);
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
-    __syncwarp();
-    float top_sum = 0.0f;
-    for (int k = 0; k < K; ++k) {
-        float bv = -1.0f;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += 32)
-            if (p[e] > bv) {  // strided ascending: the first maximum a lane meets has its lowest id
-                bv = p[e];
-                bi = e;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        top_sum += bv;
-        if (lane == 0) {
-            ids[k] = bi;
-            w[k] = bv;      // the probability for now; scaled below
-            p[bi] = -2.0f;  // removed
-        }
-        __syncwarp();
-    }
-    if (lane == 0)
-        for (int k = 0; k < K; ++k) w[k] = w[k] / top_sum * bf16_at(pes, ids[k]);
-}
-
-// One block per token: the experts' input norm over the block, then one warp routes (route_warp).
-__global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
-                             bool slot_groups, int* group_expert, int* group_off, int* entries,
-                             const float* x, const bf16* norm_w, int H, float eps, float* e_in,
-                             ExpertRange held) {
-    extern __shared__ float p[];
-    __shared__ float red[32];
-    pdl_begin();
-    const int t = blockIdx.x, lane = threadIdx.x;
-    {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
-        // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
-        const float* __restrict__ xr = x + static_cast<int64_t>(t) * H;
-        float ss = 0.0f;
-#pragma unroll 4
-        for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(xr[k], xr[k], ss);
-        ss = block_sum(ss, red);
-        const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-        float* __restrict__ er = e_in + static_cast<int64_t>(t) * H;
-#pragma unroll 4
-        for (int k = threadIdx.x; k < H; k += blockDim.x) er[k] = xr[k] * inv * bf16_at(norm_w, k);
-    }
-    if (threadIdx.x >= 32) return;  // the routing itself is one warp's work
-    route_warp(logits + static_cast<int64_t>(t) * E, E, K, pes, p, sel_id + t * K, sel_w + t * K);
-    if (lane == 0 && slot_groups) {
-        for (int k = 0; k < K; ++k) {
-            group_expert[k] = held_index(sel_id[k], held);
-            group_off[k] = k;
-            entries[k] = k;
-        }
-        group_off[K] = K;
-    }
-}
-
-// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by 1024 threads, x, its norm weights
-// and the logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip and the
-// routing warp reads its logits from shared memory. The same routing (route_warp), the norm's sum in another
-// order.
-constexpr int kWideThreads = 1024;
-constexpr int kWidePer = 4;  // H <= 4096
+// Softmax over E logits, the top K (ties to the lower id), renormalised and times per_expert_scale, by the
+// whole block (E <= blockDim.x, K <= kRankMaxK; p: E floats of shared memory holding the logits, published
+// by a barrier). Warp 0 turns the logits into probabilities; then every expert's thread counts the experts
+// ahead of it (larger, or equal with a lower id) and the K first take their slot; slot k's thread loads its
+// per-expert scale and writes ids[k], w[k] (and, for one token, the K slot groups). Session 7's H200 A/B
+// (MARKBASE_CUDA_MOE_TOPK, since removed): 26B-A4B -2.7% per token against K dependent arg-max rounds by one
+// warp, whose lane 0 wrote each id to global memory and read it back before loading its scale; the same ids
+// and weights.
 constexpr int kRankMaxK = 32;
-
-// route_warp's selection by ranks (MARKBASE_CUDA_MOE_TOPK=rank; E <= blockDim.x, K <= kRankMaxK): warp 0
-// turns the logits in p into route_warp's probabilities (the same operations in the same order), then every
-// expert's thread counts the experts ahead of it (larger, or equal with a lower id) and the K first write
-// their slot. The same ids and weights as route_warp's K dependent arg-max rounds, whose lane 0 also wrote
-// each id to global memory and read it back before loading its per-expert scale (a chain of 2K round trips);
-// here slot k's thread holds its id and loads its scale at once. Called by the whole block.
-__device__ void route_ranks(float* p, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+__device__ void route_ranks(float* p, int E, int K, const bf16* pes, int* ids, float* w, bool slot_groups,
                             int* group_expert, int* group_off, int* entries, ExpertRange held) {
     __shared__ float top_p[kRankMaxK];
     __shared__ int top_id[kRankMaxK];
@@ -159,23 +74,56 @@ __device__ void route_ranks(float* p, int E, int K, const bf16* pes, int* sel_id
     __syncthreads();
     if (t < K) {
         float top_sum = 0.0f;
-        for (int k = 0; k < K; ++k) top_sum += top_p[k];  // route_warp's order: largest first
+        for (int k = 0; k < K; ++k) top_sum += top_p[k];  // largest first
         const int id = top_id[t];
-        sel_id[t] = id;
-        sel_w[t] = top_p[t] / top_sum * bf16_at(pes, id);
-        group_expert[t] = held_index(id, held);
-        group_off[t] = t;
-        entries[t] = t;
-        if (t == 0) group_off[K] = K;
+        ids[t] = id;
+        w[t] = top_p[t] / top_sum * bf16_at(pes, id);
+        if (slot_groups) {
+            group_expert[t] = held_index(id, held);
+            group_off[t] = t;
+            entries[t] = t;
+            if (t == 0) group_off[K] = K;
+        }
     }
 }
 
+// One block per token: the experts' input norm over the block, then the routing (route_ranks).
+__global__ void route_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
+                             bool slot_groups, int* group_expert, int* group_off, int* entries,
+                             const float* x, const bf16* norm_w, int H, float eps, float* e_in,
+                             ExpertRange held) {
+    extern __shared__ float p[];
+    __shared__ float red[32];
+    pdl_begin();
+    const int t = blockIdx.x;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = logits[static_cast<int64_t>(t) * E + e];
+    {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
+        // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
+        const float* __restrict__ xr = x + static_cast<int64_t>(t) * H;
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int k = threadIdx.x; k < H; k += blockDim.x) ss = fmaf(xr[k], xr[k], ss);
+        ss = block_sum(ss, red);  // its barriers also publish p
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+        float* __restrict__ er = e_in + static_cast<int64_t>(t) * H;
+#pragma unroll 4
+        for (int k = threadIdx.x; k < H; k += blockDim.x) er[k] = xr[k] * inv * bf16_at(norm_w, k);
+    }
+    route_ranks(p, E, K, pes, sel_id + t * K, sel_w + t * K, slot_groups, group_expert, group_off, entries,
+                held);
+}
+
+// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by 1024 threads, x, its norm weights
+// and the logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip. The same
+// routing, the norm's sum in another order.
+constexpr int kWideThreads = 1024;
+constexpr int kWidePer = 4;  // H <= 4096
 __global__ void __launch_bounds__(kWideThreads)
     route_wide_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
                       int* group_expert, int* group_off, int* entries, const float* __restrict__ x,
                       const bf16* __restrict__ norm_w, int H, float eps, float* __restrict__ e_in,
-                      ExpertRange held, bool rank) {
-    extern __shared__ float p[];  // [E]: the logits, then route_warp's probabilities
+                      ExpertRange held) {
+    extern __shared__ float p[];  // [E]: the logits, then their probabilities
     __shared__ float red[32];
     pdl_begin();
     if (threadIdx.x < E) p[threadIdx.x] = logits[threadIdx.x];
@@ -195,20 +143,7 @@ __global__ void __launch_bounds__(kWideThreads)
         const int k = threadIdx.x + j * kWideThreads;
         if (k < H) e_in[k] = xv[j] * inv * wv[j];
     }
-    if (rank) {
-        route_ranks(p, E, K, pes, sel_id, sel_w, group_expert, group_off, entries, held);
-        return;
-    }
-    if (threadIdx.x >= 32) return;
-    route_warp(p, E, K, pes, p, sel_id, sel_w);  // reads each logit before overwriting it, lane by lane
-    if (threadIdx.x == 0) {
-        for (int k = 0; k < K; ++k) {
-            group_expert[k] = held_index(sel_id[k], held);
-            group_off[k] = k;
-            entries[k] = k;
-        }
-        group_off[K] = K;
-    }
+    route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
 }
 
 __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
@@ -362,8 +297,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 // More blocks per SM than the registers of expert_decode_kernel allow, with fewer loads in flight per lane
 // (U): gate/up at 3 (MARKBASE_CUDA_MOE_GATE_OCC=3, U = 6; at 8 it spills) and down at 6
-// (MARKBASE_CUDA_MOE_DOWN_OCC=6, prepared after session 6's last GPU call, not yet measured: U = 4, still
-// one round for a 704-wide row).
+// (MARKBASE_CUDA_MOE_DOWN_OCC=6, the default with the expert overlap since session 7's H200 A/B, -0.6% per
+// token: U = 4, still one round for a 704-wide row).
 template <bool Dual, int U, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     expert_decode_occ_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
@@ -459,11 +394,13 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held, bool wide, bool rank) {
+               ExpertRange held, bool wide) {
+    if (E > 256 || K > kRankMaxK)
+        throw Error("internal: routing takes at most 256 experts and top-" + std::to_string(kRankMaxK));
     if (wide && n == 1 && groups_for_slots && H <= kWideThreads * kWidePer && E <= kWideThreads) {
         launch_kernel(route_wide_kernel, dim3(1), dim3(kWideThreads), static_cast<size_t>(E) * sizeof(float),
                       s, logits, E, K, per_expert_scale, sel_id, sel_w, group_expert, group_off, entries, x,
-                      norm_w, H, eps, e_in, held, rank && K <= kRankMaxK);
+                      norm_w, H, eps, e_in, held);
         CUDA_CHECK_LAUNCH();
         return;
     }

@@ -148,13 +148,38 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
 // norms' sums are in another order.
 constexpr int kWideCombinePer = 3;  // H <= 3072
 constexpr int kWideMaxK = 8;
+// early (MARKBASE_CUDA_EARLY_CONST=1): the three norm weights go to shared memory before the PDL wait and x
+// joins the first batch of loads, so the update costs one dependent round trip instead of three.
 __global__ void __launch_bounds__(kWideThreads)
     residual_moe_wide_kernel(float* __restrict__ x, const float* __restrict__ m,
                              const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
                              const bf16* __restrict__ w1, const bf16* __restrict__ w2,
-                             const bf16* __restrict__ w, int H, float eps, float scale) {
-    pdl_begin();
+                             const bf16* __restrict__ w, int H, float eps, float scale, bool early) {
     __shared__ float red[32];
+    __shared__ bf16 sw1[kWideCombinePer * kWideThreads], sw2[kWideCombinePer * kWideThreads],
+        sww[kWideCombinePer * kWideThreads];
+    __shared__ float sx[kWideCombinePer * kWideThreads];
+    // each thread stages and reads back only its own elements: no barrier needed
+    auto stage_weights = [&] {
+#pragma unroll
+        for (int j = 0; j < kWideCombinePer; ++j) {
+            const int k = threadIdx.x + j * kWideThreads;
+            if (k < H) {
+                sw1[k] = w1[k];
+                sw2[k] = w2[k];
+                sww[k] = w[k];
+            }
+        }
+    };
+    auto stage_x = [&] {
+#pragma unroll
+        for (int j = 0; j < kWideCombinePer; ++j) {
+            const int k = threadIdx.x + j * kWideThreads;
+            if (k < H) sx[k] = x[k];
+        }
+    };
+    if (early) stage_weights();
+    pdl_begin();
     float sw[kWideMaxK];
 #pragma unroll
     for (int s = 0; s < kWideMaxK; ++s) sw[s] = s < K ? sel_w[s] : 0.0f;
@@ -173,26 +198,29 @@ __global__ void __launch_bounds__(kWideThreads)
         se = fmaf(e[j], e[j], se);
         sm = fmaf(mv[j], mv[j], sm);
     }
+    if (early) stage_x();
     se = block_sum(se, red);
     sm = block_sum(sm, red);
     const float inv_e = 1.0f / sqrtf(se / static_cast<float>(H) + eps);
     const float inv_m = 1.0f / sqrtf(sm / static_cast<float>(H) + eps);
-    // the norm weights and x only now (a second and third batch of loads): holding them from the start
-    // spills at 1024 threads' 64 registers
+    // otherwise the norm weights and x only now (a second and third batch of loads): holding them in
+    // registers from the start spills at 1024 threads' 64 registers
+    if (!early) stage_weights();
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideCombinePer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         const bool ok = k < H;
-        mv[j] = ok ? mv[j] * inv_m * bf16_at(w1, k) + e[j] * inv_e * bf16_at(w2, k) : 0.0f;
+        mv[j] = ok ? mv[j] * inv_m * bf16_at(sw1, k) + e[j] * inv_e * bf16_at(sw2, k) : 0.0f;
         ss = fmaf(mv[j], mv[j], ss);
     }
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    if (!early) stage_x();
 #pragma unroll
     for (int j = 0; j < kWideCombinePer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
-        if (k < H) x[k] = (x[k] + mv[j] * inv * bf16_at(w, k)) * scale;
+        if (k < H) x[k] = (sx[k] + mv[j] * inv * bf16_at(sww, k)) * scale;
     }
 }
 
@@ -234,65 +262,88 @@ __global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b,
         split_store(gelu_tanh(a[o + k]) * br[k], hi, lo, o + k);
 }
 
-// grid (nH + 2*nKV, n), 128 threads; dynamic smem d floats.
+// grid (nH + 2*nKV, n), kPostThreads threads, each holding kPostPer elements of the head (d <= 512);
+// dynamic smem d floats.
 // Batched: per-token positions and cache slots (QkvPost.tok_pos); a separate instantiation, so the decode
 // step's kernel is unchanged.
+constexpr int kPostThreads = 128;
+constexpr int kPostPer = 4;
+// This thread's elements of a head's norm weights (1 without weights) and RoPE frequencies (0 without).
+__device__ __forceinline__ void post_consts(const bf16* w, const float* inv_freq, int d,
+                                            float (&wv)[kPostPer], float (&fv)[kPostPer / 2]) {
+#pragma unroll
+    for (int i = 0; i < kPostPer; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        wv[i] = w && j < d ? bf16_at(w, j) : 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPostPer / 2; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        fv[i] = inv_freq && j < d / 2 ? inv_freq[j] : 0.0f;
+    }
+}
 template <bool Batched>
-__global__ void qkv_post_kernel(const QkvPost p) {
-    pdl_begin();
+__global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p) {
     extern __shared__ float buf[];
     __shared__ float red[32];
     const int t = blockIdx.y, b = blockIdx.x, d = p.d, half = d / 2;
+    const int kv = b - p.nH;  // >= 0: a KV head (k if < nKV, else v)
+    const bf16* w = b < p.nH ? p.q_norm : kv < p.nKV ? p.k_norm : nullptr;
+    const bool rope = b < p.nH + p.nKV;
+    // the head's norm weights and RoPE frequencies: constants, so with p.early before the PDL wait
+    float wv[kPostPer], fv[kPostPer / 2];
+    if (p.early) post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
+    pdl_begin();
     const int64_t pos =
         Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
     const int64_t slot_off = Batched ? static_cast<int64_t>(p.tok_slot[t]) * p.slot_stride : 0;
     const float* in;
     float* out;
-    const bf16* w;
-    bool rope;
     if (b < p.nH) {
         in = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
         out = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
-        w = p.q_norm;
-        rope = true;
-    } else if (b < p.nH + p.nKV) {
-        const int g = b - p.nH;
-        in = p.kraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
-        out = p.k_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
-        w = p.k_norm;
-        rope = true;
+    } else if (kv < p.nKV) {
+        in = p.kraw + (static_cast<int64_t>(t) * p.nKV + kv) * d;
+        out = p.k_cache + slot_off + ((pos % p.cap) * p.nKV + kv) * d;
     } else {
-        const int g = b - p.nH - p.nKV;
+        const int g = kv - p.nKV;
         in = p.vraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
         out = p.v_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
-        w = nullptr;
-        rope = false;
     }
     float ss = 0.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = in[j];
-        buf[j] = v;
-        ss = fmaf(v, v, ss);
+#pragma unroll
+    for (int i = 0; i < kPostPer; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        if (j < d) {
+            const float v = in[j];
+            buf[j] = v;
+            ss = fmaf(v, v, ss);
+        }
     }
     ss = block_sum(ss, red);  // ends with a barrier: buf is complete
+    if (!p.early) post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + p.eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float v = buf[j] * inv;
-        if (w) v *= bf16_at(w, j);
-        buf[j] = v;
+#pragma unroll
+    for (int i = 0; i < kPostPer; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        if (j < d) buf[j] = buf[j] * inv * wv[i];  // wv = 1 without a weight (v): exact
     }
     __syncthreads();
     if (rope) {
         const float fpos = static_cast<float>(pos);
-        for (int j = threadIdx.x; j < half; j += blockDim.x) {
-            const float ang = fpos * p.inv_freq[j];
-            const float c = cosf(ang), s = sinf(ang);
-            const float a = buf[j], bb = buf[j + half];
-            out[j] = a * c - bb * s;
-            out[j + half] = bb * c + a * s;
+#pragma unroll
+        for (int i = 0; i < kPostPer / 2; ++i) {
+            const int j = threadIdx.x + i * kPostThreads;
+            if (j < half) {
+                const float ang = fpos * fv[i];
+                const float c = cosf(ang), sn = sinf(ang);
+                const float a = buf[j], bb = buf[j + half];
+                out[j] = a * c - bb * sn;
+                out[j + half] = bb * c + a * sn;
+            }
         }
     } else {
-        for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = buf[j];
+        for (int j = threadIdx.x; j < d; j += kPostThreads) out[j] = buf[j];
     }
 }
 
@@ -332,10 +383,10 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide) {
+                          cudaStream_t s, bool wide, bool early) {
     if (wide && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
         launch_kernel(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w, K, w1,
-                      w2, w, H, eps, scale);
+                      w2, w, H, eps, scale, early);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -365,12 +416,15 @@ void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n,
 }
 
 void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
+    if (p.d > kPostThreads * kPostPer || p.d % 2)
+        throw Error("internal: head dim " + std::to_string(p.d) + " is odd or above " +
+                    std::to_string(kPostThreads * kPostPer));
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
     const size_t smem = static_cast<size_t>(p.d) * sizeof(float);
     if (p.tok_pos)
-        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(128), smem, s, p);
+        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
     else
-        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(128), smem, s, p);
+        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
