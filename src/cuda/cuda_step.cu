@@ -183,8 +183,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         });
     }
     run(pf, "qk_norm_rope", i, 0.0, [&] {
-        QkvPost p = qkv_post_args(i);
-        p.early = early_const_;
+        const QkvPost p = qkv_post_args(i);
         qkv_post(p, 1, stream_);
     });
     AttnArgs a;
@@ -242,8 +241,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         } else {
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_,
-                                     early_const_);
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
             });
         }
     }

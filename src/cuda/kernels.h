@@ -180,11 +180,9 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
 // thread's loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
-// early (wide only; MARKBASE_CUDA_EARLY_CONST): the norm weights staged before the PDL wait, x in the first
-// batch of loads.
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide = false, bool early = false);
+                          cudaStream_t s, bool wide = false);
 // out[t] = RMSNorm(x[t]) * w (w may be null) as fp32
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
 // Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs
@@ -215,8 +213,6 @@ struct QkvPost {
     const int* tok_pos = nullptr;
     const int* tok_slot = nullptr;
     int64_t slot_stride = 0;
-    // MARKBASE_CUDA_EARLY_CONST (decode): the norm weights and RoPE frequencies loaded before the PDL wait
-    bool early = false;
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 

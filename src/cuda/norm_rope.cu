@@ -148,13 +148,13 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
 // norms' sums are in another order.
 constexpr int kWideCombinePer = 3;  // H <= 3072
 constexpr int kWideMaxK = 8;
-// early (MARKBASE_CUDA_EARLY_CONST=1): the three norm weights go to shared memory before the PDL wait and x
-// joins the first batch of loads, so the update costs one dependent round trip instead of three.
+// The three norm weights go to shared memory before the PDL wait and x joins the first batch of loads, so
+// the update costs one dependent round trip instead of three (see qkv_post_kernel for the A/B).
 __global__ void __launch_bounds__(kWideThreads)
     residual_moe_wide_kernel(float* __restrict__ x, const float* __restrict__ m,
                              const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
                              const bf16* __restrict__ w1, const bf16* __restrict__ w2,
-                             const bf16* __restrict__ w, int H, float eps, float scale, bool early) {
+                             const bf16* __restrict__ w, int H, float eps, float scale) {
     __shared__ float red[32];
     __shared__ bf16 sw1[kWideCombinePer * kWideThreads], sw2[kWideCombinePer * kWideThreads],
         sww[kWideCombinePer * kWideThreads];
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kWideThreads)
             if (k < H) sx[k] = x[k];
         }
     };
-    if (early) stage_weights();
+    stage_weights();
     pdl_begin();
     float sw[kWideMaxK];
 #pragma unroll
@@ -198,14 +198,11 @@ __global__ void __launch_bounds__(kWideThreads)
         se = fmaf(e[j], e[j], se);
         sm = fmaf(mv[j], mv[j], sm);
     }
-    if (early) stage_x();
+    stage_x();
     se = block_sum(se, red);
     sm = block_sum(sm, red);
     const float inv_e = 1.0f / sqrtf(se / static_cast<float>(H) + eps);
     const float inv_m = 1.0f / sqrtf(sm / static_cast<float>(H) + eps);
-    // otherwise the norm weights and x only now (a second and third batch of loads): holding them in
-    // registers from the start spills at 1024 threads' 64 registers
-    if (!early) stage_weights();
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideCombinePer; ++j) {
@@ -216,7 +213,6 @@ __global__ void __launch_bounds__(kWideThreads)
     }
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-    if (!early) stage_x();
 #pragma unroll
     for (int j = 0; j < kWideCombinePer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
@@ -290,9 +286,10 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
     const int kv = b - p.nH;  // >= 0: a KV head (k if < nKV, else v)
     const bf16* w = b < p.nH ? p.q_norm : kv < p.nKV ? p.k_norm : nullptr;
     const bool rope = b < p.nH + p.nKV;
-    // the head's norm weights and RoPE frequencies: constants, so with p.early before the PDL wait
+    // the head's norm weights and RoPE frequencies: constants, so before the PDL wait (session 7's H200 A/B
+    // of this and the MoE combine's early weights: E2B -0.4%, E4B -0.3%, 26B-A4B -1.0%, 31B -0.1%)
     float wv[kPostPer], fv[kPostPer / 2];
-    if (p.early) post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
+    post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
     pdl_begin();
     const int64_t pos =
         Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
@@ -321,7 +318,6 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
         }
     }
     ss = block_sum(ss, red);  // ends with a barrier: buf is complete
-    if (!p.early) post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + p.eps);
 #pragma unroll
     for (int i = 0; i < kPostPer; ++i) {
@@ -383,10 +379,10 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide, bool early) {
+                          cudaStream_t s, bool wide) {
     if (wide && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
         launch_kernel(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w, K, w1,
-                      w2, w, H, eps, scale, early);
+                      w2, w, H, eps, scale);
         CUDA_CHECK_LAUNCH();
         return;
     }
