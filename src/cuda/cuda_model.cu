@@ -86,6 +86,18 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
         int64_t max_pieces = n * nH * 4;
         gemv_variant_ = gemv_variant_from_env();
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_SPLIT")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+                throw Error(std::string("MARKBASE_CUDA_GEGLU_SPLIT=") + e + ": expected 0 or 1");
+            geglu_split_ = std::strcmp(e, "1") == 0;
+        }
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_MIN_WAVES")) {
+            char* end = nullptr;
+            const long v = std::strtol(e, &end, 10);
+            if (!*e || *end || v < 0 || v > 64)
+                throw Error(std::string("MARKBASE_CUDA_GEMV_MIN_WAVES=") + e + ": expected 0 to 64");
+            min_waves_ = static_cast<int>(v);
+        }
         if (const char* e = std::getenv("MARKBASE_CUDA_SKIP"); e && *e) {
             for (std::string_view v(e); !v.empty();) {
                 const size_t comma = v.find_first_of(",+");  // '+' too: gpu-check's A/B splits on ',

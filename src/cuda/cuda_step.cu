@@ -25,6 +25,8 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
     in.stream = gemv_stream_;
     in.u4_max_k = u4_max_k_;
     in.u4_max_k_geglu = u4_max_k_geglu_;
+    in.geglu_split = geglu_split_;
+    in.min_waves = min_waves_;
     in.K = c_.hidden;
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -62,6 +64,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     in.ksplit = gemv_ksplit_;
     in.stream = gemv_stream_;
     in.u4_max_k = u4_max_k_;
+    in.min_waves = min_waves_;
     in.x = xin;
     in.K = K;
     GemvSeg seg{W, y, rows, 0};
@@ -129,6 +132,7 @@ void CudaModel::record_step(Profiler* pf) {
             in.variant = gemv_variant_;
             in.ksplit = gemv_ksplit_;
             in.u4_max_k = u4_max_k_;
+            in.min_waves = min_waves_;
             in.x = x_;
             in.K = H;
             GemvSeg seg{w_.ple_model_proj, ple_ctx_, static_cast<int>(LP), 0};

@@ -20,7 +20,8 @@ namespace markbase::cuda {
 
 namespace {
 
-enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2 };
+// kGegluSplit: the GeGLU with a row's gate and up products on different warps of the block (below).
+enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kGegluSplit = 3 };
 constexpr int kWarps = 8;
 constexpr int kU = 8;  // 16-byte chunks per lane in flight per matrix
 
@@ -121,15 +122,23 @@ __device__ void residual_tail(const RowsParams& p) {
 // U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
 // fits 3 blocks per SM instead of 2; at 4 blocks, 64 registers, it spills; the plain products at U = 4 keep
 // 4 blocks per SM with twice the warps per row; GemvInput.u4_max_k).
+// kGegluSplit (MARKBASE_CUDA_GEGLU_SPLIT=1, prepared in session 7): a row's W gate parts and W up parts on 2W
+// warps of the block, each warp streaming one matrix, so the launch holds a plain product's registers (4
+// blocks per SM instead of 2: ncu had the 31B's GeGLU at 23% warps active, stalled on its x loads) with the
+// same bytes in flight per SM. The gate and up sums are the kGeglu kernel's, added in the same order.
 template <int M, int W, int U = kU>
 __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
                                                : U == kU   ? 2
                                                            : 3) rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
-    constexpr int kRowsPerBlock = kWarps / W;
+    constexpr bool kSplit = M == kGegluSplit;
+    constexpr int kRowWarps = kSplit ? 2 * W : W;  // warps per output row
+    static_assert(kRowWarps <= kWarps, "a row's warps fit in one block");
+    constexpr int kRowsPerBlock = kWarps / kRowWarps;
     __shared__ float partial[kWarps][3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * kRowsPerBlock + warp / W, part = warp % W;
+    const int row = blockIdx.x * kRowsPerBlock + warp / kRowWarps, part = warp % kRowWarps % W;
+    const bool up_half = kSplit && warp % kRowWarps >= W;  // kSplit: this warp streams the up row
     const bool active = row < p.total_rows;
     const int K = p.in.K, nchunk = K >> 3;
     const int per = W == 1 ? nchunk : (nchunk + W - 1) / W;
@@ -137,7 +146,8 @@ __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
     int s = 0;
     while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
     const int local = active ? row - (s ? p.seg_end[s - 1] : 0) : 0;
-    const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(local) * K);
+    const uint4* w =
+        reinterpret_cast<const uint4*>((up_half ? p.w2 : p.seg[s].w) + static_cast<int64_t>(local) * K);
     const uint4* w2 =
         M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
 
@@ -171,20 +181,25 @@ __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
     acc = warp_sum(acc);
     if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
     if (norm) ss = warp_sum(ss);
-    if constexpr (W > 1) {
+    if constexpr (kRowWarps > 1) {
         if (lane == 0) {
             partial[warp][0] = acc;
             partial[warp][1] = acc2;
             partial[warp][2] = ss;
         }
         __syncthreads();
-        if (part == 0) {  // the row's first warp adds its parts in a fixed order (deterministic)
+        if (warp % kRowWarps == 0) {  // the row's first warp adds its parts in a fixed order (deterministic)
             acc = acc2 = ss = 0.0f;
 #pragma unroll
             for (int j = 0; j < W; ++j) {
                 acc += partial[warp + j][0];
-                acc2 += partial[warp + j][1];
+                acc2 += partial[warp + j][kSplit ? 0 : 1];
                 ss += partial[warp + j][2];
+            }
+            if constexpr (kSplit) {  // the up parts' sums, in the same order as kGeglu's acc2
+                acc2 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < W; ++j) acc2 += partial[warp + W + j][0];
             }
         }
     }
@@ -193,11 +208,11 @@ __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
         acc *= inv;
         acc2 *= inv;
     }
-    if (lane == 0 && part == 0 && active) {
+    if (lane == 0 && warp % kRowWarps == 0 && active) {
         float* y = p.seg[s].y + local;
         if constexpr (M == kStore)
             *y = acc;
-        else if constexpr (M == kGeglu)
+        else if constexpr (M == kGeglu || M == kGegluSplit)
             *y = gelu_tanh(acc) * acc2;
         else
             *y = gelu_tanh(acc) * p.aux[row];
@@ -387,7 +402,7 @@ int warps_per_row(int K, int U = kU) {
 
 template <int M, int W, int U = kU>
 void launch_w(RowsParams& p, cudaStream_t s) {
-    constexpr int rpb = kWarps / W;
+    constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
     launch_kernel(rows_kernel<M, W, U>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
@@ -396,7 +411,8 @@ template <int M, int U>
 void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     switch (w) {
         case 8:
-            return launch_w<M, 8, U>(p, s);
+            if constexpr (M != kGegluSplit) return launch_w<M, 8, U>(p, s);  // (split: 16 warps per row)
+            [[fallthrough]];
         case 4:
             return launch_w<M, 4, U>(p, s);
         case 2:
@@ -455,7 +471,24 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8
     const bool u4 =
         p.in.variant != kGemvVariantWarp && p.in.K <= (M == kGeglu ? p.in.u4_max_k_geglu : p.in.u4_max_k);
-    const int w = p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K, u4 ? 4 : kU);
+    int w = p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K, u4 ? 4 : kU);
+    if (p.in.min_waves > 0) {  // fewer warps per row while the launch keeps min_waves waves of blocks
+        const bool split = M == kGeglu && p.in.geglu_split;
+        const int64_t per_sm = M == kGeglu && !split ? (u4 ? 3 : 2) : 4;
+        const int64_t slots = per_sm * device_sms();
+        auto blocks = [&](int ww) {
+            const int64_t row_warps = split ? 2 * ww : ww;
+            return (static_cast<int64_t>(p.total_rows) * row_warps + kWarps - 1) / kWarps;
+        };
+        while (w > 1 && blocks(w / 2) >= p.in.min_waves * slots) w /= 2;
+    }
+    if constexpr (M == kGeglu) {
+        if (p.in.geglu_split) {  // the same U and W as kGeglu (sums identical while W <= 4; 2W warps fit a
+                                 // block)
+            const int ws = std::min(w, 4);
+            return u4 ? launch_by_w<kGegluSplit, 4>(p, s, ws) : launch_by_w<kGegluSplit, kU>(p, s, ws);
+        }
+    }
     return u4 ? launch_by_w<M, 4>(p, s, w) : launch_by_w<M, kU>(p, s, w);
 }
 

@@ -56,6 +56,14 @@ struct GemvInput {
     // product at 4, where K is 2560 and wider.
     int u4_max_k = 2048;
     int u4_max_k_geglu = 2048;
+    // The warp-per-row GeGLU with a row's gate and up products on different warps
+    // (MARKBASE_CUDA_GEGLU_SPLIT=1, prepared in session 7): a plain product's registers, twice the blocks per
+    // SM.
+    bool geglu_split = false;
+    // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES, prepared in session 7): a warp-per-row launch halves its warps per
+    // row while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row v11 ran
+    // the 31B's q/k/v at 98% of the roofline; the model's 4 warps per row at ~73%).
+    int min_waves = 0;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
