@@ -57,12 +57,12 @@ struct GemvInput {
     int u4_max_k = 2048;
     int u4_max_k_geglu = 2048;
     // The warp-per-row GeGLU with a row's gate and up products on different warps
-    // (MARKBASE_CUDA_GEGLU_SPLIT=1, prepared in session 7): a plain product's registers, twice the blocks per
-    // SM.
+    // (MARKBASE_CUDA_GEGLU_SPLIT=1): a plain product's registers, twice the blocks per SM. At 8 chunks per
+    // lane only.
     bool geglu_split = false;
-    // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES, prepared in session 7): a warp-per-row launch halves its warps per
-    // row while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row v11 ran
-    // the 31B's q/k/v at 98% of the roofline; the model's 4 warps per row at ~73%).
+    // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES): a warp-per-row launch at 8 chunks per lane halves its warps per row
+    // while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row v11 ran the
+    // 31B's q/k/v at 98% of the roofline; the model's 4 warps per row at ~73%).
     int min_waves = 0;
 };
 
