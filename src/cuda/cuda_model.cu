@@ -86,6 +86,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         int max_q = 0, max_kv = 0, max_I = 0, dmax = 0, d_sliding = 0, d_full = 0;
         int64_t max_pieces = n * nH * 4;
         gemv_variant_ = gemv_variant_from_env();
+        // On by default for one GPU since session 7's H200 A/B (both apply at 8 chunks per lane only): 31B
+        // 18.498 -> 17.542 and 18.695 -> 18.033 ms/token in two runs, E4B -1.2..-1.6%, E2B and 26B-A4B
+        // unchanged. Not yet run with tensor parallelism, so a sharded model keeps them off unless asked.
+        geglu_split_ = !sharded();
+        min_waves_ = sharded() ? 0 : 3;
         if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_SPLIT")) {
             if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
                 throw Error(std::string("MARKBASE_CUDA_GEGLU_SPLIT=") + e + ": expected 0 or 1");

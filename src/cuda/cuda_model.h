@@ -318,9 +318,10 @@ class CudaModel {
     // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
     // 0 = the 256-thread kernels prefill uses
     bool moe_wide_ = true;
-    // MARKBASE_CUDA_GEGLU_SPLIT=0|1 (default 0; 1 prepared in session 7): GemvInput.geglu_split
+    // MARKBASE_CUDA_GEGLU_SPLIT=0|1 (GemvInput.geglu_split) and MARKBASE_CUDA_GEMV_MIN_WAVES=0..64
+    // (GemvInput.min_waves): on (1 and 3) by default for one GPU since session 7
     bool geglu_split_ = false;
-    int min_waves_ = 0;  // MARKBASE_CUDA_GEMV_MIN_WAVES (prepared in session 7): GemvInput.min_waves
+    int min_waves_ = 0;
     // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
     int moe_gate_occ_ = 2;
     // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4

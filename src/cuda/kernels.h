@@ -60,7 +60,8 @@ struct GemvInput {
     // (MARKBASE_CUDA_GEGLU_SPLIT=1): a plain product's registers, twice the blocks per SM. At 8 chunks per
     // lane only.
     bool geglu_split = false;
-    // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES): a warp-per-row launch at 8 chunks per lane halves its warps per row
+    // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES, 3 by default for one GPU since session 7: with the split GeGLU, 31B
+    // -3.5..-5.2%): a warp-per-row launch at 8 chunks per lane halves its warps per row
     // while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row v11 ran the
     // 31B's q/k/v at 98% of the roofline; the model's 4 warps per row at ~73%).
     int min_waves = 0;
