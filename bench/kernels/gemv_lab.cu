@@ -24,16 +24,8 @@
 
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "lab_common.cuh"
 
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            std::fprintf(stderr, "%s failed: %s at %s:%d\n", #call, cudaGetErrorString(e_), __FILE__, \
-                         __LINE__);                                                                   \
-            std::exit(1);                                                                             \
-        }                                                                                             \
-    } while (0)
 #define CB(call)                                                                                    \
     do {                                                                                            \
         cublasStatus_t s_ = (call);                                                                 \
@@ -205,17 +197,11 @@ __global__ void ref_kernel(const uint16_t* W, const float* x, double* y, int N, 
     if (lane == 0) y[row] = s;
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 // W[i] = bf16(uniform[-1, 1)) from a counter hash (round to nearest even).
 __global__ void fill_kernel(uint16_t* W, int64_t n, uint64_t seed) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
-        const float f = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        const float f = lab::uniform_pm1(seed, i);
         uint32_t b = __float_as_uint(f);
         b += 0x7fffu + ((b >> 16) & 1u);
         W[i] = static_cast<uint16_t>(b >> 16);

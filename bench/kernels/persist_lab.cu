@@ -37,16 +37,7 @@
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
-
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            std::fprintf(stderr, "%s failed: %s at %s:%d\n", #call, cudaGetErrorString(e_), __FILE__, \
-                         __LINE__);                                                                   \
-            std::exit(1);                                                                             \
-        }                                                                                             \
-    } while (0)
+#include "lab_common.cuh"
 
 namespace {
 
@@ -298,26 +289,10 @@ __device__ float stage_fold(float* xs, const float* x, const float* y, const bf1
     return 1.0f / sqrtf(sx / static_cast<float>(kH) + kEps);
 }
 
-// x = (x + RMSNorm(y) * w) * scale in place, by block 0 (B, C).
-__device__ void residual_block0(float* x, const float* y, const bf16* w, float scale, float* red) {
-    if (blockIdx.x != 0) return;
-    constexpr int kPer = (kH + kThreads - 1) / kThreads;
-    float yv[kPer], xv[kPer];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int k = threadIdx.x + j * kThreads;
-        yv[j] = k < kH ? __ldcg(y + k) : 0.0f;
-        xv[j] = k < kH ? __ldcg(x + k) : 0.0f;
-        ss = fmaf(yv[j], yv[j], ss);
-    }
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(kH) + kEps);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int k = threadIdx.x + j * kThreads;
-        if (k < kH) x[k] = (xv[j] + yv[j] * inv * bf16_at(w, k)) * scale;
-    }
+// x = (x + RMSNorm(y) * w) * scale in place, by block 0 (B, C): stage_fold's update (each thread reads its
+// elements before writing them; xs is restaged by the next phase).
+__device__ void residual_block0(float* xs, float* x, const float* y, const bf16* w, float scale, float* red) {
+    if (blockIdx.x == 0) stage_fold(xs, x, y, w, scale, x, false, nullptr, red);
 }
 
 // Layer matrices and their compile-time shapes (production's U and warps per row for these K).
@@ -381,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
             inv = stage_fold(xs, b.x[cur], b.o, L.n_pa, 1.0f, b.x[cur ^ 1], true, L.n_pf, red);
             cur ^= 1;
         } else {
-            residual_block0(b.x[0], b.o, L.n_pa, 1.0f, red);
+            residual_block0(xs, b.x[0], b.o, L.n_pa, 1.0f, red);
             sync();
             inv = stage(xs, b.x[0], kH, true, L.n_pf, red);
         }
@@ -402,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
             inv = stage_fold(xs, b.x[cur], b.m, L.n_ffn, 1.0f, b.x[cur ^ 1], false, nullptr, red);
             cur ^= 1;
         } else {
-            residual_block0(b.x[0], b.m, L.n_ffn, 1.0f, red);
+            residual_block0(xs, b.x[0], b.m, L.n_ffn, 1.0f, red);
             sync();
             inv = stage(xs, b.x[0], kH, false, nullptr, red);
         }
@@ -415,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
         if (Prefetch) pre = l + 1 < n_layers && preload<kStore, 2, 4>(m_qkv(layers[l + 1]), v, v2);
         sync();
         if (!Fold) {  // residual (D folds it into the next layer's qkv staging)
-            residual_block0(b.x[0], b.o2, L.n_pp, L.scalar, red);
+            residual_block0(xs, b.x[0], b.o2, L.n_pp, L.scalar, red);
             sync();
         }
     }
@@ -436,17 +411,11 @@ __global__ void __launch_bounds__(kThreads) empty_kernel(int) {
     pdl_begin();
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 // bf16(center + spread * uniform[-1, 1)) from a counter hash
 __global__ void fill_bf16(uint16_t* w, int64_t n, uint64_t seed, float center, float spread) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
-        const float f = center + spread * (static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f);
+        const float f = center + spread * lab::uniform_pm1(seed, i);
         uint32_t bits = __float_as_uint(f);
         bits += 0x7fffu + ((bits >> 16) & 1u);
         w[i] = static_cast<uint16_t>(bits >> 16);
@@ -455,8 +424,7 @@ __global__ void fill_bf16(uint16_t* w, int64_t n, uint64_t seed, float center, f
 __global__ void fill_f32(float* x, int64_t n, uint64_t seed) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
-        x[i] = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        x[i] = lab::uniform_pm1(seed, i);
     }
 }
 

@@ -122,10 +122,11 @@ __device__ void residual_tail(const RowsParams& p) {
 // U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
 // fits 3 blocks per SM instead of 2; at 4 blocks, 64 registers, it spills; the plain products at U = 4 keep
 // 4 blocks per SM with twice the warps per row; GemvInput.u4_max_k).
-// kGegluSplit (MARKBASE_CUDA_GEGLU_SPLIT=1, prepared in session 7): a row's W gate parts and W up parts on 2W
-// warps of the block, each warp streaming one matrix, so the launch holds a plain product's registers (4
-// blocks per SM instead of 2: ncu had the 31B's GeGLU at 23% warps active, stalled on its x loads) with the
-// same bytes in flight per SM. The gate and up sums are the kGeglu kernel's, added in the same order.
+// kGegluSplit (GemvInput.geglu_split, the one-GPU default at 8 chunks per lane since session 7): a row's W
+// gate parts and W up parts on 2W warps of the block, each warp streaming one matrix, so the launch holds a
+// plain product's registers (4 blocks per SM instead of 2: ncu had the 31B's GeGLU at 23% warps active,
+// stalled on its x loads) with the same bytes in flight per SM. At the same W its gate and up sums are the
+// kGeglu kernel's, added in the same order.
 template <int M, int W, int U = kU>
 __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
                                                : U == kU   ? 2

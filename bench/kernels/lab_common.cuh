@@ -1,0 +1,35 @@
+// What the kernel labs (gemv_lab.cu, persist_lab.cu) share: the CUDA error check and the counter hash their
+// random data is drawn from.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(call)                                                                                      \
+    do {                                                                                              \
+        cudaError_t e_ = (call);                                                                      \
+        if (e_ != cudaSuccess) {                                                                      \
+            std::fprintf(stderr, "%s failed: %s at %s:%d\n", #call, cudaGetErrorString(e_), __FILE__, \
+                         __LINE__);                                                                   \
+            std::exit(1);                                                                             \
+        }                                                                                             \
+    } while (0)
+
+namespace lab {
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// uniform [-1, 1) from element i of the stream named by seed
+__device__ __forceinline__ float uniform_pm1(uint64_t seed, int64_t i) {
+    const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
+    return static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+}  // namespace lab
