@@ -452,44 +452,27 @@ float* new_f32(int64_t n, bool random) {
 
 // A: the production launchers, one layer
 void record_launches(const std::vector<Layer>& ls, const Bufs& b, cudaStream_t s) {
-    GemvInput base;
-    base.variant = kGemvVariantWarpK;
-    base.eps = kEps;
+    auto input = [](const float* x, int K, const bf16* norm_w) {  // norm_w: the input RMSNorm's weights
+        GemvInput in;
+        in.variant = kGemvVariantWarpK;
+        in.eps = kEps;
+        in.x = x;
+        in.K = K;
+        in.norm = norm_w != nullptr;
+        in.norm_w = norm_w;
+        return in;
+    };
     for (const Layer& L : ls) {
-        GemvInput in = base;
-        in.x = b.x[0];
-        in.K = kH;
-        in.norm = true;
-        in.norm_w = L.n_in;
-        GemvSeg seg{L.qkv, b.qkv, kQKV, 0};
-        gemv(in, &seg, 1, 1, s);
-        in = base;
-        in.x = b.qkv;
-        in.K = kQ;
-        seg = {L.o, b.o, kH, 0};
-        gemv(in, &seg, 1, 1, s);
+        const GemvSeg qkv{L.qkv, b.qkv, kQKV, 0}, o{L.o, b.o, kH, 0}, d{L.d, b.m, kH, 0},
+            pp{L.pp, b.o2, kH, 0};
+        gemv(input(b.x[0], kH, L.n_in), &qkv, 1, 1, s);
+        gemv(input(b.qkv, kQ, nullptr), &o, 1, 1, s);
         residual_add_norm(b.x[0], b.o, L.n_pa, kH, 1, kEps, 1.0f, s);
-        in = base;
-        in.x = b.x[0];
-        in.K = kH;
-        in.norm = true;
-        in.norm_w = L.n_pf;
-        gemv_geglu(in, L.g, L.u, L.I, b.g, s);
-        in = base;
-        in.x = b.g;
-        in.K = L.I;
-        seg = {L.d, b.m, kH, 0};
-        gemv(in, &seg, 1, 1, s);
+        gemv_geglu(input(b.x[0], kH, L.n_pf), L.g, L.u, L.I, b.g, s);
+        gemv(input(b.g, L.I, nullptr), &d, 1, 1, s);
         residual_add_norm(b.x[0], b.m, L.n_ffn, kH, 1, kEps, 1.0f, s);
-        in = base;
-        in.x = b.x[0];
-        in.K = kH;
-        gemv_gelu_mul(in, L.pg, kP, L.ple, b.p, s);
-        in = base;
-        in.x = b.p;
-        in.K = kP;
-        seg = {L.pp, b.o2, kH, 0};
-        gemv(in, &seg, 1, 1, s);
+        gemv_gelu_mul(input(b.x[0], kH, nullptr), L.pg, kP, L.ple, b.p, s);
+        gemv(input(b.p, kP, nullptr), &pp, 1, 1, s);
         residual_add_norm(b.x[0], b.o2, L.n_pp, kH, 1, kEps, L.scalar, s);
     }
 }
