@@ -245,14 +245,80 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
     const int g = h / (a.nH / a.nKV);
     const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
-    for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-    __syncthreads();
-
     float m = -FLT_MAX, l = 0.0f;
     float4 acc[kMaxDimsPerThread];
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int64_t ts = start; ts < end; ts += kTile) {
+    // A piece of at most 16 keys (the decode graph's pieces at short contexts) with AttnArgs.early_kv: this
+    // warp's keys and values are all requested before q is staged, in one batch (the loop below waits for
+    // q, then for the keys in d / 128 rounds, then for the values). The same operations in the same order.
+    const int64_t n_keys = end - start;
+    if (a.early_kv && n_keys <= kWarpsAttn * 4) {
+        const int cnt = static_cast<int>(n_keys);
+        float4 kv[4][kMaxDimsPerThread], vv[4][kMaxDimsPerThread];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int jk = min(warp * 4 + u, cnt - 1), jv = min(warp + u * kWarpsAttn, cnt - 1);
+            const float4* kp =
+                reinterpret_cast<const float4*>(a.k_cache + (((start + jk) % a.cap) * a.nKV + g) * d);
+            const float4* vp =
+                reinterpret_cast<const float4*>(a.v_cache + (((start + jv) % a.cap) * a.nKV + g) * d);
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                const int c = lane + 32 * i;
+                kv[u][i] = c < d4 ? __ldg(kp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
+        float sk[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            sk[u] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                const int c = lane + 32 * i;
+                if (c < d4) {
+                    const float4 qv = smem4[c];
+                    sk[u] = fmaf(kv[u][i].x, qv.x, sk[u]);
+                    sk[u] = fmaf(kv[u][i].y, qv.y, sk[u]);
+                    sk[u] = fmaf(kv[u][i].z, qv.z, sk[u]);
+                    sk[u] = fmaf(kv[u][i].w, qv.w, sk[u]);
+                }
+            }
+            sk[u] = warp_sum(sk[u]);
+            if (lane == 0 && warp * 4 + u < cnt) sc[warp * 4 + u] = sk[u];
+        }
+        __syncthreads();
+        float tmax = -FLT_MAX;
+        for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
+        __syncthreads();
+        if (tid < cnt) sc[tid] = expf(sc[tid] - tmax);
+        __syncthreads();
+        float lsum = 0.0f;
+        for (int j = 0; j < cnt; ++j) lsum += sc[j];
+        if (warp < cnt) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = warp + u * kWarpsAttn;
+                const float pu = j < cnt ? sc[j] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                    acc[i].x = fmaf(pu, vv[u][i].x, acc[i].x);
+                    acc[i].y = fmaf(pu, vv[u][i].y, acc[i].y);
+                    acc[i].z = fmaf(pu, vv[u][i].z, acc[i].z);
+                    acc[i].w = fmaf(pu, vv[u][i].w, acc[i].w);
+                }
+            }
+        }
+        l = lsum;
+        m = tmax;
+    } else {
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
+    }
+    for (int64_t ts = a.early_kv && n_keys <= kWarpsAttn * 4 ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
         // scores: each warp takes 4 consecutive keys at a time, their loads in flight together
         for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
