@@ -249,12 +249,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     float4 acc[kMaxDimsPerThread];
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // A piece of at most 16 keys (the decode graph's pieces at short contexts) with AttnArgs.early_kv: this
-    // warp's keys and values are all requested before q is staged, in one batch (the loop below waits for
-    // q, then for the keys in d / 128 rounds, then for the values). The same operations in the same order.
-    const int64_t n_keys = end - start;
-    if (a.early_kv && n_keys <= kWarpsAttn * 4) {
-        const int cnt = static_cast<int>(n_keys);
+    // A piece of at most 16 keys (the decode graph's pieces at short contexts): this warp's keys and values
+    // are all requested before q is staged, in one batch (the loop below waits for q, then for the keys in
+    // d / 128 rounds, then for the values). The same operations in the same order. Session 7's H200 A/B
+    // (MARKBASE_CUDA_ATTN_EARLY, since removed): E2B -0.8%, E4B -0.7%, 26B-A4B -0.7%, 31B 0.0%.
+    const bool one_batch = end - start <= kWarpsAttn * 4;
+    if (one_batch) {
+        const int cnt = static_cast<int>(end - start);
         float4 kv[4][kMaxDimsPerThread], vv[4][kMaxDimsPerThread];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
         __syncthreads();
     }
-    for (int64_t ts = a.early_kv && n_keys <= kWarpsAttn * 4 ? end : start; ts < end; ts += kTile) {
+    for (int64_t ts = one_batch ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
         // scores: each warp takes 4 consecutive keys at a time, their loads in flight together
         for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {

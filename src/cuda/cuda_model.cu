@@ -91,11 +91,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // unchanged. Not yet run with tensor parallelism, so a sharded model keeps them off unless asked.
         geglu_split_ = !sharded();
         min_waves_ = sharded() ? 0 : 3;
-        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_EARLY")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_ATTN_EARLY=") + e + ": expected 0 or 1");
-            attn_early_kv_ = std::strcmp(e, "1") == 0;
-        }
         if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_SPLIT")) {
             if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
                 throw Error(std::string("MARKBASE_CUDA_GEGLU_SPLIT=") + e + ": expected 0 or 1");

@@ -364,8 +364,7 @@ class CudaModel {
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
-    bool attn_early_kv_ = false;  // MARKBASE_CUDA_ATTN_EARLY=0|1 (prepared in session 7): AttnArgs.early_kv
-    bool attn_v2_ = false;        // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
+    bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 
 }  // namespace markbase::cuda

@@ -248,9 +248,6 @@ struct AttnArgs {
     // With active_only and merge_counters at decode: the v2 pieces kernel (keys spread over warps in the V
     // phase too, a parallel merge); MARKBASE_CUDA_ATTN_SPLIT=auto sets it, active[:N] does not.
     bool decode_v2 = false;
-    // v2 pieces of at most 16 keys request all their keys and values in one batch
-    // (MARKBASE_CUDA_ATTN_EARLY=1, prepared in session 7)
-    bool early_kv = false;
     float* part_o = nullptr;   // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
     float* out = nullptr;      // [n][nH][d]
