@@ -160,25 +160,15 @@ __global__ void __launch_bounds__(kWideThreads)
         sww[kWideCombinePer * kWideThreads];
     __shared__ float sx[kWideCombinePer * kWideThreads];
     // each thread stages and reads back only its own elements: no barrier needed
-    auto stage_weights = [&] {
 #pragma unroll
-        for (int j = 0; j < kWideCombinePer; ++j) {
-            const int k = threadIdx.x + j * kWideThreads;
-            if (k < H) {
-                sw1[k] = w1[k];
-                sw2[k] = w2[k];
-                sww[k] = w[k];
-            }
+    for (int j = 0; j < kWideCombinePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) {
+            sw1[k] = w1[k];
+            sw2[k] = w2[k];
+            sww[k] = w[k];
         }
-    };
-    auto stage_x = [&] {
-#pragma unroll
-        for (int j = 0; j < kWideCombinePer; ++j) {
-            const int k = threadIdx.x + j * kWideThreads;
-            if (k < H) sx[k] = x[k];
-        }
-    };
-    stage_weights();
+    }
     pdl_begin();
     float sw[kWideMaxK];
 #pragma unroll
@@ -198,7 +188,11 @@ __global__ void __launch_bounds__(kWideThreads)
         se = fmaf(e[j], e[j], se);
         sm = fmaf(mv[j], mv[j], sm);
     }
-    stage_x();
+#pragma unroll
+    for (int j = 0; j < kWideCombinePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) sx[k] = x[k];
+    }
     se = block_sum(se, red);
     sm = block_sum(sm, red);
     const float inv_e = 1.0f / sqrtf(se / static_cast<float>(H) + eps);
