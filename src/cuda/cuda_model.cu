@@ -54,6 +54,15 @@ AttnPolicy attn_policy_from_env() {
                 ": expected legacy, auto, auto:N, active or active:N (N >= 1)");
 }
 
+// A 0/1 switch: `fallback` when unset, anything else refused by name.
+bool env_flag(const char* name, bool fallback) {
+    const char* e = std::getenv(name);
+    if (!e) return fallback;
+    if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+        throw Error(std::string(name) + "=" + e + ": expected 0 or 1");
+    return e[0] == '1';
+}
+
 }  // namespace
 
 template <class T>
@@ -91,11 +100,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // unchanged. Not yet run with tensor parallelism, so a sharded model keeps them off unless asked.
         geglu_split_ = !sharded();
         min_waves_ = sharded() ? 0 : 3;
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEGLU_SPLIT")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_GEGLU_SPLIT=") + e + ": expected 0 or 1");
-            geglu_split_ = std::strcmp(e, "1") == 0;
-        }
+        geglu_split_ = env_flag("MARKBASE_CUDA_GEGLU_SPLIT", geglu_split_);
         if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_MIN_WAVES")) {
             char* end = nullptr;
             const long v = std::strtol(e, &end, 10);
@@ -194,15 +199,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // -5.7%, 26B-A4B +1.6%: its one tail is o_proj's, and the extra launch lands before the experts'
         // fork)
         gemv_tail_ = c_.moe;
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_TAIL")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                throw Error(std::string("MARKBASE_CUDA_GEMV_TAIL=") + e + ": expected 0 or 1");
-            gemv_tail_ = std::strcmp(e, "1") == 0;
-        }
+        gemv_tail_ = env_flag("MARKBASE_CUDA_GEMV_TAIL", gemv_tail_);
         tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_) && gemv_tail_;
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
         // in every block of the next GEMV)
         residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
+        // MARKBASE_CUDA_PRENORM=1 (dense models on one GPU, with the update as its own launch): the update also
+        // writes the next GEMV's normalised input (xn_), so that GEMV's warps skip the norm. Off until measured.
+        prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", false) && residual_launch_ && fuse_ && !c_.moe && !sharded();
+        xn_ = alloc<float>(H);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);
@@ -258,11 +263,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_DECODE=") + e + ": expected rows or groups");
                 moe_decode_rows_ = std::strcmp(e, "rows") == 0;
             }
-            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_WIDE")) {
-                if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
-                    throw Error(std::string("MARKBASE_CUDA_MOE_WIDE=") + e + ": expected 0 or 1");
-                moe_wide_ = std::strcmp(e, "1") == 0;
-            }
+            moe_wide_ = env_flag("MARKBASE_CUDA_MOE_WIDE", moe_wide_);
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_PREFILL")) {
                 if (std::strcmp(e, "gemm") != 0 && std::strcmp(e, "gemv") != 0)
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");

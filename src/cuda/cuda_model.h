@@ -190,7 +190,8 @@ class CudaModel {
     void record_step(Profiler* pf);          // cuda_step.cu: the decode step's kernels, n = 1
     void record_layer(int i, Profiler* pf);  // cuda_step.cu
     void record_experts(int i, Profiler* pf, cudaStream_t st);  // cuda_step.cu: router .. experts_down
-    GemvInput x_input(bool norm, const bf16* norm_w);           // cuda_step.cu: the current x as a GEMV input
+    // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
+    GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
@@ -279,7 +280,12 @@ class CudaModel {
         const float* y = nullptr;
         const bf16* w = nullptr;
         float scale = 1.0f;
+        const char* name = nullptr;  // deferred (prenorm_): the update's own launch, by its consumer
     } pending_;
+    // MARKBASE_CUDA_PRENORM: a residual update waits for its consumer; when that is a GEMV with an input
+    // norm, the update's launch also writes xn_ = RMSNorm(x) * that norm's weight, the GEMV's input.
+    bool prenorm_ = false;
+    float* xn_ = nullptr;  // [H]
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks

@@ -18,7 +18,22 @@ double wbytes(int64_t rows, int64_t cols) {
 }
 }  // namespace
 
-GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
+GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w) {
+    if (pending_.name) {  // a deferred update: its own launch, writing this GEMV's normalised input too
+        const PendingResidual p = pending_;
+        pending_ = {};
+        const bool pre = norm && norm_w;
+        float* x = xcur_;
+        run(pf, p.name, layer, 0.0, [&] {
+            residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
+                              pre ? xn_ : nullptr);
+        });
+        if (pre) {
+            GemvInput in = x_input(pf, layer, false, nullptr);
+            in.x = xn_;
+            return in;
+        }
+    }
     GemvInput in;
     in.variant = gemv_variant_;
     in.ksplit = gemv_ksplit_;
@@ -48,8 +63,8 @@ GemvInput CudaModel::x_input(bool norm, const bf16* norm_w) {
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
                          float scale) {
-    if (!residual_launch_) {
-        pending_ = {y, w, scale};
+    if (!residual_launch_ || prenorm_) {
+        pending_ = {y, w, scale, prenorm_ ? name : nullptr};
         return;
     }
     float* x = xcur_;
@@ -101,7 +116,7 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     const PendingResidual p = pending_;
     pending_ = {};
     float* x = xcur_;
-    run(pf, "residual", layer, 0.0,
+    run(pf, p.name ? p.name : "residual", layer, 0.0,
         [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
 }
 
@@ -145,7 +160,7 @@ void CudaModel::record_step(Profiler* pf) {
     for (int i = 0; i < L; ++i) record_layer(i, pf);
 
     // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in, then the next token
-    const GemvInput in = x_input(true, w_.final_norm);
+    const GemvInput in = x_input(pf, -1, true, w_.final_norm);
     StepFinish fin;
     fin.state = d_state_;
     fin.advance = 1;
@@ -174,7 +189,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 
     // 2.5: q (and own k, v) from input_layernorm(x), one launch
     {
-        const GemvInput in = x_input(true, lw.input_norm);
+        const GemvInput in = x_input(pf, i, true, lw.input_norm);
         run(pf, "qkv", i, wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H), [&] {
             GemvSeg segs[3];
             int ns = 0;
@@ -217,7 +232,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         CUDA_CHECK(cudaEventRecord(join_, stream2_));
     }
     {
-        const GemvInput in = x_input(true, lw.pre_ffn_norm);
+        const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
             [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
     }
@@ -254,7 +269,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                        // layer_scalar
         const int P = c_.ple_dim;
         {
-            const GemvInput in = x_input(false, nullptr);
+            const GemvInput in = x_input(pf, i, false, nullptr);
             run(pf, "ple_gate", i, wbytes(P, H),
                 [&] { gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_); });
         }
@@ -269,7 +284,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
     {
-        GemvInput in = x_input(true, lw.router_scale);
+        GemvInput in = x_input(pf, i, true, lw.router_scale);
         in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
         if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
         run(pf, "router", i, wbytes(E, H), [&] {

@@ -485,6 +485,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         };
         while (w > 1 && blocks(w / 2) >= p.in.min_waves * slots) w /= 2;
     }
+    if (p.in.force_warps > 0) w = p.in.force_warps;
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
         if (split) return launch_by_w<kGegluSplit, kU>(p, s, std::min(w, 4));

@@ -65,6 +65,8 @@ struct GemvInput {
     // while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row v11 ran the
     // 31B's q/k/v at 98% of the roofline; the model's 4 warps per row at ~73%).
     int min_waves = 0;
+    // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
+    int force_warps = 0;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -182,9 +184,10 @@ void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, fl
 // ple[t][l] = (RMSNorm_P(ctx[t][l] * H^-0.5) * norm_w + ple_embed[ids[t]][l] * sqrt(P)) * 2^-0.5
 void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
              int H, float eps, float* ple, cudaStream_t s);
-// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched)
+// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
+// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s);
+                       cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each

@@ -76,18 +76,22 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 
 // The same update at one token by 1024 threads holding <= 6 elements each, their loads in one batch (the
 // norm weights before the PDL wait): the kernel above walks H in dependent L2 round trips (31B: ~11 per
-// pass).
+// pass). With next_w (MARKBASE_CUDA_PRENORM), it also writes the next GEMV's normalised input,
+// xn = RMSNorm(x) * next_w, from the x it holds: that GEMV then reads one vector per 16 weight bytes instead of
+// x, the norm weights and a sum of squares in every warp.
 constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
 constexpr int kWideResidualPer = 6;  // H <= 6144
 __global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
-                         int H, float eps, float scale) {
+                         int H, float eps, float scale, const bf16* __restrict__ next_w,
+                         float* __restrict__ xn) {
     __shared__ float red[32];
-    float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer];
+    float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer], nv[kWideResidualPer];
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         wv[j] = k < H ? bf16_at(w, k) : 0.0f;
+        nv[j] = next_w && k < H ? bf16_at(next_w, k) : 0.0f;
     }
     pdl_begin();
     float ss = 0.0f;
@@ -101,10 +105,21 @@ __global__ void __launch_bounds__(kWideThreads)
     for (int j = 0; j < kWideResidualPer; ++j) ss = fmaf(yv[j], yv[j], ss);
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    float ss2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
-        if (k < H) x[k] = (xv[j] + yv[j] * inv * wv[j]) * scale;
+        xv[j] = (xv[j] + yv[j] * inv * wv[j]) * scale;
+        if (k < H) x[k] = xv[j];
+        ss2 = fmaf(xv[j], xv[j], ss2);  // 0 past H: xv, yv and wv are 0 there
+    }
+    if (!next_w) return;
+    ss2 = block_sum(ss2, red);
+    const float inv2 = 1.0f / sqrtf(ss2 / static_cast<float>(H) + eps);
+#pragma unroll
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) xn[k] = xv[j] * inv2 * nv[j];
     }
 }
 
@@ -361,12 +376,14 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 }
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s) {
+                       cudaStream_t s, const bf16* next_w, float* xn) {
     if (n == 1 && H <= kWideThreads * kWideResidualPer) {
-        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, y, w, H, eps, scale);
+        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, y, w, H, eps, scale, next_w,
+                      xn);
         CUDA_CHECK_LAUNCH();
         return;
     }
+    if (next_w) throw Error("internal: the residual update writes a normalised copy at one token only");
     launch_kernel(residual_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale);
     CUDA_CHECK_LAUNCH();
 }
