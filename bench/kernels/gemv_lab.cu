@@ -258,14 +258,16 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
 
 // The production warp-per-row GEMV itself (src/cuda/gemv_rows.cu through markbase::cuda::gemv, PDL as the
 // model launches it), with the one-GPU defaults (warpk, MIN_WAVES 3, 4 chunks per lane up to K = 2048) or a
-// forced number of warps per row W, and with or without the input RMSNorm folded into every warp (Norm: the
+// forced number of warps per row W, with or without the input RMSNorm folded into every warp (Norm: the
 // norm weights are ones, so y = rsqrt(mean(x^2) + eps) * W x; the gate checks it against the reference
-// times that factor). What a model's launch pays for its norm, and which W suits each shape.
+// times that factor), and the lean kernel (GemvInput.lean: no norm, no tail, more blocks per SM at 4 chunks
+// per lane). What a model's launch pays for its norm, and which W suits each shape.
 const uint16_t* g_ones = nullptr;  // bf16 1.0 x the widest K
 constexpr float kLabEps = 1e-6f;
-template <bool Norm, int W>
+template <bool Norm, int W, bool Lean = false>
 void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
     markbase::cuda::GemvInput in;
+    in.lean = Lean;
     in.variant = markbase::cuda::kGemvVariantWarpK;
     in.min_waves = 3;
     in.geglu_split = true;
@@ -323,6 +325,7 @@ const Variant kVariants[] = {
     {"p6 prod plain W1", "", launch_prod<false, 1>},
     {"p7 prod plain W2", "", launch_prod<false, 2>},
     {"p8 prod plain W4", "", launch_prod<false, 4>},
+    {"p9 prod plain lean", "", launch_prod<false, 0, true>},
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
@@ -403,7 +406,8 @@ int main(int argc, char** argv) {
         } else if (a == "--variants" && i + 1 < argc) {
             variants = argv[++i];
         } else {
-            std::fprintf(stderr, "usage: markbase_gemv_lab [--quick] [--only SUBSTRING] [--variants v11,p*,...]\n");
+            std::fprintf(stderr,
+                         "usage: markbase_gemv_lab [--quick] [--only SUBSTRING] [--variants v11,p*,...]\n");
             return 2;
         }
     }
@@ -419,7 +423,8 @@ int main(int argc, char** argv) {
         const std::string_view word = std::string_view(name).substr(0, std::string_view(name).find(' '));
         for (const std::string& p : picks) {
             const std::string_view pv(p);
-            if (pv == word || (pv.back() == '*' && word.substr(0, pv.size() - 1) == pv.substr(0, pv.size() - 1)))
+            if (pv == word ||
+                (pv.back() == '*' && word.substr(0, pv.size() - 1) == pv.substr(0, pv.size() - 1)))
                 return true;
         }
         return false;
@@ -621,8 +626,7 @@ int main(int argc, char** argv) {
             double worst = 0;
             const double scale = std::sqrt(static_cast<double>(K)) * 0.34;  // ~|row|*|x|
             for (int64_t n = 0; n < N; ++n) {
-                const double e =
-                    std::isfinite(hy[n]) ? std::fabs(hy[n] / factor - ref[n]) / scale : INFINITY;
+                const double e = std::isfinite(hy[n]) ? std::fabs(hy[n] / factor - ref[n]) / scale : INFINITY;
                 worst = std::max(worst, e);
             }
             return worst;
@@ -638,7 +642,7 @@ int main(int argc, char** argv) {
             const Variant& v = kVariants[vi];
             if (vi == 0 && N * K > (int64_t{1} << 24)) continue;  // v0 is far too slow there
             if (!selected(v.name)) continue;
-            CK(cudaMemsetAsync(dy, 0xff, N * 4, stream));         // NaN poison: every row must be written
+            CK(cudaMemsetAsync(dy, 0xff, N * 4, stream));  // NaN poison: every row must be written
             v.launch(dw, dx, dy, static_cast<int>(N), static_cast<int>(K), stream);
             CK(cudaGetLastError());
             CK(cudaStreamSynchronize(stream));
@@ -654,7 +658,8 @@ int main(int argc, char** argv) {
             if (ok) graph_us[si][vi] = gms * 1e3;
             report(v.name, ms, gms, err, ok);
         }
-        if (selected("cuBLAS")) {  // the baseline (x rounded to bf16, so its error gate is looser: reported, not gated)
+        if (selected("cuBLAS")) {  // the baseline (x rounded to bf16, so its error gate is looser: reported,
+                                   // not gated)
             const float one = 1, zero = 0;
             auto run = [&](int c) {
                 CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), 1, static_cast<int>(K),

@@ -204,10 +204,13 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
         // in every block of the next GEMV)
         residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
-        // MARKBASE_CUDA_PRENORM=1 (dense models on one GPU, with the update as its own launch): the update also
-        // writes the next GEMV's normalised input (xn_), so that GEMV's warps skip the norm. Off until measured.
-        prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", false) && residual_launch_ && fuse_ && !c_.moe && !sharded();
+        // MARKBASE_CUDA_PRENORM (one GPU; on unless 0): a residual update also writes its consumer GEMV's
+        // normalised input (xn_), so that GEMV's warps skip the norm. Session 8's H200 A/B on the dense
+        // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor
+        // parallelism, whose updates go through the ranks' sums.
+        prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         xn_ = alloc<float>(H);
+        gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", false);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

@@ -190,6 +190,7 @@ class CudaModel {
     void record_step(Profiler* pf);          // cuda_step.cu: the decode step's kernels, n = 1
     void record_layer(int i, Profiler* pf);  // cuda_step.cu
     void record_experts(int i, Profiler* pf, cudaStream_t st);  // cuda_step.cu: router .. experts_down
+    GemvInput gemv_input(const float* x, int K) const;          // cuda_step.cu: this model's GEMV settings
     // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
     GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
@@ -282,10 +283,14 @@ class CudaModel {
         float scale = 1.0f;
         const char* name = nullptr;  // deferred (prenorm_): the update's own launch, by its consumer
     } pending_;
-    // MARKBASE_CUDA_PRENORM: a residual update waits for its consumer; when that is a GEMV with an input
-    // norm, the update's launch also writes xn_ = RMSNorm(x) * that norm's weight, the GEMV's input.
+    // MARKBASE_CUDA_PRENORM (default on for one GPU): a dense model's residual update waits for its
+    // consumer; when that is a GEMV with an input norm, the update's launch also writes xn_ = RMSNorm(x) *
+    // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
+    // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
     float* xn_ = nullptr;  // [H]
+    const bf16* xn_for_ = nullptr;
+    bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks

@@ -18,7 +18,26 @@ double wbytes(int64_t rows, int64_t cols) {
 }
 }  // namespace
 
+// The GEMV settings of this model (variant and the warp-per-row rules), for an input of width K.
+GemvInput CudaModel::gemv_input(const float* x, int K) const {
+    GemvInput in;
+    in.variant = gemv_variant_;
+    in.ksplit = gemv_ksplit_;
+    in.stream = gemv_stream_;
+    in.u4_max_k = u4_max_k_;
+    in.u4_max_k_geglu = u4_max_k_geglu_;
+    in.geglu_split = geglu_split_;
+    in.min_waves = min_waves_;
+    in.lean = gemv_lean_;
+    in.x = x;
+    in.K = K;
+    return in;
+}
+
 GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w) {
+    const bf16* xn_for = xn_for_;  // written by the MoE combine for the GEMV right after it
+    xn_for_ = nullptr;
+    if (norm && norm_w && norm_w == xn_for && !pending_.y) return gemv_input(xn_, c_.hidden);
     if (pending_.name) {  // a deferred update: its own launch, writing this GEMV's normalised input too
         const PendingResidual p = pending_;
         pending_ = {};
@@ -34,15 +53,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
             return in;
         }
     }
-    GemvInput in;
-    in.variant = gemv_variant_;
-    in.ksplit = gemv_ksplit_;
-    in.stream = gemv_stream_;
-    in.u4_max_k = u4_max_k_;
-    in.u4_max_k_geglu = u4_max_k_geglu_;
-    in.geglu_split = geglu_split_;
-    in.min_waves = min_waves_;
-    in.K = c_.hidden;
+    GemvInput in = gemv_input(nullptr, c_.hidden);
     in.eps = c_.rms_eps;
     in.norm = norm;
     in.norm_w = norm_w;
@@ -63,8 +74,9 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
                          float scale) {
-    if (!residual_launch_ || prenorm_) {
-        pending_ = {y, w, scale, prenorm_ ? name : nullptr};
+    const bool defer = prenorm_ && residual_launch_ && !c_.moe;  // (the MoE's overlap wants none pending)
+    if (!residual_launch_ || defer) {
+        pending_ = {y, w, scale, defer ? name : nullptr};
         return;
     }
     float* x = xcur_;
@@ -74,14 +86,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
 void CudaModel::project_residual(Profiler* pf, const char* name, const char* res_name, int layer,
                                  const bf16* W, int rows, const float* xin, int K, float* y,
                                  const bf16* res_w, float scale, bool reduce) {
-    GemvInput in;
-    in.variant = gemv_variant_;
-    in.ksplit = gemv_ksplit_;
-    in.stream = gemv_stream_;
-    in.u4_max_k = u4_max_k_;
-    in.min_waves = min_waves_;
-    in.x = xin;
-    in.K = K;
+    const GemvInput in = gemv_input(xin, K);
     GemvSeg seg{W, y, rows, 0};
     if (!res_w) {  // a plain product
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
@@ -127,6 +132,7 @@ void CudaModel::record_step(Profiler* pf) {
     const int* tok = d_state_;
     xcur_ = x_;
     pending_ = {};
+    xn_for_ = nullptr;
     struct DecodeScope {  // in_decode_ while this step is recorded, also when it throws
         bool& flag;
         explicit DecodeScope(bool& f) : flag(f) { flag = true; }
@@ -143,13 +149,7 @@ void CudaModel::record_step(Profiler* pf) {
     // 2.3: per-layer inputs from the scaled embedding
     if (P) {
         run(pf, "ple_model_proj", -1, wbytes(LP, H), [&] {
-            GemvInput in;
-            in.variant = gemv_variant_;
-            in.ksplit = gemv_ksplit_;
-            in.u4_max_k = u4_max_k_;
-            in.min_waves = min_waves_;
-            in.x = x_;
-            in.K = H;
+            GemvInput in = gemv_input(x_, H);
             GemvSeg seg{w_.ple_model_proj, ple_ctx_, static_cast<int>(LP), 0};
             gemv(in, &seg, 1, 1, stream_);
         });
@@ -258,10 +258,16 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                                      lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
             });
         } else {
+            // prenorm_: the combine also writes the next GEMV's normalised input (the next layer's q/k/v, or
+            // lm_head after the last layer), where its wide form runs
+            const bf16* next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
+            const bool pre = prenorm_ && moe_wide_ && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_,
+                                     pre ? next_w : nullptr, pre ? xn_ : nullptr);
             });
+            if (pre) xn_for_ = next_w;
         }
     }
 

@@ -127,10 +127,18 @@ __device__ void residual_tail(const RowsParams& p) {
 // plain product's registers (4 blocks per SM instead of 2: ncu had the 31B's GeGLU at 23% warps active,
 // stalled on its x loads) with the same bytes in flight per SM. At the same W its gate and up sums are the
 // kGeglu kernel's, added in the same order.
-template <int M, int W, int U = kU>
-__global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
-                                               : U == kU   ? 2
-                                                           : 3) rows_kernel(const RowsParams p) {
+// Lean (GemvInput.lean, at 4 chunks per lane, for a launch with neither the input norm nor a residual tail):
+// both compiled out, so the plain products fit 6 blocks per SM instead of 4 (40 registers) and the GeGLU 4
+// instead of 3. Session 8's kernel lab: v11, the same loop at 40 registers and 6 blocks per SM, streamed
+// E2B's gate/up 10% faster than this kernel at 4.
+template <int M, bool Lean>
+constexpr int rows_blocks_per_sm(int U) {
+    if (M == kGeglu) return U == kU ? 2 : Lean ? 4 : 3;
+    return Lean ? 6 : 4;
+}
+template <int M, int W, int U = kU, bool Lean = false>
+__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
+    rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr bool kSplit = M == kGegluSplit;
     constexpr int kRowWarps = kSplit ? 2 * W : W;  // warps per output row
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
-    const bool norm = p.in.norm;
+    const bool norm = !Lean && p.in.norm;
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
     for (int base = c_lo; base < c_hi; base += 32 * U) {
         if (base != c_lo) load(base);
@@ -218,7 +226,9 @@ __global__ void __launch_bounds__(kWarps * 32, M != kGeglu ? 4
         else
             *y = gelu_tanh(acc) * p.aux[row];
     }
-    if (M == kStore && p.tail.x) residual_tail(p);
+    if constexpr (M == kStore && !Lean) {
+        if (p.tail.x) residual_tail(p);
+    }
 }
 
 // ---- async (MARKBASE_CUDA_GEMV=async) ----
@@ -401,26 +411,38 @@ int warps_per_row(int K, int U = kU) {
     return w;
 }
 
-template <int M, int W, int U = kU>
+template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    launch_kernel(rows_kernel<M, W, U>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s, p);
+    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
+                  p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int M, int U>
+template <int M, int U, bool Lean>
 void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     switch (w) {
         case 8:
-            if constexpr (M != kGegluSplit) return launch_w<M, 8, U>(p, s);  // (split: 16 warps per row)
+            if constexpr (M != kGegluSplit)
+                return launch_w<M, 8, U, Lean>(p, s);  // (split: 16 warps per row)
             [[fallthrough]];
         case 4:
-            return launch_w<M, 4, U>(p, s);
+            return launch_w<M, 4, U, Lean>(p, s);
         case 2:
-            return launch_w<M, 2, U>(p, s);
+            return launch_w<M, 2, U, Lean>(p, s);
         default:
-            return launch_w<M, 1, U>(p, s);
+            return launch_w<M, 1, U, Lean>(p, s);
     }
+}
+
+// The lean kernel at 4 chunks per lane only: at 8, without the norm and the tail, ptxas still holds 62-64
+// registers (and spills at 6 or 5 blocks per SM), so it would gain nothing there.
+template <int M, int U>
+void launch_by_lean(RowsParams& p, cudaStream_t s, int w) {
+    if constexpr (U != kU) {
+        if (p.in.lean && !p.in.norm && !p.tail.x) return launch_by_w<M, U, true>(p, s, w);
+    }
+    return launch_by_w<M, U, false>(p, s, w);
 }
 
 int device_sms() {
@@ -488,9 +510,9 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.force_warps > 0) w = p.in.force_warps;
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
-        if (split) return launch_by_w<kGegluSplit, kU>(p, s, std::min(w, 4));
+        if (split) return launch_by_lean<kGegluSplit, kU>(p, s, std::min(w, 4));
     }
-    return u4 ? launch_by_w<M, 4>(p, s, w) : launch_by_w<M, kU>(p, s, w);
+    return u4 ? launch_by_lean<M, 4>(p, s, w) : launch_by_lean<M, kU>(p, s, w);
 }
 
 }  // namespace

@@ -67,6 +67,10 @@ struct GemvInput {
     int min_waves = 0;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
+    // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
+    // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
+    // GeGLU (MARKBASE_CUDA_GEMV_LEAN).
+    bool lean = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -192,9 +196,12 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
 // thread's loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
+// With next_w (wide only), also xn = RMSNorm(x) * next_w, as residual_add_norm.
+constexpr int kMoeWideMaxHidden = 3072, kMoeWideMaxK = 8;  // the wide form's limits
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide = false);
+                          cudaStream_t s, bool wide = false, const bf16* next_w = nullptr,
+                          float* xn = nullptr);
 // out[t] = RMSNorm(x[t]) * w (w may be null) as fp32
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
 // Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs

@@ -77,8 +77,8 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 // The same update at one token by 1024 threads holding <= 6 elements each, their loads in one batch (the
 // norm weights before the PDL wait): the kernel above walks H in dependent L2 round trips (31B: ~11 per
 // pass). With next_w (MARKBASE_CUDA_PRENORM), it also writes the next GEMV's normalised input,
-// xn = RMSNorm(x) * next_w, from the x it holds: that GEMV then reads one vector per 16 weight bytes instead of
-// x, the norm weights and a sum of squares in every warp.
+// xn = RMSNorm(x) * next_w, from the x it holds: that GEMV then reads one vector per 16 weight bytes instead
+// of x, the norm weights and a sum of squares in every warp.
 constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
 constexpr int kWideResidualPer = 6;  // H <= 6144
 __global__ void __launch_bounds__(kWideThreads)
@@ -163,16 +163,18 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
 // norms' sums are in another order.
 constexpr int kWideCombinePer = 3;  // H <= 3072
 constexpr int kWideMaxK = 8;
+static_assert(kWideThreads * kWideCombinePer == kMoeWideMaxHidden && kWideMaxK == kMoeWideMaxK);
 // The three norm weights go to shared memory before the PDL wait and x joins the first batch of loads, so
 // the update costs one dependent round trip instead of three (see qkv_post_kernel for the A/B).
 __global__ void __launch_bounds__(kWideThreads)
     residual_moe_wide_kernel(float* __restrict__ x, const float* __restrict__ m,
                              const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
                              const bf16* __restrict__ w1, const bf16* __restrict__ w2,
-                             const bf16* __restrict__ w, int H, float eps, float scale) {
+                             const bf16* __restrict__ w, int H, float eps, float scale,
+                             const bf16* __restrict__ next_w, float* __restrict__ xn) {
     __shared__ float red[32];
     __shared__ bf16 sw1[kWideCombinePer * kWideThreads], sw2[kWideCombinePer * kWideThreads],
-        sww[kWideCombinePer * kWideThreads];
+        sww[kWideCombinePer * kWideThreads], snw[kWideCombinePer * kWideThreads];
     __shared__ float sx[kWideCombinePer * kWideThreads];
     // each thread stages and reads back only its own elements: no barrier needed
 #pragma unroll
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(kWideThreads)
             sw1[k] = w1[k];
             sw2[k] = w2[k];
             sww[k] = w[k];
+            if (next_w) snw[k] = next_w[k];
         }
     }
     pdl_begin();
@@ -222,10 +225,23 @@ __global__ void __launch_bounds__(kWideThreads)
     }
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    float ss2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideCombinePer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
-        if (k < H) x[k] = (sx[k] + mv[j] * inv * bf16_at(sww, k)) * scale;
+        if (k < H) {
+            mv[j] = (sx[k] + mv[j] * inv * bf16_at(sww, k)) * scale;  // the new x
+            x[k] = mv[j];
+        }
+        ss2 = fmaf(mv[j], mv[j], ss2);  // 0 past H
+    }
+    if (!next_w) return;  // otherwise the next GEMV's input, as residual_wide_kernel writes it
+    ss2 = block_sum(ss2, red);
+    const float inv2 = 1.0f / sqrtf(ss2 / static_cast<float>(H) + eps);
+#pragma unroll
+    for (int j = 0; j < kWideCombinePer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) xn[k] = mv[j] * inv2 * bf16_at(snw, k);
     }
 }
 
@@ -390,13 +406,14 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
 
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide) {
+                          cudaStream_t s, bool wide, const bf16* next_w, float* xn) {
     if (wide && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
         launch_kernel(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w, K, w1,
-                      w2, w, H, eps, scale);
+                      w2, w, H, eps, scale, next_w, xn);
         CUDA_CHECK_LAUNCH();
         return;
     }
+    if (next_w) throw Error("internal: the MoE combine writes a normalised copy in its wide form only");
     const size_t smem = 2 * static_cast<size_t>(H) * sizeof(float);
     if (smem > 48 * 1024) throw Error("internal: MoE combine needs hidden <= 6144");
     launch_kernel(residual_moe_kernel, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w, K, w1, w2,
