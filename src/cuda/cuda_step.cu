@@ -29,6 +29,7 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.geglu_split = geglu_split_;
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;
+    in.geglu_split_u4 = geglu_split_u4_;
     in.x = x;
     in.K = K;
     return in;

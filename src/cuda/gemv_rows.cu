@@ -128,12 +128,13 @@ __device__ void residual_tail(const RowsParams& p) {
 // stalled on its x loads) with the same bytes in flight per SM. At the same W its gate and up sums are the
 // kGeglu kernel's, added in the same order.
 // Lean (GemvInput.lean, at 4 chunks per lane, for a launch with neither the input norm nor a residual tail):
-// both compiled out, so the plain products fit 6 blocks per SM instead of 4 (40 registers) and the GeGLU 4
-// instead of 3. Session 8's kernel lab: v11, the same loop at 40 registers and 6 blocks per SM, streamed
-// E2B's gate/up 10% faster than this kernel at 4.
+// both compiled out, so the plain products (and the split GeGLU's warps) fit 6 blocks per SM instead of 4
+// (40 registers). Session 8's kernel lab: v11, the same loop at 40 registers and 6 blocks per SM, streamed
+// E2B's gate/up 10% faster than this kernel at 4. (A lean GeGLU at 4 blocks per SM instead of 3 was in run
+// 2's E2B +0.3%, E4B -1.0%; it is not used.)
 template <int M, bool Lean>
 constexpr int rows_blocks_per_sm(int U) {
-    if (M == kGeglu) return U == kU ? 2 : Lean ? 4 : 3;
+    if (M == kGeglu) return U == kU ? 2 : 3;
     return Lean ? 6 : 4;
 }
 template <int M, int W, int U = kU, bool Lean = false>
@@ -511,8 +512,17 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
         if (split) return launch_by_lean<kGegluSplit, kU>(p, s, std::min(w, 4));
+        // GemvInput.geglu_split_u4: the split at 4 chunks per lane as a lean kernel (40 registers, 6 blocks
+        // per SM), where the launch has no norm
+        if (u4 && p.in.geglu_split_u4 && p.in.lean && !p.in.norm)
+            return launch_by_lean<kGegluSplit, 4>(p, s, std::min(w, 4));
     }
-    return u4 ? launch_by_lean<M, 4>(p, s, w) : launch_by_lean<M, kU>(p, s, w);
+    if constexpr (M != kGeglu) {  // run 2: the lean GeGLU at 4 blocks per SM lost, see rows_blocks_per_sm
+        if (u4) return launch_by_lean<M, 4>(p, s, w);
+    } else if (u4) {
+        return launch_by_w<M, 4, false>(p, s, w);
+    }
+    return launch_by_lean<M, kU>(p, s, w);
 }
 
 }  // namespace

@@ -71,6 +71,8 @@ struct GemvInput {
     // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
     // GeGLU (MARKBASE_CUDA_GEMV_LEAN).
     bool lean = false;
+    // With lean, the GeGLU at 4 chunks per lane as the split kernel (MARKBASE_CUDA_GEGLU_SPLIT_U4)
+    bool geglu_split_u4 = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
