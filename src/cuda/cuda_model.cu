@@ -210,8 +210,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         xn_ = alloc<float>(H);
-        gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", false);
-        geglu_split_u4_ = env_flag("MARKBASE_CUDA_GEGLU_SPLIT_U4", false);
+        gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
+        ple_fold_ = env_flag("MARKBASE_CUDA_PLE_FOLD", false);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

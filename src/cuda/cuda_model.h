@@ -290,8 +290,9 @@ class CudaModel {
     bool prenorm_ = false;
     float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
-    bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
-    bool geglu_split_u4_ = false;        // MARKBASE_CUDA_GEGLU_SPLIT_U4: GemvInput.geglu_split_u4
+    bool gemv_lean_ = false;  // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
+    // MARKBASE_CUDA_PLE_FOLD: the MLP's deferred update folded into the PLE gate (ple_gate.cu)
+    bool ple_fold_ = false;
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks

@@ -23,7 +23,8 @@ namespace {
 // kGegluSplit: the GeGLU with a row's gate and up products on different warps of the block (below).
 enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kGegluSplit = 3 };
 constexpr int kWarps = 8;
-constexpr int kU = 8;  // 16-byte chunks per lane in flight per matrix
+constexpr int kU = 8;                // 16-byte chunks per lane in flight per matrix
+constexpr int kMinWavesMinK = 4096;  // GemvInput.min_waves applies from this input width
 
 struct RowsParams {
     GemvInput in;
@@ -130,8 +131,9 @@ __device__ void residual_tail(const RowsParams& p) {
 // Lean (GemvInput.lean, at 4 chunks per lane, for a launch with neither the input norm nor a residual tail):
 // both compiled out, so the plain products (and the split GeGLU's warps) fit 6 blocks per SM instead of 4
 // (40 registers). Session 8's kernel lab: v11, the same loop at 40 registers and 6 blocks per SM, streamed
-// E2B's gate/up 10% faster than this kernel at 4. (A lean GeGLU at 4 blocks per SM instead of 3 was in run
-// 2's E2B +0.3%, E4B -1.0%; it is not used.)
+// E2B's gate/up 10% faster than this kernel at 4. On by default since that session's A/B: E4B -1.0% and
+// -1.1% in two calls, E2B +0.3% twice. (Not used: the lean GeGLU at 4 blocks per SM instead of 3, and the
+// lean split GeGLU at 4 chunks per lane, +2.5% on E2B.)
 template <int M, bool Lean>
 constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
@@ -499,7 +501,10 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     // Session 7's H200 A/B: at 4 chunks per lane (E2B's GeGLU, K = 1536) the split GeGLU cost +7.5% and the
     // fewer warps per row +1.4%, so both apply to the launches at 8 only.
     const bool split = M == kGeglu && p.in.geglu_split && !u4;
-    if (p.in.min_waves > 0 && !u4) {  // fewer warps per row while the launch keeps min_waves waves of blocks
+    // Session 8's A/B after PRENORM: on E4B (K = 2560, its GeGLU 2 -> 1 warps per row) MIN_WAVES now costs
+    // +1.7%, on the 31B (K = 5376 and wider) it still gains, so it applies from K = 4096 (two full rounds of
+    // 8 chunks per lane at one warp per row).
+    if (p.in.min_waves > 0 && !u4 && p.in.K >= kMinWavesMinK) {  // fewer warps per row, >= min_waves waves
         const int64_t per_sm = M == kGeglu && !split ? 2 : 4;
         const int64_t slots = per_sm * device_sms();
         auto blocks = [&](int ww) {
@@ -512,10 +517,6 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
         if (split) return launch_by_lean<kGegluSplit, kU>(p, s, std::min(w, 4));
-        // GemvInput.geglu_split_u4: the split at 4 chunks per lane as a lean kernel (40 registers, 6 blocks
-        // per SM), where the launch has no norm
-        if (u4 && p.in.geglu_split_u4 && p.in.lean && !p.in.norm)
-            return launch_by_lean<kGegluSplit, 4>(p, s, std::min(w, 4));
     }
     if constexpr (M != kGeglu) {  // run 2: the lean GeGLU at 4 blocks per SM lost, see rows_blocks_per_sm
         if (u4) return launch_by_lean<M, 4>(p, s, w);

@@ -61,18 +61,17 @@ struct GemvInput {
     // lane only.
     bool geglu_split = false;
     // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES, 3 by default for one GPU since session 7: with the split GeGLU, 31B
-    // -3.5..-5.2%): a warp-per-row launch at 8 chunks per lane halves its warps per row
-    // while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row v11 ran the
-    // 31B's q/k/v at 98% of the roofline; the model's 4 warps per row at ~73%).
+    // -3.5..-5.2%): a warp-per-row launch at 8 chunks per lane and K >= 4096 (session 8: E4B's K = 2560
+    // lost 1.7% to it) halves its warps per row while it still has at least this many waves of blocks (the
+    // kernel lab's one-warp-per-row v11 ran the 31B's q/k/v at 98% of the roofline; the model's 4 warps per
+    // row at ~73%).
     int min_waves = 0;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
     // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
     // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
-    // GeGLU (MARKBASE_CUDA_GEMV_LEAN).
+    // GeGLU (MARKBASE_CUDA_GEMV_LEAN, on by default).
     bool lean = false;
-    // With lean, the GeGLU at 4 chunks per lane as the split kernel (MARKBASE_CUDA_GEGLU_SPLIT_U4)
-    bool geglu_split_u4 = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -98,6 +97,11 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 // y = gelu_tanh(W @ xn) * aux: the per-layer-embedding gate.
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s);
+// ple_gate.cu, one token: x_out = (x + RMSNorm(y) * w) * scale, then g[r] = gelu(wg[r] . x_out) * ple[r] for
+// r < P (the MLP's residual update folded into the PLE gate; x_out != x). fits: whether H is supported.
+bool ple_gate_fold_fits(int H);
+void ple_gate_fold(const float* x, const float* y, const bf16* w, float scale, float eps, int H,
+                   const bf16* wg, int P, const float* ple, float* g, float* x_out, cudaStream_t s);
 // logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu);
 // row r is token id id_base + r (a tensor-parallel rank scores its own vocabulary rows).
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
