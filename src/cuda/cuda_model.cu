@@ -211,7 +211,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
-        ple_fold_ = env_flag("MARKBASE_CUDA_PLE_FOLD", false);
+        tail_resident_ = env_flag("MARKBASE_CUDA_TAIL_RESIDENT", false);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

@@ -290,9 +290,8 @@ class CudaModel {
     bool prenorm_ = false;
     float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
-    bool gemv_lean_ = false;  // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
-    // MARKBASE_CUDA_PLE_FOLD: the MLP's deferred update folded into the PLE gate (ple_gate.cu)
-    bool ple_fold_ = false;
+    bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
+    bool tail_resident_ = false;         // MARKBASE_CUDA_TAIL_RESIDENT: GemvInput.tail_resident
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks

@@ -29,6 +29,7 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.geglu_split = geglu_split_;
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;
+    in.tail_resident = tail_resident_;
     in.x = x;
     in.K = K;
     return in;
@@ -274,17 +275,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then *
                        // layer_scalar
         const int P = c_.ple_dim;
-        if (ple_fold_ && pending_.name && ple_gate_fold_fits(H)) {  // the deferred MLP update folded in
-            const PendingResidual u = pending_;
-            pending_ = {};
-            float* x = xcur_;
-            float* out = xcur_ == x_ ? xb_ : x_;
-            run(pf, "ple_gate", i, wbytes(P, H), [&] {
-                ple_gate_fold(x, u.y, u.w, u.scale, eps, H, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, out,
-                              stream_);
-            });
-            xcur_ = out;
-        } else {
+        {
             const GemvInput in = x_input(pf, i, false, nullptr);
             run(pf, "ple_gate", i, wbytes(P, H),
                 [&] { gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_); });

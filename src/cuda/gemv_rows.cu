@@ -35,6 +35,7 @@ struct RowsParams {
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
     ResidualTail tail;
+    bool resident = false;  // a tailed launch on a grid of resident blocks (rows_kernel)
 };
 
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
@@ -139,17 +140,15 @@ constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
     return Lean ? 6 : 4;
 }
-template <int M, int W, int U = kU, bool Lean = false>
-__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
-    rows_kernel(const RowsParams p) {
+template <int M, int W, int U, bool Lean>
+__device__ __forceinline__ void rows_group(const RowsParams& p, int group, bool first, float (*partial)[3]) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr bool kSplit = M == kGegluSplit;
     constexpr int kRowWarps = kSplit ? 2 * W : W;  // warps per output row
     static_assert(kRowWarps <= kWarps, "a row's warps fit in one block");
     constexpr int kRowsPerBlock = kWarps / kRowWarps;
-    __shared__ float partial[kWarps][3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * kRowsPerBlock + warp / kRowWarps, part = warp % kRowWarps % W;
+    const int row = group * kRowsPerBlock + warp / kRowWarps, part = warp % kRowWarps % W;
     const bool up_half = kSplit && warp % kRowWarps >= W;  // kSplit: this warp streams the up row
     const bool active = row < p.total_rows;
     const int K = p.in.K, nchunk = K >> 3;
@@ -173,8 +172,8 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
             if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
-    load(c_lo);   // weights only: safe before the previous kernel has finished
-    pdl_begin();  // from here on x (and y, the tail's x) may be touched
+    load(c_lo);              // weights only: safe before the previous kernel has finished
+    if (first) pdl_begin();  // from here on x (and y, the tail's x) may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
@@ -229,9 +228,36 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
         else
             *y = gelu_tanh(acc) * p.aux[row];
     }
+}
+
+// One block per group of rows.
+template <int M, int W, int U = kU, bool Lean = false>
+__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
+    rows_kernel(const RowsParams p) {
+    __shared__ float partial[kWarps][3];
+    rows_group<M, W, U, Lean>(p, blockIdx.x, true, partial);
     if constexpr (M == kStore && !Lean) {
         if (p.tail.x) residual_tail(p);
     }
+}
+
+// A plain product with a residual tail and RowsParams.resident (MARKBASE_CUDA_TAIL_RESIDENT): only as many
+// blocks as fit the SMs at once, each looping over groups of rows, so that each block fences and takes its
+// ticket once, at the end (the 26B's tailed o_proj streams at ~1.2 TB/s in the events profile, its 704-1408
+// blocks each paying that round trip before they retire). A kernel of its own: the loop in rows_kernel made
+// ptxas spill at 4 blocks per SM.
+constexpr int kResidentBlocksPerSm = 3;  // (at 4, 64 registers, it spills)
+template <int W, int U>
+__global__ void __launch_bounds__(kWarps * 32, kResidentBlocksPerSm)
+    rows_resident_kernel(const RowsParams p) {
+    __shared__ float partial[kWarps][3];
+    constexpr int kRowsPerBlock = kWarps / W;
+    const int groups = (p.total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        rows_group<kStore, W, U, false>(p, g, g == static_cast<int>(blockIdx.x), partial);
+        if constexpr (W > 1) __syncthreads();  // partial[] is rewritten by the next group
+    }
+    residual_tail(p);
 }
 
 // ---- async (MARKBASE_CUDA_GEMV=async) ----
@@ -414,11 +440,31 @@ int warps_per_row(int K, int U = kU) {
     return w;
 }
 
+int device_sms() {
+    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d != dev) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+        dev = d;
+    }
+    return sms;
+}
+
 template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
-                  p);
+    const int blocks = (p.total_rows + rpb - 1) / rpb;
+    if constexpr (M == kStore && !Lean) {
+        if (p.resident) {
+            launch_kernel(rows_resident_kernel<W, U>,
+                          dim3(std::min(blocks, kResidentBlocksPerSm * device_sms())), dim3(kWarps * 32), 0,
+                          s, p);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    launch_kernel(rows_kernel<M, W, U, Lean>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -446,17 +492,6 @@ void launch_by_lean(RowsParams& p, cudaStream_t s, int w) {
         if (p.in.lean && !p.in.norm && !p.tail.x) return launch_by_w<M, U, true>(p, s, w);
     }
     return launch_by_w<M, U, false>(p, s, w);
-}
-
-int device_sms() {
-    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    if (d != dev) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
-        dev = d;
-    }
-    return sms;
 }
 
 // The async kernel when the launch has a scratch and at least kAsyncMinRounds rounds per warp on a full grid
@@ -492,6 +527,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
+    p.resident = M == kStore && p.tail.x && p.in.tail_resident;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
     // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8

@@ -72,6 +72,9 @@ struct GemvInput {
     // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
     // GeGLU (MARKBASE_CUDA_GEMV_LEAN, on by default).
     bool lean = false;
+    // A launch with a residual tail runs on a grid of resident blocks that loop over the rows, one ticket per
+    // block (MARKBASE_CUDA_TAIL_RESIDENT; the MoE model's o_proj)
+    bool tail_resident = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -97,11 +100,6 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 // y = gelu_tanh(W @ xn) * aux: the per-layer-embedding gate.
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s);
-// ple_gate.cu, one token: x_out = (x + RMSNorm(y) * w) * scale, then g[r] = gelu(wg[r] . x_out) * ple[r] for
-// r < P (the MLP's residual update folded into the PLE gate; x_out != x). fits: whether H is supported.
-bool ple_gate_fold_fits(int H);
-void ple_gate_fold(const float* x, const float* y, const bf16* w, float scale, float eps, int H,
-                   const bf16* wg, int P, const float* ple, float* g, float* x_out, cudaStream_t s);
 // logits = softcap(W @ xn) (softcap <= 0: none), and the argmax folded into *argmax_key (see sampling.cu);
 // row r is token id id_base + r (a tensor-parallel rank scores its own vocabulary rows).
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
