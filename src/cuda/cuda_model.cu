@@ -195,10 +195,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         xb_ = alloc<float>(H);
         d_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_counter_, 0, sizeof(unsigned int)));
-        // Unset: tails on the MoE model only (session 5's H200 A/B without them: 31B -10.9%, E4B -11.4%, E2B
-        // -5.7%, 26B-A4B +1.6%: its one tail is o_proj's, and the extra launch lands before the experts'
-        // fork)
-        gemv_tail_ = c_.moe;
+        // Unset: no tails (session 5's H200 A/B without them: 31B -10.9%, E4B -11.4%, E2B -5.7%, 26B-A4B
+        // +1.6%, so the MoE model kept its o_proj tail until session 8's run 5 measured it at -0.9% without)
+        gemv_tail_ = false;
         gemv_tail_ = env_flag("MARKBASE_CUDA_GEMV_TAIL", gemv_tail_);
         tail_ = fuse_ && gemv_variant_is_rows(gemv_variant_) && gemv_tail_;
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
@@ -211,7 +210,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
-        tail_resident_ = env_flag("MARKBASE_CUDA_TAIL_RESIDENT", false);
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

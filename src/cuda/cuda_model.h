@@ -193,14 +193,16 @@ class CudaModel {
     GemvInput gemv_input(const float* x, int K) const;          // cuda_step.cu: this model's GEMV settings
     // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
     GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
-    void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale);
+    void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
+                  const bf16* next_w = nullptr);
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
     // res_w) * scale; otherwise that update waits as pending_ (fusion) or runs as its own kernel.
     // reduce (tensor parallel): y is this rank's partial sum; it is summed over the ranks before the update.
+    // next_w: the input norm of the GEMV that reads x next, for an update launched at once (prenorm_).
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
                           int rows, const float* xin, int K, float* y, const bf16* res_w, float scale,
-                          bool reduce = false);
+                          bool reduce = false, const bf16* next_w = nullptr);
     // Sharded only (no-ops otherwise): in-place sum of n floats over the ranks; max of the argmax key.
     void all_reduce(Profiler* pf, int layer, float* buf, size_t n);
     void all_reduce_argmax(Profiler* pf);
@@ -291,7 +293,6 @@ class CudaModel {
     float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
-    bool tail_resident_ = false;         // MARKBASE_CUDA_TAIL_RESIDENT: GemvInput.tail_resident
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks
@@ -299,7 +300,7 @@ class CudaModel {
     // them (o_proj, down, the PLE projection; gemv_rows.cu), x stays in x_, and the consumers fold the input
     // norm into each warp. d_tail_counter_: those tails' finished blocks.
     bool tail_ = false;
-    // MARKBASE_CUDA_GEMV_TAIL (default 0 on the dense models, 1 on the MoE model since session 5's H200 A/B):
+    // MARKBASE_CUDA_GEMV_TAIL (default 0: session 5's H200 A/B on the dense models, session 8's on the MoE):
     // 0 = no tails; each update is a one-block launch after its GEMV (residual_launch_, also with fusion
     // off). Every block of a tailed GEMV fences its stores and takes a ticket before it retires; without that
     // the 31B's down projection went from 89 to 61 us per call.

@@ -29,20 +29,19 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.geglu_split = geglu_split_;
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;
-    in.tail_resident = tail_resident_;
     in.x = x;
     in.K = K;
     return in;
 }
 
 GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w) {
-    const bf16* xn_for = xn_for_;  // written by the MoE combine for the GEMV right after it
-    xn_for_ = nullptr;
-    if (norm && norm_w && norm_w == xn_for && !pending_.y) return gemv_input(xn_, c_.hidden);
+    // xn_ already holds RMSNorm(x) * norm_w (written by the update that made this x)
+    if (norm && norm_w && norm_w == xn_for_ && !pending_.y) return gemv_input(xn_, c_.hidden);
     if (pending_.name) {  // a deferred update: its own launch, writing this GEMV's normalised input too
         const PendingResidual p = pending_;
         pending_ = {};
         const bool pre = norm && norm_w;
+        xn_for_ = pre ? norm_w : nullptr;
         float* x = xcur_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
@@ -67,6 +66,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         in.res_out = out;
         xcur_ = out;
         pending_ = {};
+        xn_for_ = nullptr;
     } else {
         in.x = xcur_;
     }
@@ -74,19 +74,26 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
 }
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
-                         float scale) {
+                         float scale, const bf16* next_w) {
     const bool defer = prenorm_ && residual_launch_ && !c_.moe;  // (the MoE's overlap wants none pending)
     if (!residual_launch_ || defer) {
         pending_ = {y, w, scale, defer ? name : nullptr};
         return;
     }
+    // launched now (the MoE model, whose expert fork wants nothing pending): with prenorm_, it also writes
+    // the normalised input of the GEMV named by next_w (the 26B's dense MLP after o_proj)
+    const bool pre = prenorm_ && next_w;
     float* x = xcur_;
-    run(pf, name, layer, 0.0, [&] { residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
+    run(pf, name, layer, 0.0, [&] {
+        residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
+                          pre ? xn_ : nullptr);
+    });
+    xn_for_ = pre ? next_w : nullptr;
 }
 
 void CudaModel::project_residual(Profiler* pf, const char* name, const char* res_name, int layer,
                                  const bf16* W, int rows, const float* xin, int K, float* y,
-                                 const bf16* res_w, float scale, bool reduce) {
+                                 const bf16* res_w, float scale, bool reduce, const bf16* next_w) {
     const GemvInput in = gemv_input(xin, K);
     GemvSeg seg{W, y, rows, 0};
     if (!res_w) {  // a plain product
@@ -95,6 +102,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
     }
     if (reduce && sharded()) {  // the ranks' partial sums first, then the update
         flush_residual(pf, layer);
+        xn_for_ = nullptr;
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
         if (peer_ready(static_cast<size_t>(rows))) {  // the sum and the update in one kernel
             const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, nullptr};
@@ -108,12 +116,13 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
         return;
     }
     if (tail_) {
+        xn_for_ = nullptr;
         const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, d_tail_counter_};
         run(pf, name, layer, wbytes(rows, K), [&] { gemv_rows(in, &seg, 1, &t, stream_); });
         return;
     }
     run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
-    residual(pf, res_name, layer, y, res_w, scale);
+    residual(pf, res_name, layer, y, res_w, scale, next_w);
 }
 
 // For kernels that read x directly rather than through a GEMV input.
@@ -121,6 +130,7 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     if (!pending_.y) return;
     const PendingResidual p = pending_;
     pending_ = {};
+    xn_for_ = nullptr;
     float* x = xcur_;
     run(pf, p.name ? p.name : "residual", layer, 0.0,
         [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
@@ -217,7 +227,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
-                     true);
+                     true, lw.pre_ffn_norm);
 
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
     const float ffn_scale =
@@ -251,6 +261,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             record_experts(i, pf, stream_);
         float* x = xcur_;
         if (sharded()) {  // [dense partial | experts' partial] summed over the ranks, then the norms
+            xn_for_ = nullptr;
             run(pf, "experts_sum", i, 0.0,
                 [&] { moe_weighted_sum(eslots_, sel_w_, K, H, 1, m_ + H, stream_); });
             all_reduce(pf, i, m_, 2 * static_cast<size_t>(H));
@@ -268,7 +279,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                                      lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_,
                                      pre ? next_w : nullptr, pre ? xn_ : nullptr);
             });
-            if (pre) xn_for_ = next_w;
+            xn_for_ = pre ? next_w : nullptr;
         }
     }
 

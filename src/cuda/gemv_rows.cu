@@ -35,7 +35,6 @@ struct RowsParams {
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
     ResidualTail tail;
-    bool resident = false;  // a tailed launch on a grid of resident blocks (rows_kernel)
 };
 
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
@@ -241,25 +240,6 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     }
 }
 
-// A plain product with a residual tail and RowsParams.resident (MARKBASE_CUDA_TAIL_RESIDENT): only as many
-// blocks as fit the SMs at once, each looping over groups of rows, so that each block fences and takes its
-// ticket once, at the end (the 26B's tailed o_proj streams at ~1.2 TB/s in the events profile, its 704-1408
-// blocks each paying that round trip before they retire). A kernel of its own: the loop in rows_kernel made
-// ptxas spill at 4 blocks per SM.
-constexpr int kResidentBlocksPerSm = 3;  // (at 4, 64 registers, it spills)
-template <int W, int U>
-__global__ void __launch_bounds__(kWarps * 32, kResidentBlocksPerSm)
-    rows_resident_kernel(const RowsParams p) {
-    __shared__ float partial[kWarps][3];
-    constexpr int kRowsPerBlock = kWarps / W;
-    const int groups = (p.total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        rows_group<kStore, W, U, false>(p, g, g == static_cast<int>(blockIdx.x), partial);
-        if constexpr (W > 1) __syncthreads();  // partial[] is rewritten by the next group
-    }
-    residual_tail(p);
-}
-
 // ---- async (MARKBASE_CUDA_GEMV=async) ----
 // The matrix as one sequence of rounds in memory order: row r's round j covers 16-byte chunks [j, j + 1) *
 // kRound of its K (the last round of a row may be partial). Warp g of G takes rounds [g N / G, (g + 1) N /
@@ -455,15 +435,6 @@ template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
     const int blocks = (p.total_rows + rpb - 1) / rpb;
-    if constexpr (M == kStore && !Lean) {
-        if (p.resident) {
-            launch_kernel(rows_resident_kernel<W, U>,
-                          dim3(std::min(blocks, kResidentBlocksPerSm * device_sms())), dim3(kWarps * 32), 0,
-                          s, p);
-            CUDA_CHECK_LAUNCH();
-            return;
-        }
-    }
     launch_kernel(rows_kernel<M, W, U, Lean>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
     CUDA_CHECK_LAUNCH();
 }
@@ -527,7 +498,6 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
         throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
-    p.resident = M == kStore && p.tail.x && p.in.tail_resident;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
     // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8

@@ -72,9 +72,6 @@ struct GemvInput {
     // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
     // GeGLU (MARKBASE_CUDA_GEMV_LEAN, on by default).
     bool lean = false;
-    // A launch with a residual tail runs on a grid of resident blocks that loop over the rows, one ticket per
-    // block (MARKBASE_CUDA_TAIL_RESIDENT; the MoE model's o_proj)
-    bool tail_resident = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
