@@ -81,6 +81,23 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 // of x, the norm weights and a sum of squares in every warp.
 constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
 constexpr int kWideResidualPer = 6;  // H <= 6144
+
+// xn[k] = v * rsqrt(mean(v^2) + eps) * weight(j, k) for the block's H values, thread t holding v[j] at k = t
+// + j * kWideThreads (0 past H): the next GEMV's normalised input, from the new x an update kernel holds.
+template <int Per, class Weight>
+__device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, float eps, Weight weight,
+                                                 float* red, float* xn) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Per; ++j) ss = fmaf(v[j], v[j], ss);
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+#pragma unroll
+    for (int j = 0; j < Per; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k < H) xn[k] = v[j] * inv * weight(j, k);
+    }
+}
 __global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
                          int H, float eps, float scale, const bf16* __restrict__ next_w,
@@ -105,22 +122,15 @@ __global__ void __launch_bounds__(kWideThreads)
     for (int j = 0; j < kWideResidualPer; ++j) ss = fmaf(yv[j], yv[j], ss);
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-    float ss2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
-        xv[j] = (xv[j] + yv[j] * inv * wv[j]) * scale;
+        xv[j] = (xv[j] + yv[j] * inv * wv[j]) * scale;  // 0 past H: xv, yv and wv are 0 there
         if (k < H) x[k] = xv[j];
-        ss2 = fmaf(xv[j], xv[j], ss2);  // 0 past H: xv, yv and wv are 0 there
     }
-    if (!next_w) return;
-    ss2 = block_sum(ss2, red);
-    const float inv2 = 1.0f / sqrtf(ss2 / static_cast<float>(H) + eps);
-#pragma unroll
-    for (int j = 0; j < kWideResidualPer; ++j) {
-        const int k = threadIdx.x + j * kWideThreads;
-        if (k < H) xn[k] = xv[j] * inv2 * nv[j];
-    }
+    if (next_w)
+        store_normalised(
+            xv, H, eps, [&](int j, int) { return nv[j]; }, red, xn);
 }
 
 // dynamic smem: 2*H floats (the expert sum, then the combined m')
@@ -225,24 +235,17 @@ __global__ void __launch_bounds__(kWideThreads)
     }
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
-    float ss2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideCombinePer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         if (k < H) {
-            mv[j] = (sx[k] + mv[j] * inv * bf16_at(sww, k)) * scale;  // the new x
+            mv[j] = (sx[k] + mv[j] * inv * bf16_at(sww, k)) * scale;  // the new x (0 past H)
             x[k] = mv[j];
         }
-        ss2 = fmaf(mv[j], mv[j], ss2);  // 0 past H
     }
-    if (!next_w) return;  // otherwise the next GEMV's input, as residual_wide_kernel writes it
-    ss2 = block_sum(ss2, red);
-    const float inv2 = 1.0f / sqrtf(ss2 / static_cast<float>(H) + eps);
-#pragma unroll
-    for (int j = 0; j < kWideCombinePer; ++j) {
-        const int k = threadIdx.x + j * kWideThreads;
-        if (k < H) xn[k] = mv[j] * inv2 * bf16_at(snw, k);
-    }
+    if (next_w)
+        store_normalised(
+            mv, H, eps, [&](int, int k) { return bf16_at(snw, k); }, red, xn);
 }
 
 __global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float eps, float* out) {
