@@ -139,15 +139,17 @@ constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
     return Lean ? 6 : 4;
 }
-template <int M, int W, int U, bool Lean>
-__device__ __forceinline__ void rows_group(const RowsParams& p, int group, bool first, float (*partial)[3]) {
+template <int M, int W, int U = kU, bool Lean = false>
+__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
+    rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr bool kSplit = M == kGegluSplit;
     constexpr int kRowWarps = kSplit ? 2 * W : W;  // warps per output row
     static_assert(kRowWarps <= kWarps, "a row's warps fit in one block");
     constexpr int kRowsPerBlock = kWarps / kRowWarps;
+    __shared__ float partial[kWarps][3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = group * kRowsPerBlock + warp / kRowWarps, part = warp % kRowWarps % W;
+    const int row = blockIdx.x * kRowsPerBlock + warp / kRowWarps, part = warp % kRowWarps % W;
     const bool up_half = kSplit && warp % kRowWarps >= W;  // kSplit: this warp streams the up row
     const bool active = row < p.total_rows;
     const int K = p.in.K, nchunk = K >> 3;
@@ -171,8 +173,8 @@ __device__ __forceinline__ void rows_group(const RowsParams& p, int group, bool 
             if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
-    load(c_lo);              // weights only: safe before the previous kernel has finished
-    if (first) pdl_begin();  // from here on x (and y, the tail's x) may be touched
+    load(c_lo);   // weights only: safe before the previous kernel has finished
+    pdl_begin();  // from here on x (and y, the tail's x) may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
@@ -227,14 +229,6 @@ __device__ __forceinline__ void rows_group(const RowsParams& p, int group, bool 
         else
             *y = gelu_tanh(acc) * p.aux[row];
     }
-}
-
-// One block per group of rows.
-template <int M, int W, int U = kU, bool Lean = false>
-__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
-    rows_kernel(const RowsParams p) {
-    __shared__ float partial[kWarps][3];
-    rows_group<M, W, U, Lean>(p, blockIdx.x, true, partial);
     if constexpr (M == kStore && !Lean) {
         if (p.tail.x) residual_tail(p);
     }
@@ -420,22 +414,11 @@ int warps_per_row(int K, int U = kU) {
     return w;
 }
 
-int device_sms() {
-    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    if (d != dev) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
-        dev = d;
-    }
-    return sms;
-}
-
 template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    const int blocks = (p.total_rows + rpb - 1) / rpb;
-    launch_kernel(rows_kernel<M, W, U, Lean>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
+    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
+                  p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -455,14 +438,15 @@ void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     }
 }
 
-// The lean kernel at 4 chunks per lane only: at 8, without the norm and the tail, ptxas still holds 62-64
-// registers (and spills at 6 or 5 blocks per SM), so it would gain nothing there.
-template <int M, int U>
-void launch_by_lean(RowsParams& p, cudaStream_t s, int w) {
-    if constexpr (U != kU) {
-        if (p.in.lean && !p.in.norm && !p.tail.x) return launch_by_w<M, U, true>(p, s, w);
+int device_sms() {
+    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d != dev) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+        dev = d;
     }
-    return launch_by_w<M, U, false>(p, s, w);
+    return sms;
 }
 
 // The async kernel when the launch has a scratch and at least kAsyncMinRounds rounds per warp on a full grid
@@ -522,14 +506,15 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.force_warps > 0) w = p.in.force_warps;
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
-        if (split) return launch_by_lean<kGegluSplit, kU>(p, s, std::min(w, 4));
-    }
-    if constexpr (M != kGeglu) {  // run 2: the lean GeGLU at 4 blocks per SM lost, see rows_blocks_per_sm
-        if (u4) return launch_by_lean<M, 4>(p, s, w);
-    } else if (u4) {
+        if (split) return launch_by_w<kGegluSplit, kU, false>(p, s, std::min(w, 4));
+        return u4 ? launch_by_w<M, 4, false>(p, s, w) : launch_by_w<M, kU, false>(p, s, w);
+    } else {
+        if (!u4) return launch_by_w<M, kU, false>(p, s, w);
+        // The lean kernel at 4 chunks per lane only: at 8, without the norm and the tail, ptxas still holds
+        // 62-64 registers (and spills at 6 or 5 blocks per SM), so it would gain nothing there.
+        if (p.in.lean && !p.in.norm && !p.tail.x) return launch_by_w<M, 4, true>(p, s, w);
         return launch_by_w<M, 4, false>(p, s, w);
     }
-    return launch_by_lean<M, kU>(p, s, w);
 }
 
 }  // namespace
