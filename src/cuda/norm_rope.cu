@@ -82,22 +82,30 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
 constexpr int kWideResidualPer = 6;  // H <= 6144
 
-// xn[k] = v * rsqrt(mean(v^2) + eps) * weight(j, k) for the block's H values, thread t holding v[j] at k = t
-// + j * kWideThreads (0 past H): the next GEMV's normalised input, from the new x an update kernel holds.
-template <int Per, class Weight>
-__device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, float eps, Weight weight,
-                                                 float* red, float* xn) {
+// rsqrt(mean(v^2) + eps) over the block's H values, thread t holding v[j] (value t + j * kWideThreads, 0
+// past H)
+template <int Per>
+__device__ __forceinline__ float block_inv_rms(const float (&v)[Per], int H, float eps, float* red) {
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < Per; ++j) ss = fmaf(v[j], v[j], ss);
     ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    return 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+}
+
+// xn[k] = v * rsqrt(mean(v^2) + eps) * weight(j, k), laid out as block_inv_rms's: the next GEMV's normalised
+// input, from the new x an update kernel holds.
+template <int Per, class Weight>
+__device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, float eps, Weight weight,
+                                                 float* red, float* xn) {
+    const float inv = block_inv_rms(v, H, eps, red);
 #pragma unroll
     for (int j = 0; j < Per; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         if (k < H) xn[k] = v[j] * inv * weight(j, k);
     }
 }
+
 __global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
                          int H, float eps, float scale, const bf16* __restrict__ next_w,
@@ -111,17 +119,13 @@ __global__ void __launch_bounds__(kWideThreads)
         nv[j] = next_w && k < H ? bf16_at(next_w, k) : 0.0f;
     }
     pdl_begin();
-    float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         yv[j] = k < H ? y[k] : 0.0f;
         xv[j] = k < H ? x[k] : 0.0f;
     }
-#pragma unroll
-    for (int j = 0; j < kWideResidualPer; ++j) ss = fmaf(yv[j], yv[j], ss);
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    const float inv = block_inv_rms(yv, H, eps, red);
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
