@@ -226,25 +226,156 @@ __device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, fl
     }
 }
 
+// Three block sums at once, each added in block_sum's order (so the fused post's norms equal qkv_post's).
+__device__ __forceinline__ void block_sum3(float& a, float& b, float& c, float* scratch /* [3 * 32] */) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    c = warp_sum(c);
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+        scratch[64 + warp] = c;
+    }
+    __syncthreads();
+    a = warp_sum(lane < nwarps ? scratch[lane] : 0.0f);
+    b = warp_sum(lane < nwarps ? scratch[32 + lane] : 0.0f);
+    c = warp_sum(lane < nwarps ? scratch[64 + lane] : 0.0f);
+    __syncthreads();
+}
+
+// The fused post's constants for this thread's elements (dim tid + i * kThreads): the q and k norm weights
+// and the RoPE frequencies, as qkv_post's post_consts.
+struct PostConsts {
+    float wq[kMaxDimsPerThread], wk[kMaxDimsPerThread], f[kMaxDimsPerThread / 2];
+};
+__device__ __forceinline__ void load_post_consts(const QkvPost& p, int d, PostConsts& pc) {
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        const int j = threadIdx.x + i * kThreads;
+        pc.wq[i] = p.q_norm && j < d ? bf16_at(p.q_norm, j) : 1.0f;
+        pc.wk[i] = p.k_norm && j < d ? bf16_at(p.k_norm, j) : 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread / 2; ++i) {
+        const int j = threadIdx.x + i * kThreads;
+        pc.f[i] = p.inv_freq && j < d / 2 ? p.inv_freq[j] : 0.0f;
+    }
+}
+
+// qkv_post's math for one head (norm_rope.cu, the same operations in the same order): qs = RoPE(q_norm(q));
+// with_new (the piece holding pos on an own-KV layer): ks = RoPE(k_norm(kraw)), vs = RMSNorm(vraw) of KV
+// group g, and the group's first head (writer) stores them into the cache slot of pos.
+__device__ __forceinline__ void stage_post(const AttnArgs& a, int h, int g, int64_t pos, bool with_new,
+                                           bool writer, const PostConsts& pc, float* qs, float* ks, float* vs,
+                                           float* scratch) {
+    const QkvPost& p = a.post;
+    const int d = a.d, half = d / 2, tid = threadIdx.x;
+    const float* q = a.q + static_cast<int64_t>(h) * d;
+    const float* kr = p.kraw + static_cast<int64_t>(g) * d;
+    const float* vr = p.vraw + static_cast<int64_t>(g) * d;
+    float sq = 0.0f, sk = 0.0f, sv = 0.0f;
+    float qv[kMaxDimsPerThread], kv[kMaxDimsPerThread], vv[kMaxDimsPerThread];
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        const int j = tid + i * kThreads;
+        qv[i] = kv[i] = vv[i] = 0.0f;
+        if (j < d) {
+            qv[i] = q[j];
+            sq = fmaf(qv[i], qv[i], sq);
+            if (with_new) {
+                kv[i] = kr[j];
+                vv[i] = vr[j];
+                sk = fmaf(kv[i], kv[i], sk);
+                sv = fmaf(vv[i], vv[i], sv);
+            }
+        }
+    }
+    block_sum3(sq, sk, sv, scratch);
+    const float iq = 1.0f / sqrtf(sq / static_cast<float>(d) + p.eps);
+    const float ik = 1.0f / sqrtf(sk / static_cast<float>(d) + p.eps);
+    const float iv = 1.0f / sqrtf(sv / static_cast<float>(d) + p.eps);
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        const int j = tid + i * kThreads;
+        if (j < d) {
+            qs[j] = qv[i] * iq * pc.wq[i];
+            if (with_new) {
+                ks[j] = kv[i] * ik * pc.wk[i];
+                vs[j] = vv[i] * iv * 1.0f;  // no weight: qkv_post's 1.0 (exact)
+            }
+        }
+    }
+    __syncthreads();
+    const float fpos = static_cast<float>(pos);
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread / 2; ++i) {  // a pair (j, j + half) belongs to one thread: in place
+        const int j = tid + i * kThreads;
+        if (j < half) {
+            const float ang = fpos * pc.f[i];
+            const float c = cosf(ang), sn = sinf(ang);
+            float x0 = qs[j], x1 = qs[j + half];
+            qs[j] = x0 * c - x1 * sn;
+            qs[j + half] = x1 * c + x0 * sn;
+            if (with_new) {
+                x0 = ks[j];
+                x1 = ks[j + half];
+                ks[j] = x0 * c - x1 * sn;
+                ks[j + half] = x1 * c + x0 * sn;
+            }
+        }
+    }
+    __syncthreads();
+    if (writer) {
+        const int64_t off = ((pos % p.cap) * p.nKV + g) * d;
+        for (int j = tid; j < d; j += kThreads) {
+            p.k_cache[off + j] = ks[j];
+            p.v_cache[off + j] = vs[j];
+        }
+    }
+}
+
+// Post: AttnArgs.fused_post (stage_post above); with the cache slot of pos no longer written by the previous
+// kernel, the one-batch path requests its keys and values before the PDL wait, while the q/k/v products end.
+template <bool Post>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
-    float* red = qs + d;                          // [kWarpsAttn][d]
+    float* ks = qs + d;                           // Post: [d] the new key
+    float* vs = ks + (Post ? d : 0);              // Post: [d] the new value
+    float* red = vs + (Post ? d : 0);             // [kWarpsAttn][d]
     float* fs = red + kWarpsAttn * d;             // [nsplit]
+    const float4* ks4 = reinterpret_cast<const float4*>(ks);
+    const float4* vs4 = reinterpret_cast<const float4*>(vs);
     __shared__ float sc[kTile];
-    __shared__ float scratch[32];
+    __shared__ float scratch[Post ? 96 : 32];
     __shared__ bool last_piece;
-    pdl_begin();
+    PostConsts pc;
+    if constexpr (Post)
+        load_post_consts(a.post, d, pc);  // constants: before the PDL wait
+    else
+        pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const PieceGeometry geo = piece_geometry(a, t);
+    const PieceGeometry geo = piece_geometry(a, t);  // pos_base: written by the previous step, not this one
     if (sp >= geo.active) return;
     const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
     const int64_t end = min(geo.pos + 1, start + geo.split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
     const int g = h / (a.nH / a.nKV);
     const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
+    // Post: this piece holds the current position of an own-KV layer, whose cache slot this launch writes
+    const bool with_new = Post && a.post.kraw && end == geo.pos + 1;
+    auto stage_q = [&] {
+        if constexpr (Post) {
+            stage_post(a, h, g, geo.pos, with_new, with_new && h % (a.nH / a.nKV) == 0, pc, qs, ks, vs,
+                       scratch);
+        } else {
+            for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+            __syncthreads();
+        }
+    };
     float m = -FLT_MAX, l = 0.0f;
     float4 acc[kMaxDimsPerThread];
 #pragma unroll
@@ -271,8 +402,23 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-        __syncthreads();
+        if constexpr (Post) pdl_begin();
+        stage_q();
+        if constexpr (Post) {
+            if (with_new) {  // the slot of pos held an old key: this launch's new key and value instead
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const bool newk = start + min(warp * 4 + u, cnt - 1) == geo.pos;
+                    const bool newv = start + min(warp + u * kWarpsAttn, cnt - 1) == geo.pos;
+#pragma unroll
+                    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                        const int c = lane + 32 * i;
+                        if (c < d4 && newk) kv[u][i] = ks4[c];
+                        if (c < d4 && newv) vv[u][i] = vs4[c];
+                    }
+                }
+            }
+        }
         float sk[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -316,8 +462,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         l = lsum;
         m = tmax;
     } else {
-        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-        __syncthreads();
+        if constexpr (Post) pdl_begin();
+        stage_q();
     }
     for (int64_t ts = one_batch ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
@@ -325,17 +471,20 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
             const float4* kp[4];
             float s[4];
+            bool newk[4];  // Post: the key of pos, this launch's (its cache slot still holds an old one)
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int j = min(j0 + u, cnt - 1);
                 kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
                 s[u] = 0.0f;
+                newk[u] = with_new && ts + j == geo.pos;
             }
             for (int c = lane; c < d4; c += 32) {
                 const float4 qv = smem4[c];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const float4 kv = __ldg(kp[u] + c);
+                    float4 kv = __ldg(kp[u] + c);
+                    if (Post && newk[u]) kv = ks4[c];
                     s[u] = fmaf(kv.x, qv.x, s[u]);
                     s[u] = fmaf(kv.y, qv.y, s[u]);
                     s[u] = fmaf(kv.z, qv.z, s[u]);
@@ -375,10 +524,12 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 p[u] = j < cnt ? sc[j] : 0.0f;
                 const float4* vp = reinterpret_cast<const float4*>(
                     a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
+                const bool newv = with_new && ts + min(j, cnt - 1) == geo.pos;
 #pragma unroll
                 for (int i = 0; i < kMaxDimsPerThread; ++i) {
                     const int c = lane + 32 * i;
                     vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (Post && newv && c < d4) vv[u][i] = vs4[c];
                 }
             }
 #pragma unroll
@@ -450,9 +601,20 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
-        const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
+        const size_t smem =
+            (static_cast<size_t>(1 + (a.fused_post ? 2 : 0) + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        if (a.fused_post) {
+            if (n != 1 || a.post.cap != a.cap || a.post.nKV != a.nKV || a.post.d != a.d || a.post.nH != a.nH)
+                throw Error(
+                    "internal: the fused attention post takes one token and the layer's own geometry");
+            launch_kernel(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        } else {
+            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        }
+    } else if (a.fused_post) {
+        throw Error(
+            "internal: the fused attention post needs the v2 decode pieces (MARKBASE_CUDA_ATTN_SPLIT=auto)");
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);

@@ -208,6 +208,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
+        attn_post_ = env_flag("MARKBASE_CUDA_ATTN_POST", true) && attn_v2_ && fuse_;
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
         d_tail_counter_ = alloc<unsigned int>(1);

@@ -265,6 +265,13 @@ struct AttnArgs {
     // Optional [n][nH] zeroed counters: the last piece of each head merges them all into `out` (one kernel);
     // without them attention() runs a separate merge kernel.
     unsigned int* merge_counters = nullptr;
+    // Decode v2 with merge_counters only (MARKBASE_CUDA_ATTN_POST): q is the raw projection and the pieces do
+    // qkv_post's work themselves (post: qkv_post's arguments), one launch fewer per layer: each piece
+    // normalises and rotates its head's q; the piece holding the current position also normalises the new key
+    // and value (own-KV layers) and uses them for that key, and the KV group's first head writes them into
+    // the cache slot. Bit-identical to qkv_post followed by attention.
+    bool fused_post = false;
+    QkvPost post;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).

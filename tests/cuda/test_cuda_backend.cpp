@@ -290,6 +290,9 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV_LEAN=0",
     "MARKBASE_CUDA_GEMV_LEAN=0,MARKBASE_CUDA_PRENORM=0",
     "MARKBASE_CUDA_GEMV_TAIL=1,MARKBASE_CUDA_PRENORM=1",
+    "MARKBASE_CUDA_ATTN_POST=0",
+    "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
+    "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_ATTN_SPLIT=auto:1",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -368,10 +371,11 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
     o.ctx_size = 64;
     o.chunk = 8;
     for (const char* setting :
-         {"MARKBASE_CUDA_GEMV_U4_MAXK=-1", "MARKBASE_CUDA_GEMV_U4_MAXK=2k", "MARKBASE_CUDA_GEGLU_U4_MAXK=",
-          "MARKBASE_CUDA_GEMV_TAIL=2", "MARKBASE_CUDA_MOE_GATE_OCC=4", "MARKBASE_CUDA_MOE_DOWN_OCC=5",
-          "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x", "MARKBASE_CUDA_GEGLU_SPLIT=2",
-          "MARKBASE_CUDA_GEMV_MIN_WAVES=x", "MARKBASE_CUDA_PRENORM=on", "MARKBASE_CUDA_GEMV_LEAN=2"}) {
+         {"MARKBASE_CUDA_GEMV_U4_MAXK=-1", "MARKBASE_CUDA_GEMV_U4_MAXK=2k",
+          "MARKBASE_CUDA_GEGLU_U4_MAXK=", "MARKBASE_CUDA_GEMV_TAIL=2", "MARKBASE_CUDA_MOE_GATE_OCC=4",
+          "MARKBASE_CUDA_MOE_DOWN_OCC=5", "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x",
+          "MARKBASE_CUDA_GEGLU_SPLIT=2", "MARKBASE_CUDA_GEMV_MIN_WAVES=x", "MARKBASE_CUDA_PRENORM=on",
+          "MARKBASE_CUDA_GEMV_LEAN=2", "MARKBASE_CUDA_ATTN_POST=yes"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
