@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        if constexpr (Post) pdl_begin();
+        if constexpr (Post) pdl_begin_after_loads(cnt, false);  // (cnt >= 1) the keys above stay above it
         stage_q();
         if constexpr (Post) {
             if (with_new) {  // the slot of pos held an old key: this launch's new key and value instead

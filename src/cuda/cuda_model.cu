@@ -211,6 +211,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         attn_post_ = env_flag("MARKBASE_CUDA_ATTN_POST", true) && attn_v2_ && fuse_;
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
+        gemv_lean8_ = env_flag("MARKBASE_CUDA_GEMV_LEAN8", false);
+        pdl_late_ = !env_flag("MARKBASE_CUDA_PDL_EARLY", true);  // device_common.cuh: pdl_begin_after_loads
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);

@@ -29,6 +29,8 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.geglu_split = geglu_split_;
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;
+    in.lean8 = gemv_lean8_;
+    in.pdl_late = pdl_late_;
     in.x = x;
     in.K = K;
     return in;

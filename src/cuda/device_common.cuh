@@ -135,6 +135,20 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_wait();
     pdl_launch_dependents();
 }
+// The PDL wait after loads that do not depend on the previous kernel (weights; the KV cache of earlier
+// steps). Written as a plain call after them, the wait does not keep them above it: ptxas sinks such loads
+// below griddepcontrol.wait (session 9: in the SASS of every warp-per-row GEMV no weight load came before the
+// wait, so the weights never streamed during the previous kernel's tail). A branch on `nonzero` (a value the
+// caller knows is not 0 and the compiler cannot fold) puts the wait in a block of its own, and the loads stay
+// above it. late (MARKBASE_CUDA_PDL_EARLY=0, the A/B switch): pdl_begin_late, called before the loads, waits
+// instead, which is what the compiled code did before (in most instantiations: ptxas still hoists the loads
+// above that branch in a few, e.g. the lean plain GEMV at 2-8 warps per row).
+__device__ __forceinline__ void pdl_begin_late(bool late) {
+    if (late) pdl_begin();
+}
+__device__ __forceinline__ void pdl_begin_after_loads(int nonzero, bool late) {
+    if (nonzero != 0 && !late) pdl_begin();
+}
 // The end of a step: the argmax key (see argmax_key) becomes the next token; the position advances; greedy
 // decoding appends the id. Key 0 means no finite logit was seen: feed pad (0) rather than an out-of-range id.
 __device__ __forceinline__ void finish_token(unsigned long long key, int* state, int advance, int* out_ids,

@@ -173,8 +173,9 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
             if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
-    load(c_lo);   // weights only: safe before the previous kernel has finished
-    pdl_begin();  // from here on x (and y, the tail's x) may be touched
+    pdl_begin_late(p.in.pdl_late);
+    load(c_lo);                               // weights only: safe before the previous kernel has finished
+    pdl_begin_after_loads(K, p.in.pdl_late);  // from here on x (and y, the tail's x) may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
@@ -468,8 +469,9 @@ bool launch_async(RowsParams& p, cudaStream_t s) {
 
 template <int M>
 void launch_rows(RowsParams& p, cudaStream_t s) {
-    if (p.in.K % 8 != 0)
-        throw Error("internal: GEMV input width " + std::to_string(p.in.K) + " is not a multiple of 8");
+    if (p.in.K <= 0 || p.in.K % 8 != 0)  // (K > 0: the kernel's PDL wait is behind a branch on it)
+        throw Error("internal: GEMV input width " + std::to_string(p.in.K) +
+                    " is not a positive multiple of 8");
     if (p.in.res_y) throw Error("internal: the warp-per-row GEMV takes no residual prologue");
     check_aligned(p.in.x, "the GEMV input");
     if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
@@ -509,10 +511,15 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         if (split) return launch_by_w<kGegluSplit, kU, false>(p, s, std::min(w, 4));
         return u4 ? launch_by_w<M, 4, false>(p, s, w) : launch_by_w<M, kU, false>(p, s, w);
     } else {
-        if (!u4) return launch_by_w<M, kU, false>(p, s, w);
-        // The lean kernel at 4 chunks per lane only: at 8, without the norm and the tail, ptxas still holds
-        // 62-64 registers (and spills at 6 or 5 blocks per SM), so it would gain nothing there.
-        if (p.in.lean && !p.in.norm && !p.tail.x) return launch_by_w<M, 4, true>(p, s, w);
+        // The lean kernel is compiled at 4 chunks per lane only: at 8, without the norm and the tail, ptxas
+        // still holds 62-64 registers (and spills at 6 or 5 blocks per SM: 8 chunks in flight are 32
+        // registers of weights). lean8 (GemvInput.lean8): a launch sized for 8 (its W) runs the lean kernel
+        // at 4 instead; each lane adds its chunks c_lo + lane + 32 j in the same order at any U, so the sums
+        // are the same.
+        const bool lean = p.in.lean && !p.in.norm && !p.tail.x;
+        if (!u4)
+            return lean && p.in.lean8 ? launch_by_w<M, 4, true>(p, s, w) : launch_by_w<M, kU, false>(p, s, w);
+        if (lean) return launch_by_w<M, 4, true>(p, s, w);
         return launch_by_w<M, 4, false>(p, s, w);
     }
 }

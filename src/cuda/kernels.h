@@ -66,6 +66,13 @@ struct GemvInput {
     // kernel lab's one-warp-per-row v11 ran the 31B's q/k/v at 98% of the roofline; the model's 4 warps per
     // row at ~73%).
     int min_waves = 0;
+    // MARKBASE_CUDA_PDL_EARLY=0: the warp-per-row GEMV waits for the previous kernel before its first weight
+    // loads (device_common.cuh's pdl_begin_late), as its compiled code did before session 9
+    bool pdl_late = false;
+    // MARKBASE_CUDA_GEMV_LEAN8=1 (with lean): the plain products at 8 chunks per lane with no norm and no
+    // tail run the lean kernel at 4 chunks per lane, at the warps per row chosen for 8 (40 registers, 6
+    // blocks per SM instead of 64 and 4; the same sums)
+    bool lean8 = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
     // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
