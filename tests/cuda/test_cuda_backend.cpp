@@ -294,7 +294,7 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
     "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_ATTN_SPLIT=auto:1",
     "MARKBASE_CUDA_PDL_EARLY=0",
-    "MARKBASE_CUDA_GEMV_LEAN8=1",
+    "MARKBASE_CUDA_GEMV_LEAN8=0",
     "MARKBASE_CUDA_GEMV_LEAN8=1,MARKBASE_CUDA_GEMV_MIN_WAVES=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
