@@ -69,10 +69,13 @@ struct GemvInput {
     // MARKBASE_CUDA_PDL_EARLY=0: the warp-per-row GEMV waits for the previous kernel before its first weight
     // loads (device_common.cuh's pdl_begin_late), as its compiled code did before session 9
     bool pdl_late = false;
-    // MARKBASE_CUDA_GEMV_LEAN8 (with lean; default 1 since session 9: 26B-A4B -4.4%): the plain products at 8 chunks per lane with no norm and no
-    // tail run the lean kernel at 4 chunks per lane, at the warps per row chosen for 8 (40 registers, 6
-    // blocks per SM instead of 64 and 4; the same sums)
+    // MARKBASE_CUDA_GEMV_LEAN8 (with lean; default 1 since session 9: 26B-A4B -4.4%): the plain products at 8
+    // chunks per lane with no norm and no tail run the lean kernel at 4 chunks per lane, at the warps per row
+    // chosen for 8 (40 registers, 6 blocks per SM instead of 64 and 4; the same sums)
     bool lean8 = false;
+    // MARKBASE_CUDA_GEGLU_LEAN8=1 (with lean and geglu_split): the split GeGLU at 8 chunks per lane with no
+    // norm runs the lean split kernel at 4 chunks per lane, at the same warps per row (the same sums)
+    bool geglu_lean8 = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
     // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
