@@ -223,7 +223,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    if (attn_post_) {  // the q/k norms, RoPE and the cache write inside the attention pieces
+    if (attn_post_ &&
+        attention_post_fits(d)) {  // the q/k norms, RoPE and the cache write inside the attention pieces
         a.fused_post = true;
         a.post = qkv_post_args(i);
     } else {

@@ -279,11 +279,14 @@ struct AttnArgs {
     // qkv_post's work themselves (post: qkv_post's arguments), one launch fewer per layer: each piece
     // normalises and rotates its head's q; the piece holding the current position also normalises the new key
     // and value (own-KV layers) and uses them for that key, and the KV group's first head writes them into
-    // the cache slot. Bit-identical to qkv_post followed by attention.
+    // the cache slot. The same math as qkv_post, its sums of
+    // squares added per lane and over a warp (so not bit-identical to it).
     bool fused_post = false;
     QkvPost post;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
+// Head dims the fused post (AttnArgs.fused_post) handles: 8..128 in steps of 8, 256 and 512.
+bool attention_post_fits(int d);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
