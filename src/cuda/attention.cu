@@ -226,144 +226,27 @@ __device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, fl
     }
 }
 
-// ---- The fused post (AttnArgs.fused_post): qkv_post's math on one lane's chunks of a head vector ----------
-// A lane holds the float4 chunks c = lane + 32 i of a head, the layout of the pieces' dot products, so q
-// never goes through shared memory: every warp normalises and rotates the whole head by itself, with shuffles
-// and no barrier. RoPE pairs the elements j and j + d/2, i.e. the chunks c and c + d/8: in the same lane at d
-// = 256 or 512 (i and i + d/256), in another lane at d <= 128 (one chunk per lane); attention_post_fits(d).
-__device__ __forceinline__ void load_lanes(const float* p, int d4, float4 (&v)[kMaxDimsPerThread]) {
-    const float4* p4 = reinterpret_cast<const float4*>(p);
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-        const int c = lane + 32 * i;
-        v[i] = c < d4 ? p4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-}
-__device__ __forceinline__ void rope_elem(float& a, float& b, float f, float fpos) {
-    float sn, c;
-    sincosf(fpos * f, &sn, &c);
-    const float x0 = a, x1 = b;
-    a = x0 * c - x1 * sn;
-    b = x1 * c + x0 * sn;
-}
-// a: chunk c (elements 4c..4c+3 of the first half), b: chunk c + d/8; f: inv_freq from element 4c
-__device__ __forceinline__ void rope_chunks(float4& a, float4& b, const float* f, float fpos) {
-    rope_elem(a.x, b.x, __ldg(f), fpos);
-    rope_elem(a.y, b.y, __ldg(f + 1), fpos);
-    rope_elem(a.z, b.z, __ldg(f + 2), fpos);
-    rope_elem(a.w, b.w, __ldg(f + 3), fpos);
-}
-__device__ __forceinline__ float4 shfl4(const float4& v, int src) {
-    return make_float4(__shfl_sync(0xffffffffu, v.x, src), __shfl_sync(0xffffffffu, v.y, src),
-                       __shfl_sync(0xffffffffu, v.z, src), __shfl_sync(0xffffffffu, v.w, src));
-}
-// v = RoPE(RMSNorm(v) * w) (w null: no weight; inv_freq null: no rotation), d elements in this warp's lanes
-__device__ __forceinline__ void norm_rope_lanes(float4 (&v)[kMaxDimsPerThread], const bf16* w,
-                                                const float* inv_freq, int d, float eps, float fpos) {
-    const int lane = threadIdx.x & 31, d4 = d / 4, h4 = d / 8;
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-        ss = fmaf(v[i].x, v[i].x, ss);  // (chunks past d4 hold zeros)
-        ss = fmaf(v[i].y, v[i].y, ss);
-        ss = fmaf(v[i].z, v[i].z, ss);
-        ss = fmaf(v[i].w, v[i].w, ss);
-    }
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
-#pragma unroll
-    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-        const int c = lane + 32 * i;
-        if (c < d4) {
-            v[i].x *= inv;
-            v[i].y *= inv;
-            v[i].z *= inv;
-            v[i].w *= inv;
-            if (w) {
-                v[i].x *= bf16_at(w, 4 * c);
-                v[i].y *= bf16_at(w, 4 * c + 1);
-                v[i].z *= bf16_at(w, 4 * c + 2);
-                v[i].w *= bf16_at(w, 4 * c + 3);
-            }
-        }
-    }
-    if (!inv_freq) return;
-    if (d4 <= 32) {  // one chunk per lane: the partner is h4 lanes away
-        const bool lo = lane < h4;
-        const int src = lo ? lane + h4 : (lane < d4 ? lane - h4 : lane);
-        const float4 p = shfl4(v[0], src);
-        if (lane < d4) {
-            float4 x0 = lo ? v[0] : p, x1 = lo ? p : v[0];
-            rope_chunks(x0, x1, inv_freq + 4 * (lo ? lane : lane - h4), fpos);
-            v[0] = lo ? x0 : x1;
-        }
-    } else if (d4 == 64) {  // d = 256
-        rope_chunks(v[0], v[1], inv_freq + 4 * lane, fpos);
-    } else {  // d = 512
-        rope_chunks(v[0], v[2], inv_freq + 4 * lane, fpos);
-        rope_chunks(v[1], v[3], inv_freq + 4 * (lane + 32), fpos);
-    }
-}
-
-// Post: AttnArgs.fused_post (norm_rope_lanes above): q, and on the piece holding pos of an own-KV layer the
-// new key and value, in registers. With the cache slot of pos no longer written by the previous kernel, the
-// one-batch path requests its keys and values before the PDL wait, while the q/k/v products end.
-template <bool Post>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
-    float* qs = reinterpret_cast<float*>(smem4);  // [d] (not Post)
+    float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
     float* fs = red + kWarpsAttn * d;             // [nsplit]
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
-    if constexpr (!Post) pdl_begin();
+    // kv_early: the geometry (pos_base: written at the end of the previous step) and the keys and values of
+    // earlier steps are read before the PDL wait
+    if (!a.kv_early) pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const PieceGeometry geo = piece_geometry(a, t);  // pos_base: written by the previous step, not this one
+    const PieceGeometry geo = piece_geometry(a, t);
     if (sp >= geo.active) return;
     const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
     const int64_t end = min(geo.pos + 1, start + geo.split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
     const int g = h / (a.nH / a.nKV);
     const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h) * d;
-    // Post: this piece holds the current position of an own-KV layer, whose cache slot this launch writes
-    const bool with_new = Post && a.post.kraw && end == geo.pos + 1;
-    float4 qr[kMaxDimsPerThread], kn[kMaxDimsPerThread], vn[kMaxDimsPerThread];  // Post: q, new k and v
-    auto stage_q = [&] {
-        if constexpr (Post) {
-            const QkvPost& p = a.post;
-            load_lanes(q, d4, qr);
-            if (with_new) {
-                load_lanes(p.kraw + static_cast<int64_t>(g) * d, d4, kn);
-                load_lanes(p.vraw + static_cast<int64_t>(g) * d, d4, vn);
-            }
-            const float fpos = static_cast<float>(geo.pos);
-            norm_rope_lanes(qr, p.q_norm, p.inv_freq, d, p.eps, fpos);
-            if (with_new) {
-                norm_rope_lanes(kn, p.k_norm, p.inv_freq, d, p.eps, fpos);
-                norm_rope_lanes(vn, nullptr, nullptr, d, p.eps, fpos);
-                if (warp == 0 && h % (a.nH / a.nKV) == 0) {  // the KV group's first head: the cache slot
-                    const int64_t off = ((geo.pos % p.cap) * p.nKV + g) * d;
-                    float4* k4 = reinterpret_cast<float4*>(p.k_cache + off);
-                    float4* v4 = reinterpret_cast<float4*>(p.v_cache + off);
-#pragma unroll
-                    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                        const int c = lane + 32 * i;
-                        if (c < d4) {
-                            k4[c] = kn[i];
-                            v4[c] = vn[i];
-                        }
-                    }
-                }
-            }
-        } else {
-            for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-            __syncthreads();
-        }
-    };
     float m = -FLT_MAX, l = 0.0f;
     float4 acc[kMaxDimsPerThread];
 #pragma unroll
@@ -390,22 +273,28 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        if constexpr (Post) pdl_begin_after_loads(cnt, false);  // (cnt >= 1) the keys above stay above it
-        stage_q();
-        if constexpr (Post) {
-            if (with_new) {  // the slot of pos held an old key: this launch's new key and value instead
+        if (a.kv_early) {
+            pdl_begin_after_loads(cnt, false);  // (cnt >= 1) the loads above stay above the wait
+            if (end == geo.pos + 1) {  // the current position's key and value: just written by qkv_post, and
+                                       // the loads above may have seen the slot's old ones; again from L2
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const bool newk = start + min(warp * 4 + u, cnt - 1) == geo.pos;
-                    const bool newv = start + min(warp + u * kWarpsAttn, cnt - 1) == geo.pos;
+                    const int jk = min(warp * 4 + u, cnt - 1), jv = min(warp + u * kWarpsAttn, cnt - 1);
+                    const float4* kp =
+                        reinterpret_cast<const float4*>(a.k_cache + (((start + jk) % a.cap) * a.nKV + g) * d);
+                    const float4* vp =
+                        reinterpret_cast<const float4*>(a.v_cache + (((start + jv) % a.cap) * a.nKV + g) * d);
 #pragma unroll
-                    for (int i = 0; i < kMaxDimsPerThread; ++i) {  // (chunks past d4: zeros both)
-                        if (newk) kv[u][i] = kn[i];
-                        if (newv) vv[u][i] = vn[i];
+                    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                        const int c = lane + 32 * i;
+                        if (c < d4 && start + jk == geo.pos) kv[u][i] = __ldcg(kp + c);
+                        if (c < d4 && start + jv == geo.pos) vv[u][i] = __ldcg(vp + c);
                     }
                 }
             }
         }
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
         float sk[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -414,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
             for (int i = 0; i < kMaxDimsPerThread; ++i) {
                 const int c = lane + 32 * i;
                 if (c < d4) {
-                    const float4 qv = Post ? qr[i] : smem4[c];
+                    const float4 qv = smem4[c];
                     sk[u] = fmaf(kv[u][i].x, qv.x, sk[u]);
                     sk[u] = fmaf(kv[u][i].y, qv.y, sk[u]);
                     sk[u] = fmaf(kv[u][i].z, qv.z, sk[u]);
@@ -449,8 +338,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         l = lsum;
         m = tmax;
     } else {
-        if constexpr (Post) pdl_begin();
-        stage_q();
+        if (a.kv_early) pdl_begin();
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
     }
     for (int64_t ts = one_batch ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
@@ -458,28 +348,21 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
             const float4* kp[4];
             float s[4];
-            bool newk[4];  // Post: the key of pos, this launch's (its cache slot still holds an old one)
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int j = min(j0 + u, cnt - 1);
                 kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
                 s[u] = 0.0f;
-                newk[u] = with_new && ts + j == geo.pos;
             }
+            for (int c = lane; c < d4; c += 32) {
+                const float4 qv = smem4[c];
 #pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {  // chunks c = lane + 32 i, as a loop over c
-                const int c = lane + 32 * i;
-                if (c < d4) {
-                    const float4 qv = Post ? qr[i] : smem4[c];
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        float4 kv = __ldg(kp[u] + c);
-                        if (Post && newk[u]) kv = kn[i];
-                        s[u] = fmaf(kv.x, qv.x, s[u]);
-                        s[u] = fmaf(kv.y, qv.y, s[u]);
-                        s[u] = fmaf(kv.z, qv.z, s[u]);
-                        s[u] = fmaf(kv.w, qv.w, s[u]);
-                    }
+                for (int u = 0; u < 4; ++u) {
+                    const float4 kv = __ldg(kp[u] + c);
+                    s[u] = fmaf(kv.x, qv.x, s[u]);
+                    s[u] = fmaf(kv.y, qv.y, s[u]);
+                    s[u] = fmaf(kv.z, qv.z, s[u]);
+                    s[u] = fmaf(kv.w, qv.w, s[u]);
                 }
             }
 #pragma unroll
@@ -515,12 +398,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 p[u] = j < cnt ? sc[j] : 0.0f;
                 const float4* vp = reinterpret_cast<const float4*>(
                     a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
-                const bool newv = with_new && ts + min(j, cnt - 1) == geo.pos;
 #pragma unroll
                 for (int i = 0; i < kMaxDimsPerThread; ++i) {
                     const int c = lane + 32 * i;
                     vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (Post && newv) vv[u][i] = vn[i];
                 }
             }
 #pragma unroll
@@ -594,19 +475,7 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
         const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        if (a.fused_post) {
-            if (n != 1 || a.post.cap != a.cap || a.post.nKV != a.nKV || a.post.d != a.d ||
-                a.post.nH != a.nH || !attention_post_fits(a.d))
-                throw Error(
-                    "internal: the fused attention post takes one token, the layer's own geometry and a "
-                    "head dim of 8..128 (multiple of 8), 256 or 512");
-            launch_kernel(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
-        } else {
-            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
-        }
-    } else if (a.fused_post) {
-        throw Error(
-            "internal: the fused attention post needs the v2 decode pieces (MARKBASE_CUDA_ATTN_SPLIT=auto)");
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
@@ -620,10 +489,6 @@ void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {
     else
         launch_kernel(attn_combine_kernel<false>, dim3(a.nH, n), dim3(kThreads), 0, s, a);
     CUDA_CHECK_LAUNCH();
-}
-
-bool attention_post_fits(int d) {
-    return d > 0 && d % 8 == 0 && (d <= 128 || d == 256 || d == 512);
 }
 
 void attention(const AttnArgs& a, int n, cudaStream_t s) {

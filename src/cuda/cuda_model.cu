@@ -208,7 +208,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
-        attn_post_ = env_flag("MARKBASE_CUDA_ATTN_POST", true) && attn_v2_ && fuse_;
+        attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
         // session 9's H200 A/B: 26B-A4B -4.4%, E2B -1.3%, 31B -0.9%, E4B +0.3% (bit-identical sums)

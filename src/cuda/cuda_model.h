@@ -380,9 +380,7 @@ class CudaModel {
     int attn_min_split_ = 16;
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
-    // MARKBASE_CUDA_ATTN_POST (with attn_v2_ and fuse_; on unless 0): AttnArgs.fused_post, no qk_norm_rope
-    // launch
-    bool attn_post_ = false;
+    bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 

@@ -215,6 +215,10 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             gemv(in, segs, ns, 1, stream_);
         });
     }
+    run(pf, "qk_norm_rope", i, 0.0, [&] {
+        const QkvPost p = qkv_post_args(i);
+        qkv_post(p, 1, stream_);
+    });
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
@@ -222,14 +226,8 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.min_split = attn_min_split_;
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
+    a.kv_early = attn_kv_early_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    if (attn_post_ &&
-        attention_post_fits(d)) {  // the q/k norms, RoPE and the cache write inside the attention pieces
-        a.fused_post = true;
-        a.post = qkv_post_args(i);
-    } else {
-        run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(qkv_post_args(i), 1, stream_); });
-    }
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,

@@ -275,18 +275,12 @@ struct AttnArgs {
     // Optional [n][nH] zeroed counters: the last piece of each head merges them all into `out` (one kernel);
     // without them attention() runs a separate merge kernel.
     unsigned int* merge_counters = nullptr;
-    // Decode v2 with merge_counters only (MARKBASE_CUDA_ATTN_POST): q is the raw projection and the pieces do
-    // qkv_post's work themselves (post: qkv_post's arguments), one launch fewer per layer: each piece
-    // normalises and rotates its head's q; the piece holding the current position also normalises the new key
-    // and value (own-KV layers) and uses them for that key, and the KV group's first head writes them into
-    // the cache slot. The same math as qkv_post, its sums of
-    // squares added per lane and over a warp (so not bit-identical to it).
-    bool fused_post = false;
-    QkvPost post;
+    // Decode v2, pieces of <= 16 keys (MARKBASE_CUDA_ATTN_KV_EARLY, default 1): the keys and values are
+    // requested before the PDL wait (they were written by earlier steps); the piece holding the current
+    // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
+    bool kv_early = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
-// Head dims the fused post (AttnArgs.fused_post) handles: 8..128 in steps of 8, 256 and 512.
-bool attention_post_fits(int d);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
