@@ -25,6 +25,7 @@ enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kGegluSplit = 3 };
 constexpr int kWarps = 8;
 constexpr int kU = 8;                // 16-byte chunks per lane in flight per matrix
 constexpr int kMinWavesMinK = 4096;  // GemvInput.min_waves applies from this input width
+constexpr int kProMaxK = 12288;      // the prologue's input in shared memory: 48 KB
 
 struct RowsParams {
     GemvInput in;
@@ -39,11 +40,12 @@ struct RowsParams {
 
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
 // through the input norm's weights when the launch folds the norm in (ss sums x^2 for its scale).
-template <bool Two>
+template <bool Two, bool Smem = false>
 __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bool norm, int c,
                                           const uint4& w, const uint4& w2, float& acc, float& acc2,
                                           float& ss) {
-    float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
+    // Smem: x is the block's own copy in shared memory (Pro below), not a global vector
+    float4 a = Smem ? x4[2 * c] : __ldg(x4 + 2 * c), b = Smem ? x4[2 * c + 1] : __ldg(x4 + 2 * c + 1);
     if (norm) {
         ss = sq8(a, b, ss);
         if (nw4) scale8(a, b, __ldg(nw4 + c));
@@ -116,6 +118,40 @@ __device__ void residual_tail(const RowsParams& p) {
     if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
 }
 
+// Pro (GemvInput.res_y, MARKBASE_CUDA_GEMV_PROLOGUE): the update that the previous product left pending,
+// redone by every block of this one instead of a one-block launch between them: x' = (res_x + RMSNorm(res_y)
+// * res_w) * res_scale, then this block's input xs = RMSNorm(x') * norm_w * norm_scale (the consumer's own
+// input norm; x' itself without one) in shared memory; block 0 also stores x' to res_out (never res_x:
+// other blocks are still reading it). Each thread reads back only its own elements until the last barrier.
+__device__ void residual_prologue(const GemvInput& in, float* xs) {
+    __shared__ float red[32];
+    const int K = in.K, T = blockDim.x;
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int k = threadIdx.x; k < K; k += T) {
+        const float y = __ldcg(in.res_y + k);  // written by the previous kernel: from L2
+        xs[k] = y;
+        ss = fmaf(y, y, ss);
+    }
+    ss = block_sum(ss, red);
+    const float iy = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
+    ss = 0.0f;
+#pragma unroll 4
+    for (int k = threadIdx.x; k < K; k += T) {
+        const float xv = (__ldcg(in.res_x + k) + xs[k] * iy * bf16_at(in.res_w, k)) * in.res_scale;
+        xs[k] = xv;
+        ss = fmaf(xv, xv, ss);
+        if (blockIdx.x == 0) in.res_out[k] = xv;
+    }
+    if (in.norm) {
+        ss = block_sum(ss, red);
+        const float ix = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps) * in.norm_scale;
+        for (int k = threadIdx.x; k < K; k += T)
+            xs[k] = in.norm_w ? xs[k] * ix * bf16_at(in.norm_w, k) : xs[k] * ix;
+    }
+    __syncthreads();
+}
+
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
@@ -139,9 +175,10 @@ constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
     return Lean ? 6 : 4;
 }
-template <int M, int W, int U = kU, bool Lean = false>
+template <int M, int W, int U = kU, bool Lean = false, bool Pro = false>
 __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     rows_kernel(const RowsParams p) {
+    static_assert(!(Lean && Pro), "the prologue normalises: not a lean launch");
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr bool kSplit = M == kGegluSplit;
     constexpr int kRowWarps = kSplit ? 2 * W : W;  // warps per output row
@@ -178,8 +215,13 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     pdl_begin_after_loads(K, p.in.pdl_late);  // from here on x (and y, the tail's x) may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
+    if constexpr (Pro) {
+        extern __shared__ float4 xs4[];  // [K]: this block's input (residual_prologue)
+        residual_prologue(p.in, reinterpret_cast<float*>(xs4));
+        x4 = xs4;
+    }
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
-    const bool norm = !Lean && p.in.norm;
+    const bool norm = !Lean && !Pro && p.in.norm;  // (Pro: the prologue applied it)
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
     for (int base = c_lo; base < c_hi; base += 32 * U) {
         if (base != c_lo) load(base);
@@ -187,7 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
         for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
-                dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
+                dot_chunk<M == kGeglu, Pro>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
             }
         }
     }
@@ -415,27 +457,28 @@ int warps_per_row(int K, int U = kU) {
     return w;
 }
 
-template <int M, int W, int U, bool Lean>
+template <int M, int W, int U, bool Lean, bool Pro>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
-                  p);
+    const size_t smem = Pro ? static_cast<size_t>(p.in.K) * sizeof(float) : 0;
+    launch_kernel(rows_kernel<M, W, U, Lean, Pro>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32),
+                  smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int M, int U, bool Lean>
+template <int M, int U, bool Lean, bool Pro = false>
 void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     switch (w) {
         case 8:
             if constexpr (M != kGegluSplit)
-                return launch_w<M, 8, U, Lean>(p, s);  // (split: 16 warps per row)
+                return launch_w<M, 8, U, Lean, Pro>(p, s);  // (split: 16 warps per row)
             [[fallthrough]];
         case 4:
-            return launch_w<M, 4, U, Lean>(p, s);
+            return launch_w<M, 4, U, Lean, Pro>(p, s);
         case 2:
-            return launch_w<M, 2, U, Lean>(p, s);
+            return launch_w<M, 2, U, Lean, Pro>(p, s);
         default:
-            return launch_w<M, 1, U, Lean>(p, s);
+            return launch_w<M, 1, U, Lean, Pro>(p, s);
     }
 }
 
@@ -472,7 +515,13 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K <= 0 || p.in.K % 8 != 0)  // (K > 0: the kernel's PDL wait is behind a branch on it)
         throw Error("internal: GEMV input width " + std::to_string(p.in.K) +
                     " is not a positive multiple of 8");
-    if (p.in.res_y) throw Error("internal: the warp-per-row GEMV takes no residual prologue");
+    const bool pro = p.in.res_y != nullptr;  // the pending update as every block's prologue (Pro)
+    if (pro && (!p.in.res_x || !p.in.res_w || !p.in.res_out || p.tail.x || p.in.K > kProMaxK ||
+                p.in.variant == kGemvVariantAsync || p.in.variant == kGemvVariantAsyncG))
+        throw Error(
+            "internal: the warp-per-row GEMV's residual prologue needs res_x, res_w and res_out, no tail, "
+            "K <= " +
+            std::to_string(kProMaxK) + " and a warp-per-row variant");
     check_aligned(p.in.x, "the GEMV input");
     if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
     p.total_rows = 0;
@@ -506,6 +555,14 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         while (w > 1 && blocks(w / 2) >= p.in.min_waves * slots) w /= 2;
     }
     if (p.in.force_warps > 0) w = p.in.force_warps;
+    if (pro) {  // the same W and U as without the prologue; never lean (it normalises)
+        if constexpr (M == kGeglu) {
+            if (split) return launch_by_w<kGegluSplit, kU, false, true>(p, s, std::min(w, 4));
+            return u4 ? launch_by_w<M, 4, false, true>(p, s, w) : launch_by_w<M, kU, false, true>(p, s, w);
+        } else {
+            return u4 ? launch_by_w<M, 4, false, true>(p, s, w) : launch_by_w<M, kU, false, true>(p, s, w);
+        }
+    }
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
         // geglu_lean8 (GemvInput): the split launch sized for 8 chunks per lane runs the lean split kernel at
