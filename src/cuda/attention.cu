@@ -259,13 +259,15 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     if (one_batch) {
         const int cnt = static_cast<int>(end - start);
         float4 kv[4][kMaxDimsPerThread], vv[4][kMaxDimsPerThread];
+        // this warp's keys u (4 consecutive) and values u (key j to warp j % 4), clamped into the piece
+        auto key_j = [&](int u) { return min(warp * 4 + u, cnt - 1); };
+        auto val_j = [&](int u) { return min(warp + u * kWarpsAttn, cnt - 1); };
+        auto row = [&](const float* cache, int j) {
+            return reinterpret_cast<const float4*>(cache + (((start + j) % a.cap) * a.nKV + g) * d);
+        };
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int jk = min(warp * 4 + u, cnt - 1), jv = min(warp + u * kWarpsAttn, cnt - 1);
-            const float4* kp =
-                reinterpret_cast<const float4*>(a.k_cache + (((start + jk) % a.cap) * a.nKV + g) * d);
-            const float4* vp =
-                reinterpret_cast<const float4*>(a.v_cache + (((start + jv) % a.cap) * a.nKV + g) * d);
+            const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
 #pragma unroll
             for (int i = 0; i < kMaxDimsPerThread; ++i) {
                 const int c = lane + 32 * i;
@@ -279,16 +281,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                                        // the loads above may have seen the slot's old ones; again from L2
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const int jk = min(warp * 4 + u, cnt - 1), jv = min(warp + u * kWarpsAttn, cnt - 1);
-                    const float4* kp =
-                        reinterpret_cast<const float4*>(a.k_cache + (((start + jk) % a.cap) * a.nKV + g) * d);
-                    const float4* vp =
-                        reinterpret_cast<const float4*>(a.v_cache + (((start + jv) % a.cap) * a.nKV + g) * d);
+                    const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
+                    const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
 #pragma unroll
                     for (int i = 0; i < kMaxDimsPerThread; ++i) {
                         const int c = lane + 32 * i;
-                        if (c < d4 && start + jk == geo.pos) kv[u][i] = __ldcg(kp + c);
-                        if (c < d4 && start + jv == geo.pos) vv[u][i] = __ldcg(vp + c);
+                        if (c < d4 && nk) kv[u][i] = __ldcg(kp + c);
+                        if (c < d4 && nv) vv[u][i] = __ldcg(vp + c);
                     }
                 }
             }
