@@ -206,10 +206,10 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // MARKBASE_CUDA_GEMV_PROLOGUE=1 (dense models on one GPU, prepared in session 9, not yet measured):
         // no update launch; the next warp-per-row product redoes the pending update in every block
         // (gemv_rows.cu's residual_prologue), one launch fewer per update
-        gemv_prologue_ = env_flag("MARKBASE_CUDA_GEMV_PROLOGUE", false);
-        if (gemv_prologue_ && fuse_ && gemv_variant_is_rows(gemv_variant_) && !gemv_tail_ && !c_.moe &&
-            !sharded())
-            residual_launch_ = false;
+        rows_prologue_ = env_flag("MARKBASE_CUDA_GEMV_PROLOGUE", false) && fuse_ && !gemv_tail_ && !c_.moe &&
+                         !sharded() &&
+                         (gemv_variant_ == kGemvVariantWarp || gemv_variant_ == kGemvVariantWarpK);
+        if (rows_prologue_) residual_launch_ = false;
         // MARKBASE_CUDA_PRENORM (one GPU; on unless 0): a residual update also writes its consumer GEMV's
         // normalised input (xn_), so that GEMV's warps skip the norm. Session 8's H200 A/B on the dense
         // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor

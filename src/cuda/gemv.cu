@@ -371,7 +371,7 @@ void gemv_prepare(int max_K) {
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && ntok == 1 && !in.res_y)
+    if (gemv_variant_is_rows(in.variant) && ntok == 1 && (!in.res_y || in.rows_prologue))
         return gemv_rows(in, segs, nseg, nullptr, s);
     Params p;
     p.in = in;
@@ -381,7 +381,8 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 }
 
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_geglu(in, wg, wu, rows, y, s);
+    if (gemv_variant_is_rows(in.variant) && (!in.res_y || in.rows_prologue))
+        return gemv_rows_geglu(in, wg, wu, rows, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;
@@ -391,7 +392,8 @@ void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, f
 }
 
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
+    if (gemv_variant_is_rows(in.variant) && (!in.res_y || in.rows_prologue))
+        return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;
