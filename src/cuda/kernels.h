@@ -73,8 +73,9 @@ struct GemvInput {
     // chunks per lane with no norm and no tail run the lean kernel at 4 chunks per lane, at the warps per row
     // chosen for 8 (40 registers, 6 blocks per SM instead of 64 and 4; the same sums)
     bool lean8 = false;
-    // MARKBASE_CUDA_GEGLU_LEAN8=1 (with lean and geglu_split): the split GeGLU at 8 chunks per lane with no
-    // norm runs the lean split kernel at 4 chunks per lane, at the same warps per row (the same sums)
+    // MARKBASE_CUDA_GEGLU_LEAN8 (default 1; with lean and geglu_split, from K = 4096): the split GeGLU at 8
+    // chunks per lane with no norm runs the lean split kernel at 4 chunks per lane, at the same warps per row
+    // (the same sums)
     bool geglu_lean8 = false;
     // MARKBASE_CUDA_GEMV_PROLOGUE=1: a pending residual update (res_*) goes to the warp-per-row kernel's
     // per-block prologue (gemv_rows.cu) instead of gemv.cu's staged kernel
