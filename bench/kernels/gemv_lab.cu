@@ -264,10 +264,11 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
 // per lane). What a model's launch pays for its norm, and which W suits each shape.
 const uint16_t* g_ones = nullptr;  // bf16 1.0 x the widest K
 constexpr float kLabEps = 1e-6f;
-template <bool Norm, int W, bool Lean = false>
+template <bool Norm, int W, bool Lean = false, bool Lean8 = false>
 void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
     markbase::cuda::GemvInput in;
     in.lean = Lean;
+    in.lean8 = Lean8;
     in.variant = markbase::cuda::kGemvVariantWarpK;
     in.min_waves = 3;
     in.geglu_split = true;
@@ -280,12 +281,35 @@ void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cud
     markbase::cuda::GemvSeg seg{Wt, y, N, 0};
     markbase::cuda::gemv(in, &seg, 1, 1, s);
 }
+// The same with the residual update as every block's prologue (MARKBASE_CUDA_GEMV_PROLOGUE): res_y = 0, so
+// x' = x and the product sees RMSNorm(x) * ones, as the Norm variants; what the per-block prologue costs
+// against a launch of the update (the model pays one update launch per prologue saved).
+const float* g_zeros = nullptr;  // 0.0f x the widest K
+float* g_xout = nullptr;         // the prologue's x' (block 0's copy)
+void launch_prod_prologue(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
+    markbase::cuda::GemvInput in;
+    in.variant = markbase::cuda::kGemvVariantWarpK;
+    in.min_waves = 3;
+    in.geglu_split = true;
+    in.rows_prologue = true;
+    in.K = K;
+    in.norm = true;
+    in.norm_w = g_ones;
+    in.eps = kLabEps;
+    in.res_x = x;
+    in.res_y = g_zeros;
+    in.res_w = g_ones;
+    in.res_out = g_xout;
+    markbase::cuda::GemvSeg seg{Wt, y, N, 0};
+    markbase::cuda::gemv(in, &seg, 1, 1, s);
+}
 
 struct Variant {
     const char* name;
     const char* prod;  // MARKBASE_CUDA_GEMV name when src/cuda/gemv.cu has the same layout, else ""
     void (*launch)(const uint16_t*, const float*, float*, int, int, cudaStream_t);
     bool norm = false;  // y carries the input norm's factor (launch_prod<true, W>)
+    int max_k = 0;      // > 0: shapes with a wider K are skipped
 };
 
 const Variant kVariants[] = {
@@ -326,6 +350,8 @@ const Variant kVariants[] = {
     {"p7 prod plain W2", "", launch_prod<false, 2>},
     {"p8 prod plain W4", "", launch_prod<false, 4>},
     {"p9 prod plain lean", "", launch_prod<false, 0, true>},
+    {"p10 prod plain lean8", "", launch_prod<false, 0, true, true>},
+    {"p11 prod prologue", "", launch_prod_prologue, true, 12288},
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
@@ -483,6 +509,12 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&d, ones.size() * 2));
         CK(cudaMemcpy(d, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
         g_ones = d;
+        float *z = nullptr, *xo = nullptr;
+        CK(cudaMalloc(&z, ones.size() * 4));
+        CK(cudaMemset(z, 0, ones.size() * 4));
+        CK(cudaMalloc(&xo, ones.size() * 4));
+        g_zeros = z;
+        g_xout = xo;
     }
 
     std::vector<int> shapes;
@@ -641,7 +673,7 @@ int main(int argc, char** argv) {
         for (int vi = 0; vi < kNumVariants; ++vi) {
             const Variant& v = kVariants[vi];
             if (vi == 0 && N * K > (int64_t{1} << 24)) continue;  // v0 is far too slow there
-            if (!selected(v.name)) continue;
+            if (!selected(v.name) || (v.max_k > 0 && K > v.max_k)) continue;
             CK(cudaMemsetAsync(dy, 0xff, N * 4, stream));  // NaN poison: every row must be written
             v.launch(dw, dx, dy, static_cast<int>(N), static_cast<int>(K), stream);
             CK(cudaGetLastError());
