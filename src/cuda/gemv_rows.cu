@@ -178,7 +178,6 @@ constexpr int rows_blocks_per_sm(int U) {
 template <int M, int W, int U = kU, bool Lean = false, bool Pro = false>
 __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     rows_kernel(const RowsParams p) {
-    static_assert(!(Lean && Pro), "the prologue normalises: not a lean launch");
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr bool kSplit = M == kGegluSplit;
     constexpr int kRowWarps = kSplit ? 2 * W : W;  // warps per output row
@@ -555,11 +554,13 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         while (w > 1 && blocks(w / 2) >= p.in.min_waves * slots) w /= 2;
     }
     if (p.in.force_warps > 0) w = p.in.force_warps;
-    if (pro) {  // the same W and U as without the prologue; never lean (it normalises)
+    if (pro) {  // the same launches as without it: the prologue applies the norm, so the plain loop is lean
         if constexpr (M == kGeglu) {
+            // (not the lean split kernel: with the prologue it spills at 2 and 4 warps per row)
             if (split) return launch_by_w<kGegluSplit, kU, false, true>(p, s, std::min(w, 4));
             return u4 ? launch_by_w<M, 4, false, true>(p, s, w) : launch_by_w<M, kU, false, true>(p, s, w);
         } else {
+            if (p.in.lean && (u4 || p.in.lean8)) return launch_by_w<M, 4, true, true>(p, s, w);
             return u4 ? launch_by_w<M, 4, false, true>(p, s, w) : launch_by_w<M, kU, false, true>(p, s, w);
         }
     }
