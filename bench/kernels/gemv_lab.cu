@@ -264,7 +264,12 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
 // per lane). What a model's launch pays for its norm, and which W suits each shape.
 const uint16_t* g_ones = nullptr;  // bf16 1.0 x the widest K
 constexpr float kLabEps = 1e-6f;
-template <bool Norm, int W, bool Lean = false, bool Lean8 = false>
+// Prologue: the residual update as every block's prologue (MARKBASE_CUDA_GEMV_PROLOGUE) with res_y = 0, so
+// x' = x and the product sees RMSNorm(x) * ones, as the Norm variants: what the per-block prologue costs
+// against a launch of the update (the model saves one update launch per prologue).
+const float* g_zeros = nullptr;  // 0.0f x the widest K
+float* g_xout = nullptr;         // the prologue's x' (block 0's copy)
+template <bool Norm, int W, bool Lean = false, bool Lean8 = false, bool Prologue = false>
 void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
     markbase::cuda::GemvInput in;
     in.lean = Lean;
@@ -278,28 +283,15 @@ void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cud
     in.norm = Norm;
     in.norm_w = Norm ? g_ones : nullptr;
     in.eps = kLabEps;
-    markbase::cuda::GemvSeg seg{Wt, y, N, 0};
-    markbase::cuda::gemv(in, &seg, 1, 1, s);
-}
-// The same with the residual update as every block's prologue (MARKBASE_CUDA_GEMV_PROLOGUE): res_y = 0, so
-// x' = x and the product sees RMSNorm(x) * ones, as the Norm variants; what the per-block prologue costs
-// against a launch of the update (the model pays one update launch per prologue saved).
-const float* g_zeros = nullptr;  // 0.0f x the widest K
-float* g_xout = nullptr;         // the prologue's x' (block 0's copy)
-void launch_prod_prologue(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
-    markbase::cuda::GemvInput in;
-    in.variant = markbase::cuda::kGemvVariantWarpK;
-    in.min_waves = 3;
-    in.geglu_split = true;
-    in.rows_prologue = true;
-    in.K = K;
-    in.norm = true;
-    in.norm_w = g_ones;
-    in.eps = kLabEps;
-    in.res_x = x;
-    in.res_y = g_zeros;
-    in.res_w = g_ones;
-    in.res_out = g_xout;
+    if constexpr (Prologue) {
+        static_assert(Norm, "the prologue variant is checked as a norm variant");
+        in.rows_prologue = true;
+        in.x = nullptr;
+        in.res_x = x;
+        in.res_y = g_zeros;
+        in.res_w = g_ones;
+        in.res_out = g_xout;
+    }
     markbase::cuda::GemvSeg seg{Wt, y, N, 0};
     markbase::cuda::gemv(in, &seg, 1, 1, s);
 }
@@ -351,7 +343,7 @@ const Variant kVariants[] = {
     {"p8 prod plain W4", "", launch_prod<false, 4>},
     {"p9 prod plain lean", "", launch_prod<false, 0, true>},
     {"p10 prod plain lean8", "", launch_prod<false, 0, true, true>},
-    {"p11 prod prologue", "", launch_prod_prologue, true, 12288},
+    {"p11 prod prologue", "", launch_prod<true, 0, true, true, true>, true, 12288},
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
