@@ -205,7 +205,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
         // MARKBASE_CUDA_GEMV_PROLOGUE=1 (dense models on one GPU, prepared in session 9, not yet measured):
         // no update launch; the next warp-per-row product redoes the pending update in every block
-        // (gemv_rows.cu's residual_prologue), one launch fewer per update
+        // (gemv_stage.cuh's stage_input in gemv_rows.cu's kernel), one launch fewer per update
         rows_prologue_ = env_flag("MARKBASE_CUDA_GEMV_PROLOGUE", false) && fuse_ && !gemv_tail_ && !c_.moe &&
                          !sharded() &&
                          (gemv_variant_ == kGemvVariantWarp || gemv_variant_ == kGemvVariantWarpK);

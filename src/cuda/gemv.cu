@@ -23,6 +23,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
+#include "cuda/gemv_stage.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 
@@ -50,40 +51,6 @@ struct Params {
         0;              // kLogits: the id of row 0 (a rank's first vocabulary row under tensor parallelism)
     StepFinish finish;  // kLogits: state == nullptr for none
 };
-
-// Stage the input in shared memory: x itself, or the fused residual update, then optionally
-// xn = x * rsqrt(mean(x^2) + eps) * w * scale.
-__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* red) {
-    const int K = in.K;
-    if (in.res_y) {
-        float ss = 0.0f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(in.res_y[k], in.res_y[k], ss);
-        ss = block_sum(ss, red);
-        const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
-        const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const float v = (in.res_x[k] + in.res_y[k] * inv_y * bf16_at(in.res_w, k)) * in.res_scale;
-            xs[k] = v;
-            if (writer) in.res_out[k] = v;
-        }
-    } else {
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
-    }
-    __syncthreads();
-    if (in.norm) {
-        float ss = 0.0f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(xs[k], xs[k], ss);
-        ss = block_sum(ss, red);
-        const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            float v = xs[k] * inv;
-            if (in.norm_w) v *= bf16_at(in.norm_w, k);
-            if (in.norm_scale != 1.0f) v *= in.norm_scale;
-            xs[k] = v;
-        }
-        __syncthreads();
-    }
-}
 
 template <int M, int R, int U>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {

@@ -13,6 +13,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
+#include "cuda/gemv_stage.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 
@@ -119,38 +120,9 @@ __device__ void residual_tail(const RowsParams& p) {
 }
 
 // Pro (GemvInput.res_y, MARKBASE_CUDA_GEMV_PROLOGUE): the update that the previous product left pending,
-// redone by every block of this one instead of a one-block launch between them: x' = (res_x + RMSNorm(res_y)
-// * res_w) * res_scale, then this block's input xs = RMSNorm(x') * norm_w * norm_scale (the consumer's own
-// input norm; x' itself without one) in shared memory; block 0 also stores x' to res_out (never res_x:
-// other blocks are still reading it). Each thread reads back only its own elements until the last barrier.
-__device__ void residual_prologue(const GemvInput& in, float* xs) {
-    __shared__ float red[32];
-    const int K = in.K, T = blockDim.x;
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int k = threadIdx.x; k < K; k += T) {
-        const float y = __ldcg(in.res_y + k);  // written by the previous kernel: from L2
-        xs[k] = y;
-        ss = fmaf(y, y, ss);
-    }
-    ss = block_sum(ss, red);
-    const float iy = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
-    ss = 0.0f;
-#pragma unroll 4
-    for (int k = threadIdx.x; k < K; k += T) {
-        const float xv = (__ldcg(in.res_x + k) + xs[k] * iy * bf16_at(in.res_w, k)) * in.res_scale;
-        xs[k] = xv;
-        ss = fmaf(xv, xv, ss);
-        if (blockIdx.x == 0) in.res_out[k] = xv;
-    }
-    if (in.norm) {
-        ss = block_sum(ss, red);
-        const float ix = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps) * in.norm_scale;
-        for (int k = threadIdx.x; k < K; k += T)
-            xs[k] = in.norm_w ? xs[k] * ix * bf16_at(in.norm_w, k) : xs[k] * ix;
-    }
-    __syncthreads();
-}
+// redone by every block of this one (gemv_stage.cuh's stage_input, as gemv.cu's staged kernels do) instead of
+// a one-block launch between them; the block's input, RMSNorm(x') * the product's norm weight, is then read
+// from shared memory.
 
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
@@ -215,8 +187,9 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     if constexpr (Pro) {
-        extern __shared__ float4 xs4[];  // [K]: this block's input (residual_prologue)
-        residual_prologue(p.in, reinterpret_cast<float*>(xs4));
+        extern __shared__ float4 xs4[];  // [K]: this block's input
+        __shared__ float red[32];
+        stage_input(p.in, nullptr, reinterpret_cast<float*>(xs4), red);
         x4 = xs4;
     }
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
