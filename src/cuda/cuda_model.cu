@@ -203,13 +203,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // no tail with the warp-per-row GEMVs: the update as its own launch (gemv.cu's prologue would redo it
         // in every block of the next GEMV)
         residual_launch_ = !fuse_ || (gemv_variant_is_rows(gemv_variant_) && !gemv_tail_);
-        // MARKBASE_CUDA_GEMV_PROLOGUE=1 (dense models on one GPU, prepared in session 9, not yet measured):
-        // no update launch; the next warp-per-row product redoes the pending update in every block
-        // (gemv_stage.cuh's stage_input in gemv_rows.cu's kernel), one launch fewer per update
-        rows_prologue_ = env_flag("MARKBASE_CUDA_GEMV_PROLOGUE", false) && fuse_ && !gemv_tail_ && !c_.moe &&
-                         !sharded() &&
-                         (gemv_variant_ == kGemvVariantWarp || gemv_variant_ == kGemvVariantWarpK);
-        if (rows_prologue_) residual_launch_ = false;
         // MARKBASE_CUDA_PRENORM (one GPU; on unless 0): a residual update also writes its consumer GEMV's
         // normalised input (xn_), so that GEMV's warps skip the norm. Session 8's H200 A/B on the dense
         // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor

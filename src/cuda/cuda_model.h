@@ -292,13 +292,12 @@ class CudaModel {
     bool prenorm_ = false;
     float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
-    bool gemv_lean_ = false;      // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
-    bool gemv_lean8_ = false;     // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8
-    bool geglu_lean8_ = false;    // MARKBASE_CUDA_GEGLU_LEAN8: GemvInput.geglu_lean8
-    bool rows_prologue_ = false;  // MARKBASE_CUDA_GEMV_PROLOGUE (warp/warpk, dense, one GPU): GemvInput
-    bool pdl_late_ = false;       // MARKBASE_CUDA_PDL_EARLY=0: GemvInput.pdl_late
-    float* xcur_ = nullptr;       // the residual stream's current buffer while recording a step
-    float* xb_ = nullptr;         // [H] the other decode buffer
+    bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
+    bool gemv_lean8_ = false;            // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8
+    bool geglu_lean8_ = false;           // MARKBASE_CUDA_GEGLU_LEAN8: GemvInput.geglu_lean8
+    bool pdl_late_ = false;              // MARKBASE_CUDA_PDL_EARLY=0: GemvInput.pdl_late
+    float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
+    float* xb_ = nullptr;                // [H] the other decode buffer
     unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks
     // MARKBASE_CUDA_GEMV=warp with fusion: the residual updates run as the tails of the GEMVs that produce
     // them (o_proj, down, the PLE projection; gemv_rows.cu), x stays in x_, and the consumers fold the input

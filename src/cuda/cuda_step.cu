@@ -31,7 +31,6 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.lean = gemv_lean_;
     in.lean8 = gemv_lean8_;
     in.geglu_lean8 = geglu_lean8_;
-    in.rows_prologue = rows_prologue_;
     in.pdl_late = pdl_late_;
     in.x = x;
     in.K = K;
@@ -174,10 +173,7 @@ void CudaModel::record_step(Profiler* pf) {
 
     for (int i = 0; i < L; ++i) record_layer(i, pf);
 
-    // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in, then the next token. (rows_prologue_: the
-    // last update gets a launch of its own here, with PRENORM's normalised input, rather than gemv.cu's
-    // prologue in every one of lm_head's thousands of blocks.)
-    if (rows_prologue_ && pending_.y && !pending_.name) pending_.name = "final_update";
+    // 2.7: logits = softcap(norm(x) @ embed^T), argmax folded in, then the next token
     const GemvInput in = x_input(pf, -1, true, w_.final_norm);
     StepFinish fin;
     fin.state = d_state_;

@@ -23,7 +23,6 @@
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
-#include "cuda/gemv_stage.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 
@@ -51,6 +50,40 @@ struct Params {
         0;              // kLogits: the id of row 0 (a rank's first vocabulary row under tensor parallelism)
     StepFinish finish;  // kLogits: state == nullptr for none
 };
+
+// Stage the input in shared memory: x itself, or the fused residual update, then optionally
+// xn = x * rsqrt(mean(x^2) + eps) * w * scale.
+__device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* red) {
+    const int K = in.K;
+    if (in.res_y) {
+        float ss = 0.0f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(in.res_y[k], in.res_y[k], ss);
+        ss = block_sum(ss, red);
+        const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
+        const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            const float v = (in.res_x[k] + in.res_y[k] * inv_y * bf16_at(in.res_w, k)) * in.res_scale;
+            xs[k] = v;
+            if (writer) in.res_out[k] = v;
+        }
+    } else {
+        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
+    }
+    __syncthreads();
+    if (in.norm) {
+        float ss = 0.0f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(xs[k], xs[k], ss);
+        ss = block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            float v = xs[k] * inv;
+            if (in.norm_w) v *= bf16_at(in.norm_w, k);
+            if (in.norm_scale != 1.0f) v *= in.norm_scale;
+            xs[k] = v;
+        }
+        __syncthreads();
+    }
+}
 
 template <int M, int R, int U>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
@@ -338,7 +371,7 @@ void gemv_prepare(int max_K) {
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && ntok == 1 && (!in.res_y || in.rows_prologue))
+    if (gemv_variant_is_rows(in.variant) && ntok == 1 && !in.res_y)
         return gemv_rows(in, segs, nseg, nullptr, s);
     Params p;
     p.in = in;
@@ -348,8 +381,7 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 }
 
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && (!in.res_y || in.rows_prologue))
-        return gemv_rows_geglu(in, wg, wu, rows, y, s);
+    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_geglu(in, wg, wu, rows, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;
@@ -359,8 +391,7 @@ void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, f
 }
 
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && (!in.res_y || in.rows_prologue))
-        return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
+    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;

@@ -13,7 +13,6 @@
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
-#include "cuda/gemv_stage.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 
@@ -26,7 +25,6 @@ enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kGegluSplit = 3 };
 constexpr int kWarps = 8;
 constexpr int kU = 8;                // 16-byte chunks per lane in flight per matrix
 constexpr int kMinWavesMinK = 4096;  // GemvInput.min_waves applies from this input width
-constexpr int kProMaxK = 12288;      // the prologue's input in shared memory: 48 KB
 
 struct RowsParams {
     GemvInput in;
@@ -41,12 +39,11 @@ struct RowsParams {
 
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
 // through the input norm's weights when the launch folds the norm in (ss sums x^2 for its scale).
-template <bool Two, bool Smem = false>
+template <bool Two>
 __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bool norm, int c,
                                           const uint4& w, const uint4& w2, float& acc, float& acc2,
                                           float& ss) {
-    // Smem: x is the block's own copy in shared memory (Pro below), not a global vector
-    float4 a = Smem ? x4[2 * c] : __ldg(x4 + 2 * c), b = Smem ? x4[2 * c + 1] : __ldg(x4 + 2 * c + 1);
+    float4 a = __ldg(x4 + 2 * c), b = __ldg(x4 + 2 * c + 1);
     if (norm) {
         ss = sq8(a, b, ss);
         if (nw4) scale8(a, b, __ldg(nw4 + c));
@@ -119,11 +116,6 @@ __device__ void residual_tail(const RowsParams& p) {
     if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
 }
 
-// Pro (GemvInput.res_y, MARKBASE_CUDA_GEMV_PROLOGUE): the update that the previous product left pending,
-// redone by every block of this one (gemv_stage.cuh's stage_input, as gemv.cu's staged kernels do) instead of
-// a one-block launch between them; the block's input, RMSNorm(x') * the product's norm weight, is then read
-// from shared memory.
-
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
@@ -147,7 +139,7 @@ constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
     return Lean ? 6 : 4;
 }
-template <int M, int W, int U = kU, bool Lean = false, bool Pro = false>
+template <int M, int W, int U = kU, bool Lean = false>
 __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
@@ -186,14 +178,8 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     pdl_begin_after_loads(K, p.in.pdl_late);  // from here on x (and y, the tail's x) may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
-    if constexpr (Pro) {
-        extern __shared__ float4 xs4[];  // [K]: this block's input
-        __shared__ float red[32];
-        stage_input(p.in, nullptr, reinterpret_cast<float*>(xs4), red);
-        x4 = xs4;
-    }
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
-    const bool norm = !Lean && !Pro && p.in.norm;  // (Pro: the prologue applied it)
+    const bool norm = !Lean && p.in.norm;
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
     for (int base = c_lo; base < c_hi; base += 32 * U) {
         if (base != c_lo) load(base);
@@ -201,7 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
         for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
-                dot_chunk<M == kGeglu, Pro>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
+                dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
             }
         }
     }
@@ -429,28 +415,27 @@ int warps_per_row(int K, int U = kU) {
     return w;
 }
 
-template <int M, int W, int U, bool Lean, bool Pro>
+template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    const size_t smem = Pro ? static_cast<size_t>(p.in.K) * sizeof(float) : 0;
-    launch_kernel(rows_kernel<M, W, U, Lean, Pro>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32),
-                  smem, s, p);
+    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
+                  p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int M, int U, bool Lean, bool Pro = false>
+template <int M, int U, bool Lean>
 void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     switch (w) {
         case 8:
             if constexpr (M != kGegluSplit)
-                return launch_w<M, 8, U, Lean, Pro>(p, s);  // (split: 16 warps per row)
+                return launch_w<M, 8, U, Lean>(p, s);  // (split: 16 warps per row)
             [[fallthrough]];
         case 4:
-            return launch_w<M, 4, U, Lean, Pro>(p, s);
+            return launch_w<M, 4, U, Lean>(p, s);
         case 2:
-            return launch_w<M, 2, U, Lean, Pro>(p, s);
+            return launch_w<M, 2, U, Lean>(p, s);
         default:
-            return launch_w<M, 1, U, Lean, Pro>(p, s);
+            return launch_w<M, 1, U, Lean>(p, s);
     }
 }
 
@@ -487,13 +472,7 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K <= 0 || p.in.K % 8 != 0)  // (K > 0: the kernel's PDL wait is behind a branch on it)
         throw Error("internal: GEMV input width " + std::to_string(p.in.K) +
                     " is not a positive multiple of 8");
-    const bool pro = p.in.res_y != nullptr;  // the pending update as every block's prologue (Pro)
-    if (pro && (!p.in.res_x || !p.in.res_w || !p.in.res_out || p.tail.x || p.in.K > kProMaxK ||
-                p.in.variant == kGemvVariantAsync || p.in.variant == kGemvVariantAsyncG))
-        throw Error(
-            "internal: the warp-per-row GEMV's residual prologue needs res_x, res_w and res_out, no tail, "
-            "K <= " +
-            std::to_string(kProMaxK) + " and a warp-per-row variant");
+    if (p.in.res_y) throw Error("internal: the warp-per-row GEMV takes no residual prologue");
     check_aligned(p.in.x, "the GEMV input");
     if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
     p.total_rows = 0;
@@ -527,16 +506,6 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         while (w > 1 && blocks(w / 2) >= p.in.min_waves * slots) w /= 2;
     }
     if (p.in.force_warps > 0) w = p.in.force_warps;
-    if (pro) {  // the same launches as without it: the prologue applies the norm, so the plain loop is lean
-        if constexpr (M == kGeglu) {
-            // (not the lean split kernel: with the prologue it spills at 2 and 4 warps per row)
-            if (split) return launch_by_w<kGegluSplit, kU, false, true>(p, s, std::min(w, 4));
-            return u4 ? launch_by_w<M, 4, false, true>(p, s, w) : launch_by_w<M, kU, false, true>(p, s, w);
-        } else {
-            if (p.in.lean && (u4 || p.in.lean8)) return launch_by_w<M, 4, true, true>(p, s, w);
-            return u4 ? launch_by_w<M, 4, false, true>(p, s, w) : launch_by_w<M, kU, false, true>(p, s, w);
-        }
-    }
     if constexpr (M == kGeglu) {
         // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
         // geglu_lean8 (GemvInput): the split launch sized for 8 chunks per lane runs the lean split kernel at

@@ -77,9 +77,6 @@ struct GemvInput {
     // chunks per lane with no norm runs the lean split kernel at 4 chunks per lane, at the same warps per row
     // (the same sums)
     bool geglu_lean8 = false;
-    // MARKBASE_CUDA_GEMV_PROLOGUE=1: a pending residual update (res_*) goes to the warp-per-row kernel's
-    // per-block prologue (gemv_rows.cu) instead of gemv.cu's staged kernel
-    bool rows_prologue = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
     // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel

@@ -295,8 +295,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_GEMV_LEAN8=0",
     "MARKBASE_CUDA_GEGLU_LEAN8=0",
-    "MARKBASE_CUDA_GEMV_PROLOGUE=1",
-    "MARKBASE_CUDA_GEMV_PROLOGUE=1,MARKBASE_CUDA_GEGLU_SPLIT=0,MARKBASE_CUDA_GEMV_MIN_WAVES=0",
     "MARKBASE_CUDA_GEMV_LEAN8=1,MARKBASE_CUDA_GEMV_MIN_WAVES=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
@@ -381,7 +379,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
           "MARKBASE_CUDA_MOE_DOWN_OCC=5", "MARKBASE_CUDA_MOE_WIDE=yes", "MARKBASE_CUDA_ATTN_SPLIT=auto:x",
           "MARKBASE_CUDA_GEGLU_SPLIT=2", "MARKBASE_CUDA_GEMV_MIN_WAVES=x", "MARKBASE_CUDA_PRENORM=on",
           "MARKBASE_CUDA_GEMV_LEAN=2", "MARKBASE_CUDA_ATTN_KV_EARLY=yes", "MARKBASE_CUDA_PDL_EARLY=2",
-          "MARKBASE_CUDA_GEMV_LEAN8=on", "MARKBASE_CUDA_GEGLU_LEAN8=x", "MARKBASE_CUDA_GEMV_PROLOGUE=2"}) {
+          "MARKBASE_CUDA_GEMV_LEAN8=on", "MARKBASE_CUDA_GEGLU_LEAN8=x"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
