@@ -238,7 +238,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         u_ = alloc<float>(n * std::max(max_I, P));
         // sharded MoE: [n][H] dense partial, then [n][H] this rank's experts' weighted sum: one all-reduce
         m_ = alloc<float>((sharded() && c_.moe ? 2 : 1) * n * H);
-        if (sharded() && c_.moe) {
+        if (c_.moe) {  // the combine's weights for one already summed expert vector (MOE_DOWN_SUM, ranks)
             const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
             d_ones_ = alloc<float>(n);
             CUDA_CHECK(cudaMemcpy(d_ones_, ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -298,6 +298,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_DOWN_OCC=") + e + ": expected 4 or 6");
                 moe_down_occ_ = std::atoi(e);
             }
+            // MARKBASE_CUDA_MOE_DOWN_SUM=1 (decode rows): the experts' down rows and their weighted sum in
+            // one kernel (moe.cu), bit-identical to the slots summed by the combine. Prepared in session 10.
+            moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", false) && moe_decode_rows_;
             if (moe_overlap_) {
                 CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));
                 CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));

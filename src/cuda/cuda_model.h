@@ -253,7 +253,7 @@ class CudaModel {
     int cur_slot_ = 0;
     bool batch_ = false;
     int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
-    float* d_ones_ = nullptr;  // sharded MoE: [chunk] weights of 1 for the combine of the reduced sum
+    float* d_ones_ = nullptr;  // MoE: [chunk] weights of 1 for the combine of one summed expert vector
     const ModelConfig& c_;
     const Weights& w_;
     int64_t ctx_;
@@ -342,7 +342,8 @@ class CudaModel {
     int moe_gate_occ_ = 2;
     // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4
     int moe_down_occ_ = 4;
-    bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
+    bool moe_down_sum_ = false;  // MARKBASE_CUDA_MOE_DOWN_SUM: the experts' down and weighted sum, one kernel
+    bool moe_gemm_ = true;       // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP
     bool moe_overlap_ = false;

@@ -266,8 +266,9 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         float* x = xcur_;
         if (sharded()) {  // [dense partial | experts' partial] summed over the ranks, then the norms
             xn_for_ = nullptr;
-            run(pf, "experts_sum", i, 0.0,
-                [&] { moe_weighted_sum(eslots_, sel_w_, K, H, 1, m_ + H, stream_); });
+            if (!moe_down_sum_)
+                run(pf, "experts_sum", i, 0.0,
+                    [&] { moe_weighted_sum(eslots_, sel_w_, K, H, 1, m_ + H, stream_); });
             all_reduce(pf, i, m_, 2 * static_cast<size_t>(H));
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, m_ + H, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
@@ -279,9 +280,11 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             const bf16* next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
             const bool pre = prenorm_ && moe_wide_ && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
             run(pf, "ffn_combine", i, 0.0, [&] {
-                residual_moe_combine(x, m_, eslots_, sel_w_, K, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_,
-                                     pre ? next_w : nullptr, pre ? xn_ : nullptr);
+                // (MOE_DOWN_SUM: eslots_ holds the summed vector, combined as one slot of weight 1)
+                residual_moe_combine(x, m_, eslots_, moe_down_sum_ ? d_ones_ : sel_w_, moe_down_sum_ ? 1 : K,
+                                     lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm, H, 1, eps,
+                                     ffn_scale, stream_, moe_wide_, pre ? next_w : nullptr,
+                                     pre ? xn_ : nullptr);
             });
             xn_for_ = pre ? next_w : nullptr;
         }
@@ -326,7 +329,10 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
             moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
     });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
-        if (moe_decode_rows_)
+        if (moe_down_sum_)  // the weighted sum too: a rank's share goes to m_'s second half, else eslots_[0]
+            moe_down_sum_decode(eh_, Ie, lw.experts_down, H, K, gexp_, sel_w_, sharded() ? m_ + H : eslots_,
+                                st, pdl_late_);
+        else if (moe_decode_rows_)
             moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_down_occ_);
         else
             moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, st);

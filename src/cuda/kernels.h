@@ -326,6 +326,11 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
 // flight per lane, 6 blocks per SM; else 8 loads, 4 blocks per SM at 53 registers.
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                      float* slots, cudaStream_t s, int blocks_per_sm = 4);
+// Decode (MARKBASE_CUDA_MOE_DOWN_SUM=1): e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the
+// slots' down rows and their weighted sum in one kernel, a warp per output row j (Ie <= 768). Bit-identical
+// to moe_down_decode's slots summed by the combine. late: MARKBASE_CUDA_PDL_EARLY=0's order.
+void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
+                         const float* sel_w, float* e, cudaStream_t s, bool late);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

@@ -7,6 +7,7 @@
 // per expert.
 #include <algorithm>
 #include <cfloat>
+#include <string>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -308,6 +309,62 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
                                 out_width);
 }
 
+// Decode with MARKBASE_CUDA_MOE_DOWN_SUM=1: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), a
+// warp per output row j over all K slots, so the combine reads one vector instead of K, and a rank's
+// experts_sum launch goes. Each slot's dot is expert_decode_rows's (lane's chunks lane + 32 u in u order,
+// then warp_sum) and the slots are added in residual_moe_wide_kernel's order (acc += w * slot, from slot 0),
+// so e is bit-identical to the slots summed by the combine. Rows are long (K x Ie bf16: 11 KB at the
+// 26B-A4B's widths) and the grid is one wave (H / 8 blocks at 3 per SM), against H / 8 x K blocks of
+// 1.4 KB rows. The slots' experts were chosen two kernels back (moe_route; gate/up waited for it before
+// letting this kernel start), so the ids and the first round of weights are requested before the PDL wait;
+// only h, gate/up's output, waits.
+constexpr int kSumSlots = 4;   // slots per load round
+constexpr int kSumChunks = 3;  // 16-byte chunks per lane per slot: rows of at most 96 chunks (Ie <= 768)
+__global__ void __launch_bounds__(kThreads, 3)
+    expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
+                           const float* sel_w, float* e, bool late) {
+    pdl_begin_late(late);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int j = blockIdx.x * kWarps + warp;
+    if (j >= H) return;
+    const int nchunk = Ie >> 3;
+    const int64_t stride = static_cast<int64_t>(H) * Ie;
+    float acc = 0.0f;
+    for (int s0 = 0; s0 < K; s0 += kSumSlots) {
+        int ex[kSumSlots];
+        uint4 v[kSumSlots][kSumChunks];
+#pragma unroll
+        for (int i = 0; i < kSumSlots; ++i) {
+            ex[i] = s0 + i < K ? group_expert[s0 + i] : -1;  // -1: no slot, or another rank's expert
+            const uint4* w =
+                reinterpret_cast<const uint4*>(down + ex[i] * stride + static_cast<int64_t>(j) * Ie);
+#pragma unroll
+            for (int u = 0; u < kSumChunks; ++u) {
+                const int c = u * 32 + lane;
+                v[i][u] = ex[i] >= 0 && c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+        if (s0 == 0) pdl_begin_after_loads(nchunk, late);
+#pragma unroll
+        for (int i = 0; i < kSumSlots; ++i) {
+            const int s = s0 + i;
+            if (s >= K) break;
+            float a = 0.0f;
+            if (ex[i] >= 0) {
+                const float4* x4 = reinterpret_cast<const float4*>(h + static_cast<int64_t>(s) * Ie);
+#pragma unroll
+                for (int u = 0; u < kSumChunks; ++u) {
+                    const int c = u * 32 + lane;
+                    if (c < nchunk) a += dot8(v[i][u], __ldg(x4 + 2 * c), __ldg(x4 + 2 * c + 1));
+                }
+            }
+            a = warp_sum(a);
+            acc += sel_w[s] * a;
+        }
+    }
+    if (lane == 0) e[j] = acc;
+}
+
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
 __global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
@@ -372,6 +429,16 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
     launch_kernel(occ6 ? expert_decode_occ_kernel<false, 4, 6> : expert_decode_kernel<false>,
                   dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h, Ie, true, down, H,
                   static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
+                         const float* sel_w, float* e, cudaStream_t s, bool late) {
+    if (Ie % 8 || Ie / 8 > 32 * kSumChunks)
+        throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
+                    std::to_string(256 * kSumChunks) + ", not " + std::to_string(Ie));
+    launch_kernel(expert_down_sum_kernel, dim3((H + kWarps - 1) / kWarps), dim3(kThreads), 0, s, h, Ie, down,
+                  H, K, group_expert, sel_w, e, late);
     CUDA_CHECK_LAUNCH();
 }
 
