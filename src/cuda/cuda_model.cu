@@ -301,6 +301,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // MARKBASE_CUDA_MOE_DOWN_SUM=1 (decode rows): the experts' down rows and their weighted sum in
             // one kernel (moe.cu), bit-identical to the slots summed by the combine. Prepared in session 10.
             moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", false) && moe_decode_rows_;
+            // MARKBASE_CUDA_MOE_PRENORM=1: the router's and the experts' inputs from the post-attention
+            // update (norm_rope.cu NormCopies). Prepared in session 10.
+            // (only where the update is a launch of its own: residual())
+            moe_prenorm_ = env_flag("MARKBASE_CUDA_MOE_PRENORM", false) && prenorm_ && residual_launch_;
+            if (moe_prenorm_) xr_ = alloc<float>(H);
             if (moe_overlap_) {
                 CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));
                 CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));

@@ -343,7 +343,11 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4
     int moe_down_occ_ = 4;
     bool moe_down_sum_ = false;  // MARKBASE_CUDA_MOE_DOWN_SUM: the experts' down and weighted sum, one kernel
-    bool moe_gemm_ = true;       // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
+    // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM): the post-attention update also writes the router's
+    // input (xr_) and the experts' input (e_in_), so the router is a plain product and route skips its norm
+    bool moe_prenorm_ = false;
+    float* xr_ = nullptr;   // [H] RMSNorm(x) * router_scale / sqrt(H)
+    bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP
     bool moe_overlap_ = false;

@@ -86,10 +86,21 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     // launched now (the MoE model, whose expert fork wants nothing pending): with prenorm_, it also writes
     // the normalised input of the GEMV named by next_w (the 26B's dense MLP after o_proj)
     const bool pre = prenorm_ && next_w;
+    // the MoE's post-attention update (whose consumer is the dense MLP): with moe_prenorm_, also the router's
+    // and the experts' inputs, which the router GEMV and route would otherwise normalise themselves
+    NormCopies more;
+    if (pre && moe_prenorm_ && layer >= 0 && next_w == w_.layers[layer].pre_ffn_norm) {
+        const LayerWeights& lw = w_.layers[layer];
+        more.w[0] = lw.router_scale;
+        more.out[0] = xr_;
+        more.scale[0] = 1.0f / std::sqrt(static_cast<float>(c_.hidden));
+        more.w[1] = lw.pre_ffn_norm_2;
+        more.out[1] = e_in_;
+    }
     float* x = xcur_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
-                          pre ? xn_ : nullptr);
+                          pre ? xn_ : nullptr, more);
     });
     xn_for_ = pre ? next_w : nullptr;
 }
@@ -309,8 +320,9 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
     {
-        GemvInput in = x_input(pf, i, true, lw.router_scale);
-        in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
+        // moe_prenorm_: xr_ = RMSNorm(x) * router_scale / sqrt(H), written by the post-attention update
+        GemvInput in = moe_prenorm_ ? gemv_input(xr_, H) : x_input(pf, i, true, lw.router_scale);
+        if (!moe_prenorm_) in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
         if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
         run(pf, "router", i, wbytes(E, H), [&] {
             GemvSeg seg{lw.router_proj, rlogits_, E, 0};
@@ -319,8 +331,9 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     }
     float* x = xcur_;
     run(pf, "route_topk", i, 0.0, [&] {
-        moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_, x,
-                  lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(), moe_wide_);
+        moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_,
+                  moe_prenorm_ ? nullptr : x, lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(),
+                  moe_wide_);
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)

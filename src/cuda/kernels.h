@@ -200,10 +200,18 @@ void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, fl
 // ple[t][l] = (RMSNorm_P(ctx[t][l] * H^-0.5) * norm_w + ple_embed[ids[t]][l] * sqrt(P)) * 2^-0.5
 void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
              int H, float eps, float* ple, cudaStream_t s);
+// Up to two more normalised copies of the new x that a one-token update writes beside xn (the 26B-A4B's
+// router and experts' inputs, MARKBASE_CUDA_MOE_PRENORM): out[i] = RMSNorm(x) * w[i] * scale[i].
+struct NormCopies {
+    const bf16* w[2] = {nullptr, nullptr};
+    float* out[2] = {nullptr, nullptr};
+    float scale[2] = {1.0f, 1.0f};
+};
 // x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
-// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input
+// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr);
+                       cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
+                       const NormCopies& more = {});
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
@@ -327,8 +335,9 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                      float* slots, cudaStream_t s, int blocks_per_sm = 4);
 // Decode (MARKBASE_CUDA_MOE_DOWN_SUM=1): e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the
-// slots' down rows and their weighted sum in one kernel, a warp per output row j (Ie <= 768). Bit-identical
-// to moe_down_decode's slots summed by the combine. late: MARKBASE_CUDA_PDL_EARLY=0's order.
+// slots' down rows and their weighted sum in one kernel, a block per output row j and a warp per slot
+// (Ie <= 768, K <= 32). Bit-identical to moe_down_decode's slots summed by the combine. late:
+// MARKBASE_CUDA_PDL_EARLY=0's order.
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                          const float* sel_w, float* e, cudaStream_t s, bool late);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after

@@ -98,7 +98,9 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
     pdl_begin();
     const int t = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = logits[static_cast<int64_t>(t) * E + e];
-    {  // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
+    if (!x) {             // e_in written by the update before the router (MARKBASE_CUDA_MOE_PRENORM)
+        __syncthreads();  // publishes p
+    } else {              // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
         // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
         const float* __restrict__ xr = x + static_cast<int64_t>(t) * H;
         float ss = 0.0f;
@@ -128,6 +130,11 @@ __global__ void __launch_bounds__(kWideThreads)
     __shared__ float red[32];
     pdl_begin();
     if (threadIdx.x < E) p[threadIdx.x] = logits[threadIdx.x];
+    if (!x) {             // e_in written by the update before the router (MARKBASE_CUDA_MOE_PRENORM)
+        __syncthreads();  // publishes p
+        route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
+        return;
+    }
     float xv[kWidePer], wv[kWidePer];
     float ss = 0.0f;
 #pragma unroll
@@ -309,60 +316,54 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
                                 out_width);
 }
 
-// Decode with MARKBASE_CUDA_MOE_DOWN_SUM=1: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), a
-// warp per output row j over all K slots, so the combine reads one vector instead of K, and a rank's
-// experts_sum launch goes. Each slot's dot is expert_decode_rows's (lane's chunks lane + 32 u in u order,
-// then warp_sum) and the slots are added in residual_moe_wide_kernel's order (acc += w * slot, from slot 0),
-// so e is bit-identical to the slots summed by the combine. Rows are long (K x Ie bf16: 11 KB at the
-// 26B-A4B's widths) and the grid is one wave (H / 8 blocks at 3 per SM), against H / 8 x K blocks of
-// 1.4 KB rows. The slots' experts were chosen two kernels back (moe_route; gate/up waited for it before
-// letting this kernel start), so the ids and the first round of weights are requested before the PDL wait;
-// only h, gate/up's output, waits.
-constexpr int kSumSlots = 4;   // slots per load round
-constexpr int kSumChunks = 3;  // 16-byte chunks per lane per slot: rows of at most 96 chunks (Ie <= 768)
-__global__ void __launch_bounds__(kThreads, 3)
+// Decode with MARKBASE_CUDA_MOE_DOWN_SUM=1: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), so
+// the combine reads one vector instead of K and a rank's experts_sum launch goes. A block per output row j,
+// warp w the dot of slot w (then w + 8, ...): the old kernel's parallelism (a warp per 1.4 KB row, 2816
+// blocks; session 10's first form, a warp per j over all 8 slots in 352 blocks, took 17.7 us per layer in
+// the events profile against 14.0). Each slot's dot is expert_decode_rows's (lane's chunks lane + 32 u in u
+// order, then warp_sum), and one thread adds the slots in residual_moe_wide_kernel's order (acc += w * dot
+// from slot 0): e is bit-identical to the slots summed by the combine. The experts were chosen two kernels
+// back (moe_route; gate/up waited for it before letting this kernel start), so their ids and rows are
+// requested before the PDL wait; only h, gate/up's output, waits.
+constexpr int kSumChunks = 3;  // 16-byte chunks per lane: rows of at most 96 chunks (Ie <= 768)
+constexpr int kSumMaxK = 32;   // slots (moe_route's kRankMaxK)
+__global__ void __launch_bounds__(kThreads, 6)
     expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                            const float* sel_w, float* e, bool late) {
+    __shared__ float dots[kSumMaxK];
     pdl_begin_late(late);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int j = blockIdx.x * kWarps + warp;
-    if (j >= H) return;
+    const int j = blockIdx.x;
     const int nchunk = Ie >> 3;
-    const int64_t stride = static_cast<int64_t>(H) * Ie;
-    float acc = 0.0f;
-    for (int s0 = 0; s0 < K; s0 += kSumSlots) {
-        int ex[kSumSlots];
-        uint4 v[kSumSlots][kSumChunks];
+    for (int s = warp; s < K; s += kWarps) {
+        const int ex = group_expert[s];  // -1: another rank's expert, a zero slot
+        const uint4* w = reinterpret_cast<const uint4*>(down + ex * static_cast<int64_t>(H) * Ie +
+                                                        static_cast<int64_t>(j) * Ie);
+        uint4 v[kSumChunks];
 #pragma unroll
-        for (int i = 0; i < kSumSlots; ++i) {
-            ex[i] = s0 + i < K ? group_expert[s0 + i] : -1;  // -1: no slot, or another rank's expert
-            const uint4* w =
-                reinterpret_cast<const uint4*>(down + ex[i] * stride + static_cast<int64_t>(j) * Ie);
+        for (int u = 0; u < kSumChunks; ++u) {
+            const int c = u * 32 + lane;
+            v[u] = ex >= 0 && c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+        }
+        if (s == warp) pdl_begin_after_loads(nchunk, late);
+        float a = 0.0f;
+        if (ex >= 0) {
+            const float4* x4 = reinterpret_cast<const float4*>(h + static_cast<int64_t>(s) * Ie);
 #pragma unroll
             for (int u = 0; u < kSumChunks; ++u) {
                 const int c = u * 32 + lane;
-                v[i][u] = ex[i] >= 0 && c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+                if (c < nchunk) a += dot8(v[u], __ldg(x4 + 2 * c), __ldg(x4 + 2 * c + 1));
             }
         }
-        if (s0 == 0) pdl_begin_after_loads(nchunk, late);
-#pragma unroll
-        for (int i = 0; i < kSumSlots; ++i) {
-            const int s = s0 + i;
-            if (s >= K) break;
-            float a = 0.0f;
-            if (ex[i] >= 0) {
-                const float4* x4 = reinterpret_cast<const float4*>(h + static_cast<int64_t>(s) * Ie);
-#pragma unroll
-                for (int u = 0; u < kSumChunks; ++u) {
-                    const int c = u * 32 + lane;
-                    if (c < nchunk) a += dot8(v[i][u], __ldg(x4 + 2 * c), __ldg(x4 + 2 * c + 1));
-                }
-            }
-            a = warp_sum(a);
-            acc += sel_w[s] * a;
-        }
+        a = warp_sum(a);
+        if (lane == 0) dots[s] = a;
     }
-    if (lane == 0) e[j] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int s = 0; s < K; ++s) acc += sel_w[s] * dots[s];
+        e[j] = acc;
+    }
 }
 
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
@@ -434,11 +435,12 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
 
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                          const float* sel_w, float* e, cudaStream_t s, bool late) {
-    if (Ie % 8 || Ie / 8 > 32 * kSumChunks)
+    if (Ie % 8 || Ie / 8 > 32 * kSumChunks || K > kSumMaxK)
         throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
-                    std::to_string(256 * kSumChunks) + ", not " + std::to_string(Ie));
-    launch_kernel(expert_down_sum_kernel, dim3((H + kWarps - 1) / kWarps), dim3(kThreads), 0, s, h, Ie, down,
-                  H, K, group_expert, sel_w, e, late);
+                    std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
+                    " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
+    launch_kernel(expert_down_sum_kernel, dim3(H), dim3(kThreads), 0, s, h, Ie, down, H, K, group_expert,
+                  sel_w, e, late);
     CUDA_CHECK_LAUNCH();
 }
 

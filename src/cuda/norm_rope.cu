@@ -109,14 +109,19 @@ __device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, f
 __global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
                          int H, float eps, float scale, const bf16* __restrict__ next_w,
-                         float* __restrict__ xn) {
+                         float* __restrict__ xn, NormCopies more) {
     __shared__ float red[32];
+    // more's weights in shared memory (staged before the wait; each thread reads back its own elements)
+    __shared__ bf16 mw[2][kWideResidualPer * kWideThreads];
     float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer], nv[kWideResidualPer];
 #pragma unroll
     for (int j = 0; j < kWideResidualPer; ++j) {
         const int k = threadIdx.x + j * kWideThreads;
         wv[j] = k < H ? bf16_at(w, k) : 0.0f;
         nv[j] = next_w && k < H ? bf16_at(next_w, k) : 0.0f;
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            if (more.out[c] && k < H) mw[c][k] = more.w[c][k];
     }
     pdl_begin();
 #pragma unroll
@@ -132,9 +137,23 @@ __global__ void __launch_bounds__(kWideThreads)
         xv[j] = (xv[j] + yv[j] * inv * wv[j]) * scale;  // 0 past H: xv, yv and wv are 0 there
         if (k < H) x[k] = xv[j];
     }
-    if (next_w)
-        store_normalised(
-            xv, H, eps, [&](int j, int) { return nv[j]; }, red, xn);
+    if (!more.out[0]) {
+        if (next_w)
+            store_normalised(
+                xv, H, eps, [&](int j, int) { return nv[j]; }, red, xn);
+        return;
+    }
+    const float inv_x = block_inv_rms(xv, H, eps, red);  // store_normalised's factor, for every copy
+#pragma unroll
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
+        if (k >= H) continue;
+        const float v = xv[j] * inv_x;
+        if (next_w) xn[k] = v * nv[j];
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            if (more.out[c]) more.out[c][k] = v * bf16_at(mw[c], k) * more.scale[c];
+    }
 }
 
 // dynamic smem: 2*H floats (the expert sum, then the combined m')
@@ -399,14 +418,17 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 }
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s, const bf16* next_w, float* xn) {
+                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more) {
+    if (more.out[1] && !more.out[0])
+        throw Error("internal: the update's normalised copies fill slot 0 first");
     if (n == 1 && H <= kWideThreads * kWideResidualPer) {
         launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, y, w, H, eps, scale, next_w,
-                      xn);
+                      xn, more);
         CUDA_CHECK_LAUNCH();
         return;
     }
-    if (next_w) throw Error("internal: the residual update writes a normalised copy at one token only");
+    if (next_w || more.out[0])
+        throw Error("internal: the residual update writes a normalised copy at one token only");
     launch_kernel(residual_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale);
     CUDA_CHECK_LAUNCH();
 }
