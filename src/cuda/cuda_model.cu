@@ -298,13 +298,14 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_DOWN_OCC=") + e + ": expected 4 or 6");
                 moe_down_occ_ = std::atoi(e);
             }
-            // MARKBASE_CUDA_MOE_DOWN_SUM=1 (decode rows): the experts' down rows and their weighted sum in
-            // one kernel (moe.cu), bit-identical to the slots summed by the combine. Prepared in session 10.
-            moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", false) && moe_decode_rows_;
-            // MARKBASE_CUDA_MOE_PRENORM=1: the router's and the experts' inputs from the post-attention
-            // update (norm_rope.cu NormCopies). Prepared in session 10.
-            // (only where the update is a launch of its own: residual())
-            moe_prenorm_ = env_flag("MARKBASE_CUDA_MOE_PRENORM", false) && prenorm_ && residual_launch_;
+            // MARKBASE_CUDA_MOE_DOWN_SUM (decode rows; on unless 0): the experts' down rows and their
+            // weighted sum in one kernel (moe.cu), bit-identical to the slots summed by the combine. Session
+            // 10's H200 A/B on the 26B-A4B: -0.2% alone, -0.4% beside MOE_PRENORM.
+            moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", true) && moe_decode_rows_;
+            // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM; on unless 0): the router's and the experts'
+            // inputs from the post-attention update (norm_rope.cu NormCopies), where that update is a launch
+            // of its own (residual()). Session 10's A/B: 26B-A4B -1.1% (3.013 -> 2.980 ms/token).
+            moe_prenorm_ = env_flag("MARKBASE_CUDA_MOE_PRENORM", true) && prenorm_ && residual_launch_;
             if (moe_prenorm_) xr_ = alloc<float>(H);
             if (moe_overlap_) {
                 CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));
