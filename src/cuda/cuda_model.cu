@@ -307,13 +307,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // of its own (residual()). Session 10's A/B: 26B-A4B -1.1% (3.013 -> 2.980 ms/token).
             moe_prenorm_ = env_flag("MARKBASE_CUDA_MOE_PRENORM", true) && prenorm_ && residual_launch_;
             if (moe_prenorm_) xr_ = alloc<float>(H);
-            // MARKBASE_CUDA_MOE_ROUTER_FUSED=1 (with MOE_PRENORM): the router's logits and the routing in one
-            // launch, the last block ranking the logits (moe.cu). Prepared in session 10.
-            moe_router_fused_ = env_flag("MARKBASE_CUDA_MOE_ROUTER_FUSED", false) && moe_prenorm_;
-            if (moe_router_fused_) {
-                d_route_counter_ = alloc<unsigned int>(1);
-                CUDA_CHECK(cudaMemset(d_route_counter_, 0, sizeof(unsigned int)));
-            }
             if (moe_overlap_) {
                 CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));
                 CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));

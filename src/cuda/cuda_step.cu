@@ -319,12 +319,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    if (moe_router_fused_) {  // the logits and the routing in one launch (e_in_ written by the update too)
-        run(pf, "router", i, wbytes(E, H), [&] {
-            moe_router_route(xr_, H, lw.router_proj, E, K, lw.per_expert_scale, rlogits_, sel_id_, sel_w_,
-                             gexp_, goff_, gent_, d_route_counter_, held_experts(), st, pdl_late_);
-        });
-    } else {
+    {
         // moe_prenorm_: xr_ = RMSNorm(x) * router_scale / sqrt(H), written by the post-attention update
         GemvInput in = moe_prenorm_ ? gemv_input(xr_, H) : x_input(pf, i, true, lw.router_scale);
         if (!moe_prenorm_) in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
@@ -333,13 +328,13 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
             GemvSeg seg{lw.router_proj, rlogits_, E, 0};
             gemv(in, &seg, 1, 1, st);
         });
-        float* x = xcur_;
-        run(pf, "route_topk", i, 0.0, [&] {
-            moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_,
-                      moe_prenorm_ ? nullptr : x, lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(),
-                      moe_wide_);
-        });
     }
+    float* x = xcur_;
+    run(pf, "route_topk", i, 0.0, [&] {
+        moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_,
+                  moe_prenorm_ ? nullptr : x, lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(),
+                  moe_wide_);
+    });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)
             moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_occ_);

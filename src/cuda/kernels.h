@@ -304,13 +304,6 @@ struct ExpertRange {
 // Writes sel_id/sel_w [n][K]. When groups_for_slots (n == 1), also writes the K expert groups directly
 // (group_expert = the expert's index among the held ones).
 // Also the experts' input: e_in[t] = RMSNorm(x[t]) * norm_w (pre_feedforward_layernorm_2), H wide.
-// Decode (MARKBASE_CUDA_MOE_ROUTER_FUSED=1): logits = router_w . xr (xr already normalised and scaled, E rows
-// of H), then moe_route's routing of one token with slot groups (e_in already written), in one launch: the
-// block that finishes last ranks the logits. counter: one zeroed unsigned int, left zeroed.
-void moe_router_route(const float* xr, int H, const bf16* router_w, int E, int K,
-                      const bf16* per_expert_scale, float* logits, int* sel_id, float* sel_w,
-                      int* group_expert, int* group_off, int* entries, unsigned int* counter,
-                      ExpertRange held, cudaStream_t s, bool late);
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,

@@ -154,64 +154,6 @@ __global__ void __launch_bounds__(kWideThreads)
     route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
 }
 
-// Decode with MARKBASE_CUDA_MOE_ROUTER_FUSED=1 (after MOE_PRENORM's update wrote xr = RMSNorm(x) *
-// router_scale / sqrt(H)): the router's logits and moe_route's routing in one launch. kRouterW warps per
-// logit row (each lane at most kRouterU chunks, one load round), all the router's weights requested before
-// the PDL wait; each block writes its rows' logits, and the block that finishes last (a ticket, as
-// lm_head's and attention's merges) reads all E logits back from L2 and ranks them (route_ranks). One launch
-// fewer on the experts' chain, whose route kernel was a launch floor for ~1 us of work.
-constexpr int kRouterW = 4;                     // warps per logit row
-constexpr int kRouterRows = kWarps / kRouterW;  // rows per block
-constexpr int kRouterU = 3;                     // chunks per lane: H <= kRouterW * 32 * kRouterU * 8 = 3072
-__global__ void __launch_bounds__(kThreads)
-    router_route_kernel(const float* xr, int H, const bf16* router_w, int E, int K, const bf16* pes,
-                        float* logits, int* sel_id, float* sel_w, int* group_expert, int* group_off,
-                        int* entries, unsigned int* counter, ExpertRange held, bool late) {
-    __shared__ float part[kWarps];
-    __shared__ float p[256];  // E <= 256: the logits, then their probabilities
-    __shared__ bool last;
-    pdl_begin_late(late);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * kRouterRows + warp / kRouterW, q = warp % kRouterW;
-    const int nchunk = H >> 3, per = (nchunk + kRouterW - 1) / kRouterW;
-    const int c0 = q * per, c1 = min(nchunk, c0 + per);
-    const uint4* w = reinterpret_cast<const uint4*>(router_w + static_cast<int64_t>(min(row, E - 1)) * H);
-    uint4 v[kRouterU];
-#pragma unroll
-    for (int u = 0; u < kRouterU; ++u) {
-        const int c = c0 + u * 32 + lane;
-        v[u] = row < E && c < c1 ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
-    }
-    pdl_begin_after_loads(nchunk, late);
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    float a = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kRouterU; ++u) {
-        const int c = c0 + u * 32 + lane;
-        if (row < E && c < c1) a += dot8(v[u], __ldg(x4 + 2 * c), __ldg(x4 + 2 * c + 1));
-    }
-    a = warp_sum(a);
-    if (lane == 0) part[warp] = a;
-    __syncthreads();
-    if (threadIdx.x < kRouterRows) {
-        const int r = blockIdx.x * kRouterRows + threadIdx.x;
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kRouterW; ++i) s += part[threadIdx.x * kRouterW + i];
-        if (r < E) logits[r] = s;
-        __threadfence();  // the logits before the ticket
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // every block's logits, after their tickets
-    if (threadIdx.x < E) p[threadIdx.x] = __ldcg(logits + threadIdx.x);
-    if (threadIdx.x == 0) *counter = 0;  // for the next launch (graph replay)
-    __syncthreads();
-    route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
-}
-
 __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
                               int* entries, ExpertRange held) {
     extern __shared__ int cnt[];  // [2*E]: counts, then cursors
@@ -534,21 +476,6 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
     launch_kernel(route_kernel, dim3(n), dim3(256), static_cast<size_t>(E) * sizeof(float), s, logits, E, K,
                   per_expert_scale, sel_id, sel_w, groups_for_slots, group_expert, group_off, entries, x,
                   norm_w, H, eps, e_in, held);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_router_route(const float* xr, int H, const bf16* router_w, int E, int K,
-                      const bf16* per_expert_scale, float* logits, int* sel_id, float* sel_w,
-                      int* group_expert, int* group_off, int* entries, unsigned int* counter,
-                      ExpertRange held, cudaStream_t s, bool late) {
-    if (E > 256 || E > kThreads || K > kRankMaxK || H % 8 || H > kRouterW * 32 * kRouterU * 8)
-        throw Error("internal: the fused router takes at most 256 experts, top-" + std::to_string(kRankMaxK) +
-                    " and a hidden width that is a multiple of 8 up to " +
-                    std::to_string(kRouterW * 32 * kRouterU * 8) + ", not E = " + std::to_string(E) +
-                    ", K = " + std::to_string(K) + ", H = " + std::to_string(H));
-    launch_kernel(router_route_kernel, dim3((E + kRouterRows - 1) / kRouterRows), dim3(kThreads), 0, s, xr, H,
-                  router_w, E, K, per_expert_scale, logits, sel_id, sel_w, group_expert, group_off, entries,
-                  counter, held, late);
     CUDA_CHECK_LAUNCH();
 }
 
