@@ -523,7 +523,8 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         // are the same.
         const bool lean = p.in.lean && !p.in.norm && !p.tail.x;
         if (!u4)
-            return lean && p.in.lean8 ? launch_by_w<M, 4, true>(p, s, w) : launch_by_w<M, kU, false>(p, s, w);
+            return lean && p.in.lean8 && p.in.K <= p.in.lean8_max_k ? launch_by_w<M, 4, true>(p, s, w)
+                                                                    : launch_by_w<M, kU, false>(p, s, w);
         if (lean) return launch_by_w<M, 4, true>(p, s, w);
         return launch_by_w<M, 4, false>(p, s, w);
     }
