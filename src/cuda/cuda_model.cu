@@ -182,8 +182,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
 
         if (const char* e = std::getenv("MARKBASE_CUDA_FUSE")) fuse_ = std::strcmp(e, "0") != 0;
         for (auto [name, value] : {std::pair{"MARKBASE_CUDA_GEMV_U4_MAXK", &u4_max_k_},
-                                   std::pair{"MARKBASE_CUDA_GEGLU_U4_MAXK", &u4_max_k_geglu_},
-                                   std::pair{"MARKBASE_CUDA_GEMV_LEAN8_MAXK", &lean8_max_k_}}) {
+                                   std::pair{"MARKBASE_CUDA_GEGLU_U4_MAXK", &u4_max_k_geglu_}}) {
             if (const char* e = std::getenv(name)) {
                 char* end = nullptr;
                 const long k = std::strtol(e, &end, 10);
@@ -278,9 +277,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 moe_gemm_ = std::strcmp(e, "gemm") == 0;
             }
             if (sharded()) moe_gemm_ = false;  // the batched GEMMs would stream every expert; a rank has some
-            // on by default since session 4's H200 A/B (26B-A4B 4.335 -> 4.166 ms/token); on the ranks too since
-            // session 10's two-GPU run (26B-A4B tp2 2.822 -> 2.736 ms/token, the same ids; the tensor-parallel
-            // tests pass under it)
+            // on by default since session 4's H200 A/B (26B-A4B 4.335 -> 4.166 ms/token); on the ranks too
+            // since session 10's two-GPU run (26B-A4B tp2 2.822 -> 2.736 ms/token, the same ids; the
+            // tensor-parallel tests pass under it)
             moe_overlap_ = true;
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_OVERLAP"))
                 moe_overlap_ = std::strcmp(e, "1") == 0;

@@ -26,7 +26,6 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.stream = gemv_stream_;
     in.u4_max_k = u4_max_k_;
     in.u4_max_k_geglu = u4_max_k_geglu_;
-    in.lean8_max_k = lean8_max_k_;
     in.geglu_split = geglu_split_;
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;

@@ -520,11 +520,15 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         // still holds 62-64 registers (and spills at 6 or 5 blocks per SM: 8 chunks in flight are 32
         // registers of weights). lean8 (GemvInput.lean8): a launch sized for 8 (its W) runs the lean kernel
         // at 4 instead; each lane adds its chunks c_lo + lane + 32 j in the same order at any U, so the sums
-        // are the same.
+        // are the same. Not at 8 warps per row (K > 8192 with too few rows for MIN_WAVES to cut W: E4B's
+        // down at K = 10240, E2B's double-wide down at 12288), where a warp's share of the row is one round
+        // of 8 chunks per lane (up to K = 16384) but two at 4: session 10's H200 A/B with those two on the
+        // 8-chunk kernel measured E4B -1.2% and E2B -0.1% (the kernel lab: E4B's down 17.1 -> 15.5 us), while
+        // moving the 31B's wide products (at 4 warps per row) off LEAN8 as well cost it +0.8%.
         const bool lean = p.in.lean && !p.in.norm && !p.tail.x;
         if (!u4)
-            return lean && p.in.lean8 && p.in.K <= p.in.lean8_max_k ? launch_by_w<M, 4, true>(p, s, w)
-                                                                    : launch_by_w<M, kU, false>(p, s, w);
+            return lean && p.in.lean8 && w < 8 ? launch_by_w<M, 4, true>(p, s, w)
+                                               : launch_by_w<M, kU, false>(p, s, w);
         if (lean) return launch_by_w<M, 4, true>(p, s, w);
         return launch_by_w<M, 4, false>(p, s, w);
     }

@@ -73,8 +73,6 @@ struct GemvInput {
     // chunks per lane with no norm and no tail run the lean kernel at 4 chunks per lane, at the warps per row
     // chosen for 8 (40 registers, 6 blocks per SM instead of 64 and 4; the same sums)
     bool lean8 = false;
-    // MARKBASE_CUDA_GEMV_LEAN8_MAXK (session 10, A/B): lean8 applies up to this input width only
-    int lean8_max_k = 1 << 20;
     // MARKBASE_CUDA_GEGLU_LEAN8 (default 1; with lean and geglu_split, from K = 4096): the split GeGLU at 8
     // chunks per lane with no norm runs the lean split kernel at 4 chunks per lane, at the same warps per row
     // (the same sums)
