@@ -486,55 +486,80 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.total_rows == 0) return;
     if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
     if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
-    // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8
-    const bool u4 =
-        p.in.variant != kGemvVariantWarp && p.in.K <= (M == kGeglu ? p.in.u4_max_k_geglu : p.in.u4_max_k);
-    int w = p.in.variant == kGemvVariantWarp ? 1 : warps_per_row(p.in.K, u4 ? 4 : kU);
-    // Session 7's H200 A/B: at 4 chunks per lane (E2B's GeGLU, K = 1536) the split GeGLU cost +7.5% and the
-    // fewer warps per row +1.4%, so both apply to the launches at 8 only.
-    const bool split = M == kGeglu && p.in.geglu_split && !u4;
-    // Session 8's A/B after PRENORM: on E4B (K = 2560, its GeGLU 2 -> 1 warps per row) MIN_WAVES now costs
-    // +1.7%, on the 31B (K = 5376 and wider) it still gains, so it applies from K = 4096 (two full rounds of
-    // 8 chunks per lane at one warp per row).
-    if (p.in.min_waves > 0 && !u4 && p.in.K >= kMinWavesMinK) {  // fewer warps per row, >= min_waves waves
-        const int64_t per_sm = M == kGeglu && !split ? 2 : 4;
-        const int64_t slots = per_sm * device_sms();
-        auto blocks = [&](int ww) {
-            const int64_t row_warps = split ? 2 * ww : ww;
-            return (static_cast<int64_t>(p.total_rows) * row_warps + kWarps - 1) / kWarps;
-        };
-        while (w > 1 && blocks(w / 2) >= p.in.min_waves * slots) w /= 2;
-    }
-    if (p.in.force_warps > 0) w = p.in.force_warps;
+    constexpr RowsProduct product = M == kGeglu     ? RowsProduct::kGeglu
+                                    : M == kGeluMul ? RowsProduct::kGeluMul
+                                                    : RowsProduct::kPlain;
+    const RowsPlan plan = gemv_rows_plan(product, p.in, p.total_rows, p.tail.x != nullptr, device_sms());
     if constexpr (M == kGeglu) {
-        // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
-        // geglu_lean8 (GemvInput): the split launch sized for 8 chunks per lane runs the lean split kernel at
-        // 4 (40 registers, 6 blocks per SM instead of 64 and 4), at the same W: the same sums. From K = 4096
-        // (session 9's A/B: the 31B's K = 5376 -0.6%, E4B's K = 2560 +1.3%).
-        if (split && p.in.geglu_lean8 && p.in.lean && !p.in.norm && p.in.K >= kMinWavesMinK)
-            return launch_by_w<kGegluSplit, 4, true>(p, s, std::min(w, 4));
-        if (split) return launch_by_w<kGegluSplit, kU, false>(p, s, std::min(w, 4));
-        return u4 ? launch_by_w<M, 4, false>(p, s, w) : launch_by_w<M, kU, false>(p, s, w);
+        if (plan.split)
+            return plan.lean ? launch_by_w<kGegluSplit, 4, true>(p, s, plan.warps)
+                             : launch_by_w<kGegluSplit, kU, false>(p, s, plan.warps);
+        return plan.chunks == 4 ? launch_by_w<M, 4, false>(p, s, plan.warps)
+                                : launch_by_w<M, kU, false>(p, s, plan.warps);
     } else {
-        // The lean kernel is compiled at 4 chunks per lane only: at 8, without the norm and the tail, ptxas
-        // still holds 62-64 registers (and spills at 6 or 5 blocks per SM: 8 chunks in flight are 32
-        // registers of weights). lean8 (GemvInput.lean8): a launch sized for 8 (its W) runs the lean kernel
-        // at 4 instead; each lane adds its chunks c_lo + lane + 32 j in the same order at any U, so the sums
-        // are the same. Not at 8 warps per row (K > 8192 with too few rows for MIN_WAVES to cut W: E4B's
-        // down at K = 10240, E2B's double-wide down at 12288), where a warp's share of the row is one round
-        // of 8 chunks per lane (up to K = 16384) but two at 4: session 10's H200 A/B with those two on the
-        // 8-chunk kernel measured E4B -1.2% and E2B -0.1% (the kernel lab: E4B's down 17.1 -> 15.5 us), while
-        // moving the 31B's wide products (at 4 warps per row) off LEAN8 as well cost it +0.8%.
-        const bool lean = p.in.lean && !p.in.norm && !p.tail.x;
-        if (!u4)
-            return lean && p.in.lean8 && w < 8 ? launch_by_w<M, 4, true>(p, s, w)
-                                               : launch_by_w<M, kU, false>(p, s, w);
-        if (lean) return launch_by_w<M, 4, true>(p, s, w);
-        return launch_by_w<M, 4, false>(p, s, w);
+        if (plan.chunks == 8) return launch_by_w<M, kU, false>(p, s, plan.warps);
+        return plan.lean ? launch_by_w<M, 4, true>(p, s, plan.warps)
+                         : launch_by_w<M, 4, false>(p, s, plan.warps);
     }
 }
 
 }  // namespace
+
+RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, bool tail, int sms) {
+    const bool geglu = product == RowsProduct::kGeglu;
+    RowsPlan plan;
+    // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8
+    const bool u4 = in.variant != kGemvVariantWarp && in.K <= (geglu ? in.u4_max_k_geglu : in.u4_max_k);
+    int w = in.variant == kGemvVariantWarp ? 1 : warps_per_row(in.K, u4 ? 4 : kU);
+    // Session 7's H200 A/B: at 4 chunks per lane (E2B's GeGLU, K = 1536) the split GeGLU cost +7.5% and the
+    // fewer warps per row +1.4%, so both apply to the launches at 8 only.
+    const bool split = geglu && in.geglu_split && !u4;
+    // Session 8's A/B after PRENORM: on E4B (K = 2560, its GeGLU 2 -> 1 warps per row) MIN_WAVES now costs
+    // +1.7%, on the 31B (K = 5376 and wider) it still gains, so it applies from K = 4096 (two full rounds of
+    // 8 chunks per lane at one warp per row).
+    if (in.min_waves > 0 && !u4 && in.K >= kMinWavesMinK) {  // fewer warps per row, >= min_waves waves
+        const int64_t per_sm = geglu && !split ? 2 : 4;
+        const int64_t slots = per_sm * sms;
+        auto blocks = [&](int ww) {
+            const int64_t row_warps = split ? 2 * ww : ww;
+            return (rows * row_warps + kWarps - 1) / kWarps;
+        };
+        while (w > 1 && blocks(w / 2) >= in.min_waves * slots) w /= 2;
+    }
+    if (in.force_warps > 0) w = in.force_warps;
+    plan.warps = w;
+    plan.chunks = u4 ? 4 : kU;
+    if (geglu) {
+        if (split) {
+            // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
+            // geglu_lean8 (GemvInput): the split launch sized for 8 chunks per lane runs the lean split
+            // kernel at 4 (40 registers, 6 blocks per SM instead of 64 and 4), at the same W: the same sums.
+            // From K = 4096 (session 9's A/B: the 31B's K = 5376 -0.6%, E4B's K = 2560 +1.3%).
+            plan.split = true;
+            plan.warps = std::min(w, 4);
+            plan.lean = in.geglu_lean8 && in.lean && !in.norm && in.K >= kMinWavesMinK;
+            if (plan.lean) plan.chunks = 4;
+        }
+        return plan;
+    }
+    // The lean kernel is compiled at 4 chunks per lane only: at 8, without the norm and the tail, ptxas still
+    // holds 62-64 registers (and spills at 6 or 5 blocks per SM: 8 chunks in flight are 32 registers of
+    // weights). lean8 (GemvInput.lean8): a launch sized for 8 (its W) runs the lean kernel at 4 instead; each
+    // lane adds its chunks c_lo + lane + 32 j in the same order at any U, so the sums are the same. Not at 8
+    // warps per row (K > 8192 with too few rows for MIN_WAVES to cut W: E4B's down at K = 10240, E2B's
+    // double-wide down at 12288), where a warp's share of the row is one round of 8 chunks per lane (up to
+    // K = 16384) but two at 4: session 10's H200 A/B with those two on the 8-chunk kernel measured E4B -1.2%
+    // and E2B -0.1% (the kernel lab: E4B's down 17.1 -> 15.5 us), while moving the 31B's wide products (at 4
+    // warps per row) off LEAN8 as well cost it +0.8%.
+    const bool lean = in.lean && !in.norm && !tail;
+    if (u4) {
+        plan.lean = lean;
+    } else if (lean && in.lean8 && w < 8) {
+        plan.lean = true;
+        plan.chunks = 4;
+    }
+    return plan;
+}
 
 template <int M, int C, int S>
 void allow_ring() {

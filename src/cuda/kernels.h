@@ -144,6 +144,19 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
+// Which warp-per-row kernel one of those products launches (`warp` and `warpk`; the async variants choose
+// for themselves): warps per row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no norm, no
+// tail), and for the GeGLU whether a row's gate and up products go to different warps. A pure function of
+// the launch (rows: output rows over all segments; sms: the device's multiprocessors), so the measured rules
+// can be checked without a GPU (tests/cuda/test_gemv_rows_plan.cpp).
+enum class RowsProduct { kPlain, kGeglu, kGeluMul };
+struct RowsPlan {
+    int warps = 1;   // warps per row (the split GeGLU: per row's gate, and as many for its up)
+    int chunks = 8;  // 16-byte loads in flight per lane
+    bool lean = false;
+    bool split = false;
+};
+RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, bool tail, int sms);
 // The variant indices of "warp" and "warpk" (gemv_variant_from_env's numbering). warpk: the same kernel with
 // a row's K range shared by 1-8 warps (gemv_rows.cu's warps_per_row), for long rows.
 constexpr int kGemvVariantWarp = 6;
