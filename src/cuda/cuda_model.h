@@ -340,7 +340,8 @@ class CudaModel {
     int min_waves_ = 0;
     // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
     int moe_gate_occ_ = 2;
-    // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4
+    // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4; only
+    // with MOE_DOWN_SUM=0 (the slot kernel)
     int moe_down_occ_ = 4;
     bool moe_down_sum_ = false;  // MARKBASE_CUDA_MOE_DOWN_SUM: the experts' down and weighted sum, one kernel
     // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM): the post-attention update also writes the router's
