@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/device_common.cuh"
@@ -510,12 +511,29 @@ struct Persistent {
     int min_blocks;
 };
 
+#include "persist_stream.cuh"
+
+// MB of weights read by a phase named in the per-phase report, at MLP width I (0: no weights)
+double phase_mb(const char* name, int I) {
+    const std::string n(name);
+    if (n.rfind("qkv", 0) == 0) return 2.0 * kQKV * kH / 1e6;
+    if (n == "o_proj") return 2.0 * kH * kQ / 1e6;
+    if (n.rfind("gate_up", 0) == 0) return 4.0 * I * kH / 1e6;
+    if (n == "down") return 2.0 * kH * I / 1e6;
+    if (n.rfind("ple_gate", 0) == 0) return 2.0 * kP * kH / 1e6;
+    if (n == "ple_proj") return 2.0 * kH * kP / 1e6;
+    return 0.0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int reps = 20;
-    for (int i = 1; i < argc; ++i)
+    bool stream_only = false;  // --stream-only: A and the S variants (and not B-D or the bare boundaries)
+    for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
+        if (!std::strcmp(argv[i], "--stream-only")) stream_only = true;
+    }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     const int sms = prop.multiProcessorCount;
@@ -603,24 +621,27 @@ int main(int argc, char** argv) {
         {reinterpret_cast<const void*>(persistent_kernel<true, true, 2>), "D at 2 blocks/SM", 2},
         {reinterpret_cast<const void*>(persistent_kernel<true, true, 4>), "D at 4 blocks/SM", 4},
     };
-    const size_t smem = kMaxK * sizeof(float);
     int failures = 0;
-    for (const Persistent& pv : variants) {
-        CK(cudaFuncSetAttribute(pv.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    // One persistent variant: the correctness gate, the timing, and with `phases` (barriers per layer) block
+    // 0's clock per phase.
+    auto run_variant = [&](const void* fn, const char* name, int min_blocks, int threads, size_t smem,
+                           const char* const* phase_names, int phases) {
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         int occ = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, pv.fn, kThreads, smem));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem));
         cudaFuncAttributes fa{};
-        CK(cudaFuncGetAttributes(&fa, pv.fn));
+        CK(cudaFuncGetAttributes(&fa, fn));
         if (occ < 1) {
-            std::printf("  %-34s does not fit (registers %d)\n", pv.name, fa.numRegs);
-            continue;
+            std::printf("  %-34s does not fit (registers %d, %zu B of shared memory)\n", name, fa.numRegs,
+                        smem);
+            return;
         }
-        const int blocks = std::min(occ, pv.min_blocks) * sms;
+        const int blocks = std::min(occ, min_blocks) * sms;
         const int n_layers = kLayers;
         void* args[] = {const_cast<Layer**>(&d_layers), const_cast<int*>(&n_layers), &b};
         auto launch = [&] {
             CK(cudaMemsetAsync(b.counter, 0, kCounters * sizeof(unsigned int), s));
-            CK(cudaLaunchCooperativeKernel(pv.fn, dim3(blocks), dim3(kThreads), args, smem, s));
+            CK(cudaLaunchCooperativeKernel(fn, dim3(blocks), dim3(threads), args, smem, s));
         };
         reset_x();
         launch();
@@ -638,12 +659,14 @@ int main(int argc, char** argv) {
         const double rel = std::sqrt(num / std::max(den, 1e-30));
         const bool ok = finite && !timed_out && rel < 1e-3;
         failures += ok ? 0 : 1;
+        if (timed_out)
+            CK(cudaMemsetAsync(b.timed_out, 0, sizeof(int), s));  // (the next variant starts clean)
         const float t = time_ms(reps, s, launch);
         char extra[160];
         std::snprintf(extra, sizeof extra, "%d blocks, %d regs, rel err %.2e %s%s", blocks, fa.numRegs, rel,
                       ok ? "ok" : "FAIL", timed_out ? " (barrier timed out)" : "");
-        report(pv.name, t, extra);
-        if (pv.name[0] == 'B') {  // 9 barriers per layer: block 0's time per phase, barrier included
+        report(name, t, extra);
+        if (phases) {  // block 0's time per phase, barrier included
             b.stamps = d_stamps;
             launch();
             b.stamps = nullptr;
@@ -651,32 +674,54 @@ int main(int argc, char** argv) {
             CK(cudaMemcpyAsync(st.data(), d_stamps, n_stamps * sizeof(unsigned long long),
                                cudaMemcpyDeviceToHost, s));
             CK(cudaStreamSynchronize(s));
-            static const char* const kPhase[9] = {"qkv",      "o_proj",   "residual", "gate_up", "down",
-                                                  "residual", "ple_gate", "ple_proj", "residual"};
             for (int wide = 0; wide < 2; ++wide) {
                 const int I = wide ? 12288 : 6144;
-                const double mb[9] = {2.0 * kQKV * kH / 1e6, 2.0 * kH * kQ / 1e6, 0,
-                                      4.0 * I * kH / 1e6,    2.0 * kH * I / 1e6,  0,
-                                      2.0 * kP * kH / 1e6,   2.0 * kH * kP / 1e6, 0};
                 std::printf("    %s layers (I = %d), us per phase (block 0, barrier included):",
                             wide ? "15-34" : "0-14", I);
-                for (int ph = 0; ph < 9; ++ph) {
+                for (int ph = 0; ph < phases; ++ph) {
                     double sum = 0.0;
                     int cnt = 0;
                     for (int l = wide ? 15 : 0; l < (wide ? kLayers : 15); ++l) {
-                        const int k = l * 9 + ph + 1;
+                        const int k = l * phases + ph + 1;
                         sum += static_cast<double>(st[k] - st[k - 1]) / 1000.0;
                         ++cnt;
                     }
-                    const double us = sum / cnt;
-                    if (mb[ph] > 0)
-                        std::printf(" %s %.2f (%.0f GB/s)", kPhase[ph], us, mb[ph] / us * 1000.0);
+                    const double us = sum / cnt, mb = phase_mb(phase_names[ph], I);
+                    if (mb > 0)
+                        std::printf(" %s %.2f (%.0f GB/s)", phase_names[ph], us, mb / us * 1000.0);
                     else
-                        std::printf(" %s %.2f", kPhase[ph], us);
+                        std::printf(" %s %.2f", phase_names[ph], us);
                 }
                 std::printf("\n");
             }
         }
+    };
+    static const char* const kPhase9[9] = {"qkv",      "o_proj",   "residual", "gate_up", "down",
+                                           "residual", "ple_gate", "ple_proj", "residual"};
+    if (!stream_only)
+        for (const Persistent& pv : variants)
+            run_variant(pv.fn, pv.name, pv.min_blocks, kThreads, kMaxK * sizeof(float), kPhase9,
+                        pv.name[0] == 'B' ? 9 : 0);
+    // S: the weights streamed through a ring of shared-memory stages (persist_stream.cuh); 6 barriers per
+    // layer, the residuals folded into the staging as in D
+    static const char* const kPhase6[6] = {"qkv(+res)", "o_proj",         "gate_up(+res)",
+                                           "down",      "ple_gate(+res)", "ple_proj"};
+    const Persistent streamed[] = {
+        {reinterpret_cast<const void*>(stream::streamed_kernel<10, 16384>), "S ring 10 x 16 KB", 1},
+        {reinterpret_cast<const void*>(stream::streamed_kernel<20, 8192>), "S ring 20 x 8 KB", 1},
+        {reinterpret_cast<const void*>(stream::streamed_kernel<5, 32768>), "S ring 5 x 32 KB", 1},
+        {reinterpret_cast<const void*>(stream::streamed_kernel<6, 16384>), "S ring 6 x 16 KB", 1},
+        {reinterpret_cast<const void*>(stream::streamed_kernel<2, 16384>), "S ring 2 x 16 KB (shallow)", 1},
+    };
+    const size_t streamed_smem[] = {stream::smem_bytes<10, 16384>(), stream::smem_bytes<20, 8192>(),
+                                    stream::smem_bytes<5, 32768>(), stream::smem_bytes<6, 16384>(),
+                                    stream::smem_bytes<2, 16384>()};
+    for (int v = 0; v < 5; ++v)
+        run_variant(streamed[v].fn, streamed[v].name, 1, stream::kSThreads, streamed_smem[v], kPhase6,
+                    v == 0 ? 6 : 0);
+    if (stream_only) {
+        std::printf("correctness gate: %s\n", failures ? "FAIL" : "all persistent variants match A");
+        return failures ? 1 : 0;
     }
 
     // the bare phase boundary: empty launches vs grid barriers

@@ -1,0 +1,340 @@
+// Variant S of the persistent-step lab (included by persist_lab.cu, inside its anonymous namespace, after
+// Layer, Bufs, wait_for and now_ns): the weights streamed through a ring of shared-memory stages by one
+// producer thread that never waits for the activations, only for a free stage.
+//
+// Why: sessions 7-10 measured a floor of ~2.3 us per dependent phase (a PDL launch, or a grid barrier, plus
+// the first loads after it), 9-11 phases per E2B layer, against ~25 us of weight bytes per layer. Variant C
+// loaded only a warp's first batch of the next phase before the barrier, in registers. Here the DRAM stream
+// runs ahead across phase boundaries by up to the ring's size (Stages x StageBytes per SM, 150-200 KB, ~5 us
+// of one SM's share of the bandwidth), because a weight's address never depends on the activations. The
+// consumers (8 warps) still wait at every grid barrier, but while they do the ring fills.
+//
+// Work split: phase p of layer l is one matrix (or the gate/up pair) of rows x K; block b owns rows
+// [b * rows / G, (b + 1) * rows / G), which are contiguous in memory, so its share is one byte range (two for
+// the pair) copied in StageBytes pieces by cp.async.bulk, completing on the stage's mbarrier. A unit is 256
+// columns of one row (512 bytes; every K here is a multiple of 256): one warp's dot, whose sum is kept per
+// unit in shared memory and added per row in order after the phase, so the result does not depend on timing.
+// The residual updates are folded into the next phase's staging as in D (6 grid barriers per layer).
+namespace stream {
+
+constexpr int kCWarps = 8, kCThreads = kCWarps * 32, kSThreads = kCThreads + 32;  // + the producer warp
+constexpr int kUnit = 256;                                                        // columns per unit
+constexpr int kMaxPartials =
+    1280;  // units of a block's share of one phase (gate/up at I = 12288: 94 x 6 x 2)
+constexpr int kPhases = 6;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(uint64_t* bar, unsigned parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+        "p;\n}\n"
+        : "=r"(ok)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+// Bounded like wait_for: a bug reports (timed_out) instead of hanging the machine.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity, int* timed_out) {
+    const uint64_t t0 = now_ns();
+    for (int i = 0; !mbar_try(bar, parity); ++i) {
+        if ((i & 1023) == 1023 && (now_ns() - t0 > 2000000000ull || *static_cast<volatile int*>(timed_out))) {
+            *timed_out = 1;
+            return;
+        }
+    }
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        : "memory");
+}
+// A barrier of the consumer warps only (the producer warp never joins one).
+__device__ __forceinline__ void cbar() {
+    asm volatile("bar.sync 1, %0;" ::"n"(kCThreads) : "memory");
+}
+__device__ __forceinline__ float csum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    cbar();
+    float t = lane < kCWarps ? red[lane] : 0.0f;
+    t = warp_sum(t);
+    cbar();
+    return t;
+}
+__device__ __forceinline__ void cgrid_sync(unsigned int* counter, unsigned int n, int* timed_out) {
+    cbar();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(counter, 1u);
+        wait_for(counter, n * gridDim.x, timed_out);
+    }
+    cbar();
+}
+
+struct Phase {
+    const bf16* w;
+    const bf16* w2;  // the up rows of the gate/up pair, else null
+    int rows, K;
+};
+__device__ __forceinline__ Phase phase_of(const Layer& L, int p) {
+    switch (p) {
+        case 0:
+            return {L.qkv, nullptr, kQKV, kH};
+        case 1:
+            return {L.o, nullptr, kH, kQ};
+        case 2:
+            return {L.g, L.u, L.I, kH};
+        case 3:
+            return {L.d, nullptr, kH, L.I};
+        case 4:
+            return {L.pg, nullptr, kP, kH};
+        default:
+            return {L.pp, nullptr, kH, kP};
+    }
+}
+__device__ __forceinline__ void rows_of(int rows, int& r0, int& r1) {
+    r0 = static_cast<int>(int64_t{rows} * blockIdx.x / gridDim.x);
+    r1 = static_cast<int>(int64_t{rows} * (blockIdx.x + 1) / gridDim.x);
+}
+
+// The producer (one thread): every phase's share, in the consumers' order, stage after stage.
+template <int Stages, int StageBytes>
+__device__ void produce(const Layer* layers, int n_layers, unsigned char* ring, uint64_t* full,
+                        uint64_t* empty, int* timed_out) {
+    unsigned it = 0;
+    for (int l = 0; l < n_layers; ++l) {
+        for (int p = 0; p < kPhases; ++p) {
+            const Phase ph = phase_of(layers[l], p);
+            int r0, r1;
+            rows_of(ph.rows, r0, r1);
+            const int64_t bytes = int64_t{r1 - r0} * ph.K * 2;
+            for (int part = 0; part < (ph.w2 ? 2 : 1); ++part) {
+                const unsigned char* src =
+                    reinterpret_cast<const unsigned char*>((part ? ph.w2 : ph.w) + int64_t{r0} * ph.K);
+                for (int64_t off = 0; off < bytes; off += StageBytes, ++it) {
+                    const unsigned s = it % Stages, round = it / Stages;
+                    if (round > 0) mbar_wait(&empty[s], (round - 1) & 1, timed_out);
+                    const unsigned n = static_cast<unsigned>(min(int64_t{StageBytes}, bytes - off));
+                    mbar_expect_tx(&full[s], n);
+                    bulk_load(ring + s * StageBytes, src + off, n, &full[s]);
+                }
+            }
+        }
+    }
+}
+
+// The consumers' product over this block's rows: y[r] = (rows . xs) * inv, then the mode's epilogue.
+template <int Stages, int StageBytes>
+__device__ void consume(const Phase& ph, int mode, const float* xs, float inv, float* y, const float* aux,
+                        const unsigned char* ring, uint64_t* full, uint64_t* empty, unsigned& it,
+                        float* partials, int* timed_out) {
+    constexpr int kUps = StageBytes / (kUnit * 2);  // units per full stage
+    constexpr int kPer = (kUps + kCWarps - 1) / kCWarps;
+    int r0, r1;
+    rows_of(ph.rows, r0, r1);
+    const int upr = ph.K / kUnit, nu = (r1 - r0) * upr;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    for (int part = 0; part < (ph.w2 ? 2 : 1); ++part) {
+        for (int u0 = 0; u0 < nu; u0 += kUps, ++it) {
+            const unsigned s = it % Stages, round = it / Stages;
+            mbar_wait(&full[s], round & 1, timed_out);
+            const int n = min(kUps, nu - u0);
+            const unsigned char* st = ring + s * StageBytes;
+            float acc[kPer];
+#pragma unroll
+            for (int q = 0; q < kPer; ++q) {  // all of this warp's units first, then their sums
+                const int j = warp + q * kCWarps;
+                acc[q] = 0.0f;
+                if (j < n) {
+                    const uint4 w = *reinterpret_cast<const uint4*>(st + j * (kUnit * 2) + lane * 16);
+                    const int c4 = (((u0 + j) % upr) * kUnit + lane * 8) >> 2;
+                    acc[q] = dot8(w, x4[c4], x4[c4 + 1]);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done reading the stage
+#pragma unroll
+            for (int q = 0; q < kPer; ++q) acc[q] = warp_sum(acc[q]);
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < kPer; ++q)
+                    if (warp + q * kCWarps < n) partials[part * nu + u0 + warp + q * kCWarps] = acc[q];
+            }
+        }
+    }
+    cbar();
+    for (int r = threadIdx.x; r < r1 - r0; r += kCThreads) {
+        float a = 0.0f;
+        for (int k = 0; k < upr; ++k) a += partials[r * upr + k];
+        a *= inv;
+        if (mode == kStore) {
+            y[r0 + r] = a;
+        } else if (mode == kGeglu) {
+            float b = 0.0f;
+            for (int k = 0; k < upr; ++k) b += partials[nu + r * upr + k];
+            y[r0 + r] = gelu_tanh(a) * (b * inv);
+        } else {
+            y[r0 + r] = gelu_tanh(a) * aux[r0 + r];
+        }
+    }
+}
+
+// xs = src (times nw when given), every load issued before the first store; returns src's RMSNorm scale
+// when norm, else 1. src was written by other blocks in this kernel: read from L2, never a stale L1 line.
+__device__ float cstage(float* xs, const float* src, int K, bool norm, const bf16* nw, float* red) {
+    constexpr int kMaxPer = kMaxK / (kCThreads * 4);  // 12
+    float4 v[kMaxPer];
+#pragma unroll
+    for (int j = 0; j < kMaxPer; ++j) {
+        const int k = (threadIdx.x + j * kCThreads) * 4;
+        if (k < K) v[j] = __ldcg(reinterpret_cast<const float4*>(src + k));
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPer; ++j) {
+        const int k = (threadIdx.x + j * kCThreads) * 4;
+        if (k < K) {
+            float4 a = v[j];
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            if (nw) {
+                a.x *= bf16_at(nw, k);
+                a.y *= bf16_at(nw, k + 1);
+                a.z *= bf16_at(nw, k + 2);
+                a.w *= bf16_at(nw, k + 3);
+            }
+            *reinterpret_cast<float4*>(xs + k) = a;
+        }
+    }
+    if (!norm) {
+        cbar();
+        return 1.0f;
+    }
+    ss = csum(ss, red);  // its barriers also publish xs
+    return 1.0f / sqrtf(ss / static_cast<float>(K) + kEps);
+}
+
+// D's stage_fold on the consumer warps: xn = (x + RMSNorm(y) * rw) * rscale, kept in xs (times nw when
+// given) and stored by block 0 to x_out; returns xn's RMSNorm scale when norm, else 1.
+__device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw, float rscale, float* x_out,
+                       bool norm, const bf16* nw, float* red) {
+    constexpr int kPer = (kH + kCThreads - 1) / kCThreads;  // 6
+    float yv[kPer], xv[kPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int k = threadIdx.x + j * kCThreads;
+        yv[j] = k < kH ? __ldcg(y + k) : 0.0f;
+        xv[j] = k < kH ? __ldcg(x + k) : 0.0f;
+        ss = fmaf(yv[j], yv[j], ss);
+    }
+    ss = csum(ss, red);
+    const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(kH) + kEps);
+    float sx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int k = threadIdx.x + j * kCThreads;
+        if (k < kH) {
+            const float xn = (xv[j] + yv[j] * inv_y * bf16_at(rw, k)) * rscale;
+            sx = fmaf(xn, xn, sx);
+            if (blockIdx.x == 0) x_out[k] = xn;
+            xs[k] = nw ? xn * bf16_at(nw, k) : xn;
+        }
+    }
+    if (!norm) {
+        cbar();
+        return 1.0f;
+    }
+    sx = csum(sx, red);
+    return 1.0f / sqrtf(sx / static_cast<float>(kH) + kEps);
+}
+
+template <int Stages, int StageBytes>
+constexpr size_t smem_bytes() {
+    return size_t{Stages} * StageBytes + (size_t{kMaxK} + kMaxPartials) * sizeof(float);
+}
+
+// One block per SM (cooperative launch), kSThreads threads: warps 0-7 consume, warp 8's lane 0 produces.
+template <int Stages, int StageBytes>
+__global__ void __launch_bounds__(kSThreads, 1)
+    streamed_kernel(const Layer* __restrict__ layers, int n_layers, Bufs b) {
+    static_assert(StageBytes % (kUnit * 2) == 0, "a stage holds whole units");
+    extern __shared__ float4 smem4[];
+    unsigned char* ring = reinterpret_cast<unsigned char*>(smem4);
+    float* xs = reinterpret_cast<float*>(ring + size_t{Stages} * StageBytes);
+    float* partials = xs + kMaxK;
+    __shared__ uint64_t full[Stages], empty[Stages];
+    __shared__ float red[32];
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < Stages; ++s) {
+            mbar_init(&full[s], 1);         // the producer's expect_tx arrival (and the bytes)
+            mbar_init(&empty[s], kCWarps);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x >= kCThreads) {  // the producer warp; it never waits on the consumers' barriers
+        if (threadIdx.x == kCThreads)
+            produce<Stages, StageBytes>(layers, n_layers, ring, full, empty, b.timed_out);
+        return;
+    }
+    unsigned it = 0, nb = 0;
+    const bool stamp = b.stamps && blockIdx.x == 0 && threadIdx.x == 0;
+    if (stamp) b.stamps[0] = now_ns();
+    auto sync = [&] {
+        cgrid_sync(b.counter, ++nb, b.timed_out);
+        if (stamp) b.stamps[nb] = now_ns();
+    };
+    auto run = [&](const Layer& L, int p, int mode, float inv, float* y, const float* aux) {
+        consume<Stages, StageBytes>(phase_of(L, p), mode, xs, inv, y, aux, ring, full, empty, it, partials,
+                                    b.timed_out);
+        sync();
+    };
+    int cur = 0;
+    for (int l = 0; l < n_layers; ++l) {
+        const Layer& L = layers[l];
+        float inv;
+        if (l > 0) {
+            const Layer& P = layers[l - 1];
+            inv = cfold(xs, b.x[cur], b.o2, P.n_pp, P.scalar, b.x[cur ^ 1], true, L.n_in, red);
+            cur ^= 1;
+        } else {
+            inv = cstage(xs, b.x[cur], kH, true, L.n_in, red);
+        }
+        run(L, 0, kStore, inv, b.qkv, nullptr);
+        cstage(xs, b.qkv, kQ, false, nullptr, red);
+        run(L, 1, kStore, 1.0f, b.o, nullptr);
+        inv = cfold(xs, b.x[cur], b.o, L.n_pa, 1.0f, b.x[cur ^ 1], true, L.n_pf, red);
+        cur ^= 1;
+        run(L, 2, kGeglu, inv, b.g, nullptr);
+        cstage(xs, b.g, L.I, false, nullptr, red);
+        run(L, 3, kStore, 1.0f, b.m, nullptr);
+        inv = cfold(xs, b.x[cur], b.m, L.n_ffn, 1.0f, b.x[cur ^ 1], false, nullptr, red);
+        cur ^= 1;
+        run(L, 4, kGeluMul, inv, b.p, L.ple);
+        cstage(xs, b.p, kP, false, nullptr, red);
+        run(L, 5, kStore, 1.0f, b.o2, nullptr);
+    }
+    if (blockIdx.x == 0) {  // the last layer's update, and the stream back in x[0]
+        const Layer& P = layers[n_layers - 1];
+        cfold(xs, b.x[cur], b.o2, P.n_pp, P.scalar, b.x[0], false, nullptr, red);
+    }
+}
+
+}  // namespace stream
