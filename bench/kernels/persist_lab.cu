@@ -65,6 +65,7 @@ struct Bufs {
     unsigned int* counter;  // the grid barrier's counters (grid_sync), kCounters of them
     int* timed_out;
     unsigned long long* stamps;  // null, or block 0's clock at the start and after every barrier
+    unsigned long long* stats;   // null, or S's stage-wait counts (persist_stream.cuh)
 };
 
 struct Mat {
@@ -576,7 +577,7 @@ int main(int argc, char** argv) {
     b.p = new_f32(kP, false);
     b.o2 = new_f32(kH, false);
     CK(cudaMalloc(&b.counter, kCounters * sizeof(unsigned int)));
-    const int n_stamps = 9 * kLayers + 1;
+    const int n_stamps = 1 + std::max(9, stream::kSubStamps * stream::kPhases) * kLayers;
     unsigned long long* d_stamps = nullptr;
     CK(cudaMalloc(&d_stamps, n_stamps * sizeof(unsigned long long)));
     CK(cudaMalloc(&b.timed_out, sizeof(int)));
@@ -624,8 +625,9 @@ int main(int argc, char** argv) {
     int failures = 0;
     // One persistent variant: the correctness gate, the timing, and with `phases` (barriers per layer) block
     // 0's clock per phase.
+    // sub: stamps per phase (S: staged, consumed, epilogue, barrier); cw: S's consumer warps (its stats)
     auto run_variant = [&](const void* fn, const char* name, int min_blocks, int threads, size_t smem,
-                           const char* const* phase_names, int phases) {
+                           const char* const* phase_names, int phases, int sub, int cw) {
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         int occ = 0;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem));
@@ -676,24 +678,48 @@ int main(int argc, char** argv) {
             CK(cudaStreamSynchronize(s));
             for (int wide = 0; wide < 2; ++wide) {
                 const int I = wide ? 12288 : 6144;
-                std::printf("    %s layers (I = %d), us per phase (block 0, barrier included):",
-                            wide ? "15-34" : "0-14", I);
+                std::printf("    %s layers (I = %d), us per phase (block 0, barrier included%s):",
+                            wide ? "15-34" : "0-14", I,
+                            sub > 1 ? "; [staging/consume/epilogue/barrier]" : "");
                 for (int ph = 0; ph < phases; ++ph) {
-                    double sum = 0.0;
+                    double part[4] = {0, 0, 0, 0};
                     int cnt = 0;
                     for (int l = wide ? 15 : 0; l < (wide ? kLayers : 15); ++l) {
-                        const int k = l * phases + ph + 1;
-                        sum += static_cast<double>(st[k] - st[k - 1]) / 1000.0;
+                        const int k = (l * phases + ph) * sub + 1;  // its first stamp
+                        for (int j = 0; j < sub; ++j)
+                            part[j] += static_cast<double>(st[k + j] - st[k + j - 1]) / 1000.0;
                         ++cnt;
                     }
-                    const double us = sum / cnt, mb = phase_mb(phase_names[ph], I);
+                    double us = 0.0;
+                    for (int j = 0; j < sub; ++j) us += part[j] / cnt;
+                    const double mb = phase_mb(phase_names[ph], I);
                     if (mb > 0)
                         std::printf(" %s %.2f (%.0f GB/s)", phase_names[ph], us, mb / us * 1000.0);
                     else
                         std::printf(" %s %.2f", phase_names[ph], us);
+                    if (sub > 1)
+                        std::printf(" [%.2f/%.2f/%.2f/%.2f]", part[0] / cnt, part[1] / cnt, part[2] / cnt,
+                                    part[3] / cnt);
                 }
                 std::printf("\n");
             }
+        }
+        if (cw) {  // how often a stage wait found its stage not ready
+            unsigned long long* d_stats = nullptr;
+            CK(cudaMalloc(&d_stats, 3 * sizeof(unsigned long long)));
+            CK(cudaMemsetAsync(d_stats, 0, 3 * sizeof(unsigned long long), s));
+            b.stats = d_stats;
+            launch();
+            b.stats = nullptr;
+            unsigned long long h[3];
+            CK(cudaMemcpyAsync(h, d_stats, sizeof h, cudaMemcpyDeviceToHost, s));
+            CK(cudaStreamSynchronize(s));
+            CK(cudaFree(d_stats));
+            std::printf(
+                "    stage waits that blocked: producer (no free stage) %.1f%% of %llu fills, consumers "
+                "(stage not yet full) %.1f%% of %llu warp waits\n",
+                100.0 * double(h[0]) / double(std::max(h[1], 1ull)), h[1],
+                100.0 * double(h[2]) / double(std::max(h[1] * cw, 1ull)), h[1] * cw);
         }
     };
     static const char* const kPhase9[9] = {"qkv",      "o_proj",   "residual", "gate_up", "down",
@@ -701,24 +727,33 @@ int main(int argc, char** argv) {
     if (!stream_only)
         for (const Persistent& pv : variants)
             run_variant(pv.fn, pv.name, pv.min_blocks, kThreads, kMaxK * sizeof(float), kPhase9,
-                        pv.name[0] == 'B' ? 9 : 0);
+                        pv.name[0] == 'B' ? 9 : 0, 1, 0);
     // S: the weights streamed through a ring of shared-memory stages (persist_stream.cuh); 6 barriers per
     // layer, the residuals folded into the staging as in D
     static const char* const kPhase6[6] = {"qkv(+res)", "o_proj",         "gate_up(+res)",
                                            "down",      "ple_gate(+res)", "ple_proj"};
-    const Persistent streamed[] = {
-        {reinterpret_cast<const void*>(stream::streamed_kernel<10, 16384>), "S ring 10 x 16 KB", 1},
-        {reinterpret_cast<const void*>(stream::streamed_kernel<20, 8192>), "S ring 20 x 8 KB", 1},
-        {reinterpret_cast<const void*>(stream::streamed_kernel<5, 32768>), "S ring 5 x 32 KB", 1},
-        {reinterpret_cast<const void*>(stream::streamed_kernel<6, 16384>), "S ring 6 x 16 KB", 1},
-        {reinterpret_cast<const void*>(stream::streamed_kernel<2, 16384>), "S ring 2 x 16 KB (shallow)", 1},
+    struct Streamed {
+        const void* fn;
+        const char* name;
+        size_t smem;
+        int cw;
     };
-    const size_t streamed_smem[] = {stream::smem_bytes<10, 16384>(), stream::smem_bytes<20, 8192>(),
-                                    stream::smem_bytes<5, 32768>(), stream::smem_bytes<6, 16384>(),
-                                    stream::smem_bytes<2, 16384>()};
-    for (int v = 0; v < 5; ++v)
-        run_variant(streamed[v].fn, streamed[v].name, 1, stream::kSThreads, streamed_smem[v], kPhase6,
-                    v == 0 ? 6 : 0);
+    using stream::smem_bytes;
+    using stream::streamed_kernel;
+    const Streamed streamed[] = {
+        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 8, false>), "S ring 10 x 16 KB, 8 warps",
+         smem_bytes<10, 16384>(), 8},
+        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 8, true>),
+         "S2 ring 10 x 16 KB, 8 warps, runs", smem_bytes<10, 16384>(), 8},
+        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 16, true>), "S2 ring 10 x 16 KB, 16 warps",
+         smem_bytes<10, 16384>(), 16},
+        {reinterpret_cast<const void*>(streamed_kernel<5, 32768, 16, true>), "S2 ring 5 x 32 KB, 16 warps",
+         smem_bytes<5, 32768>(), 16},
+        {reinterpret_cast<const void*>(streamed_kernel<3, 16384, 16, true>), "S2 ring 3 x 16 KB, 16 warps",
+         smem_bytes<3, 16384>(), 16},
+    };
+    for (const Streamed& sv : streamed)
+        run_variant(sv.fn, sv.name, 1, (sv.cw + 1) * 32, sv.smem, kPhase6, 6, stream::kSubStamps, sv.cw);
     if (stream_only) {
         std::printf("correctness gate: %s\n", failures ? "FAIL" : "all persistent variants match A");
         return failures ? 1 : 0;

@@ -15,13 +15,19 @@
 // columns of one row (512 bytes; every K here is a multiple of 256): one warp's dot, whose sum is kept per
 // unit in shared memory and added per row in order after the phase, so the result does not depend on timing.
 // The residual updates are folded into the next phase's staging as in D (6 grid barriers per layer).
+//
+// Template: Stages x StageBytes (the ring), CW consumer warps, Seg: each warp takes a contiguous run of the
+// stage's units and sums a row's units in its lanes before one warp sum per row (S2), instead of one warp
+// sum per unit over strided units (S, run 1). With b.stamps, block 0 records per phase the end of its
+// staging, of its consumption, of its epilogue and of the grid barrier; with b.stats, every block counts the
+// stage waits that found the stage not ready (producer: no free stage; consumers: no full stage).
 namespace stream {
 
-constexpr int kCWarps = 8, kCThreads = kCWarps * 32, kSThreads = kCThreads + 32;  // + the producer warp
-constexpr int kUnit = 256;                                                        // columns per unit
+constexpr int kUnit = 256;  // columns per unit
 constexpr int kMaxPartials =
     1280;  // units of a block's share of one phase (gate/up at I = 12288: 94 x 6 x 2)
 constexpr int kPhases = 6;
+constexpr int kSubStamps = 4;  // per phase: staged, consumed, epilogue done, barrier passed
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -46,15 +52,18 @@ __device__ __forceinline__ bool mbar_try(uint64_t* bar, unsigned parity) {
         : "memory");
     return ok != 0;
 }
-// Bounded like wait_for: a bug reports (timed_out) instead of hanging the machine.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity, int* timed_out) {
+// Bounded like wait_for: a bug reports (timed_out) instead of hanging the machine. Returns whether the
+// first try found the phase incomplete (the wait blocked).
+__device__ __forceinline__ bool mbar_wait(uint64_t* bar, unsigned parity, int* timed_out) {
+    if (mbar_try(bar, parity)) return false;
     const uint64_t t0 = now_ns();
     for (int i = 0; !mbar_try(bar, parity); ++i) {
         if ((i & 1023) == 1023 && (now_ns() - t0 > 2000000000ull || *static_cast<volatile int*>(timed_out))) {
             *timed_out = 1;
-            return;
+            break;
         }
     }
+    return true;
 }
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
     asm volatile(
@@ -63,28 +72,31 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
         "l"(src), "r"(bytes), "r"(smem_u32(bar))
         : "memory");
 }
-// A barrier of the consumer warps only (the producer warp never joins one).
+// A barrier of the CW consumer warps only (the producer warp never joins one).
+template <int CW>
 __device__ __forceinline__ void cbar() {
-    asm volatile("bar.sync 1, %0;" ::"n"(kCThreads) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");
 }
+template <int CW>
 __device__ __forceinline__ float csum(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     v = warp_sum(v);
     if (lane == 0) red[warp] = v;
-    cbar();
-    float t = lane < kCWarps ? red[lane] : 0.0f;
+    cbar<CW>();
+    float t = lane < CW ? red[lane] : 0.0f;
     t = warp_sum(t);
-    cbar();
+    cbar<CW>();
     return t;
 }
+template <int CW>
 __device__ __forceinline__ void cgrid_sync(unsigned int* counter, unsigned int n, int* timed_out) {
-    cbar();
+    cbar<CW>();
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(counter, 1u);
         wait_for(counter, n * gridDim.x, timed_out);
     }
-    cbar();
+    cbar<CW>();
 }
 
 struct Phase {
@@ -116,8 +128,8 @@ __device__ __forceinline__ void rows_of(int rows, int& r0, int& r1) {
 // The producer (one thread): every phase's share, in the consumers' order, stage after stage.
 template <int Stages, int StageBytes>
 __device__ void produce(const Layer* layers, int n_layers, unsigned char* ring, uint64_t* full,
-                        uint64_t* empty, int* timed_out) {
-    unsigned it = 0;
+                        uint64_t* empty, int* timed_out, unsigned long long* stats) {
+    unsigned it = 0, blocked = 0;
     for (int l = 0; l < n_layers; ++l) {
         for (int p = 0; p < kPhases; ++p) {
             const Phase ph = phase_of(layers[l], p);
@@ -129,7 +141,7 @@ __device__ void produce(const Layer* layers, int n_layers, unsigned char* ring, 
                     reinterpret_cast<const unsigned char*>((part ? ph.w2 : ph.w) + int64_t{r0} * ph.K);
                 for (int64_t off = 0; off < bytes; off += StageBytes, ++it) {
                     const unsigned s = it % Stages, round = it / Stages;
-                    if (round > 0) mbar_wait(&empty[s], (round - 1) & 1, timed_out);
+                    if (round > 0) blocked += mbar_wait(&empty[s], (round - 1) & 1, timed_out);
                     const unsigned n = static_cast<unsigned>(min(int64_t{StageBytes}, bytes - off));
                     mbar_expect_tx(&full[s], n);
                     bulk_load(ring + s * StageBytes, src + off, n, &full[s]);
@@ -137,50 +149,92 @@ __device__ void produce(const Layer* layers, int n_layers, unsigned char* ring, 
             }
         }
     }
+    if (stats) {
+        atomicAdd(stats + 0, static_cast<unsigned long long>(blocked));
+        atomicAdd(stats + 1, static_cast<unsigned long long>(it));
+    }
+}
+
+// A warp's dots over units of one stage. Seg: the contiguous units [warp * kSeg, (warp + 1) * kSeg), a row's
+// units summed in the lanes, one warp sum per row met (stored at the row's first unit here, zeros at the
+// others); else units warp, warp + CW, ..., one warp sum each.
+template <int StageBytes, int CW, bool Seg>
+__device__ __forceinline__ void stage_dots(const unsigned char* st, int u0, int n, int upr, const float4* x4,
+                                           float* part, uint64_t* empty_bar) {
+    constexpr int kUps = StageBytes / (kUnit * 2);
+    constexpr int kPer = (kUps + CW - 1) / CW;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float d[kPer];
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+        const int j = Seg ? warp * kPer + q : warp + q * CW;
+        d[q] = 0.0f;
+        if (j < n) {
+            const uint4 w = *reinterpret_cast<const uint4*>(st + j * (kUnit * 2) + lane * 16);
+            const int c4 = (((u0 + j) % upr) * kUnit + lane * 8) >> 2;
+            d[q] = dot8(w, x4[c4], x4[c4 + 1]);
+        }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar);  // this warp is done reading the stage
+    if constexpr (Seg) {
+        const int j0 = warp * kPer;
+        float acc = 0.0f;
+        int first = -1, row = -1;
+#pragma unroll
+        for (int q = 0; q < kPer; ++q) {
+            if (j0 + q < n) {
+                const int u = u0 + j0 + q, r = u / upr;
+                if (r != row) {
+                    if (first >= 0) {
+                        acc = warp_sum(acc);
+                        if (lane == 0) part[first] = acc;
+                    }
+                    row = r;
+                    first = u;
+                    acc = 0.0f;
+                } else if (lane == 0) {
+                    part[u] = 0.0f;
+                }
+                acc += d[q];
+            }
+        }
+        if (first >= 0) {
+            acc = warp_sum(acc);
+            if (lane == 0) part[first] = acc;
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < kPer; ++q) d[q] = warp_sum(d[q]);
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < kPer; ++q)
+                if (warp + q * CW < n) part[u0 + warp + q * CW] = d[q];
+        }
+    }
 }
 
 // The consumers' product over this block's rows: y[r] = (rows . xs) * inv, then the mode's epilogue.
-template <int Stages, int StageBytes>
+template <int Stages, int StageBytes, int CW, bool Seg>
 __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, float* y, const float* aux,
                         const unsigned char* ring, uint64_t* full, uint64_t* empty, unsigned& it,
-                        float* partials, int* timed_out) {
+                        float* partials, int* timed_out, unsigned& blocked, unsigned long long* stamp_at) {
     constexpr int kUps = StageBytes / (kUnit * 2);  // units per full stage
-    constexpr int kPer = (kUps + kCWarps - 1) / kCWarps;
     int r0, r1;
     rows_of(ph.rows, r0, r1);
     const int upr = ph.K / kUnit, nu = (r1 - r0) * upr;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
     for (int part = 0; part < (ph.w2 ? 2 : 1); ++part) {
         for (int u0 = 0; u0 < nu; u0 += kUps, ++it) {
             const unsigned s = it % Stages, round = it / Stages;
-            mbar_wait(&full[s], round & 1, timed_out);
-            const int n = min(kUps, nu - u0);
-            const unsigned char* st = ring + s * StageBytes;
-            float acc[kPer];
-#pragma unroll
-            for (int q = 0; q < kPer; ++q) {  // all of this warp's units first, then their sums
-                const int j = warp + q * kCWarps;
-                acc[q] = 0.0f;
-                if (j < n) {
-                    const uint4 w = *reinterpret_cast<const uint4*>(st + j * (kUnit * 2) + lane * 16);
-                    const int c4 = (((u0 + j) % upr) * kUnit + lane * 8) >> 2;
-                    acc[q] = dot8(w, x4[c4], x4[c4 + 1]);
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done reading the stage
-#pragma unroll
-            for (int q = 0; q < kPer; ++q) acc[q] = warp_sum(acc[q]);
-            if (lane == 0) {
-#pragma unroll
-                for (int q = 0; q < kPer; ++q)
-                    if (warp + q * kCWarps < n) partials[part * nu + u0 + warp + q * kCWarps] = acc[q];
-            }
+            blocked += mbar_wait(&full[s], round & 1, timed_out);
+            stage_dots<StageBytes, CW, Seg>(ring + s * StageBytes, u0, min(kUps, nu - u0), upr, x4,
+                                            partials + part * nu, &empty[s]);
         }
     }
-    cbar();
-    for (int r = threadIdx.x; r < r1 - r0; r += kCThreads) {
+    cbar<CW>();
+    if (stamp_at) stamp_at[0] = now_ns();
+    for (int r = threadIdx.x; r < r1 - r0; r += CW * 32) {
         float a = 0.0f;
         for (int k = 0; k < upr; ++k) a += partials[r * upr + k];
         a *= inv;
@@ -198,18 +252,19 @@ __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, f
 
 // xs = src (times nw when given), every load issued before the first store; returns src's RMSNorm scale
 // when norm, else 1. src was written by other blocks in this kernel: read from L2, never a stale L1 line.
+template <int CW>
 __device__ float cstage(float* xs, const float* src, int K, bool norm, const bf16* nw, float* red) {
-    constexpr int kMaxPer = kMaxK / (kCThreads * 4);  // 12
+    constexpr int kMaxPer = kMaxK / (CW * 32 * 4);
     float4 v[kMaxPer];
 #pragma unroll
     for (int j = 0; j < kMaxPer; ++j) {
-        const int k = (threadIdx.x + j * kCThreads) * 4;
+        const int k = (threadIdx.x + j * CW * 32) * 4;
         if (k < K) v[j] = __ldcg(reinterpret_cast<const float4*>(src + k));
     }
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxPer; ++j) {
-        const int k = (threadIdx.x + j * kCThreads) * 4;
+        const int k = (threadIdx.x + j * CW * 32) * 4;
         if (k < K) {
             float4 a = v[j];
             ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
@@ -223,33 +278,34 @@ __device__ float cstage(float* xs, const float* src, int K, bool norm, const bf1
         }
     }
     if (!norm) {
-        cbar();
+        cbar<CW>();
         return 1.0f;
     }
-    ss = csum(ss, red);  // its barriers also publish xs
+    ss = csum<CW>(ss, red);  // its barriers also publish xs
     return 1.0f / sqrtf(ss / static_cast<float>(K) + kEps);
 }
 
 // D's stage_fold on the consumer warps: xn = (x + RMSNorm(y) * rw) * rscale, kept in xs (times nw when
 // given) and stored by block 0 to x_out; returns xn's RMSNorm scale when norm, else 1.
+template <int CW>
 __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw, float rscale, float* x_out,
                        bool norm, const bf16* nw, float* red) {
-    constexpr int kPer = (kH + kCThreads - 1) / kCThreads;  // 6
+    constexpr int kPer = (kH + CW * 32 - 1) / (CW * 32);
     float yv[kPer], xv[kPer];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-        const int k = threadIdx.x + j * kCThreads;
+        const int k = threadIdx.x + j * CW * 32;
         yv[j] = k < kH ? __ldcg(y + k) : 0.0f;
         xv[j] = k < kH ? __ldcg(x + k) : 0.0f;
         ss = fmaf(yv[j], yv[j], ss);
     }
-    ss = csum(ss, red);
+    ss = csum<CW>(ss, red);
     const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(kH) + kEps);
     float sx = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-        const int k = threadIdx.x + j * kCThreads;
+        const int k = threadIdx.x + j * CW * 32;
         if (k < kH) {
             const float xn = (xv[j] + yv[j] * inv_y * bf16_at(rw, k)) * rscale;
             sx = fmaf(xn, xn, sx);
@@ -258,10 +314,10 @@ __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw
         }
     }
     if (!norm) {
-        cbar();
+        cbar<CW>();
         return 1.0f;
     }
-    sx = csum(sx, red);
+    sx = csum<CW>(sx, red);
     return 1.0f / sqrtf(sx / static_cast<float>(kH) + kEps);
 }
 
@@ -270,11 +326,12 @@ constexpr size_t smem_bytes() {
     return size_t{Stages} * StageBytes + (size_t{kMaxK} + kMaxPartials) * sizeof(float);
 }
 
-// One block per SM (cooperative launch), kSThreads threads: warps 0-7 consume, warp 8's lane 0 produces.
-template <int Stages, int StageBytes>
-__global__ void __launch_bounds__(kSThreads, 1)
+// One block per SM (cooperative launch), CW + 1 warps: warps 0..CW-1 consume, warp CW's lane 0 produces.
+template <int Stages, int StageBytes, int CW, bool Seg>
+__global__ void __launch_bounds__((CW + 1) * 32, 1)
     streamed_kernel(const Layer* __restrict__ layers, int n_layers, Bufs b) {
     static_assert(StageBytes % (kUnit * 2) == 0, "a stage holds whole units");
+    static_assert(!Seg || (StageBytes / (kUnit * 2)) % CW == 0, "Seg: equal runs of units per warp");
     extern __shared__ float4 smem4[];
     unsigned char* ring = reinterpret_cast<unsigned char*>(smem4);
     float* xs = reinterpret_cast<float*>(ring + size_t{Stages} * StageBytes);
@@ -283,58 +340,73 @@ __global__ void __launch_bounds__(kSThreads, 1)
     __shared__ float red[32];
     if (threadIdx.x == 0) {
         for (int s = 0; s < Stages; ++s) {
-            mbar_init(&full[s], 1);         // the producer's expect_tx arrival (and the bytes)
-            mbar_init(&empty[s], kCWarps);  // one arrival per consumer warp
+            mbar_init(&full[s], 1);    // the producer's expect_tx arrival (and the bytes)
+            mbar_init(&empty[s], CW);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (threadIdx.x >= kCThreads) {  // the producer warp; it never waits on the consumers' barriers
-        if (threadIdx.x == kCThreads)
-            produce<Stages, StageBytes>(layers, n_layers, ring, full, empty, b.timed_out);
+    if (threadIdx.x >= CW * 32) {  // the producer warp; it never waits on the consumers' barriers
+        if (threadIdx.x == CW * 32)
+            produce<Stages, StageBytes>(layers, n_layers, ring, full, empty, b.timed_out, b.stats);
         return;
     }
-    unsigned it = 0, nb = 0;
-    const bool stamp = b.stamps && blockIdx.x == 0 && threadIdx.x == 0;
-    if (stamp) b.stamps[0] = now_ns();
-    auto sync = [&] {
-        cgrid_sync(b.counter, ++nb, b.timed_out);
-        if (stamp) b.stamps[nb] = now_ns();
+    float* const x0 = b.x[0];  // (b.x[cur] would index the parameter at run time: a local copy of b)
+    float* const x1 = b.x[1];
+    unsigned it = 0, nb = 0, blocked = 0;
+    unsigned long long* const stamps = b.stamps && blockIdx.x == 0 && threadIdx.x == 0 ? b.stamps : nullptr;
+    if (stamps) stamps[0] = now_ns();
+    int g = 0;  // phases done
+    auto staged = [&] {
+        if (stamps) stamps[1 + kSubStamps * g] = now_ns();
     };
     auto run = [&](const Layer& L, int p, int mode, float inv, float* y, const float* aux) {
-        consume<Stages, StageBytes>(phase_of(L, p), mode, xs, inv, y, aux, ring, full, empty, it, partials,
-                                    b.timed_out);
-        sync();
+        consume<Stages, StageBytes, CW, Seg>(phase_of(L, p), mode, xs, inv, y, aux, ring, full, empty, it,
+                                             partials, b.timed_out, blocked,
+                                             stamps ? stamps + 2 + kSubStamps * g : nullptr);
+        if (stamps) stamps[3 + kSubStamps * g] = now_ns();
+        cgrid_sync<CW>(b.counter, ++nb, b.timed_out);
+        if (stamps) stamps[4 + kSubStamps * g] = now_ns();
+        ++g;
     };
     int cur = 0;
+    auto xc = [&] { return cur ? x1 : x0; };
+    auto xo = [&] { return cur ? x0 : x1; };
     for (int l = 0; l < n_layers; ++l) {
         const Layer& L = layers[l];
         float inv;
         if (l > 0) {
             const Layer& P = layers[l - 1];
-            inv = cfold(xs, b.x[cur], b.o2, P.n_pp, P.scalar, b.x[cur ^ 1], true, L.n_in, red);
+            inv = cfold<CW>(xs, xc(), b.o2, P.n_pp, P.scalar, xo(), true, L.n_in, red);
             cur ^= 1;
         } else {
-            inv = cstage(xs, b.x[cur], kH, true, L.n_in, red);
+            inv = cstage<CW>(xs, xc(), kH, true, L.n_in, red);
         }
+        staged();
         run(L, 0, kStore, inv, b.qkv, nullptr);
-        cstage(xs, b.qkv, kQ, false, nullptr, red);
+        cstage<CW>(xs, b.qkv, kQ, false, nullptr, red);
+        staged();
         run(L, 1, kStore, 1.0f, b.o, nullptr);
-        inv = cfold(xs, b.x[cur], b.o, L.n_pa, 1.0f, b.x[cur ^ 1], true, L.n_pf, red);
+        inv = cfold<CW>(xs, xc(), b.o, L.n_pa, 1.0f, xo(), true, L.n_pf, red);
         cur ^= 1;
+        staged();
         run(L, 2, kGeglu, inv, b.g, nullptr);
-        cstage(xs, b.g, L.I, false, nullptr, red);
+        cstage<CW>(xs, b.g, L.I, false, nullptr, red);
+        staged();
         run(L, 3, kStore, 1.0f, b.m, nullptr);
-        inv = cfold(xs, b.x[cur], b.m, L.n_ffn, 1.0f, b.x[cur ^ 1], false, nullptr, red);
+        inv = cfold<CW>(xs, xc(), b.m, L.n_ffn, 1.0f, xo(), false, nullptr, red);
         cur ^= 1;
+        staged();
         run(L, 4, kGeluMul, inv, b.p, L.ple);
-        cstage(xs, b.p, kP, false, nullptr, red);
+        cstage<CW>(xs, b.p, kP, false, nullptr, red);
+        staged();
         run(L, 5, kStore, 1.0f, b.o2, nullptr);
     }
     if (blockIdx.x == 0) {  // the last layer's update, and the stream back in x[0]
         const Layer& P = layers[n_layers - 1];
-        cfold(xs, b.x[cur], b.o2, P.n_pp, P.scalar, b.x[0], false, nullptr, red);
+        cfold<CW>(xs, xc(), b.o2, P.n_pp, P.scalar, x0, false, nullptr, red);
     }
+    if (b.stats && (threadIdx.x & 31) == 0) atomicAdd(b.stats + 2, static_cast<unsigned long long>(blocked));
 }
 
 }  // namespace stream
