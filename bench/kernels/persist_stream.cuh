@@ -16,9 +16,14 @@
 // unit in shared memory and added per row in order after the phase, so the result does not depend on timing.
 // The residual updates are folded into the next phase's staging as in D (6 grid barriers per layer).
 //
-// Template: Stages x StageBytes (the ring), CW consumer warps, Seg: each warp takes a contiguous run of the
-// stage's units and sums a row's units in its lanes before one warp sum per row (S2), instead of one warp
-// sum per unit over strided units (S, run 1). With b.stamps, block 0 records per phase the end of its
+// Template: Stages x StageBytes (the ring), CW consumer warps, Way: how the warps share a stage's units.
+//   0 (S, run 1)  units warp, warp + CW, ...: one warp sum per unit
+//   1 (S2)        a contiguous run of units per warp; a row's units summed in the lanes, one warp sum per row
+//                 met in the run
+//   2 (S3)        warp w owns the rows r = w (mod CW) of the block's share and sums each over the stages it
+//                 spans: one warp sum per row, no partials to add after the phase; also the next fold's norm
+//                 weights are loaded before the grid barrier instead of after it (they never depend on it)
+//                 With b.stamps, block 0 records per phase the end of its
 // staging, of its consumption, of its epilogue and of the grid barrier; with b.stats, every block counts the
 // stage waits that found the stage not ready (producer: no free stage; consumers: no full stage).
 namespace stream {
@@ -42,6 +47,18 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
+// Non-blocking: whether the phase of this parity has completed.
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, unsigned parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+        "p;\n}\n"
+        : "=r"(ok)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+// Potentially blocking for a while (a hardware time limit) before it answers false.
 __device__ __forceinline__ bool mbar_try(uint64_t* bar, unsigned parity) {
     uint32_t ok;
     asm volatile(
@@ -53,9 +70,9 @@ __device__ __forceinline__ bool mbar_try(uint64_t* bar, unsigned parity) {
     return ok != 0;
 }
 // Bounded like wait_for: a bug reports (timed_out) instead of hanging the machine. Returns whether the
-// first try found the phase incomplete (the wait blocked).
+// phase was incomplete when the wait began (the wait blocked).
 __device__ __forceinline__ bool mbar_wait(uint64_t* bar, unsigned parity, int* timed_out) {
-    if (mbar_try(bar, parity)) return false;
+    if (mbar_test(bar, parity)) return false;
     const uint64_t t0 = now_ns();
     for (int i = 0; !mbar_try(bar, parity); ++i) {
         if ((i & 1023) == 1023 && (now_ns() - t0 > 2000000000ull || *static_cast<volatile int*>(timed_out))) {
@@ -158,7 +175,7 @@ __device__ void produce(const Layer* layers, int n_layers, unsigned char* ring, 
 // A warp's dots over units of one stage. Seg: the contiguous units [warp * kSeg, (warp + 1) * kSeg), a row's
 // units summed in the lanes, one warp sum per row met (stored at the row's first unit here, zeros at the
 // others); else units warp, warp + CW, ..., one warp sum each.
-template <int StageBytes, int CW, bool Seg>
+template <int StageBytes, int CW, int Way>
 __device__ __forceinline__ void stage_dots(const unsigned char* st, int u0, int n, int upr, const float4* x4,
                                            float* part, uint64_t* empty_bar) {
     constexpr int kUps = StageBytes / (kUnit * 2);
@@ -167,7 +184,7 @@ __device__ __forceinline__ void stage_dots(const unsigned char* st, int u0, int 
     float d[kPer];
 #pragma unroll
     for (int q = 0; q < kPer; ++q) {
-        const int j = Seg ? warp * kPer + q : warp + q * CW;
+        const int j = Way == 1 ? warp * kPer + q : warp + q * CW;
         d[q] = 0.0f;
         if (j < n) {
             const uint4 w = *reinterpret_cast<const uint4*>(st + j * (kUnit * 2) + lane * 16);
@@ -177,7 +194,7 @@ __device__ __forceinline__ void stage_dots(const unsigned char* st, int u0, int 
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar);  // this warp is done reading the stage
-    if constexpr (Seg) {
+    if constexpr (Way == 1) {
         const int j0 = warp * kPer;
         float acc = 0.0f;
         int first = -1, row = -1;
@@ -215,7 +232,36 @@ __device__ __forceinline__ void stage_dots(const unsigned char* st, int u0, int 
 }
 
 // The consumers' product over this block's rows: y[r] = (rows . xs) * inv, then the mode's epilogue.
-template <int Stages, int StageBytes, int CW, bool Seg>
+// Way 2's part of a stage: this warp's rows among the stage's units [u0, u1), a row's running sum in acc
+// (carried into the next stage when the row goes on), its warp sum stored at part[row] when it ends.
+template <int CW>
+__device__ __forceinline__ void stage_rows(const unsigned char* st, int u0, int u1, int upr, const float4* x4,
+                                           float* part, float& acc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rf = u0 / upr;
+    for (int r = rf + (warp - rf % CW + CW) % CW; r * upr < u1; r += CW) {
+        const int ua = max(u0, r * upr), ub = min(u1, (r + 1) * upr);
+        const unsigned char* w = st + (ua - u0) * (kUnit * 2) + lane * 16;
+        const float4* xr = x4 + (((ua - r * upr) * kUnit + lane * 8) >> 2);
+        float a0 = 0.0f, a1 = 0.0f;
+        int u = ua;
+        for (; u + 1 < ub; u += 2, w += 2 * kUnit * 2, xr += 2 * kUnit / 4) {
+            const uint4 w0 = *reinterpret_cast<const uint4*>(w);
+            const uint4 w1 = *reinterpret_cast<const uint4*>(w + kUnit * 2);
+            a0 += dot8(w0, xr[0], xr[1]);
+            a1 += dot8(w1, xr[kUnit / 4], xr[kUnit / 4 + 1]);
+        }
+        if (u < ub) a0 += dot8(*reinterpret_cast<const uint4*>(w), xr[0], xr[1]);
+        acc += a0 + a1;
+        if (ub == (r + 1) * upr) {
+            acc = warp_sum(acc);
+            if (lane == 0) part[r] = acc;
+            acc = 0.0f;
+        }
+    }
+}
+
+template <int Stages, int StageBytes, int CW, int Way>
 __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, float* y, const float* aux,
                         const unsigned char* ring, uint64_t* full, uint64_t* empty, unsigned& it,
                         float* partials, int* timed_out, unsigned& blocked, unsigned long long* stamp_at) {
@@ -224,28 +270,49 @@ __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, f
     rows_of(ph.rows, r0, r1);
     const int upr = ph.K / kUnit, nu = (r1 - r0) * upr;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
+    const int nr = r1 - r0;
     for (int part = 0; part < (ph.w2 ? 2 : 1); ++part) {
+        float acc = 0.0f;  // (Way 2) the open row's running sum in this lane
         for (int u0 = 0; u0 < nu; u0 += kUps, ++it) {
             const unsigned s = it % Stages, round = it / Stages;
             blocked += mbar_wait(&full[s], round & 1, timed_out);
-            stage_dots<StageBytes, CW, Seg>(ring + s * StageBytes, u0, min(kUps, nu - u0), upr, x4,
-                                            partials + part * nu, &empty[s]);
+            if constexpr (Way == 2) {
+                stage_rows<CW>(ring + s * StageBytes, u0, min(nu, u0 + kUps), upr, x4, partials + part * nr,
+                               acc);
+                __syncwarp();
+                if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[s]);
+            } else {
+                stage_dots<StageBytes, CW, Way>(ring + s * StageBytes, u0, min(kUps, nu - u0), upr, x4,
+                                                partials + part * nu, &empty[s]);
+            }
         }
     }
     cbar<CW>();
     if (stamp_at) stamp_at[0] = now_ns();
-    for (int r = threadIdx.x; r < r1 - r0; r += CW * 32) {
-        float a = 0.0f;
-        for (int k = 0; k < upr; ++k) a += partials[r * upr + k];
-        a *= inv;
-        if (mode == kStore) {
-            y[r0 + r] = a;
-        } else if (mode == kGeglu) {
-            float b = 0.0f;
-            for (int k = 0; k < upr; ++k) b += partials[nu + r * upr + k];
-            y[r0 + r] = gelu_tanh(a) * (b * inv);
-        } else {
-            y[r0 + r] = gelu_tanh(a) * aux[r0 + r];
+    if constexpr (Way == 2) {  // one sum per row already
+        for (int r = threadIdx.x; r < nr; r += CW * 32) {
+            const float a = partials[r] * inv;
+            if (mode == kStore)
+                y[r0 + r] = a;
+            else if (mode == kGeglu)
+                y[r0 + r] = gelu_tanh(a) * (partials[nr + r] * inv);
+            else
+                y[r0 + r] = gelu_tanh(a) * aux[r0 + r];
+        }
+    } else {
+        for (int r = threadIdx.x; r < nr; r += CW * 32) {
+            float a = 0.0f;
+            for (int k = 0; k < upr; ++k) a += partials[r * upr + k];
+            a *= inv;
+            if (mode == kStore) {
+                y[r0 + r] = a;
+            } else if (mode == kGeglu) {
+                float b = 0.0f;
+                for (int k = 0; k < upr; ++k) b += partials[nu + r * upr + k];
+                y[r0 + r] = gelu_tanh(a) * (b * inv);
+            } else {
+                y[r0 + r] = gelu_tanh(a) * aux[r0 + r];
+            }
         }
     }
 }
@@ -287,9 +354,24 @@ __device__ float cstage(float* xs, const float* src, int K, bool norm, const bf1
 
 // D's stage_fold on the consumer warps: xn = (x + RMSNorm(y) * rw) * rscale, kept in xs (times nw when
 // given) and stored by block 0 to x_out; returns xn's RMSNorm scale when norm, else 1.
+// A thread's elements of a fold's two norm weights (rw, and nw or ones), loaded ahead of the fold.
+template <int CW>
+struct FoldW {
+    static constexpr int kPer = (kH + CW * 32 - 1) / (CW * 32);
+    float rw[kPer], nw[kPer];
+    __device__ void load(const bf16* r, const bf16* n) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int k = threadIdx.x + j * CW * 32;
+            rw[j] = k < kH ? bf16_at(r, k) : 0.0f;
+            nw[j] = k < kH && n ? bf16_at(n, k) : 1.0f;
+        }
+    }
+};
+
 template <int CW>
 __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw, float rscale, float* x_out,
-                       bool norm, const bf16* nw, float* red) {
+                       bool norm, const bf16* nw, float* red, const FoldW<CW>* pre = nullptr) {
     constexpr int kPer = (kH + CW * 32 - 1) / (CW * 32);
     float yv[kPer], xv[kPer];
     float ss = 0.0f;
@@ -307,10 +389,10 @@ __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw
     for (int j = 0; j < kPer; ++j) {
         const int k = threadIdx.x + j * CW * 32;
         if (k < kH) {
-            const float xn = (xv[j] + yv[j] * inv_y * bf16_at(rw, k)) * rscale;
+            const float xn = (xv[j] + yv[j] * inv_y * (pre ? pre->rw[j] : bf16_at(rw, k))) * rscale;
             sx = fmaf(xn, xn, sx);
             if (blockIdx.x == 0) x_out[k] = xn;
-            xs[k] = nw ? xn * bf16_at(nw, k) : xn;
+            xs[k] = pre ? xn * pre->nw[j] : nw ? xn * bf16_at(nw, k) : xn;
         }
     }
     if (!norm) {
@@ -327,11 +409,11 @@ constexpr size_t smem_bytes() {
 }
 
 // One block per SM (cooperative launch), CW + 1 warps: warps 0..CW-1 consume, warp CW's lane 0 produces.
-template <int Stages, int StageBytes, int CW, bool Seg>
+template <int Stages, int StageBytes, int CW, int Way>
 __global__ void __launch_bounds__((CW + 1) * 32, 1)
     streamed_kernel(const Layer* __restrict__ layers, int n_layers, Bufs b) {
     static_assert(StageBytes % (kUnit * 2) == 0, "a stage holds whole units");
-    static_assert(!Seg || (StageBytes / (kUnit * 2)) % CW == 0, "Seg: equal runs of units per warp");
+    static_assert(Way != 1 || (StageBytes / (kUnit * 2)) % CW == 0, "Way 1: equal runs of units per warp");
     extern __shared__ float4 smem4[];
     unsigned char* ring = reinterpret_cast<unsigned char*>(smem4);
     float* xs = reinterpret_cast<float*>(ring + size_t{Stages} * StageBytes);
@@ -360,10 +442,15 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     auto staged = [&] {
         if (stamps) stamps[1 + kSubStamps * g] = now_ns();
     };
-    auto run = [&](const Layer& L, int p, int mode, float inv, float* y, const float* aux) {
-        consume<Stages, StageBytes, CW, Seg>(phase_of(L, p), mode, xs, inv, y, aux, ring, full, empty, it,
+    FoldW<CW> fw;  // (Way 2) the next fold's norm weights, loaded before the barrier
+    const FoldW<CW>* pre = Way == 2 ? &fw : nullptr;
+    // rw, nw: the norm weights of the fold that follows this phase's barrier (Way 2 loads them before it)
+    auto run = [&](const Layer& L, int p, int mode, float inv, float* y, const float* aux, const bf16* rw,
+                   const bf16* nw) {
+        consume<Stages, StageBytes, CW, Way>(phase_of(L, p), mode, xs, inv, y, aux, ring, full, empty, it,
                                              partials, b.timed_out, blocked,
                                              stamps ? stamps + 2 + kSubStamps * g : nullptr);
+        if (Way == 2 && rw) fw.load(rw, nw);
         if (stamps) stamps[3 + kSubStamps * g] = now_ns();
         cgrid_sync<CW>(b.counter, ++nb, b.timed_out);
         if (stamps) stamps[4 + kSubStamps * g] = now_ns();
@@ -374,33 +461,34 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     auto xo = [&] { return cur ? x0 : x1; };
     for (int l = 0; l < n_layers; ++l) {
         const Layer& L = layers[l];
+        const bool more = l + 1 < n_layers;
         float inv;
         if (l > 0) {
             const Layer& P = layers[l - 1];
-            inv = cfold<CW>(xs, xc(), b.o2, P.n_pp, P.scalar, xo(), true, L.n_in, red);
+            inv = cfold<CW>(xs, xc(), b.o2, P.n_pp, P.scalar, xo(), true, L.n_in, red, pre);
             cur ^= 1;
         } else {
             inv = cstage<CW>(xs, xc(), kH, true, L.n_in, red);
         }
         staged();
-        run(L, 0, kStore, inv, b.qkv, nullptr);
+        run(L, 0, kStore, inv, b.qkv, nullptr, nullptr, nullptr);
         cstage<CW>(xs, b.qkv, kQ, false, nullptr, red);
         staged();
-        run(L, 1, kStore, 1.0f, b.o, nullptr);
-        inv = cfold<CW>(xs, xc(), b.o, L.n_pa, 1.0f, xo(), true, L.n_pf, red);
+        run(L, 1, kStore, 1.0f, b.o, nullptr, L.n_pa, L.n_pf);
+        inv = cfold<CW>(xs, xc(), b.o, L.n_pa, 1.0f, xo(), true, L.n_pf, red, pre);
         cur ^= 1;
         staged();
-        run(L, 2, kGeglu, inv, b.g, nullptr);
+        run(L, 2, kGeglu, inv, b.g, nullptr, nullptr, nullptr);
         cstage<CW>(xs, b.g, L.I, false, nullptr, red);
         staged();
-        run(L, 3, kStore, 1.0f, b.m, nullptr);
-        inv = cfold<CW>(xs, xc(), b.m, L.n_ffn, 1.0f, xo(), false, nullptr, red);
+        run(L, 3, kStore, 1.0f, b.m, nullptr, L.n_ffn, nullptr);
+        inv = cfold<CW>(xs, xc(), b.m, L.n_ffn, 1.0f, xo(), false, nullptr, red, pre);
         cur ^= 1;
         staged();
-        run(L, 4, kGeluMul, inv, b.p, L.ple);
+        run(L, 4, kGeluMul, inv, b.p, L.ple, nullptr, nullptr);
         cstage<CW>(xs, b.p, kP, false, nullptr, red);
         staged();
-        run(L, 5, kStore, 1.0f, b.o2, nullptr);
+        run(L, 5, kStore, 1.0f, b.o2, nullptr, more ? L.n_pp : nullptr, more ? layers[l + 1].n_in : nullptr);
     }
     if (blockIdx.x == 0) {  // the last layer's update, and the stream back in x[0]
         const Layer& P = layers[n_layers - 1];
