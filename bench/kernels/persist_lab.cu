@@ -741,16 +741,14 @@ int main(int argc, char** argv) {
     using stream::smem_bytes;
     using stream::streamed_kernel;
     const Streamed streamed[] = {
-        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 16, 1>), "S2 ring 10 x 16 KB, 16 warps",
-         smem_bytes<10, 16384>(), 16},
         {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 15, 2>),
          "S3 ring 10 x 16 KB, 15 warps, rows", smem_bytes<10, 16384>(), 15},
-        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 8, 2>), "S3 ring 10 x 16 KB, 8 warps, rows",
+        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 15, 3>), "S4 S3, conflict-free x, 15 warps",
+         smem_bytes<10, 16384>(), 15},
+        {reinterpret_cast<const void*>(streamed_kernel<10, 16384, 8, 3>), "S4 S3, conflict-free x, 8 warps",
          smem_bytes<10, 16384>(), 8},
-        {reinterpret_cast<const void*>(streamed_kernel<5, 32768, 15, 2>), "S3 ring 5 x 32 KB, 15 warps, rows",
-         smem_bytes<5, 32768>(), 15},
-        {reinterpret_cast<const void*>(streamed_kernel<20, 8192, 15, 2>), "S3 ring 20 x 8 KB, 15 warps, rows",
-         smem_bytes<20, 8192>(), 15},
+        {reinterpret_cast<const void*>(streamed_kernel<6, 16384, 15, 3>), "S4, ring 6 x 16 KB, 15 warps",
+         smem_bytes<6, 16384>(), 15},
     };
     for (const Streamed& sv : streamed)
         run_variant(sv.fn, sv.name, 1, (sv.cw + 1) * 32, sv.smem, kPhase6, 6, stream::kSubStamps, sv.cw);

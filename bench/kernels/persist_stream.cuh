@@ -22,7 +22,11 @@
 //                 met in the run
 //   2 (S3)        warp w owns the rows r = w (mod CW) of the block's share and sums each over the stages it
 //                 spans: one warp sum per row, no partials to add after the phase; also the next fold's norm
-//                 weights are loaded before the grid barrier instead of after it (they never depend on it)
+//                 weights are copied (cp.async) into shared memory before the grid barrier instead of read
+//                 after it (they never depend on it; run 3 held them in registers, which put their DRAM
+//                 latency in front of the barrier's arrival, since a warp stalls at the first use)
+//   3 (S4)        2, with lane l's 8 columns of a unit at 4l and 128 + 4l (two 8-byte weight reads, x read
+//                 as contiguous float4s) instead of at 8l: no shared-memory bank conflicts on x
 //                 With b.stamps, block 0 records per phase the end of its
 // staging, of its consumption, of its epilogue and of the grid barrier; with b.stats, every block counts the
 // stage waits that found the stage not ready (producer: no free stage; consumers: no full stage).
@@ -234,13 +238,45 @@ __device__ __forceinline__ void stage_dots(const unsigned char* st, int u0, int 
 // The consumers' product over this block's rows: y[r] = (rows . xs) * inv, then the mode's epilogue.
 // Way 2's part of a stage: this warp's rows among the stage's units [u0, u1), a row's running sum in acc
 // (carried into the next stage when the row goes on), its warp sum stored at part[row] when it ends.
-template <int CW>
+__device__ __forceinline__ float dot4(const uint2 w, const float4 a) {
+    float s = bf16_lo(w.x) * a.x;
+    s = fmaf(bf16_hi(w.x), a.y, s);
+    s = fmaf(bf16_lo(w.y), a.z, s);
+    return fmaf(bf16_hi(w.y), a.w, s);
+}
+// Way 3's dot of one unit: columns 4l..4l+3 and 128+4l..128+4l+3 of the unit at w (the unit's first
+// weight) against x4 (the unit's first float4 of x).
+__device__ __forceinline__ float unit_dot_split(const unsigned char* w, const float4* x4, int lane) {
+    const uint2 lo = *reinterpret_cast<const uint2*>(w + lane * 8);
+    const uint2 hi = *reinterpret_cast<const uint2*>(w + kUnit + lane * 8);
+    return dot4(lo, x4[lane]) + dot4(hi, x4[kUnit / 8 + lane]);
+}
+
+template <int CW, bool Split>
 __device__ __forceinline__ void stage_rows(const unsigned char* st, int u0, int u1, int upr, const float4* x4,
                                            float* part, float& acc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rf = u0 / upr;
     for (int r = rf + (warp - rf % CW + CW) % CW; r * upr < u1; r += CW) {
         const int ua = max(u0, r * upr), ub = min(u1, (r + 1) * upr);
+        if constexpr (Split) {
+            const unsigned char* w = st + (ua - u0) * (kUnit * 2);
+            const float4* xr = x4 + (ua - r * upr) * (kUnit / 4);
+            float a0 = 0.0f, a1 = 0.0f;
+            int u = ua;
+            for (; u + 1 < ub; u += 2, w += 2 * kUnit * 2, xr += 2 * kUnit / 4) {
+                a0 += unit_dot_split(w, xr, lane);
+                a1 += unit_dot_split(w + kUnit * 2, xr + kUnit / 4, lane);
+            }
+            if (u < ub) a0 += unit_dot_split(w, xr, lane);
+            acc += a0 + a1;
+            if (ub == (r + 1) * upr) {
+                acc = warp_sum(acc);
+                if (lane == 0) part[r] = acc;
+                acc = 0.0f;
+            }
+            continue;
+        }
         const unsigned char* w = st + (ua - u0) * (kUnit * 2) + lane * 16;
         const float4* xr = x4 + (((ua - r * upr) * kUnit + lane * 8) >> 2);
         float a0 = 0.0f, a1 = 0.0f;
@@ -276,9 +312,9 @@ __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, f
         for (int u0 = 0; u0 < nu; u0 += kUps, ++it) {
             const unsigned s = it % Stages, round = it / Stages;
             blocked += mbar_wait(&full[s], round & 1, timed_out);
-            if constexpr (Way == 2) {
-                stage_rows<CW>(ring + s * StageBytes, u0, min(nu, u0 + kUps), upr, x4, partials + part * nr,
-                               acc);
+            if constexpr (Way >= 2) {
+                stage_rows<CW, Way == 3>(ring + s * StageBytes, u0, min(nu, u0 + kUps), upr, x4,
+                                         partials + part * nr, acc);
                 __syncwarp();
                 if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[s]);
             } else {
@@ -289,7 +325,7 @@ __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, f
     }
     cbar<CW>();
     if (stamp_at) stamp_at[0] = now_ns();
-    if constexpr (Way == 2) {  // one sum per row already
+    if constexpr (Way >= 2) {  // one sum per row already
         for (int r = threadIdx.x; r < nr; r += CW * 32) {
             const float a = partials[r] * inv;
             if (mode == kStore)
@@ -321,7 +357,7 @@ __device__ void consume(const Phase& ph, int mode, const float* xs, float inv, f
 // when norm, else 1. src was written by other blocks in this kernel: read from L2, never a stale L1 line.
 template <int CW>
 __device__ float cstage(float* xs, const float* src, int K, bool norm, const bf16* nw, float* red) {
-    constexpr int kMaxPer = kMaxK / (CW * 32 * 4);
+    constexpr int kMaxPer = (kMaxK + CW * 32 * 4 - 1) / (CW * 32 * 4);
     float4 v[kMaxPer];
 #pragma unroll
     for (int j = 0; j < kMaxPer; ++j) {
@@ -354,26 +390,28 @@ __device__ float cstage(float* xs, const float* src, int K, bool norm, const bf1
 
 // D's stage_fold on the consumer warps: xn = (x + RMSNorm(y) * rw) * rscale, kept in xs (times nw when
 // given) and stored by block 0 to x_out; returns xn's RMSNorm scale when norm, else 1.
-// A thread's elements of a fold's two norm weights (rw, and nw or ones), loaded ahead of the fold.
+// The next fold's two norm weights (rw, and nw when given) copied into shared memory nws[2][kH] by cp.async
+// before the grid barrier (Way >= 2); cfold waits for the copies. 16 bytes per thread, kH / 8 per weight.
 template <int CW>
-struct FoldW {
-    static constexpr int kPer = (kH + CW * 32 - 1) / (CW * 32);
-    float rw[kPer], nw[kPer];
-    __device__ void load(const bf16* r, const bf16* n) {
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int k = threadIdx.x + j * CW * 32;
-            rw[j] = k < kH ? bf16_at(r, k) : 0.0f;
-            nw[j] = k < kH && n ? bf16_at(n, k) : 1.0f;
-        }
+__device__ __forceinline__ void fold_prefetch(bf16* nws, const bf16* rw, const bf16* nw) {
+    constexpr int kChunks = kH / 8;
+    for (int c = threadIdx.x; c < 2 * kChunks; c += CW * 32) {
+        const bf16* src = c < kChunks ? rw + c * 8 : nw ? nw + (c - kChunks) * 8 : nullptr;
+        if (!src) continue;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(nws + c * 8)), "l"(src)
+                     : "memory");
     }
-};
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 template <int CW>
 __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw, float rscale, float* x_out,
-                       bool norm, const bf16* nw, float* red, const FoldW<CW>* pre = nullptr) {
+                       bool norm, const bf16* nw, float* red, const bf16* nws = nullptr) {
     constexpr int kPer = (kH + CW * 32 - 1) / (CW * 32);
     float yv[kPer], xv[kPer];
+    // nws: rw and nw already copied there by fold_prefetch (this thread's copies done here, everyone's by the
+    // first block sum's barriers, before they are read)
+    if (nws) asm volatile("cp.async.wait_all;" ::: "memory");
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -389,10 +427,10 @@ __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw
     for (int j = 0; j < kPer; ++j) {
         const int k = threadIdx.x + j * CW * 32;
         if (k < kH) {
-            const float xn = (xv[j] + yv[j] * inv_y * (pre ? pre->rw[j] : bf16_at(rw, k))) * rscale;
+            const float xn = (xv[j] + yv[j] * inv_y * bf16_at(nws ? nws : rw, k)) * rscale;
             sx = fmaf(xn, xn, sx);
             if (blockIdx.x == 0) x_out[k] = xn;
-            xs[k] = pre ? xn * pre->nw[j] : nw ? xn * bf16_at(nw, k) : xn;
+            xs[k] = nw ? xn * bf16_at(nws ? nws + kH : nw, k) : xn;
         }
     }
     if (!norm) {
@@ -405,7 +443,8 @@ __device__ float cfold(float* xs, const float* x, const float* y, const bf16* rw
 
 template <int Stages, int StageBytes>
 constexpr size_t smem_bytes() {
-    return size_t{Stages} * StageBytes + (size_t{kMaxK} + kMaxPartials) * sizeof(float);
+    return size_t{Stages} * StageBytes + (size_t{kMaxK} + kMaxPartials) * sizeof(float) +
+           2 * kH * sizeof(bf16);
 }
 
 // One block per SM (cooperative launch), CW + 1 warps: warps 0..CW-1 consume, warp CW's lane 0 produces.
@@ -418,6 +457,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     unsigned char* ring = reinterpret_cast<unsigned char*>(smem4);
     float* xs = reinterpret_cast<float*>(ring + size_t{Stages} * StageBytes);
     float* partials = xs + kMaxK;
+    bf16* nws = reinterpret_cast<bf16*>(partials + kMaxPartials);  // [2][kH]: the next fold's norm weights
     __shared__ uint64_t full[Stages], empty[Stages];
     __shared__ float red[32];
     if (threadIdx.x == 0) {
@@ -442,15 +482,14 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     auto staged = [&] {
         if (stamps) stamps[1 + kSubStamps * g] = now_ns();
     };
-    FoldW<CW> fw;  // (Way 2) the next fold's norm weights, loaded before the barrier
-    const FoldW<CW>* pre = Way == 2 ? &fw : nullptr;
-    // rw, nw: the norm weights of the fold that follows this phase's barrier (Way 2 loads them before it)
+    bf16* const pre = Way >= 2 ? nws : nullptr;
+    // rw, nw: the norm weights of the fold that follows this phase's barrier (Way >= 2 copies them before it)
     auto run = [&](const Layer& L, int p, int mode, float inv, float* y, const float* aux, const bf16* rw,
                    const bf16* nw) {
         consume<Stages, StageBytes, CW, Way>(phase_of(L, p), mode, xs, inv, y, aux, ring, full, empty, it,
                                              partials, b.timed_out, blocked,
                                              stamps ? stamps + 2 + kSubStamps * g : nullptr);
-        if (Way == 2 && rw) fw.load(rw, nw);
+        if (Way >= 2 && rw) fold_prefetch<CW>(nws, rw, nw);
         if (stamps) stamps[3 + kSubStamps * g] = now_ns();
         cgrid_sync<CW>(b.counter, ++nb, b.timed_out);
         if (stamps) stamps[4 + kSubStamps * g] = now_ns();
