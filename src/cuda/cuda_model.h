@@ -295,6 +295,7 @@ class CudaModel {
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
     bool gemv_lean8_ = false;            // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8
     bool geglu_lean8_ = false;           // MARKBASE_CUDA_GEGLU_LEAN8: GemvInput.geglu_lean8
+    bool gemv_xsplit_ = false;           // MARKBASE_CUDA_GEMV_XSPLIT: GemvInput.xsplit
     bool pdl_late_ = false;              // MARKBASE_CUDA_PDL_EARLY=0: GemvInput.pdl_late
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer

@@ -30,6 +30,7 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;
     in.lean8 = gemv_lean8_;
+    in.xsplit = gemv_xsplit_;
     in.geglu_lean8 = geglu_lean8_;
     in.pdl_late = pdl_late_;
     in.x = x;

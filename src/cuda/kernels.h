@@ -79,6 +79,10 @@ struct GemvInput {
     bool geglu_lean8 = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
+    // MARKBASE_CUDA_GEMV_XSPLIT=1: the warp-per-row GEMV reads a lane's 8 weights of each 256-weight group as
+    // columns 4l.. and 128 + 4l.. (two 8-byte loads), so its x reads are contiguous float4s (half the L1
+    // wavefronts); the same products, another summation order (gemv_rows.cu's dot_group)
+    bool xsplit = false;
     // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
     // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
     // GeGLU (MARKBASE_CUDA_GEMV_LEAN, on by default).
