@@ -264,12 +264,11 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
 // per lane). What a model's launch pays for its norm, and which W suits each shape.
 const uint16_t* g_ones = nullptr;  // bf16 1.0 x the widest K
 constexpr float kLabEps = 1e-6f;
-template <bool Norm, int W, bool Lean = false, bool Lean8 = false, bool XS = false>
+template <bool Norm, int W, bool Lean = false, bool Lean8 = false>
 void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
     markbase::cuda::GemvInput in;
     in.lean = Lean;
     in.lean8 = Lean8;
-    in.xsplit = XS;
     in.variant = markbase::cuda::kGemvVariantWarpK;
     in.min_waves = 3;
     in.geglu_split = true;
@@ -329,11 +328,6 @@ const Variant kVariants[] = {
     {"p8 prod plain W4", "", launch_prod<false, 4>},
     {"p9 prod plain lean", "", launch_prod<false, 0, true>},
     {"p10 prod plain lean8", "", launch_prod<false, 0, true, true>},
-    // GemvInput.xsplit (contiguous x reads): p0, p1, p9 and p10 with it
-    {"p12 prod plain xs", "", launch_prod<false, 0, false, false, true>},
-    {"p13 prod norm xs", "", launch_prod<true, 0, false, false, true>, true},
-    {"p14 prod plain lean xs", "", launch_prod<false, 0, true, false, true>},
-    {"p15 prod plain lean8 xs", "", launch_prod<false, 0, true, true, true>},
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 

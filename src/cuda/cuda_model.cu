@@ -209,12 +209,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
+        attn_merge_vec_ = env_flag("MARKBASE_CUDA_ATTN_MERGE_VEC", false);  // AttnArgs.merge_vec
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
         // session 9's H200 A/B: 26B-A4B -4.4%, E2B -1.3%, 31B -0.9%, E4B +0.3% (bit-identical sums)
         gemv_lean8_ = env_flag("MARKBASE_CUDA_GEMV_LEAN8", true);
-        geglu_lean8_ = env_flag("MARKBASE_CUDA_GEGLU_LEAN8", true);   // from K = 4096: the 31B -0.6%
-        gemv_xsplit_ = env_flag("MARKBASE_CUDA_GEMV_XSPLIT", false);  // GemvInput.xsplit (session 11's A/B)
+        geglu_lean8_ = env_flag("MARKBASE_CUDA_GEGLU_LEAN8", true);  // from K = 4096: the 31B -0.6%
         pdl_late_ = !env_flag("MARKBASE_CUDA_PDL_EARLY", true);  // device_common.cuh: pdl_begin_after_loads
         d_tail_counter_ = alloc<unsigned int>(1);
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));

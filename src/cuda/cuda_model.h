@@ -295,7 +295,6 @@ class CudaModel {
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
     bool gemv_lean8_ = false;            // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8
     bool geglu_lean8_ = false;           // MARKBASE_CUDA_GEGLU_LEAN8: GemvInput.geglu_lean8
-    bool gemv_xsplit_ = false;           // MARKBASE_CUDA_GEMV_XSPLIT: GemvInput.xsplit
     bool pdl_late_ = false;              // MARKBASE_CUDA_PDL_EARLY=0: GemvInput.pdl_late
     float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
     float* xb_ = nullptr;                // [H] the other decode buffer
@@ -388,6 +387,7 @@ class CudaModel {
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
     bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
+    bool attn_merge_vec_ = false;                  // MARKBASE_CUDA_ATTN_MERGE_VEC: AttnArgs.merge_vec
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 

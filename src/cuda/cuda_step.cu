@@ -30,7 +30,6 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.min_waves = min_waves_;
     in.lean = gemv_lean_;
     in.lean8 = gemv_lean8_;
-    in.xsplit = gemv_xsplit_;
     in.geglu_lean8 = geglu_lean8_;
     in.pdl_late = pdl_late_;
     in.x = x;
@@ -239,6 +238,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
     a.kv_early = attn_kv_early_;
+    a.merge_vec = attn_merge_vec_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });

@@ -52,60 +52,6 @@ __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bo
     if constexpr (Two) acc2 += dot8(w2, a, b);
 }
 
-// XS (GemvInput.xsplit): the 8 weights of lane l in a 256-weight group g (chunks g .. g + 31) are
-// 4l .. 4l + 3 and 128 + 4l .. 128 + 4l + 3, two 8-byte loads, so that x is read as contiguous float4s: a
-// warp's two x reads cover 512 contiguous bytes each (4 L1 wavefronts) instead of 1 KB at a 32-byte lane
-// stride (8 each). The streamed persistent kernel's lab (session 11, run 4) gained 13% on its shared-memory
-// reads of E2B's gate/up this way. v holds the two halves (x, y | z, w); ok1/ok2 say whether each half is in
-// the warp's chunks [.., c_hi).
-__device__ __forceinline__ uint2 ld_stream2(const uint2* p) {
-    uint2 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ float dot4(uint32_t w0, uint32_t w1, const float4 a) {
-    float s = bf16_lo(w0) * a.x;
-    s = fmaf(bf16_hi(w0), a.y, s);
-    s = fmaf(bf16_lo(w1), a.z, s);
-    return fmaf(bf16_hi(w1), a.w, s);
-}
-__device__ __forceinline__ float sq4(const float4 a, float s) {
-    s = fmaf(a.x, a.x, s);
-    s = fmaf(a.y, a.y, s);
-    s = fmaf(a.z, a.z, s);
-    return fmaf(a.w, a.w, s);
-}
-__device__ __forceinline__ void scale4(float4& a, const uint2 n) {
-    a.x *= bf16_lo(n.x);
-    a.y *= bf16_hi(n.x);
-    a.z *= bf16_lo(n.y);
-    a.w *= bf16_hi(n.y);
-}
-template <bool Two>
-__device__ __forceinline__ void dot_group(const float4* x4, const uint2* nw2, bool norm, int g, int lane,
-                                          bool ok1, bool ok2, const uint2& wa, const uint2& wb,
-                                          const uint2& wa2, const uint2& wb2, float& acc, float& acc2,
-                                          float& ss) {
-    if (ok1) {
-        float4 a = __ldg(x4 + 2 * g + lane);
-        if (norm) {
-            ss = sq4(a, ss);
-            if (nw2) scale4(a, __ldg(nw2 + 2 * g + lane));
-        }
-        acc += dot4(wa.x, wa.y, a);
-        if constexpr (Two) acc2 += dot4(wa2.x, wa2.y, a);
-    }
-    if (ok2) {
-        float4 b = __ldg(x4 + 2 * g + 32 + lane);
-        if (norm) {
-            ss = sq4(b, ss);
-            if (nw2) scale4(b, __ldg(nw2 + 2 * g + 32 + lane));
-        }
-        acc += dot4(wb.x, wb.y, b);
-        if constexpr (Two) acc2 += dot4(wb2.x, wb2.y, b);
-    }
-}
-
 // x = (x + RMSNorm(y) * w) * scale by the last block to finish; y is every row this grid wrote. One block
 // walks the whole vector, so latency, not bandwidth, sets its length: each thread issues a batch of
 // independent loads before using any (a plain strided loop waited one L2 round trip per element and cost
@@ -188,15 +134,13 @@ __device__ void residual_tail(const RowsParams& p) {
 // E2B's gate/up 10% faster than this kernel at 4. On by default since that session's A/B: E4B -1.0% and
 // -1.1% in two calls, E2B +0.3% twice. (Not used: the lean GeGLU at 4 blocks per SM instead of 3, and the
 // lean split GeGLU at 4 chunks per lane, +2.5% on E2B.)
-// XS with W > 1 (not the GeGLU) needs ~4 (U = 8) to ~10 (lean, U = 4) registers more than these bounds allow
-// (ptxas spills; W = 1 fits), so those instantiations run one block fewer per SM.
 template <int M, bool Lean>
-constexpr int rows_blocks_per_sm(int U, bool xs_tight = false) {
-    const int n = M == kGeglu ? (U == kU ? 2 : 3) : Lean ? 6 : 4;
-    return xs_tight ? n - 1 : n;
+constexpr int rows_blocks_per_sm(int U) {
+    if (M == kGeglu) return U == kU ? 2 : 3;
+    return Lean ? 6 : 4;
 }
-template <int M, int W, int U = kU, bool Lean = false, bool XS = false>
-__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U, XS&& W > 1))
+template <int M, int W, int U = kU, bool Lean = false>
+__global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
     constexpr bool kSplit = M == kGegluSplit;
@@ -220,27 +164,9 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U, XS
         M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
 
     uint4 v[U], v2[U];
-    uint2 ha[XS ? U : 1], hb[XS ? U : 1], ha2[XS ? U : 1], hb2[XS ? U : 1];  // XS: the halves
-    // XS: group g's first half is this lane's when g < hl, its second half when g + 16 < hl
-    const int hl = (active ? c_hi : 0) - (lane >> 1);
-    const uint2* wl = reinterpret_cast<const uint2*>(w) + lane;
-    const uint2* wl2 = reinterpret_cast<const uint2*>(w2) + lane;
     auto load = [&](int base) {
-        const bool full = XS && active && base + 32 * U <= c_hi;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if constexpr (XS) {  // (full: the whole round is this warp's, no guard per half)
-                const int g = base + u * 32;
-                const uint2 z = make_uint2(0, 0);
-                const bool ok1 = full || g < hl, ok2 = full || g + 16 < hl;
-                ha[u] = ok1 ? ld_stream2(wl + 2 * g) : z;
-                hb[u] = ok2 ? ld_stream2(wl + 2 * g + 32) : z;
-                if constexpr (M == kGeglu) {
-                    ha2[u] = ok1 ? ld_stream2(wl2 + 2 * g) : z;
-                    hb2[u] = ok2 ? ld_stream2(wl2 + 2 * g + 32) : z;
-                }
-                continue;
-            }
             const int c = base + u * 32 + lane;
             const bool ok = active && c < c_hi;
             v[u] = ok ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
@@ -257,15 +183,8 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U, XS
     float acc = 0.0f, acc2 = 0.0f, ss = 0.0f;
     for (int base = c_lo; base < c_hi; base += 32 * U) {
         if (base != c_lo) load(base);
-        const bool full = XS && active && base + 32 * U <= c_hi;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if constexpr (XS) {
-                const int g = base + u * 32;
-                dot_group<M == kGeglu>(x4, reinterpret_cast<const uint2*>(nw4), norm, g, lane, full || g < hl,
-                                       full || g + 16 < hl, ha[u], hb[u], ha2[u], hb2[u], acc, acc2, ss);
-                continue;
-            }
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
                 dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
@@ -496,27 +415,27 @@ int warps_per_row(int K, int U = kU) {
     return w;
 }
 
-template <int M, int W, int U, bool Lean, bool XS>
+template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    launch_kernel(rows_kernel<M, W, U, Lean, XS>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0,
-                  s, p);
+    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
+                  p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int M, int U, bool Lean, bool XS>
+template <int M, int U, bool Lean>
 void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     switch (w) {
         case 8:
             if constexpr (M != kGegluSplit)
-                return launch_w<M, 8, U, Lean, XS>(p, s);  // (split: 16 warps per row)
+                return launch_w<M, 8, U, Lean>(p, s);  // (split: 16 warps per row)
             [[fallthrough]];
         case 4:
-            return launch_w<M, 4, U, Lean, XS>(p, s);
+            return launch_w<M, 4, U, Lean>(p, s);
         case 2:
-            return launch_w<M, 2, U, Lean, XS>(p, s);
+            return launch_w<M, 2, U, Lean>(p, s);
         default:
-            return launch_w<M, 1, U, Lean, XS>(p, s);
+            return launch_w<M, 1, U, Lean>(p, s);
     }
 }
 
@@ -548,21 +467,6 @@ bool launch_async(RowsParams& p, cudaStream_t s) {
     return true;
 }
 
-template <int M, bool XS>
-void launch_plan(RowsParams& p, cudaStream_t s, const RowsPlan& plan) {
-    if constexpr (M == kGeglu) {
-        if (plan.split)
-            return plan.lean ? launch_by_w<kGegluSplit, 4, true, XS>(p, s, plan.warps)
-                             : launch_by_w<kGegluSplit, kU, false, XS>(p, s, plan.warps);
-        return plan.chunks == 4 ? launch_by_w<M, 4, false, XS>(p, s, plan.warps)
-                                : launch_by_w<M, kU, false, XS>(p, s, plan.warps);
-    } else {
-        if (plan.chunks == 8) return launch_by_w<M, kU, false, XS>(p, s, plan.warps);
-        return plan.lean ? launch_by_w<M, 4, true, XS>(p, s, plan.warps)
-                         : launch_by_w<M, 4, false, XS>(p, s, plan.warps);
-    }
-}
-
 template <int M>
 void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K <= 0 || p.in.K % 8 != 0)  // (K > 0: the kernel's PDL wait is behind a branch on it)
@@ -586,10 +490,17 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
                                     : M == kGeluMul ? RowsProduct::kGeluMul
                                                     : RowsProduct::kPlain;
     const RowsPlan plan = gemv_rows_plan(product, p.in, p.total_rows, p.tail.x != nullptr, device_sms());
-    if (p.in.xsplit)
-        launch_plan<M, true>(p, s, plan);
-    else
-        launch_plan<M, false>(p, s, plan);
+    if constexpr (M == kGeglu) {
+        if (plan.split)
+            return plan.lean ? launch_by_w<kGegluSplit, 4, true>(p, s, plan.warps)
+                             : launch_by_w<kGegluSplit, kU, false>(p, s, plan.warps);
+        return plan.chunks == 4 ? launch_by_w<M, 4, false>(p, s, plan.warps)
+                                : launch_by_w<M, kU, false>(p, s, plan.warps);
+    } else {
+        if (plan.chunks == 8) return launch_by_w<M, kU, false>(p, s, plan.warps);
+        return plan.lean ? launch_by_w<M, 4, true>(p, s, plan.warps)
+                         : launch_by_w<M, 4, false>(p, s, plan.warps);
+    }
 }
 
 }  // namespace

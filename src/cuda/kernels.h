@@ -79,10 +79,6 @@ struct GemvInput {
     bool geglu_lean8 = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
-    // MARKBASE_CUDA_GEMV_XSPLIT=1: the warp-per-row GEMV reads a lane's 8 weights of each 256-weight group as
-    // columns 4l.. and 128 + 4l.. (two 8-byte loads), so its x reads are contiguous float4s (half the L1
-    // wavefronts); the same products, another summation order (gemv_rows.cu's dot_group)
-    bool xsplit = false;
     // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
     // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
     // GeGLU (MARKBASE_CUDA_GEMV_LEAN, on by default).
@@ -305,6 +301,10 @@ struct AttnArgs {
     // requested before the PDL wait (they were written by earlier steps); the piece holding the current
     // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
     bool kv_early = false;
+    // MARKBASE_CUDA_ATTN_MERGE_VEC (v2 decode pieces): the last piece's merge reads each piece's (m, l) once
+    // and the partial outputs as float4 columns, 8 pieces' loads in flight per thread, instead of scalar dims
+    // 4 pieces at a time (the same sums in the same order)
+    bool merge_vec = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
