@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
 // keys of a tile are spread over the 4 warps (key j to warp j % 4), each lane owning float4 columns lane + 32
 // i of the head, 4 keys x up to 4 columns loaded before the first use; the warps' partial outputs are summed
 // through shared memory at the end. The merge reads every piece's (m, l) in parallel and then the partial
-// outputs with independent loads (every merged piece holds keys, so l > 0 for each).
+// outputs with independent loads (every merged piece holds keys, so l > 0 for each; merge_pieces_v2).
 constexpr int kWarpsAttn = kThreads / 32;
 
 __device__ float block_max(float v, float* scratch) {
@@ -204,35 +204,27 @@ __device__ float block_max(float v, float* scratch) {
     return t;
 }
 
-__device__ void merge_pieces_parallel(const AttnArgs& a, int64_t base, int n, float* out, float* fs,
-                                      float* scratch) {
-    float mx = -FLT_MAX;
-    for (int s = threadIdx.x; s < n; s += kThreads) mx = fmaxf(mx, __ldcg(a.part_ml + 2 * (base + s)));
-    const float M = block_max(mx, scratch);
-    float lp = 0.0f;
-    for (int s = threadIdx.x; s < n; s += kThreads) {
-        const float f = __expf(__ldcg(a.part_ml + 2 * (base + s)) - M);
-        fs[s] = f;
-        lp += __ldcg(a.part_ml + 2 * (base + s) + 1) * f;
-    }
-    const float L = block_sum(lp, scratch);  // ends with a barrier: fs is visible
-    const float inv = 1.0f / L;
-    for (int dim = threadIdx.x; dim < a.d; dim += kThreads) {
-        const float* po = a.part_o + base * a.d + dim;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int s = 0; s < n; ++s) acc = fmaf(__ldcg(po + static_cast<int64_t>(s) * a.d), fs[s], acc);
-        out[dim] = acc * inv;
-    }
-}
-
-// merge_vec's form of merge_pieces_parallel: the same sums in the same order. Each piece's (m, l) is read
-// once (pieces tid, tid + kThreads, ...: one round for <= kThreads pieces); a thread owns float4 column c
-// of the output (d / 4 threads) and requests 8 pieces' partials before using them, so a merge of n pieces
-// waits for about n / 8 L2 round trips instead of d / kThreads x n / 4.
-__device__ void merge_pieces_vec(const AttnArgs& a, int64_t base, int n, float* out, float* fs,
-                                 float* scratch) {
-    const int tid = threadIdx.x;
+// The v2 merge, by the last piece of a head: every piece's (m, l) read once (pieces tid, tid + kThreads,
+// ...: one round for <= kThreads pieces), then thread c owns float4 column c of the output (d / 4 <=
+// kThreads) and requests 8 pieces' partials before using any. A merge of n pieces waits for about n / 8
+// L2 round trips; the earlier form (each thread walking its d / kThreads dims one after the other, 4
+// pieces per round, and (m, l) read twice) waited for ~d / kThreads x n / 4 + 2: session 11's H200 A/B of
+// this form (MARKBASE_CUDA_ATTN_MERGE_VEC, since removed) measured E2B -3.9%, E4B -2.7%, 26B-A4B -1.8%,
+// 31B -0.6%, E2B at a 2000-token context -4.3%, bit-identical (the same sums in the same order).
+// early (AttnArgs.merge_early): the first 8 pieces' partials are requested with (m, l), before the two
+// block reductions.
+__device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* out, float* fs,
+                                float* scratch) {
+    const int tid = threadIdx.x, d4 = a.d / 4;
+    const float4* po4 = reinterpret_cast<const float4*>(a.part_o + base * a.d) + tid;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v[8];
+    auto load8 = [&](int s0) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            v[u] = tid < d4 && s0 + u < n ? __ldcg(po4 + static_cast<int64_t>(s0 + u) * d4) : zero;
+    };
+    if (a.merge_early) load8(0);
     float m0 = -FLT_MAX, l0 = 0.0f;
     if (tid < n) {
         m0 = __ldcg(a.part_ml + 2 * (base + tid));
@@ -254,29 +246,22 @@ __device__ void merge_pieces_vec(const AttnArgs& a, int64_t base, int n, float* 
     }
     const float L = block_sum(lp, scratch);  // ends with a barrier: fs is visible
     const float inv = 1.0f / L;
-    const int d4 = a.d / 4;
-    const float4* po4 = reinterpret_cast<const float4*>(a.part_o + base * a.d);
-    for (int c = tid; c < d4; c += kThreads) {
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s0 = 0; s0 < n; s0 += 8) {
-            float4 v[8];
+    if (tid >= d4) return;
+    float4 acc = zero;
+    for (int s0 = 0; s0 < n; s0 += 8) {
+        if (s0 > 0 || !a.merge_early) load8(s0);
 #pragma unroll
-            for (int u = 0; u < 8; ++u)
-                v[u] = s0 + u < n ? __ldcg(po4 + static_cast<int64_t>(s0 + u) * d4 + c)
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                if (s0 + u < n) {
-                    const float f = fs[s0 + u];
-                    acc.x = fmaf(v[u].x, f, acc.x);
-                    acc.y = fmaf(v[u].y, f, acc.y);
-                    acc.z = fmaf(v[u].z, f, acc.z);
-                    acc.w = fmaf(v[u].w, f, acc.w);
-                }
+        for (int u = 0; u < 8; ++u) {
+            if (s0 + u < n) {
+                const float f = fs[s0 + u];
+                acc.x = fmaf(v[u].x, f, acc.x);
+                acc.y = fmaf(v[u].y, f, acc.y);
+                acc.z = fmaf(v[u].z, f, acc.z);
+                acc.w = fmaf(v[u].w, f, acc.w);
             }
         }
-        reinterpret_cast<float4*>(out)[c] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     }
+    reinterpret_cast<float4*>(out)[tid] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
@@ -498,11 +483,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     __syncthreads();
     if (!last_piece) return;
     __threadfence();
-    float* out = a.out + (static_cast<int64_t>(t) * a.nH + h) * d;
-    if (a.merge_vec)
-        merge_pieces_vec(a, idx - sp, geo.active, out, fs, scratch);
-    else
-        merge_pieces_parallel(a, idx - sp, geo.active, out, fs, scratch);
+    merge_pieces_v2(a, idx - sp, geo.active, a.out + (static_cast<int64_t>(t) * a.nH + h) * d, fs, scratch);
     if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
