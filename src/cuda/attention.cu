@@ -211,8 +211,8 @@ __device__ float block_max(float v, float* scratch) {
 // pieces per round, and (m, l) read twice) waited for ~d / kThreads x n / 4 + 2: session 11's H200 A/B of
 // this form (MARKBASE_CUDA_ATTN_MERGE_VEC, since removed) measured E2B -3.9%, E4B -2.7%, 26B-A4B -1.8%,
 // 31B -0.6%, E2B at a 2000-token context -4.3%, bit-identical (the same sums in the same order).
-// early (AttnArgs.merge_early): the first 8 pieces' partials are requested with (m, l), before the two
-// block reductions.
+// (Requesting the first 8 pieces' partials together with (m, l), before the block reductions, measured
+// -0.1..+0.2% in the same session: MARKBASE_CUDA_ATTN_MERGE_EARLY, removed, code in ac2ab10.)
 __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* out, float* fs,
                                 float* scratch) {
     const int tid = threadIdx.x, d4 = a.d / 4;
@@ -224,7 +224,6 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
         for (int u = 0; u < 8; ++u)
             v[u] = tid < d4 && s0 + u < n ? __ldcg(po4 + static_cast<int64_t>(s0 + u) * d4) : zero;
     };
-    if (a.merge_early) load8(0);
     float m0 = -FLT_MAX, l0 = 0.0f;
     if (tid < n) {
         m0 = __ldcg(a.part_ml + 2 * (base + tid));
@@ -249,7 +248,7 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
     if (tid >= d4) return;
     float4 acc = zero;
     for (int s0 = 0; s0 < n; s0 += 8) {
-        if (s0 > 0 || !a.merge_early) load8(s0);
+        load8(s0);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             if (s0 + u < n) {

@@ -238,7 +238,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.active_only = attn_active_only_;
     a.decode_v2 = attn_v2_;
     a.kv_early = attn_kv_early_;
-    a.merge_early = attn_merge_early_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });

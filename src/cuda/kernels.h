@@ -301,9 +301,6 @@ struct AttnArgs {
     // requested before the PDL wait (they were written by earlier steps); the piece holding the current
     // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
     bool kv_early = false;
-    // MARKBASE_CUDA_ATTN_MERGE_EARLY (v2 decode pieces): the merge requests its first 8 pieces' partial
-    // outputs together with their (m, l), before its block reductions (the same sums)
-    bool merge_early = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
