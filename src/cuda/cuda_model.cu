@@ -307,7 +307,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // inputs from the post-attention update (norm_rope.cu NormCopies), where that update is a launch
             // of its own (residual()). Session 10's A/B: 26B-A4B -1.1% (3.013 -> 2.980 ms/token).
             moe_prenorm_ = env_flag("MARKBASE_CUDA_MOE_PRENORM", true) && prenorm_ && residual_launch_;
-            moe_early_scale_ = env_flag("MARKBASE_CUDA_MOE_EARLY_SCALE", false);  // (session 11's A/B)
             if (moe_prenorm_) xr_ = alloc<float>(H);
             if (moe_overlap_) {
                 CUDA_CHECK(cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking));

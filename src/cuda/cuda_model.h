@@ -347,9 +347,8 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM): the post-attention update also writes the router's
     // input (xr_) and the experts' input (e_in_), so the router is a plain product and route skips its norm
     bool moe_prenorm_ = false;
-    bool moe_early_scale_ = false;  // MARKBASE_CUDA_MOE_EARLY_SCALE: moe_route's early_scale
-    float* xr_ = nullptr;           // [H] RMSNorm(x) * router_scale / sqrt(H)
-    bool moe_gemm_ = true;          // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
+    float* xr_ = nullptr;   // [H] RMSNorm(x) * router_scale / sqrt(H)
+    bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
     // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
     // stream2_ beside the dense MLP
     bool moe_overlap_ = false;

@@ -333,7 +333,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     run(pf, "route_topk", i, 0.0, [&] {
         moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_,
                   moe_prenorm_ ? nullptr : x, lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(),
-                  moe_wide_, moe_early_scale_);
+                  moe_wide_);
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)

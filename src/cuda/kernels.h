@@ -320,11 +320,10 @@ struct ExpertRange {
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held = {}, bool wide = false, bool early_scale = false);
+               ExpertRange held = {}, bool wide = false);
 // (E <= 256, K <= 32: the top K by every expert's rank in one pass. wide: MARKBASE_CUDA_MOE_WIDE, default
 // on, n == 1, H <= 4096: 1024 threads, x and the logits loaded in one batch, the logits through shared
-// memory. early_scale, with wide: MARKBASE_CUDA_MOE_EARLY_SCALE, the per-expert scales staged in shared
-// memory before the PDL wait.)
+// memory.)
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});

@@ -38,10 +38,8 @@ __device__ __forceinline__ int held_index(int e, ExpertRange held) {
 // warp, whose lane 0 wrote each id to global memory and read it back before loading its scale; the same ids
 // and weights.
 constexpr int kRankMaxK = 32;
-// spes: the per-expert scales already in shared memory (route_wide_kernel's early_scale), else null.
 __device__ void route_ranks(float* p, int E, int K, const bf16* pes, int* ids, float* w, bool slot_groups,
-                            int* group_expert, int* group_off, int* entries, ExpertRange held,
-                            const float* spes = nullptr) {
+                            int* group_expert, int* group_off, int* entries, ExpertRange held) {
     __shared__ float top_p[kRankMaxK];
     __shared__ int top_id[kRankMaxK];
     const int t = threadIdx.x, lane = t & 31;
@@ -80,7 +78,7 @@ __device__ void route_ranks(float* p, int E, int K, const bf16* pes, int* ids, f
         for (int k = 0; k < K; ++k) top_sum += top_p[k];  // largest first
         const int id = top_id[t];
         ids[t] = id;
-        w[t] = top_p[t] / top_sum * (spes ? spes[id] : bf16_at(pes, id));
+        w[t] = top_p[t] / top_sum * bf16_at(pes, id);
         if (slot_groups) {
             group_expert[t] = held_index(id, held);
             group_off[t] = t;
@@ -127,19 +125,14 @@ __global__ void __launch_bounds__(kWideThreads)
     route_wide_kernel(const float* logits, int E, int K, const bf16* pes, int* sel_id, float* sel_w,
                       int* group_expert, int* group_off, int* entries, const float* __restrict__ x,
                       const bf16* __restrict__ norm_w, int H, float eps, float* __restrict__ e_in,
-                      ExpertRange held, bool early_scale) {
-    extern __shared__ float p[];  // [E]: the logits, then their probabilities; early_scale: [E] the scales
+                      ExpertRange held) {
+    extern __shared__ float p[];  // [E]: the logits, then their probabilities
     __shared__ float red[32];
-    // early_scale (MARKBASE_CUDA_MOE_EARLY_SCALE): the per-expert scales, a constant, staged before the PDL
-    // wait; without it the chosen slots load theirs after the ranking, one more dependent load (from DRAM:
-    // each layer's 256 bytes are read once per token)
-    float* spes = early_scale ? p + E : nullptr;
-    if (spes && threadIdx.x < E) spes[threadIdx.x] = bf16_at(pes, threadIdx.x);
     pdl_begin();
     if (threadIdx.x < E) p[threadIdx.x] = logits[threadIdx.x];
     if (!x) {             // e_in written by the update before the router (MARKBASE_CUDA_MOE_PRENORM)
-        __syncthreads();  // publishes p (and spes)
-        route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held, spes);
+        __syncthreads();  // publishes p
+        route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
         return;
     }
     float xv[kWidePer], wv[kWidePer];
@@ -158,7 +151,7 @@ __global__ void __launch_bounds__(kWideThreads)
         const int k = threadIdx.x + j * kWideThreads;
         if (k < H) e_in[k] = xv[j] * inv * wv[j];
     }
-    route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held, spes);
+    route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
 }
 
 __global__ void bucket_kernel(const int* sel_id, int total, int E, int* group_expert, int* group_off,
@@ -470,14 +463,13 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_scale, int* sel_id,
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
-               ExpertRange held, bool wide, bool early_scale) {
+               ExpertRange held, bool wide) {
     if (E > 256 || K > kRankMaxK)
         throw Error("internal: routing takes at most 256 experts and top-" + std::to_string(kRankMaxK));
     if (wide && n == 1 && groups_for_slots && H <= kWideThreads * kWidePer && E <= kWideThreads) {
-        launch_kernel(route_wide_kernel, dim3(1), dim3(kWideThreads),
-                      static_cast<size_t>(early_scale ? 2 * E : E) * sizeof(float), s, logits, E, K,
-                      per_expert_scale, sel_id, sel_w, group_expert, group_off, entries, x, norm_w, H, eps,
-                      e_in, held, early_scale);
+        launch_kernel(route_wide_kernel, dim3(1), dim3(kWideThreads), static_cast<size_t>(E) * sizeof(float),
+                      s, logits, E, K, per_expert_scale, sel_id, sel_w, group_expert, group_off, entries, x,
+                      norm_w, H, eps, e_in, held);
         CUDA_CHECK_LAUNCH();
         return;
     }
