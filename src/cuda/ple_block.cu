@@ -1,0 +1,273 @@
+// The end of a PLE layer (E2B, E4B) at one token in one launch, by one thread-block cluster (GEMMA4.md 2.4):
+//   x1 = (x + RMSNorm(m) * post_ffn_norm) * ffn_scale          the FFN's residual update (m = down's output)
+//   g  = gelu(per_layer_input_gate @ x1) * PLE_i              [P]
+//   y  = per_layer_projection @ g                               [H]
+//   x2 = (x1 + RMSNorm(y) * post_per_layer_input_norm) * layer_scalar
+//   xn = RMSNorm(x2) * next_w                                   the next GEMV's normalised input (PRENORM)
+// The dense path runs this as four launches (the update, the gate GEMV, the projection GEMV, the update),
+// each a whole-grid phase of ~2-3 us on the H200 for 1.6-2.6 MB of weights. Here the C blocks of one cluster
+// (C = 16 where the GPU schedules it, else 8) each own P / C gate rows and H / C projection rows; their
+// weights (the whole PLE block: 1.6 MB on E2B, 2.6 MB on E4B), x and the norm weight are copied into shared
+// memory by cp.async before the PDL wait, so only m is read after it. The gate's outputs are exchanged
+// through distributed shared memory and the two sums of squares that the norms need are summed over the
+// cluster the same way: three cluster barriers instead of three launch boundaries.
+#include <cooperative_groups.h>
+
+#include <cmath>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kPleThreads = 512;
+
+// Shared memory of one block, in 16-byte units: gate rows [P/C][H] and projection rows [H/C][P] (bf16), the
+// FFN norm weight [H] (as fp32), x then x1 [H], the gathered g [P], this block's gate outputs and PLE_i
+// values [P/C], its projection outputs and both norm weights of its rows [H/C] each, and the two cluster
+// partial sums.
+struct PleLayout {
+    int rg, rp;                                                  // gate and projection rows of a block
+    int wg, wp, wf, x1, gall, gpart, pl, ys, pw, nw, part, end;  // offsets in uint4
+};
+__host__ __device__ inline PleLayout ple_layout(int H, int P, int C) {
+    PleLayout l;
+    l.rg = P / C;
+    l.rp = H / C;
+    const int g4 = (l.rg + 3) / 4, p4 = (l.rp + 3) / 4;
+    l.wg = 0;
+    l.wp = l.wg + l.rg * H / 8;
+    l.wf = l.wp + l.rp * P / 8;
+    l.x1 = l.wf + H / 4;
+    l.gall = l.x1 + H / 4;
+    l.gpart = l.gall + P / 4;
+    l.pl = l.gpart + g4;
+    l.ys = l.pl + g4;
+    l.pw = l.ys + p4;
+    l.nw = l.pw + p4;
+    l.part = l.nw + p4;
+    l.end = l.part + 1;
+    return l;
+}
+
+__global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBlockArgs a) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    constexpr int kPleWarps = kPleThreads / 32;
+    auto cp_async16 = [](uint4* smem, const uint4* gmem) {
+        const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+    };
+    extern __shared__ uint4 sm[];
+    const cg::cluster_group cl = cg::this_cluster();
+    const int C = static_cast<int>(cl.num_blocks()), b = static_cast<int>(cl.block_rank());
+    const int H = a.H, P = a.P, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const PleLayout L = ple_layout(H, P, C);
+    uint4* wg = sm + L.wg;
+    uint4* wp = sm + L.wp;
+    float* wf = reinterpret_cast<float*>(sm + L.wf);
+    float4* x14 = reinterpret_cast<float4*>(sm + L.x1);
+    float* x1 = reinterpret_cast<float*>(x14);
+    float* gall = reinterpret_cast<float*>(sm + L.gall);
+    float* gpart = reinterpret_cast<float*>(sm + L.gpart);
+    float* pl = reinterpret_cast<float*>(sm + L.pl);
+    float* ys = reinterpret_cast<float*>(sm + L.ys);
+    float* pw = reinterpret_cast<float*>(sm + L.pw);
+    float* nw = reinterpret_cast<float*>(sm + L.nw);
+    float* part = reinterpret_cast<float*>(sm + L.part);
+    __shared__ float red[32];
+    // the sum over the cluster's blocks of each block's part[i], in rank order; every warp computes it itself
+    // (the same in every block and lane: the butterfly's partners add the same two values)
+    auto cluster_total = [&](int i) {
+        float v = 0.0f;
+        if (lane < C) v = cl.map_shared_rank(part, lane)[i];
+        return warp_sum(v);
+    };
+
+    // Before the wait: everything but m. The weights are constants; x was last written by the attention's
+    // update (two launches back: this launch starts only once down, the one before, has passed its own wait),
+    // PLE_i by ple_mix at the start of the step. The norm weights (bf16, not necessarily 16-byte aligned) and
+    // PLE_i go through registers into shared memory: the stores keep the loads above the wait.
+    {
+        const uint4* gsrc = reinterpret_cast<const uint4*>(a.gate + static_cast<int64_t>(b) * L.rg * H);
+        for (int i = tid; i < L.rg * H / 8; i += kPleThreads) cp_async16(wg + i, gsrc + i);
+        const uint4* psrc = reinterpret_cast<const uint4*>(a.proj + static_cast<int64_t>(b) * L.rp * P);
+        for (int i = tid; i < L.rp * P / 8; i += kPleThreads) cp_async16(wp + i, psrc + i);
+        const uint4* xsrc = reinterpret_cast<const uint4*>(a.x);
+        for (int i = tid; i < H / 4; i += kPleThreads) cp_async16(sm + L.x1 + i, xsrc + i);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        for (int k = tid; k < H; k += kPleThreads) wf[k] = bf16_at(a.ffn_w, k);
+        for (int r = tid; r < L.rg; r += kPleThreads) pl[r] = a.ple[b * L.rg + r];
+        for (int r = tid; r < L.rp; r += kPleThreads) {
+            pw[r] = bf16_at(a.post_w, b * L.rp + r);
+            nw[r] = bf16_at(a.next_w, b * L.rp + r);
+        }
+    }
+    pdl_begin();
+
+    // x1 = (x + RMSNorm(m) * ffn_w) * ffn_scale, the whole vector in every block (as residual_wide_kernel)
+    const float4* m4 = reinterpret_cast<const float4*>(a.m);
+    constexpr int kMaxM4 = 4;  // H <= 4 * 4 * kPleThreads
+    float4 mv[kMaxM4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxM4; ++j) {
+        const int i = tid + j * kPleThreads;
+        mv[j] = i < H / 4 ? __ldcg(m4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss = fmaf(mv[j].x, mv[j].x, ss);
+        ss = fmaf(mv[j].y, mv[j].y, ss);
+        ss = fmaf(mv[j].z, mv[j].z, ss);
+        ss = fmaf(mv[j].w, mv[j].w, ss);
+    }
+    const float inv_m = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(H) + a.eps);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    const float4* wf4 = reinterpret_cast<const float4*>(wf);
+#pragma unroll
+    for (int j = 0; j < kMaxM4; ++j) {
+        const int i = tid + j * kPleThreads;
+        if (i < H / 4) {
+            const float4 w = wf4[i];
+            float4 x = x14[i];
+            x.x = (x.x + mv[j].x * inv_m * w.x) * a.ffn_scale;
+            x.y = (x.y + mv[j].y * inv_m * w.y) * a.ffn_scale;
+            x.z = (x.z + mv[j].z * inv_m * w.z) * a.ffn_scale;
+            x.w = (x.w + mv[j].w * inv_m * w.w) * a.ffn_scale;
+            x14[i] = x;
+        }
+    }
+    __syncthreads();
+
+    // this block's gate rows: a warp per row, gelu(row . x1) * PLE_i
+    for (int r = warp; r < L.rg; r += kPleWarps) {
+        const uint4* wr = wg + r * (H / 8);
+        float s = 0.0f;
+        for (int c = lane; c < H / 8; c += 32) s += dot8(wr[c], x14[2 * c], x14[2 * c + 1]);
+        s = warp_sum(s);
+        if (lane == 0) gpart[r] = gelu_tanh(s) * pl[r];
+    }
+    cl.sync();  // every block's gate outputs are written
+    for (int t = tid; t < P; t += kPleThreads) gall[t] = cl.map_shared_rank(gpart, t / L.rg)[t % L.rg];
+    __syncthreads();
+
+    // this block's projection rows: a warp per row, y[r] = row . g; their sum of squares over the cluster
+    float sq = 0.0f;
+    for (int r = warp; r < L.rp; r += kPleWarps) {
+        const uint4* wr = wp + r * (P / 8);
+        const float4* g4 = reinterpret_cast<const float4*>(gall);
+        float s = 0.0f;
+        for (int c = lane; c < P / 8; c += 32) s += dot8(wr[c], g4[2 * c], g4[2 * c + 1]);
+        s = warp_sum(s);
+        if (lane == 0) {
+            ys[r] = s;
+            sq = fmaf(s, s, sq);
+        }
+    }
+    sq = block_sum(sq, red);  // (ends with a barrier: ys is complete)
+    if (tid == 0) part[0] = sq;
+    cl.sync();
+    const float inv_y = 1.0f / sqrtf(cluster_total(0) / static_cast<float>(H) + a.eps);
+
+    // x2 = (x1 + RMSNorm(y) * post_w) * layer_scale on this block's rows, then the norm of x2 for xn
+    const int k0 = b * L.rp;
+    float s2 = 0.0f;
+    for (int r = tid; r < L.rp; r += kPleThreads) {
+        const float v = (x1[k0 + r] + ys[r] * inv_y * pw[r]) * a.layer_scale;
+        ys[r] = v;
+        s2 = fmaf(v, v, s2);
+    }
+    s2 = block_sum(s2, red);
+    if (tid == 0) part[1] = s2;
+    cl.sync();
+    const float inv_x = 1.0f / sqrtf(cluster_total(1) / static_cast<float>(H) + a.eps);
+    // the last read of another block's shared memory is done: arrive, and wait only before exiting (a block's
+    // shared memory must outlive the other blocks' reads of it)
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    for (int r = tid; r < L.rp; r += kPleThreads) {
+        const float v = ys[r];
+        a.x[k0 + r] = v;  // in place: every block copied x into its shared memory before the first barrier
+        a.xn[k0 + r] = v * inv_x * nw[r];
+    }
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    (void)a;
+    __trap();  // the host enables this kernel on compute capability 9.0 and above only
+#endif
+}
+
+size_t ple_smem_bytes(int H, int P, int C) {
+    return static_cast<size_t>(ple_layout(H, P, C).end) * 16;
+}
+
+}  // namespace
+
+int ple_block_cluster(int H, int P) {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 9 || H <= 0 || P <= 0 || H % 8 || P % 8 || H > 16 * kPleThreads) return 0;
+    int smem_max = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    for (const int C : {16, 8}) {
+        if (H % C || P % C) continue;
+        const size_t smem = ple_smem_bytes(H, P, C);
+        if (smem + 1024 > static_cast<size_t>(smem_max)) continue;
+        CUDA_CHECK(cudaFuncSetAttribute(ple_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+        if (C > 8)
+            CUDA_CHECK(
+                cudaFuncSetAttribute(ple_block_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(C);
+        cfg.blockDim = dim3(kPleThreads);
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = C;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, ple_block_kernel, &cfg) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+        }
+        if (clusters > 0) return C;
+    }
+    return 0;
+}
+
+void ple_block(const PleBlockArgs& a, int C, cudaStream_t s) {
+    if (C <= 0 || a.H % C || a.P % C || a.H % 8 || a.P % 8)
+        throw Error("internal: ple_block with H " + std::to_string(a.H) + ", P " + std::to_string(a.P) +
+                    " and a cluster of " + std::to_string(C));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(C);
+    cfg.blockDim = dim3(kPleThreads);
+    cfg.dynamicSmemBytes = ple_smem_bytes(a.H, a.P, C);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    int n = 1;
+    if (pdl_enabled()) {
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        n = 2;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, ple_block_kernel, a));
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace markbase::cuda
