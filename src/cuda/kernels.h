@@ -243,7 +243,13 @@ struct PleBlockArgs {
     float* xn = nullptr;           // [H]
     int H = 0, P = 0;
     float eps = 1e-6f;
+    // lab_mode 2 copies the weights by cp.async.bulk instead of per-thread cp.async (also
+    // MARKBASE_CUDA_PLE_CLUSTER=2); 1 skips them (wrong output: the kernel test's timeline only). lab_trace
+    // (that timeline), when set, gets each block's clock at kPleTracePoints checkpoints ([cluster][points]).
+    int lab_mode = 0;
+    long long* lab_trace = nullptr;
 };
+constexpr int kPleTracePoints = 11;
 // The cluster size ple_block runs with on this device for these widths (16, else 8), or 0 where it cannot
 // (compute capability below 9.0, widths that do not divide, or shared memory too small).
 int ple_block_cluster(int H, int P);

@@ -82,6 +82,12 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
     float* nw = reinterpret_cast<float*>(sm + L.nw);
     float* part = reinterpret_cast<float*>(sm + L.part);
     __shared__ float red[32];
+    __shared__ uint64_t bar;  // lab_mode 2: the bulk copies' completion
+    const long long t0 = clock64();
+    // lab_trace: block b's clock (cycles since its start) at checkpoint k, by thread 0
+    auto trace = [&](int k) {
+        if (a.lab_trace && tid == 0) a.lab_trace[b * kPleTracePoints + k] = clock64() - t0;
+    };
     // the sum over the cluster's blocks of each block's part[i], in rank order; every warp computes it itself
     // (the same in every block and lane: the butterfly's partners add the same two values)
     auto cluster_total = [&](int i) {
@@ -96,12 +102,40 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
     // PLE_i go through registers into shared memory: the stores keep the loads above the wait.
     {
         const uint4* gsrc = reinterpret_cast<const uint4*>(a.gate + static_cast<int64_t>(b) * L.rg * H);
-        for (int i = tid; i < L.rg * H / 8; i += kPleThreads) cp_async16(wg + i, gsrc + i);
         const uint4* psrc = reinterpret_cast<const uint4*>(a.proj + static_cast<int64_t>(b) * L.rp * P);
-        for (int i = tid; i < L.rp * P / 8; i += kPleThreads) cp_async16(wp + i, psrc + i);
         const uint4* xsrc = reinterpret_cast<const uint4*>(a.x);
-        for (int i = tid; i < H / 4; i += kPleThreads) cp_async16(sm + L.x1 + i, xsrc + i);
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (a.lab_mode == 2) {  // bulk copies by one thread, in pieces of <= 32 KB, completing on `bar`
+            if (tid == 0) {
+                const unsigned bytes_g = L.rg * H * 2u, bytes_p = L.rp * P * 2u, bytes_x = H * 4u;
+                const unsigned bar_s = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_s) : "memory");
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_s),
+                             "r"(bytes_g + bytes_p + bytes_x)
+                             : "memory");
+                auto bulk = [&](void* dst, const void* src, unsigned bytes) {
+                    for (unsigned o = 0; o < bytes; o += 32768u) {
+                        const unsigned n = bytes - o < 32768u ? bytes - o : 32768u;
+                        const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst)) + o;
+                        asm volatile(
+                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                            "%2, "
+                            "[%3];" ::"r"(d),
+                            "l"(static_cast<const char*>(src) + o), "r"(n), "r"(bar_s)
+                            : "memory");
+                    }
+                };
+                bulk(wg, gsrc, bytes_g);
+                bulk(wp, psrc, bytes_p);
+                bulk(sm + L.x1, xsrc, bytes_x);
+            }
+        } else {
+            if (a.lab_mode != 1) {  // 1: the weights are not loaded (the lab's timeline only; wrong output)
+                for (int i = tid; i < L.rg * H / 8; i += kPleThreads) cp_async16(wg + i, gsrc + i);
+                for (int i = tid; i < L.rp * P / 8; i += kPleThreads) cp_async16(wp + i, psrc + i);
+            }
+            for (int i = tid; i < H / 4; i += kPleThreads) cp_async16(sm + L.x1 + i, xsrc + i);
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
         for (int k = tid; k < H; k += kPleThreads) wf[k] = bf16_at(a.ffn_w, k);
         for (int r = tid; r < L.rg; r += kPleThreads) pl[r] = a.ple[b * L.rg + r];
         for (int r = tid; r < L.rp; r += kPleThreads) {
@@ -109,7 +143,9 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
             nw[r] = bf16_at(a.next_w, b * L.rp + r);
         }
     }
+    trace(0);
     pdl_begin();
+    trace(1);
 
     // x1 = (x + RMSNorm(m) * ffn_w) * ffn_scale, the whole vector in every block (as residual_wide_kernel)
     const float4* m4 = reinterpret_cast<const float4*>(a.m);
@@ -126,8 +162,25 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
         ss = fmaf(mv[j].w, mv[j].w, ss);
     }
     const float inv_m = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(H) + a.eps);
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    trace(2);
+    if (a.lab_mode == 2) {
+        const unsigned bar_s = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
+        for (;;) {
+            unsigned ok;
+            asm volatile(
+                "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, "
+                "0, "
+                "p;\n}\n"
+                : "=r"(ok)
+                : "r"(bar_s)
+                : "memory");
+            if (ok) break;
+        }
+    } else {
+        asm volatile("cp.async.wait_all;" ::: "memory");
+    }
     __syncthreads();
+    trace(3);
     const float4* wf4 = reinterpret_cast<const float4*>(wf);
 #pragma unroll
     for (int j = 0; j < kMaxM4; ++j) {
@@ -152,7 +205,9 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
         s = warp_sum(s);
         if (lane == 0) gpart[r] = gelu_tanh(s) * pl[r];
     }
+    trace(4);
     cl.sync();  // every block's gate outputs are written
+    trace(5);
     for (int t = tid; t < P; t += kPleThreads) gall[t] = cl.map_shared_rank(gpart, t / L.rg)[t % L.rg];
     __syncthreads();
 
@@ -171,7 +226,9 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
     }
     sq = block_sum(sq, red);  // (ends with a barrier: ys is complete)
     if (tid == 0) part[0] = sq;
+    trace(6);
     cl.sync();
+    trace(7);
     const float inv_y = 1.0f / sqrtf(cluster_total(0) / static_cast<float>(H) + a.eps);
 
     // x2 = (x1 + RMSNorm(y) * post_w) * layer_scale on this block's rows, then the norm of x2 for xn
@@ -184,7 +241,9 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
     }
     s2 = block_sum(s2, red);
     if (tid == 0) part[1] = s2;
+    trace(8);
     cl.sync();
+    trace(9);
     const float inv_x = 1.0f / sqrtf(cluster_total(1) / static_cast<float>(H) + a.eps);
     // the last read of another block's shared memory is done: arrive, and wait only before exiting (a block's
     // shared memory must outlive the other blocks' reads of it)
@@ -195,6 +254,7 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
         a.xn[k0 + r] = v * inv_x * nw[r];
     }
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    trace(10);
 #else
     (void)a;
     __trap();  // the host enables this kernel on compute capability 9.0 and above only

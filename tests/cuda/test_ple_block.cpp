@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/bf16.h"
@@ -63,7 +64,7 @@ double gelu_tanh(double x) {
     return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
-void check_widths(int H, int P, int want_cluster) {
+void check_widths(int H, int P, int want_cluster, int mode = 0) {
     const int C = cuda::ple_block_cluster(H, P);
     ASSERT_EQ(C, want_cluster) << "cluster size at H " << H << ", P " << P;
     std::mt19937 rng(static_cast<unsigned>(H * 31 + P));
@@ -91,6 +92,7 @@ void check_widths(int H, int P, int want_cluster) {
     a.H = H;
     a.P = P;
     a.eps = eps;
+    a.lab_mode = mode;
     cuda::ple_block(a, C, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto got_x = dx.get(H), got_xn = dxn.get(H);
@@ -121,8 +123,8 @@ void check_widths(int H, int P, int want_cluster) {
         mag_x = std::max(mag_x, std::abs(x2[k]));
         mag_xn = std::max(mag_xn, std::abs(xn));
     }
-    std::printf("  H %d, P %d, cluster %d: max rel err x %.2e, xn %.2e\n", H, P, C, err_x / mag_x,
-                err_xn / mag_xn);
+    std::printf("  H %d, P %d, cluster %d, copies %s: max rel err x %.2e, xn %.2e\n", H, P, C,
+                mode == 2 ? "bulk" : "cp.async", err_x / mag_x, err_xn / mag_xn);
     EXPECT_LT(err_x / mag_x, 1e-5);
     EXPECT_LT(err_xn / mag_xn, 1e-5);
 }
@@ -139,10 +141,93 @@ TEST(CudaPleBlock, MatchesTheHostAtRealAndTinyWidths) {
     GTEST_SKIP() << "no CUDA device: this build has no CUDA backend (MARKBASE_CUDA off or nvcc missing)";
 #else
     REQUIRE_GPU();
-    check_widths(1536, 256, 16);  // E2B
-    check_widths(2560, 256, 16);  // E4B
-    check_widths(72, 16, 8);      // the tiny E2B
-    check_widths(88, 16, 8);      // the tiny E4B
+    check_widths(1536, 256, 16);     // E2B
+    check_widths(2560, 256, 16);     // E4B
+    check_widths(72, 16, 8);         // the tiny E2B
+    check_widths(88, 16, 8);         // the tiny E4B
+    check_widths(1536, 256, 16, 2);  // the bulk copies of the timeline's lab_mode 2
+    check_widths(72, 16, 8, 2);
+#endif
+}
+
+// Where a launch's time goes (not a check; run with --gtest_also_run_disabled_tests): each block's clock at
+// the kernel's checkpoints, medians of 21 launches one at a time, and launches back to back; with the
+// weights copied by cp.async (mode 0), not at all (1: wrong output, the chain alone) and by cp.async.bulk
+// (2).
+TEST(CudaPleBlock, DISABLED_Timeline) {
+#ifdef MARKBASE_HAS_CUDA
+    REQUIRE_GPU();
+    int khz = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0), cudaSuccess);
+    const char* names[cuda::kPleTracePoints] = {"copies issued", "PDL wait",  "m summed",  "copies landed",
+                                                "gate rows",     "barrier 1", "proj rows", "barrier 2",
+                                                "x2 summed",     "barrier 3", "stores"};
+    for (const auto& [H, P] : {std::pair{1536, 256}, std::pair{2560, 256}}) {
+        const int C = cuda::ple_block_cluster(H, P);
+        ASSERT_GT(C, 0);
+        std::mt19937 rng(3);
+        DeviceBuf<float> dx(random_f32(H, 1.0f, rng)), dm(random_f32(H, 1.0f, rng)),
+            dple(random_f32(P, 1.0f, rng));
+        DeviceBuf<float> dxn(std::vector<float>(H, 0.0f));
+        DeviceBuf<bf16> dw(random_bf16(H, 1.0f, rng)),
+            dgate(random_bf16(static_cast<size_t>(P) * H, 0.05f, rng));
+        DeviceBuf<bf16> dproj(random_bf16(static_cast<size_t>(H) * P, 0.05f, rng));
+        DeviceBuf<long long> dtrace(
+            std::vector<long long>(static_cast<size_t>(C) * cuda::kPleTracePoints, 0));
+        for (int mode : {0, 1, 2}) {
+            cuda::PleBlockArgs a;
+            a.x = dx.p;
+            a.m = dm.p;
+            a.ffn_w = a.post_w = a.next_w = dw.p;
+            a.gate = dgate.p;
+            a.ple = dple.p;
+            a.proj = dproj.p;
+            a.xn = dxn.p;
+            a.H = H;
+            a.P = P;
+            a.lab_mode = mode;
+            a.lab_trace = dtrace.p;
+            std::vector<std::vector<double>> b0(cuda::kPleTracePoints), mx(cuda::kPleTracePoints);
+            for (int rep = 0; rep < 24; ++rep) {
+                cuda::ple_block(a, C, nullptr);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                if (rep < 3) continue;
+                const auto t = dtrace.get(static_cast<size_t>(C) * cuda::kPleTracePoints);
+                for (int k = 0; k < cuda::kPleTracePoints; ++k) {
+                    double m = 0;
+                    for (int c = 0; c < C; ++c)
+                        m = std::max(m, static_cast<double>(t[c * cuda::kPleTracePoints + k]));
+                    b0[k].push_back(static_cast<double>(t[k]) / khz * 1e3);
+                    mx[k].push_back(m / khz * 1e3);
+                }
+            }
+            a.lab_trace = nullptr;
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            cudaEventRecord(e0);
+            for (int rep = 0; rep < 200; ++rep) cuda::ple_block(a, C, nullptr);
+            cudaEventRecord(e1);
+            ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+            std::printf("  H %d, P %d, cluster %d, mode %d (%s): %.2f us per launch back to back\n", H, P, C,
+                        mode,
+                        mode == 0   ? "cp.async"
+                        : mode == 1 ? "no weights"
+                                    : "bulk",
+                        ms * 1e3 / 200);
+            auto median = [](std::vector<double> v) {
+                std::sort(v.begin(), v.end());
+                return v[v.size() / 2];
+            };
+            for (int k = 0; k < cuda::kPleTracePoints; ++k)
+                std::printf("    %-14s block 0 %6.2f us, slowest block %6.2f us\n", names[k], median(b0[k]),
+                            median(mx[k]));
+        }
+    }
 #endif
 }
 
