@@ -211,15 +211,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
         // the PLE block as one cluster launch where prenorm_ defers the dense updates (residual()); off on a
         // device or at widths where ple_block_cluster finds no cluster
-        // (2: its weights copied by cp.async.bulk instead of per-thread cp.async)
-        if (const char* e = std::getenv("MARKBASE_CUDA_PLE_CLUSTER")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 && std::strcmp(e, "2") != 0)
-                throw Error(std::string("MARKBASE_CUDA_PLE_CLUSTER=") + e + ": expected 0, 1 or 2");
-            if (e[0] != '0' && P && prenorm_ && residual_launch_ && !c_.moe) {
-                ple_cluster_ = ple_block_cluster(H, P);
-                ple_bulk_ = e[0] == '2';
-            }
-        }
+        if (env_flag("MARKBASE_CUDA_PLE_CLUSTER", false) && P && prenorm_ && residual_launch_ && !c_.moe)
+            ple_cluster_ = ple_block_cluster(H, P);
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
         // session 9's H200 A/B: 26B-A4B -4.4%, E2B -1.3%, 31B -0.9%, E4B +0.3% (bit-identical sums)

@@ -294,8 +294,7 @@ class CudaModel {
     // the PLE gate and projection and the PLE update as one cluster launch (ple_block.cu); the cluster size,
     // 0 = off
     int ple_cluster_ = 0;
-    bool ple_bulk_ = false;  // MARKBASE_CUDA_PLE_CLUSTER=2: PleBlockArgs.lab_mode 2 (bulk copies)
-    float* xn_ = nullptr;    // [H]
+    float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
     bool gemv_lean8_ = false;            // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8

@@ -319,7 +319,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         b.H = H;
         b.P = c_.ple_dim;
         b.eps = eps;
-        b.lab_mode = ple_bulk_ ? 2 : 0;
         pending_ = {};
         run(pf, "ple_block", i, 2 * wbytes(c_.ple_dim, H), [&] { ple_block(b, ple_cluster_, stream_); });
         xn_for_ = b.next_w;

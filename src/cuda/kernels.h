@@ -243,9 +243,9 @@ struct PleBlockArgs {
     float* xn = nullptr;           // [H]
     int H = 0, P = 0;
     float eps = 1e-6f;
-    // lab_mode 2 copies the weights by cp.async.bulk instead of per-thread cp.async (also
-    // MARKBASE_CUDA_PLE_CLUSTER=2); 1 skips them (wrong output: the kernel test's timeline only). lab_trace
-    // (that timeline), when set, gets each block's clock at kPleTracePoints checkpoints ([cluster][points]).
+    // The kernel test's timeline (tests/cuda/test_ple_block.cpp), never set by the model: lab_mode 2 copies
+    // the weights by per-thread cp.async instead of cp.async.bulk, 1 skips them (wrong output); lab_trace,
+    // when set, gets each block's clock at kPleTracePoints checkpoints ([cluster][points]).
     int lab_mode = 0;
     long long* lab_trace = nullptr;
 };

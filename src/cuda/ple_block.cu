@@ -7,10 +7,11 @@
 // The dense path runs this as four launches (the update, the gate GEMV, the projection GEMV, the update),
 // each a whole-grid phase of ~2-3 us on the H200 for 1.6-2.6 MB of weights. Here the C blocks of one cluster
 // (C = 16 where the GPU schedules it, else 8) each own P / C gate rows and H / C projection rows; their
-// weights (the whole PLE block: 1.6 MB on E2B, 2.6 MB on E4B), x and the norm weight are copied into shared
-// memory by cp.async before the PDL wait, so only m is read after it. The gate's outputs are exchanged
-// through distributed shared memory and the two sums of squares that the norms need are summed over the
-// cluster the same way: three cluster barriers instead of three launch boundaries.
+// weights (the whole PLE block: 1.6 MB on E2B, 2.6 MB on E4B), x and the norm weights are copied into shared
+// memory before the PDL wait, so only m is read after it. Each block pushes its gate outputs, and its
+// partials of the two sums of squares that the norms need, into every block's shared memory (remote stores,
+// no remote loads), each exchange closed by a cluster barrier: three barriers instead of three launch
+// boundaries.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -30,12 +31,12 @@ namespace cg = cooperative_groups;
 constexpr int kPleThreads = 512;
 
 // Shared memory of one block, in 16-byte units: gate rows [P/C][H] and projection rows [H/C][P] (bf16), the
-// FFN norm weight [H] (as fp32), x then x1 [H], the gathered g [P], this block's gate outputs and PLE_i
-// values [P/C], its projection outputs and both norm weights of its rows [H/C] each, and the two cluster
-// partial sums.
+// FFN norm weight [H] (as fp32), x then x1 [H], g [P] (every block's gate outputs, pushed by their owners),
+// PLE_i of this block's gate rows [P/C], and its projection outputs and both norm weights of its rows [H/C]
+// each.
 struct PleLayout {
-    int rg, rp;                                                  // gate and projection rows of a block
-    int wg, wp, wf, x1, gall, gpart, pl, ys, pw, nw, part, end;  // offsets in uint4
+    int rg, rp;                                     // gate and projection rows of a block
+    int wg, wp, wf, x1, gall, pl, ys, pw, nw, end;  // offsets in uint4
 };
 __host__ __device__ inline PleLayout ple_layout(int H, int P, int C) {
     PleLayout l;
@@ -47,24 +48,25 @@ __host__ __device__ inline PleLayout ple_layout(int H, int P, int C) {
     l.wf = l.wp + l.rp * P / 8;
     l.x1 = l.wf + H / 4;
     l.gall = l.x1 + H / 4;
-    l.gpart = l.gall + P / 4;
-    l.pl = l.gpart + g4;
+    l.pl = l.gall + P / 4;
     l.ys = l.pl + g4;
     l.pw = l.ys + p4;
     l.nw = l.pw + p4;
-    l.part = l.nw + p4;
-    l.end = l.part + 1;
+    l.end = l.nw + p4;
     return l;
 }
 
+constexpr int kMaxCluster = 16;
+constexpr int kMaxRowsPerThread = 2;  // H / C <= 2 * kPleThreads
+
 __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBlockArgs a) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    constexpr int kPleWarps = kPleThreads / 32;
-    auto cp_async16 = [](uint4* smem, const uint4* gmem) {
-        const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-    };
+    constexpr int kW = kPleThreads / 32;
     extern __shared__ uint4 sm[];
+    // Static shared memory sits at the same offset in every block, which the pushes below rely on.
+    __shared__ float wred[3][kW];            // the warps' partials of the three local sums of squares
+    __shared__ float cpart[2][kMaxCluster];  // every block's partial of the y and x2 sums, pushed into slot b
+    __shared__ uint64_t bar;                 // the bulk copies' completion
     const cg::cluster_group cl = cg::this_cluster();
     const int C = static_cast<int>(cl.num_blocks()), b = static_cast<int>(cl.block_rank());
     const int H = a.H, P = a.P, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -75,39 +77,32 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
     float4* x14 = reinterpret_cast<float4*>(sm + L.x1);
     float* x1 = reinterpret_cast<float*>(x14);
     float* gall = reinterpret_cast<float*>(sm + L.gall);
-    float* gpart = reinterpret_cast<float*>(sm + L.gpart);
     float* pl = reinterpret_cast<float*>(sm + L.pl);
     float* ys = reinterpret_cast<float*>(sm + L.ys);
     float* pw = reinterpret_cast<float*>(sm + L.pw);
     float* nw = reinterpret_cast<float*>(sm + L.nw);
-    float* part = reinterpret_cast<float*>(sm + L.part);
-    __shared__ float red[32];
-    __shared__ uint64_t bar;  // lab_mode 2: the bulk copies' completion
+    const unsigned bar_s = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
     const long long t0 = clock64();
     // lab_trace: block b's clock (cycles since its start) at checkpoint k, by thread 0
     auto trace = [&](int k) {
         if (a.lab_trace && tid == 0) a.lab_trace[b * kPleTracePoints + k] = clock64() - t0;
     };
-    // the sum over the cluster's blocks of each block's part[i], in rank order; every warp computes it itself
-    // (the same in every block and lane: the butterfly's partners add the same two values)
-    auto cluster_total = [&](int i) {
-        float v = 0.0f;
-        if (lane < C) v = cl.map_shared_rank(part, lane)[i];
-        return warp_sum(v);
-    };
+    // Cluster barriers, split: arrive (release: this block's pushes are visible) and wait (acquire).
+    auto arrive = [] { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); };
+    auto wait = [] { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); };
 
-    // Before the wait: everything but m. The weights are constants; x was last written by the attention's
+    // Before the PDL wait: everything but m. The weights are constants; x was last written by the attention's
     // update (two launches back: this launch starts only once down, the one before, has passed its own wait),
-    // PLE_i by ple_mix at the start of the step. The norm weights (bf16, not necessarily 16-byte aligned) and
-    // PLE_i go through registers into shared memory: the stores keep the loads above the wait.
+    // PLE_i by ple_mix at the start of the step. One thread copies the weight rows and x by cp.async.bulk (32
+    // KB pieces, completing on `bar`); the norm weights (bf16, not necessarily 16-byte aligned) and PLE_i go
+    // through registers into shared memory, whose stores keep those loads above the wait.
     {
         const uint4* gsrc = reinterpret_cast<const uint4*>(a.gate + static_cast<int64_t>(b) * L.rg * H);
         const uint4* psrc = reinterpret_cast<const uint4*>(a.proj + static_cast<int64_t>(b) * L.rp * P);
         const uint4* xsrc = reinterpret_cast<const uint4*>(a.x);
-        if (a.lab_mode == 2) {  // bulk copies by one thread, in pieces of <= 32 KB, completing on `bar`
+        if (a.lab_mode == 0) {
             if (tid == 0) {
                 const unsigned bytes_g = L.rg * H * 2u, bytes_p = L.rp * P * 2u, bytes_x = H * 4u;
-                const unsigned bar_s = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_s) : "memory");
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_s),
                              "r"(bytes_g + bytes_p + bytes_x)
@@ -126,14 +121,18 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
                 };
                 bulk(wg, gsrc, bytes_g);
                 bulk(wp, psrc, bytes_p);
-                bulk(sm + L.x1, xsrc, bytes_x);
+                bulk(x14, xsrc, bytes_x);
             }
-        } else {
-            if (a.lab_mode != 1) {  // 1: the weights are not loaded (the lab's timeline only; wrong output)
+        } else {  // the lab's 1 (no weights: wrong output) and 2 (per-thread cp.async)
+            auto cp_async16 = [](void* smem, const void* gmem) {
+                const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
+            };
+            if (a.lab_mode == 2) {
                 for (int i = tid; i < L.rg * H / 8; i += kPleThreads) cp_async16(wg + i, gsrc + i);
                 for (int i = tid; i < L.rp * P / 8; i += kPleThreads) cp_async16(wp + i, psrc + i);
             }
-            for (int i = tid; i < H / 4; i += kPleThreads) cp_async16(sm + L.x1 + i, xsrc + i);
+            for (int i = tid; i < H / 4; i += kPleThreads) cp_async16(x14 + i, xsrc + i);
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
         for (int k = tid; k < H; k += kPleThreads) wf[k] = bf16_at(a.ffn_w, k);
@@ -143,6 +142,9 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
             nw[r] = bf16_at(a.next_w, b * L.rp + r);
         }
     }
+    // Barrier 0, whose wait comes before the first push: every block of the cluster has started (the CUDA
+    // guide's condition for touching another block's shared memory).
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     trace(0);
     pdl_begin();
     trace(1);
@@ -161,10 +163,9 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
         ss = fmaf(mv[j].z, mv[j].z, ss);
         ss = fmaf(mv[j].w, mv[j].w, ss);
     }
-    const float inv_m = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(H) + a.eps);
-    trace(2);
-    if (a.lab_mode == 2) {
-        const unsigned bar_s = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
+    ss = warp_sum(ss);
+    if (lane == 0) wred[0][warp] = ss;
+    if (a.lab_mode == 0) {
         for (;;) {
             unsigned ok;
             asm volatile(
@@ -180,7 +181,10 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
         asm volatile("cp.async.wait_all;" ::: "memory");
     }
     __syncthreads();
-    trace(3);
+    trace(2);
+    float tm = 0.0f;
+    for (int w = 0; w < kW; ++w) tm += wred[0][w];
+    const float inv_m = 1.0f / sqrtf(tm / static_cast<float>(H) + a.eps);
     const float4* wf4 = reinterpret_cast<const float4*>(wf);
 #pragma unroll
     for (int j = 0; j < kMaxM4; ++j) {
@@ -196,64 +200,88 @@ __global__ void __launch_bounds__(kPleThreads, 1) ple_block_kernel(const PleBloc
         }
     }
     __syncthreads();
+    trace(3);
 
-    // this block's gate rows: a warp per row, gelu(row . x1) * PLE_i
-    for (int r = warp; r < L.rg; r += kPleWarps) {
+    // This block's gate rows, a warp per row: g = gelu(row . x1) * PLE_i, pushed by lanes 0..C-1 into every
+    // block's g (remote stores, made visible by barrier 1).
+    wait();  // barrier 0
+    for (int r = warp; r < L.rg; r += kW) {
         const uint4* wr = wg + r * (H / 8);
-        float s = 0.0f;
-        for (int c = lane; c < H / 8; c += 32) s += dot8(wr[c], x14[2 * c], x14[2 * c + 1]);
-        s = warp_sum(s);
-        if (lane == 0) gpart[r] = gelu_tanh(s) * pl[r];
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 4
+        for (int c = lane; c < H / 8; c += 64) {
+            s0 += dot8(wr[c], x14[2 * c], x14[2 * c + 1]);
+            if (c + 32 < H / 8) s1 += dot8(wr[c + 32], x14[2 * c + 64], x14[2 * c + 65]);
+        }
+        const float g = gelu_tanh(warp_sum(s0 + s1)) * pl[r];
+        if (lane < C) cl.map_shared_rank(gall, lane)[b * L.rg + r] = g;
     }
     trace(4);
-    cl.sync();  // every block's gate outputs are written
+    arrive();
+    wait();  // barrier 1: g is complete in every block
     trace(5);
-    for (int t = tid; t < P; t += kPleThreads) gall[t] = cl.map_shared_rank(gpart, t / L.rg)[t % L.rg];
-    __syncthreads();
 
-    // this block's projection rows: a warp per row, y[r] = row . g; their sum of squares over the cluster
+    // This block's projection rows, a warp per row: y[r] = row . g. The sum of their squares: the warps',
+    // then the block's, pushed by warp 0 into every block's cpart[0][b] (barrier 2).
     float sq = 0.0f;
-    for (int r = warp; r < L.rp; r += kPleWarps) {
-        const uint4* wr = wp + r * (P / 8);
+    {
         const float4* g4 = reinterpret_cast<const float4*>(gall);
-        float s = 0.0f;
-        for (int c = lane; c < P / 8; c += 32) s += dot8(wr[c], g4[2 * c], g4[2 * c + 1]);
-        s = warp_sum(s);
-        if (lane == 0) {
-            ys[r] = s;
+#pragma unroll 2
+        for (int r = warp; r < L.rp; r += kW) {
+            const uint4* wr = wp + r * (P / 8);
+            float s = 0.0f;
+            for (int c = lane; c < P / 8; c += 32) s += dot8(wr[c], g4[2 * c], g4[2 * c + 1]);
+            s = warp_sum(s);
+            if (lane == 0) ys[r] = s;
             sq = fmaf(s, s, sq);
         }
     }
-    sq = block_sum(sq, red);  // (ends with a barrier: ys is complete)
-    if (tid == 0) part[0] = sq;
+    if (lane == 0) wred[1][warp] = sq;
+    __syncthreads();
+    if (warp == 0) {
+        const float v = warp_sum(lane < kW ? wred[1][lane] : 0.0f);
+        if (lane < C) cl.map_shared_rank(&cpart[0][0], lane)[b] = v;
+    }
     trace(6);
-    cl.sync();
+    arrive();
+    wait();  // barrier 2
     trace(7);
-    const float inv_y = 1.0f / sqrtf(cluster_total(0) / static_cast<float>(H) + a.eps);
+    float ty = 0.0f;
+    for (int c = 0; c < C; ++c) ty += cpart[0][c];  // in rank order: the same in every block
+    const float inv_y = 1.0f / sqrtf(ty / static_cast<float>(H) + a.eps);
 
-    // x2 = (x1 + RMSNorm(y) * post_w) * layer_scale on this block's rows, then the norm of x2 for xn
+    // x2 = (x1 + RMSNorm(y) * post_w) * layer_scale on this block's rows; the sum of its squares as above
     const int k0 = b * L.rp;
+    float x2[kMaxRowsPerThread];
     float s2 = 0.0f;
-    for (int r = tid; r < L.rp; r += kPleThreads) {
-        const float v = (x1[k0 + r] + ys[r] * inv_y * pw[r]) * a.layer_scale;
-        ys[r] = v;
-        s2 = fmaf(v, v, s2);
+#pragma unroll
+    for (int j = 0; j < kMaxRowsPerThread; ++j) {
+        const int r = tid + j * kPleThreads;
+        x2[j] = r < L.rp ? (x1[k0 + r] + ys[r] * inv_y * pw[r]) * a.layer_scale : 0.0f;
+        s2 = fmaf(x2[j], x2[j], s2);
     }
-    s2 = block_sum(s2, red);
-    if (tid == 0) part[1] = s2;
+    s2 = warp_sum(s2);
+    if (lane == 0) wred[2][warp] = s2;
+    __syncthreads();
+    if (warp == 0) {
+        const float v = warp_sum(lane < kW ? wred[2][lane] : 0.0f);
+        if (lane < C) cl.map_shared_rank(&cpart[1][0], lane)[b] = v;
+    }
     trace(8);
-    cl.sync();
+    arrive();
+    wait();  // barrier 3: after it no block touches another's shared memory
     trace(9);
-    const float inv_x = 1.0f / sqrtf(cluster_total(1) / static_cast<float>(H) + a.eps);
-    // the last read of another block's shared memory is done: arrive, and wait only before exiting (a block's
-    // shared memory must outlive the other blocks' reads of it)
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    for (int r = tid; r < L.rp; r += kPleThreads) {
-        const float v = ys[r];
-        a.x[k0 + r] = v;  // in place: every block copied x into its shared memory before the first barrier
-        a.xn[k0 + r] = v * inv_x * nw[r];
+    float tx = 0.0f;
+    for (int c = 0; c < C; ++c) tx += cpart[1][c];
+    const float inv_x = 1.0f / sqrtf(tx / static_cast<float>(H) + a.eps);
+#pragma unroll
+    for (int j = 0; j < kMaxRowsPerThread; ++j) {
+        const int r = tid + j * kPleThreads;
+        if (r < L.rp) {
+            a.x[k0 + r] = x2[j];  // in place: every block copied x before barrier 1
+            a.xn[k0 + r] = x2[j] * inv_x * nw[r];
+        }
     }
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     trace(10);
 #else
     (void)a;
@@ -271,11 +299,11 @@ int ple_block_cluster(int H, int P) {
     int dev = 0, major = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (major < 9 || H <= 0 || P <= 0 || H % 8 || P % 8 || H > 16 * kPleThreads) return 0;
+    if (major < 9 || H <= 0 || P <= 0 || H % 8 || P % 8 || H > 16 * kPleThreads) return 0;  // kMaxM4
     int smem_max = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     for (const int C : {16, 8}) {
-        if (H % C || P % C) continue;
+        if (H % C || P % C || H / C > kMaxRowsPerThread * kPleThreads) continue;
         const size_t smem = ple_smem_bytes(H, P, C);
         if (smem + 1024 > static_cast<size_t>(smem_max)) continue;
         CUDA_CHECK(cudaFuncSetAttribute(ple_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -305,7 +333,8 @@ int ple_block_cluster(int H, int P) {
 }
 
 void ple_block(const PleBlockArgs& a, int C, cudaStream_t s) {
-    if (C <= 0 || a.H % C || a.P % C || a.H % 8 || a.P % 8)
+    if (C <= 0 || C > kMaxCluster || a.H % C || a.P % C || a.H % 8 || a.P % 8 || a.H > 16 * kPleThreads ||
+        a.H / C > kMaxRowsPerThread * kPleThreads)
         throw Error("internal: ple_block with H " + std::to_string(a.H) + ", P " + std::to_string(a.P) +
                     " and a cluster of " + std::to_string(C));
     cudaLaunchConfig_t cfg = {};

@@ -306,7 +306,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_PLE_CLUSTER=1",
     "MARKBASE_CUDA_PLE_CLUSTER=1,MARKBASE_CUDA_PRENORM=0",
     "MARKBASE_CUDA_PLE_CLUSTER=1,MARKBASE_CUDA_GEMV_TAIL=1",
-    "MARKBASE_CUDA_PLE_CLUSTER=2",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -391,7 +390,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
           "MARKBASE_CUDA_GEGLU_SPLIT=2", "MARKBASE_CUDA_GEMV_MIN_WAVES=x", "MARKBASE_CUDA_PRENORM=on",
           "MARKBASE_CUDA_GEMV_LEAN=2", "MARKBASE_CUDA_ATTN_KV_EARLY=yes", "MARKBASE_CUDA_PDL_EARLY=2",
           "MARKBASE_CUDA_GEMV_LEAN8=on", "MARKBASE_CUDA_GEGLU_LEAN8=x", "MARKBASE_CUDA_MOE_DOWN_SUM=2",
-          "MARKBASE_CUDA_MOE_PRENORM=x", "MARKBASE_CUDA_PLE_CLUSTER=3"}) {
+          "MARKBASE_CUDA_MOE_PRENORM=x", "MARKBASE_CUDA_PLE_CLUSTER=2"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);

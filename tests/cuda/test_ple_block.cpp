@@ -124,7 +124,7 @@ void check_widths(int H, int P, int want_cluster, int mode = 0) {
         mag_xn = std::max(mag_xn, std::abs(xn));
     }
     std::printf("  H %d, P %d, cluster %d, copies %s: max rel err x %.2e, xn %.2e\n", H, P, C,
-                mode == 2 ? "bulk" : "cp.async", err_x / mag_x, err_xn / mag_xn);
+                mode == 2 ? "cp.async" : "bulk", err_x / mag_x, err_xn / mag_xn);
     EXPECT_LT(err_x / mag_x, 1e-5);
     EXPECT_LT(err_xn / mag_xn, 1e-5);
 }
@@ -145,23 +145,23 @@ TEST(CudaPleBlock, MatchesTheHostAtRealAndTinyWidths) {
     check_widths(2560, 256, 16);     // E4B
     check_widths(72, 16, 8);         // the tiny E2B
     check_widths(88, 16, 8);         // the tiny E4B
-    check_widths(1536, 256, 16, 2);  // the bulk copies of the timeline's lab_mode 2
+    check_widths(1536, 256, 16, 2);  // the per-thread copies of the timeline's lab_mode 2
     check_widths(72, 16, 8, 2);
 #endif
 }
 
 // Where a launch's time goes (not a check; run with --gtest_also_run_disabled_tests): each block's clock at
 // the kernel's checkpoints, medians of 21 launches one at a time, and launches back to back; with the
-// weights copied by cp.async (mode 0), not at all (1: wrong output, the chain alone) and by cp.async.bulk
-// (2).
+// weights copied by cp.async.bulk (mode 0, the model's), not at all (1: wrong output, the chain alone) and by
+// per-thread cp.async (2).
 TEST(CudaPleBlock, DISABLED_Timeline) {
 #ifdef MARKBASE_HAS_CUDA
     REQUIRE_GPU();
     int khz = 0;
     ASSERT_EQ(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0), cudaSuccess);
-    const char* names[cuda::kPleTracePoints] = {"copies issued", "PDL wait",  "m summed",  "copies landed",
-                                                "gate rows",     "barrier 1", "proj rows", "barrier 2",
-                                                "x2 summed",     "barrier 3", "stores"};
+    const char* names[cuda::kPleTracePoints] = {"copies issued", "PDL wait",  "m, copies in", "x1",
+                                                "gate pushed",   "barrier 1", "proj pushed",  "barrier 2",
+                                                "x2 pushed",     "barrier 3", "stores"};
     for (const auto& [H, P] : {std::pair{1536, 256}, std::pair{2560, 256}}) {
         const int C = cuda::ple_block_cluster(H, P);
         ASSERT_GT(C, 0);
@@ -215,9 +215,9 @@ TEST(CudaPleBlock, DISABLED_Timeline) {
             cudaEventDestroy(e1);
             std::printf("  H %d, P %d, cluster %d, mode %d (%s): %.2f us per launch back to back\n", H, P, C,
                         mode,
-                        mode == 0   ? "cp.async"
+                        mode == 0   ? "bulk"
                         : mode == 1 ? "no weights"
-                                    : "bulk",
+                                    : "cp.async",
                         ms * 1e3 / 200);
             auto median = [](std::vector<double> v) {
                 std::sort(v.begin(), v.end());
