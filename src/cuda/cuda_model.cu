@@ -209,10 +209,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
-        // the PLE block as one cluster launch where prenorm_ defers the dense updates (residual()); off on a
-        // device or at widths where ple_block_cluster finds no cluster
-        if (env_flag("MARKBASE_CUDA_PLE_CLUSTER", false) && P && prenorm_ && residual_launch_ && !c_.moe)
-            ple_cluster_ = ple_block_cluster(H, P);
         xn_ = alloc<float>(H);
         gemv_lean_ = env_flag("MARKBASE_CUDA_GEMV_LEAN", true);  // gemv_rows.cu: E4B -1.0..-1.1%
         // session 9's H200 A/B: 26B-A4B -4.4%, E2B -1.3%, 31B -0.9%, E4B +0.3% (bit-identical sums)

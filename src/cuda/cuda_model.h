@@ -290,10 +290,6 @@ class CudaModel {
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
-    // MARKBASE_CUDA_PLE_CLUSTER=1 (PLE models, one GPU, with prenorm_'s deferred updates): the FFN's update,
-    // the PLE gate and projection and the PLE update as one cluster launch (ple_block.cu); the cluster size,
-    // 0 = off
-    int ple_cluster_ = 0;
     float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean

@@ -301,29 +301,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         }
     }
 
-    // 2.4 as one cluster launch (ple_block.cu), the FFN's deferred update included; it writes the next GEMV's
-    // normalised input (the next layer's q/k/v, or lm_head)
-    if (c_.ple_dim && ple_cluster_ && pending_.y == m_ && pending_.name) {
-        PleBlockArgs b;
-        b.x = xcur_;
-        b.m = m_;
-        b.ffn_w = pending_.w;
-        b.ffn_scale = pending_.scale;
-        b.gate = lw.ple_gate;
-        b.ple = ple_ + int64_t{i} * c_.ple_dim;
-        b.proj = lw.ple_proj;
-        b.post_w = lw.ple_post_norm;
-        b.layer_scale = lw.layer_scalar;
-        b.next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
-        b.xn = xn_;
-        b.H = H;
-        b.P = c_.ple_dim;
-        b.eps = eps;
-        pending_ = {};
-        run(pf, "ple_block", i, 2 * wbytes(c_.ple_dim, H), [&] { ple_block(b, ple_cluster_, stream_); });
-        xn_for_ = b.next_w;
-        return;
-    }
     if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then *
                        // layer_scalar
         const int P = c_.ple_dim;

@@ -225,35 +225,6 @@ struct NormCopies {
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
                        const NormCopies& more = {});
-// ple_block.cu: the end of a PLE layer at one token as one thread-block cluster's launch: the FFN's update
-// x1 = (x + RMSNorm(m) * ffn_w) * ffn_scale, g = gelu(gate @ x1) * ple, y = proj @ g, then
-// x = (x1 + RMSNorm(y) * post_w) * layer_scale (in place) and xn = RMSNorm(x) * next_w. gate [P][H] and proj
-// [H][P] must be 16-byte aligned, as x.
-struct PleBlockArgs {
-    float* x = nullptr;           // [H], read and written in place
-    const float* m = nullptr;     // [H] the down projection's output
-    const bf16* ffn_w = nullptr;  // post_feedforward_layernorm [H]
-    float ffn_scale = 1.0f;
-    const bf16* gate = nullptr;    // per_layer_input_gate [P][H]
-    const float* ple = nullptr;    // this layer's PLE_i [P]
-    const bf16* proj = nullptr;    // per_layer_projection [H][P]
-    const bf16* post_w = nullptr;  // post_per_layer_input_norm [H]
-    float layer_scale = 1.0f;
-    const bf16* next_w = nullptr;  // the next GEMV's norm weight [H]
-    float* xn = nullptr;           // [H]
-    int H = 0, P = 0;
-    float eps = 1e-6f;
-    // The kernel test's timeline (tests/cuda/test_ple_block.cpp), never set by the model: lab_mode 2 copies
-    // the weights by per-thread cp.async instead of cp.async.bulk, 1 skips them (wrong output); lab_trace,
-    // when set, gets each block's clock at kPleTracePoints checkpoints ([cluster][points]).
-    int lab_mode = 0;
-    long long* lab_trace = nullptr;
-};
-constexpr int kPleTracePoints = 11;
-// The cluster size ple_block runs with on this device for these widths (16, else 8), or 0 where it cannot
-// (compute capability below 9.0, widths that do not divide, or shared memory too small).
-int ple_block_cluster(int H, int P);
-void ple_block(const PleBlockArgs& a, int cluster, cudaStream_t s);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
