@@ -80,7 +80,7 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
     } scope(batch_);
     embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_);
     if (P) {
-        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_at(n, H), stream_);
         gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
         ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
     }
@@ -89,7 +89,7 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
     for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
 
     if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
-    split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_, stream_);
+    split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_at(n, H), stream_);
     gemm(w_.embed, static_cast<int>(V), H, n, all_logits_, V);
     if (c_.final_softcap > 0.0f) softcap_inplace(all_logits_, int64_t{n} * V, c_.final_softcap, stream_);
     argmax_rows(all_logits_, n, V, d_bnext_, stream_);

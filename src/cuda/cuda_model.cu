@@ -257,8 +257,20 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             CUDA_CHECK(cudaMallocHost(&h_sel_info_, 2 * sizeof(int)));
             CUDA_CHECK(cudaMallocHost(&h_pen_, 2 * kMaxPenaltyIds * sizeof(int)));
         }
-        hi_ = alloc<bf16>(n * split_w);
-        lo_ = alloc<bf16>(n * split_w);
+        hi_ = alloc<bf16>(2 * n * split_w);
+        if (const char* e = std::getenv("MARKBASE_CUDA_GEMM_STACK_MAXN")) {
+            char* end = nullptr;
+            const long v = std::strtol(e, &end, 10);
+            if (!*e || *end || v < 0 || v > 4096)
+                throw Error(std::string("MARKBASE_CUDA_GEMM_STACK_MAXN=") + e + ": expected 0 to 4096");
+            gemm_stack_max_n_ = static_cast<int>(v);
+        }
+        if (const int64_t rows = std::min<int64_t>(n, gemm_stack_max_n_); rows > 0) {
+            // the dense GEMMs' widest output; the vocabulary too where batched decode scores every sequence
+            y2_cols_ = std::max<int64_t>({LP, max_q, max_kv, H, max_I, P});
+            if (slots > 1) y2_cols_ = std::max(y2_cols_, V);
+            y2_ = alloc<float>(2 * rows * y2_cols_);
+        }
         part_o_ = alloc<float>(max_pieces * dmax);
         part_ml_ = alloc<float>(2 * max_pieces);
         if (c_.moe) {
@@ -402,12 +414,19 @@ void CudaModel::release() {
 }
 
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
-    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 passes).
+    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 halves).
     const float one = 1.0f, zero = 0.0f;
+    if (n <= gemm_stack_max_n_ && N <= y2_cols_) {  // one pass over W: [hi; lo] as 2n columns, then the sum
+        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * n, K, &one, W, CUDA_R_16BF, K, hi_,
+                                  CUDA_R_16BF, K, &zero, y2_, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+        sum_halves(y2_, n, N, Y, ldy, stream_);
+        return;
+    }
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, hi_,
                               CUDA_R_16BF, K, &zero, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_,
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_at(n, K),
                               CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
 }

@@ -214,6 +214,8 @@ class CudaModel {
     }
     void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
+    // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
+    bf16* lo_at(int n, int K) const { return hi_ + int64_t{n} * K; }
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
     void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
                       const bf16* lo, float* Y);
@@ -318,9 +320,15 @@ class CudaModel {
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
     float *g_ = nullptr, *u_ = nullptr, *m_ = nullptr, *ple_ctx_ = nullptr, *ple_ = nullptr;
-    float* logits_ = nullptr;             // [V]
-    float* all_logits_ = nullptr;         // [chunk][V], allocated on first use
-    bf16 *hi_ = nullptr, *lo_ = nullptr;  // prefill GEMM inputs
+    float* logits_ = nullptr;      // [V]
+    float* all_logits_ = nullptr;  // [chunk][V], allocated on first use
+    bf16* hi_ = nullptr;           // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at)
+    // MARKBASE_CUDA_GEMM_STACK_MAXN (default 64): a GEMM over at most this many tokens (batched decode, short
+    // prompts) reads its weights once, as one GEMM over [hi; lo] into y2_ whose halves are then summed,
+    // instead of one GEMM per half; above it (compute-bound prefill) two GEMMs, no scratch pass.
+    int gemm_stack_max_n_ = 64;
+    float* y2_ = nullptr;  // [2 * min(chunk, gemm_stack_max_n_)][y2_cols_]
+    int64_t y2_cols_ = 0;
     float *part_o_ = nullptr, *part_ml_ = nullptr;
     int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)
 

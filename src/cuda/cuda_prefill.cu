@@ -34,7 +34,7 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     });
     if (P) {
         run(pf, "ple_inputs", -1, 2.0 * LP * H, [&] {
-            split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+            split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_at(n, H), stream_);
             gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
             ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
         });
@@ -55,7 +55,7 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     });
     if (logits && all_logits) {
         if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
-        split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_, stream_);
+        split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_at(n, H), stream_);
         gemm(w_.embed, static_cast<int>(V), H, n, all_logits_, V);
         if (c_.final_softcap > 0.0f) softcap_inplace(all_logits_, int64_t{n} * V, c_.final_softcap, stream_);
         logits_to_host(logits, all_logits_, n);
@@ -99,7 +99,7 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
 
     // 2.5 attention
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
-        split_rows(x_, H, H, n, true, lw.input_norm, eps, hi_, lo_, stream_);
+        split_rows(x_, H, H, n, true, lw.input_norm, eps, hi_, lo_at(n, H), stream_);
         gemm(lw.q_proj, qw, H, n, q_, qw);
         if (own) {
             gemm(lw.k_proj, kvw, H, n, k_, kvw);
@@ -119,7 +119,7 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     run(pf, "attention", i, 0.0, [&] { attention(a, n, stream_); });
 
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
-        split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_, stream_);
+        split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_at(n, qw), stream_);
         gemm(lw.o_proj, H, qw, n, o_, H);
         all_reduce(nullptr, i, o_, static_cast<size_t>(n) * H);
         residual_add_norm(x_, o_, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
@@ -128,10 +128,10 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     // FFN
     const float ffn_scale = c_.ple_dim ? 1.0f : lw.layer_scalar;
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
-        split_rows(x_, H, H, n, true, lw.pre_ffn_norm, eps, hi_, lo_, stream_);
+        split_rows(x_, H, H, n, true, lw.pre_ffn_norm, eps, hi_, lo_at(n, H), stream_);
         gemm(lw.gate_proj, I, H, n, g_, I);
         gemm(lw.up_proj, I, H, n, u_, I);
-        geglu_split(g_, u_, I, I, n, hi_, lo_, stream_);
+        geglu_split(g_, u_, I, I, n, hi_, lo_at(n, I), stream_);
         gemm(lw.down_proj, H, I, n, m_, H);
     });
 
@@ -176,9 +176,9 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
         const int P = c_.ple_dim;
         const int64_t LP = int64_t{c_.n_layers} * P;
         run(pf, "ple", i, 2.0 * wb * P, [&] {
-            split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_, stream_);
+            split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_at(n, H), stream_);
             gemm(lw.ple_gate, P, H, n, g_, P);
-            geglu_split(g_, ple_ + int64_t{i} * P, LP, P, n, hi_, lo_, stream_);
+            geglu_split(g_, ple_ + int64_t{i} * P, LP, P, n, hi_, lo_at(n, P), stream_);
             gemm(lw.ple_proj, H, P, n, o_, H);
             residual_add_norm(x_, o_, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
         });

@@ -244,6 +244,9 @@ void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, cons
 // v = gelu_tanh(a) * b (b: row stride ld_b) split into hi/lo as above.
 void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
                  cudaStream_t s);
+// The two halves' products from one GEMM over [hi; lo] (y2: [2n][N], hi's rows first) summed into Y (row
+// stride ldy): Y[t][j] = y2[t][j] + y2[n + t][j].
+void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream_t s);
 
 // Per token t at position pos_base[0] + t: q heads get q_norm + RoPE in place; own-KV layers write
 // k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the fp32 cache slot (pos % cap).

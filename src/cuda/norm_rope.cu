@@ -311,6 +311,17 @@ __global__ void geglu_split_kernel(const float* a, const float* b, int64_t ld_b,
         split_store(gelu_tanh(a[o + k]) * br[k], hi, lo, o + k);
 }
 
+__global__ void sum_halves_kernel(const float* __restrict__ y2, int n, int N, float* __restrict__ Y,
+                                  int64_t ldy) {
+    pdl_begin();
+    const int64_t total = int64_t{n} * N, half = total;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        const int64_t t = i / N, j = i - t * N;
+        Y[t * ldy + j] = y2[i] + y2[half + i];
+    }
+}
+
 // grid (nH + 2*nKV, n), kPostThreads threads, each holding kPostPer elements of the head (d <= 512);
 // dynamic smem d floats.
 // Batched: per-token positions and cache slots (QkvPost.tok_pos); a separate instantiation, so the decode
@@ -468,6 +479,14 @@ void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, cons
 void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
                  cudaStream_t s) {
     launch_kernel(geglu_split_kernel, dim3(n), dim3(row_threads(width)), 0, s, a, b, ld_b, width, hi, lo);
+    CUDA_CHECK_LAUNCH();
+}
+
+void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream_t s) {
+    const int64_t total = int64_t{n} * N;
+    const int threads = 256;
+    const int blocks = static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, 65535));
+    launch_kernel(sum_halves_kernel, dim3(blocks), dim3(threads), 0, s, y2, n, N, Y, ldy);
     CUDA_CHECK_LAUNCH();
 }
 
