@@ -258,6 +258,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             CUDA_CHECK(cudaMallocHost(&h_pen_, 2 * kMaxPenaltyIds * sizeof(int)));
         }
         hi_ = alloc<bf16>(2 * n * split_w);
+        gemm_stack_max_n_ = kGemmStackMaxN;
         if (const char* e = std::getenv("MARKBASE_CUDA_GEMM_STACK_MAXN")) {
             char* end = nullptr;
             const long v = std::strtol(e, &end, 10);
@@ -266,9 +267,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             gemm_stack_max_n_ = static_cast<int>(v);
         }
         if (const int64_t rows = std::min<int64_t>(n, gemm_stack_max_n_); rows > 0) {
-            // the dense GEMMs' widest output; the vocabulary too where batched decode scores every sequence
+            // the dense GEMMs' widest output (lm_head's vocabulary, for all logits, keeps the two GEMMs)
             y2_cols_ = std::max<int64_t>({LP, max_q, max_kv, H, max_I, P});
-            if (slots > 1) y2_cols_ = std::max(y2_cols_, V);
             y2_ = alloc<float>(2 * rows * y2_cols_);
         }
         part_o_ = alloc<float>(max_pieces * dmax);
@@ -334,6 +334,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             mg_ = alloc<float>(rows * Ie);
             mu_ = alloc<float>(rows * Ie);
             mh_ = alloc<bf16>(2 * rows * Ie);
+            if (const int srows = std::min(moe_cap_, gemm_stack_max_n_); srows > 0)
+                ey2_ = alloc<float>(int64_t{E} * 2 * srows * std::max(2 * Ie, H));
             CUDA_CHECK(cudaMallocHost(&h_goff_, (E + 1) * sizeof(int)));
             gexp_ = alloc<int>(std::max(E, K) + 1);
             goff_ = alloc<int>(std::max(E, K) + 1);
@@ -429,6 +431,15 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) 
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_at(n, K),
                               CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                                     const bf16* x, float* y2) {
+    const float one = 1.0f, zero = 0.0f;
+    const long long sx = 2LL * rows * K, sy = 2LL * rows * N;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * rows, K, &one, W, CUDA_R_16BF, K, w_stride, x, CUDA_R_16BF, K,
+        sx, &zero, y2, CUDA_R_32F, N, sy, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaModel::gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,

@@ -217,6 +217,9 @@ class CudaModel {
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return hi_ + int64_t{n} * K; }
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
+    // one GEMM per entry over its stacked [hi; lo] rows (2 * rows), beta 0: Y2[batch][2 rows][N]
+    void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                              const bf16* x, float* y2);
     void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
                       const bf16* lo, float* Y);
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): batched GEMMs when
@@ -323,12 +326,13 @@ class CudaModel {
     float* logits_ = nullptr;      // [V]
     float* all_logits_ = nullptr;  // [chunk][V], allocated on first use
     bf16* hi_ = nullptr;           // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at)
-    // MARKBASE_CUDA_GEMM_STACK_MAXN (default 64): a GEMM over at most this many tokens (batched decode, short
-    // prompts) reads its weights once, as one GEMM over [hi; lo] into y2_ whose halves are then summed,
-    // instead of one GEMM per half; above it (compute-bound prefill) two GEMMs, no scratch pass.
-    int gemm_stack_max_n_ = 64;
-    float* y2_ = nullptr;  // [2 * min(chunk, gemm_stack_max_n_)][y2_cols_]
+    // MARKBASE_CUDA_GEMM_STACK_MAXN (default kGemmStackMaxN, loading/memory_plan.h): a GEMM over at most
+    // this many tokens (batched decode, short prompts; per expert in the MoE prefill) reads its weights once,
+    // as one GEMM over [hi; lo] into a scratch whose halves are then summed, instead of one GEMM per half.
+    int gemm_stack_max_n_ = 0;
+    float* y2_ = nullptr;  // [2 * min(chunk, gemm_stack_max_n_)][y2_cols_] (dense GEMMs)
     int64_t y2_cols_ = 0;
+    float* ey2_ = nullptr;  // [E][2 * min(moe_cap_, gemm_stack_max_n_)][max(2 Ie, H)] (the experts')
     float *part_o_ = nullptr, *part_ml_ = nullptr;
     int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)
 

@@ -211,10 +211,22 @@ void CudaModel::prefill_experts(int i, int n) {
         const int m = std::min(moe_cap_, max_n - first);
         ++moe_stats_.passes;
         const int64_t rows = int64_t{E} * m;
+        const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
+        if (m <= gemm_stack_max_n_ && ey2_) {
+            // each expert's weights read once: its [hi; lo] rows stacked, gate and up as one GEMM of 2 Ie
+            // rows
+            bf16* x = static_cast<bf16*>(mx_);
+            moe_gather_split(e_in_, H, K, gent_, goff_, E, first, m, x, x + int64_t{m} * H, stream_,
+                             2 * int64_t{m} * H);
+            gemm_batched_stacked(lw.experts_gate_up, gu_stride, 2 * Ie, H, E, m, x, ey2_);
+            moe_geglu_halves(ey2_, E, m, Ie, mh_, stream_);
+            gemm_batched_stacked(lw.experts_down, int64_t{H} * Ie, H, Ie, E, m, mh_, ey2_);
+            moe_scatter_rows(ey2_, H, gent_, goff_, E, first, m, eslots_, stream_, true);
+            continue;
+        }
         bf16* x_hi = static_cast<bf16*>(mx_);
         bf16* x_lo = x_hi + rows * H;
         moe_gather_split(e_in_, H, K, gent_, goff_, E, first, m, x_hi, x_lo, stream_);
-        const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
         gemm_batched(lw.experts_gate_up, gu_stride, Ie, H, E, m, x_hi, x_lo, mg_);
         gemm_batched(lw.experts_gate_up + int64_t{Ie} * H, gu_stride, Ie, H, E, m, x_hi, x_lo, mu_);
         bf16* h_hi = mh_;

@@ -360,10 +360,14 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries
 // zeroed); and rows [e][p] of y [E][max_n][H] go back to slots[entries[group_off[e] + first + p]].
+// (e_stride: elements between experts' rows, 0 = max_n * H; halves: y is [E][2 max_n][H], hi then lo)
 void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
-                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s);
+                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s, int64_t e_stride = 0);
 void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
-                      int max_n, float* slots, cudaStream_t s);
+                      int max_n, float* slots, cudaStream_t s, bool halves = false);
+// The stacked gate/up output [E][2 max_n][gate Ie | up Ie] to the down GEMM's stacked bf16 input [E][2
+// max_n][Ie]: gelu(g) * u of the halves' sums, split into hi and lo rows.
+void moe_geglu_halves(const float* y2, int E, int max_n, int Ie, bf16* h, cudaStream_t s);
 
 // buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its
 // x, w, scale, eps; n = H), then x = (x + RMSNorm(buf) * w) * scale. One block; every rank must call it in

@@ -367,13 +367,15 @@ __global__ void __launch_bounds__(kThreads, 6)
 }
 
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
-// block (hi/lo bf16; rows past n_e zeroed), and back from a [E][max_n][H] result to the (token, slot) rows.
+// block (hi/lo bf16; rows past n_e zeroed; expert e's rows start at e * e_stride, so with lo = hi + max_n * H
+// and e_stride = 2 max_n H each expert's [hi; lo] is one stacked block), and back from a [E][max_n][H]
+// result to the (token, slot) rows (halves: from [E][2 max_n][H], the two halves summed).
 __global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
-                                    int first, int max_n, bf16* hi, bf16* lo) {
+                                    int first, int max_n, bf16* hi, bf16* lo, int64_t e_stride) {
     pdl_begin();
     const int p = blockIdx.x, e = blockIdx.y;
     const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    const int64_t dst = (static_cast<int64_t>(e) * max_n + p) * H;
+    const int64_t dst = static_cast<int64_t>(e) * e_stride + static_cast<int64_t>(p) * H;
     if (first + p < ne) {
         const float* src = x + static_cast<int64_t>(entries[o0 + first + p] / K) * H;
         for (int k = threadIdx.x; k < H; k += blockDim.x) split_store(src[k], hi, lo, dst + k);
@@ -383,14 +385,36 @@ __global__ void gather_split_kernel(const float* x, int H, int K, const int* ent
 }
 
 __global__ void scatter_rows_kernel(const float* y, int H, const int* entries, const int* group_off,
-                                    int first, int max_n, float* slots) {
+                                    int first, int max_n, float* slots, bool halves) {
     pdl_begin();
     const int p = blockIdx.x, e = blockIdx.y;
     const int o0 = group_off[e], ne = group_off[e + 1] - o0;
     if (first + p >= ne) return;
-    const float* src = y + (static_cast<int64_t>(e) * max_n + p) * H;
     float* dst = slots + static_cast<int64_t>(entries[o0 + first + p]) * H;
+    if (halves) {
+        const float* src = y + (static_cast<int64_t>(e) * 2 * max_n + p) * H;
+        const int64_t lo = static_cast<int64_t>(max_n) * H;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k] + src[lo + k];
+        return;
+    }
+    const float* src = y + (static_cast<int64_t>(e) * max_n + p) * H;
     for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
+}
+
+// The stacked gate/up GEMM's output y2 [E][2 max_n][2 Ie] (gate columns, then up; hi rows, then lo) to the
+// down GEMM's stacked input: v = gelu(g) * u with g, u the halves' sums, as bf16 hi into rows [e][p] and lo
+// into rows [e][max_n + p] of [E][2 max_n][Ie].
+__global__ void geglu_halves_kernel(const float* y2, int max_n, int Ie, bf16* h) {
+    pdl_begin();
+    const int p = blockIdx.x, e = blockIdx.y;
+    const float* hi = y2 + (static_cast<int64_t>(e) * 2 * max_n + p) * 2 * Ie;
+    const float* lo = hi + static_cast<int64_t>(max_n) * 2 * Ie;
+    bf16* out_hi = h + (static_cast<int64_t>(e) * 2 * max_n + p) * Ie;
+    bf16* out_lo = out_hi + static_cast<int64_t>(max_n) * Ie;
+    for (int j = threadIdx.x; j < Ie; j += blockDim.x) {
+        const float g = hi[j] + lo[j], u = hi[Ie + j] + lo[Ie + j];
+        split_store(gelu_tanh(g) * u, out_hi, out_lo, j);  // as geglu_split
+    }
 }
 
 // e[t][k'] = sum_k sel_w[t][k] * slots[t*K + k][k'], one block per token.
@@ -445,18 +469,25 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
 }
 
 void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
-                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s) {
+                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s, int64_t e_stride) {
     if (max_n <= 0) return;
+    if (e_stride <= 0) e_stride = static_cast<int64_t>(max_n) * H;
     launch_kernel(gather_split_kernel, dim3(max_n, E), dim3(256), 0, s, x, H, K, entries, group_off, first,
-                  max_n, hi, lo);
+                  max_n, hi, lo, e_stride);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
-                      int max_n, float* slots, cudaStream_t s) {
+                      int max_n, float* slots, cudaStream_t s, bool halves) {
     if (max_n <= 0) return;
     launch_kernel(scatter_rows_kernel, dim3(max_n, E), dim3(256), 0, s, y, H, entries, group_off, first,
-                  max_n, slots);
+                  max_n, slots, halves);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_geglu_halves(const float* y2, int E, int max_n, int Ie, bf16* h, cudaStream_t s) {
+    if (max_n <= 0) return;
+    launch_kernel(geglu_halves_kernel, dim3(max_n, E), dim3(256), 0, s, y2, max_n, Ie, h);
     CUDA_CHECK_LAUNCH();
 }
 

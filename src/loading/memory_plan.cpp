@@ -68,6 +68,8 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
     if (c.moe) f32 += n * E + 2 * n * K + 2 * (std::max(E, K) + 1) + n * K + n * H + n * K * Ie + n * K * H;
     int64_t rope = 0;
     for (const LayerSpec& s : c.layers) rope = std::max<int64_t>(rope, s.head_dim);  // two small tables
+    // the dense GEMMs' stacked output (kGemmStackMaxN): [2 min(n, max)][widest dense output] fp32
+    f32 += 2 * std::min<int64_t>(n, kGemmStackMaxN) * std::max({L * P, max_q, max_kv, H, max_I});
     const uint64_t bytes = static_cast<uint64_t>(f32) * 4 +
                            static_cast<uint64_t>(2 * n * split_w) * 2 /* hi, lo bf16 */ +
                            static_cast<uint64_t>(rope) * 4;

@@ -33,13 +33,21 @@ inline int moe_prefill_rows_cap(int chunk, int n_experts, int top_k) {
     const int64_t mean = (int64_t{chunk} * top_k + n_experts - 1) / n_experts;
     return static_cast<int>(std::min<int64_t>(chunk, std::max<int64_t>(64, 4 * mean)));
 }
+// A GEMM over at most this many rows of fp32 activations (per expert, for the MoE's batched GEMMs) runs as
+// one bf16 GEMM over the stacked [hi; lo] halves, which reads the weights once, into an fp32 scratch of
+// twice the output rows whose halves are then summed (MARKBASE_CUDA_GEMM_STACK_MAXN changes it).
+constexpr int kGemmStackMaxN = 128;
 // Bytes of that scratch: gathered inputs (bf16 hi + lo, reused for the fp32 down output), gate and up
-// outputs (fp32), the GeGLU result (bf16 hi + lo).
+// outputs (fp32), the GeGLU result (bf16 hi + lo), and the stacked GEMMs' output ([E][2 rows][max(2 Ie,
+// H)] fp32, for the passes of at most kGemmStackMaxN rows per expert).
 inline uint64_t moe_prefill_scratch_bytes(const ModelConfig& c, int chunk) {
     if (!c.moe) return 0;
-    const uint64_t rows =
-        static_cast<uint64_t>(c.n_experts) * moe_prefill_rows_cap(chunk, c.n_experts, c.top_k);
-    return rows * (4 * static_cast<uint64_t>(c.hidden) + 12 * static_cast<uint64_t>(c.expert_width));
+    const int cap = moe_prefill_rows_cap(chunk, c.n_experts, c.top_k);
+    const uint64_t rows = static_cast<uint64_t>(c.n_experts) * cap;
+    const uint64_t stacked = static_cast<uint64_t>(c.n_experts) * 2 * std::min(cap, kGemmStackMaxN) *
+                             std::max<uint64_t>(2 * static_cast<uint64_t>(c.expert_width), c.hidden) * 4;
+    return rows * (4 * static_cast<uint64_t>(c.hidden) + 12 * static_cast<uint64_t>(c.expert_width)) +
+           stacked;
 }
 
 uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk);
