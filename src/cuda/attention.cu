@@ -504,6 +504,7 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
+    if (attention_group_pieces(a, n, s)) return;
     if (a.tok_pos) {
         launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);

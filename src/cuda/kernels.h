@@ -304,8 +304,13 @@ struct AttnArgs {
     // requested before the PDL wait (they were written by earlier steps); the piece holding the current
     // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
     bool kv_early = false;
+    // Fixed pieces with a separate merge (prefill, batched decode): the query heads of a KV group in one
+    // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
+    bool group_heads = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
+// attention_group.cu: the pieces with a group's heads together, when group_heads applies (else false)
+bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);

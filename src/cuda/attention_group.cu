@@ -1,0 +1,197 @@
+// Attention pieces for prefill and batched decode (fixed pieces of split_len keys, merged by
+// attention_combine), with the G = nH / nKV query heads that share a KV head in one block: each key and value
+// row is read once for the G heads instead of once per head. attn_partial_kernel (attention.cu) reads the
+// whole key range again for every head of a group: on E2B (8 heads, 1 KV head) a 512-token prefill streamed
+// its K/V eight times per layer through L2, and attention was ~21 of the chunk's ~33 ms.
+// The same operations in the same order per head as attn_partial_kernel (scores over c = lane, lane + 32, ...
+// in fmaf order, the tile's max, expf against the running max, values accumulated key by key), so the
+// partials are bit-identical to it. MARKBASE_CUDA_ATTN_GROUP=0 keeps the per-head kernel.
+#include <cfloat>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;  // == kTile
+constexpr int kTile = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
+
+// grid (nsplit, nKV, n); dynamic shared memory G * d floats (the group's queries)
+template <int G, bool Batched>
+__global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) {
+    extern __shared__ float4 smem4[];
+    float* qs = reinterpret_cast<float*>(smem4);  // [G][d]
+    __shared__ float sc[G][kTile];
+    __shared__ float tm[G];  // the tile's running max per head
+    pdl_begin();
+    const int sp = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int d = a.d, d4 = d / 4, h0 = g * G;
+    const int64_t pos =
+        Batched ? static_cast<int64_t>(a.tok_pos[t]) : static_cast<int64_t>(a.pos_base[0]) + t;
+    const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
+    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
+    const int64_t end = min(pos + 1, start + a.split_len);
+    const int64_t slot_off = Batched ? static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride : 0;
+    const float* k_cache = a.k_cache + slot_off;
+    const float* v_cache = a.v_cache + slot_off;
+    float m[G], l[G], acc[G][kMaxDimsPerThread];
+#pragma unroll
+    for (int hh = 0; hh < G; ++hh) {
+        m[hh] = -FLT_MAX;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] = 0.0f;
+    }
+
+    if (start < end) {
+        const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h0) * d;  // the G heads are contiguous
+        for (int j = tid; j < G * d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
+        for (int64_t ts = start; ts < end; ts += kTile) {
+            const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
+            // scores: each warp takes 4 consecutive keys at a time, each key row read once for the G heads
+            for (int j0 = warp * 4; j0 < cnt; j0 += kWarps * 4) {
+                const float4* kp[4];
+                float s[G][4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int j = min(j0 + u, cnt - 1);
+                    kp[u] = reinterpret_cast<const float4*>(k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+#pragma unroll
+                    for (int hh = 0; hh < G; ++hh) s[hh][u] = 0.0f;
+                }
+                for (int c = lane; c < d4; c += 32) {
+                    float4 kv[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) kv[u] = __ldg(kp[u] + c);
+#pragma unroll
+                    for (int hh = 0; hh < G; ++hh) {
+                        const float4 qv = smem4[hh * d4 + c];
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) {
+                            s[hh][u] = fmaf(kv[u].x, qv.x, s[hh][u]);
+                            s[hh][u] = fmaf(kv[u].y, qv.y, s[hh][u]);
+                            s[hh][u] = fmaf(kv[u].z, qv.z, s[hh][u]);
+                            s[hh][u] = fmaf(kv[u].w, qv.w, s[hh][u]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int hh = 0; hh < G; ++hh)
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const float v = warp_sum(s[hh][u]);
+                        if (lane == 0 && j0 + u < cnt) sc[hh][j0 + u] = v;
+                    }
+            }
+            __syncthreads();
+            // each head's new running max: warp w takes heads w, w + 4, ...
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) {
+                if (hh % kWarps != warp) continue;
+                float v = -FLT_MAX;
+                for (int j = lane; j < cnt; j += 32) v = fmaxf(v, sc[hh][j]);
+                v = warp_max(v);
+                if (lane == 0) tm[hh] = fmaxf(m[hh], v);
+            }
+            __syncthreads();
+            float corr[G];
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) {
+                corr[hh] = __expf(m[hh] - tm[hh]);
+                m[hh] = tm[hh];
+            }
+            for (int i = tid; i < G * kTile; i += kThreads) {
+                const int hh = i / kTile, j = i - hh * kTile;
+                if (j < cnt) sc[hh][j] = expf(sc[hh][j] - tm[hh]);
+            }
+            __syncthreads();
+            float lsum[G];
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) {
+                lsum[hh] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] *= corr[hh];
+            }
+            // values: each row read once for the G heads
+#pragma unroll 2
+            for (int j = 0; j < cnt; ++j) {
+                const float* vp = v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
+                float v[kMaxDimsPerThread];
+#pragma unroll
+                for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                    const int dim = tid + i * kThreads;
+                    v[i] = dim < d ? __ldg(vp + dim) : 0.0f;
+                }
+#pragma unroll
+                for (int hh = 0; hh < G; ++hh) {
+                    const float p = sc[hh][j];
+                    lsum[hh] += p;
+#pragma unroll
+                    for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] = fmaf(p, v[i], acc[hh][i]);
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) l[hh] = l[hh] * corr[hh] + lsum[hh];
+            __syncthreads();
+        }
+#pragma unroll
+        for (int hh = 0; hh < G; ++hh) {
+            float* po = a.part_o + ((static_cast<int64_t>(t) * a.nH + h0 + hh) * a.nsplit + sp) * d;
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                const int dim = tid + i * kThreads;
+                if (dim < d) po[dim] = acc[hh][i];
+            }
+        }
+    }
+    if (tid == 0) {
+#pragma unroll
+        for (int hh = 0; hh < G; ++hh) {
+            const int64_t idx = (static_cast<int64_t>(t) * a.nH + h0 + hh) * a.nsplit + sp;
+            a.part_ml[2 * idx] = m[hh];
+            a.part_ml[2 * idx + 1] = l[hh];  // 0 for an empty piece
+        }
+    }
+}
+
+template <int G>
+void launch_group(const AttnArgs& a, int n, cudaStream_t s) {
+    const size_t smem = static_cast<size_t>(G) * a.d * sizeof(float);
+    if (a.tok_pos)
+        launch_kernel(attn_group_kernel<G, true>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a);
+    else
+        launch_kernel(attn_group_kernel<G, false>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s) {
+    if (!a.group_heads || a.split_len <= 0 || a.merge_counters || a.nKV <= 0 || a.nH % a.nKV || a.d % 4 ||
+        a.d > kThreads * kMaxDimsPerThread)
+        return false;
+    switch (a.nH / a.nKV) {
+        case 2:
+            launch_group<2>(a, n, s);
+            return true;
+        case 4:
+            launch_group<4>(a, n, s);
+            return true;
+        case 8:
+            launch_group<8>(a, n, s);
+            return true;
+        default:
+            return false;
+    }
+}
+
+}  // namespace markbase::cuda
