@@ -179,6 +179,17 @@ bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (!a.group_heads || a.split_len <= 0 || a.merge_counters || a.nKV <= 0 || a.nH % a.nKV || a.d % 4 ||
         a.d > kThreads * kMaxDimsPerThread)
         return false;
+    // G times fewer blocks: only where they still fill the GPU twice over. A batched decode step has one
+    // query per sequence (session 12's H200 run 6: the 31B's 16 sequences, 256 and 64 blocks per layer
+    // grouped, read 28.30 -> 29.33 ms per step; the 26B-A4B's 64, 512 and 128, 25.24 -> 23.12), a 512-token
+    // prefill thousands.
+    static const int sms = [] {
+        int dev = 0, v = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+        return v;
+    }();
+    if (int64_t{a.nsplit} * a.nKV * n < 2 * int64_t{sms}) return false;
     switch (a.nH / a.nKV) {
         case 2:
             launch_group<2>(a, n, s);

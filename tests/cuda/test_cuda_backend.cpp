@@ -546,24 +546,33 @@ TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
 
 // MARKBASE_CUDA_ATTN_GROUP (the default) computes the prefill's attention pieces with the query heads of a KV
 // group in one block (attention_group.cu), the same operations per head as the per-head kernel: at real
-// widths (groups of 8 on E2B, 4 on E4B, 2 on the 26B-A4B's and the 31B's sliding layers) the prefill's logits
-// of every prompt token, over several chunks, are bit-identical with and without it.
+// widths (groups of 8 on E2B, 4 on E4B, 2 on the 26B-A4B's and the 31B's sliding layers) the logits after a
+// prompt of two 272-token chunks, and of two decode steps after it, are bit-identical with and without it.
+// (272 tokens: the grouped kernel runs where it still has >= 2 blocks per SM, 264 on an H200, and E2B has one
+// KV head; the second chunk's keys include the first's. With two layers every token's layer-0 attention
+// reaches the last token's logits through its layer-1 keys and values.)
 TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    constexpr int kPrompt = 40;
+    constexpr int kPrompt = 544, kSteps = 2;
     BackendOptions o;
-    o.ctx_size = 128;
-    o.chunk = 16;  // three chunks: the later ones attend to keys written by the earlier ones
+    o.ctx_size = 1024;
+    o.chunk = 272;
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
         auto run = [&](const char* setting) {
             ScopedEnv env(parse_setting(setting));
             auto gpu = make_synthetic_cuda_backend(v, 2, o, 43);
             const int64_t V = gpu->config().vocab_size;
             const std::vector<int> ids = random_ids(kPrompt, static_cast<int>(V), 5);
-            std::vector<float> lg(static_cast<size_t>(kPrompt) * V);
-            gpu->eval(ids.data(), kPrompt, lg.data(), true);
-            return lg;
+            std::vector<float> lg(V), all;
+            gpu->eval(ids.data(), kPrompt, lg.data(), false);
+            all.insert(all.end(), lg.begin(), lg.end());
+            for (int s = 0; s < kSteps; ++s) {
+                const int next = argmax(lg.data(), V);
+                gpu->eval(&next, 1, lg.data(), false);
+                all.insert(all.end(), lg.begin(), lg.end());
+            }
+            return all;
         };
         const std::vector<float> base = run("MARKBASE_CUDA_ATTN_GROUP=0");
         const std::vector<float> group = run("MARKBASE_CUDA_ATTN_GROUP=1");
@@ -573,7 +582,7 @@ TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
             ASSERT_TRUE(std::isfinite(group[i])) << v << ": logit " << i;
             if (std::memcmp(&base[i], &group[i], sizeof(float)) != 0) ++differ;
         }
-        EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " prefill logits differ";
+        EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " logits differ";
     }
 #endif
 }
