@@ -335,7 +335,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             mg_ = alloc<float>(rows * Ie);
             mu_ = alloc<float>(rows * Ie);
             mh_ = alloc<bf16>(2 * rows * Ie);
-            if (const int srows = std::min(moe_cap_, gemm_stack_max_n_); srows > 0)
+            if (const int srows = std::min(moe_cap_, gemm_stack_max_n_); moe_gemm_ && srows > 0)
                 ey2_ = alloc<float>(int64_t{E} * 2 * srows * std::max(2 * Ie, H));
             CUDA_CHECK(cudaMallocHost(&h_goff_, (E + 1) * sizeof(int)));
             gexp_ = alloc<int>(std::max(E, K) + 1);

@@ -217,11 +217,12 @@ class CudaModel {
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return hi_ + int64_t{n} * K; }
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
-    // one GEMM per entry over its stacked [hi; lo] rows (2 * rows), beta 0: Y2[batch][2 rows][N]
-    void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
-                              const bf16* x, float* y2);
     void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
                       const bf16* lo, float* Y);
+    // The same as one GEMM per entry over its stacked [hi; lo] rows (x: [batch][2 rows][K]), each W_b read
+    // once: Y2[batch][2 rows][N], the halves' sums left to the caller
+    void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                              const bf16* x, float* y2);
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): batched GEMMs when
     // enabled and the busiest expert fits the scratch, else the grouped GEMV kernels. Writes eslots_.
     void prefill_experts(int i, int n);

@@ -213,8 +213,7 @@ void CudaModel::prefill_experts(int i, int n) {
         const int64_t rows = int64_t{E} * m;
         const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
         if (m <= gemm_stack_max_n_ && ey2_) {
-            // each expert's weights read once: its [hi; lo] rows stacked, gate and up as one GEMM of 2 Ie
-            // rows
+            // each expert's weights read once: its [hi; lo] rows stacked; gate and up as one GEMM
             bf16* x = static_cast<bf16*>(mx_);
             moe_gather_split(e_in_, H, K, gent_, goff_, E, first, m, x, x + int64_t{m} * H, stream_,
                              2 * int64_t{m} * H);
