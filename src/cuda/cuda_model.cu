@@ -63,6 +63,18 @@ bool env_flag(const char* name, bool fallback) {
     return e[0] == '1';
 }
 
+// A whole number in [lo, hi]: `fallback` when unset, anything else refused by name.
+int env_int(const char* name, int lo, int hi, int fallback) {
+    const char* e = std::getenv(name);
+    if (!e) return fallback;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (!*e || *end || v < lo || v > hi)
+        throw Error(std::string(name) + "=" + e + ": expected " + std::to_string(lo) + " to " +
+                    std::to_string(hi));
+    return static_cast<int>(v);
+}
+
 }  // namespace
 
 template <class T>
@@ -98,16 +110,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // On by default for one GPU since session 7's H200 A/B (both apply at 8 chunks per lane only): 31B
         // 18.498 -> 17.542 and 18.695 -> 18.033 ms/token in two runs, E4B -1.2..-1.6%, E2B and 26B-A4B
         // unchanged. Not yet run with tensor parallelism, so a sharded model keeps them off unless asked.
-        geglu_split_ = !sharded();
-        min_waves_ = sharded() ? 0 : 3;
-        geglu_split_ = env_flag("MARKBASE_CUDA_GEGLU_SPLIT", geglu_split_);
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEMV_MIN_WAVES")) {
-            char* end = nullptr;
-            const long v = std::strtol(e, &end, 10);
-            if (!*e || *end || v < 0 || v > 64)
-                throw Error(std::string("MARKBASE_CUDA_GEMV_MIN_WAVES=") + e + ": expected 0 to 64");
-            min_waves_ = static_cast<int>(v);
-        }
+        geglu_split_ = env_flag("MARKBASE_CUDA_GEGLU_SPLIT", !sharded());
+        min_waves_ = env_int("MARKBASE_CUDA_GEMV_MIN_WAVES", 0, 64, sharded() ? 0 : 3);
         if (const char* e = std::getenv("MARKBASE_CUDA_SKIP"); e && *e) {
             for (std::string_view v(e); !v.empty();) {
                 const size_t comma = v.find_first_of(",+");  // '+' too: gpu-check's A/B splits on ',
@@ -259,14 +263,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             CUDA_CHECK(cudaMallocHost(&h_pen_, 2 * kMaxPenaltyIds * sizeof(int)));
         }
         hi_ = alloc<bf16>(2 * n * split_w);
-        gemm_stack_max_n_ = kGemmStackMaxN;
-        if (const char* e = std::getenv("MARKBASE_CUDA_GEMM_STACK_MAXN")) {
-            char* end = nullptr;
-            const long v = std::strtol(e, &end, 10);
-            if (!*e || *end || v < 0 || v > 4096)
-                throw Error(std::string("MARKBASE_CUDA_GEMM_STACK_MAXN=") + e + ": expected 0 to 4096");
-            gemm_stack_max_n_ = static_cast<int>(v);
-        }
+        gemm_stack_max_n_ = env_int("MARKBASE_CUDA_GEMM_STACK_MAXN", 0, 4096, kGemmStackMaxN);
         if (const int64_t rows = std::min<int64_t>(n, gemm_stack_max_n_); rows > 0) {
             // the dense GEMMs' widest output (lm_head's vocabulary, for all logits, keeps the two GEMMs)
             y2_cols_ = std::max<int64_t>({LP, max_q, max_kv, H, max_I, P});

@@ -504,6 +504,38 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
                                             ::testing::ValuesIn(kSyntheticSwitchSettings)),
                          switch_name);
 
+#ifdef MARKBASE_HAS_CUDA
+// A synthetic model at real widths (two layers) under `setting`: its logits after a prompt of random ids,
+// then after each greedy decode step, one after another.
+std::vector<float> synthetic_chain(const char* variant, const BackendOptions& o, uint64_t seed,
+                                   const std::string& setting, int prompt, int steps) {
+    ScopedEnv env(parse_setting(setting));
+    auto gpu = make_synthetic_cuda_backend(variant, 2, o, seed);
+    const int64_t V = gpu->config().vocab_size;
+    const std::vector<int> ids = random_ids(prompt, static_cast<int>(V), 5);
+    std::vector<float> lg(V), all;
+    gpu->eval(ids.data(), prompt, lg.data(), false);
+    all.insert(all.end(), lg.begin(), lg.end());
+    for (int s = 0; s < steps; ++s) {
+        const int next = argmax(lg.data(), V);
+        gpu->eval(&next, 1, lg.data(), false);
+        all.insert(all.end(), lg.begin(), lg.end());
+    }
+    return all;
+}
+
+// Both chains the same length, `got` finite, and the count of logits whose bits differ.
+size_t differing_logits(const std::vector<float>& want, const std::vector<float>& got) {
+    EXPECT_EQ(want.size(), got.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
+        EXPECT_TRUE(std::isfinite(got[i])) << "logit " << i;
+        if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0) ++differ;
+    }
+    return differ;
+}
+#endif
+
 // MARKBASE_CUDA_MOE_DOWN_SUM (the default) sums the experts' down rows in the kernel that computes them, in
 // the order the combine did (moe.cu): at real widths (128 experts, Ie = 704) the decode logits are
 // bit-identical to those of the slot kernel and the combine's sum (MOE_DOWN_SUM=0), with and without the
@@ -511,35 +543,14 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
 TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    constexpr int kPrompt = 9, kSteps = 4;
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 16;
-    auto run = [&](const char* setting) {
-        ScopedEnv env(parse_setting(setting));
-        auto gpu = make_synthetic_cuda_backend("26b-a4b", 2, o, 41);
-        const int64_t V = gpu->config().vocab_size;
-        std::vector<int> ids = random_ids(kPrompt, static_cast<int>(V), 3);
-        std::vector<float> lg(V), all;
-        gpu->eval(ids.data(), kPrompt, lg.data(), false);
-        for (int s = 0; s < kSteps; ++s) {
-            const int next = argmax(lg.data(), V);
-            gpu->eval(&next, 1, lg.data(), false);
-            all.insert(all.end(), lg.begin(), lg.end());
-        }
-        return all;
-    };
-    for (const char* overlap : {"MARKBASE_CUDA_MOE_OVERLAP=1", "MARKBASE_CUDA_MOE_OVERLAP=0"}) {
-        const std::vector<float> base = run((std::string(overlap) + ",MARKBASE_CUDA_MOE_DOWN_SUM=0").c_str());
-        const std::vector<float> sum = run((std::string(overlap) + ",MARKBASE_CUDA_MOE_DOWN_SUM=1").c_str());
-        ASSERT_EQ(base.size(), sum.size());
-        size_t differ = 0;
-        for (size_t i = 0; i < base.size(); ++i) {
-            EXPECT_TRUE(std::isfinite(sum[i])) << "logit " << i;
-            if (std::memcmp(&base[i], &sum[i], sizeof(float)) != 0) ++differ;
-        }
-        EXPECT_EQ(differ, 0u) << overlap << ": " << differ << " of " << base.size()
-                              << " decode logits differ";
+    for (const std::string overlap : {"MARKBASE_CUDA_MOE_OVERLAP=1", "MARKBASE_CUDA_MOE_OVERLAP=0"}) {
+        const auto base = synthetic_chain("26b-a4b", o, 41, overlap + ",MARKBASE_CUDA_MOE_DOWN_SUM=0", 9, 4);
+        const auto sum = synthetic_chain("26b-a4b", o, 41, overlap + ",MARKBASE_CUDA_MOE_DOWN_SUM=1", 9, 4);
+        const size_t differ = differing_logits(base, sum);
+        EXPECT_EQ(differ, 0u) << overlap << ": " << differ << " of " << base.size() << " logits differ";
     }
 #endif
 }
@@ -554,34 +565,13 @@ TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
 TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    constexpr int kPrompt = 544, kSteps = 2;
     BackendOptions o;
     o.ctx_size = 1024;
     o.chunk = 272;
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
-        auto run = [&](const char* setting) {
-            ScopedEnv env(parse_setting(setting));
-            auto gpu = make_synthetic_cuda_backend(v, 2, o, 43);
-            const int64_t V = gpu->config().vocab_size;
-            const std::vector<int> ids = random_ids(kPrompt, static_cast<int>(V), 5);
-            std::vector<float> lg(V), all;
-            gpu->eval(ids.data(), kPrompt, lg.data(), false);
-            all.insert(all.end(), lg.begin(), lg.end());
-            for (int s = 0; s < kSteps; ++s) {
-                const int next = argmax(lg.data(), V);
-                gpu->eval(&next, 1, lg.data(), false);
-                all.insert(all.end(), lg.begin(), lg.end());
-            }
-            return all;
-        };
-        const std::vector<float> base = run("MARKBASE_CUDA_ATTN_GROUP=0");
-        const std::vector<float> group = run("MARKBASE_CUDA_ATTN_GROUP=1");
-        ASSERT_EQ(base.size(), group.size());
-        size_t differ = 0;
-        for (size_t i = 0; i < base.size(); ++i) {
-            ASSERT_TRUE(std::isfinite(group[i])) << v << ": logit " << i;
-            if (std::memcmp(&base[i], &group[i], sizeof(float)) != 0) ++differ;
-        }
+        const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=0", 544, 2);
+        const auto group = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=1", 544, 2);
+        const size_t differ = differing_logits(base, group);
         EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " logits differ";
     }
 #endif
