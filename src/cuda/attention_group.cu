@@ -23,28 +23,39 @@ constexpr int kTile = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
-// grid (nsplit, nKV, n); dynamic shared memory G * d floats (the group's queries)
-template <int G, bool Batched>
-__global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) {
+// grid (nsplit, nKV, ceil(n / T)); dynamic shared memory G T d floats (the queries). Rows r < G T: token
+// t0 + r / G, head h0 + r % G. T > 1 (prefill only; MARKBASE_CUDA_ATTN_GROUP_TOKENS=1): the block's T tokens
+// share their pieces, cut from the union of their key ranges, and each row masks the keys outside its own
+// range (-inf scores, so exp gives 0); other piece boundaries than the per-token ones, so not bit-identical.
+template <int G, int T, bool Batched>
+__global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel(const AttnArgs a, int n) {
+    static_assert(T == 1 || !Batched, "token tiles need one sequence's cache");
+    constexpr int R = G * T;
     extern __shared__ float4 smem4[];
-    float* qs = reinterpret_cast<float*>(smem4);  // [G][d]
-    __shared__ float sc[G][kTile];
-    __shared__ float tm[G];  // the tile's running max per head
+    float* qs = reinterpret_cast<float*>(smem4);  // [R][d]
+    __shared__ float sc[R][kTile];
+    __shared__ float tm[R];  // the tile's running max per row
     pdl_begin();
-    const int sp = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int sp = blockIdx.x, g = blockIdx.y, t = blockIdx.z * T;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int d = a.d, d4 = d / 4, h0 = g * G;
     const int64_t pos =
         Batched ? static_cast<int64_t>(a.tok_pos[t]) : static_cast<int64_t>(a.pos_base[0]) + t;
     const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
-    const int64_t end = min(pos + 1, start + a.split_len);
+    int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
+    int64_t end = min(pos + 1, start + a.split_len);
+    if constexpr (T > 1) {  // the pieces of [lo(t), pos(last token)]
+        const int64_t hi = pos + min(T, n - t) - 1;
+        const int64_t len = (hi - lo + 1 + a.nsplit - 1) / a.nsplit;
+        start = lo + static_cast<int64_t>(sp) * len;
+        end = min(hi + 1, start + len);
+    }
     const int64_t slot_off = Batched ? static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride : 0;
     const float* k_cache = a.k_cache + slot_off;
     const float* v_cache = a.v_cache + slot_off;
-    float m[G], l[G], acc[G][kMaxDimsPerThread];
+    float m[R], l[R], acc[R][kMaxDimsPerThread];
 #pragma unroll
-    for (int hh = 0; hh < G; ++hh) {
+    for (int hh = 0; hh < R; ++hh) {
         m[hh] = -FLT_MAX;
         l[hh] = 0.0f;
 #pragma unroll
@@ -52,28 +63,30 @@ __global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) 
     }
 
     if (start < end) {
-        const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h0) * d;  // the G heads are contiguous
-        for (int j = tid; j < G * d; j += kThreads) qs[j] = q[j];
+        for (int j = tid; j < R * d; j += kThreads) {  // a token's G heads are contiguous
+            const int r = j / d, tr = t + r / G;
+            qs[j] = tr < n ? a.q[(static_cast<int64_t>(tr) * a.nH + h0 + r % G) * d + (j - r * d)] : 0.0f;
+        }
         __syncthreads();
         for (int64_t ts = start; ts < end; ts += kTile) {
             const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
             // scores: each warp takes 4 consecutive keys at a time, each key row read once for the G heads
             for (int j0 = warp * 4; j0 < cnt; j0 += kWarps * 4) {
                 const float4* kp[4];
-                float s[G][4];
+                float s[R][4];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int j = min(j0 + u, cnt - 1);
                     kp[u] = reinterpret_cast<const float4*>(k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
 #pragma unroll
-                    for (int hh = 0; hh < G; ++hh) s[hh][u] = 0.0f;
+                    for (int hh = 0; hh < R; ++hh) s[hh][u] = 0.0f;
                 }
                 for (int c = lane; c < d4; c += 32) {
                     float4 kv[4];
 #pragma unroll
                     for (int u = 0; u < 4; ++u) kv[u] = __ldg(kp[u] + c);
 #pragma unroll
-                    for (int hh = 0; hh < G; ++hh) {
+                    for (int hh = 0; hh < R; ++hh) {
                         const float4 qv = smem4[hh * d4 + c];
 #pragma unroll
                         for (int u = 0; u < 4; ++u) {
@@ -85,17 +98,23 @@ __global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) 
                     }
                 }
 #pragma unroll
-                for (int hh = 0; hh < G; ++hh)
+                for (int hh = 0; hh < R; ++hh)
 #pragma unroll
                     for (int u = 0; u < 4; ++u) {
-                        const float v = warp_sum(s[hh][u]);
+                        float v = warp_sum(s[hh][u]);
+                        if constexpr (T > 1) {  // outside this row's token's range: no weight
+                            const int64_t key = ts + j0 + u, pr = pos + hh / G;
+                            const int64_t lr =
+                                a.window > 0 ? max(static_cast<int64_t>(0), pr - a.window + 1) : 0;
+                            if (key < lr || key > pr) v = -INFINITY;
+                        }
                         if (lane == 0 && j0 + u < cnt) sc[hh][j0 + u] = v;
                     }
             }
             __syncthreads();
-            // each head's new running max: warp w takes heads w, w + 4, ...
+            // each row's new running max: warp w takes rows w, w + 4, ... (a masked score, -inf, never wins)
 #pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
+            for (int hh = 0; hh < R; ++hh) {
                 if (hh % kWarps != warp) continue;
                 float v = -FLT_MAX;
                 for (int j = lane; j < cnt; j += 32) v = fmaxf(v, sc[hh][j]);
@@ -103,20 +122,20 @@ __global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) 
                 if (lane == 0) tm[hh] = fmaxf(m[hh], v);
             }
             __syncthreads();
-            float corr[G];
+            float corr[R];
 #pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
+            for (int hh = 0; hh < R; ++hh) {
                 corr[hh] = __expf(m[hh] - tm[hh]);
                 m[hh] = tm[hh];
             }
-            for (int i = tid; i < G * kTile; i += kThreads) {
+            for (int i = tid; i < R * kTile; i += kThreads) {
                 const int hh = i / kTile, j = i - hh * kTile;
                 if (j < cnt) sc[hh][j] = expf(sc[hh][j] - tm[hh]);
             }
             __syncthreads();
-            float lsum[G];
+            float lsum[R];
 #pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
+            for (int hh = 0; hh < R; ++hh) {
                 lsum[hh] = 0.0f;
 #pragma unroll
                 for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] *= corr[hh];
@@ -132,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) 
                     v[i] = dim < d ? __ldg(vp + dim) : 0.0f;
                 }
 #pragma unroll
-                for (int hh = 0; hh < G; ++hh) {
+                for (int hh = 0; hh < R; ++hh) {
                     const float p = sc[hh][j];
                     lsum[hh] += p;
 #pragma unroll
@@ -140,12 +159,14 @@ __global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) 
                 }
             }
 #pragma unroll
-            for (int hh = 0; hh < G; ++hh) l[hh] = l[hh] * corr[hh] + lsum[hh];
+            for (int hh = 0; hh < R; ++hh) l[hh] = l[hh] * corr[hh] + lsum[hh];
             __syncthreads();
         }
 #pragma unroll
-        for (int hh = 0; hh < G; ++hh) {
-            float* po = a.part_o + ((static_cast<int64_t>(t) * a.nH + h0 + hh) * a.nsplit + sp) * d;
+        for (int hh = 0; hh < R; ++hh) {
+            if (t + hh / G >= n) continue;
+            float* po =
+                a.part_o + ((static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp) * d;
 #pragma unroll
             for (int i = 0; i < kMaxDimsPerThread; ++i) {
                 const int dim = tid + i * kThreads;
@@ -155,21 +176,27 @@ __global__ void __launch_bounds__(kThreads) attn_group_kernel(const AttnArgs a) 
     }
     if (tid == 0) {
 #pragma unroll
-        for (int hh = 0; hh < G; ++hh) {
-            const int64_t idx = (static_cast<int64_t>(t) * a.nH + h0 + hh) * a.nsplit + sp;
+        for (int hh = 0; hh < R; ++hh) {
+            if (t + hh / G >= n) continue;
+            const int64_t idx = (static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp;
             a.part_ml[2 * idx] = m[hh];
             a.part_ml[2 * idx + 1] = l[hh];  // 0 for an empty piece
         }
     }
 }
 
-template <int G>
+template <int G, int T>
 void launch_group(const AttnArgs& a, int n, cudaStream_t s) {
-    const size_t smem = static_cast<size_t>(G) * a.d * sizeof(float);
-    if (a.tok_pos)
-        launch_kernel(attn_group_kernel<G, true>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a);
-    else
-        launch_kernel(attn_group_kernel<G, false>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a);
+    const size_t smem = static_cast<size_t>(G) * T * a.d * sizeof(float);
+    const dim3 grid(a.nsplit, a.nKV, (n + T - 1) / T);
+    if constexpr (T == 1) {
+        if (a.tok_pos) {
+            launch_kernel(attn_group_kernel<G, 1, true>, grid, dim3(kThreads), smem, s, a, n);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    launch_kernel(attn_group_kernel<G, T, false>, grid, dim3(kThreads), smem, s, a, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -189,16 +216,31 @@ bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
         return v;
     }();
-    if (int64_t{a.nsplit} * a.nKV * n < 2 * int64_t{sms}) return false;
+    const auto fills = [&](int T) {
+        return int64_t{a.nsplit} * a.nKV * ((n + T - 1) / T) >= 2 * int64_t{sms};
+    };
+    // group_tokens (prefill): T = 8 / G tokens per block, 8 query rows, where that still fills the GPU
+    const bool tiles = a.group_tokens && !a.tok_pos;
     switch (a.nH / a.nKV) {
         case 2:
-            launch_group<2>(a, n, s);
+            if (tiles && fills(4)) {
+                launch_group<2, 4>(a, n, s);
+                return true;
+            }
+            if (!fills(1)) return false;
+            launch_group<2, 1>(a, n, s);
             return true;
         case 4:
-            launch_group<4>(a, n, s);
+            if (tiles && fills(2)) {
+                launch_group<4, 2>(a, n, s);
+                return true;
+            }
+            if (!fills(1)) return false;
+            launch_group<4, 1>(a, n, s);
             return true;
         case 8:
-            launch_group<8>(a, n, s);
+            if (!fills(1)) return false;
+            launch_group<8, 1>(a, n, s);
             return true;
         default:
             return false;

@@ -307,6 +307,9 @@ struct AttnArgs {
     // Fixed pieces with a separate merge (prefill, batched decode): the query heads of a KV group in one
     // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
     bool group_heads = false;
+    // With group_heads at prefill: 8 / G consecutive tokens per block too, their pieces cut from the union of
+    // their key ranges (MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 0: not yet measured on a GPU).
+    bool group_tokens = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 // attention_group.cu: the pieces with a group's heads together, when group_heads applies (else false)

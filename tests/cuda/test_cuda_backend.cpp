@@ -306,6 +306,7 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMM_STACK_MAXN=0",
     "MARKBASE_CUDA_GEMM_STACK_MAXN=4096",
     "MARKBASE_CUDA_ATTN_GROUP=0",
+    "MARKBASE_CUDA_ATTN_GROUP_TOKENS=1",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -393,7 +394,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_GEMV_LEAN8=on",     "MARKBASE_CUDA_GEGLU_LEAN8=x",
                                 "MARKBASE_CUDA_MOE_DOWN_SUM=2",    "MARKBASE_CUDA_MOE_PRENORM=x",
                                 "MARKBASE_CUDA_GEMM_STACK_MAXN=x", "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
-                                "MARKBASE_CUDA_ATTN_GROUP=2"}) {
+                                "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
@@ -573,6 +574,28 @@ TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
         const auto group = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=1", 544, 2);
         const size_t differ = differing_logits(base, group);
         EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " logits differ";
+    }
+#endif
+}
+
+// MARKBASE_CUDA_ATTN_GROUP_TOKENS=1 (not the default) also puts 8 / G consecutive prompt tokens in a block,
+// their pieces cut from the union of their key ranges: other piece boundaries, so the logits agree with the
+// per-token pieces' to float rounding, not bit for bit. At 272-token chunks the tiles run on E4B (2 tokens),
+// the 26B-A4B's and the 31B's sliding layers (4); E2B's groups of 8 heads take one token as before.
+TEST(CudaAttnGroup, TokenTilesMatchThePerTokenPieces) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    BackendOptions o;
+    o.ctx_size = 1024;
+    o.chunk = 272;
+    for (const char* v : {"e4b", "26b-a4b", "31b"}) {
+        const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
+        const auto tiles = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP_TOKENS=1", 544, 2);
+        ASSERT_EQ(base.size(), tiles.size());
+        const double e = rel_err(base, tiles);
+        std::printf("  %s: token tiles against per-token pieces, rel err %.2e\n", v, e);
+        // (the MoE's routing can flip on a near-tie between two experts, as in check_synthetic)
+        EXPECT_LT(e, std::string(v) == "26b-a4b" ? 3e-2 : 1e-4) << v;
     }
 #endif
 }
