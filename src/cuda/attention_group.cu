@@ -7,7 +7,6 @@
 // in fmaf order, the tile's max, expf against the running max, values accumulated key by key), so the
 // partials are bit-identical to it. MARKBASE_CUDA_ATTN_GROUP=0 keeps the per-head kernel.
 #include <cfloat>
-#include <string>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -200,6 +199,22 @@ void launch_group(const AttnArgs& a, int n, cudaStream_t s) {
     CUDA_CHECK_LAUNCH();
 }
 
+// Token tiles of 8 / G where asked and the grid still fills the GPU, else one token per block where that
+// does; false when neither does (the per-head kernel then runs).
+template <int G, class Fills>
+bool launch_filled(const AttnArgs& a, int n, cudaStream_t s, bool tiles, const Fills& fills) {
+    constexpr int T = 8 / G;
+    if constexpr (T > 1) {
+        if (tiles && fills(T)) {
+            launch_group<G, T>(a, n, s);
+            return true;
+        }
+    }
+    if (!fills(1)) return false;
+    launch_group<G, 1>(a, n, s);
+    return true;
+}
+
 }  // namespace
 
 bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s) {
@@ -223,25 +238,11 @@ bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     const bool tiles = a.group_tokens && !a.tok_pos;
     switch (a.nH / a.nKV) {
         case 2:
-            if (tiles && fills(4)) {
-                launch_group<2, 4>(a, n, s);
-                return true;
-            }
-            if (!fills(1)) return false;
-            launch_group<2, 1>(a, n, s);
-            return true;
+            return launch_filled<2>(a, n, s, tiles, fills);
         case 4:
-            if (tiles && fills(2)) {
-                launch_group<4, 2>(a, n, s);
-                return true;
-            }
-            if (!fills(1)) return false;
-            launch_group<4, 1>(a, n, s);
-            return true;
+            return launch_filled<4>(a, n, s, tiles, fills);
         case 8:
-            if (!fills(1)) return false;
-            launch_group<8, 1>(a, n, s);
-            return true;
+            return launch_filled<8>(a, n, s, tiles, fills);
         default:
             return false;
     }
