@@ -297,7 +297,7 @@ class CudaModel {
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
     bool attn_group_ = true;  // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
-    bool attn_group_tokens_ = false;  // MARKBASE_CUDA_ATTN_GROUP_TOKENS: AttnArgs.group_tokens (prefill)
+    bool attn_group_tokens_ = true;  // MARKBASE_CUDA_ATTN_GROUP_TOKENS: AttnArgs.group_tokens (prefill)
     float* xn_ = nullptr;             // [H]
     const bf16* xn_for_ = nullptr;
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean

@@ -308,7 +308,7 @@ struct AttnArgs {
     // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
     bool group_heads = false;
     // With group_heads at prefill: 8 / G consecutive tokens per block too, their pieces cut from the union of
-    // their key ranges (MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 0: not yet measured on a GPU).
+    // their key ranges (MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 1).
     bool group_tokens = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);

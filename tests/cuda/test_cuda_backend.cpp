@@ -306,7 +306,7 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMM_STACK_MAXN=0",
     "MARKBASE_CUDA_GEMM_STACK_MAXN=4096",
     "MARKBASE_CUDA_ATTN_GROUP=0",
-    "MARKBASE_CUDA_ATTN_GROUP_TOKENS=1",
+    "MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -559,7 +559,8 @@ TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
 // MARKBASE_CUDA_ATTN_GROUP (the default) computes the prefill's attention pieces with the query heads of a KV
 // group in one block (attention_group.cu), the same operations per head as the per-head kernel: at real
 // widths (groups of 8 on E2B, 4 on E4B, 2 on the 26B-A4B's and the 31B's sliding layers) the logits after a
-// prompt of two 272-token chunks, and of two decode steps after it, are bit-identical with and without it.
+// prompt of two 272-token chunks, and of two decode steps after it, are bit-identical with and without it
+// (one token per block: MARKBASE_CUDA_ATTN_GROUP_TOKENS=0; the token tiles are the next test's).
 // (272 tokens: the grouped kernel runs where it still has >= 2 blocks per SM, 264 on an H200, and E2B has one
 // KV head; the second chunk's keys include the first's. With two layers every token's layer-0 attention
 // reaches the last token's logits through its layer-1 keys and values.)
@@ -571,14 +572,14 @@ TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
     o.chunk = 272;
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
         const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=0", 544, 2);
-        const auto group = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=1", 544, 2);
+        const auto group = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=1,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
         const size_t differ = differing_logits(base, group);
         EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " logits differ";
     }
 #endif
 }
 
-// MARKBASE_CUDA_ATTN_GROUP_TOKENS=1 (not the default) also puts 8 / G consecutive prompt tokens in a block,
+// MARKBASE_CUDA_ATTN_GROUP_TOKENS (the default) also puts 8 / G consecutive prompt tokens in a block,
 // their pieces cut from the union of their key ranges: other piece boundaries, so the logits agree with the
 // per-token pieces' to float rounding, not bit for bit. At 272-token chunks the tiles run on E4B (2 tokens),
 // the 26B-A4B's and the 31B's sliding layers (4); E2B's groups of 8 heads take one token as before.
