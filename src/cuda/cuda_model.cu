@@ -274,6 +274,23 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         }
         part_o_ = alloc<float>(max_pieces * dmax);
         part_ml_ = alloc<float>(2 * max_pieces);
+        // Prefill attention as GEMMs (attention_gemm.cu): MARKBASE_CUDA_ATTN_GEMM=1 (fp32 products), tf32,
+        // or 0 (the pieces kernels). MARKBASE_CUDA_ATTN_GEMM_ROWS (tests): the score rows of the longest key
+        // range the scratch holds, default every head of a chunk, so that fewer force head and row batches.
+        if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_GEMM")) {
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 && std::strcmp(e, "tf32") != 0)
+                throw Error(std::string("MARKBASE_CUDA_ATTN_GEMM=") + e + ": expected 0, 1 or tf32");
+            attn_gemm_on_ = e[0] != '0';
+            attn_gemm_.tf32 = e[0] == 't';
+        }
+        if (attn_gemm_on_) {
+            const int64_t rows = env_int("MARKBASE_CUDA_ATTN_GEMM_ROWS", 16, 1 << 24,
+                                         static_cast<int>(std::min<int64_t>(n * nH, 1 << 24)));
+            attn_gemm_.blas = blas_;
+            attn_gemm_.s_floats = rows * attn_gemm_keys(c_, ctx, static_cast<int>(n));
+            attn_gemm_.s = alloc<float>(static_cast<size_t>(attn_gemm_.s_floats));
+            attn_gemm_.ptrs = alloc<void*>(6 * static_cast<size_t>(nH));
+        }
         if (c_.moe) {
             rlogits_ = alloc<float>(n * E);
             sel_w_ = alloc<float>(n * K);

@@ -296,9 +296,11 @@ class CudaModel {
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
-    bool attn_group_ = true;  // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
+    bool attn_group_ = true;    // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
+    bool attn_gemm_on_ = true;  // MARKBASE_CUDA_ATTN_GEMM: prefill attention as GEMMs (attention_gemm.cu)
+    AttnGemm attn_gemm_;        // its scratch, when on
     bool attn_group_tokens_ = true;  // MARKBASE_CUDA_ATTN_GROUP_TOKENS: AttnArgs.group_tokens (prefill)
-    float* xn_ = nullptr;             // [H]
+    float* xn_ = nullptr;            // [H]
     const bf16* xn_for_ = nullptr;
     bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
     bool gemv_lean8_ = false;            // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8

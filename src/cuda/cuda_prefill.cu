@@ -116,7 +116,9 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     const int64_t room = std::max<int64_t>(1, max_pieces_ / (int64_t{n} * nH));
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
-    run(pf, "attention", i, 0.0, [&] { attention(a, n, stream_); });
+    run(pf, "attention", i, 0.0, [&] {
+        if (!attn_gemm_on_ || !attention_gemm(a, n, pos0, attn_gemm_, stream_)) attention(a, n, stream_);
+    });
 
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
         split_rows(attn_, qw, qw, n, false, nullptr, eps, hi_, lo_at(n, qw), stream_);

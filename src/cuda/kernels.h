@@ -3,6 +3,7 @@
 // HF's [out, in] layout, so a weight row is one output and rows are contiguous along the input dim.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -317,6 +318,21 @@ bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
+
+// ---- attention_gemm.cu: prefill attention as cuBLAS GEMMs
+// --------------------------------------------------- One sequence's chunk of n queries at positions pos0..
+// over the key slots [0, min(cap, pos0 + n)): per head S = Q K^T, a masked softmax in place, a.out = P V;
+// heads (and, past the scratch, query rows) in batches.
+struct AttnGemm {
+    cublasHandle_t blas = nullptr;  // on the same stream
+    float* s = nullptr;             // scores scratch [s_floats]
+    int64_t s_floats = 0;
+    void** ptrs = nullptr;  // device [6][nH] pointer arrays
+    bool tf32 = false;      // TF32 products (MARKBASE_CUDA_ATTN_GEMM=tf32)
+};
+// false, with nothing launched, where it does not apply (batched decode) or the scratch cannot hold 16 rows
+// of one head's scores: the caller runs the pieces instead.
+bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
 // The experts a rank holds (expert parallelism): global ids [begin, begin + count); a group whose expert is

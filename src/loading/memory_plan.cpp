@@ -65,6 +65,7 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
                   n * max_q + n * H + 2 * n * std::max(max_I, P) + n * H + V + max_pieces * dmax +
                   2 * max_pieces;
     if (P) f32 += 2 * n * L * P;
+    f32 += n * nH * attn_gemm_keys(c, ctx, chunk) + 2 * 6 * nH;  // the scores, 6 pointer arrays of nH
     if (c.moe) f32 += n * E + 2 * n * K + 2 * (std::max(E, K) + 1) + n * K + n * H + n * K * Ie + n * K * H;
     int64_t rope = 0;
     for (const LayerSpec& s : c.layers) rope = std::max<int64_t>(rope, s.head_dim);  // two small tables

@@ -50,6 +50,15 @@ inline uint64_t moe_prefill_scratch_bytes(const ModelConfig& c, int chunk) {
            stacked;
 }
 
+// Prefill attention as GEMMs (cuda/attention_gemm.cu, MARKBASE_CUDA_ATTN_GEMM): fp32 scores for every query
+// head of a chunk over up to this many key slots, or the sliding layers' whole ring where that is longer
+// (never past the context); longer key ranges (full layers deep into a long prompt) run in head and row
+// batches of the same scratch.
+constexpr int64_t kAttnGemmKeys = 2048;
+inline int64_t attn_gemm_keys(const ModelConfig& c, int64_t ctx, int chunk) {
+    return std::min<int64_t>(ctx, std::max<int64_t>(kAttnGemmKeys, int64_t{c.sliding_window} + chunk));
+}
+
 uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk);
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk);  // reserve included
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk);

@@ -305,8 +305,9 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_PRENORM=1,MARKBASE_CUDA_MOE_OVERLAP=0,MARKBASE_CUDA_MOE_DOWN_SUM=0",
     "MARKBASE_CUDA_GEMM_STACK_MAXN=0",
     "MARKBASE_CUDA_GEMM_STACK_MAXN=4096",
-    "MARKBASE_CUDA_ATTN_GROUP=0",
-    "MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
+    "MARKBASE_CUDA_ATTN_GEMM=0",
+    "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
+    "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -394,7 +395,8 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_GEMV_LEAN8=on",     "MARKBASE_CUDA_GEGLU_LEAN8=x",
                                 "MARKBASE_CUDA_MOE_DOWN_SUM=2",    "MARKBASE_CUDA_MOE_PRENORM=x",
                                 "MARKBASE_CUDA_GEMM_STACK_MAXN=x", "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
-                                "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x"}) {
+                                "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
+                                "MARKBASE_CUDA_ATTN_GEMM=2",       "MARKBASE_CUDA_ATTN_GEMM_ROWS=8"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
@@ -560,7 +562,8 @@ TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
 // group in one block (attention_group.cu), the same operations per head as the per-head kernel: at real
 // widths (groups of 8 on E2B, 4 on E4B, 2 on the 26B-A4B's and the 31B's sliding layers) the logits after a
 // prompt of two 272-token chunks, and of two decode steps after it, are bit-identical with and without it
-// (one token per block: MARKBASE_CUDA_ATTN_GROUP_TOKENS=0; the token tiles are the next test's).
+// (one token per block: MARKBASE_CUDA_ATTN_GROUP_TOKENS=0; the token tiles are the next test's; both with the
+// pieces kernels in prefill, MARKBASE_CUDA_ATTN_GEMM=0).
 // (272 tokens: the grouped kernel runs where it still has >= 2 blocks per SM, 264 on an H200, and E2B has one
 // KV head; the second chunk's keys include the first's. With two layers every token's layer-0 attention
 // reaches the last token's logits through its layer-1 keys and values.)
@@ -571,8 +574,11 @@ TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
     o.ctx_size = 1024;
     o.chunk = 272;
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
-        const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=0", 544, 2);
-        const auto group = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP=1,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
+        const auto base =
+            synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0", 544, 2);
+        const auto group = synthetic_chain(
+            v, o, 43,
+            "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=1,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
         const size_t differ = differing_logits(base, group);
         EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " logits differ";
     }
@@ -590,13 +596,45 @@ TEST(CudaAttnGroup, TokenTilesMatchThePerTokenPieces) {
     o.ctx_size = 1024;
     o.chunk = 272;
     for (const char* v : {"e4b", "26b-a4b", "31b"}) {
-        const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
-        const auto tiles = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GROUP_TOKENS=1", 544, 2);
+        const auto base =
+            synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
+        const auto tiles =
+            synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=1", 544, 2);
         ASSERT_EQ(base.size(), tiles.size());
         const double e = rel_err(base, tiles);
         std::printf("  %s: token tiles against per-token pieces, rel err %.2e\n", v, e);
         // (the MoE's routing can flip on a near-tie between two experts, as in check_synthetic)
         EXPECT_LT(e, std::string(v) == "26b-a4b" ? 3e-2 : 1e-4) << v;
+    }
+#endif
+}
+
+// MARKBASE_CUDA_ATTN_GEMM (the default) runs the prefill's attention as cuBLAS GEMMs (attention_gemm.cu): S =
+// Q K^T per head, a masked softmax, P V; another summation order than the pieces, so the logits agree with
+// theirs to float rounding. Four 272-token chunks at a context of 1200: on E2B and E4B (window 512, a ring of
+// 784 slots) the last chunk's key slots wrap around the ring. MARKBASE_CUDA_ATTN_GEMM_ROWS=40 leaves room for
+// 40 rows of scores, so each head runs alone and in batches of query rows. TF32 products are an A/B with
+// their own, looser bound (10-bit mantissas); the error is printed.
+TEST(CudaAttnGemm, MatchesThePieces) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    BackendOptions o;
+    o.ctx_size = 1200;
+    o.chunk = 272;
+    for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
+        const bool moe = std::string(v) == "26b-a4b";
+        const auto base = synthetic_chain(v, o, 47, "MARKBASE_CUDA_ATTN_GEMM=0", 1088, 2);
+        for (const char* s :
+             {"MARKBASE_CUDA_ATTN_GEMM=1", "MARKBASE_CUDA_ATTN_GEMM=1,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
+              "MARKBASE_CUDA_ATTN_GEMM=tf32"}) {
+            const auto got = synthetic_chain(v, o, 47, s, 1088, 2);
+            ASSERT_EQ(base.size(), got.size());
+            const double e = rel_err(base, got);
+            std::printf("  %s [%s]: against the pieces, rel err %.2e\n", v, s, e);
+            const bool tf32 = std::string(s).find("tf32") != std::string::npos;
+            // (the MoE's routing can flip on a near-tie between two experts, as in check_synthetic)
+            EXPECT_LT(e, moe ? 3e-2 : tf32 ? 1e-2 : 1e-4) << v << " " << s;
+        }
     }
 #endif
 }

@@ -1,0 +1,162 @@
+// Prefill attention as cuBLAS GEMMs. The pieces kernels (attention.cu, attention_group.cu) run on CUDA cores,
+// a block per (piece of keys, KV group, tile of tokens) walking its keys one at a time: at a 512-token chunk
+// that was 48 of the 31B's 139 ms of prefill (session 13, run 1) for ~0.6 TFLOP of products. Here each query
+// head's scores are one GEMM over the chunk's tokens and the layer's key slots, S = Q K^T, then a softmax
+// over each row in place with the causal / sliding-window mask computed from the slot's position, then
+// O = P V straight into the attention output; all heads in one batched call each (pointer arrays: the G
+// heads of a KV group read the same K and V). Products accumulate in fp32 (CUBLAS_COMPUTE_32F), or in TF32
+// with MARKBASE_CUDA_ATTN_GEMM=tf32 (an A/B: 10-bit mantissas in the products).
+//
+// Key slots, not positions: the cache is a ring of `cap` slots (sliding layers: window + chunk), and after it
+// wraps the chunk's key range is two runs of slots. Every slot in [0, Ls), Ls = min(cap, pos0 + n), holds the
+// latest position of its residue class, which the mask recomputes; a slot outside a query's range scores 0
+// after the softmax. The full chunk x Ls rectangle is computed (the masked half of the chunk's own block
+// too).
+#include <algorithm>
+#include <cfloat>
+
+#include "cuda/check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+constexpr int kSoftmaxThreads = 256;
+constexpr int kSoftmaxPer = 8;  // a row of <= 2048 keys stays in registers
+constexpr int kMinRows = 16;    // fewer query rows per call than this: the pieces kernels instead
+
+// The six pointer arrays of one batch of heads [h0, h0 + hb) and query rows [q0, q0 + nq):
+// [0] K_g, [1] Q_h, [2] S_i for the scores; [3] V_g, [4] P_i (= S_i), [5] O_h for the output.
+__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t Ls, float* sc,
+                                      void** p) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= hb) return;
+    const int h = h0 + i, g = h / (a.nH / a.nKV);
+    const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d, kv = int64_t{g} * a.d;
+    float* s = sc + int64_t{i} * nq * Ls;
+    p[i] = const_cast<float*>(a.k_cache + kv);
+    p[hb + i] = const_cast<float*>(a.q + q0 * qrow + head);
+    p[2 * hb + i] = s;
+    p[3 * hb + i] = const_cast<float*>(a.v_cache + kv);
+    p[4 * hb + i] = s;
+    p[5 * hb + i] = a.out + q0 * qrow + head;
+}
+
+// The position held by key slot j (the ring's latest write of j's residue class once it has wrapped), and
+// whether the query at position p sees it.
+__device__ __forceinline__ bool slot_visible(int64_t j, int64_t p, int64_t top, int64_t cap, bool wrapped,
+                                             int window) {
+    const int64_t kp = wrapped ? top - (top - j) % cap : j;
+    return kp <= p && (window == 0 || kp > p - window);
+}
+
+// grid hb * nq rows (head i = row / nq, token q0 + row % nq), kSoftmaxThreads threads; in place:
+// S row -> softmax over the visible slots, 0 elsewhere. Cached: the row in registers (Ls <= 2048).
+template <bool Cached>
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    attn_gemm_softmax_kernel(float* sc, int64_t Ls, int nq, int q0, int64_t pos0, int n, int64_t cap,
+                             int window) {
+    pdl_begin();
+    __shared__ float red[kSoftmaxThreads / 32];
+    const int64_t row = blockIdx.x;
+    float* x = sc + row * Ls;
+    const int64_t p = pos0 + q0 + row % nq, top = pos0 + n - 1;
+    const bool wrapped = pos0 + n > cap;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    auto block_reduce = [&](float v, bool is_max) {
+        for (int o = 16; o > 0; o >>= 1) {
+            const float u = __shfl_xor_sync(0xffffffffu, v, o);
+            v = is_max ? fmaxf(v, u) : v + u;
+        }
+        __syncthreads();  // red[] free from the previous reduction
+        if (lane == 0) red[warp] = v;
+        __syncthreads();
+        v = red[0];
+        for (int w = 1; w < kSoftmaxThreads / 32; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+        return v;
+    };
+    if constexpr (Cached) {
+        float v[kSoftmaxPer];
+        float m = -FLT_MAX;
+#pragma unroll
+        for (int k = 0; k < kSoftmaxPer; ++k) {
+            const int64_t j = tid + int64_t{k} * kSoftmaxThreads;
+            v[k] = j < Ls && slot_visible(j, p, top, cap, wrapped, window) ? x[j] : -FLT_MAX;
+            m = fmaxf(m, v[k]);
+        }
+        m = block_reduce(m, true);
+        float l = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kSoftmaxPer; ++k) {
+            v[k] = v[k] == -FLT_MAX ? 0.0f : expf(v[k] - m);
+            l += v[k];
+        }
+        const float inv = 1.0f / block_reduce(l, false);
+#pragma unroll
+        for (int k = 0; k < kSoftmaxPer; ++k) {
+            const int64_t j = tid + int64_t{k} * kSoftmaxThreads;
+            if (j < Ls) x[j] = v[k] * inv;
+        }
+    } else {
+        float m = -FLT_MAX;
+        for (int64_t j = tid; j < Ls; j += kSoftmaxThreads)
+            if (slot_visible(j, p, top, cap, wrapped, window)) m = fmaxf(m, x[j]);
+        m = block_reduce(m, true);
+        float l = 0.0f;
+        for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) {
+            const float e = slot_visible(j, p, top, cap, wrapped, window) ? expf(x[j] - m) : 0.0f;
+            x[j] = e;
+            l += e;
+        }
+        const float inv = 1.0f / block_reduce(l, false);
+        for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) x[j] *= inv;
+    }
+}
+
+}  // namespace
+
+bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
+    if (a.tok_pos || a.nKV <= 0 || a.nH % a.nKV) return false;  // one sequence's cache only
+    const int64_t Ls = std::min<int64_t>(a.cap, pos0 + n);
+    const int64_t rows_fit = g.s_floats / Ls;  // query rows of one head the scratch holds
+    if (rows_fit < std::min(n, kMinRows)) return false;
+    const int nq = static_cast<int>(std::min<int64_t>(n, rows_fit));
+    const int hb = static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{nq} * Ls), 1, a.nH));
+    const float one = 1.0f, zero = 0.0f;
+    const cublasComputeType_t compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const int ldq = a.nH * a.d, ldkv = a.nKV * a.d, ls = static_cast<int>(Ls);
+    void** p = g.ptrs;
+    for (int q0 = 0; q0 < n; q0 += nq) {
+        const int rows = std::min(nq, n - q0);
+        for (int h0 = 0; h0 < a.nH; h0 += hb) {
+            const int heads = std::min(hb, a.nH - h0);
+            launch_kernel(attn_gemm_ptrs_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows, h0,
+                          heads, Ls, g.s, p);
+            CUDA_CHECK_LAUNCH();
+            // row-major S[t][j] = sum_c Q[t][c] K[j][c]: column-major S^T (Ls x rows) = K^T(op T) Q^T
+            CUBLAS_CHECK(cublasGemmBatchedEx(
+                g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d, &one, p, CUDA_R_32F, ldkv, p + heads,
+                CUDA_R_32F, ldq, &zero, p + 2 * heads, CUDA_R_32F, ls, heads, compute, CUBLAS_GEMM_DEFAULT));
+            const dim3 grid(static_cast<unsigned>(int64_t{heads} * rows));
+            if (Ls <= int64_t{kSoftmaxThreads} * kSoftmaxPer)
+                launch_kernel(attn_gemm_softmax_kernel<true>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
+                              rows, q0, pos0, n, a.cap, a.window);
+            else
+                launch_kernel(attn_gemm_softmax_kernel<false>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
+                              rows, q0, pos0, n, a.cap, a.window);
+            CUDA_CHECK_LAUNCH();
+            // row-major O[t][c] = sum_j P[t][j] V[j][c]: column-major O^T (d x rows) = V^T P^T
+            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, a.d, rows, ls, &one,
+                                             p + 3 * heads, CUDA_R_32F, ldkv, p + 4 * heads, CUDA_R_32F, ls,
+                                             &zero, p + 5 * heads, CUDA_R_32F, ldq, heads, compute,
+                                             CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    return true;
+}
+
+}  // namespace markbase::cuda
