@@ -23,9 +23,10 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
 // grid (nsplit, nKV, ceil(n / T)); dynamic shared memory G T d floats (the queries). Rows r < G T: token
-// t0 + r / G, head h0 + r % G. T > 1 (prefill only; MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 1): the block's T tokens
-// share their pieces, cut from the union of their key ranges, and each row masks the keys outside its own
-// range (-inf scores, so exp gives 0); other piece boundaries than the per-token ones, so not bit-identical.
+// t0 + r / G, head h0 + r % G. T > 1 (prefill only; MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 1): the block's
+// T tokens share their pieces, cut from the union of their key ranges, and each row masks the keys outside
+// its own range (-inf scores, so exp gives 0); other piece boundaries than the per-token ones, so not
+// bit-identical.
 template <int G, int T, bool Batched>
 __global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel(const AttnArgs a, int n) {
     static_assert(T == 1 || !Batched, "token tiles need one sequence's cache");

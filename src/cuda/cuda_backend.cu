@@ -80,9 +80,12 @@ class CudaBackendImpl final : public CudaBackend {
         if (!config().moe) return {};
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();
         return "MoE experts: " + std::to_string(m.gemm_layers) + " layers as batched GEMMs (" +
-               std::to_string(m.passes) + " passes of <= " + std::to_string(m.cap) +
-               " entries per expert; busiest expert " + std::to_string(m.busiest) + " entries), " +
-               std::to_string(m.gemv_layers) + " as grouped GEMVs (since the model was built)";
+               std::to_string(m.compact_layers) + " in one pass over each expert's own rows, " +
+               std::to_string(m.buckets) + " GEMMs of equal padded rows; " + std::to_string(m.passes) +
+               " passes of <= " + std::to_string(m.cap) +
+               " entries per expert in the others; busiest expert " + std::to_string(m.busiest) +
+               " entries), " + std::to_string(m.gemv_layers) +
+               " as grouped GEMVs (since the model was built)";
     }
     uint64_t weight_bytes() const override { return model_.weights().bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }

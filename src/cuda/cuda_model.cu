@@ -352,8 +352,16 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             mg_ = alloc<float>(rows * Ie);
             mu_ = alloc<float>(rows * Ie);
             mh_ = alloc<bf16>(2 * rows * Ie);
-            if (const int srows = std::min(moe_cap_, gemm_stack_max_n_); moe_gemm_ && srows > 0)
+            if (const int srows = std::min(moe_cap_, gemm_stack_max_n_); moe_gemm_ && srows > 0) {
                 ey2_ = alloc<float>(int64_t{E} * 2 * srows * std::max(2 * Ie, H));
+                // the compact pass reuses the scratch: [2 R][H] bf16 in mx_, [2 R][Ie] in mh_, ey2_ for both
+                // GEMMs' outputs
+                moe_compact_ = env_flag("MARKBASE_CUDA_MOE_COMPACT", true);
+                moe_compact_rows_ = std::min<int64_t>(rows, int64_t{E} * srows);
+                const size_t plan = 6 * static_cast<size_t>(E) * sizeof(void*) + (E + 1) * sizeof(int);
+                CUDA_CHECK(cudaMallocHost(&h_mplan_, plan));
+                d_mplan_ = alloc<char>(plan);
+            }
             CUDA_CHECK(cudaMallocHost(&h_goff_, (E + 1) * sizeof(int)));
             gexp_ = alloc<int>(std::max(E, K) + 1);
             goff_ = alloc<int>(std::max(E, K) + 1);
@@ -424,13 +432,14 @@ void CudaModel::release() {
     h_state_ = nullptr;
     if (h_ids_) cudaFreeHost(h_ids_);
     h_ids_ = nullptr;
-    for (void* p :
-         {static_cast<void*>(h_sel_top_), static_cast<void*>(h_sel_info_), static_cast<void*>(h_pen_)})
+    for (void* p : {static_cast<void*>(h_sel_top_), static_cast<void*>(h_sel_info_),
+                    static_cast<void*>(h_pen_), static_cast<void*>(h_goff_), h_mplan_})
         if (p) cudaFreeHost(p);
     h_sel_top_ = nullptr;
     h_sel_info_ = nullptr;
     h_pen_ = nullptr;
     h_goff_ = nullptr;
+    h_mplan_ = nullptr;
 }
 
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {

@@ -142,6 +142,7 @@ class CudaModel {
     // receipt how its layers ran).
     struct MoePrefillStats {
         int gemm_layers = 0, passes = 0, gemv_layers = 0;
+        int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
         int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
     };
     const MoePrefillStats& moe_prefill_stats() const { return moe_stats_; }
@@ -226,6 +227,7 @@ class CudaModel {
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): batched GEMMs when
     // enabled and the busiest expert fits the scratch, else the grouped GEMV kernels. Writes eslots_.
     void prefill_experts(int i, int n);
+    bool prefill_experts_compact(int i);  // false: the layer does not fit the compact layout's scratch
     void ensure_graph();
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
     void release();            // frees everything this object allocated (destructor, failed constructor)
@@ -377,6 +379,13 @@ class CudaModel {
     float *mg_ = nullptr, *mu_ = nullptr;
     bf16* mh_ = nullptr;
     int* h_goff_ = nullptr;  // pinned [E + 1]
+    // MARKBASE_CUDA_MOE_COMPACT (cuda_prefill.cu): the compact pass's plan, 6 pointer arrays of E and the
+    // padded row offsets [E + 1], pinned on the host and its device copy; the rows its scratch holds
+    bool moe_compact_ = false;
+    void* h_mplan_ = nullptr;
+    void* d_mplan_ = nullptr;
+    int64_t moe_compact_rows_ = 0;
+    std::vector<int> moe_order_;  // the active experts by padded rows
 
     // MoE scratch
     float *rlogits_ = nullptr, *sel_w_ = nullptr, *e_in_ = nullptr, *eh_ = nullptr, *eslots_ = nullptr;

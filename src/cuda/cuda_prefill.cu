@@ -195,7 +195,9 @@ void CudaModel::prefill_experts(int i, int n) {
         CUDA_CHECK(cudaMemcpyAsync(h_goff_, goff_, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         for (int e = 0; e < E; ++e) max_n = std::max(max_n, h_goff_[e + 1] - h_goff_[e]);
+        moe_stats_.busiest = std::max(moe_stats_.busiest, max_n);
     }
+    if (moe_gemm_ && max_n > 0 && moe_compact_ && prefill_experts_compact(i)) return;
     if (!moe_gemm_ || max_n == 0) {
         moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
         moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
@@ -207,7 +209,6 @@ void CudaModel::prefill_experts(int i, int n) {
     // passes (random-weight models route unevenly, so a layer used to fall back to the GEMV kernels whenever
     // its busiest expert exceeded the scratch).
     ++moe_stats_.gemm_layers;
-    moe_stats_.busiest = std::max(moe_stats_.busiest, max_n);
     moe_stats_.cap = moe_cap_;
     for (int first = 0; first < max_n; first += moe_cap_) {
         const int m = std::min(moe_cap_, max_n - first);
@@ -237,6 +238,83 @@ void CudaModel::prefill_experts(int i, int n) {
         gemm_batched(lw.experts_down, int64_t{H} * Ie, H, Ie, E, m, h_hi, h_lo, y);
         moe_scatter_rows(y, H, gent_, goff_, E, first, m, eslots_, stream_);
     }
+}
+
+namespace {
+// An expert's entries padded for the compact pass: few distinct row counts (each is one batched GEMM), at
+// most 15 / 31 / 63 rows of padding per expert.
+int padded_rows(int entries) {
+    if (entries <= 0) return 0;
+    const int unit = entries <= 64 ? 16 : entries <= 256 ? 32 : 64;
+    return (entries + unit - 1) / unit * unit;
+}
+}  // namespace
+
+// One pass over each expert's own rows (MARKBASE_CUDA_MOE_COMPACT). The passes above run every expert at the
+// pass's row count, set by the busiest expert: with random routing's 4096 entries over 128 experts (mean 32,
+// busiest ~500) a 512-token chunk took ~4 passes whose GEMMs were ~3/4 padding. Here expert e's entries are
+// padded to r_e rows (padded_rows), and the experts with the same r_e are one batched GEMM over pointer
+// arrays: each expert's weights are read once and its products cover its own rows. The plan is made on the
+// host from the entry counts prefill_experts has already copied back.
+bool CudaModel::prefill_experts_compact(int i) {
+    const LayerWeights& lw = w_.layers[i];
+    const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+    void** hp = static_cast<void**>(h_mplan_);
+    int* roff = reinterpret_cast<int*>(hp + 6 * static_cast<size_t>(E));
+    roff[0] = 0;
+    int max_r = 0;
+    moe_order_.clear();
+    for (int e = 0; e < E; ++e) {
+        const int r = padded_rows(h_goff_[e + 1] - h_goff_[e]);
+        roff[e + 1] = roff[e] + r;
+        max_r = std::max(max_r, r);
+        if (r > 0) moe_order_.push_back(e);
+    }
+    if (roff[E] > moe_compact_rows_) return false;
+    std::stable_sort(moe_order_.begin(), moe_order_.end(),
+                     [&](int a, int b) { return roff[a + 1] - roff[a] < roff[b + 1] - roff[b]; });
+    // six arrays of the active experts, in that order: gate/up A, B, C, then down A, B, C
+    const size_t na = moe_order_.size();
+    bf16* xs = static_cast<bf16*>(mx_);
+    const int64_t gu_stride = 2 * int64_t{Ie} * H;
+    for (size_t j = 0; j < na; ++j) {
+        const int e = moe_order_[j];
+        const int64_t row = 2 * int64_t{roff[e]};
+        hp[j] = const_cast<bf16*>(lw.experts_gate_up + e * gu_stride);
+        hp[na + j] = xs + row * H;
+        hp[2 * na + j] = ey2_ + row * 2 * Ie;
+        hp[3 * na + j] = const_cast<bf16*>(lw.experts_down + int64_t{e} * H * Ie);
+        hp[4 * na + j] = mh_ + row * Ie;
+        hp[5 * na + j] = ey2_ + row * H;
+    }
+    void** dp = static_cast<void**>(d_mplan_);
+    const int* d_roff = reinterpret_cast<const int*>(dp + 6 * static_cast<size_t>(E));
+    CUDA_CHECK(cudaMemcpyAsync(d_mplan_, h_mplan_, 6 * E * sizeof(void*) + (E + 1) * sizeof(int),
+                               cudaMemcpyHostToDevice, stream_));
+    moe_gather_compact(e_in_, H, K, gent_, goff_, d_roff, E, max_r, xs, stream_);
+    // bucket [b, b_end) of the order: experts with r rows, one batched GEMM (stacked halves: 2 r columns)
+    auto buckets = [&](int which, int N, int Kd) {
+        const float one = 1.0f, zero = 0.0f;
+        for (size_t b = 0; b < na;) {
+            const int e0 = moe_order_[b], r = roff[e0 + 1] - roff[e0];
+            size_t end = b + 1;
+            while (end < na && roff[moe_order_[end] + 1] - roff[moe_order_[end]] == r) ++end;
+            void** a = dp + 3 * which * na;
+            CUBLAS_CHECK(cublasGemmBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * r, Kd, &one, a + b,
+                                             CUDA_R_16BF, Kd, a + na + b, CUDA_R_16BF, Kd, &zero,
+                                             a + 2 * na + b, CUDA_R_32F, N, static_cast<int>(end - b),
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            if (which == 0) ++moe_stats_.buckets;
+            b = end;
+        }
+    };
+    buckets(0, 2 * Ie, H);
+    moe_geglu_compact(ey2_, d_roff, E, max_r, Ie, mh_, stream_);
+    buckets(1, H, Ie);
+    moe_scatter_compact(ey2_, H, gent_, goff_, d_roff, E, max_r, eslots_, stream_);
+    ++moe_stats_.gemm_layers;
+    ++moe_stats_.compact_layers;
+    return true;
 }
 
 }  // namespace markbase::cuda

@@ -392,6 +392,15 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 // The stacked gate/up output [E][2 max_n][gate Ie | up Ie] to the down GEMM's stacked bf16 input [E][2
 // max_n][Ie]: gelu(g) * u of the halves' sums, split into hi and lo rows.
 void moe_geglu_halves(const float* y2, int E, int max_n, int Ie, bf16* h, cudaStream_t s);
+// The same in one pass over each expert's own rows (MARKBASE_CUDA_MOE_COMPACT): expert e's rows padded to r_e
+// = row_off[e + 1] - row_off[e] (max_r the largest), its stacked [hi; lo] block at row 2 row_off[e] of xs
+// [2 R][H] bf16, of the gate/up output [2 R][2 Ie], of h [2 R][Ie] and of the down output y [2 R][H].
+void moe_gather_compact(const float* x, int H, int K, const int* entries, const int* group_off,
+                        const int* row_off, int E, int max_r, bf16* xs, cudaStream_t s);
+void moe_geglu_compact(const float* y2, const int* row_off, int E, int max_r, int Ie, bf16* h,
+                       cudaStream_t s);
+void moe_scatter_compact(const float* y, int H, const int* entries, const int* group_off, const int* row_off,
+                         int E, int max_r, float* slots, cudaStream_t s);
 
 // buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its
 // x, w, scale, eps; n = H), then x = (x + RMSNorm(buf) * w) * scale. One block; every rank must call it in

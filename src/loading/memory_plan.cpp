@@ -67,6 +67,7 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
     if (P) f32 += 2 * n * L * P;
     f32 += n * nH * attn_gemm_keys(c, ctx, chunk) + 2 * 6 * nH;  // the scores, 6 pointer arrays of nH
     if (c.moe) f32 += n * E + 2 * n * K + 2 * (std::max(E, K) + 1) + n * K + n * H + n * K * Ie + n * K * H;
+    if (c.moe) f32 += 2 * 6 * E + E + 1;  // the compact experts pass's plan (6 pointer arrays, row offsets)
     int64_t rope = 0;
     for (const LayerSpec& s : c.layers) rope = std::max<int64_t>(rope, s.head_dim);  // two small tables
     // the dense GEMMs' stacked output (kGemmStackMaxN): [2 min(n, max)][widest dense output] fp32
