@@ -278,10 +278,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // or 0 (the pieces kernels). MARKBASE_CUDA_ATTN_GEMM_ROWS (tests): the score rows of the longest key
         // range the scratch holds, default every head of a chunk, so that fewer force head and row batches.
         if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_GEMM")) {
-            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 && std::strcmp(e, "tf32") != 0)
-                throw Error(std::string("MARKBASE_CUDA_ATTN_GEMM=") + e + ": expected 0, 1 or tf32");
+            if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 && std::strcmp(e, "tf32") != 0 &&
+                std::strcmp(e, "bf16x3") != 0)
+                throw Error(std::string("MARKBASE_CUDA_ATTN_GEMM=") + e + ": expected 0, 1, tf32 or bf16x3");
             attn_gemm_on_ = e[0] != '0';
             attn_gemm_.tf32 = e[0] == 't';
+            attn_gemm_.bf16x3 = e[0] == 'b';
         }
         if (attn_gemm_on_) {
             const int64_t rows = env_int("MARKBASE_CUDA_ATTN_GEMM_ROWS", 16, 1 << 24,
@@ -290,6 +292,14 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             attn_gemm_.s_floats = rows * attn_gemm_keys(c_, ctx, static_cast<int>(n));
             attn_gemm_.s = alloc<float>(static_cast<size_t>(attn_gemm_.s_floats));
             attn_gemm_.ptrs = alloc<void*>(6 * static_cast<size_t>(nH));
+            if (attn_gemm_.bf16x3) {
+                const int64_t keys = attn_gemm_keys(c_, ctx, static_cast<int>(n));
+                attn_gemm_.keys3 = keys;
+                attn_gemm_.q3 = alloc<uint16_t>(3 * n * max_q);
+                attn_gemm_.k3 = alloc<uint16_t>(3 * keys * max_kv);
+                attn_gemm_.v3 = alloc<uint16_t>(3 * keys * max_kv);
+                attn_gemm_.p3 = alloc<uint16_t>(3 * static_cast<size_t>(attn_gemm_.s_floats));
+            }
         }
         if (c_.moe) {
             rlogits_ = alloc<float>(n * E);
@@ -356,7 +366,20 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 ey2_ = alloc<float>(int64_t{E} * 2 * srows * std::max(2 * Ie, H));
                 // the compact pass reuses the scratch: [2 R][H] bf16 in mx_, [2 R][Ie] in mh_, ey2_ for both
                 // GEMMs' outputs
-                moe_compact_ = env_flag("MARKBASE_CUDA_MOE_COMPACT", true);
+                // MARKBASE_CUDA_MOE_COMPACT=0|1|grouped (grouped: the buckets as the groups of one cuBLAS
+                // grouped GEMM per matrix, an A/B), MARKBASE_CUDA_MOE_COMPACT_MIN: the fewest rows an active
+                // expert is padded to (an A/B: more padding, fewer and larger GEMMs)
+                if (const char* e = std::getenv("MARKBASE_CUDA_MOE_COMPACT")) {
+                    if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 &&
+                        std::strcmp(e, "grouped") != 0)
+                        throw Error(std::string("MARKBASE_CUDA_MOE_COMPACT=") + e +
+                                    ": expected 0, 1 or grouped");
+                    moe_compact_ = e[0] != '0';
+                    moe_grouped_ = e[0] == 'g';
+                } else {
+                    moe_compact_ = true;
+                }
+                moe_compact_min_ = env_int("MARKBASE_CUDA_MOE_COMPACT_MIN", 1, 512, 16);
                 moe_compact_rows_ = std::min<int64_t>(rows, int64_t{E} * srows);
                 const size_t plan = 6 * static_cast<size_t>(E) * sizeof(void*) + (E + 1) * sizeof(int);
                 CUDA_CHECK(cudaMallocHost(&h_mplan_, plan));

@@ -243,10 +243,10 @@ void CudaModel::prefill_experts(int i, int n) {
 namespace {
 // An expert's entries padded for the compact pass: few distinct row counts (each is one batched GEMM), at
 // most 15 / 31 / 63 rows of padding per expert.
-int padded_rows(int entries) {
+int padded_rows(int entries, int min_rows) {
     if (entries <= 0) return 0;
     const int unit = entries <= 64 ? 16 : entries <= 256 ? 32 : 64;
-    return (entries + unit - 1) / unit * unit;
+    return std::max(min_rows, (entries + unit - 1) / unit * unit);
 }
 }  // namespace
 
@@ -265,7 +265,7 @@ bool CudaModel::prefill_experts_compact(int i) {
     int max_r = 0;
     moe_order_.clear();
     for (int e = 0; e < E; ++e) {
-        const int r = padded_rows(h_goff_[e + 1] - h_goff_[e]);
+        const int r = padded_rows(h_goff_[e + 1] - h_goff_[e], moe_compact_min_);
         roff[e + 1] = roff[e] + r;
         max_r = std::max(max_r, r);
         if (r > 0) moe_order_.push_back(e);
@@ -295,18 +295,33 @@ bool CudaModel::prefill_experts_compact(int i) {
     // bucket [b, b_end) of the order: experts with r rows, one batched GEMM (stacked halves: 2 r columns)
     auto buckets = [&](int which, int N, int Kd) {
         const float one = 1.0f, zero = 0.0f;
+        void** a = dp + 3 * which * na;
+        std::vector<int> cols, sizes;  // per bucket: 2 r stacked columns, its experts
         for (size_t b = 0; b < na;) {
             const int e0 = moe_order_[b], r = roff[e0 + 1] - roff[e0];
             size_t end = b + 1;
             while (end < na && roff[moe_order_[end] + 1] - roff[moe_order_[end]] == r) ++end;
-            void** a = dp + 3 * which * na;
-            CUBLAS_CHECK(cublasGemmBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * r, Kd, &one, a + b,
-                                             CUDA_R_16BF, Kd, a + na + b, CUDA_R_16BF, Kd, &zero,
-                                             a + 2 * na + b, CUDA_R_32F, N, static_cast<int>(end - b),
-                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             if (which == 0) ++moe_stats_.buckets;
+            if (moe_grouped_) {
+                cols.push_back(2 * r);
+                sizes.push_back(static_cast<int>(end - b));
+            } else {
+                CUBLAS_CHECK(cublasGemmBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * r, Kd, &one, a + b,
+                                                 CUDA_R_16BF, Kd, a + na + b, CUDA_R_16BF, Kd, &zero,
+                                                 a + 2 * na + b, CUDA_R_32F, N, static_cast<int>(end - b),
+                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            }
             b = end;
         }
+        if (!moe_grouped_) return;
+        const size_t g = cols.size();
+        const std::vector<cublasOperation_t> ta(g, CUBLAS_OP_T), tb(g, CUBLAS_OP_N);
+        const std::vector<int> ns(g, N), ks(g, Kd);
+        const std::vector<float> alpha(g, one), beta(g, zero);
+        CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+            blas_, ta.data(), tb.data(), ns.data(), cols.data(), ks.data(), alpha.data(), a, CUDA_R_16BF,
+            ks.data(), a + na, CUDA_R_16BF, ks.data(), beta.data(), a + 2 * na, CUDA_R_32F, ns.data(),
+            static_cast<int>(g), sizes.data(), CUBLAS_COMPUTE_32F));
     };
     buckets(0, 2 * Ie, H);
     moe_geglu_compact(ey2_, d_roff, E, max_r, Ie, mh_, stream_);

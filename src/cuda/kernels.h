@@ -329,6 +329,11 @@ struct AttnGemm {
     int64_t s_floats = 0;
     void** ptrs = nullptr;  // device [6][nH] pointer arrays
     bool tf32 = false;      // TF32 products (MARKBASE_CUDA_ATTN_GEMM=tf32)
+    // bf16x3 (MARKBASE_CUDA_ATTN_GEMM=bf16x3): bf16 hi/lo copies for key ranges of at most keys3 slots,
+    // q3 [n][nH][3d], k3 [keys3][nKV][3d], v3 [3][keys3][nKV][d], p3 [3 s_floats]
+    bool bf16x3 = false;
+    int64_t keys3 = 0;
+    uint16_t *q3 = nullptr, *k3 = nullptr, *v3 = nullptr, *p3 = nullptr;
 };
 // false, with nothing launched, where it does not apply (batched decode) or the scratch cannot hold 16 rows
 // of one head's scores: the caller runs the pieces instead.
