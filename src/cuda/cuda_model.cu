@@ -274,9 +274,13 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         }
         part_o_ = alloc<float>(max_pieces * dmax);
         part_ml_ = alloc<float>(2 * max_pieces);
-        // Prefill attention as GEMMs (attention_gemm.cu): MARKBASE_CUDA_ATTN_GEMM=1 (fp32 products), tf32,
-        // or 0 (the pieces kernels). MARKBASE_CUDA_ATTN_GEMM_ROWS (tests): the score rows of the longest key
-        // range the scratch holds, default every head of a chunk, so that fewer force head and row batches.
+        // Prefill attention as GEMMs (attention_gemm.cu): MARKBASE_CUDA_ATTN_GEMM=bf16x3 (the default: bf16
+        // tensor cores over hi/lo halves; session 13's H200 A/B against fp32 products, prefill of 512 tokens:
+        // E2B +9.9%, E4B +6.6%, 26B-A4B +4.7%, 31B +4.5%, the error against the pieces 1.4-2.7e-6 where
+        // fp32's is 0.8-1.7e-6), 1 (fp32 products), tf32, or 0 (the pieces kernels).
+        // MARKBASE_CUDA_ATTN_GEMM_ROWS (tests): the score rows of the longest key range the scratch holds,
+        // default every head of a chunk, so that fewer force head and row batches.
+        attn_gemm_.bf16x3 = true;
         if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_GEMM")) {
             if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 && std::strcmp(e, "tf32") != 0 &&
                 std::strcmp(e, "bf16x3") != 0)
@@ -316,10 +320,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");
                 moe_gemm_ = std::strcmp(e, "gemm") == 0;
             }
-            if (sharded()) moe_gemm_ = false;  // the batched GEMMs would stream every expert; a rank has some
-            // on by default since session 4's H200 A/B (26B-A4B 4.335 -> 4.166 ms/token); on the ranks too
-            // since session 10's two-GPU run (26B-A4B tp2 2.822 -> 2.736 ms/token, the same ids; the
-            // tensor-parallel tests pass under it)
+            // a rank holds some of the experts: the passes' batched GEMMs would stream every expert, so a
+            // rank runs its held experts' rows in the compact pass only (prefill_experts), else the GEMV
+            // kernels on by default since session 4's H200 A/B (26B-A4B 4.335 -> 4.166 ms/token); on the
+            // ranks too since session 10's two-GPU run (26B-A4B tp2 2.822 -> 2.736 ms/token, the same ids;
+            // the tensor-parallel tests pass under it)
             moe_overlap_ = true;
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_OVERLAP"))
                 moe_overlap_ = std::strcmp(e, "1") == 0;
@@ -366,20 +371,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 ey2_ = alloc<float>(int64_t{E} * 2 * srows * std::max(2 * Ie, H));
                 // the compact pass reuses the scratch: [2 R][H] bf16 in mx_, [2 R][Ie] in mh_, ey2_ for both
                 // GEMMs' outputs
-                // MARKBASE_CUDA_MOE_COMPACT=0|1|grouped (grouped: the buckets as the groups of one cuBLAS
-                // grouped GEMM per matrix, an A/B), MARKBASE_CUDA_MOE_COMPACT_MIN: the fewest rows an active
-                // expert is padded to (an A/B: more padding, fewer and larger GEMMs)
-                if (const char* e = std::getenv("MARKBASE_CUDA_MOE_COMPACT")) {
-                    if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 &&
-                        std::strcmp(e, "grouped") != 0)
-                        throw Error(std::string("MARKBASE_CUDA_MOE_COMPACT=") + e +
-                                    ": expected 0, 1 or grouped");
-                    moe_compact_ = e[0] != '0';
-                    moe_grouped_ = e[0] == 'g';
-                } else {
-                    moe_compact_ = true;
-                }
-                moe_compact_min_ = env_int("MARKBASE_CUDA_MOE_COMPACT_MIN", 1, 512, 16);
+                // session 13's H200 A/B: 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s, the same bits
+                moe_compact_ = env_flag("MARKBASE_CUDA_MOE_COMPACT", true);
                 moe_compact_rows_ = std::min<int64_t>(rows, int64_t{E} * srows);
                 const size_t plan = 6 * static_cast<size_t>(E) * sizeof(void*) + (E + 1) * sizeof(int);
                 CUDA_CHECK(cudaMallocHost(&h_mplan_, plan));

@@ -382,8 +382,6 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_COMPACT (cuda_prefill.cu): the compact pass's plan, 6 pointer arrays of E and the
     // padded row offsets [E + 1], pinned on the host and its device copy; the rows its scratch holds
     bool moe_compact_ = false;
-    bool moe_grouped_ = false;  // MARKBASE_CUDA_MOE_COMPACT=grouped
-    int moe_compact_min_ = 16;  // MARKBASE_CUDA_MOE_COMPACT_MIN
     void* h_mplan_ = nullptr;
     void* d_mplan_ = nullptr;
     int64_t moe_compact_rows_ = 0;
