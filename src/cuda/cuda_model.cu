@@ -274,13 +274,11 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         }
         part_o_ = alloc<float>(max_pieces * dmax);
         part_ml_ = alloc<float>(2 * max_pieces);
-        // Prefill attention as GEMMs (attention_gemm.cu): MARKBASE_CUDA_ATTN_GEMM=bf16x3 (the default: bf16
-        // tensor cores over hi/lo halves; session 13's H200 A/B against fp32 products, prefill of 512 tokens:
-        // E2B +9.9%, E4B +6.6%, 26B-A4B +4.7%, 31B +4.5%, the error against the pieces 1.4-2.7e-6 where
-        // fp32's is 0.8-1.7e-6), 1 (fp32 products), tf32, or 0 (the pieces kernels).
-        // MARKBASE_CUDA_ATTN_GEMM_ROWS (tests): the score rows of the longest key range the scratch holds,
-        // default every head of a chunk, so that fewer force head and row batches.
-        attn_gemm_.bf16x3 = true;
+        // Prefill attention as GEMMs (attention_gemm.cu): MARKBASE_CUDA_ATTN_GEMM=1 (the default: fp32
+        // products), bf16x3 (bf16 tensor cores over hi/lo halves: session 13 measured prefill of 512 tokens
+        // +4.5..+9.9% against fp32, but of 4096 tokens E2B -42% / 31B +6%, not yet explained), tf32, or 0
+        // (the pieces kernels). MARKBASE_CUDA_ATTN_GEMM_ROWS (tests): the score rows of the longest key range
+        // the scratch holds, default every head of a chunk, so that fewer force head and row batches.
         if (const char* e = std::getenv("MARKBASE_CUDA_ATTN_GEMM")) {
             if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0 && std::strcmp(e, "tf32") != 0 &&
                 std::strcmp(e, "bf16x3") != 0)

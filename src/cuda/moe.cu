@@ -459,8 +459,8 @@ __global__ void scatter_compact_kernel(const float* y, int H, const int* entries
     pdl_begin();
     const int p = blockIdx.x, e = blockIdx.y;
     const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    if (p >= ne) return;
     const int r0 = row_off[e], re = row_off[e + 1] - r0;
+    if (p >= ne || p >= re) return;  // re = 0: an expert another rank holds (its entries stay zero here)
     const float* src = y + (2 * static_cast<int64_t>(r0) + p) * H;
     const int64_t lo = static_cast<int64_t>(re) * H;
     float* dst = slots + static_cast<int64_t>(entries[o0 + p]) * H;

@@ -306,7 +306,7 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMM_STACK_MAXN=0",
     "MARKBASE_CUDA_GEMM_STACK_MAXN=4096",
     "MARKBASE_CUDA_ATTN_GEMM=0",
-    "MARKBASE_CUDA_ATTN_GEMM=1",
+    "MARKBASE_CUDA_ATTN_GEMM=bf16x3",
     "MARKBASE_CUDA_MOE_COMPACT=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
@@ -617,8 +617,8 @@ TEST(CudaAttnGroup, TokenTilesMatchThePerTokenPieces) {
 // theirs to float rounding. Four 272-token chunks at a context of 1200: on E2B and E4B (window 512, a ring of
 // 784 slots) the last chunk's key slots wrap around the ring. MARKBASE_CUDA_ATTN_GEMM_ROWS=40 leaves room for
 // 40 rows of scores, so each head runs alone and in batches of query rows. TF32 products are an A/B with
-// their own, looser bound (10-bit mantissas); the error is printed. bf16x3 (hi/lo halves on tensor cores, the
-// default; 1 = fp32 products) is held to the fp32 products' bound.
+// their own, looser bound (10-bit mantissas); the error is printed. bf16x3 (hi/lo halves on tensor cores, an
+// A/B setting) is held to the fp32 products' bound.
 TEST(CudaAttnGemm, MatchesThePieces) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
