@@ -236,6 +236,7 @@ int cmd_bench_cuda(ArgReader& a) {
     nlohmann::json prof_json = nlohmann::json::array();
     nlohmann::json by_kernel_json = nlohmann::json::object();
     double prof_total = 0, prof_prefill_total = 0;
+    int prof_prefill_at = 0;  // the profiled prefill chunk's first position
     nlohmann::json prefill_by_phase_json = nlohmann::json::object();
     if (profile) {
         be->reset();
@@ -282,10 +283,15 @@ int cmd_bench_cuda(ArgReader& a) {
         }
         std::printf("\n");
         // the prefill the same way, phase by phase (a phase is one or a few launches: GEMMs with their input
-        // splits, attention, the MoE's router / route / experts / combine)
+        // splits, attention, the MoE's router / route / experts / combine): the prompt's last chunk, after
+        // its other tokens, so a long --prefill-tokens shows the cost deep into the context
         const int n_pp = std::min(n_prefill, chunk);
         if (n_pp > 0) {
-            const std::vector<CudaProfileEntry> pp = be->profile_prefill(long_prompt.data(), n_pp);
+            be->reset();
+            prof_prefill_at = n_prefill - n_pp;
+            if (prof_prefill_at > 0) be->eval(long_prompt.data(), prof_prefill_at, nullptr, false);
+            const std::vector<CudaProfileEntry> pp =
+                be->profile_prefill(long_prompt.data() + prof_prefill_at, n_pp);
             std::map<std::string, Agg> by_phase;
             for (const auto& e : pp) {
                 Agg& k = by_phase[e.kernel];
@@ -297,8 +303,9 @@ int cmd_bench_cuda(ArgReader& a) {
             std::vector<std::pair<std::string, Agg>> prow(by_phase.begin(), by_phase.end());
             std::sort(prow.begin(), prow.end(),
                       [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-            std::printf("profile   prefill of %d tokens, phase by phase (events, no graph): %.3f ms\n", n_pp,
-                        prof_prefill_total);
+            std::printf(
+                "profile   prefill of %d tokens at position %d, phase by phase (events, no graph): %.3f ms\n",
+                n_pp, prof_prefill_at, prof_prefill_total);
             std::printf("  %-18s %6s %10s %7s\n", "phase", "calls", "total ms", "%");
             for (const auto& [name, k] : prow) {
                 std::printf("  %-18s %6d %10.3f %6.1f%%\n", name.c_str(), k.calls, k.ms,
@@ -357,6 +364,7 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"profile_gated", profile && be->profile_gated()},
                             {"profile_by_kernel", by_kernel_json},
                             {"profile_prefill_total_ms", prof_prefill_total},
+                            {"profile_prefill_at", prof_prefill_at},
                             {"profile_prefill_by_phase", prefill_by_phase_json},
                             {"profile", prof_json}};
         std::ofstream f(json_out);
