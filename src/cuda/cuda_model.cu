@@ -372,6 +372,22 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 // session 13's H200 A/B: 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s, the same bits
                 moe_compact_ = env_flag("MARKBASE_CUDA_MOE_COMPACT", true);
                 moe_compact_rows_ = std::min<int64_t>(rows, int64_t{E} * srows);
+                if (const int ns = env_int("MARKBASE_CUDA_MOE_COMPACT_STREAMS", 1, 4, 1); ns > 1) {
+                    for (int k = 0; k < ns; ++k) {
+                        cudaEvent_t ev = nullptr;
+                        CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+                        moe_events_.push_back(ev);
+                    }
+                    for (int k = 1; k < ns; ++k) {
+                        cudaStream_t st = nullptr;
+                        CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+                        moe_streams_.push_back(st);
+                        cublasHandle_t hb = nullptr;
+                        CUBLAS_CHECK(cublasCreate(&hb));
+                        moe_blas_.push_back(hb);
+                        CUBLAS_CHECK(cublasSetStream(hb, st));
+                    }
+                }
                 const size_t plan = 6 * static_cast<size_t>(E) * sizeof(void*) + (E + 1) * sizeof(int);
                 CUDA_CHECK(cudaMallocHost(&h_mplan_, plan));
                 d_mplan_ = alloc<char>(plan);
@@ -436,6 +452,12 @@ void CudaModel::release() {
     stream_ = nullptr;
     if (stream2_) cudaStreamDestroy(stream2_);
     stream2_ = nullptr;
+    for (cublasHandle_t hb : moe_blas_) cublasDestroy(hb);
+    moe_blas_.clear();
+    for (cudaStream_t st : moe_streams_) cudaStreamDestroy(st);
+    moe_streams_.clear();
+    for (cudaEvent_t ev : moe_events_) cudaEventDestroy(ev);
+    moe_events_.clear();
     for (cudaEvent_t* ev : {&fork_, &join_}) {
         if (*ev) cudaEventDestroy(*ev);
         *ev = nullptr;

@@ -386,6 +386,12 @@ class CudaModel {
     void* d_mplan_ = nullptr;
     int64_t moe_compact_rows_ = 0;
     std::vector<int> moe_order_;  // the active experts by padded rows
+    // MARKBASE_CUDA_MOE_COMPACT_STREAMS=N (prepared in session 13, not yet run on a GPU): the compact pass's
+    // GEMMs spread over N streams, stream_ and these (each with its own cuBLAS handle, so its own workspace);
+    // events: the fork, then one join per extra stream
+    std::vector<cudaStream_t> moe_streams_;
+    std::vector<cublasHandle_t> moe_blas_;
+    std::vector<cudaEvent_t> moe_events_;
 
     // MoE scratch
     float *rlogits_ = nullptr, *sel_w_ = nullptr, *e_in_ = nullptr, *eh_ = nullptr, *eslots_ = nullptr;

@@ -300,23 +300,35 @@ bool CudaModel::prefill_experts_compact(int i) {
     CUDA_CHECK(cudaMemcpyAsync(d_mplan_, h_mplan_, 6 * E * sizeof(void*) + (E + 1) * sizeof(int),
                                cudaMemcpyHostToDevice, stream_));
     moe_gather_compact(e_in_, H, K, gent_, goff_, d_roff, E, max_r, xs, stream_);
-    // bucket [b, b_end) of the order: experts with r rows, one batched GEMM (stacked halves: 2 r columns)
     // the experts of one padded row count r, [b, end) of the order: one batched GEMM over stacked halves (2 r
     // columns). (cublasGemmGroupedBatchedEx, all buckets in one call, returns NOT_SUPPORTED for bf16 inputs
-    // with fp32 outputs in this cuBLAS: session 13.)
+    // with fp32 outputs in this cuBLAS: session 13.) With MARKBASE_CUDA_MOE_COMPACT_STREAMS the buckets take
+    // turns over the streams, so that the small batches of large experts run beside others instead of alone
+    // on part of the SMs; each bucket writes its own experts' rows.
+    const int ns = static_cast<int>(moe_streams_.size()) + 1;
     auto buckets = [&](int which, int N, int Kd) {
         const float one = 1.0f, zero = 0.0f;
         void** a = dp + 3 * which * na;
-        for (size_t b = 0; b < na;) {
+        if (ns > 1) {
+            CUDA_CHECK(cudaEventRecord(moe_events_[0], stream_));
+            for (cudaStream_t st : moe_streams_) CUDA_CHECK(cudaStreamWaitEvent(st, moe_events_[0], 0));
+        }
+        int k = 0;
+        for (size_t b = 0; b < na; ++k) {
             const int e0 = moe_order_[b], r = roff[e0 + 1] - roff[e0];
             size_t end = b + 1;
             while (end < na && roff[moe_order_[end] + 1] - roff[moe_order_[end]] == r) ++end;
-            CUBLAS_CHECK(cublasGemmBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * r, Kd, &one, a + b,
+            cublasHandle_t hb = k % ns == 0 ? blas_ : moe_blas_[k % ns - 1];
+            CUBLAS_CHECK(cublasGemmBatchedEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * r, Kd, &one, a + b,
                                              CUDA_R_16BF, Kd, a + na + b, CUDA_R_16BF, Kd, &zero,
                                              a + 2 * na + b, CUDA_R_32F, N, static_cast<int>(end - b),
                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             if (which == 0) ++moe_stats_.buckets;
             b = end;
+        }
+        for (size_t j = 0; j + 1 < static_cast<size_t>(ns); ++j) {
+            CUDA_CHECK(cudaEventRecord(moe_events_[j + 1], moe_streams_[j]));
+            CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_events_[j + 1], 0));
         }
     };
     buckets(0, 2 * Ie, H);

@@ -399,7 +399,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_GEMM_STACK_MAXN=x", "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
                                 "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
                                 "MARKBASE_CUDA_ATTN_GEMM=2",       "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
-                                "MARKBASE_CUDA_MOE_COMPACT=2"}) {
+                                "MARKBASE_CUDA_MOE_COMPACT=2",     "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
@@ -649,8 +649,9 @@ TEST(CudaAttnGemm, MatchesThePieces) {
 // to 128 rows for every expert. Other GEMM shapes (session 13 measured the same bits: cuBLAS summed over K in
 // one order), so a tolerance: with one layer the routing sees the same input either way, and two 272-token
 // chunks' logits agree with the passes'. (Random weights route unevenly: the busiest expert gets several
-// hundred entries, so the passes run 2-4 times.) The tensor-parallel ranks' compact pass (held experts only)
-// is covered by CudaTp's comparisons with one GPU.
+// hundred entries, so the passes run 2-4 times.) MARKBASE_CUDA_MOE_COMPACT_STREAMS=3 (prepared in session 13)
+// spreads its GEMMs over three streams. The tensor-parallel ranks' compact pass (held experts only) is
+// covered by CudaTp's comparisons with one GPU.
 TEST(CudaMoeCompact, MatchesThePasses) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
@@ -658,11 +659,13 @@ TEST(CudaMoeCompact, MatchesThePasses) {
     o.ctx_size = 1024;
     o.chunk = 272;
     const auto passes = synthetic_chain("26b-a4b", o, 53, "MARKBASE_CUDA_MOE_COMPACT=0", 544, 0, 1);
-    const auto compact = synthetic_chain("26b-a4b", o, 53, "MARKBASE_CUDA_MOE_COMPACT=1", 544, 0, 1);
-    ASSERT_EQ(passes.size(), compact.size());
-    const double e = rel_err(passes, compact);
-    std::printf("  26b-a4b/1L: compact experts against the passes, rel err %.2e\n", e);
-    EXPECT_LT(e, 1e-4);
+    for (const char* s : {"MARKBASE_CUDA_MOE_COMPACT=1", "MARKBASE_CUDA_MOE_COMPACT_STREAMS=3"}) {
+        const auto compact = synthetic_chain("26b-a4b", o, 53, s, 544, 0, 1);
+        ASSERT_EQ(passes.size(), compact.size());
+        const double e = rel_err(passes, compact);
+        std::printf("  26b-a4b/1L [%s]: compact experts against the passes, rel err %.2e\n", s, e);
+        EXPECT_LT(e, 1e-4) << s;
+    }
 #endif
 }
 
