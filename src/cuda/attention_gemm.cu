@@ -33,13 +33,15 @@ constexpr int kMinRows = 16;    // fewer query rows per call than this: the piec
 
 // The six pointer arrays of one batch of heads [h0, h0 + hb) and query rows [q0, q0 + nq):
 // [0] K_g, [1] Q_h, [2] S_i for the scores; [3] V_g, [4] P_i (= S_i), [5] O_h for the output.
-__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t Ls, float* sc,
-                                      void** p) {
+// Keys from slot k0: the scores' rows are Ls long.
+__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t k0,
+                                      int64_t Ls, float* sc, void** p) {
     pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hb) return;
     const int h = h0 + i, g = h / (a.nH / a.nKV);
-    const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d, kv = int64_t{g} * a.d;
+    const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d;
+    const int64_t kv = k0 * a.nKV * a.d + int64_t{g} * a.d;
     float* s = sc + int64_t{i} * nq * Ls;
     p[i] = const_cast<float*>(a.k_cache + kv);
     p[hb + i] = const_cast<float*>(a.q + q0 * qrow + head);
@@ -102,11 +104,12 @@ __device__ __forceinline__ bool slot_visible(int64_t j, int64_t p, int64_t top, 
 
 // grid hb * nq rows (head i = row / nq, token q0 + row % nq), kSoftmaxThreads threads; in place:
 // S row -> softmax over the visible slots, 0 elsewhere. Cached: the row in registers (Ls <= 2048).
-// With p3: the probabilities go to p3's row [ph | ph | pl] (3 Ls bf16) instead of back into the scores.
+// With p3: the probabilities go to p3's row [ph | ph | pl] (3 Ls bf16) instead of back into the scores. The
+// row's first key is slot k0.
 template <bool Cached>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     attn_gemm_softmax_kernel(float* sc, int64_t Ls, int nq, int q0, int64_t pos0, int n, int64_t cap,
-                             int window, uint16_t* p3) {
+                             int window, uint16_t* p3, int64_t k0) {
     pdl_begin();
     __shared__ float red[kSoftmaxThreads / 32];
     const int64_t row = blockIdx.x;
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 #pragma unroll
         for (int k = 0; k < kSoftmaxPer; ++k) {
             const int64_t j = tid + int64_t{k} * kSoftmaxThreads;
-            v[k] = j < Ls && slot_visible(j, p, top, cap, wrapped, window) ? x[j] : -FLT_MAX;
+            v[k] = j < Ls && slot_visible(k0 + j, p, top, cap, wrapped, window) ? x[j] : -FLT_MAX;
             m = fmaxf(m, v[k]);
         }
         m = block_reduce(m, true);
@@ -160,11 +163,11 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     } else {
         float m = -FLT_MAX;
         for (int64_t j = tid; j < Ls; j += kSoftmaxThreads)
-            if (slot_visible(j, p, top, cap, wrapped, window)) m = fmaxf(m, x[j]);
+            if (slot_visible(k0 + j, p, top, cap, wrapped, window)) m = fmaxf(m, x[j]);
         m = block_reduce(m, true);
         float l = 0.0f;
         for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) {
-            const float e = slot_visible(j, p, top, cap, wrapped, window) ? expf(x[j] - m) : 0.0f;
+            const float e = slot_visible(k0 + j, p, top, cap, wrapped, window) ? expf(x[j] - m) : 0.0f;
             x[j] = e;
             l += e;
         }
@@ -189,7 +192,6 @@ bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, c
     const cudaDataType_t in = x3 ? CUDA_R_16BF : CUDA_R_32F;
     const int w = x3 ? 3 : 1;  // the products' contraction is w times as long
     const int ldq = a.nH * a.d * w, ldk = a.nKV * a.d * w, ldv = a.nKV * a.d, ldo = a.nH * a.d;
-    const int ls = static_cast<int>(Ls);
     if (x3) {
         const int64_t total = (int64_t{n} * a.nH + Ls * a.nKV) * a.d;
         launch_kernel(attn_split3_kernel,
@@ -197,17 +199,31 @@ bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, c
                       s, a, n, Ls, g.q3, g.k3, g.v3);
         CUDA_CHECK_LAUNCH();
     }
+    // Causal row blocks (MARKBASE_CUDA_ATTN_GEMM_BLOCK=R, fp32 / TF32 products, while the slots are the
+    // positions): each block of R query rows takes only the keys its rows can see, [its first row's window
+    // start, its last row's position], so the masked half of the chunk's own square is not computed.
+    const bool blocks = g.block_rows > 0 && !x3 && pos0 + n <= a.cap;
+    const int step = blocks ? std::min(nq, g.block_rows) : nq;
     void** p = g.ptrs;
-    for (int q0 = 0; q0 < n; q0 += nq) {
-        const int rows = std::min(nq, n - q0);
-        for (int h0 = 0; h0 < a.nH; h0 += hb) {
-            const int heads = std::min(hb, a.nH - h0);
+    for (int q0 = 0; q0 < n; q0 += step) {
+        const int rows = std::min(step, n - q0);
+        int64_t k0 = 0, kl = Ls;  // the block's first key slot and its key count
+        if (blocks) {
+            const int64_t first = pos0 + q0;
+            k0 = a.window > 0 ? std::max<int64_t>(0, first - a.window + 1) : 0;
+            kl = first + rows - k0;
+        }
+        const int hbb =
+            blocks ? static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{rows} * kl), 1, a.nH)) : hb;
+        const int ls = static_cast<int>(kl);
+        for (int h0 = 0; h0 < a.nH; h0 += hbb) {
+            const int heads = std::min(hbb, a.nH - h0);
             if (x3)
                 launch_kernel(attn_gemm_ptrs3_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows,
                               h0, heads, Ls, g.s, g.q3, g.k3, g.v3, g.p3, p);
             else
                 launch_kernel(attn_gemm_ptrs_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows, h0,
-                              heads, Ls, g.s, p);
+                              heads, k0, kl, g.s, p);
             CUDA_CHECK_LAUNCH();
             // row-major S[t][j] = sum_c Q[t][c] K[j][c]: column-major S^T (Ls x rows) = K^T(op T) Q^T
             CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d * w, &one, p, in,
@@ -215,12 +231,12 @@ bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, c
                                              heads, compute, CUBLAS_GEMM_DEFAULT));
             const dim3 grid(static_cast<unsigned>(int64_t{heads} * rows));
             uint16_t* p3 = x3 ? g.p3 : nullptr;
-            if (Ls <= int64_t{kSoftmaxThreads} * kSoftmaxPer)
-                launch_kernel(attn_gemm_softmax_kernel<true>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
-                              rows, q0, pos0, n, a.cap, a.window, p3);
+            if (kl <= int64_t{kSoftmaxThreads} * kSoftmaxPer)
+                launch_kernel(attn_gemm_softmax_kernel<true>, grid, dim3(kSoftmaxThreads), 0, s, g.s, kl,
+                              rows, q0, pos0, n, a.cap, a.window, p3, k0);
             else
-                launch_kernel(attn_gemm_softmax_kernel<false>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
-                              rows, q0, pos0, n, a.cap, a.window, p3);
+                launch_kernel(attn_gemm_softmax_kernel<false>, grid, dim3(kSoftmaxThreads), 0, s, g.s, kl,
+                              rows, q0, pos0, n, a.cap, a.window, p3, k0);
             CUDA_CHECK_LAUNCH();
             // row-major O[t][c] = sum_j P[t][j] V[j][c]: column-major O^T (d x rows) = V^T P^T
             CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, a.d, rows, ls * w, &one,

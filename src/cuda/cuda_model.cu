@@ -291,6 +291,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             const int64_t rows = env_int("MARKBASE_CUDA_ATTN_GEMM_ROWS", 16, 1 << 24,
                                          static_cast<int>(std::min<int64_t>(n * nH, 1 << 24)));
             attn_gemm_.blas = blas_;
+            attn_gemm_.block_rows =
+                env_int("MARKBASE_CUDA_ATTN_GEMM_BLOCK", 0, 4096, 0);  // prepared, session 13
             attn_gemm_.s_floats = rows * attn_gemm_keys(c_, ctx, static_cast<int>(n));
             attn_gemm_.s = alloc<float>(static_cast<size_t>(attn_gemm_.s_floats));
             attn_gemm_.ptrs = alloc<void*>(6 * static_cast<size_t>(nH));

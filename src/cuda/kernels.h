@@ -329,6 +329,7 @@ struct AttnGemm {
     int64_t s_floats = 0;
     void** ptrs = nullptr;  // device [6][nH] pointer arrays
     bool tf32 = false;      // TF32 products (MARKBASE_CUDA_ATTN_GEMM=tf32)
+    int block_rows = 0;     // > 0: causal row blocks of this many queries (MARKBASE_CUDA_ATTN_GEMM_BLOCK)
     // bf16x3 (MARKBASE_CUDA_ATTN_GEMM=bf16x3): bf16 hi/lo copies for key ranges of at most keys3 slots,
     // q3 [n][nH][3d], k3 [keys3][nKV][3d], v3 [3][keys3][nKV][d], p3 [3 s_floats]
     bool bf16x3 = false;

@@ -399,7 +399,8 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_GEMM_STACK_MAXN=x", "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
                                 "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
                                 "MARKBASE_CUDA_ATTN_GEMM=2",       "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
-                                "MARKBASE_CUDA_MOE_COMPACT=2",     "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5"}) {
+                                "MARKBASE_CUDA_MOE_COMPACT=2",     "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
+                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
@@ -618,7 +619,9 @@ TEST(CudaAttnGroup, TokenTilesMatchThePerTokenPieces) {
 // 784 slots) the last chunk's key slots wrap around the ring. MARKBASE_CUDA_ATTN_GEMM_ROWS=40 leaves room for
 // 40 rows of scores, so each head runs alone and in batches of query rows. TF32 products are an A/B with
 // their own, looser bound (10-bit mantissas); the error is printed. bf16x3 (hi/lo halves on tensor cores, an
-// A/B setting) is held to the fp32 products' bound.
+// A/B setting) is held to the fp32 products' bound, as are the causal row blocks
+// (MARKBASE_CUDA_ATTN_GEMM_BLOCK, prepared in session 13: each block of query rows over only the keys it can
+// see, while the ring has not wrapped).
 TEST(CudaAttnGemm, MatchesThePieces) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
@@ -631,7 +634,9 @@ TEST(CudaAttnGemm, MatchesThePieces) {
         for (const char* s :
              {"MARKBASE_CUDA_ATTN_GEMM=1", "MARKBASE_CUDA_ATTN_GEMM=1,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
               "MARKBASE_CUDA_ATTN_GEMM=tf32", "MARKBASE_CUDA_ATTN_GEMM=bf16x3",
-              "MARKBASE_CUDA_ATTN_GEMM=bf16x3,MARKBASE_CUDA_ATTN_GEMM_ROWS=40"}) {
+              "MARKBASE_CUDA_ATTN_GEMM=bf16x3,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
+              "MARKBASE_CUDA_ATTN_GEMM_BLOCK=128",
+              "MARKBASE_CUDA_ATTN_GEMM_BLOCK=64,MARKBASE_CUDA_ATTN_GEMM_ROWS=40"}) {
             const auto got = synthetic_chain(v, o, 47, s, 1088, 2);
             ASSERT_EQ(base.size(), got.size());
             const double e = rel_err(base, got);
