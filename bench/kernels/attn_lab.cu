@@ -92,9 +92,6 @@ int main(int argc, char** argv) {
     cudaStream_t st = nullptr;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cublasSetStream(blas, st);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     std::printf("prefill attention, chunks of %d tokens; ms per call (median of 10), error against fp32\n",
                 kChunk);
     std::printf("%-16s %6s %6s", "shape", "pos0", "keys");
@@ -164,20 +161,7 @@ int main(int argc, char** argv) {
                     else if (!markbase::cuda::attention_gemm(a, n, pos0, gm, st))
                         std::fprintf(stderr, "%s: attention_gemm declined\n", sh.name);
                 };
-                call();  // first use: cuBLAS heuristics, module loading
-                CK(cudaStreamSynchronize(st));
-                std::vector<float> t;
-                for (int r = 0; r < 10; ++r) {
-                    CK(cudaEventRecord(e0, st));
-                    call();
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    float x = 0;
-                    CK(cudaEventElapsedTime(&x, e0, e1));
-                    t.push_back(x);
-                }
-                std::sort(t.begin(), t.end());
-                ms[m] = t[t.size() / 2];
+                ms[m] = lab::time_ms(10, st, call);  // (its warm-up: cuBLAS heuristics, module loading)
                 CK(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
                 if (m == 1) ref = got;
                 err[m] = m == 1 ? 0 : max_rel(ref, got);

@@ -1,12 +1,14 @@
-// What the kernel labs (gemv_lab.cu, persist_lab.cu) share: the CUDA error check and the counter hash their
-// random data is drawn from.
+// What the kernel labs (gemv_lab.cu, persist_lab.cu, attn_lab.cu) share: the CUDA error check, the counter
+// hash their random data is drawn from, and event timing.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(call)                                                                                      \
     do {                                                                                              \
@@ -30,6 +32,34 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 __device__ __forceinline__ float uniform_pm1(uint64_t seed, int64_t i) {
     const uint64_t h = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
     return static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// The median over reps calls of `run` on stream s, CUDA events around each call, after one warm-up call.
+template <class F>
+float time_ms(int reps, cudaStream_t s, F&& run) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    run();  // warm-up
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> t;
+    for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(e0, s));
+        run();
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return median(t);
 }
 
 }  // namespace lab

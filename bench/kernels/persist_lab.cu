@@ -479,32 +479,8 @@ void record_launches(const std::vector<Layer>& ls, const Bufs& b, cudaStream_t s
     }
 }
 
-float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-template <class F>
-float time_ms(int reps, cudaStream_t s, F&& run) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    run();  // warm-up
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> t;
-    for (int r = 0; r < reps; ++r) {
-        CK(cudaEventRecord(e0, s));
-        run();
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0.0f;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-    }
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return median(t);
-}
+using lab::median;
+using lab::time_ms;
 
 struct Persistent {
     const void* fn;
