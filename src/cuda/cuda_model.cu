@@ -320,9 +320,10 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                     throw Error(std::string("MARKBASE_CUDA_MOE_PREFILL=") + e + ": expected gemm or gemv");
                 moe_gemm_ = std::strcmp(e, "gemm") == 0;
             }
-            // a rank holds some of the experts: the passes' batched GEMMs would stream every expert, so a
-            // rank runs its held experts' rows in the compact pass only (prefill_experts), else the GEMV
-            // kernels on by default since session 4's H200 A/B (26B-A4B 4.335 -> 4.166 ms/token); on the
+            // (A rank holds some of the experts: the passes' batched GEMMs would stream every expert, so a
+            // rank runs its held experts' rows in the compact pass only, else the GEMV kernels;
+            // prefill_experts.)
+            // MOE_OVERLAP: on by default since session 4's H200 A/B (26B-A4B 4.335 -> 4.166 ms/token); on the
             // ranks too since session 10's two-GPU run (26B-A4B tp2 2.822 -> 2.736 ms/token, the same ids;
             // the tensor-parallel tests pass under it)
             moe_overlap_ = true;
