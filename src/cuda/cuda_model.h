@@ -224,8 +224,9 @@ class CudaModel {
     // once: Y2[batch][2 rows][N], the halves' sums left to the caller
     void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
                               const bf16* x, float* y2);
-    // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): batched GEMMs when
-    // enabled and the busiest expert fits the scratch, else the grouped GEMV kernels. Writes eslots_.
+    // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
+    // each expert's own rows (MOE_COMPACT), else batched GEMMs in passes, else the grouped GEMV kernels (a
+    // tensor-parallel rank: the compact pass over its experts, or the GEMVs). Writes eslots_.
     void prefill_experts(int i, int n);
     bool prefill_experts_compact(int i);  // false: the layer does not fit the compact layout's scratch
     void ensure_graph();
