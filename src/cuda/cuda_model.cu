@@ -292,7 +292,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                                          static_cast<int>(std::min<int64_t>(n * nH, 1 << 24)));
             attn_gemm_.blas = blas_;
             attn_gemm_.block_rows =
-                env_int("MARKBASE_CUDA_ATTN_GEMM_BLOCK", 0, 4096, 0);  // prepared, session 13
+                env_int("MARKBASE_CUDA_ATTN_GEMM_BLOCK", 0, 4096, 0);  // measured, not kept: session 14
             attn_gemm_.s_floats = rows * attn_gemm_keys(c_, ctx, static_cast<int>(n));
             attn_gemm_.s = alloc<float>(static_cast<size_t>(attn_gemm_.s_floats));
             attn_gemm_.ptrs = alloc<void*>(6 * static_cast<size_t>(nH));
@@ -375,7 +375,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 // session 13's H200 A/B: 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s, the same bits
                 moe_compact_ = env_flag("MARKBASE_CUDA_MOE_COMPACT", true);
                 moe_compact_rows_ = std::min<int64_t>(rows, int64_t{E} * srows);
-                if (const int ns = env_int("MARKBASE_CUDA_MOE_COMPACT_STREAMS", 1, 4, 1); ns > 1) {
+                if (const int ns = env_int("MARKBASE_CUDA_MOE_COMPACT_STREAMS", 1, 4, 2); ns > 1) {
                     for (int k = 0; k < ns; ++k) {
                         cudaEvent_t ev = nullptr;
                         CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));

@@ -654,8 +654,8 @@ TEST(CudaAttnGemm, MatchesThePieces) {
 // to 128 rows for every expert. Other GEMM shapes (session 13 measured the same bits: cuBLAS summed over K in
 // one order), so a tolerance: with one layer the routing sees the same input either way, and two 272-token
 // chunks' logits agree with the passes'. (Random weights route unevenly: the busiest expert gets several
-// hundred entries, so the passes run 2-4 times.) MARKBASE_CUDA_MOE_COMPACT_STREAMS=3 (prepared in session 13)
-// spreads its GEMMs over three streams. The tensor-parallel ranks' compact pass (held experts only) is
+// hundred entries, so the passes run 2-4 times.) Its GEMMs run over MARKBASE_CUDA_MOE_COMPACT_STREAMS streams
+// (default 2 since session 14): one and three are checked too. The tensor-parallel ranks' compact pass (held experts only) is
 // covered by CudaTp's comparisons with one GPU.
 TEST(CudaMoeCompact, MatchesThePasses) {
     REQUIRE_CUDA();
@@ -664,7 +664,8 @@ TEST(CudaMoeCompact, MatchesThePasses) {
     o.ctx_size = 1024;
     o.chunk = 272;
     const auto passes = synthetic_chain("26b-a4b", o, 53, "MARKBASE_CUDA_MOE_COMPACT=0", 544, 0, 1);
-    for (const char* s : {"MARKBASE_CUDA_MOE_COMPACT=1", "MARKBASE_CUDA_MOE_COMPACT_STREAMS=3"}) {
+    for (const char* s : {"MARKBASE_CUDA_MOE_COMPACT=1", "MARKBASE_CUDA_MOE_COMPACT_STREAMS=1",
+                          "MARKBASE_CUDA_MOE_COMPACT_STREAMS=3"}) {
         const auto compact = synthetic_chain("26b-a4b", o, 53, s, 544, 0, 1);
         ASSERT_EQ(passes.size(), compact.size());
         const double e = rel_err(passes, compact);
