@@ -37,9 +37,21 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     return in;
 }
 
-GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w) {
+GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w, bool fold_ok) {
     // xn_ already holds RMSNorm(x) * norm_w (written by the update that made this x)
     if (norm && norm_w && norm_w == xn_for_ && !pending_.y) return gemv_input(xn_, c_.hidden);
+    if (pending_.name && fold_ && fold_ok && in_decode_) {  // the deferred update folded into this GEMV
+        GemvInput in = gemv_input(xcur_, c_.hidden);
+        in.eps = c_.rms_eps;
+        in.norm = norm;
+        in.norm_w = norm ? norm_w : nullptr;
+        float* out = xcur_ == x_ ? xb_ : x_;
+        in.fold = {pending_.y, pending_.w, pending_.scale, out};
+        xcur_ = out;
+        pending_ = {};
+        xn_for_ = nullptr;
+        return in;
+    }
     if (pending_.name) {  // a deferred update: its own launch, writing this GEMV's normalised input too
         const PendingResidual p = pending_;
         pending_ = {};
@@ -214,7 +226,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 
     // 2.5: q (and own k, v) from input_layernorm(x), one launch
     {
-        const GemvInput in = x_input(pf, i, true, lw.input_norm);
+        const GemvInput in = x_input(pf, i, true, lw.input_norm, true);
         run(pf, "qkv", i, wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H), [&] {
             GemvSeg segs[3];
             int ns = 0;
@@ -305,7 +317,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                        // layer_scalar
         const int P = c_.ple_dim;
         {
-            const GemvInput in = x_input(pf, i, false, nullptr);
+            const GemvInput in = x_input(pf, i, false, nullptr, true);
             run(pf, "ple_gate", i, wbytes(P, H),
                 [&] { gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_); });
         }

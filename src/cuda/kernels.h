@@ -27,6 +27,16 @@ struct GemvStreamScratch {
     int rows = 0;                   // capacity of count
 };
 
+// A residual update folded into the decode GEMV that consumes it (gemv_fold.cu, MARKBASE_CUDA_FOLD): the
+// product's input is x' = (x + RMSNorm(y) * w) * scale, normalised by the GemvInput's own norm when it has
+// one; x is GemvInput.x (the stream before the update), x' is written to x_out (never x or y).
+struct GemvFold {
+    const float* y = nullptr;  // the producer's output (null: no fold)
+    const bf16* w = nullptr;   // the update's norm weight
+    float scale = 1.0f;
+    float* x_out = nullptr;
+};
+
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
@@ -44,6 +54,8 @@ struct GemvInput {
     const bf16* res_w = nullptr;
     float res_scale = 1.0f;
     float* res_out = nullptr;
+    // or folded into every warp of the product instead (one token; gemv and gemv_gelu_mul only)
+    GemvFold fold;
 
     // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
     // warpk; asyncg for the MoE model on one GPU).
@@ -144,6 +156,11 @@ struct ResidualTail {
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
+                        cudaStream_t s);
+// gemv_fold.cu: the same products with a residual update folded in (GemvInput.fold; one token, one warp or a
+// few per row). gemv and gemv_gelu_mul route here when in.fold.y is set.
+void gemv_fold(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
+void gemv_fold_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
 // Which warp-per-row kernel one of those products launches (`warp` and `warpk`; the async variants choose
 // for themselves): warps per row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no norm, no
