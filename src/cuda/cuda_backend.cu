@@ -52,6 +52,14 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_step();
     }
     bool profile_gated() const override { return model_.profile_gated(); }
+    GraphTimeline decode_timeline(int replays) override {
+        if (model_.n_past == 0) {
+            GraphTimeline t;
+            t.why_not = "decode_timeline: evaluate a prompt first";
+            return t;
+        }
+        return model_.decode_timeline(replays);
+    }
     std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) override {
         if (n < 1 || n > model_.chunk())
             throw Error("profile_prefill: " + std::to_string(n) + " tokens; at most the chunk of " +

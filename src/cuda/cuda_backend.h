@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/graph_timeline.h"
 #include "loading/checkpoint.h"
 #include "runtime/backend.h"
 
@@ -44,6 +45,16 @@ class CudaBackend : public Backend {
     // Whether the last profile_step ran gated (the whole step enqueued before the GPU started it, so the
     // events time the GPU and the gaps between kernels, not the host's launch rate).
     virtual bool profile_gated() const = 0;
+    // Where the graph step's time goes (graph_timeline.h, `bench --timeline`): the decode graph replayed
+    // under CUPTI's kernel activity, each record charged to the launch that created its node. Real steps (up
+    // to timeline_positions(replays) tokens from the device-held next token). Never throws: ok = false and
+    // why_not say what stopped it (no CUPTI, tensor parallelism, a full context, a CUPTI error).
+    virtual GraphTimeline decode_timeline(int replays) {
+        (void)replays;
+        GraphTimeline t;
+        t.why_not = "the timeline runs on one GPU: use --tensor-parallel-size 1";
+        return t;
+    }
     // A prefill of ids (n <= the chunk size) from an empty cache, with events around each phase of each layer
     // (no graph; the prompt stays in the cache).
     virtual std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) = 0;

@@ -539,8 +539,7 @@ void CudaModel::attention_args(int i, AttnArgs& a) const {
     a.group_tokens = attn_group_tokens_;
 }
 
-void CudaModel::ensure_graph() {
-    if (graph_) return;
+cudaGraph_t CudaModel::capture_step() {
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
@@ -551,6 +550,12 @@ void CudaModel::ensure_graph() {
         throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    return g;
+}
+
+void CudaModel::ensure_graph() {
+    if (graph_) return;
+    cudaGraph_t g = capture_step();
     const cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
     cudaGraphDestroy(g);
     CUDA_CHECK(e);

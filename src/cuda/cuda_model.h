@@ -13,6 +13,7 @@
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/graph_timeline.h"
 #include "cuda/kernels.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -26,6 +27,7 @@ struct PartitionPlan;
 namespace markbase::cuda {
 
 class CudaModel;
+struct TimelineCapture;  // graph_timeline_cupti.cu
 
 // Weights in device memory, in the checkpoint's layout; Weights' pointers are device pointers here.
 struct DeviceWeights {
@@ -152,6 +154,10 @@ class CudaModel {
     // advances, logits are not copied): where a prefill's time goes.
     std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n);
     bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
+    // graph_timeline_cupti.cu: the decode graph captured again with each launch's nodes noted, replayed
+    // between events, then `replays` times under CUPTI (graph_timeline.h). Every replay is a real step (up to
+    // timeline_positions(replays) tokens). Never throws: a failure, or no CUPTI, comes back as why_not.
+    GraphTimeline decode_timeline(int replays);
 
   private:
     // q/k norms + RoPE + cache write arguments for layer i (decode and prefill build the same ones)
@@ -171,6 +177,7 @@ class CudaModel {
         if (!skip_.empty() && skipped(name)) return;
         if (!pf) {
             launch();
+            if (tl_capture_) timeline_note(name, layer, bytes);
             return;
         }
         Profiler::Rec r{name, layer, bytes, nullptr, nullptr};
@@ -230,7 +237,12 @@ class CudaModel {
     // tensor-parallel rank: the compact pass over its experts, or the GEMVs). Writes eslots_.
     void prefill_experts(int i, int n);
     bool prefill_experts_compact(int i);  // false: the layer does not fit the compact layout's scratch
+    cudaGraph_t capture_step();  // the decode step as a graph (ensure_graph's capture; the caller owns it)
     void ensure_graph();
+    // Set only while decode_timeline captures its graph: run() then notes the nodes each launch created.
+    TimelineCapture* tl_capture_ = nullptr;
+    void timeline_note(const char* name, int layer, double bytes);
+    GraphTimeline timeline_run(int replays, int64_t* launched);
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
     void release();            // frees everything this object allocated (destructor, failed constructor)
     template <class T>

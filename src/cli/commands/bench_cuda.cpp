@@ -1,12 +1,13 @@
 // markbase bench --device cuda [-m DIR | --synthetic VARIANT [--layers N] [--seed S]] [-p 128] [-n 256] [-r
 // 3]
-//                [--prefill-tokens 512] [--profile] [--json-out FILE]
+//                [--prefill-tokens 512] [--profile] [--timeline] [--json-out FILE]
 // Decode at batch 1: prefill a seeded random prompt of -p tokens, then -n greedy tokens decoded on the device
 // (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the
 // bytes each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a
 // separate
-// --prefill-tokens prompt. --profile times one decode step kernel by kernel. Prints a receipt with a logits
-// hash.
+// --prefill-tokens prompt. --profile times one decode step kernel by kernel. --timeline: where the graph
+// step's time goes inside its replay (CUPTI kernel records, graph_timeline.h); without CUPTI it says why and
+// the bench goes on. Prints a receipt with a logits hash.
 #include "cli/commands/bench_cuda.h"
 
 #include "runtime/timing.h"
@@ -35,6 +36,7 @@ namespace markbase::cli {
 namespace {
 
 constexpr double kRooflineGBs = 4160.0;  // PERFORMANCE.md: measured H200 HBM read
+constexpr int kTimelineReplays = 20;     // --timeline: traced replays of the decode graph
 
 std::string hash_hex(const void* p, size_t bytes) {
     uint64_t h = 1469598103934665603ull;
@@ -68,6 +70,7 @@ int cmd_bench_cuda(ArgReader& a) {
     const int reps = static_cast<int>(a.integer({"-r", "--repetitions"}, 3));
     const int n_prefill = static_cast<int>(a.integer({"--prefill-tokens"}, 512));
     const bool profile = a.flag({"--profile"});
+    const bool timeline = a.flag({"--timeline"});
     const std::string json_out = a.value_or({"--json-out"}, "");
     if (n_prompt < 1 || n_gen < 1 || reps < 1 || n_prefill < 0)
         throw Error("bench: -p, -n and -r must be >= 1, --prefill-tokens >= 0");
@@ -76,7 +79,9 @@ int cmd_bench_cuda(ArgReader& a) {
     std::unique_ptr<Checkpoint> checkpoint;
     std::string model_label;
     BackendOptions bo;
-    const int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
+    int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
+    // the timeline's replays are decode steps after the prompt and one token
+    if (timeline) need = std::max<int64_t>(need, n_prompt + 1 + timeline_positions(kTimelineReplays) + 8);
     double load_s = 0;
     int checkpoint_tp = 1;
     int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
@@ -315,6 +320,16 @@ int cmd_bench_cuda(ArgReader& a) {
         }
     }
 
+    // The graph step from the inside: after the prompt and one token, as the profile starts
+    GraphTimeline tl;
+    if (timeline) {
+        be->reset();
+        be->eval(prompt.data(), n_prompt, nullptr, false);
+        be->decode_greedy(1, nullptr);
+        tl = be->decode_timeline(kTimelineReplays);
+        print_timeline(stdout, tl);
+    }
+
     if (!json_out.empty()) {
         std::time_t t = std::time(nullptr);
         char date[32];
@@ -367,6 +382,7 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"profile_prefill_at", prof_prefill_at},
                             {"profile_prefill_by_phase", prefill_by_phase_json},
                             {"profile", prof_json}};
+        if (timeline) j["timeline"] = timeline_json(tl);
         std::ofstream f(json_out);
         f << j.dump(1) << "\n";
         if (!f) throw Error(json_out + ": cannot write");

@@ -1,0 +1,197 @@
+// The decode-step timeline's arithmetic, summary and output (graph_timeline.h). Plain C++: built into the
+// core library with or without CUDA, so its tests run everywhere.
+#include "cuda/graph_timeline.h"
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "model/error.h"
+#include "runtime/timing.h"
+
+namespace markbase {
+
+ReplayTimes replay_times(const std::vector<TimelineSpan>& spans) {
+    ReplayTimes r;
+    r.spans.resize(spans.size());
+    if (spans.empty()) return r;
+    uint64_t t0 = spans[0].start, t1 = spans[0].end;
+    for (const TimelineSpan& s : spans) {
+        t0 = std::min(t0, s.start);
+        t1 = std::max(t1, s.end);
+    }
+    r.step_ns = static_cast<double>(t1 - t0);
+
+    std::vector<size_t> order(spans.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    // by end, ties by start, so the arithmetic does not depend on the input's order
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return spans[a].end != spans[b].end ? spans[a].end < spans[b].end : spans[a].start < spans[b].start;
+    });
+    uint64_t prev = t0;
+    for (size_t i : order) {
+        const TimelineSpan& s = spans[i];
+        r.spans[i].marginal_ns = static_cast<double>(s.end - std::max(prev, t0));
+        r.spans[i].busy_ns = static_cast<double>(s.end - std::min(s.start, s.end));
+        prev = s.end;
+    }
+
+    // Idle: sweep in start order; a gap is a start after every earlier-starting span has ended. (Taking the
+    // latest end over the spans that *end* earlier instead would count a gap that a long span covers.)
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return spans[a].start != spans[b].start ? spans[a].start < spans[b].start
+                                                : spans[a].end < spans[b].end;
+    });
+    uint64_t covered = t0;
+    for (size_t i : order) {
+        const TimelineSpan& s = spans[i];
+        if (s.start > covered) r.idle_ns += static_cast<double>(s.start - covered);
+        covered = std::max(covered, s.end);
+    }
+    return r;
+}
+
+GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
+                                 const std::vector<std::vector<TimelineSpan>>& replays,
+                                 const std::vector<double>& untraced_ms) {
+    GraphTimeline t;
+    t.replays = static_cast<int>(replays.size());
+    t.step_ms_untraced = median(untraced_ms);
+    if (replays.empty()) return t;
+    const size_t L = labels.size();
+
+    // per replay: marginal and busy per label, and the first start / last end of each label
+    std::vector<std::vector<double>> marg(L), busy(L);
+    std::vector<double> steps, idles;
+    std::vector<ReplayTimes> times;
+    std::vector<size_t> spans_per_label(L, 0);
+    for (const auto& spans : replays) {
+        ReplayTimes rt = replay_times(spans);
+        std::vector<double> m(L, 0.0), b(L, 0.0);
+        for (size_t i = 0; i < spans.size(); ++i) {
+            const int lb = spans[i].label;
+            if (lb < 0 || static_cast<size_t>(lb) >= L)
+                throw Error("internal: timeline span label " + std::to_string(lb) + " outside the " +
+                            std::to_string(L) + " labels");
+            m[static_cast<size_t>(lb)] += rt.spans[i].marginal_ns;
+            b[static_cast<size_t>(lb)] += rt.spans[i].busy_ns;
+            ++spans_per_label[static_cast<size_t>(lb)];
+        }
+        for (size_t l = 0; l < L; ++l) {
+            marg[l].push_back(m[l]);
+            busy[l].push_back(b[l]);
+        }
+        steps.push_back(rt.step_ns);
+        idles.push_back(rt.idle_ns);
+        times.push_back(std::move(rt));
+    }
+    t.step_ms = median(steps) * 1e-6;
+    t.idle_ms = median(idles) * 1e-6;
+
+    // per name: the (name, layer) labels' medians summed, in first-appearance order before sorting
+    std::map<std::string, size_t> at;
+    for (size_t l = 0; l < L; ++l) {
+        const TimelineLabel& lb = labels[l];
+        auto [it, fresh] = at.emplace(lb.name, t.by_kernel.size());
+        if (fresh) t.by_kernel.push_back({lb.name, 0, 0, 0.0, 0.0, 0.0});
+        TimelineKernel& k = t.by_kernel[it->second];
+        k.calls += lb.calls;
+        k.kernels += static_cast<int>(spans_per_label[l] / replays.size());
+        k.marginal_ms += median(marg[l]) * 1e-6;
+        k.busy_ms += median(busy[l]) * 1e-6;
+        k.bytes += lb.bytes;
+    }
+    std::stable_sort(
+        t.by_kernel.begin(), t.by_kernel.end(),
+        [](const TimelineKernel& a, const TimelineKernel& b) { return a.marginal_ms > b.marginal_ms; });
+    for (const TimelineKernel& k : t.by_kernel) t.marginal_sum_ms += k.marginal_ms;
+
+    // the median replay (median() takes the upper middle for an even count; the same one here)
+    std::vector<size_t> order(replays.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return steps[a] < steps[b]; });
+    const size_t r = order[order.size() / 2];
+    const auto& spans = replays[r];
+    uint64_t t0 = spans.empty() ? 0 : spans[0].start;
+    for (const TimelineSpan& s : spans) t0 = std::min(t0, s.start);
+    std::vector<TimelineLaunch> per(L);
+    std::vector<bool> seen(L, false);
+    for (size_t i = 0; i < spans.size(); ++i) {
+        const size_t l = static_cast<size_t>(spans[i].label);
+        TimelineLaunch& p = per[l];
+        const double s = static_cast<double>(spans[i].start - t0) * 1e-6;
+        const double e = static_cast<double>(spans[i].end - t0) * 1e-6;
+        p.start_ms = seen[l] ? std::min(p.start_ms, s) : s;
+        p.end_ms = seen[l] ? std::max(p.end_ms, e) : e;
+        p.marginal_ms += times[r].spans[i].marginal_ns * 1e-6;
+        p.busy_ms += times[r].spans[i].busy_ns * 1e-6;
+        seen[l] = true;
+    }
+    for (size_t l = 0; l < L; ++l) {
+        if (!seen[l]) continue;
+        per[l].name = labels[l].name;
+        per[l].layer = labels[l].layer;
+        t.per_launch.push_back(per[l]);
+    }
+    return t;
+}
+
+void print_timeline(std::FILE* f, const GraphTimeline& t) {
+    if (!t.ok) {
+        std::fprintf(f, "timeline  not measured: %s\n", t.why_not.c_str());
+        return;
+    }
+    std::fprintf(f,
+                 "timeline  one decode step inside its graph replay (CUPTI kernel records, median of %d "
+                 "replays; marginal = the time a kernel adds to the step's end)\n",
+                 t.replays);
+    std::fprintf(f, "  %-18s %6s %11s %7s %9s %9s\n", "name", "calls", "marginal ms", "%", "busy ms", "GB/s");
+    for (const TimelineKernel& k : t.by_kernel) {
+        const double pct = t.step_ms > 0 ? 100.0 * k.marginal_ms / t.step_ms : 0.0;
+        std::fprintf(f, "  %-18s %6d %11.4f %6.1f%% %9.4f %9.1f\n", k.name.c_str(), k.calls, k.marginal_ms,
+                     pct, k.busy_ms, k.gbs());
+    }
+    std::fprintf(f,
+                 "  step %.4f ms (timeline), %.4f ms (events, no CUPTI), idle %.4f ms, marginals sum to "
+                 "%.4f ms; mapping %s\n",
+                 t.step_ms, t.step_ms_untraced, t.idle_ms, t.marginal_sum_ms, t.mapping.c_str());
+    if (!t.note.empty()) std::fprintf(f, "  note: %s\n", t.note.c_str());
+}
+
+nlohmann::json timeline_json(const GraphTimeline& t) {
+    nlohmann::json j = {{"ok", t.ok}};
+    if (!t.ok) {
+        j["why_not"] = t.why_not;
+        return j;
+    }
+    nlohmann::json by = nlohmann::json::object();
+    for (const TimelineKernel& k : t.by_kernel)
+        by[k.name] = {{"calls", k.calls},
+                      {"kernels", k.kernels},
+                      {"marginal_ms", k.marginal_ms},
+                      {"pct_of_step", t.step_ms > 0 ? 100.0 * k.marginal_ms / t.step_ms : 0.0},
+                      {"busy_ms", k.busy_ms},
+                      {"bytes", k.bytes},
+                      {"gb_s", k.gbs()}};
+    nlohmann::json per = nlohmann::json::array();
+    for (const TimelineLaunch& p : t.per_launch)
+        per.push_back({{"name", p.name},
+                       {"layer", p.layer},
+                       {"marginal_ms", p.marginal_ms},
+                       {"busy_ms", p.busy_ms},
+                       {"start_ms", p.start_ms},
+                       {"end_ms", p.end_ms}});
+    j.update({{"step_ms", t.step_ms},
+              {"step_ms_untraced", t.step_ms_untraced},
+              {"idle_ms", t.idle_ms},
+              {"marginal_sum_ms", t.marginal_sum_ms},
+              {"mapping", t.mapping},
+              {"note", t.note},
+              {"replays", t.replays},
+              {"by_kernel", by},
+              {"per_launch", per}});
+    return j;
+}
+
+}  // namespace markbase
