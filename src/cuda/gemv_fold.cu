@@ -9,8 +9,8 @@
 // so each warp streams its weight row once against two activation vectors (A = W . (x w_n), B = W . (y w_res
 // w_n)) and also sums y^2, x^2, x . (y w_res) and (y w_res)^2 over the whole input, which give both scalars:
 //   sum(x'^2) = s^2 (sum x^2 + 2 inv_y sum x (y w_res) + inv_y^2 sum (y w_res)^2).
-// No barrier before the first product, no cross-block step: every warp (or a row's W warps, through shared
-// memory at the end) holds the whole sums. The new stream x' goes to another buffer (other blocks still read
+// No barrier before the first product, no cross-block step: the block's warps split the sums between them
+// and add them up through shared memory after their products. The new stream x' goes to another buffer (other blocks still read
 // x), each block writing its share. Without a consumer norm (the PLE gate) out = s (A + inv_y B).
 // Not bit-identical to the update launch (other sums in another order): the CUDA-vs-CPU tests bound it.
 #include <string>
@@ -37,36 +37,14 @@ struct FoldParams {
     const float* aux = nullptr;  // kFoldGeluMul: the multiplier
 };
 
-// Fixed-order sums of a row's W warps (lane 0 of each wrote its 6 sums): every warp of the row group gets
-// the same totals, added in warp order, so the result does not depend on timing.
-template <int W>
-__device__ __forceinline__ void combine_parts(float (&v)[6], float (*partial)[6], int warp, int lane) {
-    if constexpr (W > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int i = 0; i < 6; ++i) partial[warp][i] = v[i];
-        }
-        __syncthreads();
-        const int first = warp - warp % W;
-#pragma unroll
-        for (int i = 0; i < 6; ++i) {
-            float t = 0.0f;
-#pragma unroll
-            for (int j = 0; j < W; ++j) t += partial[first + j][i];
-            v[i] = t;
-        }
-    }
-}
-
-// 64 registers (4 blocks per SM) hold the plain form; the norm's three extra sums spill there, so 3 blocks
 template <int M, int W, bool Norm>
 __global__ void __launch_bounds__(kFoldWarps * 32, Norm ? 3 : 4) fold_kernel(const FoldParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
-    constexpr int kRowsPerBlock = kFoldWarps / W;
+    constexpr int kGroups = kFoldWarps / W;  // row groups per block: W warps per row, one row each
     __shared__ float partial[kFoldWarps][6];
-    __shared__ float inv_y_block;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * kRowsPerBlock + warp / W, part = warp % W;
+    const int group = warp / W, part = warp % W;
+    const int row = blockIdx.x * kGroups + group;
     const bool active = row < p.total_rows;
     const int K = p.in.K, nchunk = K >> 3;
     const int per = (nchunk + W - 1) / W;
@@ -92,23 +70,30 @@ __global__ void __launch_bounds__(kFoldWarps * 32, Norm ? 3 : 4) fold_kernel(con
     const float4* y4 = reinterpret_cast<const float4*>(p.in.fold.y);
     const uint4* r4 = reinterpret_cast<const uint4*>(p.in.fold.w);
     const uint4* n4 = reinterpret_cast<const uint4*>(p.in.norm_w);
-    // A, B, sum y^2, sum x^2, sum x (y w_res), sum (y w_res)^2 (the last three for the consumer's norm only)
+    // A, B (this row's), then sum y^2, sum x^2, sum x (y w_res), sum (y w_res)^2 (the last three for the
+    // consumer's norm only). The sums do not depend on the row, so each 32-chunk round of the input is summed
+    // by one row group of the block only (round j by group j % kGroups: the block's warps cover the input
+    // once), which keeps the extra arithmetic at 1/kGroups per warp; the block adds them up at the end.
     float acc[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int round = 0;
     for (int base = c_lo; base < c_hi; base += 32 * kFoldU) {
         if (base != c_lo) load(base);
 #pragma unroll
-        for (int u = 0; u < kFoldU; ++u) {
+        for (int u = 0; u < kFoldU; ++u, ++round) {
             const int c = base + u * 32 + lane;
-            if (c < c_hi) {  // inactive warps still sum x and y: warp 0's sums serve the block's x' share
+            const bool sums = round % kGroups == group;  // the same for the whole warp
+            if (c < c_hi) {  // inactive warps still sum x and y: their share of the block's sums
                 float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
                 float4 ya = __ldg(y4 + 2 * c), yb = __ldg(y4 + 2 * c + 1);
-                acc[2] = sq8(ya, yb, acc[2]);
+                if (sums) acc[2] = sq8(ya, yb, acc[2]);
                 scale8(ya, yb, __ldg(r4 + c));  // y * w_res
                 if constexpr (Norm) {
-                    acc[3] = sq8(xa, xb, acc[3]);
-                    acc[4] += xa.x * ya.x + xa.y * ya.y + xa.z * ya.z + xa.w * ya.w + xb.x * yb.x + xb.y * yb.y +
-                              xb.z * yb.z + xb.w * yb.w;
-                    acc[5] = sq8(ya, yb, acc[5]);
+                    if (sums) {
+                        acc[3] = sq8(xa, xb, acc[3]);
+                        acc[4] += xa.x * ya.x + xa.y * ya.y + xa.z * ya.z + xa.w * ya.w + xb.x * yb.x +
+                                  xb.y * yb.y + xb.z * yb.z + xb.w * yb.w;
+                        acc[5] = sq8(ya, yb, acc[5]);
+                    }
                     if (n4) {
                         const uint4 n = __ldg(n4 + c);
                         scale8(xa, xb, n);
@@ -122,7 +107,27 @@ __global__ void __launch_bounds__(kFoldWarps * 32, Norm ? 3 : 4) fold_kernel(con
     }
 #pragma unroll
     for (int i = 0; i < 6; ++i) acc[i] = warp_sum(acc[i]);
-    combine_parts<W>(acc, partial, warp, lane);
+    // fixed-order totals (so the result does not depend on timing): A and B over the row's W warps, the
+    // sums over all of the block's warps
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < 6; ++i) partial[warp][i] = acc[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float t = 0.0f;
+#pragma unroll
+        for (int j = 0; j < W; ++j) t += partial[group * W + j][i];
+        acc[i] = t;
+    }
+#pragma unroll
+    for (int i = 2; i < 6; ++i) {
+        float t = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kFoldWarps; ++j) t += partial[j][i];
+        acc[i] = t;
+    }
 
     const float Kf = static_cast<float>(K), sc = p.in.fold.scale;
     const float inv_y = 1.0f / sqrtf(acc[2] / Kf + p.in.eps);
@@ -139,14 +144,11 @@ __global__ void __launch_bounds__(kFoldWarps * 32, Norm ? 3 : 4) fold_kernel(con
             *y = gelu_tanh(out) * p.aux[row];
     }
 
-    // x' = (x + y * inv_y * w_res) * s for this block's share of the elements (warp 0 holds whole sums)
-    if (threadIdx.x == 0) inv_y_block = inv_y;
-    __syncthreads();
-    const float iy = inv_y_block;
+    // x' = (x + y * inv_y * w_res) * s for this block's share of the elements
     const int share = (K + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
     const int k0 = static_cast<int>(blockIdx.x) * share, k1 = min(K, k0 + share);
     for (int k = k0 + static_cast<int>(threadIdx.x); k < k1; k += blockDim.x)
-        p.in.fold.x_out[k] = (p.in.x[k] + p.in.fold.y[k] * iy * bf16_at(p.in.fold.w, k)) * sc;
+        p.in.fold.x_out[k] = (p.in.x[k] + p.in.fold.y[k] * inv_y * bf16_at(p.in.fold.w, k)) * sc;
 }
 
 // Warps per row: the fewest (a power of 2, at most 8) that keep a warp's share of the row within two rounds
