@@ -200,8 +200,7 @@ class CudaModel {
     void record_experts(int i, Profiler* pf, cudaStream_t st);  // cuda_step.cu: router .. experts_down
     GemvInput gemv_input(const float* x, int K) const;          // cuda_step.cu: this model's GEMV settings
     // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
-    // fold_ok: the consumer can take a deferred update folded in (fold_; q/k/v and the PLE gate)
-    GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w, bool fold_ok = false);
+    GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
                   const bf16* next_w = nullptr);
     void flush_residual(Profiler* pf, int layer);
@@ -312,10 +311,9 @@ class CudaModel {
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
-    // MARKBASE_CUDA_FOLD (prepared in session 14, default off until measured; one GPU, dense models, with
-    // prenorm_): a deferred update whose consumer is q/k/v or the PLE gate is folded into that GEMV
-    // (gemv_fold.cu) instead of launched; the new x goes to the other of x_ / xb_.
-    bool fold_ = false;
+    // MARKBASE_CUDA_RESIDUAL_THREADS=256|512|1024 (prepared in session 14, default 1024 until measured): the
+    // block size of the one-token residual updates (norm_rope.cu's residual_wide_kernel)
+    int residual_threads_ = 1024;
     bool attn_group_ = true;    // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
     bool attn_gemm_on_ = true;  // MARKBASE_CUDA_ATTN_GEMM: prefill attention as GEMMs (attention_gemm.cu)
     AttnGemm attn_gemm_;        // its scratch, when on

@@ -37,21 +37,9 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     return in;
 }
 
-GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w, bool fold_ok) {
+GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w) {
     // xn_ already holds RMSNorm(x) * norm_w (written by the update that made this x)
     if (norm && norm_w && norm_w == xn_for_ && !pending_.y) return gemv_input(xn_, c_.hidden);
-    if (pending_.name && fold_ && fold_ok && in_decode_) {  // the deferred update folded into this GEMV
-        GemvInput in = gemv_input(xcur_, c_.hidden);
-        in.eps = c_.rms_eps;
-        in.norm = norm;
-        in.norm_w = norm ? norm_w : nullptr;
-        float* out = xcur_ == x_ ? xb_ : x_;
-        in.fold = {pending_.y, pending_.w, pending_.scale, out};
-        xcur_ = out;
-        pending_ = {};
-        xn_for_ = nullptr;
-        return in;
-    }
     if (pending_.name) {  // a deferred update: its own launch, writing this GEMV's normalised input too
         const PendingResidual p = pending_;
         pending_ = {};
@@ -60,7 +48,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         float* x = xcur_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
-                              pre ? xn_ : nullptr);
+                              pre ? xn_ : nullptr, {}, residual_threads_);
         });
         if (pre) {
             GemvInput in = x_input(pf, layer, false, nullptr);
@@ -112,7 +100,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     float* x = xcur_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
-                          pre ? xn_ : nullptr, more);
+                          pre ? xn_ : nullptr, more, residual_threads_);
     });
     xn_for_ = pre ? next_w : nullptr;
 }
@@ -138,7 +126,10 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
         all_reduce(pf, layer, y, static_cast<size_t>(rows));
         float* x = xcur_;
         run(pf, res_name, layer, 0.0,
-            [&] { residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
+            [&] {
+                residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_, nullptr, nullptr, {},
+                                  residual_threads_);
+            });
         return;
     }
     if (tail_) {
@@ -159,7 +150,10 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     xn_for_ = nullptr;
     float* x = xcur_;
     run(pf, p.name ? p.name : "residual", layer, 0.0,
-        [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
+        [&] {
+            residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, nullptr, nullptr, {},
+                              residual_threads_);
+        });
 }
 
 void CudaModel::record_step(Profiler* pf) {
@@ -226,7 +220,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 
     // 2.5: q (and own k, v) from input_layernorm(x), one launch
     {
-        const GemvInput in = x_input(pf, i, true, lw.input_norm, true);
+        const GemvInput in = x_input(pf, i, true, lw.input_norm);
         run(pf, "qkv", i, wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H), [&] {
             GemvSeg segs[3];
             int ns = 0;
@@ -317,7 +311,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
                        // layer_scalar
         const int P = c_.ple_dim;
         {
-            const GemvInput in = x_input(pf, i, false, nullptr, true);
+            const GemvInput in = x_input(pf, i, false, nullptr);
             run(pf, "ple_gate", i, wbytes(P, H),
                 [&] { gemv_gelu_mul(in, lw.ple_gate, P, ple_ + int64_t{i} * P, g_, stream_); });
         }

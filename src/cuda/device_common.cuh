@@ -131,9 +131,26 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// MARKBASE_PDL_TRIGGER_EARLY (the CMake option MARKBASE_CUDA_PDL_TRIGGER_EARLY; prepared in session 14, off
+// until measured): let the next kernel be scheduled before waiting, not after. The wait still returns only
+// once the previous grid has completed and flushed, so results cannot change; what changes is that kernel
+// N + 1's launch and its early weight loads can overlap kernel N's wait for N - 1, where today they start
+// only once N - 1 has finished (session 14's graph timeline: chains of launches of 1-3 us each on E2B). Safe
+// because every access a kernel makes before its wait is to data no kernel of the same step writes (weights,
+// norm weights, and the KV cache of earlier positions; the current position is read again after the wait),
+// and because the next grid is scheduled only once all of this grid's blocks have started (so a later grid
+// can never hold the SMs an earlier one still needs).
+#ifndef MARKBASE_PDL_TRIGGER_EARLY
+#define MARKBASE_PDL_TRIGGER_EARLY 0
+#endif
 __device__ __forceinline__ void pdl_begin() {
+#if MARKBASE_PDL_TRIGGER_EARLY
+    pdl_launch_dependents();
+    pdl_wait();
+#else
     pdl_wait();
     pdl_launch_dependents();
+#endif
 }
 // The PDL wait after loads that do not depend on the previous kernel (weights; the KV cache of earlier
 // steps). Written as a plain call after them, the wait does not keep them above it: ptxas sinks such loads

@@ -371,10 +371,6 @@ void gemv_prepare(int max_K) {
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (in.fold.y) {
-        if (ntok != 1) throw Error("internal: a folded GEMV takes one token");
-        return gemv_fold(in, segs, nseg, s);
-    }
     if (gemv_variant_is_rows(in.variant) && ntok == 1 && !in.res_y)
         return gemv_rows(in, segs, nseg, nullptr, s);
     Params p;
@@ -385,7 +381,6 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 }
 
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s) {
-    if (in.fold.y) throw Error("internal: the GeGLU GEMV takes no folded update");
     if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_geglu(in, wg, wu, rows, y, s);
     Params p;
     p.in = in;
@@ -396,7 +391,6 @@ void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, f
 }
 
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s) {
-    if (in.fold.y) return gemv_fold_gelu_mul(in, w, rows, aux, y, s);
     if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
     Params p;
     p.in = in;
@@ -409,7 +403,6 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
                  unsigned long long* argmax_key_out, cudaStream_t s, const StepFinish* finish,
                  int64_t id_base) {
-    if (in.fold.y) throw Error("internal: the logits GEMV takes no folded update");
     Params p;
     p.id_base = static_cast<uint32_t>(id_base);
     if (finish) p.finish = *finish;

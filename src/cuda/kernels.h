@@ -27,16 +27,6 @@ struct GemvStreamScratch {
     int rows = 0;                   // capacity of count
 };
 
-// A residual update folded into the decode GEMV that consumes it (gemv_fold.cu, MARKBASE_CUDA_FOLD): the
-// product's input is x' = (x + RMSNorm(y) * w) * scale, normalised by the GemvInput's own norm when it has
-// one; x is GemvInput.x (the stream before the update), x' is written to x_out (never x or y).
-struct GemvFold {
-    const float* y = nullptr;  // the producer's output (null: no fold)
-    const bf16* w = nullptr;   // the update's norm weight
-    float scale = 1.0f;
-    float* x_out = nullptr;
-};
-
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
@@ -54,8 +44,6 @@ struct GemvInput {
     const bf16* res_w = nullptr;
     float res_scale = 1.0f;
     float* res_out = nullptr;
-    // or folded into every warp of the product instead (one token; gemv and gemv_gelu_mul only)
-    GemvFold fold;
 
     // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
     // warpk; asyncg for the MoE model on one GPU).
@@ -157,11 +145,6 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
-// gemv_fold.cu: the same products with a residual update folded in (GemvInput.fold; one token, one warp or a
-// few per row). gemv and gemv_gelu_mul route here when in.fold.y is set.
-void gemv_fold(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
-void gemv_fold_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
-                        cudaStream_t s);
 // Which warp-per-row kernel one of those products launches (`warp` and `warpk`; the async variants choose
 // for themselves): warps per row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no norm, no
 // tail), and for the GeGLU whether a row's gate and up products go to different warps. A pure function of
@@ -238,11 +221,12 @@ struct NormCopies {
     float* out[2] = {nullptr, nullptr};
     float scale[2] = {1.0f, 1.0f};
 };
-// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
+// x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of `threads` = 256, 512 or 1024,
+// loads batched);
 // with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
-                       const NormCopies& more = {});
+                       const NormCopies& more = {}, int threads = 1024);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each

@@ -331,6 +331,9 @@ __global__ void __launch_bounds__(kThreads, 6)
     expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                            const float* sel_w, float* e, bool late) {
     __shared__ float dots[kSumMaxK];
+    // the expert ids were written two kernels back (route): safe to read before the wait only while each
+    // kernel lets the next one start after its own wait (device_common.cuh: not with the early trigger)
+    late = late || MARKBASE_PDL_TRIGGER_EARLY;
     pdl_begin_late(late);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x;
