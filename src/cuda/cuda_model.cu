@@ -212,10 +212,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
-        residual_threads_ = env_int("MARKBASE_CUDA_RESIDUAL_THREADS", 256, 1024, 1024);
-        if (residual_threads_ != 256 && residual_threads_ != 512 && residual_threads_ != 1024)
-            throw Error("MARKBASE_CUDA_RESIDUAL_THREADS=" + std::to_string(residual_threads_) +
-                        ": expected 256, 512 or 1024");
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
         attn_group_ = env_flag("MARKBASE_CUDA_ATTN_GROUP", true);
         // session 13's H200 A/B, prefill of 512 tokens: 31B +24%, E4B +10%, 26B-A4B +10%, E2B (groups of 8

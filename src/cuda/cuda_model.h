@@ -311,9 +311,6 @@ class CudaModel {
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
-    // MARKBASE_CUDA_RESIDUAL_THREADS=256|512|1024 (prepared in session 14, default 1024 until measured): the
-    // block size of the one-token residual updates (norm_rope.cu's residual_wide_kernel)
-    int residual_threads_ = 1024;
     bool attn_group_ = true;    // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
     bool attn_gemm_on_ = true;  // MARKBASE_CUDA_ATTN_GEMM: prefill attention as GEMMs (attention_gemm.cu)
     AttnGemm attn_gemm_;        // its scratch, when on

@@ -48,7 +48,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         float* x = xcur_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
-                              pre ? xn_ : nullptr, {}, residual_threads_);
+                              pre ? xn_ : nullptr);
         });
         if (pre) {
             GemvInput in = x_input(pf, layer, false, nullptr);
@@ -100,7 +100,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     float* x = xcur_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
-                          pre ? xn_ : nullptr, more, residual_threads_);
+                          pre ? xn_ : nullptr, more);
     });
     xn_for_ = pre ? next_w : nullptr;
 }
@@ -126,10 +126,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
         all_reduce(pf, layer, y, static_cast<size_t>(rows));
         float* x = xcur_;
         run(pf, res_name, layer, 0.0,
-            [&] {
-                residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_, nullptr, nullptr, {},
-                                  residual_threads_);
-            });
+            [&] { residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
         return;
     }
     if (tail_) {
@@ -150,10 +147,7 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     xn_for_ = nullptr;
     float* x = xcur_;
     run(pf, p.name ? p.name : "residual", layer, 0.0,
-        [&] {
-            residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, nullptr, nullptr, {},
-                              residual_threads_);
-        });
+        [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
 }
 
 void CudaModel::record_step(Profiler* pf) {

@@ -131,17 +131,22 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// MARKBASE_PDL_TRIGGER_EARLY (the CMake option MARKBASE_CUDA_PDL_TRIGGER_EARLY; prepared in session 14, off
-// until measured): let the next kernel be scheduled before waiting, not after. The wait still returns only
+// MARKBASE_PDL_TRIGGER_EARLY (the CMake option MARKBASE_CUDA_PDL_TRIGGER_EARLY, on by default since session
+// 14's H200 A/B: decode E2B -3.1%, E4B -2.7%, 26B-A4B -1.2%, 31B -0.6%, the same greedy ids; the graph
+// timeline has E2B's one-block updates at 2.0-2.6 us instead of 3.1-3.8): let the next kernel be scheduled
+// before waiting, not after. The wait still returns only
 // once the previous grid has completed and flushed, so results cannot change; what changes is that kernel
 // N + 1's launch and its early weight loads can overlap kernel N's wait for N - 1, where today they start
 // only once N - 1 has finished (session 14's graph timeline: chains of launches of 1-3 us each on E2B). Safe
 // because every access a kernel makes before its wait is to data no kernel of the same step writes (weights,
 // norm weights, and the KV cache of earlier positions; the current position is read again after the wait),
 // and because the next grid is scheduled only once all of this grid's blocks have started (so a later grid
-// can never hold the SMs an earlier one still needs).
+// can never hold the SMs an earlier one still needs). The one kernel that read data of two kernels back
+// before its wait (the MoE down-sum's expert ids) now waits first under this build. Not yet run with
+// tensor parallelism (no two-GPU machine in session 14): its peer sums wait on the other GPU, which the
+// early trigger does not change, but it is unmeasured.
 #ifndef MARKBASE_PDL_TRIGGER_EARLY
-#define MARKBASE_PDL_TRIGGER_EARLY 0
+#define MARKBASE_PDL_TRIGGER_EARLY 0  // builds without CMake (the labs' own flags) keep the old order
 #endif
 __device__ __forceinline__ void pdl_begin() {
 #if MARKBASE_PDL_TRIGGER_EARLY

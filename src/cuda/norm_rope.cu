@@ -79,13 +79,8 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 // pass). With next_w (MARKBASE_CUDA_PRENORM), it also writes the next GEMV's normalised input,
 // xn = RMSNorm(x) * next_w, from the x it holds: that GEMV then reads one vector per 16 weight bytes instead
 // of x, the norm weights and a sum of squares in every warp.
-constexpr int kWideThreads = 1024;  // the one-token update kernels (this one, residual_moe_wide_kernel)
-// H <= 6144 for the update: 1024 threads x 6 elements by default; MARKBASE_CUDA_RESIDUAL_THREADS (prepared in
-// session 14) runs it with 512 x 12 or 256 x 24 instead. Session 14's graph timeline had E2B's updates that
-// also write the next GEMV's input at 3.2-3.7 us each inside the graph (1.4 us without that copy): a block of
-// 32 warps pays for its two block reductions (four barriers across 32 warps) and needs 1024 free thread slots
-// on one SM to be resident before its wait.
-constexpr int kWideResidualMaxH = 6144;
+constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
+constexpr int kWideResidualPer = 6;  // H <= 6144
 
 // rsqrt(mean(v^2) + eps) over the block's H values, thread t holding v[j] (value t + j * kWideThreads, 0
 // past H)
@@ -100,19 +95,18 @@ __device__ __forceinline__ float block_inv_rms(const float (&v)[Per], int H, flo
 
 // xn[k] = v * rsqrt(mean(v^2) + eps) * weight(j, k), laid out as block_inv_rms's: the next GEMV's normalised
 // input, from the new x an update kernel holds.
-template <int T, int Per, class Weight>
+template <int Per, class Weight>
 __device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, float eps, Weight weight,
                                                  float* red, float* xn) {
     const float inv = block_inv_rms(v, H, eps, red);
 #pragma unroll
     for (int j = 0; j < Per; ++j) {
-        const int k = threadIdx.x + j * T;
+        const int k = threadIdx.x + j * kWideThreads;
         if (k < H) xn[k] = v[j] * inv * weight(j, k);
     }
 }
 
-template <int T>
-__global__ void __launch_bounds__(T)
+__global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
                          int H, float eps, float scale, const bf16* __restrict__ next_w,
                          float* __restrict__ xn, NormCopies more) {
@@ -121,11 +115,10 @@ __global__ void __launch_bounds__(T)
     // elements); 0 bytes when there are no copies. (Static, the 24 KB came with every update of the dense
     // models too: E2B and E4B read 0.5% and 0.8% slower in session 10's calls after it was added.)
     extern __shared__ bf16 mw[];
-    constexpr int Per = kWideResidualMaxH / T;
-    float wv[Per], yv[Per], xv[Per], nv[Per];
+    float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer], nv[kWideResidualPer];
 #pragma unroll
-    for (int j = 0; j < Per; ++j) {
-        const int k = threadIdx.x + j * T;
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
         wv[j] = k < H ? bf16_at(w, k) : 0.0f;
         nv[j] = next_w && k < H ? bf16_at(next_w, k) : 0.0f;
 #pragma unroll
@@ -134,28 +127,28 @@ __global__ void __launch_bounds__(T)
     }
     pdl_begin();
 #pragma unroll
-    for (int j = 0; j < Per; ++j) {
-        const int k = threadIdx.x + j * T;
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
         yv[j] = k < H ? y[k] : 0.0f;
         xv[j] = k < H ? x[k] : 0.0f;
     }
     const float inv = block_inv_rms(yv, H, eps, red);
 #pragma unroll
-    for (int j = 0; j < Per; ++j) {
-        const int k = threadIdx.x + j * T;
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
         xv[j] = (xv[j] + yv[j] * inv * wv[j]) * scale;  // 0 past H: xv, yv and wv are 0 there
         if (k < H) x[k] = xv[j];
     }
     if (!more.out[0]) {
         if (next_w)
-            store_normalised<T>(
+            store_normalised(
                 xv, H, eps, [&](int j, int) { return nv[j]; }, red, xn);
         return;
     }
     const float inv_x = block_inv_rms(xv, H, eps, red);  // store_normalised's factor, for every copy
 #pragma unroll
-    for (int j = 0; j < Per; ++j) {
-        const int k = threadIdx.x + j * T;
+    for (int j = 0; j < kWideResidualPer; ++j) {
+        const int k = threadIdx.x + j * kWideThreads;
         if (k >= H) continue;
         const float v = xv[j] * inv_x;
         if (next_w) xn[k] = v * nv[j];
@@ -276,7 +269,7 @@ __global__ void __launch_bounds__(kWideThreads)
         }
     }
     if (next_w)
-        store_normalised<kWideThreads>(
+        store_normalised(
             mv, H, eps, [&](int, int k) { return bf16_at(snw, k); }, red, xn);
 }
 
@@ -438,20 +431,13 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 }
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more, int threads) {
+                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more) {
     if (more.out[1] && !more.out[0])
         throw Error("internal: the update's normalised copies fill slot 0 first");
-    if (n == 1 && H <= kWideResidualMaxH) {
+    if (n == 1 && H <= kWideThreads * kWideResidualPer) {
         const size_t smem = more.out[0] ? 2 * static_cast<size_t>(H) * sizeof(bf16) : 0;  // <= 24 KB
-        if (threads == 256)
-            launch_kernel(residual_wide_kernel<256>, dim3(1), dim3(256), smem, s, x, y, w, H, eps, scale, next_w,
-                          xn, more);
-        else if (threads == 512)
-            launch_kernel(residual_wide_kernel<512>, dim3(1), dim3(512), smem, s, x, y, w, H, eps, scale, next_w,
-                          xn, more);
-        else
-            launch_kernel(residual_wide_kernel<1024>, dim3(1), dim3(1024), smem, s, x, y, w, H, eps, scale,
-                          next_w, xn, more);
+        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), smem, s, x, y, w, H, eps, scale,
+                      next_w, xn, more);
         CUDA_CHECK_LAUNCH();
         return;
     }

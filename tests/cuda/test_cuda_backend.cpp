@@ -310,9 +310,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_COMPACT=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
-    "MARKBASE_CUDA_RESIDUAL_THREADS=256",
-    "MARKBASE_CUDA_RESIDUAL_THREADS=512",
-    "MARKBASE_CUDA_RESIDUAL_THREADS=256,MARKBASE_CUDA_PRENORM=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -403,7 +400,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
                                 "MARKBASE_CUDA_ATTN_GEMM=2",       "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",     "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
-                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1",                                 "MARKBASE_CUDA_RESIDUAL_THREADS=300", "MARKBASE_CUDA_RESIDUAL_THREADS=2048"}) {
+                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
