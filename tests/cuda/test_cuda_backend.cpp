@@ -27,6 +27,7 @@
 #include "model/error.h"
 #include "runtime/backend.h"
 #include "support/logits_compare.h"
+#include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -34,17 +35,6 @@
 
 namespace markbase {
 namespace {
-
-#ifdef MARKBASE_HAS_CUDA
-#define REQUIRE_CUDA()                                                             \
-    do {                                                                           \
-        const CudaDeviceInfo info_ = cuda_device_info();                           \
-        if (!info_.available) GTEST_SKIP() << "no CUDA device: " << info_.why_not; \
-    } while (0)
-#else
-#define REQUIRE_CUDA() \
-    GTEST_SKIP() << "no CUDA device: this build has no CUDA backend (MARKBASE_CUDA off or nvcc missing)"
-#endif
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& p) {
     return testing::test_name(p.param);
@@ -655,8 +645,8 @@ TEST(CudaAttnGemm, MatchesThePieces) {
 // one order), so a tolerance: with one layer the routing sees the same input either way, and two 272-token
 // chunks' logits agree with the passes'. (Random weights route unevenly: the busiest expert gets several
 // hundred entries, so the passes run 2-4 times.) Its GEMMs run over MARKBASE_CUDA_MOE_COMPACT_STREAMS streams
-// (default 2 since session 14): one and three are checked too. The tensor-parallel ranks' compact pass (held experts only) is
-// covered by CudaTp's comparisons with one GPU.
+// (default 2 since session 14): one and three are checked too. The tensor-parallel ranks' compact pass (held
+// experts only) is covered by CudaTp's comparisons with one GPU.
 TEST(CudaMoeCompact, MatchesThePasses) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA

@@ -14,6 +14,7 @@
 
 #include "cuda/graph_timeline.h"
 #include "model/error.h"
+#include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -185,17 +186,6 @@ TEST(TimelineSummary, JsonAndTable) {
 }
 
 // ---- on a GPU: the tiny model of each family ----
-
-#ifdef MARKBASE_HAS_CUDA
-#define REQUIRE_CUDA()                                                             \
-    do {                                                                           \
-        const CudaDeviceInfo info_ = cuda_device_info();                           \
-        if (!info_.available) GTEST_SKIP() << "no CUDA device: " << info_.why_not; \
-    } while (0)
-#else
-#define REQUIRE_CUDA() \
-    GTEST_SKIP() << "no CUDA device: this build has no CUDA backend (MARKBASE_CUDA off or nvcc missing)"
-#endif
 
 class CudaTimeline : public ::testing::TestWithParam<std::string> {};
 
