@@ -134,10 +134,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // MARKBASE_PDL_TRIGGER_EARLY (the CMake option MARKBASE_CUDA_PDL_TRIGGER_EARLY, on by default since session
 // 14's H200 A/B: decode E2B -3.1%, E4B -2.7%, 26B-A4B -1.2%, 31B -0.6%, the same greedy ids; the graph
 // timeline has E2B's one-block updates at 2.0-2.6 us instead of 3.1-3.8): let the next kernel be scheduled
-// before waiting, not after. The wait still returns only
-// once the previous grid has completed and flushed, so results cannot change; what changes is that kernel
-// N + 1's launch and its early weight loads can overlap kernel N's wait for N - 1, where today they start
-// only once N - 1 has finished (session 14's graph timeline: chains of launches of 1-3 us each on E2B). Safe
+// before waiting, not after. The wait still returns only once the previous grid has completed and flushed,
+// so results cannot change; what changes is that kernel N + 1's launch and its early weight loads can
+// overlap kernel N's wait for N - 1, where with the old order they start only once N - 1 has finished. Safe
 // because every access a kernel makes before its wait is to data no kernel of the same step writes (weights,
 // norm weights, and the KV cache of earlier positions; the current position is read again after the wait),
 // and because the next grid is scheduled only once all of this grid's blocks have started (so a later grid

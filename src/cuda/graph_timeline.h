@@ -18,12 +18,11 @@
 
 namespace markbase {
 
-// Graph launches of one timeline: warm-up, the untraced (event-timed) replays, and when CUPTI gave no records
-// for the graph instantiated before tracing, the warm-up of the one instantiated under tracing. Each launch
-// is a real decode step (the position advances), so the context must hold timeline_positions(replays).
-constexpr int kTimelineWarmup = 3, kTimelineUntraced = 20, kTimelineRetryWarmup = 2;
+// Graph launches of one timeline: warm-up, the untraced (event-timed) replays and the traced ones. Each
+// launch is a real decode step (the position advances), so the context must hold timeline_positions(replays).
+constexpr int kTimelineWarmup = 3, kTimelineUntraced = 20;
 constexpr int64_t timeline_positions(int replays) {
-    return kTimelineWarmup + kTimelineUntraced + 2 * int64_t{replays} + kTimelineRetryWarmup;
+    return kTimelineWarmup + kTimelineUntraced + int64_t{replays};
 }
 
 // One kernel execution of one replay: CUPTI's timestamps (ns) and what it is charged to (an index into the
@@ -76,7 +75,7 @@ struct GraphTimeline {
     bool ok = false;
     bool unavailable = false;  // CUPTI could not be loaded / is not built in (why_not says which)
     std::string why_not;
-    std::string mapping;          // "node-id" | "order" | "kernel-name": how records were matched to launches
+    std::string mapping;          // "node-id": how records were matched to launches (graph node ids)
     std::string note;             // what the mapping checks found, dropped replays, ...
     int replays = 0;              // replays that went into the medians
     double step_ms = 0;           // median over replays of last end - first start

@@ -6,13 +6,11 @@
 // headers are used here, for the types; without them (no cupti.h at configure time) the feature is compiled
 // out and says so.
 //
-// Mapping records to launches, each step checked by the kernel function names (CUPTI's record name against
-// the node's function, both demangled):
-//   node-id      a record's graphNodeId is its node's CUPTI id: the captured graph's node, or the clone of
-//                it that the instantiated graph runs (CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED tells which
-//                clone belongs to which node; CUPTI's own cuda_graphs_trace sample relies on this);
-//   order        the replay's records by start time against the nodes in creation order;
-//   kernel-name  neither held: records are labelled by their kernel function only.
+// Mapping records to launches: a record's graphNodeId is its node's CUPTI id, the captured graph's node or
+// the clone of it that the instantiated graph runs (CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED tells which clone
+// belongs to which node), checked by the kernel function names (CUPTI's record name against the node's
+// function, both demangled) and by every node running once per replay. Session 14 saw it hold on all four
+// variants on the H200; where it does not, the timeline says why instead of guessing another mapping.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -221,7 +219,7 @@ std::string demangled(const std::string& s) {
     std::free(d);
     return out;
 }
-// The table's label for the kernel-name mapping: no return type, no parameter list.
+// A kernel name without its return type and parameter list (names_agree compares these).
 std::string short_kernel_name(const std::string& full) {
     std::string s = full;
     if (!s.empty() && s.back() == ')') {
@@ -451,46 +449,25 @@ GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
     }
 
     // 3. the traced replays, one at a time (a sync after each, so replays never overlap)
-    auto traced = [&](int n) {
-        cupti_check(cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-        take_records(nullptr);  // anything left from before
-        cupti_check(cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
-                    "cuptiActivityEnable(CONCURRENT_KERNEL)");
-        ss.activity_on = true;
-        for (int i = 0; i < n; ++i) {
-            replay();
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
-        }
-        cupti_check(cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-        cupti_check(cu.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
-        ss.activity_on = false;
-    };
-    traced(replays);
+    cupti_check(cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+    take_records(nullptr);  // anything left from before
+    cupti_check(cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(CONCURRENT_KERNEL)");
+    ss.activity_on = true;
+    for (int i = 0; i < replays; ++i) {
+        replay();
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    cupti_check(cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+    cupti_check(cu.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
+    ss.activity_on = false;
     size_t invalid = 0;
     std::vector<KernelRecord> recs = graph_records(take_records(&invalid));
-    if (recs.empty()) {
-        // No records for a graph instantiated before tracing began: instantiate it again with the kernel
-        // activity on (its warm-up replays traced too, and thrown away), then trace again.
-        cupti_check(cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
-                    "cuptiActivityEnable(CONCURRENT_KERNEL)");
-        ss.activity_on = true;
-        CUDA_CHECK(cudaGraphExecDestroy(ss.exec));
-        ss.exec = nullptr;
-        CUDA_CHECK(cudaGraphInstantiate(&ss.exec, ss.graph, 0));
-        for (int i = 0; i < kTimelineRetryWarmup; ++i) replay();
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        traced(replays);
-        recs = graph_records(take_records(&invalid));
-        t.note +=
-            "no kernel records from the graph instantiated before tracing; instantiated again with "
-            "tracing on; ";
-        if (recs.empty()) throw Error("CUPTI returned no kernel records for the graph replays");
-    }
+    if (recs.empty()) throw Error("CUPTI returned no kernel records for the graph replays");
     if (invalid) t.note += std::to_string(invalid) + " records without valid timestamps dropped; ";
     const auto groups = split_replays(std::move(recs), replays, K, &t.note);
     if (groups.empty()) throw Error("CUPTI's records held no whole replay: " + t.note);
 
-    // 4. the mapping, each kind checked on every record of every replay
+    // 4. the mapping, checked on every record of every replay
     std::unordered_map<uint64_t, size_t> by_id;
     for (size_t k = 0; k < K; ++k) by_id[knodes[k].id] = k;
     size_t via_clone = 0;
@@ -518,7 +495,7 @@ GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
     };
     const char* levels[] = {"names checked", "names checked without signatures",
                             "names checked by unqualified template name only"};
-    std::string why_id, why_order;
+    std::string why_id;
     std::vector<std::vector<TimelineSpan>> spans(groups.size());
     for (size_t g = 0; g < groups.size() && why_id.empty(); ++g) {
         std::vector<int> hits(K, 0);
@@ -541,53 +518,14 @@ GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
         if (why_id.empty() && std::any_of(hits.begin(), hits.end(), [](int h) { return h != 1; }))
             why_id = "a replay did not run each kernel node once";
     }
-    if (why_id.empty()) {
-        t.mapping = "node-id";
-        t.note += std::string("ids of ") +
-                  (via_clone ? "the instantiated graph's clones" : "the captured nodes") +
-                  (names_known ? std::string(", ") + levels[loosest]
-                               : std::string(", names NOT checked (the runtime gave no function names)")) +
-                  "; ";
-    } else {
-        t.note += "node ids failed: " + why_id + "; ";
-        loosest = 0;
-        for (size_t g = 0; g < groups.size() && why_order.empty(); ++g) {
-            spans[g].clear();
-            std::vector<KernelRecord> rs = groups[g];
-            std::stable_sort(rs.begin(), rs.end(), [](const KernelRecord& a, const KernelRecord& b) {
-                return a.start != b.start ? a.start < b.start : a.end < b.end;
-            });
-            for (size_t k = 0; k < K; ++k) {
-                if (!names_known || !same(knodes[k], rs[k])) {
-                    why_order = names_known
-                                    ? "record " + std::to_string(k) + " by start ran " + cpp[rs[k].name] +
-                                          ", node " + std::to_string(k) + " holds " + knodes[k].name
-                                    : "no node names to check the order against";
-                    break;
-                }
-                spans[g].push_back({rs[k].start, rs[k].end, knodes[k].label});
-            }
-        }
-        if (why_order.empty()) {
-            t.mapping = "order";
-            t.note += std::string("start order = creation order, ") + levels[loosest] + "; ";
-        } else {
-            t.mapping = "kernel-name";
-            t.note += "order failed: " + why_order + "; ";
-            labels.clear();
-            std::map<std::string, int> at;
-            for (size_t g = 0; g < groups.size(); ++g) {
-                spans[g].clear();
-                for (const KernelRecord& r : groups[g]) {
-                    const std::string nm = short_kernel_name(cpp[r.name]);
-                    auto [it, fresh] = at.emplace(nm, static_cast<int>(labels.size()));
-                    if (fresh) labels.push_back({nm, -1, 0.0, 0});
-                    if (g == 0) ++labels[static_cast<size_t>(it->second)].calls;
-                    spans[g].push_back({r.start, r.end, it->second});
-                }
-            }
-        }
-    }
+    if (!why_id.empty())
+        throw Error("CUPTI's records could not be charged to the step's launches: " + why_id);
+    t.mapping = "node-id";
+    t.note += std::string("ids of ") +
+              (via_clone ? "the instantiated graph's clones" : "the captured nodes") +
+              (names_known ? std::string(", ") + levels[loosest]
+                           : std::string(", names NOT checked (the runtime gave no function names)")) +
+              "; ";
     t.note += std::string("graph nodes listed in creation order: ") + (cap.tail_order ? "yes" : "no");
 
     GraphTimeline s = summarize_timeline(labels, spans, untraced);
