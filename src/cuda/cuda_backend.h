@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/graph_timeline.h"
+#include "runtime/graph_timeline.h"
 #include "loading/checkpoint.h"
 #include "runtime/backend.h"
 

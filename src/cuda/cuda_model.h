@@ -13,7 +13,7 @@
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
-#include "cuda/graph_timeline.h"
+#include "runtime/graph_timeline.h"
 #include "cuda/kernels.h"
 #include "model/config.h"
 #include "model/weights.h"

@@ -21,7 +21,7 @@
 #include <unordered_set>
 
 #include "cuda/cuda_model.h"
-#include "cuda/graph_timeline.h"
+#include "runtime/graph_timeline.h"
 
 #ifdef MARKBASE_HAS_CUPTI
 #include <cupti.h>

@@ -1,4 +1,4 @@
-// The decode step's graph timeline (bench --timeline, src/cuda/graph_timeline.h). The arithmetic (marginal
+// The decode step's graph timeline (bench --timeline, src/runtime/graph_timeline.h). The arithmetic (marginal
 // and idle time of one replay, medians per launch summed per name) runs on hand-made spans everywhere; on a
 // GPU, the tiny model of every family is replayed under CUPTI and each kernel record must come back charged
 // to the launch that made it, with the step's launches counted right and the marginals adding up to the step.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/graph_timeline.h"
+#include "runtime/graph_timeline.h"
 #include "model/error.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"

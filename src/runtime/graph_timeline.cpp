@@ -1,6 +1,6 @@
 // The decode-step timeline's arithmetic, summary and output (graph_timeline.h). Plain C++: built into the
 // core library with or without CUDA, so its tests run everywhere.
-#include "cuda/graph_timeline.h"
+#include "runtime/graph_timeline.h"
 
 #include <algorithm>
 #include <map>
