@@ -10,7 +10,6 @@
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
-#include "cuda/head_norm.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 
@@ -264,39 +263,12 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
     reinterpret_cast<float4*>(out)[tid] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-// Three block sums at once, each in block_sum's order (so each gives block_sum's bits), with two barriers.
-__device__ __forceinline__ void block_sum3(float& x, float& y, float& z, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;  // <= 8
-    x = warp_sum(x);
-    y = warp_sum(y);
-    z = warp_sum(z);
-    if (lane == 0) {
-        scratch[warp] = x;
-        scratch[8 + warp] = y;
-        scratch[16 + warp] = z;
-    }
-    __syncthreads();
-    x = warp_sum(lane < nwarps ? scratch[lane] : 0.0f);
-    y = warp_sum(lane < nwarps ? scratch[8 + lane] : 0.0f);
-    z = warp_sum(lane < nwarps ? scratch[16 + lane] : 0.0f);
-    __syncthreads();
-}
-
-// Post (AttnArgs.fuse_post): qkv_post's work in the pieces (see kernels.h). The norm weights, the frequencies
-// and the rotation at the current position are constants of the step, so they are read and computed before
-// the PDL wait; after it, the raw q (and, in the piece holding the current position, the raw k and v) are
-// read once, normalised and rotated as qkv_post does (head_norm.cuh), and the current key and value are used
-// from shared memory, never from the cache slot the group's first head is writing.
-template <bool Post>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
-    static_assert(kThreads == kHeadThreads, "the post's element layout is head_norm.cuh's");
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
-    float* kn = red + kWarpsAttn * d;             // Post: [d] the current key, normed and rotated
-    float* vn = kn + (Post ? d : 0);              // Post: [d] the current value, normed
-    float* fs = vn + (Post ? d : 0);              // [nsplit]
+    float* fs = red + kWarpsAttn * d;             // [nsplit]
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
@@ -316,61 +288,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     float4 acc[kMaxDimsPerThread];
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // Post: this piece makes the current key and value (a layer with its own KV, the piece that holds pos)
-    const bool make_kv = Post && a.post.kraw && end == geo.pos + 1;
-    float qwv[kHeadPer], kwv[kHeadPer], fv[kHeadPer / 2];
-    HeadRope rot{};
-    if constexpr (Post) {
-        head_consts(a.post.q_norm, a.post.inv_freq, d, qwv, fv);
-        float unused[kHeadPer / 2];
-        head_consts(make_kv ? a.post.k_norm : nullptr, nullptr, d, kwv, unused);
-        rot = head_rope(fv, geo.pos);
-    }
-    const float4* kn4 = reinterpret_cast<const float4*>(kn);
-    const float4* vn4 = reinterpret_cast<const float4*>(vn);
-    // q into qs (Post: normed and rotated; the current key and value into kn / vn, and the group's first head
-    // writes them to the cache); ends with a barrier
-    auto stage = [&] {
-        if constexpr (!Post) {
-            for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-            __syncthreads();
-        } else {
-            const int64_t kvo = static_cast<int64_t>(g) * d;
-            float sq = 0.0f, sk = 0.0f, sv = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kHeadPer; ++i) {
-                const int j = tid + i * kHeadThreads;
-                if (j < d) {
-                    const float xq = q[j];
-                    qs[j] = xq;
-                    sq = fmaf(xq, xq, sq);
-                    if (make_kv) {
-                        const float xk = a.post.kraw[kvo + j], xv = a.post.vraw[kvo + j];
-                        kn[j] = xk;
-                        vn[j] = xv;
-                        sk = fmaf(xk, xk, sk);
-                        sv = fmaf(xv, xv, sv);
-                    }
-                }
-            }
-            block_sum3(sq, sk, sv, scratch);  // ends with a barrier: qs, kn and vn are complete
-            const float ones[kHeadPer] = {1.0f, 1.0f, 1.0f, 1.0f};
-            head_scale(qs, d, sq, a.post.eps, qwv);
-            if (make_kv) {
-                head_scale(kn, d, sk, a.post.eps, kwv);
-                head_scale(vn, d, sv, a.post.eps, ones);
-            }
-            __syncthreads();
-            head_rotate(qs, d, true, rot, nullptr);
-            if (make_kv) {
-                const bool write = h % (a.nH / a.nKV) == 0;
-                const int64_t slot = ((geo.pos % a.cap) * a.nKV + g) * d;
-                head_rotate(kn, d, true, rot, write ? a.post.k_cache + slot : nullptr);
-                head_rotate(vn, d, false, rot, write ? a.post.v_cache + slot : nullptr);
-            }
-            __syncthreads();
-        }
-    };
     // A piece of at most 16 keys (the decode graph's pieces at short contexts): this warp's keys and values
     // are all requested before q is staged, in one batch (the loop below waits for q, then for the keys in
     // d / 128 rounds, then for the values). The same operations in the same order. Session 7's H200 A/B
@@ -397,7 +314,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         }
         if (a.kv_early) {
             pdl_begin_after_loads(cnt, false);  // (cnt >= 1) the loads above stay above the wait
-            if (end == geo.pos + 1 && !make_kv) {  // the current position's key and value: just written by qkv_post, and
+            if (end == geo.pos + 1) {  // the current position's key and value: just written by qkv_post, and
                                        // the loads above may have seen the slot's old ones; again from L2
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
@@ -412,19 +329,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 }
             }
         }
-        stage();
-        if (make_kv) {  // the current key and value from shared memory (the loads above read the old slot)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    const int c = lane + 32 * i;
-                    if (c < d4 && nk) kv[u][i] = kn4[c];
-                    if (c < d4 && nv) vv[u][i] = vn4[c];
-                }
-            }
-        }
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
         float sk[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -469,7 +375,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         m = tmax;
     } else {
         if (a.kv_early) pdl_begin();
-        stage();
+        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+        __syncthreads();
     }
     for (int64_t ts = one_batch ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
@@ -483,14 +390,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
                 s[u] = 0.0f;
             }
-            bool knew[4];  // Post: the current key, from kn
-#pragma unroll
-            for (int u = 0; u < 4; ++u) knew[u] = make_kv && ts + min(j0 + u, cnt - 1) == geo.pos;
             for (int c = lane; c < d4; c += 32) {
                 const float4 qv = smem4[c];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const float4 kv = knew[u] ? kn4[c] : __ldg(kp[u] + c);
+                    const float4 kv = __ldg(kp[u] + c);
                     s[u] = fmaf(kv.x, qv.x, s[u]);
                     s[u] = fmaf(kv.y, qv.y, s[u]);
                     s[u] = fmaf(kv.z, qv.z, s[u]);
@@ -530,11 +434,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 p[u] = j < cnt ? sc[j] : 0.0f;
                 const float4* vp = reinterpret_cast<const float4*>(
                     a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
-                const bool vnew = make_kv && ts + min(j, cnt - 1) == geo.pos;  // Post: the current value, from vn
 #pragma unroll
                 for (int i = 0; i < kMaxDimsPerThread; ++i) {
                     const int c = lane + 32 * i;
-                    vv[u][i] = c < d4 ? (vnew ? vn4[c] : __ldg(vp + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
             }
 #pragma unroll
@@ -601,21 +504,14 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
-    const bool v2 = a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters && !a.tok_pos;
-    if (a.fuse_post && (!v2 || n != 1 || a.post.q != a.q || a.post.d != a.d || a.post.nKV != a.nKV))
-        throw Error("internal: the fused post runs in the v2 decode pieces, at one token, on their own q");
     if (attention_group_pieces(a, n, s)) return;
     if (a.tok_pos) {
         launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
-    } else if (v2) {
-        const int extra = a.fuse_post ? 2 : 0;  // kn, vn
-        const size_t smem = (static_cast<size_t>(1 + kWarpsAttn + extra) * a.d + a.nsplit) * sizeof(float);
+    } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
+        const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
         if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        if (a.fuse_post)
-            launch_kernel(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
-        else
-            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);

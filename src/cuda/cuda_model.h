@@ -433,7 +433,6 @@ class CudaModel {
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
     bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
-    bool attn_post_ = true;  // MARKBASE_CUDA_ATTN_POST: qkv_post in the v2 decode pieces (AttnArgs.fuse_post)
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 

@@ -226,6 +226,10 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             gemv(in, segs, ns, 1, stream_);
         });
     }
+    run(pf, "qk_norm_rope", i, 0.0, [&] {
+        const QkvPost p = qkv_post_args(i);
+        qkv_post(p, 1, stream_);
+    });
     AttnArgs a;
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
@@ -235,16 +239,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.decode_v2 = attn_v2_;
     a.kv_early = attn_kv_early_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    // q/k norms, RoPE and the cache write: in the v2 pieces themselves (MARKBASE_CUDA_ATTN_POST), else a
-    // launch of their own
-    a.fuse_post = attn_post_ && a.decode_v2 && a.active_only && a.merge_counters;
-    if (a.fuse_post)
-        a.post = qkv_post_args(i);
-    else
-        run(pf, "qk_norm_rope", i, 0.0, [&] {
-            const QkvPost p = qkv_post_args(i);
-            qkv_post(p, 1, stream_);
-        });
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,

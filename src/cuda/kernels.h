@@ -305,13 +305,6 @@ struct AttnArgs {
     // requested before the PDL wait (they were written by earlier steps); the piece holding the current
     // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
     bool kv_early = false;
-    // Decode v2 only (MARKBASE_CUDA_ATTN_POST): qkv_post's work done by the pieces, with no launch of its own.
-    // q then holds the raw projection (post.q); every piece normalises and rotates its head's query itself,
-    // and on layers with their own KV (post.kraw) the piece holding the current position makes that key and
-    // value from post.kraw / post.vraw and uses them from shared memory; the first head of each KV group
-    // writes them to the cache (post.k_cache / post.v_cache, = k_cache / v_cache).
-    bool fuse_post = false;
-    QkvPost post;
     // Fixed pieces with a separate merge (prefill, batched decode): the query heads of a KV group in one
     // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
     bool group_heads = false;

@@ -5,7 +5,6 @@
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
-#include "cuda/head_norm.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 
@@ -323,22 +322,38 @@ __global__ void sum_halves_kernel(const float* __restrict__ y2, int n, int N, fl
     }
 }
 
-// grid (nH + 2*nKV, n), kHeadThreads threads, each holding kHeadPer elements of the head (d <= 512; the math
-// is head_norm.cuh's); dynamic smem d floats.
+// grid (nH + 2*nKV, n), kPostThreads threads, each holding kPostPer elements of the head (d <= 512);
+// dynamic smem d floats.
 // Batched: per-token positions and cache slots (QkvPost.tok_pos); a separate instantiation, so the decode
 // step's kernel is unchanged.
+constexpr int kPostThreads = 128;
+constexpr int kPostPer = 4;
+// This thread's elements of a head's norm weights (1 without weights) and RoPE frequencies (0 without).
+__device__ __forceinline__ void post_consts(const bf16* w, const float* inv_freq, int d,
+                                            float (&wv)[kPostPer], float (&fv)[kPostPer / 2]) {
+#pragma unroll
+    for (int i = 0; i < kPostPer; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        wv[i] = w && j < d ? bf16_at(w, j) : 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPostPer / 2; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        fv[i] = inv_freq && j < d / 2 ? inv_freq[j] : 0.0f;
+    }
+}
 template <bool Batched>
-__global__ void __launch_bounds__(kHeadThreads) qkv_post_kernel(const QkvPost p) {
+__global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p) {
     extern __shared__ float buf[];
     __shared__ float red[32];
-    const int t = blockIdx.y, b = blockIdx.x, d = p.d;
+    const int t = blockIdx.y, b = blockIdx.x, d = p.d, half = d / 2;
     const int kv = b - p.nH;  // >= 0: a KV head (k if < nKV, else v)
     const bf16* w = b < p.nH ? p.q_norm : kv < p.nKV ? p.k_norm : nullptr;
     const bool rope = b < p.nH + p.nKV;
     // the head's norm weights and RoPE frequencies: constants, so before the PDL wait (session 7's H200 A/B
     // of this and the MoE combine's early weights: E2B -0.4%, E4B -0.3%, 26B-A4B -1.0%, 31B -0.1%)
-    float wv[kHeadPer], fv[kHeadPer / 2];
-    head_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
+    float wv[kPostPer], fv[kPostPer / 2];
+    post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
     pdl_begin();
     const int64_t pos =
         Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
@@ -358,8 +373,8 @@ __global__ void __launch_bounds__(kHeadThreads) qkv_post_kernel(const QkvPost p)
     }
     float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kHeadPer; ++i) {
-        const int j = threadIdx.x + i * kHeadThreads;
+    for (int i = 0; i < kPostPer; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
         if (j < d) {
             const float v = in[j];
             buf[j] = v;
@@ -367,10 +382,29 @@ __global__ void __launch_bounds__(kHeadThreads) qkv_post_kernel(const QkvPost p)
         }
     }
     ss = block_sum(ss, red);  // ends with a barrier: buf is complete
-    const HeadRope r = head_rope(fv, pos);
-    head_scale(buf, d, ss, p.eps, wv);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + p.eps);
+#pragma unroll
+    for (int i = 0; i < kPostPer; ++i) {
+        const int j = threadIdx.x + i * kPostThreads;
+        if (j < d) buf[j] = buf[j] * inv * wv[i];  // wv = 1 without a weight (v): exact
+    }
     __syncthreads();
-    head_rotate(buf, d, rope, r, out);
+    if (rope) {
+        const float fpos = static_cast<float>(pos);
+#pragma unroll
+        for (int i = 0; i < kPostPer / 2; ++i) {
+            const int j = threadIdx.x + i * kPostThreads;
+            if (j < half) {
+                const float ang = fpos * fv[i];
+                const float c = cosf(ang), sn = sinf(ang);
+                const float a = buf[j], bb = buf[j + half];
+                out[j] = a * c - bb * sn;
+                out[j + half] = bb * c + a * sn;
+            }
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += kPostThreads) out[j] = buf[j];
+    }
 }
 
 int row_threads(int width) {
@@ -457,15 +491,15 @@ void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream
 }
 
 void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
-    if (p.d > kHeadThreads * kHeadPer || p.d % 2)
+    if (p.d > kPostThreads * kPostPer || p.d % 2)
         throw Error("internal: head dim " + std::to_string(p.d) + " is odd or above " +
-                    std::to_string(kHeadThreads * kHeadPer));
+                    std::to_string(kPostThreads * kPostPer));
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
     const size_t smem = static_cast<size_t>(p.d) * sizeof(float);
     if (p.tok_pos)
-        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(kHeadThreads), smem, s, p);
+        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
     else
-        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(kHeadThreads), smem, s, p);
+        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 

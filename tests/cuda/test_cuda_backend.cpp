@@ -283,8 +283,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV_TAIL=1,MARKBASE_CUDA_PRENORM=1",
     "MARKBASE_CUDA_ATTN_KV_EARLY=0",
     "MARKBASE_CUDA_ATTN_KV_EARLY=1,MARKBASE_CUDA_ATTN_SPLIT=auto:1",
-    "MARKBASE_CUDA_ATTN_POST=0",
-    "MARKBASE_CUDA_ATTN_POST=1,MARKBASE_CUDA_ATTN_KV_EARLY=0",
     "MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_GEMV_LEAN8=0",
     "MARKBASE_CUDA_GEGLU_LEAN8=0",
@@ -392,7 +390,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
                                 "MARKBASE_CUDA_ATTN_GEMM=2",       "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",     "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
-                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_POST=on"}) {
+                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
@@ -550,30 +548,6 @@ TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
         const auto sum = synthetic_chain("26b-a4b", o, 41, overlap + ",MARKBASE_CUDA_MOE_DOWN_SUM=1", 9, 4);
         const size_t differ = differing_logits(base, sum);
         EXPECT_EQ(differ, 0u) << overlap << ": " << differ << " of " << base.size() << " logits differ";
-    }
-#endif
-}
-
-// MARKBASE_CUDA_ATTN_POST (the default) does qkv_post's work (q/k norms, RoPE, the cache write) in the v2
-// decode pieces instead of a launch of its own, with head_norm.cuh's operations in the same order: at real
-// widths the decode logits are bit-identical to qkv_post's, in pieces of <= 16 keys (one batch of loads)
-// and, with ATTN_SPLIT=auto:64, in pieces of 64+ keys (the tile loop), on the layers with their own KV and on
-// the KV-shared ones (E2B's 10 layers and E4B's 7 include both, as in check_synthetic).
-TEST(CudaAttnPost, BitIdenticalToQkvPost) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
-    o.ctx_size = 256;
-    o.chunk = 128;
-    for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
-        const int layers = std::string(v) == "e2b" ? 10 : std::string(v) == "e4b" ? 7 : 2;
-        for (const std::string split : {"MARKBASE_CUDA_ATTN_SPLIT=auto", "MARKBASE_CUDA_ATTN_SPLIT=auto:64"}) {
-            const auto base = synthetic_chain(v, o, 53, split + ",MARKBASE_CUDA_ATTN_POST=0", 100, 5, layers);
-            const auto post = synthetic_chain(v, o, 53, split + ",MARKBASE_CUDA_ATTN_POST=1", 100, 5, layers);
-            const size_t differ = differing_logits(base, post);
-            EXPECT_EQ(differ, 0u) << v << " " << split << ": " << differ << " of " << base.size()
-                                  << " logits differ";
-        }
     }
 #endif
 }
