@@ -265,14 +265,28 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
     reinterpret_cast<float4*>(out)[tid] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-// Cluster (AttnArgs.cluster, MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head are one thread-block
-// cluster, and the merge goes through distributed shared memory instead of global memory: each piece stores
-// its partial (o, m, l) into piece 0's shared memory and arrives at a cluster barrier (release); piece 0 waits
-// (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence, the atomic, a
-// fence, the (m, l) loads and n / 8 rounds of partial loads from L2) with one barrier. A block may touch
-// another block's shared memory only once every block of the cluster has started: the first barrier phase,
-// arrived at the kernel's start and waited on just before the stores. Pieces past the range take part in
-// both phases with nothing to give.
+// Cluster (AttnArgs.cluster = C, MARKBASE_CUDA_ATTN_CLUSTER): each run of C consecutive pieces of a head is one
+// thread-block cluster, and it merges through distributed shared memory instead of global memory. Block r
+// of a cluster owns output dims [r per, (r + 1) per), per = ceil(d / C): every piece stores its partial's
+// dims into their owners' shared memory and its (m, l) into every block's, then arrives at a cluster
+// barrier (release) and waits on it (acquire); each block then merges its own dims from its own shared
+// memory. That replaces the ticket's chain (a fence, the atomic, a fence, the (m, l) loads and n / 8 rounds
+// of partial loads from L2) with one barrier, and the extra shared memory is ~d floats per block, so the
+// next kernel's blocks still fit beside it (run 2's form gathered all of a head's partials in piece 0, 16
+// d floats in every block, and the o_proj GEMV after it lost its early start: 2.97 -> 3.88 us on E2B).
+// While the current range fits in the first cluster, its merge is the output; past that (nsplit = k C, the
+// longer contexts), each cluster's merge is a partial (part_o / part_ml at index q) and the ticket merges
+// the k of them. A block may touch another block's shared memory only once every block of the cluster has
+// started: the first barrier phase, arrived at the kernel's start and waited on just before the stores.
+// Pieces past the range take part in both phases with nothing to give; a cluster with no keys at all
+// exits at once (none of its blocks waits).
+// qs, red, fs, and a block's share of its cluster's partials and (m, l)
+size_t attn_cluster_smem(int d, int nsplit, int C) {
+    const int per = (d + C - 1) / C;
+    return (static_cast<size_t>(1 + kWarpsAttn) * d + nsplit + static_cast<size_t>(C) * per + 2 * C) *
+           sizeof(float);
+}
+
 // (sm_90 and later; the PTX fallback for older GPUs never launches the cluster kernel: attention_cluster_fits)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MARKBASE_CLUSTER_ASM(x) asm volatile(x ::: "memory")
@@ -299,6 +313,58 @@ __device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
 #endif
 }
 
+// After phase 2: block r of cluster q merges its dims over the cluster's cq pieces (all hold keys, so every
+// l > 0): out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M). With one cluster holding the whole range
+// that is the output; else the cluster's partial, and the last block of the head to take a ticket merges
+// the clusters' partials.
+__device__ __forceinline__ void cluster_merge(const AttnArgs& a, int active, int q, int r, int cq, int per,
+                                              const float* go, const float* gml, int64_t head) {
+    __shared__ bool last;
+    const int tid = threadIdx.x, d = a.d, C = a.cluster;
+    float M = -FLT_MAX;
+    for (int s = 0; s < cq; ++s) M = fmaxf(M, gml[2 * s]);
+    float L = 0.0f;
+    for (int s = 0; s < cq; ++s) L = fmaf(gml[2 * s + 1], __expf(gml[2 * s] - M), L);
+    const bool whole = active <= C;  // (then q == 0)
+    float* dst = whole ? a.out + head * d : a.part_o + (head * a.nsplit + q) * d;
+    const float scale = whole ? 1.0f / L : 1.0f;
+    for (int j = tid; j < per && r * per + j < d; j += kThreads) {
+        float acc = 0.0f;
+        for (int s = 0; s < cq; ++s) acc = fmaf(go[s * per + j], __expf(gml[2 * s] - M), acc);
+        dst[r * per + j] = acc * scale;
+    }
+    if (whole) return;
+    if (tid == 0 && r == 0) {
+        a.part_ml[2 * (head * a.nsplit + q)] = M;
+        a.part_ml[2 * (head * a.nsplit + q) + 1] = L;
+    }
+    __threadfence();
+    __syncthreads();
+    const int clusters = (active + C - 1) / C;
+    if (tid == 0) last = atomicAdd(a.merge_counters + head, 1u) == static_cast<unsigned>(clusters * C) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // the clusters' partials (a handful: a plain loop keeps the registers the pieces' loop leaves)
+    float Mc = -FLT_MAX;
+    for (int c = 0; c < clusters; ++c) Mc = fmaxf(Mc, __ldcg(a.part_ml + 2 * (head * a.nsplit + c)));
+    float Lc = 0.0f;
+    for (int c = 0; c < clusters; ++c) {
+        const int64_t k = head * a.nsplit + c;
+        Lc = fmaf(__ldcg(a.part_ml + 2 * k + 1), __expf(__ldcg(a.part_ml + 2 * k) - Mc), Lc);
+    }
+    const float inv = 1.0f / Lc;
+    for (int dim = tid; dim < d; dim += kThreads) {
+        float acc = 0.0f;
+        for (int c = 0; c < clusters; ++c) {
+            const int64_t k = head * a.nsplit + c;
+            acc = fmaf(__ldcg(a.part_o + k * d + dim), __expf(__ldcg(a.part_ml + 2 * k) - Mc), acc);
+        }
+        a.out[head * d + dim] = acc * inv;
+    }
+    if (tid == 0) a.merge_counters[head] = 0u;
+}
+
 template <bool Cluster>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
@@ -306,8 +372,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
     float* fs = red + kWarpsAttn * d;             // [nsplit] (the ticket's merge)
-    float* go = fs;                               // Cluster, piece 0: [nsplit][d] the pieces' partial outputs
-    float* gml = go + (Cluster ? a.nsplit * d : 0);  // Cluster, piece 0: [nsplit][2] their (m, l)
+    const int C = Cluster ? a.cluster : 1, per = (d + C - 1) / C;
+    float* go = fs + a.nsplit;  // Cluster: [C][per] the cluster's partials of this block's dims
+    float* gml = go + (Cluster ? C * per : 0);  // Cluster: [C][2] the cluster's (m, l)
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
@@ -318,10 +385,23 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const PieceGeometry geo = piece_geometry(a, t);
+    // Cluster: this block's rank r in cluster cl, and the cluster's pieces that hold keys (computed where
+    // used, so that nothing more stays live through the pieces' loop)
+    auto cluster_of = [&](int& cl, int& r) {
+        cl = sp / C;
+        r = sp - cl * C;
+        return max(0, min(C, geo.active - cl * C));
+    };
     if (sp >= geo.active) {
         if constexpr (Cluster) {
+            int cl, r;
+            const int cq = cluster_of(cl, r);
+            const int64_t head = static_cast<int64_t>(t) * a.nH + h;
+            if (cq == 0) return;  // (every block of this cluster returns here)
             cluster_wait_acquire();
             cluster_arrive_release();
+            cluster_wait_acquire();
+            cluster_merge(a, geo.active, cl, r, cq, per, go, gml, head);
         }
         return;
     }
@@ -509,43 +589,25 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     }
     __syncthreads();
     if constexpr (Cluster) {
-        float* go0 = cluster_map(go, 0);  // (rank sp: the cluster spans grid x, = nsplit)
-        float* gml0 = cluster_map(gml, 0);
+        int cl, r;
+        const int cq = cluster_of(cl, r);
+        const int64_t head = static_cast<int64_t>(t) * a.nH + h;
         cluster_wait_acquire();  // phase 1 (every block has started; long since)
         for (int dim = tid; dim < d; dim += kThreads) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
-            go0[sp * d + dim] = v;
+            const int owner = dim / per;
+            cluster_map(go, owner)[r * per + (dim - owner * per)] = v;
         }
-        if (tid == 0) {
-            gml0[2 * sp] = m;
-            gml0[2 * sp + 1] = l;
+        for (int o = tid; o < C; o += kThreads) {
+            float* g2 = cluster_map(gml, o);
+            g2[2 * r] = m;
+            g2[2 * r + 1] = l;
         }
-        cluster_arrive_release();  // phase 2: this piece's stores are visible to piece 0 after its wait
-        if (sp != 0) return;
+        cluster_arrive_release();  // phase 2: this piece's stores are visible after the wait
         cluster_wait_acquire();
-        // out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M), over the pieces that hold keys (all l_s > 0)
-        const int n = geo.active;
-        float M = -FLT_MAX;
-        for (int s2 = 0; s2 < n; ++s2) M = fmaxf(M, gml[2 * s2]);
-        if (tid >= d4) return;
-        const float4* go4 = reinterpret_cast<const float4*>(go) + tid;
-        float L = 0.0f;
-        float4 acc4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s2 = 0; s2 < n; ++s2) {
-            const float f = __expf(gml[2 * s2] - M);
-            L = fmaf(gml[2 * s2 + 1], f, L);
-            const float4 v = go4[s2 * d4];
-            acc4.x = fmaf(v.x, f, acc4.x);
-            acc4.y = fmaf(v.y, f, acc4.y);
-            acc4.z = fmaf(v.z, f, acc4.z);
-            acc4.w = fmaf(v.w, f, acc4.w);
-        }
-        const float inv = 1.0f / L;
-        float* out = a.out + (static_cast<int64_t>(t) * a.nH + h) * d;
-        reinterpret_cast<float4*>(out)[tid] =
-            make_float4(acc4.x * inv, acc4.y * inv, acc4.z * inv, acc4.w * inv);
+        cluster_merge(a, geo.active, cl, r, cq, per, go, gml, head);
         return;
     }
     float* po = a.part_o + idx * d;
@@ -596,11 +658,10 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
         if (a.cluster) {
-            if (a.cluster != a.nsplit || a.nsplit > kMaxAttnCluster || n != 1)
-                throw Error("internal: a cluster of " + std::to_string(a.cluster) + " for " +
+            if (a.cluster > kMaxAttnCluster || a.nsplit % a.cluster || n != 1)
+                throw Error("internal: clusters of " + std::to_string(a.cluster) + " for " +
                             std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
-            const size_t smem =
-                (static_cast<size_t>(1 + kWarpsAttn + a.nsplit) * a.d + 2 * a.nsplit) * sizeof(float);
+            const size_t smem = attn_cluster_smem(a.d, a.nsplit, a.cluster);
             if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
             launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s,
                                   a.cluster, a);
@@ -628,7 +689,7 @@ bool attention_cluster_fits(int C, int nH, int d) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(C, nH);
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = (static_cast<size_t>(1 + kWarpsAttn + C) * d + 2 * C) * sizeof(float);
+    cfg.dynamicSmemBytes = attn_cluster_smem(d, 2 * C, C);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = C;

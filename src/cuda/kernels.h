@@ -305,9 +305,9 @@ struct AttnArgs {
     // requested before the PDL wait (they were written by earlier steps); the piece holding the current
     // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
     bool kv_early = false;
-    // Decode v2 (MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head (cluster == nsplit, <=
-    // kMaxAttnCluster) as one thread-block cluster merging through distributed shared memory, not the ticket
-    // (merge_counters then go unused); 0 = the ticket.
+    // Decode v2 (MARKBASE_CUDA_ATTN_CLUSTER): a head's pieces in thread-block clusters of `cluster` (<=
+    // kMaxAttnCluster, dividing nsplit), each merging through distributed shared memory; the ticket then
+    // merges only the clusters' partials, when the range spans more than one. 0 = the ticket alone.
     int cluster = 0;
     // Fixed pieces with a separate merge (prefill, batched decode): the query heads of a KV group in one
     // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
