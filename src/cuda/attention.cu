@@ -266,25 +266,21 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
 }
 
 // Cluster (AttnArgs.cluster = C, MARKBASE_CUDA_ATTN_CLUSTER): each run of C consecutive pieces of a head is one
-// thread-block cluster, and it merges through distributed shared memory instead of global memory. Block r
-// of a cluster owns output dims [r per, (r + 1) per), per = ceil(d / C): every piece stores its partial's
-// dims into their owners' shared memory and its (m, l) into every block's, then arrives at a cluster
-// barrier (release) and waits on it (acquire); each block then merges its own dims from its own shared
-// memory. That replaces the ticket's chain (a fence, the atomic, a fence, the (m, l) loads and n / 8 rounds
-// of partial loads from L2) with one barrier, and the extra shared memory is ~d floats per block, so the
-// next kernel's blocks still fit beside it (run 2's form gathered all of a head's partials in piece 0, 16
-// d floats in every block, and the o_proj GEMV after it lost its early start: 2.97 -> 3.88 us on E2B).
-// While the current range fits in the first cluster, its merge is the output; past that (nsplit = k C, the
-// longer contexts), each cluster's merge is a partial (part_o / part_ml at index q) and the ticket merges
-// the k of them. A block may touch another block's shared memory only once every block of the cluster has
+// thread-block cluster, and it merges through distributed shared memory instead of global memory: every
+// piece stores its partial (o, m, l) into rank 0's shared memory and arrives at a cluster barrier (release);
+// rank 0 waits (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence,
+// the atomic, a fence, the (m, l) loads and n / 8 rounds of partial loads from L2) with one barrier. While
+// the current range fits in the first cluster, rank 0's merge is the output; past that (nsplit = k C, the
+// longer contexts) each cluster's merge is a partial (part_o / part_ml at index q) and the ticket merges the
+// k of them. A block may touch another block's shared memory only once every block of the cluster has
 // started: the first barrier phase, arrived at the kernel's start and waited on just before the stores.
-// Pieces past the range take part in both phases with nothing to give; a cluster with no keys at all
-// exits at once (none of its blocks waits).
-// qs, red, fs, and a block's share of its cluster's partials and (m, l)
+// Pieces past the range take part in both phases with nothing to give; a cluster with no keys at all exits
+// at once (none of its blocks waits). (Session 15 also measured a form in which each block owned d / C of
+// the dims and merged them itself, ~d floats of shared memory each: every block then waits on the barrier,
+// and E2B's attention took 7.2 us against this form's 5.5; f35f707.)
+// qs, red, fs, and rank 0's gather of its cluster's partials and (m, l)
 size_t attn_cluster_smem(int d, int nsplit, int C) {
-    const int per = (d + C - 1) / C;
-    return (static_cast<size_t>(1 + kWarpsAttn) * d + nsplit + static_cast<size_t>(C) * per + 2 * C) *
-           sizeof(float);
+    return (static_cast<size_t>(1 + kWarpsAttn + C) * d + nsplit + 2 * C) * sizeof(float);
 }
 
 // (sm_90 and later; the PTX fallback for older GPUs never launches the cluster kernel: attention_cluster_fits)
@@ -313,12 +309,12 @@ __device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
 #endif
 }
 
-// After phase 2: block r of cluster q merges its dims over the cluster's cq pieces (all hold keys, so every
-// l > 0): out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M). With one cluster holding the whole range
-// that is the output; else the cluster's partial, and the last block of the head to take a ticket merges
-// the clusters' partials.
-__device__ __forceinline__ void cluster_merge(const AttnArgs& a, int active, int q, int r, int cq, int per,
-                                              const float* go, const float* gml, int64_t head) {
+// After phase 2: rank 0 of cluster q merges the cluster's cq pieces (all hold keys, so every l > 0): out =
+// sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M). With one cluster holding the whole range that is the
+// output; else the cluster's partial, and the last cluster of the head to take a ticket merges the
+// clusters' partials.
+__device__ __forceinline__ void cluster_merge(const AttnArgs& a, int active, int q, int cq, const float* go,
+                                              const float* gml, int64_t head) {
     __shared__ bool last;
     const int tid = threadIdx.x, d = a.d, C = a.cluster;
     float M = -FLT_MAX;
@@ -328,20 +324,20 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, int active, int
     const bool whole = active <= C;  // (then q == 0)
     float* dst = whole ? a.out + head * d : a.part_o + (head * a.nsplit + q) * d;
     const float scale = whole ? 1.0f / L : 1.0f;
-    for (int j = tid; j < per && r * per + j < d; j += kThreads) {
+    for (int j = tid; j < d; j += kThreads) {
         float acc = 0.0f;
-        for (int s = 0; s < cq; ++s) acc = fmaf(go[s * per + j], __expf(gml[2 * s] - M), acc);
-        dst[r * per + j] = acc * scale;
+        for (int s = 0; s < cq; ++s) acc = fmaf(go[s * d + j], __expf(gml[2 * s] - M), acc);
+        dst[j] = acc * scale;
     }
     if (whole) return;
-    if (tid == 0 && r == 0) {
+    if (tid == 0) {
         a.part_ml[2 * (head * a.nsplit + q)] = M;
         a.part_ml[2 * (head * a.nsplit + q) + 1] = L;
     }
     __threadfence();
     __syncthreads();
     const int clusters = (active + C - 1) / C;
-    if (tid == 0) last = atomicAdd(a.merge_counters + head, 1u) == static_cast<unsigned>(clusters * C) - 1;
+    if (tid == 0) last = atomicAdd(a.merge_counters + head, 1u) == static_cast<unsigned>(clusters) - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -372,9 +368,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
     float* fs = red + kWarpsAttn * d;             // [nsplit] (the ticket's merge)
-    const int C = Cluster ? a.cluster : 1, per = (d + C - 1) / C;
-    float* go = fs + a.nsplit;  // Cluster: [C][per] the cluster's partials of this block's dims
-    float* gml = go + (Cluster ? C * per : 0);  // Cluster: [C][2] the cluster's (m, l)
+    const int C = Cluster ? a.cluster : 1;
+    float* go = fs + a.nsplit;              // Cluster, rank 0: [C][d] the cluster's partial outputs
+    float* gml = go + (Cluster ? C * d : 0);  // Cluster, rank 0: [C][2] their (m, l)
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
@@ -397,11 +393,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
             int cl, r;
             const int cq = cluster_of(cl, r);
             const int64_t head = static_cast<int64_t>(t) * a.nH + h;
+            (void)r;
+            (void)head;
             if (cq == 0) return;  // (every block of this cluster returns here)
-            cluster_wait_acquire();
+            cluster_wait_acquire();   // (never rank 0: a cluster with keys has them in its first piece)
             cluster_arrive_release();
-            cluster_wait_acquire();
-            cluster_merge(a, geo.active, cl, r, cq, per, go, gml, head);
         }
         return;
     }
@@ -592,22 +588,23 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         int cl, r;
         const int cq = cluster_of(cl, r);
         const int64_t head = static_cast<int64_t>(t) * a.nH + h;
+        float* go0 = cluster_map(go, 0);
+        float* gml0 = cluster_map(gml, 0);
         cluster_wait_acquire();  // phase 1 (every block has started; long since)
         for (int dim = tid; dim < d; dim += kThreads) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
-            const int owner = dim / per;
-            cluster_map(go, owner)[r * per + (dim - owner * per)] = v;
+            go0[r * d + dim] = v;
         }
-        for (int o = tid; o < C; o += kThreads) {
-            float* g2 = cluster_map(gml, o);
-            g2[2 * r] = m;
-            g2[2 * r + 1] = l;
+        if (tid == 0) {
+            gml0[2 * r] = m;
+            gml0[2 * r + 1] = l;
         }
-        cluster_arrive_release();  // phase 2: this piece's stores are visible after the wait
+        cluster_arrive_release();  // phase 2: this piece's stores are visible to rank 0 after its wait
+        if (r != 0) return;
         cluster_wait_acquire();
-        cluster_merge(a, geo.active, cl, r, cq, per, go, gml, head);
+        cluster_merge(a, geo.active, cl, cq, go, gml, head);
         return;
     }
     float* po = a.part_o + idx * d;
