@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cfloat>
 
-#include <cooperative_groups.h>
-
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
@@ -265,142 +263,22 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
     reinterpret_cast<float4*>(out)[tid] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-// Cluster (AttnArgs.cluster = C, MARKBASE_CUDA_ATTN_CLUSTER): each run of C consecutive pieces of a head is one
-// thread-block cluster, and it merges through distributed shared memory instead of global memory: every
-// piece stores its partial (o, m, l) into rank 0's shared memory and arrives at a cluster barrier (release);
-// rank 0 waits (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence,
-// the atomic, a fence, the (m, l) loads and n / 8 rounds of partial loads from L2) with one barrier. While
-// the current range fits in the first cluster, rank 0's merge is the output; past that (nsplit = k C, the
-// longer contexts) each cluster's merge is a partial (part_o / part_ml at index q) and the ticket merges the
-// k of them. A block may touch another block's shared memory only once every block of the cluster has
-// started: the first barrier phase, arrived at the kernel's start and waited on just before the stores.
-// Pieces past the range take part in both phases with nothing to give; a cluster with no keys at all exits
-// at once (none of its blocks waits). (Session 15 also measured a form in which each block owned d / C of
-// the dims and merged them itself, ~d floats of shared memory each: every block then waits on the barrier,
-// and E2B's attention took 7.2 us against this form's 5.5; f35f707.)
-// qs, red, fs, and rank 0's gather of its cluster's partials and (m, l)
-size_t attn_cluster_smem(int d, int nsplit, int C) {
-    return (static_cast<size_t>(1 + kWarpsAttn + C) * d + nsplit + 2 * C) * sizeof(float);
-}
-
-// (sm_90 and later; the PTX fallback for older GPUs never launches the cluster kernel: attention_cluster_fits)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MARKBASE_CLUSTER_ASM(x) asm volatile(x ::: "memory")
-#else
-#define MARKBASE_CLUSTER_ASM(x) __trap()
-#endif
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    MARKBASE_CLUSTER_ASM("barrier.cluster.arrive.relaxed.aligned;");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-    MARKBASE_CLUSTER_ASM("barrier.cluster.arrive.release.aligned;");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-    MARKBASE_CLUSTER_ASM("barrier.cluster.wait.acquire.aligned;");
-}
-// The address of the same shared-memory variable in block `rank` of this cluster (a generic pointer).
-__device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-    (void)rank;
-    __trap();
-    return p;
-#endif
-}
-
-// After phase 2: rank 0 of cluster q merges the cluster's cq pieces (all hold keys, so every l > 0): out =
-// sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M). With one cluster holding the whole range that is the
-// output; else the cluster's partial, and the last cluster of the head to take a ticket merges the
-// clusters' partials.
-__device__ __forceinline__ void cluster_merge(const AttnArgs& a, int active, int q, int cq, const float* go,
-                                              const float* gml, int64_t head) {
-    __shared__ bool last;
-    const int tid = threadIdx.x, d = a.d, C = a.cluster;
-    float M = -FLT_MAX;
-    for (int s = 0; s < cq; ++s) M = fmaxf(M, gml[2 * s]);
-    float L = 0.0f;
-    for (int s = 0; s < cq; ++s) L = fmaf(gml[2 * s + 1], __expf(gml[2 * s] - M), L);
-    const bool whole = active <= C;  // (then q == 0)
-    float* dst = whole ? a.out + head * d : a.part_o + (head * a.nsplit + q) * d;
-    const float scale = whole ? 1.0f / L : 1.0f;
-    for (int j = tid; j < d; j += kThreads) {
-        float acc = 0.0f;
-        for (int s = 0; s < cq; ++s) acc = fmaf(go[s * d + j], __expf(gml[2 * s] - M), acc);
-        dst[j] = acc * scale;
-    }
-    if (whole) return;
-    if (tid == 0) {
-        a.part_ml[2 * (head * a.nsplit + q)] = M;
-        a.part_ml[2 * (head * a.nsplit + q) + 1] = L;
-    }
-    __threadfence();
-    __syncthreads();
-    const int clusters = (active + C - 1) / C;
-    if (tid == 0) last = atomicAdd(a.merge_counters + head, 1u) == static_cast<unsigned>(clusters) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // the clusters' partials (a handful: a plain loop keeps the registers the pieces' loop leaves)
-    float Mc = -FLT_MAX;
-    for (int c = 0; c < clusters; ++c) Mc = fmaxf(Mc, __ldcg(a.part_ml + 2 * (head * a.nsplit + c)));
-    float Lc = 0.0f;
-    for (int c = 0; c < clusters; ++c) {
-        const int64_t k = head * a.nsplit + c;
-        Lc = fmaf(__ldcg(a.part_ml + 2 * k + 1), __expf(__ldcg(a.part_ml + 2 * k) - Mc), Lc);
-    }
-    const float inv = 1.0f / Lc;
-    for (int dim = tid; dim < d; dim += kThreads) {
-        float acc = 0.0f;
-        for (int c = 0; c < clusters; ++c) {
-            const int64_t k = head * a.nsplit + c;
-            acc = fmaf(__ldcg(a.part_o + k * d + dim), __expf(__ldcg(a.part_ml + 2 * k) - Mc), acc);
-        }
-        a.out[head * d + dim] = acc * inv;
-    }
-    if (tid == 0) a.merge_counters[head] = 0u;
-}
-
-template <bool Cluster>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
-    float* fs = red + kWarpsAttn * d;             // [nsplit] (the ticket's merge)
-    const int C = Cluster ? a.cluster : 1;
-    float* go = fs + a.nsplit;              // Cluster, rank 0: [C][d] the cluster's partial outputs
-    float* gml = go + (Cluster ? C * d : 0);  // Cluster, rank 0: [C][2] their (m, l)
+    float* fs = red + kWarpsAttn * d;             // [nsplit]
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
-    if constexpr (Cluster) cluster_arrive_relaxed();  // phase 1: this block has started
     // kv_early: the geometry (pos_base: written at the end of the previous step) and the keys and values of
     // earlier steps are read before the PDL wait
     if (!a.kv_early) pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const PieceGeometry geo = piece_geometry(a, t);
-    // Cluster: this block's rank r in cluster cl, and the cluster's pieces that hold keys (computed where
-    // used, so that nothing more stays live through the pieces' loop)
-    auto cluster_of = [&](int& cl, int& r) {
-        cl = sp / C;
-        r = sp - cl * C;
-        return max(0, min(C, geo.active - cl * C));
-    };
-    if (sp >= geo.active) {
-        if constexpr (Cluster) {
-            int cl, r;
-            const int cq = cluster_of(cl, r);
-            const int64_t head = static_cast<int64_t>(t) * a.nH + h;
-            (void)r;
-            (void)head;
-            if (cq == 0) return;  // (every block of this cluster returns here)
-            cluster_wait_acquire();   // (never rank 0: a cluster with keys has them in its first piece)
-            cluster_arrive_release();
-        }
-        return;
-    }
+    if (sp >= geo.active) return;
     const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
     const int64_t end = min(geo.pos + 1, start + geo.split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
@@ -584,29 +462,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         if (c < d4) red4[c] = acc[i];
     }
     __syncthreads();
-    if constexpr (Cluster) {
-        int cl, r;
-        const int cq = cluster_of(cl, r);
-        const int64_t head = static_cast<int64_t>(t) * a.nH + h;
-        float* go0 = cluster_map(go, 0);
-        float* gml0 = cluster_map(gml, 0);
-        cluster_wait_acquire();  // phase 1 (every block has started; long since)
-        for (int dim = tid; dim < d; dim += kThreads) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
-            go0[r * d + dim] = v;
-        }
-        if (tid == 0) {
-            gml0[2 * r] = m;
-            gml0[2 * r + 1] = l;
-        }
-        cluster_arrive_release();  // phase 2: this piece's stores are visible to rank 0 after its wait
-        if (r != 0) return;
-        cluster_wait_acquire();
-        cluster_merge(a, geo.active, cl, cq, go, gml, head);
-        return;
-    }
     float* po = a.part_o + idx * d;
     for (int dim = tid; dim < d; dim += kThreads) {
         float v = 0.0f;
@@ -654,52 +509,14 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
-        if (a.cluster) {
-            if (a.cluster > kMaxAttnCluster || a.nsplit % a.cluster || n != 1)
-                throw Error("internal: clusters of " + std::to_string(a.cluster) + " for " +
-                            std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
-            const size_t smem = attn_cluster_smem(a.d, a.nsplit, a.cluster);
-            if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
-            launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s,
-                                  a.cluster, a);
-        } else {
-            const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
-            if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
-        }
+        const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
+        if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
+        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     }
     CUDA_CHECK_LAUNCH();
-}
-
-bool attention_cluster_fits(int C, int nH, int d) {
-    if (C < 1 || C > kMaxAttnCluster || d % 4 || d > kThreads * kMaxDimsPerThread) return false;
-    int dev = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (major < 9) return false;
-    if (C > 8)
-        CUDA_CHECK(cudaFuncSetAttribute(attn_decode_v2_kernel<true>,
-                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(C, nH);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = attn_cluster_smem(d, 2 * C, C);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode_v2_kernel<true>, &cfg) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return clusters > 0;
 }
 
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {

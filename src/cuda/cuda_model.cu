@@ -167,25 +167,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             }
             max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * decode_splits_[i]);
         }
-        // MARKBASE_CUDA_ATTN_CLUSTER=C: at most C decode pieces per head, each head's pieces one thread-block
-        // cluster merging through distributed shared memory (attention.cu); 0 (the default) = the ticket
-        attn_cluster_ = env_int("MARKBASE_CUDA_ATTN_CLUSTER", 0, kMaxAttnCluster, 0);
-        if (attn_cluster_ > 0 && auto_min > 0 && policy.v2) {
-            // a layer's pieces in clusters of min(pieces, C): more than C pieces round down to whole clusters
-            int widest = 1;
-            decode_clusters_.assign(L, 0);
-            for (int i = 0; i < L; ++i) {
-                const int np = decode_splits_[i];
-                decode_clusters_[i] = std::min(np, attn_cluster_);
-                decode_splits_[i] = np <= attn_cluster_ ? np : np / attn_cluster_ * attn_cluster_;
-                widest = std::max(widest, decode_clusters_[i]);
-            }
-            if (!attention_cluster_fits(widest, nH, dmax))
-                throw Error("MARKBASE_CUDA_ATTN_CLUSTER=" + std::to_string(attn_cluster_) + ": clusters of " +
-                            std::to_string(widest) + " attention pieces cannot be scheduled on this GPU");
-        } else {
-            attn_cluster_ = 0;  // (the ticket's kernels: another split policy)
-        }
         max_pieces_ = max_pieces;
         const int E = c_.moe ? c_.n_experts : 0, K = c_.moe ? c_.top_k : 0, Ie = c_.moe ? c_.expert_width : 0;
         const int split_w = std::max({H, max_q, max_I, P});

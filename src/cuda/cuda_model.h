@@ -433,8 +433,6 @@ class CudaModel {
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
     bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
-    int attn_cluster_ = 0;  // MARKBASE_CUDA_ATTN_CLUSTER: the widest cluster of decode pieces (<= 16)
-    std::vector<int> decode_clusters_;  // per layer: AttnArgs.cluster (divides decode_splits_), 0 = none
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 

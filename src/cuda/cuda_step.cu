@@ -239,8 +239,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.decode_v2 = attn_v2_;
     a.kv_early = attn_kv_early_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    // or, with MARKBASE_CUDA_ATTN_CLUSTER, the head's pieces as one cluster (the v2 kernel only)
-    if (attn_cluster_ && fuse_ && a.decode_v2 && a.active_only) a.cluster = decode_clusters_[i];
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
