@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cfloat>
 
+#include <cooperative_groups.h>
+
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
@@ -263,22 +265,66 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
     reinterpret_cast<float4*>(out)[tid] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
+// Cluster (AttnArgs.cluster, MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head are one thread-block
+// cluster, and the merge goes through distributed shared memory instead of global memory: each piece stores
+// its partial (o, m, l) into piece 0's shared memory and arrives at a cluster barrier (release); piece 0 waits
+// (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence, the atomic, a
+// fence, the (m, l) loads and n / 8 rounds of partial loads from L2) with one barrier. A block may touch
+// another block's shared memory only once every block of the cluster has started: the first barrier phase,
+// arrived at the kernel's start and waited on just before the stores. Pieces past the range take part in
+// both phases with nothing to give.
+// (sm_90 and later; the PTX fallback for older GPUs never launches the cluster kernel: attention_cluster_fits)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MARKBASE_CLUSTER_ASM(x) asm volatile(x ::: "memory")
+#else
+#define MARKBASE_CLUSTER_ASM(x) __trap()
+#endif
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    MARKBASE_CLUSTER_ASM("barrier.cluster.arrive.relaxed.aligned;");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+    MARKBASE_CLUSTER_ASM("barrier.cluster.arrive.release.aligned;");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+    MARKBASE_CLUSTER_ASM("barrier.cluster.wait.acquire.aligned;");
+}
+// The address of the same shared-memory variable in block `rank` of this cluster (a generic pointer).
+__device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+    (void)rank;
+    __trap();
+    return p;
+#endif
+}
+
+template <bool Cluster>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     float* red = qs + d;                          // [kWarpsAttn][d]
-    float* fs = red + kWarpsAttn * d;             // [nsplit]
+    float* fs = red + kWarpsAttn * d;             // [nsplit] (the ticket's merge)
+    float* go = fs;                               // Cluster, piece 0: [nsplit][d] the pieces' partial outputs
+    float* gml = go + (Cluster ? a.nsplit * d : 0);  // Cluster, piece 0: [nsplit][2] their (m, l)
     __shared__ float sc[kTile];
     __shared__ float scratch[32];
     __shared__ bool last_piece;
+    if constexpr (Cluster) cluster_arrive_relaxed();  // phase 1: this block has started
     // kv_early: the geometry (pos_base: written at the end of the previous step) and the keys and values of
     // earlier steps are read before the PDL wait
     if (!a.kv_early) pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const PieceGeometry geo = piece_geometry(a, t);
-    if (sp >= geo.active) return;
+    if (sp >= geo.active) {
+        if constexpr (Cluster) {
+            cluster_wait_acquire();
+            cluster_arrive_release();
+        }
+        return;
+    }
     const int64_t start = geo.lo + static_cast<int64_t>(sp) * geo.split_len;
     const int64_t end = min(geo.pos + 1, start + geo.split_len);
     const int64_t idx = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit + sp;
@@ -462,6 +508,46 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         if (c < d4) red4[c] = acc[i];
     }
     __syncthreads();
+    if constexpr (Cluster) {
+        float* go0 = cluster_map(go, 0);  // (rank sp: the cluster spans grid x, = nsplit)
+        float* gml0 = cluster_map(gml, 0);
+        cluster_wait_acquire();  // phase 1 (every block has started; long since)
+        for (int dim = tid; dim < d; dim += kThreads) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
+            go0[sp * d + dim] = v;
+        }
+        if (tid == 0) {
+            gml0[2 * sp] = m;
+            gml0[2 * sp + 1] = l;
+        }
+        cluster_arrive_release();  // phase 2: this piece's stores are visible to piece 0 after its wait
+        if (sp != 0) return;
+        cluster_wait_acquire();
+        // out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M), over the pieces that hold keys (all l_s > 0)
+        const int n = geo.active;
+        float M = -FLT_MAX;
+        for (int s2 = 0; s2 < n; ++s2) M = fmaxf(M, gml[2 * s2]);
+        if (tid >= d4) return;
+        const float4* go4 = reinterpret_cast<const float4*>(go) + tid;
+        float L = 0.0f;
+        float4 acc4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s2 = 0; s2 < n; ++s2) {
+            const float f = __expf(gml[2 * s2] - M);
+            L = fmaf(gml[2 * s2 + 1], f, L);
+            const float4 v = go4[s2 * d4];
+            acc4.x = fmaf(v.x, f, acc4.x);
+            acc4.y = fmaf(v.y, f, acc4.y);
+            acc4.z = fmaf(v.z, f, acc4.z);
+            acc4.w = fmaf(v.w, f, acc4.w);
+        }
+        const float inv = 1.0f / L;
+        float* out = a.out + (static_cast<int64_t>(t) * a.nH + h) * d;
+        reinterpret_cast<float4*>(out)[tid] =
+            make_float4(acc4.x * inv, acc4.y * inv, acc4.z * inv, acc4.w * inv);
+        return;
+    }
     float* po = a.part_o + idx * d;
     for (int dim = tid; dim < d; dim += kThreads) {
         float v = 0.0f;
@@ -509,14 +595,53 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
-        const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
-        if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-        launch_kernel(attn_decode_v2_kernel, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        if (a.cluster) {
+            if (a.cluster != a.nsplit || a.nsplit > kMaxAttnCluster || n != 1)
+                throw Error("internal: a cluster of " + std::to_string(a.cluster) + " for " +
+                            std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
+            const size_t smem =
+                (static_cast<size_t>(1 + kWarpsAttn + a.nsplit) * a.d + 2 * a.nsplit) * sizeof(float);
+            if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
+            launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s,
+                                  a.cluster, a);
+        } else {
+            const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
+            if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
+            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+        }
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
     }
     CUDA_CHECK_LAUNCH();
+}
+
+bool attention_cluster_fits(int C, int nH, int d) {
+    if (C < 1 || C > kMaxAttnCluster || d % 4 || d > kThreads * kMaxDimsPerThread) return false;
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 9) return false;
+    if (C > 8)
+        CUDA_CHECK(cudaFuncSetAttribute(attn_decode_v2_kernel<true>,
+                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(C, nH);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = (static_cast<size_t>(1 + kWarpsAttn + C) * d + 2 * C) * sizeof(float);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode_v2_kernel<true>, &cfg) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return clusters > 0;
 }
 
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {

@@ -213,6 +213,15 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
+        if (env_flag("MARKBASE_CUDA_ATTN_CLUSTER", false) && attn_active_only_ && attn_v2_ && fuse_ &&
+            !sharded()) {
+            int widest = 1;
+            for (int i = 0; i < L; ++i) widest = std::max(widest, std::min(decode_splits_[i], kMaxAttnCluster));
+            if (!attention_cluster_fits(widest, nH, dmax))
+                throw Error("MARKBASE_CUDA_ATTN_CLUSTER=1: clusters of " + std::to_string(widest) +
+                            " attention pieces cannot be scheduled on this GPU");
+            attn_short_keys_ = int64_t{kMaxAttnCluster} * attn_min_split_;
+        }
         attn_group_ = env_flag("MARKBASE_CUDA_ATTN_GROUP", true);
         // session 13's H200 A/B, prefill of 512 tokens: 31B +24%, E4B +10%, 26B-A4B +10%, E2B (groups of 8
         // heads: one token per block either way) unchanged
@@ -449,6 +458,8 @@ CudaModel::~CudaModel() {
 void CudaModel::release() {
     if (graph_) cudaGraphExecDestroy(graph_);
     graph_ = nullptr;
+    if (graph_short_) cudaGraphExecDestroy(graph_short_);
+    graph_short_ = nullptr;
     if (blas_) cublasDestroy(blas_);
     blas_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_);
@@ -537,26 +548,36 @@ void CudaModel::attention_args(int i, AttnArgs& a) const {
     a.group_tokens = attn_group_tokens_;
 }
 
-cudaGraph_t CudaModel::capture_step() {
+cudaGraph_t CudaModel::capture_step(bool short_range) {
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    rec_short_ = short_range;
     try {
         record_step(nullptr);
     } catch (...) {
+        rec_short_ = false;
         cudaStreamEndCapture(stream_, &g);
         if (g) cudaGraphDestroy(g);
         throw;
     }
+    rec_short_ = false;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
     return g;
 }
 
-void CudaModel::ensure_graph() {
-    if (graph_) return;
-    cudaGraph_t g = capture_step();
-    const cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
+void CudaModel::ensure_graph(bool short_range) {
+    cudaGraphExec_t& exec = short_range ? graph_short_ : graph_;
+    if (exec) return;
+    cudaGraph_t g = capture_step(short_range);
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
     CUDA_CHECK(e);
+}
+
+cudaGraphExec_t CudaModel::step_graph(int64_t pos) {
+    const bool sh = short_step(pos);
+    ensure_graph(sh);
+    return sh ? graph_short_ : graph_;
 }
 
 bool CudaModel::truncate(int64_t n) {
@@ -575,11 +596,11 @@ void CudaModel::launch_step(int id) {
     if (n_past >= ctx_)
         throw Error("context full: " + std::to_string(n_past) +
                     " tokens fill the context (raise --ctx-size)");
-    ensure_graph();
+    cudaGraphExec_t exec = step_graph(n_past);
     h_state_[0] = id;
     h_state_[1] = static_cast<int>(n_past);
     CUDA_CHECK(cudaMemcpyAsync(d_state_, h_state_, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
 }
 
 void CudaModel::decode(int id, float* logits) {
@@ -645,9 +666,11 @@ std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
     if (n_past + steps > ctx_)
         throw Error("context full: " + std::to_string(n_past) + " + " + std::to_string(steps) +
                     " tokens exceed the context of " + std::to_string(ctx_) + " (raise --ctx-size)");
-    ensure_graph();
+    // both graphs captured before any step is queued (a capture is not made between queued launches)
+    ensure_graph(short_step(n_past));
+    ensure_graph(short_step(n_past + steps - 1));
     CUDA_CHECK(cudaMemsetAsync(d_state_ + 2, 0, sizeof(int), stream_));
-    for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(step_graph(n_past + i), stream_));
     std::vector<int> ids(steps);
     CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_out_ids_, steps * sizeof(int), cudaMemcpyDeviceToHost, stream_));
     if (last_logits) logits_to_host(last_logits, logits_, 1);

@@ -236,8 +236,14 @@ class CudaModel {
     // tensor-parallel rank: the compact pass over its experts, or the GEMVs). Writes eslots_.
     void prefill_experts(int i, int n);
     bool prefill_experts_compact(int i);  // false: the layer does not fit the compact layout's scratch
-    cudaGraph_t capture_step();  // the decode step as a graph (ensure_graph's capture; the caller owns it)
-    void ensure_graph();
+    // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
+    // positions below attn_short_keys_ (MARKBASE_CUDA_ATTN_CLUSTER)
+    cudaGraph_t capture_step(bool short_range = false);
+    void ensure_graph(bool short_range = false);
+    // The graph for a step at position pos (captured on first use): the short-range one while every layer's
+    // range fits its clusters, else the general one. Both are correct at any position; this is speed only.
+    bool short_step(int64_t pos) const { return attn_short_keys_ > 0 && pos + 1 <= attn_short_keys_; }
+    cudaGraphExec_t step_graph(int64_t pos);
     // Set only while decode_timeline captures its graph: run() then notes the nodes each launch created.
     TimelineCapture* tl_capture_ = nullptr;
     void timeline_note(const char* name, int layer, double bytes);
@@ -282,6 +288,8 @@ class CudaModel {
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
     cudaGraphExec_t graph_ = nullptr;
+    cudaGraphExec_t graph_short_ = nullptr;  // MARKBASE_CUDA_ATTN_CLUSTER: the step below attn_short_keys_
+    bool rec_short_ = false;                 // while the short-range step is recorded
     std::vector<void*> allocs_;
 
     // device state: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
@@ -433,6 +441,10 @@ class CudaModel {
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
     bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
+    // MARKBASE_CUDA_ATTN_CLUSTER=1: while a step's position is below this many keys (16 pieces of the least
+    // keys per piece), it runs a second graph whose attention pieces (<= 16 per head) are one thread-block
+    // cluster per head, merging through distributed shared memory (attention.cu). 0 = one graph.
+    int64_t attn_short_keys_ = 0;
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 

@@ -239,6 +239,13 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     a.decode_v2 = attn_v2_;
     a.kv_early = attn_kv_early_;
     if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
+    // the short-range graph (MARKBASE_CUDA_ATTN_CLUSTER): at most 16 pieces, one cluster per head, merged
+    // through distributed shared memory; below attn_short_keys_ keys these are the pieces the general graph
+    // has keys in, so it is the same work with another merge
+    if (rec_short_) {
+        a.nsplit = std::min(a.nsplit, kMaxAttnCluster);
+        a.cluster = a.nsplit;
+    }
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,

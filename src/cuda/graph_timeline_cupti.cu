@@ -379,7 +379,7 @@ GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
     };
     {
         Noting on(tl_capture_, &cap);
-        ss.graph = capture_step();
+        ss.graph = capture_step(short_step(n_past));
     }
     {  // nodes no run() created (none expected) are charged to "other"
         size_t n = 0;

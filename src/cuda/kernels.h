@@ -305,6 +305,10 @@ struct AttnArgs {
     // requested before the PDL wait (they were written by earlier steps); the piece holding the current
     // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
     bool kv_early = false;
+    // Decode v2 (MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head (cluster == nsplit, <=
+    // kMaxAttnCluster) as one thread-block cluster merging through distributed shared memory, not the ticket
+    // (merge_counters then go unused); 0 = the ticket.
+    int cluster = 0;
     // Fixed pieces with a separate merge (prefill, batched decode): the query heads of a KV group in one
     // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
     bool group_heads = false;
@@ -313,6 +317,9 @@ struct AttnArgs {
     bool group_tokens = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
+constexpr int kMaxAttnCluster = 16;
+// Whether clusters of C decode pieces (nH heads of dim d) can be scheduled on this GPU (sm_90+).
+bool attention_cluster_fits(int C, int nH, int d);
 // attention_group.cu: the pieces with a group's heads together, when group_heads applies (else false)
 bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).

@@ -283,6 +283,8 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_GEMV_TAIL=1,MARKBASE_CUDA_PRENORM=1",
     "MARKBASE_CUDA_ATTN_KV_EARLY=0",
     "MARKBASE_CUDA_ATTN_KV_EARLY=1,MARKBASE_CUDA_ATTN_SPLIT=auto:1",
+    "MARKBASE_CUDA_ATTN_CLUSTER=1",
+    "MARKBASE_CUDA_ATTN_CLUSTER=1,MARKBASE_CUDA_ATTN_KV_EARLY=0",
     "MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_GEMV_LEAN8=0",
     "MARKBASE_CUDA_GEGLU_LEAN8=0",
@@ -390,7 +392,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GROUP=2",      "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
                                 "MARKBASE_CUDA_ATTN_GEMM=2",       "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",     "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
-                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1"}) {
+                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
