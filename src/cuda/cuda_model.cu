@@ -213,14 +213,20 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
-        if (env_flag("MARKBASE_CUDA_ATTN_CLUSTER", false) && attn_active_only_ && attn_v2_ && fuse_ &&
+        // MARKBASE_CUDA_ATTN_CLUSTER (on for the dense models, which session 15's H200 A/B measured at E2B
+        // -2.3%, E4B -2.1%, 31B -1.0% below 256 keys and unchanged at 2000; the 26B-A4B read +1.6%, so it
+        // keeps one graph): the short-range graph. Where clusters cannot run (before sm_90) the default falls
+        // back to one graph; asked for by name, it is an error.
+        const bool cluster_asked = std::getenv("MARKBASE_CUDA_ATTN_CLUSTER") != nullptr;
+        if (env_flag("MARKBASE_CUDA_ATTN_CLUSTER", !c_.moe) && attn_active_only_ && attn_v2_ && fuse_ &&
             !sharded()) {
             int widest = 1;
             for (int i = 0; i < L; ++i) widest = std::max(widest, std::min(decode_splits_[i], kMaxAttnCluster));
-            if (!attention_cluster_fits(widest, nH, dmax))
+            if (attention_cluster_fits(widest, nH, dmax))
+                attn_short_keys_ = int64_t{kMaxAttnCluster} * attn_min_split_;
+            else if (cluster_asked)
                 throw Error("MARKBASE_CUDA_ATTN_CLUSTER=1: clusters of " + std::to_string(widest) +
                             " attention pieces cannot be scheduled on this GPU");
-            attn_short_keys_ = int64_t{kMaxAttnCluster} * attn_min_split_;
         }
         attn_group_ = env_flag("MARKBASE_CUDA_ATTN_GROUP", true);
         // session 13's H200 A/B, prefill of 512 tokens: 31B +24%, E4B +10%, 26B-A4B +10%, E2B (groups of 8
