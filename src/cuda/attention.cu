@@ -5,10 +5,10 @@
 // sequence grows: pieces past the current range just report an empty result. Ring slots: position p lives at
 // p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h to KV head h /
 // (nH/nKV).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cfloat>
-
-#include <cooperative_groups.h>
 
 #include "cuda/check.h"
 #include "cuda/device_common.cuh"
@@ -267,13 +267,13 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
 
 // Cluster (AttnArgs.cluster, MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head are one thread-block
 // cluster, and the merge goes through distributed shared memory instead of global memory: each piece stores
-// its partial (o, m, l) into piece 0's shared memory and arrives at a cluster barrier (release); piece 0 waits
-// (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence, the atomic, a
-// fence, the (m, l) loads and n / 8 rounds of partial loads from L2) with one barrier. A block may touch
-// another block's shared memory only once every block of the cluster has started: the first barrier phase,
-// arrived at the kernel's start and waited on just before the stores. Pieces past the range take part in
-// both phases with nothing to give.
-// (sm_90 and later; the PTX fallback for older GPUs never launches the cluster kernel: attention_cluster_fits)
+// its partial (o, m, l) into piece 0's shared memory and arrives at a cluster barrier (release); piece 0
+// waits (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence, the
+// atomic, a fence, the (m, l) loads and n / 8 rounds of partial loads from L2) with one barrier. A block may
+// touch another block's shared memory only once every block of the cluster has started: the first barrier
+// phase, arrived at the kernel's start and waited on just before the stores. Pieces past the range take part
+// in both phases with nothing to give. (sm_90 and later; the PTX fallback for older GPUs never launches the
+// cluster kernel: attention_cluster_fits)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MARKBASE_CLUSTER_ASM(x) asm volatile(x ::: "memory")
 #else
@@ -602,8 +602,8 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
             const size_t smem =
                 (static_cast<size_t>(1 + kWarpsAttn + a.nsplit) * a.d + 2 * a.nsplit) * sizeof(float);
             if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
-            launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s,
-                                  a.cluster, a);
+            launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem,
+                                  s, a.cluster, a);
         } else {
             const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
             if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");

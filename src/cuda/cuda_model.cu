@@ -221,7 +221,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         if (env_flag("MARKBASE_CUDA_ATTN_CLUSTER", !c_.moe) && attn_active_only_ && attn_v2_ && fuse_ &&
             !sharded()) {
             int widest = 1;
-            for (int i = 0; i < L; ++i) widest = std::max(widest, std::min(decode_splits_[i], kMaxAttnCluster));
+            for (int i = 0; i < L; ++i)
+                widest = std::max(widest, std::min(decode_splits_[i], kMaxAttnCluster));
             if (attention_cluster_fits(widest, nH, dmax))
                 attn_short_keys_ = int64_t{kMaxAttnCluster} * attn_min_split_;
             else if (cluster_asked)

@@ -13,10 +13,10 @@
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
-#include "runtime/graph_timeline.h"
 #include "cuda/kernels.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "runtime/graph_timeline.h"
 #include "runtime/sampler.h"
 
 namespace markbase {
@@ -441,9 +441,10 @@ class CudaModel {
     bool attn_active_only_ = false;
     int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
     bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
-    // MARKBASE_CUDA_ATTN_CLUSTER (on for the dense models): while a step's position is below this many keys (16 pieces of the least
-    // keys per piece), it runs a second graph whose attention pieces (<= 16 per head) are one thread-block
-    // cluster per head, merging through distributed shared memory (attention.cu). 0 = one graph.
+    // MARKBASE_CUDA_ATTN_CLUSTER (on for the dense models): while a step's position is below this many keys
+    // (16 pieces of the least keys per piece), it runs a second graph whose attention pieces (<= 16 per head)
+    // are one thread-block cluster per head, merging through distributed shared memory (attention.cu). 0 =
+    // one graph.
     int64_t attn_short_keys_ = 0;
     bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
