@@ -299,6 +299,11 @@ __device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
 #endif
 }
 
+// The cluster kernel's dynamic shared memory: qs, red, and rank 0's gather of the C pieces' (o, m, l).
+size_t cluster_smem(int d, int C) {
+    return (static_cast<size_t>(1 + kWarpsAttn + C) * d + 2 * C) * sizeof(float);
+}
+
 template <bool Cluster>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
@@ -599,8 +604,7 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
             if (a.cluster != a.nsplit || a.nsplit > kMaxAttnCluster || n != 1)
                 throw Error("internal: a cluster of " + std::to_string(a.cluster) + " for " +
                             std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
-            const size_t smem =
-                (static_cast<size_t>(1 + kWarpsAttn + a.nsplit) * a.d + 2 * a.nsplit) * sizeof(float);
+            const size_t smem = cluster_smem(a.d, a.nsplit);
             if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
             launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem,
                                   s, a.cluster, a);
@@ -625,17 +629,9 @@ bool attention_cluster_fits(int C, int nH, int d) {
     if (C > 8)
         CUDA_CHECK(cudaFuncSetAttribute(attn_decode_v2_kernel<true>,
                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(C, nH);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = (static_cast<size_t>(1 + kWarpsAttn + C) * d + 2 * C) * sizeof(float);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg =
+        launch_config(dim3(C, nH), dim3(kThreads), cluster_smem(d, C), nullptr, C, false, attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode_v2_kernel<true>, &cfg) != cudaSuccess) {
         cudaGetLastError();

@@ -14,17 +14,17 @@ namespace markbase::cuda {
 
 bool pdl_enabled();
 
-// cluster_x > 0: the grid's x dimension cut into thread-block clusters of cluster_x blocks (sizes above 8
-// need the kernel's cudaFuncAttributeNonPortableClusterSizeAllowed); 0: no clusters.
-template <class... KArgs, class... Args>
-void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                           int cluster_x, Args... args) {
+// The configuration launch_kernel_cluster launches with (also for occupancy queries): cluster_x > 0 cuts the
+// grid's x dimension into thread-block clusters of cluster_x blocks (sizes above 8 need the kernel's
+// cudaFuncAttributeNonPortableClusterSizeAllowed), pdl adds programmatic dependent launch. attr holds the
+// attributes cfg points to.
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x,
+                                        bool pdl, cudaLaunchAttribute (&attr)[2]) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[2];
     unsigned n = 0;
     if (cluster_x > 0) {
         attr[n].id = cudaLaunchAttributeClusterDimension;
@@ -33,13 +33,21 @@ void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size
         attr[n].val.clusterDim.z = 1;
         ++n;
     }
-    if (pdl_enabled()) {
+    if (pdl) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n].val.programmaticStreamSerializationAllowed = 1;
         ++n;
     }
     cfg.attrs = n ? attr : nullptr;
     cfg.numAttrs = n;
+    return cfg;
+}
+
+template <class... KArgs, class... Args>
+void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                           int cluster_x, Args... args) {
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, s, cluster_x, pdl_enabled(), attr);
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
