@@ -5,12 +5,11 @@
 // sequence grows: pieces past the current range just report an empty result. Ring slots: position p lives at
 // p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h to KV head h /
 // (nH/nKV).
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cfloat>
 
 #include "cuda/check.h"
+#include "cuda/cluster.cuh"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
@@ -274,30 +273,7 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
 // phase, arrived at the kernel's start and waited on just before the stores. Pieces past the range take part
 // in both phases with nothing to give. (sm_90 and later; the PTX fallback for older GPUs never launches the
 // cluster kernel: attention_cluster_fits)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MARKBASE_CLUSTER_ASM(x) asm volatile(x ::: "memory")
-#else
-#define MARKBASE_CLUSTER_ASM(x) __trap()
-#endif
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    MARKBASE_CLUSTER_ASM("barrier.cluster.arrive.relaxed.aligned;");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-    MARKBASE_CLUSTER_ASM("barrier.cluster.arrive.release.aligned;");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-    MARKBASE_CLUSTER_ASM("barrier.cluster.wait.acquire.aligned;");
-}
-// The address of the same shared-memory variable in block `rank` of this cluster (a generic pointer).
-__device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-    (void)rank;
-    __trap();
-    return p;
-#endif
-}
+// (the barrier and map helpers: cluster.cuh)
 
 // The cluster kernel's dynamic shared memory: qs, red, and rank 0's gather of the C pieces' (o, m, l).
 size_t cluster_smem(int d, int C) {

@@ -229,6 +229,17 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 throw Error("MARKBASE_CUDA_ATTN_CLUSTER=1: clusters of " + std::to_string(widest) +
                             " attention pieces cannot be scheduled on this GPU");
         }
+        // MARKBASE_CUDA_PLE_FUSED: ple_tail.cu, on one GPU at the widths it takes (E2B's and E4B's; other
+        // widths, e.g. the tests' tiny models, keep the four launches). Asked for by name on a GPU that
+        // cannot run it (before sm_90), an error.
+        const bool ple_fused = env_flag("MARKBASE_CUDA_PLE_FUSED", false);  // (validated on every model)
+        if (ple_fused && P && fuse_ && !sharded() && ple_tail_widths(H, P)) {
+            if (ple_tail_fits(H, P))
+                ple_fused_ = true;
+            else if (std::getenv("MARKBASE_CUDA_PLE_FUSED"))
+                throw Error("MARKBASE_CUDA_PLE_FUSED=1: the fused PLE tail (one cluster of " +
+                            std::to_string(kPleCluster) + " blocks) cannot be scheduled on this GPU");
+        }
         attn_group_ = env_flag("MARKBASE_CUDA_ATTN_GROUP", true);
         // session 13's H200 A/B, prefill of 512 tokens: 31B +24%, E4B +10%, 26B-A4B +10%, E2B (groups of 8
         // heads: one token per block either way) unchanged

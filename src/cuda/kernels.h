@@ -272,6 +272,34 @@ struct QkvPost {
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 
+// ---- ple_tail.cu: the end of a PLE layer at one token as one cluster launch (MARKBASE_CUDA_PLE_FUSED) ----
+// x1 = (x + RMSNorm(y) * ffn_w) * ffn_scale; g = gelu_tanh(gate @ x1) * ple; x = (x1 + RMSNorm(proj @ g) *
+// post_w) * scale, in place; with next_w also xn = RMSNorm(x) * next_w. One cluster of kPleCluster blocks.
+constexpr int kPleCluster = 16, kPleDim = 256;
+struct PleTail {
+    float* x = nullptr;           // [H] the residual stream, updated in place
+    const float* y = nullptr;     // [H] the down projection's output
+    const bf16* ffn_w = nullptr;  // [H] post_feedforward_layernorm
+    float ffn_scale = 1.0f;
+    const bf16* gate = nullptr;    // [P][H] per_layer_input_gate
+    const float* ple = nullptr;    // [P] this layer's per-layer input
+    const bf16* proj = nullptr;    // [H][P] per_layer_projection
+    const bf16* post_w = nullptr;  // [H] post_per_layer_input_norm
+    float scale = 1.0f;            // layer_scalar
+    const bf16* next_w = nullptr;  // [H] the next GEMV's norm weight, or null
+    float* xn = nullptr;           // [H]
+    int H = 0;
+    float eps = 0.0f;
+};
+// The widths the fused tail takes: P == kPleDim (E2B, E4B) and H a multiple of 256 up to 3072.
+inline bool ple_tail_widths(int H, int P) {
+    return P == kPleDim && H > 0 && H % 256 == 0 && H <= 3072;
+}
+// Whether this GPU can run the fused tail at these widths (sm_90, its shared memory, one cluster of 16
+// blocks); it also sets the kernel's launch attributes.
+bool ple_tail_fits(int H, int P);
+void ple_tail(const PleTail& a, cudaStream_t s);
+
 // ---- attention.cu: decode and prefill attention over the fp32 cache, split over the key range ------------
 struct AttnArgs {
     const float* q = nullptr;        // [n][nH][d], normed and rotated
