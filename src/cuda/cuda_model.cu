@@ -240,6 +240,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 throw Error("MARKBASE_CUDA_PLE_FUSED=1: the fused PLE tail (one cluster of " +
                             std::to_string(kPleCluster) + " blocks) cannot be scheduled on this GPU");
         }
+        ple_ablate_ = env_int("MARKBASE_CUDA_PLE_ABLATE", 0, 7, 0);
+        if (ple_ablate_ && ple_fused_)
+            std::fprintf(stderr,
+                         "MARKBASE_CUDA_PLE_ABLATE=%d: parts of the fused PLE tail are skipped (a timing "
+                         "experiment; every output is wrong)\n",
+                         ple_ablate_);
         attn_group_ = env_flag("MARKBASE_CUDA_ATTN_GROUP", true);
         // session 13's H200 A/B, prefill of 512 tokens: 31B +24%, E4B +10%, 26B-A4B +10%, E2B (groups of 8
         // heads: one token per block either way) unchanged

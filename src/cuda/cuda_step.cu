@@ -327,6 +327,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             t.xn = xn_;
             t.H = H;
             t.eps = eps;
+            t.ablate = ple_ablate_;
             run(pf, "ple_tail", i, wbytes(2 * int64_t{P}, H), [&] { ple_tail(t, stream_); });
             xn_for_ = t.next_w;
             return;

@@ -290,6 +290,9 @@ struct PleTail {
     float* xn = nullptr;           // [H]
     int H = 0;
     float eps = 0.0f;
+    // MARKBASE_CUDA_PLE_ABLATE (a timing experiment; the output is wrong): 1 skips the weight copies, 2 the
+    // cluster phases and remote stores (each block's own values only), 4 the loads of x and y
+    int ablate = 0;
 };
 // The widths the fused tail takes: P == kPleDim (E2B, E4B) and H a multiple of 256 up to 3072.
 inline bool ple_tail_widths(int H, int P) {

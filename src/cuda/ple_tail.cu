@@ -70,8 +70,10 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
     {
         const uint4* g4 = reinterpret_cast<const uint4*>(a.gate) + static_cast<int64_t>(rank) * rows_g * hc;
         const uint4* p4 = reinterpret_cast<const uint4*>(a.proj) + static_cast<int64_t>(rank) * rows_p * pc;
-        for (int i = tid; i < rows_g * hc; i += kPleThreads) cp_async16(wg + i, g4 + i);
-        for (int i = tid; i < rows_p * pc; i += kPleThreads) cp_async16(wp + i, p4 + i);
+        if (!(a.ablate & 1)) {
+            for (int i = tid; i < rows_g * hc; i += kPleThreads) cp_async16(wg + i, g4 + i);
+            for (int i = tid; i < rows_p * pc; i += kPleThreads) cp_async16(wp + i, p4 + i);
+        }
     }
     float fw[kPlePer];
 #pragma unroll
@@ -89,8 +91,8 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
 #pragma unroll
     for (int j = 0; j < kPlePer; ++j) {
         const int k = tid + j * kPleThreads;
-        yv[j] = k < H ? a.y[k] : 0.0f;
-        xv[j] = k < H ? a.x[k] : 0.0f;
+        yv[j] = k < H && !(a.ablate & 4) ? a.y[k] : 0.0f;
+        xv[j] = k < H && !(a.ablate & 4) ? a.x[k] : 0.0f;
     }
     float ss = 0.0f;
 #pragma unroll
@@ -113,10 +115,15 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         s = warp_sum(s);
         const int r = rank * rows_g + warp;
         const float g = gelu_tanh(s) * a.ple[r];
-        cluster_wait_acquire();  // phase 1: every block has started
-        if (lane < kPleCluster) cluster_map(gs, lane)[r] = g;
-        cluster_arrive_release();  // phase 2: the gate values
-        cluster_wait_acquire();
+        if (a.ablate & 2) {
+            if (lane == 0) gs[r % kPleDim] = g;
+            __syncthreads();
+        } else {
+            cluster_wait_acquire();  // phase 1: every block has started
+            if (lane < kPleCluster) cluster_map(gs, lane)[r] = g;
+            cluster_arrive_release();  // phase 2: the gate values
+            cluster_wait_acquire();
+        }
     }
 
     // z: the projection's rows_p rows of this block, warp w taking rows w, w + 16, ...; lane l holds g's
@@ -136,10 +143,14 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         if (warp == 0) {
             float t = lane < kPleWarps ? red[lane] : 0.0f;
             t = warp_sum(t);
-            if (lane < kPleCluster) cluster_map(part, lane)[rank] = t;
+            if (lane < kPleCluster) (a.ablate & 2 ? part + lane : cluster_map(part, lane) + rank)[0] = t;
         }
-        cluster_arrive_release();  // phase 3: the projection's partial sums of squares
-        cluster_wait_acquire();
+        if (a.ablate & 2) {
+            __syncthreads();
+        } else {
+            cluster_arrive_release();  // phase 3: the projection's partial sums of squares
+            cluster_wait_acquire();
+        }
     }
     float tz = 0.0f;
     for (int c = 0; c < kPleCluster; ++c) tz += part[c];
@@ -151,9 +162,14 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
     }
     if (!a.next_w) return;  // (no remote stores are left)
     const float t = block_sum(x2 * x2, red);
-    if (tid < kPleCluster) cluster_map(part + kPleCluster, tid)[rank] = t;
-    cluster_arrive_release();  // phase 4: x2's partial sums of squares
-    cluster_wait_acquire();
+    if (a.ablate & 2) {
+        if (tid < kPleCluster) part[kPleCluster + tid] = t;
+        __syncthreads();
+    } else {
+        if (tid < kPleCluster) cluster_map(part + kPleCluster, tid)[rank] = t;
+        cluster_arrive_release();  // phase 4: x2's partial sums of squares
+        cluster_wait_acquire();
+    }
     float tx = 0.0f;
     for (int c = 0; c < kPleCluster; ++c) tx += part[kPleCluster + c];
     const float inv_x = 1.0f / sqrtf(tx / static_cast<float>(H) + a.eps);
