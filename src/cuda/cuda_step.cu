@@ -328,6 +328,10 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             t.H = H;
             t.eps = eps;
             t.ablate = ple_ablate_;
+            if (ple_l2_next_ && i + 1 < c_.n_layers) {
+                t.l2_next_gate = w_.layers[i + 1].ple_gate;
+                t.l2_next_proj = w_.layers[i + 1].ple_proj;
+            }
             run(pf, "ple_tail", i, wbytes(2 * int64_t{P}, H), [&] { ple_tail(t, stream_); });
             xn_for_ = t.next_w;
             return;

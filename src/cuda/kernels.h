@@ -293,6 +293,10 @@ struct PleTail {
     // MARKBASE_CUDA_PLE_ABLATE (a timing experiment; the output is wrong): 1 skips the weight copies, 2 the
     // cluster phases and remote stores (each block's own values only), 4 the loads of x and y
     int ablate = 0;
+    // MARKBASE_CUDA_PLE_FUSED=2: the next layer's gate and projection, each block's slices prefetched into L2
+    // (evict_last) once this layer's are used, so that the next tail's copies hit L2
+    const bf16* l2_next_gate = nullptr;
+    const bf16* l2_next_proj = nullptr;
 };
 // The widths the fused tail takes: P == kPleDim (E2B, E4B) and H a multiple of 256 up to 3072.
 inline bool ple_tail_widths(int H, int P) {

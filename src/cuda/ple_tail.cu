@@ -73,7 +73,11 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         if (!(a.ablate & 1)) {
             for (int i = tid; i < rows_g * hc; i += kPleThreads) cp_async16(wg + i, g4 + i);
             for (int i = tid; i < rows_p * pc; i += kPleThreads) cp_async16(wp + i, p4 + i);
+        } else {  // (zeros, so that the ablated step's logits stay finite)
+            for (int i = tid; i < rows_g * hc + rows_p * pc; i += kPleThreads) wg[i] = make_uint4(0, 0, 0, 0);
         }
+        if (a.ablate & 2)
+            for (int i = tid; i < P + 2 * kPleCluster; i += kPleThreads) (i < P ? gs[i] : part[i - P]) = 0.0f;
     }
     float fw[kPlePer];
 #pragma unroll
@@ -159,6 +163,12 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
     if (tid < rows_p) {
         x2 = (x1[row] + zs[tid] * inv_z * post_w) * a.scale;
         a.x[row] = x2;  // in place: every block read all of x before phase 2
+    }
+    if (a.l2_next_gate) {  // PLE_FUSED=2: this block's slices of the next layer's weights, into L2
+        const char* g1 = reinterpret_cast<const char*>(a.l2_next_gate) + int64_t{rank} * rows_g * hc * 16;
+        const char* p1 = reinterpret_cast<const char*>(a.l2_next_proj) + int64_t{rank} * rows_p * pc * 16;
+        for (int i = tid; i < rows_g * hc / 8; i += kPleThreads) prefetch_l2_evict_last(g1 + 128 * i);
+        for (int i = tid; i < rows_p * pc / 8; i += kPleThreads) prefetch_l2_evict_last(p1 + 128 * i);
     }
     if (!a.next_w) return;  // (no remote stores are left)
     const float t = block_sum(x2 * x2, red);
