@@ -232,10 +232,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // MARKBASE_CUDA_PLE_FUSED: ple_tail.cu, on one GPU at the widths it takes (E2B's and E4B's; other
         // widths, e.g. the tests' tiny models, keep the four launches). Asked for by name on a GPU that
         // cannot run it (before sm_90), an error.
-        // (validated on every model; 2 = also the next layer's weights prefetched into L2)
-        const int ple_mode = env_int("MARKBASE_CUDA_PLE_FUSED", 0, 2, 0);
+        // (validated on every model; 2 = also the next layer's weights prefetched into L2, 3 = bulk copies,
+        // 4 = both)
+        const int ple_mode = env_int("MARKBASE_CUDA_PLE_FUSED", 0, 4, 0);
         const bool ple_fused = ple_mode > 0;
-        ple_l2_next_ = ple_mode == 2;
+        ple_l2_next_ = ple_mode == 2 || ple_mode == 4;
+        ple_bulk_ = ple_mode >= 3;
         if (ple_fused && P && fuse_ && !sharded() && ple_tail_widths(H, P)) {
             if (ple_tail_fits(H, P))
                 ple_fused_ = true;

@@ -449,7 +449,8 @@ class CudaModel {
     // MARKBASE_CUDA_PLE_FUSED (E2B, E4B on one GPU): the FFN update, the PLE gate and projection and the PLE
     // update of a decode step's layer as one cluster launch (ple_tail.cu) instead of four launches
     bool ple_fused_ = false;
-    bool ple_l2_next_ = false;  // MARKBASE_CUDA_PLE_FUSED=2: PleTail.l2_next_gate / l2_next_proj
+    bool ple_l2_next_ = false;  // MARKBASE_CUDA_PLE_FUSED=2 or 4: PleTail.l2_next_gate / l2_next_proj
+    bool ple_bulk_ = false;     // MARKBASE_CUDA_PLE_FUSED=3 or 4: PleTail.bulk
     int ple_ablate_ = 0;        // MARKBASE_CUDA_PLE_ABLATE: PleTail.ablate
     bool attn_v2_ = false;      // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };

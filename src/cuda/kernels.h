@@ -297,6 +297,7 @@ struct PleTail {
     // (evict_last) once this layer's are used, so that the next tail's copies hit L2
     const bf16* l2_next_gate = nullptr;
     const bf16* l2_next_proj = nullptr;
+    bool bulk = false;  // MARKBASE_CUDA_PLE_FUSED=3/4: the slices as two bulk copies (TMA), not cp.async
 };
 // The widths the fused tail takes: P == kPleDim (E2B, E4B) and H a multiple of 256 up to 3072.
 inline bool ple_tail_widths(int H, int P) {

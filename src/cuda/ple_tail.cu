@@ -29,10 +29,12 @@ constexpr int kPleWarps = kPleThreads / 32;
 constexpr int kPlePer = 6;  // x values per thread in the FFN update: H <= 3072
 constexpr int kPleMaxHidden = kPleThreads * kPlePer;
 
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
 #else
     *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 #endif
@@ -40,6 +42,41 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// The bulk form (MARKBASE_CUDA_PLE_FUSED=3/4): one thread hands both slices to the tensor memory accelerator
+// as two bulk copies that complete on an mbarrier, instead of 16-byte cp.async from every thread.
+__device__ __forceinline__ void bulk_copy_start(unsigned long long* bar, void* dst0, const void* src0,
+                                                unsigned n0, void* dst1, const void* src1, unsigned n1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned b = smem_u32(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(n0 + n1) : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst0)),
+        "l"(src0), "r"(n0), "r"(b)
+        : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst1)),
+        "l"(src1), "r"(n1), "r"(b)
+        : "memory");
+#else
+    (void)bar, (void)dst0, (void)src0, (void)n0, (void)dst1, (void)src1, (void)n1;
+    __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_copy_wait(unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra "
+        "WAIT_%=;\n}" ::"r"(smem_u32(bar))
+        : "memory");
+#else
+    (void)bar;
 #endif
 }
 
@@ -64,13 +101,16 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
     float* zs = gs + P;                                            // [rows_p]
     float* part = zs + rows_p;                                     // [2][kPleCluster]
     __shared__ float red[32];
+    __shared__ unsigned long long bulk_bar;
 
     cluster_arrive_relaxed();  // phase 1: this block has started
     // weights (written by no kernel of the step) and the norm weights, before the PDL wait
     {
         const uint4* g4 = reinterpret_cast<const uint4*>(a.gate) + static_cast<int64_t>(rank) * rows_g * hc;
         const uint4* p4 = reinterpret_cast<const uint4*>(a.proj) + static_cast<int64_t>(rank) * rows_p * pc;
-        if (!(a.ablate & 1)) {
+        if (a.bulk && !(a.ablate & 1)) {
+            if (tid == 0) bulk_copy_start(&bulk_bar, wg, g4, rows_g * hc * 16, wp, p4, rows_p * pc * 16);
+        } else if (!(a.ablate & 1)) {
             for (int i = tid; i < rows_g * hc; i += kPleThreads) cp_async16(wg + i, g4 + i);
             for (int i = tid; i < rows_p * pc; i += kPleThreads) cp_async16(wp + i, p4 + i);
         } else {  // (zeros, so that the ablated step's logits stay finite)
@@ -107,7 +147,10 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         const int k = tid + j * kPleThreads;
         if (k < H) x1[k] = (xv[j] + yv[j] * inv_y * fw[j]) * a.ffn_scale;
     }
-    cp_async_wait_all();
+    if (a.bulk && !(a.ablate & 1))
+        bulk_copy_wait(&bulk_bar);  // (the barrier's init is visible: block_sum's barriers came after it)
+    else
+        cp_async_wait_all();
     __syncthreads();
 
     // g: warp w's gate row rank * rows_g + w (rows_g == kPleWarps), then to every block's gs
