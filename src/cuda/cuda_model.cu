@@ -233,11 +233,12 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // widths, e.g. the tests' tiny models, keep the four launches). Asked for by name on a GPU that
         // cannot run it (before sm_90), an error.
         // (validated on every model; 2 = also the next layer's weights prefetched into L2, 3 = bulk copies,
-        // 4 = both)
-        const int ple_mode = env_int("MARKBASE_CUDA_PLE_FUSED", 0, 4, 0);
+        // 4 = both, 5 = the weight slices in registers)
+        const int ple_mode = env_int("MARKBASE_CUDA_PLE_FUSED", 0, 5, 0);
         const bool ple_fused = ple_mode > 0;
         ple_l2_next_ = ple_mode == 2 || ple_mode == 4;
-        ple_bulk_ = ple_mode >= 3;
+        ple_bulk_ = ple_mode == 3 || ple_mode == 4;
+        ple_regs_ = ple_mode == 5;
         if (ple_fused && P && fuse_ && !sharded() && ple_tail_widths(H, P)) {
             if (ple_tail_fits(H, P))
                 ple_fused_ = true;
@@ -245,7 +246,9 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 throw Error("MARKBASE_CUDA_PLE_FUSED=1: the fused PLE tail (one cluster of " +
                             std::to_string(kPleCluster) + " blocks) cannot be scheduled on this GPU");
         }
-        ple_ablate_ = env_int("MARKBASE_CUDA_PLE_ABLATE", 0, 7, 0);
+        ple_ablate_ = env_int("MARKBASE_CUDA_PLE_ABLATE", 0, 31, 0);
+        if ((ple_ablate_ & 16) && !(ple_ablate_ & 2))
+            throw Error("MARKBASE_CUDA_PLE_ABLATE: 16 (no cluster) needs 2 (no cluster phases)");
         if (ple_ablate_ && ple_fused_)
             std::fprintf(stderr,
                          "MARKBASE_CUDA_PLE_ABLATE=%d: parts of the fused PLE tail are skipped (a timing "

@@ -451,6 +451,7 @@ class CudaModel {
     bool ple_fused_ = false;
     bool ple_l2_next_ = false;  // MARKBASE_CUDA_PLE_FUSED=2 or 4: PleTail.l2_next_gate / l2_next_proj
     bool ple_bulk_ = false;     // MARKBASE_CUDA_PLE_FUSED=3 or 4: PleTail.bulk
+    bool ple_regs_ = false;     // MARKBASE_CUDA_PLE_FUSED=5: PleTail.regs
     int ple_ablate_ = 0;        // MARKBASE_CUDA_PLE_ABLATE: PleTail.ablate
     bool attn_v2_ = false;      // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };

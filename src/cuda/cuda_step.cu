@@ -329,6 +329,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             t.eps = eps;
             t.ablate = ple_ablate_;
             t.bulk = ple_bulk_;
+            t.regs = ple_regs_;
             if (ple_l2_next_ && i + 1 < c_.n_layers) {
                 t.l2_next_gate = w_.layers[i + 1].ple_gate;
                 t.l2_next_proj = w_.layers[i + 1].ple_proj;

@@ -291,13 +291,15 @@ struct PleTail {
     int H = 0;
     float eps = 0.0f;
     // MARKBASE_CUDA_PLE_ABLATE (a timing experiment; the output is wrong): 1 skips the weight copies, 2 the
-    // cluster phases and remote stores (each block's own values only), 4 the loads of x and y
+    // cluster phases and remote stores (each block's own values only), 4 the loads of x and y, 8 the weight
+    // slices in shared memory and the products, 16 the cluster launch (a plain grid of 16 blocks; with 2)
     int ablate = 0;
     // MARKBASE_CUDA_PLE_FUSED=2: the next layer's gate and projection, each block's slices prefetched into L2
     // (evict_last) once this layer's are used, so that the next tail's copies hit L2
     const bf16* l2_next_gate = nullptr;
     const bf16* l2_next_proj = nullptr;
     bool bulk = false;  // MARKBASE_CUDA_PLE_FUSED=3/4: the slices as two bulk copies (TMA), not cp.async
+    bool regs = false;  // MARKBASE_CUDA_PLE_FUSED=5: the slices in registers (H = 1536 or 2560), no carveout
 };
 // The widths the fused tail takes: P == kPleDim (E2B, E4B) and H a multiple of 256 up to 3072.
 inline bool ple_tail_widths(int H, int P) {

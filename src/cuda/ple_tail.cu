@@ -88,24 +88,41 @@ size_t ple_tail_smem(int H, int P) {
            (static_cast<size_t>(H) + P + H / kPleCluster + 2 * kPleCluster) * sizeof(float);
 }
 
+// NC > 0 (MARKBASE_CUDA_PLE_FUSED=5, H == 256 NC): the weight slices in registers instead of shared memory,
+// NC 16-byte chunks of the warp's gate row and one chunk of each of its NC projection rows per lane, so the
+// block needs no large shared-memory carveout.
+template <int NC>
 __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) {
     extern __shared__ uint4 sm4[];
     const int H = a.H, P = kPleDim, rank = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rows_g = P / kPleCluster, rows_p = H / kPleCluster;  // this block's gate and projection rows
     const int hc = H / 8, pc = P / 8;                              // 16-byte chunks per row
+    const bool small = NC > 0 || (a.ablate & 8);                   // no weight slices in shared memory
     uint4* wg = sm4;                                               // [rows_g][hc]
     uint4* wp = wg + rows_g * hc;                                  // [rows_p][pc]
-    float* x1 = reinterpret_cast<float*>(wp + rows_p * pc);        // [H]
-    float* gs = x1 + H;                                            // [P]
-    float* zs = gs + P;                                            // [rows_p]
-    float* part = zs + rows_p;                                     // [2][kPleCluster]
+    float* x1 = reinterpret_cast<float*>(small ? sm4 : wp + rows_p * pc);  // [H]
+    float* gs = x1 + H;                                                    // [P]
+    float* zs = gs + P;                                                    // [rows_p]
+    float* part = zs + rows_p;                                             // [2][kPleCluster]
     __shared__ float red[32];
     __shared__ unsigned long long bulk_bar;
 
     cluster_arrive_relaxed();  // phase 1: this block has started
     // weights (written by no kernel of the step) and the norm weights, before the PDL wait
-    {
+    uint4 rg[NC > 0 ? NC : 1], rp[NC > 0 ? NC : 1];
+    if constexpr (NC > 0) {
+        const uint4* g4 =
+            reinterpret_cast<const uint4*>(a.gate) + static_cast<int64_t>(rank * rows_g + warp) * hc;
+        const uint4* p4 = reinterpret_cast<const uint4*>(a.proj) + static_cast<int64_t>(rank) * rows_p * pc;
+#pragma unroll
+        for (int i = 0; i < NC; ++i) {
+            rg[i] = ld_stream(g4 + lane + 32 * i);
+            rp[i] = ld_stream(p4 + (warp + kPleWarps * i) * pc + lane);
+        }
+        if (a.ablate & 2)
+            for (int i = tid; i < P + 2 * kPleCluster; i += kPleThreads) (i < P ? gs[i] : part[i - P]) = 0.0f;
+    } else {
         const uint4* g4 = reinterpret_cast<const uint4*>(a.gate) + static_cast<int64_t>(rank) * rows_g * hc;
         const uint4* p4 = reinterpret_cast<const uint4*>(a.proj) + static_cast<int64_t>(rank) * rows_p * pc;
         if (a.bulk && !(a.ablate & 1)) {
@@ -113,7 +130,7 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         } else if (!(a.ablate & 1)) {
             for (int i = tid; i < rows_g * hc; i += kPleThreads) cp_async16(wg + i, g4 + i);
             for (int i = tid; i < rows_p * pc; i += kPleThreads) cp_async16(wp + i, p4 + i);
-        } else {  // (zeros, so that the ablated step's logits stay finite)
+        } else if (!small) {  // (zeros, so that the ablated step's logits stay finite)
             for (int i = tid; i < rows_g * hc + rows_p * pc; i += kPleThreads) wg[i] = make_uint4(0, 0, 0, 0);
         }
         if (a.ablate & 2)
@@ -158,7 +175,13 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         const float4* x14 = reinterpret_cast<const float4*>(x1);
         const uint4* wr = wg + warp * hc;
         float s = 0.0f;
-        for (int c = lane; c < hc; c += 32) s += dot8(wr[c], x14[2 * c], x14[2 * c + 1]);
+        if constexpr (NC > 0) {
+#pragma unroll
+            for (int i = 0; i < NC; ++i)
+                s += dot8(rg[i], x14[2 * (lane + 32 * i)], x14[2 * (lane + 32 * i) + 1]);
+        } else {
+            for (int c = lane; c < hc && !small; c += 32) s += dot8(wr[c], x14[2 * c], x14[2 * c + 1]);
+        }
         s = warp_sum(s);
         const int r = rank * rows_g + warp;
         const float g = gelu_tanh(s) * a.ple[r];
@@ -179,10 +202,16 @@ __global__ void __launch_bounds__(kPleThreads) ple_tail_kernel(const PleTail a) 
         const float4 ga = reinterpret_cast<const float4*>(gs)[2 * lane];
         const float4 gb = reinterpret_cast<const float4*>(gs)[2 * lane + 1];
         float zsq = 0.0f;
-        for (int r = warp; r < rows_p; r += kPleWarps) {
-            const float z = warp_sum(dot8(wp[r * pc + lane], ga, gb));
+        auto project = [&](int r, float z) {
             if (lane == 0) zs[r] = z;
             zsq = fmaf(z, z, zsq);
+        };
+        if constexpr (NC > 0) {
+#pragma unroll
+            for (int i = 0; i < NC; ++i) project(warp + kPleWarps * i, warp_sum(dot8(rp[i], ga, gb)));
+        } else {
+            for (int r = warp; r < rows_p; r += kPleWarps)
+                project(r, small ? 0.0f : warp_sum(dot8(wp[r * pc + lane], ga, gb)));
         }
         // one value per warp (every lane holds the warp's sum): the block's sum over its rows
         if (lane == 0) red[warp] = zsq;
@@ -244,14 +273,16 @@ bool ple_tail_fits(int H, int P) {
     // widths can live in one process
     const size_t smem = ple_tail_smem(H, P), widest = ple_tail_smem(kPleMaxHidden, kPleDim);
     if (widest > static_cast<size_t>(optin)) return false;
-    CUDA_CHECK(cudaFuncSetAttribute(ple_tail_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    CUDA_CHECK(cudaFuncSetAttribute(ple_tail_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    for (auto k : {ple_tail_kernel<6>, ple_tail_kernel<10>})
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CUDA_CHECK(cudaFuncSetAttribute(ple_tail_kernel<0>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CUDA_CHECK(cudaFuncSetAttribute(ple_tail_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(widest)));
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg =
         launch_config(dim3(kPleCluster), dim3(kPleThreads), smem, nullptr, kPleCluster, false, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, ple_tail_kernel, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, ple_tail_kernel<0>, &cfg) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
@@ -262,8 +293,17 @@ void ple_tail(const PleTail& a, cudaStream_t s) {
     if (!ple_tail_widths(a.H, kPleDim))
         throw Error("internal: the fused PLE tail takes a hidden size that is a multiple of 256, up to " +
                     std::to_string(kPleMaxHidden) + "; got " + std::to_string(a.H));
-    launch_kernel_cluster(ple_tail_kernel, dim3(kPleCluster), dim3(kPleThreads), ple_tail_smem(a.H, kPleDim),
-                          s, kPleCluster, a);
+    // ablations 8 (no weight slices in shared memory) and 16 (a plain grid, no cluster; with 2 only)
+    const size_t smem = (a.ablate & 8) ? ple_tail_smem(a.H, kPleDim) - static_cast<size_t>(a.H) * kPleDim / 4
+                                       : ple_tail_smem(a.H, kPleDim);
+    const int cluster = (a.ablate & 16) ? 0 : kPleCluster;
+    if (a.regs && (a.H == 256 * 6 || a.H == 256 * 10)) {  // E2B's and E4B's widths
+        const size_t small = ple_tail_smem(a.H, kPleDim) - static_cast<size_t>(a.H) * kPleDim / 4;
+        launch_kernel_cluster(a.H == 1536 ? ple_tail_kernel<6> : ple_tail_kernel<10>, dim3(kPleCluster),
+                              dim3(kPleThreads), small, s, cluster, a);
+    } else {
+        launch_kernel_cluster(ple_tail_kernel<0>, dim3(kPleCluster), dim3(kPleThreads), smem, s, cluster, a);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
