@@ -247,7 +247,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 throw Error("MARKBASE_CUDA_PLE_FUSED=1: the fused PLE tail (one cluster of " +
                             std::to_string(kPleCluster) + " blocks) cannot be scheduled on this GPU");
         }
-        carveout_preference();  // (MARKBASE_CUDA_CARVEOUT, read at each launch: a bad value is refused here)
+        carveout_preference();  // (MARKBASE_CUDA_CARVEOUT_SMALL, read at each launch: a bad value is refused here)
         ple_ablate_ = env_int("MARKBASE_CUDA_PLE_ABLATE", 0, 31, 0);
         if ((ple_ablate_ & 16) && !(ple_ablate_ & 2))
             throw Error("MARKBASE_CUDA_PLE_ABLATE: 16 (no cluster) needs 2 (no cluster phases)");

@@ -18,12 +18,12 @@ bool pdl_enabled() {
 }
 
 int carveout_preference() {
-    const char* e = std::getenv("MARKBASE_CUDA_CARVEOUT");
+    const char* e = std::getenv("MARKBASE_CUDA_CARVEOUT_SMALL");
     if (!e) return -1;
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     if (!*e || *end || v < -1 || v > 100)
-        throw Error(std::string("MARKBASE_CUDA_CARVEOUT=") + e +
+        throw Error(std::string("MARKBASE_CUDA_CARVEOUT_SMALL=") + e +
                     ": expected -1 (the driver's choice) to 100");
     return static_cast<int>(v);
 }

@@ -14,11 +14,12 @@ namespace markbase::cuda {
 
 bool pdl_enabled();
 
-// MARKBASE_CUDA_CARVEOUT (an A/B switch; unset or -1: the driver's choice): every kernel's preferred
-// shared-memory carveout, in percent of the most an SM can hold. An SM's split between L1 and shared memory
-// changes only while it holds no blocks, so a kernel whose blocks need another split than the blocks still
-// resident cannot start beside them: with one preference for every kernel, no launch waits for that (session
-// 16: a PLE tail needing 106 KB ended ~1.9 us later behind the down GEMV than one needing 8 KB).
+// MARKBASE_CUDA_CARVEOUT_SMALL (an A/B switch; unset or -1: the driver's choice): the preferred L1/shared
+// split, in percent of the most an SM can hold, of the small chain kernels launched by launch_kernel_small
+// (the one-block updates, qkv_post, the decode attention). An SM's split changes only while it holds no
+// blocks, so a kernel whose split differs from the one of the blocks still resident cannot start beside them.
+// Session 16: one preference for every kernel made the updates 0.5-0.7 us cheaper but the GEMVs 17-32% slower
+// (less L1, fewer resident blocks), so this sets it for the small kernels only.
 int carveout_preference();  // throws on a bad value, naming it
 void apply_carveout(const void* kernel);
 
@@ -54,7 +55,6 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cuda
 template <class... KArgs, class... Args>
 void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                            int cluster_x, Args... args) {
-    apply_carveout(reinterpret_cast<const void*>(kernel));
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, s, cluster_x, pdl_enabled(), attr);
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
@@ -63,6 +63,13 @@ void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size
 template <class... KArgs, class... Args>
 void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args... args) {
+    launch_kernel_cluster(kernel, grid, block, smem, s, 0, args...);
+}
+
+template <class... KArgs, class... Args>
+void launch_kernel_small(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                         Args... args) {
+    apply_carveout(reinterpret_cast<const void*>(kernel));
     launch_kernel_cluster(kernel, grid, block, smem, s, 0, args...);
 }
 

@@ -291,8 +291,8 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_PLE_FUSED=3",
     "MARKBASE_CUDA_PLE_FUSED=4",
     "MARKBASE_CUDA_PLE_FUSED=5",
-    "MARKBASE_CUDA_CARVEOUT=100",
-    "MARKBASE_CUDA_CARVEOUT=50,MARKBASE_CUDA_PLE_FUSED=3",
+    "MARKBASE_CUDA_CARVEOUT_SMALL=100",
+    "MARKBASE_CUDA_CARVEOUT_SMALL=0",
     "MARKBASE_CUDA_PLE_FUSED=1,MARKBASE_CUDA_ATTN_CLUSTER=0,MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_GEMV_LEAN8=0",
@@ -402,7 +402,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GEMM=2",        "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",      "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
                                 "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16",
-                                "MARKBASE_CUDA_PLE_FUSED=6",        "MARKBASE_CUDA_CARVEOUT=101"}) {
+                                "MARKBASE_CUDA_PLE_FUSED=6",        "MARKBASE_CUDA_CARVEOUT_SMALL=101"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
