@@ -582,14 +582,12 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
                             std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
             const size_t smem = cluster_smem(a.d, a.nsplit);
             if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
-            apply_carveout(reinterpret_cast<const void*>(attn_decode_v2_kernel<true>));  // (CARVEOUT_SMALL)
             launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem,
                                   s, a.cluster, a);
         } else {
             const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
             if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-            launch_kernel_small(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem,
-                                s, a);
+            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
         }
     } else {
         launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),

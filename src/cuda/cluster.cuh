@@ -1,9 +1,9 @@
 // Thread-block cluster building blocks (sm_90): the cluster barrier's phases and distributed shared memory.
 // A block may touch another block's shared memory only once every block of the cluster has started, and a
-// block's shared memory must outlive every store into it: the kernels below arrive (relaxed) at their start
-// and wait just before their first remote store, and every remote store precedes an arrive (release) that
-// its owner waits on (acquire) before reading. The PTX fallback for older GPUs compiles these to traps; the
-// host never launches a cluster kernel there (attention_cluster_fits, ple_tail_fits).
+// block's shared memory must outlive every store into it: the kernels using these arrive (relaxed) at their
+// start and wait just before their first remote store, and every remote store precedes an arrive (release)
+// that its owner waits on (acquire) before reading. The PTX fallback for older GPUs compiles these to traps;
+// the host never launches a cluster kernel there (attention_cluster_fits).
 #pragma once
 
 #include <cooperative_groups.h>

@@ -9,7 +9,6 @@
 #include <string_view>
 
 #include "cuda/cuda_model.h"
-#include "cuda/launch.h"
 #include "loading/memory_plan.h"
 
 namespace markbase::cuda {
@@ -230,32 +229,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
                 throw Error("MARKBASE_CUDA_ATTN_CLUSTER=1: clusters of " + std::to_string(widest) +
                             " attention pieces cannot be scheduled on this GPU");
         }
-        // MARKBASE_CUDA_PLE_FUSED: ple_tail.cu, on one GPU at the widths it takes (E2B's and E4B's; other
-        // widths, e.g. the tests' tiny models, keep the four launches). Asked for by name on a GPU that
-        // cannot run it (before sm_90), an error.
-        // (validated on every model; 2 = also the next layer's weights prefetched into L2, 3 = bulk copies,
-        // 4 = both, 5 = the weight slices in registers)
-        const int ple_mode = env_int("MARKBASE_CUDA_PLE_FUSED", 0, 5, 0);
-        const bool ple_fused = ple_mode > 0;
-        ple_l2_next_ = ple_mode == 2 || ple_mode == 4;
-        ple_bulk_ = ple_mode == 3 || ple_mode == 4;
-        ple_regs_ = ple_mode == 5;
-        if (ple_fused && P && fuse_ && !sharded() && ple_tail_widths(H, P)) {
-            if (ple_tail_fits(H, P))
-                ple_fused_ = true;
-            else if (std::getenv("MARKBASE_CUDA_PLE_FUSED"))
-                throw Error("MARKBASE_CUDA_PLE_FUSED=1: the fused PLE tail (one cluster of " +
-                            std::to_string(kPleCluster) + " blocks) cannot be scheduled on this GPU");
-        }
-        carveout_preference();  // (MARKBASE_CUDA_CARVEOUT_SMALL, read at each launch: a bad value is refused here)
-        ple_ablate_ = env_int("MARKBASE_CUDA_PLE_ABLATE", 0, 31, 0);
-        if ((ple_ablate_ & 16) && !(ple_ablate_ & 2))
-            throw Error("MARKBASE_CUDA_PLE_ABLATE: 16 (no cluster) needs 2 (no cluster phases)");
-        if (ple_ablate_ && ple_fused_)
-            std::fprintf(stderr,
-                         "MARKBASE_CUDA_PLE_ABLATE=%d: parts of the fused PLE tail are skipped (a timing "
-                         "experiment; every output is wrong)\n",
-                         ple_ablate_);
         attn_group_ = env_flag("MARKBASE_CUDA_ATTN_GROUP", true);
         // session 13's H200 A/B, prefill of 512 tokens: 31B +24%, E4B +10%, 26B-A4B +10%, E2B (groups of 8
         // heads: one token per block either way) unchanged

@@ -446,14 +446,7 @@ class CudaModel {
     // are one thread-block cluster per head, merging through distributed shared memory (attention.cu). 0 =
     // one graph.
     int64_t attn_short_keys_ = 0;
-    // MARKBASE_CUDA_PLE_FUSED (E2B, E4B on one GPU): the FFN update, the PLE gate and projection and the PLE
-    // update of a decode step's layer as one cluster launch (ple_tail.cu) instead of four launches
-    bool ple_fused_ = false;
-    bool ple_l2_next_ = false;  // MARKBASE_CUDA_PLE_FUSED=2 or 4: PleTail.l2_next_gate / l2_next_proj
-    bool ple_bulk_ = false;     // MARKBASE_CUDA_PLE_FUSED=3 or 4: PleTail.bulk
-    bool ple_regs_ = false;     // MARKBASE_CUDA_PLE_FUSED=5: PleTail.regs
-    int ple_ablate_ = 0;        // MARKBASE_CUDA_PLE_ABLATE: PleTail.ablate
-    bool attn_v2_ = false;      // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
+    bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 
 }  // namespace markbase::cuda

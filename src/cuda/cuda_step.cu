@@ -269,10 +269,9 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
             [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
     }
-    // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first;
-    // the fused PLE tail (below) applies it itself
+    // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
     project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
-                     c_.moe || ple_fused_ ? nullptr : lw.post_ffn_norm, ffn_scale, true);
+                     c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
 
     if (c_.moe) {  // 2.6
         const int K = c_.top_k;
@@ -312,32 +311,6 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     if (c_.ple_dim) {  // 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then *
                        // layer_scalar
         const int P = c_.ple_dim;
-        if (ple_fused_) {  // the FFN update, gate, projection and PLE update in one cluster launch
-            PleTail t;
-            t.x = xcur_;
-            t.y = m_;
-            t.ffn_w = lw.post_ffn_norm;
-            t.ffn_scale = ffn_scale;
-            t.gate = lw.ple_gate;
-            t.ple = ple_ + int64_t{i} * P;
-            t.proj = lw.ple_proj;
-            t.post_w = lw.ple_post_norm;
-            t.scale = lw.layer_scalar;
-            t.next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
-            t.xn = xn_;
-            t.H = H;
-            t.eps = eps;
-            t.ablate = ple_ablate_;
-            t.bulk = ple_bulk_;
-            t.regs = ple_regs_;
-            if (ple_l2_next_ && i + 1 < c_.n_layers) {
-                t.l2_next_gate = w_.layers[i + 1].ple_gate;
-                t.l2_next_proj = w_.layers[i + 1].ple_proj;
-            }
-            run(pf, "ple_tail", i, wbytes(2 * int64_t{P}, H), [&] { ple_tail(t, stream_); });
-            xn_for_ = t.next_w;
-            return;
-        }
         {
             const GemvInput in = x_input(pf, i, false, nullptr);
             run(pf, "ple_gate", i, wbytes(P, H),

@@ -187,9 +187,5 @@ __device__ __forceinline__ void finish_token(unsigned long long key, int* state,
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
-// ... and kept there ahead of lines without a priority (the streamed weights of the kernels in between)
-__device__ __forceinline__ void prefetch_l2_evict_last(const void* p) {
-    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-}
 
 }  // namespace markbase::cuda

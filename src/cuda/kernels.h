@@ -272,44 +272,6 @@ struct QkvPost {
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 
-// ---- ple_tail.cu: the end of a PLE layer at one token as one cluster launch (MARKBASE_CUDA_PLE_FUSED) ----
-// x1 = (x + RMSNorm(y) * ffn_w) * ffn_scale; g = gelu_tanh(gate @ x1) * ple; x = (x1 + RMSNorm(proj @ g) *
-// post_w) * scale, in place; with next_w also xn = RMSNorm(x) * next_w. One cluster of kPleCluster blocks.
-constexpr int kPleCluster = 16, kPleDim = 256;
-struct PleTail {
-    float* x = nullptr;           // [H] the residual stream, updated in place
-    const float* y = nullptr;     // [H] the down projection's output
-    const bf16* ffn_w = nullptr;  // [H] post_feedforward_layernorm
-    float ffn_scale = 1.0f;
-    const bf16* gate = nullptr;    // [P][H] per_layer_input_gate
-    const float* ple = nullptr;    // [P] this layer's per-layer input
-    const bf16* proj = nullptr;    // [H][P] per_layer_projection
-    const bf16* post_w = nullptr;  // [H] post_per_layer_input_norm
-    float scale = 1.0f;            // layer_scalar
-    const bf16* next_w = nullptr;  // [H] the next GEMV's norm weight, or null
-    float* xn = nullptr;           // [H]
-    int H = 0;
-    float eps = 0.0f;
-    // MARKBASE_CUDA_PLE_ABLATE (a timing experiment; the output is wrong): 1 skips the weight copies, 2 the
-    // cluster phases and remote stores (each block's own values only), 4 the loads of x and y, 8 the weight
-    // slices in shared memory and the products, 16 the cluster launch (a plain grid of 16 blocks; with 2)
-    int ablate = 0;
-    // MARKBASE_CUDA_PLE_FUSED=2: the next layer's gate and projection, each block's slices prefetched into L2
-    // (evict_last) once this layer's are used, so that the next tail's copies hit L2
-    const bf16* l2_next_gate = nullptr;
-    const bf16* l2_next_proj = nullptr;
-    bool bulk = false;  // MARKBASE_CUDA_PLE_FUSED=3/4: the slices as two bulk copies (TMA), not cp.async
-    bool regs = false;  // MARKBASE_CUDA_PLE_FUSED=5: the slices in registers (H = 1536 or 2560), no carveout
-};
-// The widths the fused tail takes: P == kPleDim (E2B, E4B) and H a multiple of 256 up to 3072.
-inline bool ple_tail_widths(int H, int P) {
-    return P == kPleDim && H > 0 && H % 256 == 0 && H <= 3072;
-}
-// Whether this GPU can run the fused tail at these widths (sm_90, its shared memory, one cluster of 16
-// blocks); it also sets the kernel's launch attributes.
-bool ple_tail_fits(int H, int P);
-void ple_tail(const PleTail& a, cudaStream_t s);
-
 // ---- attention.cu: decode and prefill attention over the fp32 cache, split over the key range ------------
 struct AttnArgs {
     const float* q = nullptr;        // [n][nH][d], normed and rotated

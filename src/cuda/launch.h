@@ -14,15 +14,6 @@ namespace markbase::cuda {
 
 bool pdl_enabled();
 
-// MARKBASE_CUDA_CARVEOUT_SMALL (an A/B switch; unset or -1: the driver's choice): the preferred L1/shared
-// split, in percent of the most an SM can hold, of the small chain kernels launched by launch_kernel_small
-// (the one-block updates, qkv_post, the decode attention). An SM's split changes only while it holds no
-// blocks, so a kernel whose split differs from the one of the blocks still resident cannot start beside them.
-// Session 16: one preference for every kernel made the updates 0.5-0.7 us cheaper but the GEMVs 17-32% slower
-// (less L1, fewer resident blocks), so this sets it for the small kernels only.
-int carveout_preference();  // throws on a bad value, naming it
-void apply_carveout(const void* kernel);
-
 // The configuration launch_kernel_cluster launches with (also for occupancy queries): cluster_x > 0 cuts the
 // grid's x dimension into thread-block clusters of cluster_x blocks (sizes above 8 need the kernel's
 // cudaFuncAttributeNonPortableClusterSizeAllowed), pdl adds programmatic dependent launch. attr holds the
@@ -63,13 +54,6 @@ void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size
 template <class... KArgs, class... Args>
 void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args... args) {
-    launch_kernel_cluster(kernel, grid, block, smem, s, 0, args...);
-}
-
-template <class... KArgs, class... Args>
-void launch_kernel_small(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                         Args... args) {
-    apply_carveout(reinterpret_cast<const void*>(kernel));
     launch_kernel_cluster(kernel, grid, block, smem, s, 0, args...);
 }
 

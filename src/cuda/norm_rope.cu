@@ -436,8 +436,8 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
         throw Error("internal: the update's normalised copies fill slot 0 first");
     if (n == 1 && H <= kWideThreads * kWideResidualPer) {
         const size_t smem = more.out[0] ? 2 * static_cast<size_t>(H) * sizeof(bf16) : 0;  // <= 24 KB
-        launch_kernel_small(residual_wide_kernel, dim3(1), dim3(kWideThreads), smem, s, x, y, w, H, eps,
-                            scale, next_w, xn, more);
+        launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), smem, s, x, y, w, H, eps, scale,
+                      next_w, xn, more);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -451,8 +451,8 @@ void residual_moe_combine(float* x, const float* m, const float* slots, const fl
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
                           cudaStream_t s, bool wide, const bf16* next_w, float* xn) {
     if (wide && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
-        launch_kernel_small(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w,
-                            K, w1, w2, w, H, eps, scale, next_w, xn);
+        launch_kernel(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w, K, w1,
+                      w2, w, H, eps, scale, next_w, xn);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -497,9 +497,9 @@ void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
     const size_t smem = static_cast<size_t>(p.d) * sizeof(float);
     if (p.tok_pos)
-        launch_kernel_small(qkv_post_kernel<true>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
+        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
     else
-        launch_kernel_small(qkv_post_kernel<false>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
+        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -286,14 +286,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_ATTN_CLUSTER=0",
     "MARKBASE_CUDA_ATTN_CLUSTER=1",
     "MARKBASE_CUDA_ATTN_CLUSTER=1,MARKBASE_CUDA_ATTN_KV_EARLY=0",
-    "MARKBASE_CUDA_PLE_FUSED=1",
-    "MARKBASE_CUDA_PLE_FUSED=2",
-    "MARKBASE_CUDA_PLE_FUSED=3",
-    "MARKBASE_CUDA_PLE_FUSED=4",
-    "MARKBASE_CUDA_PLE_FUSED=5",
-    "MARKBASE_CUDA_CARVEOUT_SMALL=100",
-    "MARKBASE_CUDA_CARVEOUT_SMALL=0",
-    "MARKBASE_CUDA_PLE_FUSED=1,MARKBASE_CUDA_ATTN_CLUSTER=0,MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_GEMV_LEAN8=0",
     "MARKBASE_CUDA_GEGLU_LEAN8=0",
@@ -401,8 +393,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GROUP=2",       "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
                                 "MARKBASE_CUDA_ATTN_GEMM=2",        "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",      "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
-                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16",
-                                "MARKBASE_CUDA_PLE_FUSED=6",        "MARKBASE_CUDA_CARVEOUT_SMALL=101"}) {
+                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "model/error.h"
 #include "runtime/graph_timeline.h"
+#include "model/error.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -246,13 +246,8 @@ TEST_P(CudaTimeline, EveryRecordChargedToItsLaunch) {
     if (c.ple_dim) {
         EXPECT_EQ(calls["ple_model_proj"], 1);
         EXPECT_EQ(calls["ple_mix"], 1);
-        if (calls.count("ple_tail")) {  // MARKBASE_CUDA_PLE_FUSED: one launch for the four
-            EXPECT_EQ(calls["ple_tail"], L);
-            EXPECT_EQ(calls.count("ple_gate") + calls.count("ple_proj") + calls.count("post_ffn_norm"), 0u);
-        } else {
-            EXPECT_EQ(calls["ple_gate"], L);
-            EXPECT_EQ(calls["ple_proj"], L);
-        }
+        EXPECT_EQ(calls["ple_gate"], L);
+        EXPECT_EQ(calls["ple_proj"], L);
     }
 
     // Every replay was a real decode step: the chain goes on where plain greedy decoding would be.
