@@ -272,8 +272,7 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
 // touch another block's shared memory only once every block of the cluster has started: the first barrier
 // phase, arrived at the kernel's start and waited on just before the stores. Pieces past the range take part
 // in both phases with nothing to give. (sm_90 and later; the PTX fallback for older GPUs never launches the
-// cluster kernel: attention_cluster_fits)
-// (the barrier and map helpers: cluster.cuh)
+// cluster kernel: attention_cluster_fits. The barrier and map helpers are in cluster.cuh.)
 
 // The cluster kernel's dynamic shared memory: qs, red, and rank 0's gather of the C pieces' (o, m, l).
 size_t cluster_smem(int d, int C) {
