@@ -201,8 +201,9 @@ class CudaModel {
     GemvInput gemv_input(const float* x, int K) const;          // cuda_step.cu: this model's GEMV settings
     // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
     GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
+    // clear: y is mlp_acc_, zeroed by the update once read
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
-                  const bf16* next_w = nullptr);
+                  const bf16* next_w = nullptr, bool clear = false);
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
     // res_w) * scale; otherwise that update waits as pending_ (fusion) or runs as its own kernel.
@@ -313,7 +314,14 @@ class CudaModel {
         const bf16* w = nullptr;
         float scale = 1.0f;
         const char* name = nullptr;  // deferred (prenorm_): the update's own launch, by its consumer
+        float* clear = nullptr;      // y itself when the update also zeroes it (mlp_fused's accumulator)
     } pending_;
+    // MARKBASE_CUDA_MLP_FUSED=1 (one GPU, dense models, with prenorm_): a layer's FFN as one split-K launch
+    // (mlp_fused.cu) into mlp_acc_ ([H], zero between uses: the update that reads it clears it); the device's
+    // SM count sizes its grid.
+    bool mlp_fused_ = false;
+    int sms_ = 0;
+    float* mlp_acc_ = nullptr;
     // MARKBASE_CUDA_PRENORM (default on for one GPU): a dense model's residual update waits for its
     // consumer; when that is a GEMV with an input norm, the update's launch also writes xn_ = RMSNorm(x) *
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:

@@ -48,7 +48,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         float* x = xcur_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
-                              pre ? xn_ : nullptr);
+                              pre ? xn_ : nullptr, {}, p.clear);
         });
         if (pre) {
             GemvInput in = x_input(pf, layer, false, nullptr);
@@ -56,6 +56,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
             return in;
         }
     }
+    if (pending_.clear) throw Error("internal: an update that clears its input must be launched, not folded");
     GemvInput in = gemv_input(nullptr, c_.hidden);
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -77,10 +78,13 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
 }
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
-                         float scale, const bf16* next_w) {
+                         float scale, const bf16* next_w, bool clear) {
     const bool defer = prenorm_ && residual_launch_ && !c_.moe;  // (the MoE's overlap wants none pending)
+    float* clear_y = clear ? mlp_acc_ : nullptr;
+    if (clear && y != mlp_acc_) throw Error("internal: only mlp_acc_ is cleared by its update");
     if (!residual_launch_ || defer) {
-        pending_ = {y, w, scale, defer ? name : nullptr};
+        if (clear && !defer) throw Error("internal: mlp_fused's update must be its own launch");
+        pending_ = {y, w, scale, defer ? name : nullptr, clear_y};
         return;
     }
     // launched now (the MoE model, whose expert fork wants nothing pending): with prenorm_, it also writes
@@ -100,7 +104,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     float* x = xcur_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
-                          pre ? xn_ : nullptr, more);
+                          pre ? xn_ : nullptr, more, clear_y);
     });
     xn_for_ = pre ? next_w : nullptr;
 }
@@ -146,8 +150,10 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     pending_ = {};
     xn_for_ = nullptr;
     float* x = xcur_;
-    run(pf, p.name ? p.name : "residual", layer, 0.0,
-        [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
+    run(pf, p.name ? p.name : "residual", layer, 0.0, [&] {
+        residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, nullptr, nullptr, {},
+                          p.clear);
+    });
 }
 
 void CudaModel::record_step(Profiler* pf) {
@@ -264,14 +270,24 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         record_experts(i, pf, stream2_);
         CUDA_CHECK(cudaEventRecord(join_, stream2_));
     }
-    {
-        const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
+    const GemvInput ffn_in = x_input(pf, i, true, lw.pre_ffn_norm);
+    // MARKBASE_CUDA_MLP_FUSED: gate/up and down as one split-K launch into mlp_acc_, whose update (deferred,
+    // as the down product's would be) reads and clears it; it needs the normalised input prenorm_ wrote
+    const int fused_blocks =
+        mlp_fused_ && !c_.moe && ffn_in.x && !ffn_in.norm && !ffn_in.res_y ? mlp_fused_blocks(H, I, sms_) : 0;
+    if (fused_blocks > 0) {
+        run(pf, "mlp_fused", i, wbytes(3 * I, H), [&] {
+            mlp_fused(ffn_in.x, H, lw.gate_proj, lw.up_proj, lw.down_proj, I, mlp_acc_, fused_blocks,
+                      pdl_late_, stream_);
+        });
+        residual(pf, "post_ffn_norm", i, mlp_acc_, lw.post_ffn_norm, ffn_scale, nullptr, true);
+    } else {
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
-            [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
+            [&] { gemv_geglu(ffn_in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
+        // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
+        project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
+                         c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
     }
-    // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
-    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
-                     c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
 
     if (c_.moe) {  // 2.6
         const int K = c_.top_k;

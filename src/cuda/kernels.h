@@ -145,6 +145,14 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
+// ---- mlp_fused.cu: a dense layer's FFN at one token as one launch (MARKBASE_CUDA_MLP_FUSED) ----------
+// y += W_down (gelu(W_gate xn) * (W_up xn)) by split-K over the intermediate indices, y summed with atomics
+// (y must be zero on entry). blocks from mlp_fused_blocks: the most blocks <= sms with I / blocks a multiple
+// of 8 and at most kMlpFusedMaxSlice; 0 when there are none (the caller keeps the two launches).
+constexpr int kMlpFusedMaxSlice = 512;
+int mlp_fused_blocks(int H, int I, int sms);
+void mlp_fused(const float* xn, int H, const bf16* wg, const bf16* wu, const bf16* wd, int I, float* y,
+               int blocks, bool pdl_late, cudaStream_t s);
 // Which warp-per-row kernel one of those products launches (`warp` and `warpk`; the async variants choose
 // for themselves): warps per row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no norm, no
 // tail), and for the GeGLU whether a row's gate and up products go to different warps. A pure function of
@@ -222,10 +230,11 @@ struct NormCopies {
     float scale[2] = {1.0f, 1.0f};
 };
 // x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
-// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies
+// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies;
+// clear_y (one token only; y itself): y is zeroed once read (mlp_fused's accumulator, ready for its next add)
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
-                       const NormCopies& more = {});
+                       const NormCopies& more = {}, float* clear_y = nullptr);
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
