@@ -217,13 +217,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // -2.3%, E4B -2.1%, 31B -1.0% below 256 keys and unchanged at 2000; the 26B-A4B read +1.6%, so it
         // keeps one graph): the short-range graph. Where clusters cannot run (before sm_90) the default falls
         // back to one graph; asked for by name, it is an error.
-        // MARKBASE_CUDA_ATTN_SHORT_KEYS=N: the short-range graph up to N keys instead of 16 pieces of the
-        // minimum length (256 at auto:16); past those its 16 pieces get longer (split_len 0) where the
-        // general graph would cut more of them (session 17's A/B). Read, and so checked, whether or not
-        // clusters run.
-        const int short_default = kMaxAttnCluster * std::max(attn_min_split_, 1);
-        const int short_keys =
-            env_int("MARKBASE_CUDA_ATTN_SHORT_KEYS", short_default, 1 << 20, short_default);
         const bool cluster_asked = std::getenv("MARKBASE_CUDA_ATTN_CLUSTER") != nullptr;
         if (env_flag("MARKBASE_CUDA_ATTN_CLUSTER", !c_.moe) && attn_active_only_ && attn_v2_ && fuse_ &&
             !sharded()) {
@@ -231,7 +224,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             for (int i = 0; i < L; ++i)
                 widest = std::max(widest, std::min(decode_splits_[i], kMaxAttnCluster));
             if (attention_cluster_fits(widest, nH, dmax))
-                attn_short_keys_ = short_keys;
+                attn_short_keys_ = int64_t{kMaxAttnCluster} * attn_min_split_;
             else if (cluster_asked)
                 throw Error("MARKBASE_CUDA_ATTN_CLUSTER=1: clusters of " + std::to_string(widest) +
                             " attention pieces cannot be scheduled on this GPU");
@@ -250,15 +243,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         CUDA_CHECK(cudaMemset(d_tail_counter_, 0, sizeof(unsigned int)));
         d_attn_counters_ = alloc<unsigned int>(nH);
         CUDA_CHECK(cudaMemset(d_attn_counters_, 0, nH * sizeof(unsigned int)));
-        // MARKBASE_CUDA_MLP_FUSED (default off until measured): the dense FFN as one split-K launch; it reads
-        // the normalised input an update launch wrote (prenorm_), and that update's consumer is its own
-        // launch, so both must be on
-        sms_ = sms;
-        mlp_fused_ = env_flag("MARKBASE_CUDA_MLP_FUSED", false) && prenorm_ && residual_launch_ && !c_.moe;
-        if (mlp_fused_) {
-            mlp_acc_ = alloc<float>(H);
-            CUDA_CHECK(cudaMemset(mlp_acc_, 0, H * sizeof(float)));
-        }
         if (gemv_variant_ == kGemvVariantAsync || gemv_variant_ == kGemvVariantAsyncG) {
             // rows of the widest one-token GEMV: q + k + v, the MLP, the PLE projections, the router
             int rows = std::max({H, max_I, P, c_.moe ? c_.n_experts : 0, static_cast<int>(LP)});
@@ -381,6 +365,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // weighted sum in one kernel (moe.cu), bit-identical to the slots summed by the combine. Session
             // 10's H200 A/B on the 26B-A4B: -0.2% alone, -0.4% beside MOE_PRENORM.
             moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", true) && moe_decode_rows_;
+            moe_down_early_ = env_flag("MARKBASE_CUDA_MOE_DOWN_EARLY", false) && moe_down_sum_;
             // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM; on unless 0): the router's and the experts'
             // inputs from the post-attention update (norm_rope.cu NormCopies), where that update is a launch
             // of its own (residual()). Session 10's A/B: 26B-A4B -1.1% (3.013 -> 2.980 ms/token).

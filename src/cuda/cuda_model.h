@@ -201,9 +201,8 @@ class CudaModel {
     GemvInput gemv_input(const float* x, int K) const;          // cuda_step.cu: this model's GEMV settings
     // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
     GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
-    // clear: y is mlp_acc_, zeroed by the update once read
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
-                  const bf16* next_w = nullptr, bool clear = false);
+                  const bf16* next_w = nullptr);
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
     // res_w) * scale; otherwise that update waits as pending_ (fusion) or runs as its own kernel.
@@ -314,14 +313,7 @@ class CudaModel {
         const bf16* w = nullptr;
         float scale = 1.0f;
         const char* name = nullptr;  // deferred (prenorm_): the update's own launch, by its consumer
-        float* clear = nullptr;      // y itself when the update also zeroes it (mlp_fused's accumulator)
     } pending_;
-    // MARKBASE_CUDA_MLP_FUSED=1 (one GPU, dense models, with prenorm_): a layer's FFN as one split-K launch
-    // (mlp_fused.cu) into mlp_acc_ ([H], zero between uses: the update that reads it clears it); the device's
-    // SM count sizes its grid.
-    bool mlp_fused_ = false;
-    int sms_ = 0;
-    float* mlp_acc_ = nullptr;
     // MARKBASE_CUDA_PRENORM (default on for one GPU): a dense model's residual update waits for its
     // consumer; when that is a GEMV with an input norm, the update's launch also writes xn_ = RMSNorm(x) *
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
@@ -391,6 +383,9 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4; only
     // with MOE_DOWN_SUM=0 (the slot kernel)
     int moe_down_occ_ = 4;
+    // MARKBASE_CUDA_MOE_DOWN_EARLY=1: the experts' gate/up waits before letting the down-sum start, so the
+    // down-sum loads its ids and weights before its own wait (moe.cu: wait_first, ids_early)
+    bool moe_down_early_ = false;
     bool moe_down_sum_ = false;  // MARKBASE_CUDA_MOE_DOWN_SUM: the experts' down and weighted sum, one kernel
     // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM): the post-attention update also writes the router's
     // input (xr_) and the experts' input (e_in_), so the router is a plain product and route skips its norm

@@ -48,7 +48,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         float* x = xcur_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
-                              pre ? xn_ : nullptr, {}, p.clear);
+                              pre ? xn_ : nullptr);
         });
         if (pre) {
             GemvInput in = x_input(pf, layer, false, nullptr);
@@ -56,7 +56,6 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
             return in;
         }
     }
-    if (pending_.clear) throw Error("internal: an update that clears its input must be launched, not folded");
     GemvInput in = gemv_input(nullptr, c_.hidden);
     in.eps = c_.rms_eps;
     in.norm = norm;
@@ -78,13 +77,10 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
 }
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
-                         float scale, const bf16* next_w, bool clear) {
+                         float scale, const bf16* next_w) {
     const bool defer = prenorm_ && residual_launch_ && !c_.moe;  // (the MoE's overlap wants none pending)
-    float* clear_y = clear ? mlp_acc_ : nullptr;
-    if (clear && y != mlp_acc_) throw Error("internal: only mlp_acc_ is cleared by its update");
     if (!residual_launch_ || defer) {
-        if (clear && !defer) throw Error("internal: mlp_fused's update must be its own launch");
-        pending_ = {y, w, scale, defer ? name : nullptr, clear_y};
+        pending_ = {y, w, scale, defer ? name : nullptr};
         return;
     }
     // launched now (the MoE model, whose expert fork wants nothing pending): with prenorm_, it also writes
@@ -104,7 +100,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     float* x = xcur_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
-                          pre ? xn_ : nullptr, more, clear_y);
+                          pre ? xn_ : nullptr, more);
     });
     xn_for_ = pre ? next_w : nullptr;
 }
@@ -150,10 +146,8 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     pending_ = {};
     xn_for_ = nullptr;
     float* x = xcur_;
-    run(pf, p.name ? p.name : "residual", layer, 0.0, [&] {
-        residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, nullptr, nullptr, {},
-                          p.clear);
-    });
+    run(pf, p.name ? p.name : "residual", layer, 0.0,
+        [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
 }
 
 void CudaModel::record_step(Profiler* pf) {
@@ -270,24 +264,14 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         record_experts(i, pf, stream2_);
         CUDA_CHECK(cudaEventRecord(join_, stream2_));
     }
-    const GemvInput ffn_in = x_input(pf, i, true, lw.pre_ffn_norm);
-    // MARKBASE_CUDA_MLP_FUSED: gate/up and down as one split-K launch into mlp_acc_, whose update (deferred,
-    // as the down product's would be) reads and clears it; it needs the normalised input prenorm_ wrote
-    const int fused_blocks =
-        mlp_fused_ && !c_.moe && ffn_in.x && !ffn_in.norm && !ffn_in.res_y ? mlp_fused_blocks(H, I, sms_) : 0;
-    if (fused_blocks > 0) {
-        run(pf, "mlp_fused", i, wbytes(3 * I, H), [&] {
-            mlp_fused(ffn_in.x, H, lw.gate_proj, lw.up_proj, lw.down_proj, I, mlp_acc_, fused_blocks,
-                      pdl_late_, stream_);
-        });
-        residual(pf, "post_ffn_norm", i, mlp_acc_, lw.post_ffn_norm, ffn_scale, nullptr, true);
-    } else {
+    {
+        const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
         run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
-            [&] { gemv_geglu(ffn_in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
-        // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
-        project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
-                         c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
+            [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, g_, stream_); });
     }
+    // a dense layer's FFN update follows its down projection; the MoE combines m_ with the experts first
+    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, g_, I, m_,
+                     c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale, true);
 
     if (c_.moe) {  // 2.6
         const int K = c_.top_k;
@@ -360,14 +344,15 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)
-            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_occ_);
+            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_occ_,
+                               moe_down_early_);
         else
             moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
     });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_down_sum_)  // the weighted sum too: a rank's share goes to m_'s second half, else eslots_[0]
             moe_down_sum_decode(eh_, Ie, lw.experts_down, H, K, gexp_, sel_w_, sharded() ? m_ + H : eslots_,
-                                st, pdl_late_);
+                                st, pdl_late_, moe_down_early_);
         else if (moe_decode_rows_)
             moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_down_occ_);
         else

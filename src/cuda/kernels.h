@@ -145,14 +145,6 @@ void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const Residua
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
-// ---- mlp_fused.cu: a dense layer's FFN at one token as one launch (MARKBASE_CUDA_MLP_FUSED) ----------
-// y += W_down (gelu(W_gate xn) * (W_up xn)) by split-K over the intermediate indices, y summed with atomics
-// (y must be zero on entry). blocks from mlp_fused_blocks: the most blocks <= sms with I / blocks a multiple
-// of 8 and at most kMlpFusedMaxSlice; 0 when there are none (the caller keeps the two launches).
-constexpr int kMlpFusedMaxSlice = 512;
-int mlp_fused_blocks(int H, int I, int sms);
-void mlp_fused(const float* xn, int H, const bf16* wg, const bf16* wu, const bf16* wd, int I, float* y,
-               int blocks, bool pdl_late, cudaStream_t s);
 // Which warp-per-row kernel one of those products launches (`warp` and `warpk`; the async variants choose
 // for themselves): warps per row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no norm, no
 // tail), and for the GeGLU whether a row's gate and up products go to different warps. A pure function of
@@ -230,11 +222,10 @@ struct NormCopies {
     float scale[2] = {1.0f, 1.0f};
 };
 // x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
-// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies;
-// clear_y (one token only; y itself): y is zeroed once read (mlp_fused's accumulator, ready for its next add)
+// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
-                       const NormCopies& more = {}, float* clear_y = nullptr);
+                       const NormCopies& more = {});
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
@@ -389,9 +380,10 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the same products, a warp per row
 // with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
 // blocks_per_sm 3: gate/up's registers capped for 3 blocks per SM (MARKBASE_CUDA_MOE_GATE_OCC; the one-GPU
-// default), else 2.
+// default), else 2. wait_first: the next kernel starts only after this one's PDL wait (moe_down_sum_decode's
+// ids_early needs it).
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int blocks_per_sm = 2);
+                        float* h, cudaStream_t s, int blocks_per_sm = 2, bool wait_first = false);
 // blocks_per_sm 6 (MARKBASE_CUDA_MOE_DOWN_OCC; the one-GPU default; rows of at most 1024): 4 loads in
 // flight per lane, 6 blocks per SM; else 8 loads, 4 blocks per SM at 53 registers.
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
@@ -399,9 +391,10 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
 // Decode (MARKBASE_CUDA_MOE_DOWN_SUM=1): e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the
 // slots' down rows and their weighted sum in one kernel, a block per output row j and a warp per slot
 // (Ie <= 768, K <= 32). Bit-identical to moe_down_decode's slots summed by the combine. late:
-// MARKBASE_CUDA_PDL_EARLY=0's order.
+// MARKBASE_CUDA_PDL_EARLY=0's order. ids_early (MARKBASE_CUDA_MOE_DOWN_EARLY, only after a gate/up launched
+// with wait_first): the expert ids and rows are read before the PDL wait under the early trigger too.
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                         const float* sel_w, float* e, cudaStream_t s, bool late);
+                         const float* sel_w, float* e, cudaStream_t s, bool late, bool ids_early = false);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

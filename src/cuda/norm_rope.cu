@@ -107,9 +107,9 @@ __device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, f
 }
 
 __global__ void __launch_bounds__(kWideThreads)
-    residual_wide_kernel(float* __restrict__ x, const float* y, const bf16* __restrict__ w, int H, float eps,
-                         float scale, const bf16* __restrict__ next_w, float* __restrict__ xn,
-                         NormCopies more, float* clear_y) {
+    residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
+                         int H, float eps, float scale, const bf16* __restrict__ next_w,
+                         float* __restrict__ xn, NormCopies more) {
     __shared__ float red[32];
     // more's weights [2][H] in dynamic shared memory, staged before the wait (each thread reads back its own
     // elements); 0 bytes when there are no copies. (Static, the 24 KB came with every update of the dense
@@ -131,13 +131,6 @@ __global__ void __launch_bounds__(kWideThreads)
         const int k = threadIdx.x + j * kWideThreads;
         yv[j] = k < H ? y[k] : 0.0f;
         xv[j] = k < H ? x[k] : 0.0f;
-    }
-    if (clear_y) {  // y itself (not restrict-qualified): each thread clears only the elements it has read
-#pragma unroll
-        for (int j = 0; j < kWideResidualPer; ++j) {
-            const int k = threadIdx.x + j * kWideThreads;
-            if (k < H) clear_y[k] = 0.0f;
-        }
     }
     const float inv = block_inv_rms(yv, H, eps, red);
 #pragma unroll
@@ -438,20 +431,18 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 }
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more,
-                       float* clear_y) {
-    if (clear_y && clear_y != y) throw Error("internal: the update clears only the vector it reads");
+                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more) {
     if (more.out[1] && !more.out[0])
         throw Error("internal: the update's normalised copies fill slot 0 first");
     if (n == 1 && H <= kWideThreads * kWideResidualPer) {
         const size_t smem = more.out[0] ? 2 * static_cast<size_t>(H) * sizeof(bf16) : 0;  // <= 24 KB
         launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), smem, s, x, y, w, H, eps, scale,
-                      next_w, xn, more, clear_y);
+                      next_w, xn, more);
         CUDA_CHECK_LAUNCH();
         return;
     }
-    if (next_w || more.out[0] || clear_y)
-        throw Error("internal: the residual update writes a normalised copy or clears y at one token only");
+    if (next_w || more.out[0])
+        throw Error("internal: the residual update writes a normalised copy at one token only");
     launch_kernel(residual_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale);
     CUDA_CHECK_LAUNCH();
 }

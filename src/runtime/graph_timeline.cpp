@@ -194,4 +194,86 @@ nlohmann::json timeline_json(const GraphTimeline& t) {
     return j;
 }
 
+TimelineGap timeline_gap(const GraphTimeline& t, double roofline_gbs, int n_layers) {
+    TimelineGap g;
+    if (!t.ok || roofline_gbs <= 0 || t.step_ms <= 0) return g;
+    g.ok = true;
+    g.roofline_gbs = roofline_gbs;
+    g.step_ms = t.step_ms;
+    auto at_roofline_ms = [&](double bytes) { return bytes / (roofline_gbs * 1e9) * 1e3; };
+    std::map<std::string, bool> outside;  // names launched outside the layers (embed, lm_head, ...)
+    int layer_launches = 0;
+    double layer_ms = 0;
+    for (const TimelineLaunch& p : t.per_launch) {
+        if (p.layer < 0) {
+            outside[p.name] = true;
+        } else {
+            ++layer_launches;
+            layer_ms += p.marginal_ms;
+        }
+    }
+    double layer_bytes = 0;
+    for (const TimelineKernel& k : t.by_kernel) {
+        g.bytes += k.bytes;
+        if (!outside.count(k.name)) layer_bytes += k.bytes;
+        if (k.bytes > 0) {
+            g.weight_ms += k.marginal_ms;
+        } else {
+            g.other_ms += k.marginal_ms;
+            if (g.other_top.size() < 4)
+                g.other_top.push_back({k.name, k.marginal_ms});  // by_kernel is sorted
+        }
+    }
+    g.bytes_ms = at_roofline_ms(g.bytes);
+    g.weight_over_ms = g.weight_ms - g.bytes_ms;
+    g.unattributed_ms = t.step_ms - t.marginal_sum_ms;
+    if (n_layers > 0 && layer_launches > 0) {
+        g.layer_launches = static_cast<double>(layer_launches) / n_layers;
+        g.layer_us = layer_ms * 1e3 / n_layers;
+        g.layer_bytes_us = at_roofline_ms(layer_bytes) * 1e3 / n_layers;
+        g.per_launch_over_us = (g.layer_us - g.layer_bytes_us) / g.layer_launches;
+    }
+    return g;
+}
+
+void print_gap(std::FILE* f, const TimelineGap& g) {
+    if (!g.ok) return;
+    std::fprintf(
+        f, "why       the step takes %.3f ms; its %.2f GB of weights take %.3f ms at %.2f TB/s (+%.3f ms):\n",
+        g.step_ms, g.bytes / 1e9, g.bytes_ms, g.roofline_gbs / 1e3, g.step_ms - g.bytes_ms);
+    std::fprintf(
+        f, "            launches that stream weights: %.3f ms = %.2f TB/s, %+.3f ms beyond their bytes\n",
+        g.weight_ms, g.weight_ms > 0 ? g.bytes / (g.weight_ms * 1e-3) / 1e12 : 0.0, g.weight_over_ms);
+    std::fprintf(f, "            launches that stream none: %.3f ms (", g.other_ms);
+    for (size_t i = 0; i < g.other_top.size(); ++i)
+        std::fprintf(f, "%s%s %.3f", i ? ", " : "", g.other_top[i].first.c_str(), g.other_top[i].second);
+    std::fprintf(f, "%s); charged to no launch: %.3f ms\n", g.other_top.empty() ? "none" : ", ...",
+                 g.unattributed_ms);
+    if (g.layer_launches > 0)
+        std::fprintf(
+            f,
+            "            per layer: %.1f dependent launches in %.1f us, %.1f us of it the layer's bytes: "
+            "%.2f us per launch beyond its bytes\n",
+            g.layer_launches, g.layer_us, g.layer_bytes_us, g.per_launch_over_us);
+}
+
+nlohmann::json gap_json(const TimelineGap& g) {
+    nlohmann::json top = nlohmann::json::object();
+    for (const auto& [name, ms] : g.other_top) top[name] = ms;
+    return {{"ok", g.ok},
+            {"roofline_gb_s", g.roofline_gbs},
+            {"step_ms", g.step_ms},
+            {"bytes", g.bytes},
+            {"bytes_ms_at_roofline", g.bytes_ms},
+            {"weight_launches_ms", g.weight_ms},
+            {"weight_launches_over_bytes_ms", g.weight_over_ms},
+            {"no_weight_launches_ms", g.other_ms},
+            {"no_weight_launches_top_ms", top},
+            {"unattributed_ms", g.unattributed_ms},
+            {"launches_per_layer", g.layer_launches},
+            {"us_per_layer", g.layer_us},
+            {"bytes_us_per_layer", g.layer_bytes_us},
+            {"us_per_launch_beyond_bytes", g.per_launch_over_us}};
+}
+
 }  // namespace markbase

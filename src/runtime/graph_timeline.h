@@ -97,4 +97,25 @@ GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
 void print_timeline(std::FILE* f, const GraphTimeline& t);
 nlohmann::json timeline_json(const GraphTimeline& t);
 
+// Where a step's time goes against the memory roofline (the receipt's "why" lines under --timeline: what the
+// issue asks the profile to say when a target is missed). From by_kernel's marginals and weight bytes:
+//   step = bytes at the roofline + weight launches' time over their bytes + launches streaming no weights
+//          + time no launch is charged with,
+// and per layer: launches, time, the layer's bytes at the roofline, and so the time each launch adds beyond
+// its bytes (the per-launch floor that a chain of dependent launches pays).
+struct TimelineGap {
+    bool ok = false;
+    double roofline_gbs = 0;
+    double step_ms = 0, bytes = 0, bytes_ms = 0;  // the step; every launch's weight bytes, at the roofline
+    double weight_ms = 0, weight_over_ms = 0;     // launches with weight bytes: marginal time, beyond bytes
+    double other_ms = 0;                          // launches with none (attention, updates, norms, routing)
+    std::vector<std::pair<std::string, double>> other_top;        // their largest names by marginal ms (<= 4)
+    double unattributed_ms = 0;                                   // step - the marginals' sum
+    double layer_launches = 0, layer_us = 0, layer_bytes_us = 0;  // per layer, averaged over the layers
+    double per_launch_over_us = 0;  // (layer_us - layer_bytes_us) / layer_launches
+};
+TimelineGap timeline_gap(const GraphTimeline& t, double roofline_gbs, int n_layers);
+void print_gap(std::FILE* f, const TimelineGap& g);
+nlohmann::json gap_json(const TimelineGap& g);
+
 }  // namespace markbase

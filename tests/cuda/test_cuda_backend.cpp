@@ -303,11 +303,9 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_COMPACT=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
-    "MARKBASE_CUDA_MLP_FUSED=1",
-    "MARKBASE_CUDA_MLP_FUSED=1,MARKBASE_CUDA_PDL_EARLY=0",
-    "MARKBASE_CUDA_MLP_FUSED=1,MARKBASE_CUDA_PRENORM=0",
-    "MARKBASE_CUDA_ATTN_SHORT_KEYS=1024",
-    "MARKBASE_CUDA_ATTN_SHORT_KEYS=1024,MARKBASE_CUDA_MLP_FUSED=1",
+    "MARKBASE_CUDA_MOE_DOWN_EARLY=1",
+    "MARKBASE_CUDA_MOE_DOWN_EARLY=1,MARKBASE_CUDA_MOE_OVERLAP=0",
+    "MARKBASE_CUDA_MOE_DOWN_EARLY=1,MARKBASE_CUDA_PDL_EARLY=0",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
@@ -399,46 +397,13 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GEMM=2",        "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",      "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
                                 "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16",
-                                "MARKBASE_CUDA_MLP_FUSED=2",        "MARKBASE_CUDA_ATTN_SHORT_KEYS=100",
-                                "MARKBASE_CUDA_ATTN_SHORT_KEYS=1k"}) {
+                                "MARKBASE_CUDA_MOE_DOWN_EARLY=on"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
             ADD_FAILURE() << setting << " was accepted";
         } catch (const Error& e) {
             EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
-        }
-    }
-#endif
-}
-
-// MARKBASE_CUDA_MLP_FUSED=1 must really take the fused launch where it applies (a dense model with the
-// normalised inputs of PRENORM: one mlp_fused per layer, no gate/up or down launch) and keep the two launches
-// where it does not (the MoE model; PRENORM=0), so that its switch tests above test what they name.
-TEST(CudaMlpFused, TakesTheFusedLaunchWhereItApplies) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    for (const std::string family : {"e2b", "31b", "26b-a4b"}) {
-        testing::TempDir dir("cuda-mlp-fused-" + family);
-        write_random_checkpoint(dir.path(), testing::tiny_config(family), 7);
-        auto ck = load_checkpoint(dir.path());
-        const std::vector<int> ids = random_ids(9, 256, 42);
-        BackendOptions o;
-        o.ctx_size = 64;
-        o.chunk = 16;
-        for (const char* setting :
-             {"MARKBASE_CUDA_MLP_FUSED=1", "MARKBASE_CUDA_MLP_FUSED=1,MARKBASE_CUDA_PRENORM=0"}) {
-            ScopedEnv env(parse_setting(setting));
-            auto gpu = make_cuda_backend(*ck, o);
-            gpu->eval(ids.data(), 9, nullptr, false);
-            std::map<std::string, int> launches;
-            for (const auto& e : gpu->profile_step()) ++launches[e.kernel];
-            const bool applies =
-                !ck->config.moe && std::string(setting).find("PRENORM=0") == std::string::npos;
-            const int L = ck->config.n_layers;
-            EXPECT_EQ(launches["mlp_fused"], applies ? L : 0) << family << " " << setting;
-            EXPECT_EQ(launches["mlp_gate_up"], applies ? 0 : L) << family << " " << setting;
-            EXPECT_EQ(launches["mlp_down"], applies ? 0 : L) << family << " " << setting;
         }
     }
 #endif

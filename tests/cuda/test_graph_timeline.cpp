@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/graph_timeline.h"
 #include "model/error.h"
+#include "runtime/graph_timeline.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -183,6 +183,53 @@ TEST(TimelineSummary, JsonAndTable) {
     ASSERT_NE(std::fgets(line, sizeof line, f), nullptr);
     std::fclose(f);
     EXPECT_NE(std::string(line).find("needs CUPTI"), std::string::npos) << line;
+}
+
+// The receipt's "why" lines: bytes at the roofline, the weight launches' excess, the launches that stream no
+// weights, and per layer the time each launch adds beyond its bytes; every number from hand-made spans.
+TEST(TimelineGap, SplitsTheStepAgainstTheRoofline) {
+    const std::vector<TimelineLabel> labels = {{"embed", -1, 0, 1},    {"qkv", 0, 4e6, 1},
+                                               {"attention", 0, 0, 1}, {"qkv", 1, 4e6, 1},
+                                               {"attention", 1, 0, 1}, {"lm_head", -1, 2e6, 1}};
+    // one replay, back to back (ns): embed 1 us, qkv 2 us, attention 1 us, qkv 2, attention 1, lm_head 1
+    const std::vector<TimelineSpan> spans = {{0, 1000, 0},    {1000, 3000, 1}, {3000, 4000, 2},
+                                             {4000, 6000, 3}, {6000, 7000, 4}, {7000, 8000, 5}};
+    GraphTimeline t = summarize_timeline(labels, {spans}, {0.008});
+    t.ok = true;
+    const TimelineGap g = timeline_gap(t, 4000.0, 2);  // 4 TB/s: 10 MB take 2.5 us
+    ASSERT_TRUE(g.ok);
+    EXPECT_NEAR(g.step_ms, 0.008, 1e-12);
+    EXPECT_NEAR(g.bytes, 10e6, 1e-6);
+    EXPECT_NEAR(g.bytes_ms, 0.0025, 1e-12);
+    EXPECT_NEAR(g.weight_ms, 0.005, 1e-12);  // qkv 2 x 2 us + lm_head 1 us
+    EXPECT_NEAR(g.weight_over_ms, 0.0025, 1e-12);
+    EXPECT_NEAR(g.other_ms, 0.003, 1e-12);  // attention 2 x 1 us + embed 1 us
+    ASSERT_EQ(g.other_top.size(), 2u);
+    EXPECT_EQ(g.other_top[0].first, "attention");
+    EXPECT_NEAR(g.other_top[0].second, 0.002, 1e-12);
+    EXPECT_NEAR(g.unattributed_ms, 0.0, 1e-12);
+    EXPECT_NEAR(g.layer_launches, 2.0, 1e-12);
+    EXPECT_NEAR(g.layer_us, 3.0, 1e-9);        // (2 + 1 + 2 + 1) us over 2 layers
+    EXPECT_NEAR(g.layer_bytes_us, 1.0, 1e-9);  // 4 MB per layer at 4 TB/s
+    EXPECT_NEAR(g.per_launch_over_us, 1.0, 1e-9);
+    const nlohmann::json j = gap_json(g);
+    EXPECT_NEAR(j["us_per_launch_beyond_bytes"].get<double>(), 1.0, 1e-9);
+    EXPECT_NEAR(j["no_weight_launches_top_ms"]["embed"].get<double>(), 0.001, 1e-12);
+
+    std::FILE* f = std::tmpfile();
+    ASSERT_NE(f, nullptr);
+    print_gap(f, g);
+    std::rewind(f);
+    std::string out;
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) out += line;
+    std::fclose(f);
+    EXPECT_NE(out.find("2.0 dependent launches in 3.0 us"), std::string::npos) << out;
+    EXPECT_NE(out.find("1.00 us per launch beyond its bytes"), std::string::npos) << out;
+
+    GraphTimeline bad;  // no timeline: no gap, and nothing printed
+    EXPECT_FALSE(timeline_gap(bad, 4000.0, 2).ok);
+    EXPECT_FALSE(timeline_gap(t, 0.0, 2).ok) << "no roofline";
 }
 
 // ---- on a GPU: the tiny model of each family ----

@@ -328,6 +328,9 @@ int cmd_bench_cuda(ArgReader& a) {
         be->decode_greedy(1, nullptr);
         tl = be->decode_timeline(kTimelineReplays);
         print_timeline(stdout, tl);
+        // the step against the roofline: bytes, the weight launches' excess, the rest, per launch per layer
+        // (one GPU's timeline, so one GPU's roofline)
+        print_gap(stdout, timeline_gap(tl, kRooflineGBs, c.n_layers));
     }
 
     if (!json_out.empty()) {
@@ -382,7 +385,10 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"profile_prefill_at", prof_prefill_at},
                             {"profile_prefill_by_phase", prefill_by_phase_json},
                             {"profile", prof_json}};
-        if (timeline) j["timeline"] = timeline_json(tl);
+        if (timeline) {
+            j["timeline"] = timeline_json(tl);
+            j["timeline_gap"] = gap_json(timeline_gap(tl, kRooflineGBs, c.n_layers));
+        }
         std::ofstream f(json_out);
         f << j.dump(1) << "\n";
         if (!f) throw Error(json_out + ": cannot write");
