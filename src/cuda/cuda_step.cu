@@ -344,15 +344,14 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     });
     run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
         if (moe_decode_rows_)
-            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_occ_,
-                               moe_down_early_);
+            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_occ_);
         else
             moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
     });
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_down_sum_)  // the weighted sum too: a rank's share goes to m_'s second half, else eslots_[0]
             moe_down_sum_decode(eh_, Ie, lw.experts_down, H, K, gexp_, sel_w_, sharded() ? m_ + H : eslots_,
-                                st, pdl_late_, moe_down_early_);
+                                st, pdl_late_);
         else if (moe_decode_rows_)
             moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_down_occ_);
         else

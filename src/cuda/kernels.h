@@ -380,10 +380,9 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the same products, a warp per row
 // with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
 // blocks_per_sm 3: gate/up's registers capped for 3 blocks per SM (MARKBASE_CUDA_MOE_GATE_OCC; the one-GPU
-// default), else 2. wait_first: the next kernel starts only after this one's PDL wait (moe_down_sum_decode's
-// ids_early needs it).
+// default), else 2.
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int blocks_per_sm = 2, bool wait_first = false);
+                        float* h, cudaStream_t s, int blocks_per_sm = 2);
 // blocks_per_sm 6 (MARKBASE_CUDA_MOE_DOWN_OCC; the one-GPU default; rows of at most 1024): 4 loads in
 // flight per lane, 6 blocks per SM; else 8 loads, 4 blocks per SM at 53 registers.
 void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
@@ -391,10 +390,9 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
 // Decode (MARKBASE_CUDA_MOE_DOWN_SUM=1): e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the
 // slots' down rows and their weighted sum in one kernel, a block per output row j and a warp per slot
 // (Ie <= 768, K <= 32). Bit-identical to moe_down_decode's slots summed by the combine. late:
-// MARKBASE_CUDA_PDL_EARLY=0's order. ids_early (MARKBASE_CUDA_MOE_DOWN_EARLY, only after a gate/up launched
-// with wait_first): the expert ids and rows are read before the PDL wait under the early trigger too.
+// MARKBASE_CUDA_PDL_EARLY=0's order.
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                         const float* sel_w, float* e, cudaStream_t s, bool late, bool ids_early = false);
+                         const float* sel_w, float* e, cudaStream_t s, bool late);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

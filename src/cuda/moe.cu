@@ -254,21 +254,11 @@ constexpr int kDecU = 8;
 // The body of expert_decode_kernel (gate/up at 2 blocks per SM, 91 registers; down at 4) and of
 // expert_decode_occ_kernel (more blocks per SM: gate/up at 3 is the one-GPU default since session 6's H200
 // A/B, 26B-A4B -1.8%; a 2816-wide row still takes two rounds).
-// wait_first (MARKBASE_CUDA_MOE_DOWN_EARLY, gate/up only): let the next kernel start only after this one's
-// wait, not before it, so that the route (this kernel's predecessor) has completed when the down-sum starts:
-// the down-sum may then read its expert ids and weights before its own wait.
 template <bool Dual, int U>
 __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const bf16* w,
                                                    int rows, int64_t expert_stride, int64_t up_offset,
-                                                   const int* group_expert, float* out, int out_width,
-                                                   bool wait_first) {
-    // the experts are chosen by the previous kernel: nothing to load before it ends
-    if (wait_first) {
-        pdl_wait();
-        pdl_launch_dependents();
-    } else {
-        pdl_begin();
-    }
+                                                   const int* group_expert, float* out, int out_width) {
+    pdl_begin();  // the experts are chosen by the previous kernel: nothing to load before it ends
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
     if (j >= rows) return;
@@ -309,9 +299,9 @@ template <bool Dual>
 __global__ void __launch_bounds__(kThreads)
     expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
                          int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                         int out_width, bool wait_first) {
+                         int out_width) {
     expert_decode_rows<Dual, kDecU>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
-                                    out_width, wait_first);
+                                    out_width);
 }
 // More blocks per SM than the registers of expert_decode_kernel allow, with fewer loads in flight per lane
 // (U): gate/up at 3 (MARKBASE_CUDA_MOE_GATE_OCC=3, U = 6; at 8 it spills) and down at 6
@@ -321,9 +311,9 @@ template <bool Dual, int U, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     expert_decode_occ_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
                              int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                             int out_width, bool wait_first) {
+                             int out_width) {
     expert_decode_rows<Dual, U>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
-                                out_width, wait_first);
+                                out_width);
 }
 
 // Decode with MARKBASE_CUDA_MOE_DOWN_SUM=1: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), so
@@ -339,12 +329,11 @@ constexpr int kSumChunks = 3;  // 16-byte chunks per lane: rows of at most 96 ch
 constexpr int kSumMaxK = 32;   // slots (moe_route's kRankMaxK)
 __global__ void __launch_bounds__(kThreads, 6)
     expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                           const float* sel_w, float* e, bool late, bool ids_early) {
+                           const float* sel_w, float* e, bool late) {
     __shared__ float dots[kSumMaxK];
-    // the expert ids were written two kernels back (route): safe to read before the wait only while the
-    // gate/up between lets this kernel start after its own wait (device_common.cuh: not with the early
-    // trigger, unless gate/up was launched with wait_first; ids_early says so)
-    late = late || (MARKBASE_PDL_TRIGGER_EARLY && !ids_early);
+    // the expert ids were written two kernels back (route): safe to read before the wait only while each
+    // kernel lets the next one start after its own wait (device_common.cuh: not with the early trigger)
+    late = late || MARKBASE_PDL_TRIGGER_EARLY;
     pdl_begin_late(late);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x;
@@ -502,12 +491,11 @@ void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int 
 }
 
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int blocks_per_sm, bool wait_first) {
+                        float* h, cudaStream_t s, int blocks_per_sm) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
     launch_kernel(blocks_per_sm == 3 ? expert_decode_occ_kernel<true, 6, 3> : expert_decode_kernel<true>,
                   dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H, false, gate_up, Ie,
-                  2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie,
-                  wait_first);
+                  2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -518,18 +506,18 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
     const bool occ6 = blocks_per_sm == 6 && Ie / 8 <= 32 * 4;
     launch_kernel(occ6 ? expert_decode_occ_kernel<false, 4, 6> : expert_decode_kernel<false>,
                   dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h, Ie, true, down, H,
-                  static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H, false);
+                  static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                         const float* sel_w, float* e, cudaStream_t s, bool late, bool ids_early) {
+                         const float* sel_w, float* e, cudaStream_t s, bool late) {
     if (Ie % 8 || Ie / 8 > 32 * kSumChunks || K > kSumMaxK)
         throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
                     std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
                     " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
     launch_kernel(expert_down_sum_kernel, dim3(H), dim3(kThreads), 0, s, h, Ie, down, H, K, group_expert,
-                  sel_w, e, late, ids_early);
+                  sel_w, e, late);
     CUDA_CHECK_LAUNCH();
 }
 
