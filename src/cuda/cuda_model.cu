@@ -365,6 +365,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // weighted sum in one kernel (moe.cu), bit-identical to the slots summed by the combine. Session
             // 10's H200 A/B on the 26B-A4B: -0.2% alone, -0.4% beside MOE_PRENORM.
             moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", true) && moe_decode_rows_;
+            moe_down_rows_ = env_int("MARKBASE_CUDA_MOE_DOWN_ROWS", 1, 4, 1);
+            if (moe_down_rows_ == 3) throw Error("MARKBASE_CUDA_MOE_DOWN_ROWS=3: expected 1, 2 or 4");
             // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM; on unless 0): the router's and the experts'
             // inputs from the post-attention update (norm_rope.cu NormCopies), where that update is a launch
             // of its own (residual()). Session 10's A/B: 26B-A4B -1.1% (3.013 -> 2.980 ms/token).

@@ -351,7 +351,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
         if (moe_down_sum_)  // the weighted sum too: a rank's share goes to m_'s second half, else eslots_[0]
             moe_down_sum_decode(eh_, Ie, lw.experts_down, H, K, gexp_, sel_w_, sharded() ? m_ + H : eslots_,
-                                st, pdl_late_);
+                                st, pdl_late_, moe_down_rows_);
         else if (moe_decode_rows_)
             moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_down_occ_);
         else

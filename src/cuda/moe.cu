@@ -369,6 +369,64 @@ __global__ void __launch_bounds__(kThreads, 6)
     }
 }
 
+// The same with R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R): warp w loads slot w's R rows (R x
+// 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's 2816 rows take 2816 / R blocks
+// (at R = 4 and 4 blocks per SM, 1.3 waves instead of 3.6 of one-row blocks whose every wave waits a full
+// DRAM round trip). Each row's dot and the sum over slots are the kernel above's, in the same order:
+// bit-identical.
+template <int R, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks)
+    expert_down_sum_rows_kernel(const float* h, int Ie, const bf16* down, int H, int K,
+                                const int* group_expert, const float* sel_w, float* e, bool late) {
+    __shared__ float dots[kSumMaxK][R];
+    late = late || MARKBASE_PDL_TRIGGER_EARLY;  // as expert_down_sum_kernel: the ids are two kernels back
+    pdl_begin_late(late);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int j0 = blockIdx.x * R;
+    const int nchunk = Ie >> 3;
+    for (int s = warp; s < K; s += kWarps) {
+        const int ex = group_expert[s];  // -1: another rank's expert, a zero slot
+        uint4 v[R][kSumChunks];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint4* w = reinterpret_cast<const uint4*>(down + ex * static_cast<int64_t>(H) * Ie +
+                                                            static_cast<int64_t>(j0 + r) * Ie);
+#pragma unroll
+            for (int u = 0; u < kSumChunks; ++u) {
+                const int c = u * 32 + lane;
+                v[r][u] = ex >= 0 && j0 + r < H && c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+        if (s == warp) pdl_begin_after_loads(nchunk, late);
+        float a[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) a[r] = 0.0f;
+        if (ex >= 0) {
+            const float4* x4 = reinterpret_cast<const float4*>(h + static_cast<int64_t>(s) * Ie);
+#pragma unroll
+            for (int u = 0; u < kSumChunks; ++u) {
+                const int c = u * 32 + lane;
+                if (c < nchunk) {
+                    const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) a[r] += dot8(v[r][u], xa, xb);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float t = warp_sum(a[r]);
+            if (lane == 0) dots[s][r] = t;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < R && j0 + static_cast<int>(threadIdx.x) < H) {
+        float acc = 0.0f;
+        for (int s = 0; s < K; ++s) acc += sel_w[s] * dots[s][threadIdx.x];
+        e[j0 + threadIdx.x] = acc;
+    }
+}
+
 // Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
 // block (hi/lo bf16; rows past n_e zeroed; expert e's rows start at e * e_stride, so with lo = hi + max_n * H
 // and e_stride = 2 max_n H each expert's [hi; lo] is one stacked block), and back from a [E][max_n][H]
@@ -511,11 +569,22 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
 }
 
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                         const float* sel_w, float* e, cudaStream_t s, bool late) {
+                         const float* sel_w, float* e, cudaStream_t s, bool late, int rows_per_block) {
     if (Ie % 8 || Ie / 8 > 32 * kSumChunks || K > kSumMaxK)
         throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
                     std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
                     " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
+    if (rows_per_block == 2 || rows_per_block == 4) {
+        auto* kernel =
+            rows_per_block == 2 ? expert_down_sum_rows_kernel<2, 5> : expert_down_sum_rows_kernel<4, 3>;
+        launch_kernel(kernel, dim3((H + rows_per_block - 1) / rows_per_block), dim3(kThreads), 0, s, h, Ie,
+                      down, H, K, group_expert, sel_w, e, late);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    if (rows_per_block != 1)
+        throw Error("internal: the summed expert down takes 1, 2 or 4 rows per block, not " +
+                    std::to_string(rows_per_block));
     launch_kernel(expert_down_sum_kernel, dim3(H), dim3(kThreads), 0, s, h, Ie, down, H, K, group_expert,
                   sel_w, e, late);
     CUDA_CHECK_LAUNCH();
