@@ -383,7 +383,7 @@ class CudaModel {
     // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4; only
     // with MOE_DOWN_SUM=0 (the slot kernel)
     int moe_down_occ_ = 4;
-    int moe_down_rows_ = 1;  // MARKBASE_CUDA_MOE_DOWN_ROWS: output rows per block of the down-sum (1, 2, 4)
+    int moe_down_rows_ = 4;  // MARKBASE_CUDA_MOE_DOWN_ROWS: output rows per block of the down-sum (1/2/4/8)
     bool moe_down_sum_ = false;  // MARKBASE_CUDA_MOE_DOWN_SUM: the experts' down and weighted sum, one kernel
     // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM): the post-attention update also writes the router's
     // input (xr_) and the experts' input (e_in_), so the router is a plain product and route skips its norm

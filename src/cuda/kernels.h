@@ -390,8 +390,8 @@ void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, con
 // Decode (MARKBASE_CUDA_MOE_DOWN_SUM=1): e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the
 // slots' down rows and their weighted sum in one kernel, a block per output row j and a warp per slot
 // (Ie <= 768, K <= 32). Bit-identical to moe_down_decode's slots summed by the combine. late:
-// MARKBASE_CUDA_PDL_EARLY=0's order. rows_per_block (MARKBASE_CUDA_MOE_DOWN_ROWS): 1, or 2 / 4 output rows
-// per block, each warp's rows loaded in one batch (bit-identical).
+// MARKBASE_CUDA_PDL_EARLY=0's order. rows_per_block (MARKBASE_CUDA_MOE_DOWN_ROWS): 1, or 2 / 4 / 8 output
+// rows per block, each warp's rows loaded in one batch (bit-identical).
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                          const float* sel_w, float* e, cudaStream_t s, bool late, int rows_per_block = 1);
 // Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after

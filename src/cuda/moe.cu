@@ -369,11 +369,13 @@ __global__ void __launch_bounds__(kThreads, 6)
     }
 }
 
-// The same with R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R): warp w loads slot w's R rows (R x
-// 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's 2816 rows take 2816 / R blocks
-// (at R = 4 and 4 blocks per SM, 1.3 waves instead of 3.6 of one-row blocks whose every wave waits a full
-// DRAM round trip). Each row's dot and the sum over slots are the kernel above's, in the same order:
-// bit-identical.
+// The same with R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R; 4, the default since session 17's
+// H200 A/B: 26B-A4B -1.6% per token in two runs, the same ids; R = 2: -0.6%): warp w loads slot w's R rows (R
+// x 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's 2816 rows take 2816 / R blocks
+// (R = 4 at 3 blocks per SM: 1.8 waves instead of 3.6 of one-row blocks, each wave a DRAM round trip; R = 2
+// at 5, R = 8 at 2: what fits the registers without spilling). The timeline put the gain mostly in the
+// combine after it (ffn_combine 6.8 -> 4.7 us per layer), the down-sum's own marginal time unchanged. Each
+// row's dot and the sum over slots are the kernel above's, in the same order: bit-identical.
 template <int R, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     expert_down_sum_rows_kernel(const float* h, int Ie, const bf16* down, int H, int K,
@@ -574,16 +576,17 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
         throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
                     std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
                     " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
-    if (rows_per_block == 2 || rows_per_block == 4) {
-        auto* kernel =
-            rows_per_block == 2 ? expert_down_sum_rows_kernel<2, 5> : expert_down_sum_rows_kernel<4, 3>;
+    if (rows_per_block == 2 || rows_per_block == 4 || rows_per_block == 8) {
+        auto* kernel = rows_per_block == 2   ? expert_down_sum_rows_kernel<2, 5>
+                       : rows_per_block == 4 ? expert_down_sum_rows_kernel<4, 3>
+                                             : expert_down_sum_rows_kernel<8, 2>;
         launch_kernel(kernel, dim3((H + rows_per_block - 1) / rows_per_block), dim3(kThreads), 0, s, h, Ie,
                       down, H, K, group_expert, sel_w, e, late);
         CUDA_CHECK_LAUNCH();
         return;
     }
     if (rows_per_block != 1)
-        throw Error("internal: the summed expert down takes 1, 2 or 4 rows per block, not " +
+        throw Error("internal: the summed expert down takes 1, 2, 4 or 8 rows per block, not " +
                     std::to_string(rows_per_block));
     launch_kernel(expert_down_sum_kernel, dim3(H), dim3(kThreads), 0, s, h, Ie, down, H, K, group_expert,
                   sel_w, e, late);
