@@ -319,9 +319,6 @@ class CudaModel {
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
-    // MARKBASE_CUDA_UPDATE_ONE_PASS=1: such an update computes both norms from one block reduction
-    // (norm_rope.cu residual_wide_kernel)
-    bool update_one_pass_ = false;
     bool attn_group_ = true;    // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
     bool attn_gemm_on_ = true;  // MARKBASE_CUDA_ATTN_GEMM: prefill attention as GEMMs (attention_gemm.cu)
     AttnGemm attn_gemm_;        // its scratch, when on

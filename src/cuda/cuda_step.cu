@@ -48,7 +48,7 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         float* x = xcur_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
-                              pre ? xn_ : nullptr, {}, update_one_pass_);
+                              pre ? xn_ : nullptr);
         });
         if (pre) {
             GemvInput in = x_input(pf, layer, false, nullptr);
@@ -100,7 +100,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
     float* x = xcur_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
-                          pre ? xn_ : nullptr, more, update_one_pass_);
+                          pre ? xn_ : nullptr, more);
     });
     xn_for_ = pre ? next_w : nullptr;
 }

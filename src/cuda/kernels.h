@@ -222,11 +222,10 @@ struct NormCopies {
     float scale[2] = {1.0f, 1.0f};
 };
 // x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
-// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies;
-// one_pass (MARKBASE_CUDA_UPDATE_ONE_PASS, with next_w and no copies): both norms from one block reduction
+// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
-                       const NormCopies& more = {}, bool one_pass = false);
+                       const NormCopies& more = {});
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each

@@ -106,31 +106,10 @@ __device__ __forceinline__ void store_normalised(const float (&v)[Per], int H, f
     }
 }
 
-// The sums of N values per thread over the block, in double (every thread gets the totals), with one barrier.
-template <int N>
-__device__ __forceinline__ void block_sums_double(const float (&v)[N], double (&out)[N], double (*red)[N]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        double t = v[i];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (lane == 0) red[warp][i] = t;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        double t = lane < nwarps ? red[lane][i] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        out[i] = t;
-    }
-}
-
 __global__ void __launch_bounds__(kWideThreads)
     residual_wide_kernel(float* __restrict__ x, const float* __restrict__ y, const bf16* __restrict__ w,
                          int H, float eps, float scale, const bf16* __restrict__ next_w,
-                         float* __restrict__ xn, NormCopies more, bool one_pass) {
+                         float* __restrict__ xn, NormCopies more) {
     __shared__ float red[32];
     // more's weights [2][H] in dynamic shared memory, staged before the wait (each thread reads back its own
     // elements); 0 bytes when there are no copies. (Static, the 24 KB came with every update of the dense
@@ -152,38 +131,6 @@ __global__ void __launch_bounds__(kWideThreads)
         const int k = threadIdx.x + j * kWideThreads;
         yv[j] = k < H ? y[k] : 0.0f;
         xv[j] = k < H ? x[k] : 0.0f;
-    }
-    if (one_pass && next_w && !more.out[0]) {
-        // MARKBASE_CUDA_UPDATE_ONE_PASS: both norms from one block reduction. With u = y * w and c = rsqrt(
-        // mean(y^2) + eps), the new x is (x + c u) * scale, so sum(x'^2) = scale^2 (sum(x^2) + 2 c sum(x u) +
-        // c^2 sum(u^2)): four sums at once instead of y's sum and then x''s (two barriers instead of four,
-        // and no reduction waiting on the first). Summed in double across the block, so that an x' much
-        // smaller than x (the update cancelling the residual) keeps its precision.
-        __shared__ double red4[32][4];
-        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < kWideResidualPer; ++j) {
-            const float u = yv[j] * wv[j];
-            part[0] = fmaf(yv[j], yv[j], part[0]);
-            part[1] = fmaf(xv[j], xv[j], part[1]);
-            part[2] = fmaf(xv[j], u, part[2]);
-            part[3] = fmaf(u, u, part[3]);
-        }
-        double sum[4];
-        block_sums_double(part, sum, red4);
-        const double c = 1.0 / sqrt(sum[0] / H + eps);
-        const double sxx = static_cast<double>(scale) * scale * (sum[1] + 2.0 * c * sum[2] + c * c * sum[3]);
-        const float inv = static_cast<float>(c), inv_x = static_cast<float>(1.0 / sqrt(sxx / H + eps));
-#pragma unroll
-        for (int j = 0; j < kWideResidualPer; ++j) {
-            const int k = threadIdx.x + j * kWideThreads;
-            const float v = (xv[j] + yv[j] * inv * wv[j]) * scale;
-            if (k < H) {
-                x[k] = v;
-                xn[k] = v * inv_x * nv[j];
-            }
-        }
-        return;
     }
     const float inv = block_inv_rms(yv, H, eps, red);
 #pragma unroll
@@ -484,13 +431,13 @@ void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, con
 }
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more, bool one_pass) {
+                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more) {
     if (more.out[1] && !more.out[0])
         throw Error("internal: the update's normalised copies fill slot 0 first");
     if (n == 1 && H <= kWideThreads * kWideResidualPer) {
         const size_t smem = more.out[0] ? 2 * static_cast<size_t>(H) * sizeof(bf16) : 0;  // <= 24 KB
         launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), smem, s, x, y, w, H, eps, scale,
-                      next_w, xn, more, one_pass);
+                      next_w, xn, more);
         CUDA_CHECK_LAUNCH();
         return;
     }

@@ -303,8 +303,6 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_COMPACT=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
-    "MARKBASE_CUDA_UPDATE_ONE_PASS=1",
-    "MARKBASE_CUDA_UPDATE_ONE_PASS=1,MARKBASE_CUDA_MOE_PRENORM=0",
     "MARKBASE_CUDA_MOE_DOWN_ROWS=1",
     "MARKBASE_CUDA_MOE_DOWN_ROWS=2",
     "MARKBASE_CUDA_MOE_DOWN_ROWS=8",
@@ -400,8 +398,7 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
                                 "MARKBASE_CUDA_ATTN_GEMM=2",        "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
                                 "MARKBASE_CUDA_MOE_COMPACT=2",      "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
                                 "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16",
-                                "MARKBASE_CUDA_MOE_DOWN_ROWS=3",    "MARKBASE_CUDA_MOE_DOWN_ROWS=16",
-                                "MARKBASE_CUDA_UPDATE_ONE_PASS=2"}) {
+                                "MARKBASE_CUDA_MOE_DOWN_ROWS=3",    "MARKBASE_CUDA_MOE_DOWN_ROWS=16"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
