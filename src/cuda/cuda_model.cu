@@ -212,6 +212,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         // models: 31B -5.3% (17.43 -> 16.51 ms/token), E4B -5.6%, E2B -7.8%. Not yet run with tensor
         // parallelism, whose updates go through the ranks' sums.
         prenorm_ = env_flag("MARKBASE_CUDA_PRENORM", true) && fuse_ && !sharded();
+        late_after_update_ = env_flag("MARKBASE_CUDA_LATE_AFTER_UPDATE", false);
         attn_kv_early_ = env_flag("MARKBASE_CUDA_ATTN_KV_EARLY", true);
         // MARKBASE_CUDA_ATTN_CLUSTER (on for the dense models, which session 15's H200 A/B measured at E2B
         // -2.3%, E4B -2.1%, 31B -1.0% below 256 keys and unchanged at 2000; the 26B-A4B read +1.6%, so it

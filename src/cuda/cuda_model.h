@@ -319,6 +319,9 @@ class CudaModel {
     // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
     // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
+    // MARKBASE_CUDA_LATE_AFTER_UPDATE=1 (default off, unmeasured): a layer's GEMV whose normalised input a
+    // deferred update has just written loads no weights before its PDL wait (x_input)
+    bool late_after_update_ = false;
     bool attn_group_ = true;    // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
     bool attn_gemm_on_ = true;  // MARKBASE_CUDA_ATTN_GEMM: prefill attention as GEMMs (attention_gemm.cu)
     AttnGemm attn_gemm_;        // its scratch, when on

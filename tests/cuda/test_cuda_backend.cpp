@@ -303,6 +303,8 @@ const char* const kCommonSwitchSettings[] = {
     "MARKBASE_CUDA_MOE_COMPACT=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
     "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
+    "MARKBASE_CUDA_LATE_AFTER_UPDATE=1",
+    "MARKBASE_CUDA_LATE_AFTER_UPDATE=1,MARKBASE_CUDA_PDL_EARLY=0",
     "MARKBASE_CUDA_MOE_DOWN_ROWS=1",
     "MARKBASE_CUDA_MOE_DOWN_ROWS=2",
     "MARKBASE_CUDA_MOE_DOWN_ROWS=8",
@@ -384,21 +386,22 @@ TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 8;
-    for (const char* setting : {"MARKBASE_CUDA_GEMV_U4_MAXK=-1",    "MARKBASE_CUDA_GEMV_U4_MAXK=2k",
-                                "MARKBASE_CUDA_GEGLU_U4_MAXK=",     "MARKBASE_CUDA_GEMV_TAIL=2",
-                                "MARKBASE_CUDA_MOE_GATE_OCC=4",     "MARKBASE_CUDA_MOE_DOWN_OCC=5",
-                                "MARKBASE_CUDA_MOE_WIDE=yes",       "MARKBASE_CUDA_ATTN_SPLIT=auto:x",
-                                "MARKBASE_CUDA_GEGLU_SPLIT=2",      "MARKBASE_CUDA_GEMV_MIN_WAVES=x",
-                                "MARKBASE_CUDA_PRENORM=on",         "MARKBASE_CUDA_GEMV_LEAN=2",
-                                "MARKBASE_CUDA_ATTN_KV_EARLY=yes",  "MARKBASE_CUDA_PDL_EARLY=2",
-                                "MARKBASE_CUDA_GEMV_LEAN8=on",      "MARKBASE_CUDA_GEGLU_LEAN8=x",
-                                "MARKBASE_CUDA_MOE_DOWN_SUM=2",     "MARKBASE_CUDA_MOE_PRENORM=x",
-                                "MARKBASE_CUDA_GEMM_STACK_MAXN=x",  "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
-                                "MARKBASE_CUDA_ATTN_GROUP=2",       "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
-                                "MARKBASE_CUDA_ATTN_GEMM=2",        "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
-                                "MARKBASE_CUDA_MOE_COMPACT=2",      "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
-                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1", "MARKBASE_CUDA_ATTN_CLUSTER=16",
-                                "MARKBASE_CUDA_MOE_DOWN_ROWS=3",    "MARKBASE_CUDA_MOE_DOWN_ROWS=16"}) {
+    for (const char* setting : {"MARKBASE_CUDA_GEMV_U4_MAXK=-1",     "MARKBASE_CUDA_GEMV_U4_MAXK=2k",
+                                "MARKBASE_CUDA_GEGLU_U4_MAXK=",      "MARKBASE_CUDA_GEMV_TAIL=2",
+                                "MARKBASE_CUDA_MOE_GATE_OCC=4",      "MARKBASE_CUDA_MOE_DOWN_OCC=5",
+                                "MARKBASE_CUDA_MOE_WIDE=yes",        "MARKBASE_CUDA_ATTN_SPLIT=auto:x",
+                                "MARKBASE_CUDA_GEGLU_SPLIT=2",       "MARKBASE_CUDA_GEMV_MIN_WAVES=x",
+                                "MARKBASE_CUDA_PRENORM=on",          "MARKBASE_CUDA_GEMV_LEAN=2",
+                                "MARKBASE_CUDA_ATTN_KV_EARLY=yes",   "MARKBASE_CUDA_PDL_EARLY=2",
+                                "MARKBASE_CUDA_GEMV_LEAN8=on",       "MARKBASE_CUDA_GEGLU_LEAN8=x",
+                                "MARKBASE_CUDA_MOE_DOWN_SUM=2",      "MARKBASE_CUDA_MOE_PRENORM=x",
+                                "MARKBASE_CUDA_GEMM_STACK_MAXN=x",   "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
+                                "MARKBASE_CUDA_ATTN_GROUP=2",        "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
+                                "MARKBASE_CUDA_ATTN_GEMM=2",         "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
+                                "MARKBASE_CUDA_MOE_COMPACT=2",       "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
+                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1",  "MARKBASE_CUDA_ATTN_CLUSTER=16",
+                                "MARKBASE_CUDA_MOE_DOWN_ROWS=3",     "MARKBASE_CUDA_MOE_DOWN_ROWS=16",
+                                "MARKBASE_CUDA_LATE_AFTER_UPDATE=on"}) {
         ScopedEnv env(parse_setting(setting));
         try {
             auto gpu = make_cuda_backend(*ck, o);
