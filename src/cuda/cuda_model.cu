@@ -369,10 +369,13 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // MARKBASE_CUDA_MOE_DOWN_ROWS (1, 2, 4 or 8; 4 unless set): output rows per block of the down-sum
             // (moe.cu; bit-identical). Session 17's A/B on one H200: 4 -1.6% per token against 1, 2 -0.6%.
             // Tensor parallelism runs the same kernel on its ranks' experts, unmeasured there.
-            moe_down_rows_ = env_int("MARKBASE_CUDA_MOE_DOWN_ROWS", 1, 8, 4);
-            if (moe_down_rows_ != 1 && moe_down_rows_ != 2 && moe_down_rows_ != 4 && moe_down_rows_ != 8)
-                throw Error("MARKBASE_CUDA_MOE_DOWN_ROWS=" + std::to_string(moe_down_rows_) +
-                            ": expected 1, 2, 4 or 8");
+            moe_down_rows_ = 4;
+            if (const char* e = std::getenv("MARKBASE_CUDA_MOE_DOWN_ROWS")) {
+                if (std::strcmp(e, "1") != 0 && std::strcmp(e, "2") != 0 && std::strcmp(e, "4") != 0 &&
+                    std::strcmp(e, "8") != 0)
+                    throw Error(std::string("MARKBASE_CUDA_MOE_DOWN_ROWS=") + e + ": expected 1, 2, 4 or 8");
+                moe_down_rows_ = std::atoi(e);
+            }
             // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM; on unless 0): the router's and the experts'
             // inputs from the post-attention update (norm_rope.cu NormCopies), where that update is a launch
             // of its own (residual()). Session 10's A/B: 26B-A4B -1.1% (3.013 -> 2.980 ms/token).

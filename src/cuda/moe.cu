@@ -327,61 +327,22 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
 // requested before the PDL wait; only h, gate/up's output, waits.
 constexpr int kSumChunks = 3;  // 16-byte chunks per lane: rows of at most 96 chunks (Ie <= 768)
 constexpr int kSumMaxK = 32;   // slots (moe_route's kRankMaxK)
-__global__ void __launch_bounds__(kThreads, 6)
+// R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R; 4, the default since session 17's H200 A/B: 26B-A4B
+// -1.6% per token in two runs, the same ids; R = 2: -0.6%; R = 1: the one block per row described above):
+// warp w loads slot w's R rows (R x 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's
+// 2816 rows take 2816 / R blocks (R = 4 at 3 blocks per SM: 1.8 waves instead of 3.6 of one-row blocks, each
+// wave a DRAM round trip; R = 1 at 6, 2 at 5, 8 at 2: what fits the registers without spilling). The timeline
+// put the gain mostly in the combine after it (ffn_combine 6.8 -> 4.7 us per layer), the down-sum's own
+// marginal time unchanged. Each row's dot and the sum over slots are the same at every R, in the same order:
+// bit-identical.
+template <int R, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks)
     expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                            const float* sel_w, float* e, bool late) {
-    __shared__ float dots[kSumMaxK];
+    __shared__ float dots[kSumMaxK][R];
     // the expert ids were written two kernels back (route): safe to read before the wait only while each
     // kernel lets the next one start after its own wait (device_common.cuh: not with the early trigger)
     late = late || MARKBASE_PDL_TRIGGER_EARLY;
-    pdl_begin_late(late);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int j = blockIdx.x;
-    const int nchunk = Ie >> 3;
-    for (int s = warp; s < K; s += kWarps) {
-        const int ex = group_expert[s];  // -1: another rank's expert, a zero slot
-        const uint4* w = reinterpret_cast<const uint4*>(down + ex * static_cast<int64_t>(H) * Ie +
-                                                        static_cast<int64_t>(j) * Ie);
-        uint4 v[kSumChunks];
-#pragma unroll
-        for (int u = 0; u < kSumChunks; ++u) {
-            const int c = u * 32 + lane;
-            v[u] = ex >= 0 && c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
-        }
-        if (s == warp) pdl_begin_after_loads(nchunk, late);
-        float a = 0.0f;
-        if (ex >= 0) {
-            const float4* x4 = reinterpret_cast<const float4*>(h + static_cast<int64_t>(s) * Ie);
-#pragma unroll
-            for (int u = 0; u < kSumChunks; ++u) {
-                const int c = u * 32 + lane;
-                if (c < nchunk) a += dot8(v[u], __ldg(x4 + 2 * c), __ldg(x4 + 2 * c + 1));
-            }
-        }
-        a = warp_sum(a);
-        if (lane == 0) dots[s] = a;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        for (int s = 0; s < K; ++s) acc += sel_w[s] * dots[s];
-        e[j] = acc;
-    }
-}
-
-// The same with R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R; 4, the default since session 17's
-// H200 A/B: 26B-A4B -1.6% per token in two runs, the same ids; R = 2: -0.6%): warp w loads slot w's R rows (R
-// x 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's 2816 rows take 2816 / R blocks
-// (R = 4 at 3 blocks per SM: 1.8 waves instead of 3.6 of one-row blocks, each wave a DRAM round trip; R = 2
-// at 5, R = 8 at 2: what fits the registers without spilling). The timeline put the gain mostly in the
-// combine after it (ffn_combine 6.8 -> 4.7 us per layer), the down-sum's own marginal time unchanged. Each
-// row's dot and the sum over slots are the kernel above's, in the same order: bit-identical.
-template <int R, int MinBlocks>
-__global__ void __launch_bounds__(kThreads, MinBlocks)
-    expert_down_sum_rows_kernel(const float* h, int Ie, const bf16* down, int H, int K,
-                                const int* group_expert, const float* sel_w, float* e, bool late) {
-    __shared__ float dots[kSumMaxK][R];
-    late = late || MARKBASE_PDL_TRIGGER_EARLY;  // as expert_down_sum_kernel: the ids are two kernels back
     pdl_begin_late(late);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j0 = blockIdx.x * R;
@@ -576,20 +537,15 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
         throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
                     std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
                     " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
-    if (rows_per_block == 2 || rows_per_block == 4 || rows_per_block == 8) {
-        auto* kernel = rows_per_block == 2   ? expert_down_sum_rows_kernel<2, 5>
-                       : rows_per_block == 4 ? expert_down_sum_rows_kernel<4, 3>
-                                             : expert_down_sum_rows_kernel<8, 2>;
-        launch_kernel(kernel, dim3((H + rows_per_block - 1) / rows_per_block), dim3(kThreads), 0, s, h, Ie,
-                      down, H, K, group_expert, sel_w, e, late);
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
-    if (rows_per_block != 1)
+    if (rows_per_block != 1 && rows_per_block != 2 && rows_per_block != 4 && rows_per_block != 8)
         throw Error("internal: the summed expert down takes 1, 2, 4 or 8 rows per block, not " +
                     std::to_string(rows_per_block));
-    launch_kernel(expert_down_sum_kernel, dim3(H), dim3(kThreads), 0, s, h, Ie, down, H, K, group_expert,
-                  sel_w, e, late);
+    auto* kernel = rows_per_block == 1   ? expert_down_sum_kernel<1, 6>
+                   : rows_per_block == 2 ? expert_down_sum_kernel<2, 5>
+                   : rows_per_block == 4 ? expert_down_sum_kernel<4, 3>
+                                         : expert_down_sum_kernel<8, 2>;
+    launch_kernel(kernel, dim3((H + rows_per_block - 1) / rows_per_block), dim3(kThreads), 0, s, h, Ie, down,
+                  H, K, group_expert, sel_w, e, late);
     CUDA_CHECK_LAUNCH();
 }
 
