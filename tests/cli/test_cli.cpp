@@ -17,37 +17,15 @@
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "support/cli_run.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
 namespace {
 
-struct Result {
-    int code;
-    std::string out;  // stdout
-    std::string err;  // stderr
-    std::string all() const { return out + err; }
-};
-
+using Result = testing::CliResult;
 Result run(const std::string& args) {
-    static int counter = 0;
-    const std::string err_file =
-        (std::filesystem::temp_directory_path() /
-         ("markbase-cli-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".err"))
-            .string();
-    std::string cmd = std::string(MARKBASE_BINARY) + " " + args + " 2>" + err_file;
-    Result r{-1, "", ""};
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream f(err_file);
-    r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-    std::filesystem::remove(err_file);
-    return r;
+    return testing::run_cli(args);
 }
 
 class Cli : public ::testing::Test {
@@ -133,9 +111,17 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
 }
 
 TEST_F(Cli, WithoutModelFlagTheBundledModelRuns) {
-    Result r = run("run --ids 2,677,540,705 -n 4 --temp 0 --json");
+    // models/default/goldens.json: "And God said" and transformers' greedy continuation
+    const nlohmann::json g = nlohmann::json::parse(std::ifstream(std::string(MARKBASE_TEST_DATA) +
+                                                                 "/../../models/default/goldens.json"));
+    const auto& p = g.at("prompts").at(0);
+    ASSERT_EQ(p.at("prompt_ids"), (std::vector<int>{2, 677, 540, 705}));
+    const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
+    Result r = run("run --device cpu --ids 2,677,540,705 -n 4 --temp 0 --json");
     ASSERT_EQ(r.code, 0) << r.all();
-    EXPECT_EQ(nlohmann::json::parse(r.out.substr(0, r.out.find('\n'))).at("ids").size(), 4u) << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out.substr(0, r.out.find('\n'))).at("ids"),
+              std::vector<int>(want.begin(), want.begin() + 4))
+        << r.out;
 }
 
 TEST_F(Cli, InspectPrintsThePlan) {

@@ -9,8 +9,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
+#include "runtime/backend.h"
+#include "runtime/generate.h"
 #include "support/tiny_models.h"
+#include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
 namespace markbase {
@@ -60,10 +64,21 @@ TEST_F(CliText, RunPromptStreamsTheSameTextAsJson) {
         &code);
     ASSERT_EQ(code, 0) << js;
     nlohmann::json j = nlohmann::json::parse(js);
-    ASSERT_EQ(j["ids"].size(), 8u);
-    // BOS + the prompt's own tokens, as the tokenizer encodes them
+    // BOS + the prompt's own tokens, as the tokenizer encodes them, and the library's greedy continuation
     Tokenizer tok = Tokenizer::load(dir->path());
-    EXPECT_EQ(j["prompt_tokens"].get<size_t>(), 1 + tok.encode("The capital of France").size());
+    std::vector<int> prompt{2};
+    tok.encode_append("The capital of France", prompt);
+    EXPECT_EQ(j["prompt_tokens"].get<size_t>(), prompt.size());
+    auto ck = load_checkpoint(dir->path());
+    auto be = make_cpu_backend(*ck, BackendOptions{});
+    GenerateOptions go;
+    go.max_new_tokens = 8;
+    go.sampling.temperature = 0;
+    go.ignore_eos = true;
+    std::vector<int> want;
+    generate(
+        *be, prompt, go, [](int) { return true; }, &want);
+    EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
     EXPECT_EQ(streamed, "The capital of France" + tok.decode(j["ids"].get<std::vector<int>>()) + "\n");
 }
 
@@ -84,7 +99,8 @@ TEST_F(CliText, ChatKeepsHistoryAndPrintsAReceiptPerReply) {
         tok.encode("<turn|>\n<|turn>user\nAnd again<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
             .size());
     EXPECT_LE(prompt_tokens[1], 6 + 3 + new_turn) << out;
-    EXPECT_GT(prompt_tokens[0], 5) << out;
+    EXPECT_EQ(prompt_tokens[0], static_cast<int>(tok.encode(render_gemma4_chat({{"user", "Hello there"}}, true)).size()))
+        << out;
 }
 
 TEST_F(CliText, PromptWithoutTokenizerIsAClearError) {
