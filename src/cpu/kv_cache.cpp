@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/sliding_ring.h"
+
 namespace markbase::cpu {
 
 KvCache::KvCache(const ModelConfig& c, int64_t ctx, int chunk) : max_ctx(ctx), max_chunk(chunk) {
@@ -21,11 +23,10 @@ KvCache::KvCache(const ModelConfig& c, int64_t ctx, int chunk) : max_ctx(ctx), m
 
 bool KvCache::truncate(int64_t n, int sliding_window) {
     if (n < 0 || n > n_past) return false;
-    // Position p lives in slot p % capacity and is next overwritten by p + capacity. A query at n reads
-    // positions down to n - W (sliding layers; full layers never wrap), so none of them may have been
-    // replaced.
+    // full layers hold every position (capacity == max_ctx) and never wrap
     for (const LayerCache& l : layers)
-        if (l.capacity > 0 && l.capacity < max_ctx && n_past - n > l.capacity - sliding_window) return false;
+        if (l.capacity > 0 && l.capacity < max_ctx && !ring_can_roll_back(n_past, n, l.capacity, sliding_window))
+            return false;
     n_past = n;
     return true;
 }

@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_model.h"
 #include "loading/memory_plan.h"
+#include "model/sliding_ring.h"
 
 namespace markbase::cuda {
 
@@ -600,11 +601,10 @@ cudaGraphExec_t CudaModel::step_graph(int64_t pos) {
 
 bool CudaModel::truncate(int64_t n) {
     if (n < 0 || n > n_past) return false;
-    // Position p lives in slot p % cap and is next overwritten by p + cap; a query at n reads back to n - W
-    // + 1.
+    // full layers hold every position (cap == ctx_) and never wrap
     for (int i = 0; i < c_.n_layers; ++i)
         if (c_.layers[i].has_own_kv() && cache_[i].cap < ctx_ &&
-            n_past - n > cache_[i].cap - c_.sliding_window)
+            !ring_can_roll_back(n_past, n, cache_[i].cap, c_.sliding_window))
             return false;
     n_past = n;
     return true;

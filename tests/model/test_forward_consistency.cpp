@@ -12,6 +12,7 @@
 #include "loading/random_checkpoint.h"
 #include "model/variants.h"
 #include "runtime/backend.h"
+#include "support/logits_compare.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
@@ -106,12 +107,42 @@ TEST(KvCache, TruncateThenContinueEqualsAFreshRun) {
     a->eval(second.data() + 8, 5, la.data(), false);
     b->eval(second.data(), 13, lb.data(), false);
     for (int64_t i = 0; i < V; ++i) ASSERT_NEAR(la[i], lb[i], 1e-5f) << i;
+}
 
-    // rolling back further than the sliding ring's slack is refused, and the cache is left as it was
-    std::vector<int> more(30, 7);
-    a->eval(more.data(), 30, nullptr, false);
-    EXPECT_FALSE(a->truncate(3));
+// The deepest rollback is pinned exactly. Window 4 and chunk 8 give sliding rings of 12 slots; after 43
+// positions the rings hold 31..42, and a query at n reads n - 3 .. n, so continuing from 34 works (and must
+// equal a fresh run) while 33 needs position 30, which is gone, and is refused with the cache unchanged.
+TEST(KvCache, DeepestRollbackIsExactlyWhatTheRingsStillHold) {
+    testing::TempDir dir("rollback");
+    write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 9);
+    auto ck = load_checkpoint(dir.path());
+    ASSERT_EQ(ck->config.sliding_window, 4);
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.chunk = 8;
+    o.threads = 2;
+    const std::vector<int> seq = testing::random_ids(43, 256, 5);
+    const std::vector<int> tail{7, 8, 9, 10, 11, 12};
+
+    auto a = make_cpu_backend(*ck, o);
+    a->eval(seq.data(), 43, nullptr, false);
+    EXPECT_FALSE(a->truncate(33));
     EXPECT_EQ(a->n_past(), 43);
+    ASSERT_TRUE(a->truncate(34));
+    EXPECT_EQ(a->n_past(), 34);
+    const int64_t V = ck->config.vocab_size;
+    std::vector<float> got(tail.size() * V), want(tail.size() * V);
+    a->eval(tail.data(), static_cast<int64_t>(tail.size()), got.data(), true);
+
+    auto fresh = make_cpu_backend(*ck, o);
+    fresh->eval(seq.data(), 34, nullptr, false);
+    fresh->eval(tail.data(), static_cast<int64_t>(tail.size()), want.data(), true);
+    EXPECT_LE(testing::rel_err(want, got), 1e-6);
+
+    // rolling back to the start needs nothing from the rings
+    ASSERT_TRUE(a->truncate(0));
+    EXPECT_EQ(a->n_past(), 0);
+    EXPECT_FALSE(a->truncate(1));  // and there is nothing past n_past to keep
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "cli/commands/model_options.h"
 #include "model/error.h"
 #include "runtime/generate.h"
+#include "runtime/prefix_reuse.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,15 +57,7 @@ int cmd_chat(const Args& args) {
 
         // Reuse the cached prefix the new prompt shares (the template re-renders earlier replies, e.g.
         // without their thought channel, so the shared part usually ends where the last reply began).
-        size_t common = 0;
-        while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
-        if (common == ids.size()) --common;  // at least one new token must be fed to get logits
-        if (!be.truncate(static_cast<int64_t>(common))) {
-            be.reset();
-            common = 0;
-        }
-        cached.resize(common);
-        std::vector<int> fresh(ids.begin() + static_cast<long>(common), ids.end());
+        std::vector<int> fresh = reuse_cached_prefix(be, cached, ids);
         if (be.n_past() + static_cast<int64_t>(fresh.size()) + 1 >= be.ctx_size()) {
             std::fprintf(stderr, "[context full (%lld tokens): starting a new conversation]\n",
                          static_cast<long long>(be.ctx_size()));
