@@ -22,7 +22,11 @@ class CpuBackend final : public Backend {
     std::string name() const override { return "cpu (" + std::to_string(pool_.size()) + " threads)"; }
     int64_t n_past() const override { return cache_.n_past; }
     int64_t ctx_size() const override { return cache_.max_ctx; }
-    void reset() override { cache_.clear(); }
+    void reset() override {
+        cache_.clear();
+        model_.reset_router_margin();
+    }
+    float router_margin() const override { return model_.router_margin(); }
     bool truncate(int64_t n_keep) override { return cache_.truncate(n_keep, config().sliding_window); }
     uint64_t cache_bytes() const override { return cache_.bytes(); }
 

@@ -4,6 +4,7 @@
 // blocks.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,12 @@ class CpuModel {
     // logits: [n][V] when all_logits, else [V] for the last token only (nullptr: none computed).
     void forward(const int* ids, int n, KvCache& cache, float* logits, bool all_logits);
 
+    // MoE: the smallest gap between the K-th and (K+1)-th router logit (= their log-probability gap) over
+    // every token routed since the last reset_router_margin(); infinity before any. A comparison with another
+    // backend reads it to know whether rounding could have flipped an expert choice.
+    float router_margin() const { return router_margin_; }
+    void reset_router_margin() { router_margin_ = INFINITY; }
+
   private:
     struct Scratch;
     void embed(const int* ids, int n);
@@ -38,6 +45,7 @@ class CpuModel {
     const Weights& w_;
     ThreadPool& pool_;
     int max_chunk_;
+    float router_margin_ = INFINITY;
     std::vector<float> rope_inv_freq_sliding_, rope_inv_freq_full_;  // [d/2] each; 0 = pair not rotated
 
     // activations for one chunk, [n][width] row-major

@@ -40,8 +40,10 @@ void CpuModel::moe(int i, int n) {
         for (int e = 0; e < E; ++e) p[e] = static_cast<float>(p[e] / sum);
         std::iota(order.begin(), order.end(), 0);
         // highest probability first; ties to the lower expert id, as torch.topk does on CPU
-        std::partial_sort(order.begin(), order.begin() + K, order.end(),
+        const int ranked = std::min(K + 1, E);  // the (K+1)-th too: how close the choice was
+        std::partial_sort(order.begin(), order.begin() + ranked, order.end(),
                           [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+        if (K < E) router_margin_ = std::min(router_margin_, lg[order[K - 1]] - lg[order[K]]);
         float top_sum = 0.0f;
         for (int k = 0; k < K; ++k) top_sum += p[order[k]];
         for (int k = 0; k < K; ++k) {

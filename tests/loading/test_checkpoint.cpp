@@ -2,6 +2,8 @@
 // the file, the tensor, what was expected and what was found — never a crash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <functional>
 
@@ -50,14 +52,33 @@ class CheckpointTest : public ::testing::Test {
 
 TEST_F(CheckpointTest, LoadsAndBindsEveryTensor) {
     auto ck = load_checkpoint(dir.path());
-    EXPECT_EQ(ck->weights.layers.size(), 10u);
-    for (const auto& l : ck->weights.layers) {
-        EXPECT_NE(l.q_proj, nullptr);
-        EXPECT_GE(l.layer_scalar, 0.6f);
-        EXPECT_LE(l.layer_scalar, 1.2f);
+    ASSERT_EQ(ck->weights.layers.size(), 10u);
+    // Each binding is the named tensor's bytes as the file holds them (a swapped or shifted binding fails).
+    SafetensorsSet file = SafetensorsSet::open(dir.path() / "model.safetensors");
+    auto same_bytes = [&](const bf16* bound, const std::string& name) {
+        const auto it = file.tensors().find(name);
+        if (it == file.tensors().end()) return ::testing::AssertionFailure() << name << " is not in the file";
+        if (bound == nullptr) return ::testing::AssertionFailure() << name << " is not bound";
+        if (std::memcmp(bound, it->second.data, it->second.nbytes) != 0)
+            return ::testing::AssertionFailure() << name << " is bound to other bytes";
+        return ::testing::AssertionSuccess();
+    };
+    for (int i = 0; i < 10; ++i) {
+        const auto& l = ck->weights.layers[static_cast<size_t>(i)];
+        const std::string p = "model.layers." + std::to_string(i) + ".";
+        EXPECT_TRUE(same_bytes(l.q_proj, p + "self_attn.q_proj.weight"));
+        EXPECT_TRUE(same_bytes(l.o_proj, p + "self_attn.o_proj.weight"));
+        EXPECT_TRUE(same_bytes(l.down_proj, p + "mlp.down_proj.weight"));
+        EXPECT_TRUE(same_bytes(l.layer_scalar_raw, p + "layer_scalar"));
+        EXPECT_EQ(l.layer_scalar, bf16_to_float(*l.layer_scalar_raw)) << i;
+        if (ck->config.layers[static_cast<size_t>(i)].has_own_kv())
+            EXPECT_TRUE(same_bytes(l.k_proj, p + "self_attn.k_proj.weight"));
+        else
+            EXPECT_EQ(l.k_proj, nullptr) << "layer " << i << " is KV-shared";
     }
     EXPECT_EQ(ck->weights.layers[9].k_proj, nullptr);  // KV-shared
-    EXPECT_NE(ck->weights.ple_embed, nullptr);
+    EXPECT_TRUE(same_bytes(ck->weights.embed, "model.embed_tokens.weight"));
+    EXPECT_TRUE(same_bytes(ck->weights.ple_embed, "model.embed_tokens_per_layer.weight"));
 }
 
 TEST_F(CheckpointTest, SkipsOtherModalitiesAndUnusedSharedKv) {
@@ -69,7 +90,11 @@ TEST_F(CheckpointTest, SkipsOtherModalitiesAndUnusedSharedKv) {
         tw.push_back({"lm_head.weight", DType::BF16, {8, 8}, junk.data()});
     });
     auto ck = load_checkpoint(dir.path());
-    EXPECT_EQ(ck->skipped.size(), 4u);
+    std::vector<std::string> skipped = ck->skipped;
+    std::sort(skipped.begin(), skipped.end());
+    EXPECT_EQ(skipped, (std::vector<std::string>{"lm_head.weight", "model.embed_audio.embedding_projection.weight",
+                                                 "model.layers.9.self_attn.k_proj.weight",
+                                                 "model.vision_tower.encoder.w"}));
 }
 
 TEST_F(CheckpointTest, MissingTensorIsNamed) {

@@ -27,7 +27,7 @@ std::vector<nlohmann::json> golden(const std::string& file) {
 void check_encode(const Tokenizer& tok, const std::string& file) {
     const auto corpus = read_jsonl(tokenizer_data("corpus.jsonl"));
     const auto rows = golden(file);
-    if (rows.empty()) return;
+    ASSERT_FALSE(rows.empty()) << file << " holds no rows: " << kHowTo;
     ASSERT_EQ(rows.size(), corpus.size()) << file << " is stale (corpus.jsonl changed): " << kHowTo;
     for (std::size_t i = 0; i < rows.size(); ++i) {
         const auto& row = rows[i];
@@ -47,7 +47,7 @@ void check_encode(const Tokenizer& tok, const std::string& file) {
 void check_decode(const Tokenizer& tok, const std::string& file) {
     const auto cases = read_jsonl(tokenizer_data("decode_cases.jsonl"));
     const auto rows = golden(file);
-    if (rows.empty()) return;
+    ASSERT_FALSE(rows.empty()) << file << " holds no rows: " << kHowTo;
     ASSERT_EQ(rows.size(), cases.size()) << file << " is stale (decode_cases.jsonl changed): " << kHowTo;
     for (std::size_t i = 0; i < rows.size(); ++i) {
         const auto& row = rows[i];
@@ -97,7 +97,7 @@ TEST(TokenizerGoldens, Gemma3DecodeMatchesHF) {
 TEST(ChatGoldens, Gemma4TemplateMatchesTransformers) {
     const auto cases = read_jsonl(tokenizer_data("gemma4/chat_cases.jsonl"));
     const auto rows = golden("gemma4_chat.jsonl");
-    if (rows.empty()) return;
+    ASSERT_FALSE(rows.empty()) << "gemma4_chat.jsonl holds no rows: " << kHowTo;
     ASSERT_EQ(rows.size(), cases.size())
         << "gemma4_chat.jsonl is stale (chat_cases.jsonl changed): " << kHowTo;
     for (std::size_t i = 0; i < rows.size(); ++i) {
