@@ -149,7 +149,10 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
     params_.validate();
 }
 
-int Sampler::sample(const float* logits, int64_t vocab, const std::vector<int>& history) {
+// Steps 1-3 on a full row: check it, copy and penalise it, and leave the tokens top_k keeps in cands_.
+// Returns whether cands_ is in `before` order (top_k cut something) rather than id order. At temperature 0
+// cands_ holds the argmax alone (ties: the lowest id).
+bool Sampler::load_row(const float* logits, int64_t vocab, const std::vector<int>& history) {
     if (logits == nullptr || vocab <= 0)
         throw Error("sampler: expected a logits row of vocab > 0, got " + std::to_string(vocab));
     const size_t V = static_cast<size_t>(vocab);
@@ -174,50 +177,91 @@ int Sampler::sample(const float* logits, int64_t vocab, const std::vector<int>& 
 
     apply_penalties(work_, history, params_);
 
+    cands_.clear();
     if (params_.temperature == 0.0f) {
         size_t best = 0;
         for (size_t i = 1; i < V; ++i)
             if (work_[i] > work_[best]) best = i;  // strict: ties keep the lowest id
-        return static_cast<int>(best);
+        cands_.push_back({work_[best], static_cast<int>(best)});
+        return true;
     }
 
     // Candidates: every token that can still be drawn (-inf is a mask and never can).
-    cands_.clear();
     for (size_t i = 0; i < V; ++i)
         if (work_[i] != -INFINITY) cands_.push_back({work_[i], static_cast<int>(i)});
     if (cands_.empty()) throw Error("sampler: every logit is -inf after the penalties; nothing to sample");
 
-    bool sorted = false;  // cands_ in `before` order
     if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cands_.size()) {
         const auto kth = cands_.begin() + params_.top_k;
         std::nth_element(cands_.begin(), kth, cands_.end(), before<Candidate>);
         cands_.resize(static_cast<size_t>(params_.top_k));
         std::sort(cands_.begin(), cands_.end(), before<Candidate>);
-        sorted = true;
+        return true;
     }
-    return draw(sorted);
+    return false;
 }
 
-int Sampler::sample_top(const std::vector<Top>& top, int64_t n_finite) {
+// load_row's result from a device-side selection: the same cands_ in the same order.
+bool Sampler::load_top(const std::vector<Top>& top, int64_t n_finite) {
     if (top.empty() || n_finite <= 0)
         throw Error("sampler: every logit is -inf after the penalties; nothing to sample");
-    if (params_.temperature == 0.0f) return top.front().id;
+    cands_.clear();
+    if (params_.temperature == 0.0f) {
+        cands_.push_back({top.front().logit, top.front().id});
+        return true;
+    }
     if (params_.top_k <= 0) throw Error("internal: sample_top needs top_k > 0");
     const size_t want = static_cast<size_t>(std::min<int64_t>(params_.top_k, n_finite));
     if (top.size() != want)
         throw Error("internal: sample_top got " + std::to_string(top.size()) + " candidates, expected " +
                     std::to_string(want));
-    cands_.clear();
     for (const Top& t : top) cands_.push_back({t.logit, t.id});
-    // sample() sorts only when top_k actually cut something; otherwise its candidates stay in id order.
+    // load_row sorts only when top_k actually cut something; otherwise its candidates stay in id order.
     const bool sorted = static_cast<size_t>(params_.top_k) < static_cast<size_t>(n_finite);
     if (!sorted)
         std::sort(cands_.begin(), cands_.end(),
                   [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
-    return draw(sorted);
+    return sorted;
 }
 
-int Sampler::draw(bool sorted) {
+int Sampler::sample(const float* logits, int64_t vocab, const std::vector<int>& history) {
+    const bool sorted = load_row(logits, vocab, history);
+    if (params_.temperature == 0.0f) return cands_.front().id;
+    filter(sorted);
+    return pick();
+}
+
+int Sampler::sample_top(const std::vector<Top>& top, int64_t n_finite) {
+    const bool sorted = load_top(top, n_finite);
+    if (params_.temperature == 0.0f) return cands_.front().id;
+    filter(sorted);
+    return pick();
+}
+
+std::vector<Sampler::Prob> Sampler::distribution(const float* logits, int64_t vocab,
+                                                 const std::vector<int>& history) {
+    const bool sorted = load_row(logits, vocab, history);
+    if (params_.temperature != 0.0f) filter(sorted);
+    return probabilities();
+}
+
+std::vector<Sampler::Prob> Sampler::distribution_top(const std::vector<Top>& top, int64_t n_finite) {
+    const bool sorted = load_top(top, n_finite);
+    if (params_.temperature != 0.0f) filter(sorted);
+    return probabilities();
+}
+
+std::vector<Sampler::Prob> Sampler::probabilities() const {
+    if (params_.temperature == 0.0f) return {{cands_.front().id, 1.0}};
+    double total = 0.0;
+    for (const Candidate& c : cands_) total += c.w;
+    std::vector<Prob> out;
+    out.reserve(cands_.size());
+    for (const Candidate& c : cands_) out.push_back({c.id, c.w / total});
+    return out;
+}
+
+void Sampler::filter(bool sorted) {
     // Temperature and softmax. Subtracting the max before dividing keeps tiny T from overflowing to inf.
     float max_logit = cands_[0].w;
     for (const Candidate& c : cands_) max_logit = std::max(max_logit, c.w);
@@ -249,7 +293,9 @@ int Sampler::draw(bool sorted) {
             cut_top_p(target);
         }
     }
+}
 
+int Sampler::pick() {
     // Renormalise over the survivors and draw.
     double total = 0.0;
     for (const Candidate& c : cands_) total += c.w;

@@ -74,6 +74,17 @@ class Sampler {
     };
     int sample_top(const std::vector<Top>& top, int64_t n_finite);
 
+    // What sample() / sample_top() would draw from, without drawing (the random state is not touched): the
+    // ids that survive steps 1-6 with their renormalised probabilities, in the order the draw walks them
+    // (`before` order, probability descending then id ascending, when top_k cut something; else id order).
+    // Temperature 0 gives the argmax alone with p = 1. Same checks and errors as sample() / sample_top().
+    struct Prob {
+        int id;
+        double p;
+    };
+    std::vector<Prob> distribution(const float* logits, int64_t vocab, const std::vector<int>& history);
+    std::vector<Prob> distribution_top(const std::vector<Top>& top, int64_t n_finite);
+
     const SamplingParams& params() const { return params_; }
 
   private:
@@ -81,9 +92,13 @@ class Sampler {
         float w;  // logit, then exp((logit - max) / T): unnormalised probability
         int id;
     };
-    int draw(bool sorted);  // steps 4-7 over cands_ (sorted: in `before` order, else in id order)
-
-    void cut_top_p(double target);  // top_p on unsorted candidates, O(vocab)
+    // Steps 1-3 into cands_; true when cands_ is in `before` order (else id order).
+    bool load_row(const float* logits, int64_t vocab, const std::vector<int>& history);
+    bool load_top(const std::vector<Top>& top, int64_t n_finite);
+    void filter(bool sorted);                 // steps 4-6 over cands_: weights, min_p, top_p
+    int pick();                               // step 7: renormalise and draw
+    std::vector<Prob> probabilities() const;  // cands_ after filter(), renormalised
+    void cut_top_p(double target);            // top_p on unsorted candidates, O(vocab)
 
     SamplingParams params_;
     std::mt19937_64 rng_;
