@@ -68,6 +68,8 @@ TEST_F(CheckpointTest, LoadsAndBindsEveryTensor) {
         const std::string p = "model.layers." + std::to_string(i) + ".";
         EXPECT_TRUE(same_bytes(l.q_proj, p + "self_attn.q_proj.weight"));
         EXPECT_TRUE(same_bytes(l.o_proj, p + "self_attn.o_proj.weight"));
+        EXPECT_TRUE(same_bytes(l.gate_proj, p + "mlp.gate_proj.weight"));
+        EXPECT_TRUE(same_bytes(l.up_proj, p + "mlp.up_proj.weight"));
         EXPECT_TRUE(same_bytes(l.down_proj, p + "mlp.down_proj.weight"));
         EXPECT_TRUE(same_bytes(l.layer_scalar_raw, p + "layer_scalar"));
         EXPECT_EQ(l.layer_scalar, bf16_to_float(*l.layer_scalar_raw)) << i;
