@@ -26,9 +26,10 @@ class CpuModel {
     // logits: [n][V] when all_logits, else [V] for the last token only (nullptr: none computed).
     void forward(const int* ids, int n, KvCache& cache, float* logits, bool all_logits);
 
-    // MoE: the smallest gap between the K-th and (K+1)-th router logit (= their log-probability gap) over
-    // every token routed since the last reset_router_margin(); infinity before any. A comparison with another
-    // backend reads it to know whether rounding could have flipped an expert choice.
+    // MoE: the smallest gap between the K-th and (K+1)-th router logit (= their log-probability gap),
+    // relative to that token's largest |router logit|, over every token routed since the last
+    // reset_router_margin(); infinity before any. A comparison with another backend reads it to know whether
+    // rounding could have flipped an expert choice.
     float router_margin() const { return router_margin_; }
     void reset_router_margin() { router_margin_ = INFINITY; }
 

@@ -43,7 +43,12 @@ void CpuModel::moe(int i, int n) {
         const int ranked = std::min(K + 1, E);  // the (K+1)-th too: how close the choice was
         std::partial_sort(order.begin(), order.begin() + ranked, order.end(),
                           [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-        if (K < E) router_margin_ = std::min(router_margin_, lg[order[K - 1]] - lg[order[K]]);
+        if (K < E) {  // relative to the largest |logit|: rounding moves the logits in proportion to it
+            float big = 0.0f;
+            for (int e = 0; e < E; ++e) big = std::max(big, std::fabs(lg[e]));
+            const float gap = lg[order[K - 1]] - lg[order[K]];
+            router_margin_ = std::min(router_margin_, big > 0.0f ? gap / big : 0.0f);
+        }
         float top_sum = 0.0f;
         for (int k = 0; k < K; ++k) top_sum += p[order[k]];
         for (int k = 0; k < K; ++k) {

@@ -50,9 +50,10 @@ class Backend {
     // full.
     virtual void eval(const int* ids, int64_t n, float* logits, bool all_logits) = 0;
     virtual uint64_t cache_bytes() const = 0;
-    // MoE models: the smallest gap between the K-th and (K+1)-th expert's router logit over every token routed
-    // since reset(). Comparisons between backends read it: below rounding's reach, an expert choice may
-    // differ and the outputs with it. Infinity where not tracked (and on dense models).
+    // MoE models: the smallest gap between the K-th and (K+1)-th expert's router logit, relative to the
+    // token's largest |router logit|, over every token routed since reset(). Comparisons between backends
+    // read it: within rounding's reach an expert choice may differ, and the outputs with it. Infinity where
+    // not tracked (and on dense models).
     virtual float router_margin() const { return INFINITY; }
 
     // The largest k eval_select serves and the most penalty ids it takes (0: no device-side selection).

@@ -70,7 +70,7 @@ class ModelCopy {
 // The chat's own end-of-turn ids, on a copy whose files name only eos 1: the bundled generation_config.json
 // lists them too, and would hide a chat that forgot its own.
 TEST(CliStop, RunChatStopsAtEndOfTurnAsTransformersDoes) {
-    const auto& p = golden_prompt("Who are you?");
+    const nlohmann::json p = golden_prompt("Who are you?");
     const auto want = p.at("generate_ids_stop").get<std::vector<int>>();
     ModelCopy plain(1, nullptr);
     const auto r = run_cli("run --device cpu " + plain.arg() + " --chat -p 'Who are you?' -n 64 --temp 0 --json");
@@ -82,7 +82,7 @@ TEST(CliStop, RunChatStopsAtEndOfTurnAsTransformersDoes) {
 }
 
 TEST(CliStop, ChatPrintsTheReplyWithoutItsStopIdAndKeepsTheSession) {
-    const auto& p = golden_prompt("Who are you?");
+    const nlohmann::json p = golden_prompt("Who are you?");
     auto want = p.at("generate_ids_stop").get<std::vector<int>>();
     want.pop_back();  // the stop id is not printed
     const Tokenizer tok = Tokenizer::load(kModel);
@@ -99,7 +99,7 @@ TEST(CliStop, ChatPrintsTheReplyWithoutItsStopIdAndKeepsTheSession) {
 }
 
 TEST(CliStop, GenerationConfigEosStopsPlainRuns) {
-    const auto& p = golden_prompt("And God said");
+    const nlohmann::json p = golden_prompt("And God said");
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
     const std::string prompt = " --ids " + ids_arg(p.at("prompt_ids").get<std::vector<int>>());
     // the bundled model's stop ids never come up in this continuation
@@ -115,7 +115,7 @@ TEST(CliStop, GenerationConfigEosStopsPlainRuns) {
 }
 
 TEST(CliStop, ConfigEosStopsPlainRunsWithoutGenerationConfigEos) {
-    const auto& p = golden_prompt("And God said");
+    const nlohmann::json p = golden_prompt("And God said");
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
     ASSERT_EQ(std::find(want.begin(), want.end(), want[8]) - want.begin(), 8);
     ModelCopy cfg(want[8], nullptr);  // config.json: the id at step 8; generation_config.json: no eos
@@ -126,7 +126,7 @@ TEST(CliStop, ConfigEosStopsPlainRunsWithoutGenerationConfigEos) {
 }
 
 TEST(CliStop, FullContextEndsTheRunWithItsReason) {
-    const auto& p = golden_prompt("In the beginning");
+    const nlohmann::json p = golden_prompt("In the beginning");
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
     const auto prompt = p.at("prompt_ids").get<std::vector<int>>();
     const int ctx = static_cast<int>(prompt.size()) + 6;

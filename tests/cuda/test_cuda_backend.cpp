@@ -231,8 +231,8 @@ void check_long(const std::string& family, const std::string& label) {
     }
     std::printf("  %s%s long: rel err prefill(300) %.2e, graph decode to 340 %.2e\n", family.c_str(),
                 label.c_str(), e_prefill, e_decode);
-    EXPECT_LT(e_prefill, 1e-3);
-    EXPECT_LT(e_decode, 1e-3);
+    EXPECT_LT(e_prefill, 1e-4);  // measured: 2e-6 to 5e-6 on every variant and switch
+    EXPECT_LT(e_decode, 1e-4);
 }
 
 #endif
@@ -428,9 +428,9 @@ struct SyntheticRef {
     float router_margin = INFINITY;          // the CPU's (MoE): closest 8th/9th expert router logits
 };
 
-// Router logits closer than this may be ordered differently by two backends' roundings (their inputs
-// differ by ~1e-4 relative after a few layers).
-constexpr float kRouterMargin = 1e-2f;
+// Router logits closer than this (relative to the token's largest) may be ordered differently by two
+// backends' roundings: their inputs differ by up to ~1e-4 relative after a few layers.
+constexpr float kRouterMargin = 1e-3f;
 
 void check_synthetic(const std::string& v, const std::string& label) {
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
@@ -480,8 +480,8 @@ void check_synthetic(const std::string& v, const std::string& label) {
     }
     std::printf("  %s/%dL%s: rel err prefill %.2e, graph decode %.2e\n", v.c_str(), layers, label.c_str(),
                 e_prefill, e_decode);
-    EXPECT_LT(e_prefill, 1e-3);
-    EXPECT_LT(e_decode, 1e-3);
+    EXPECT_LT(e_prefill, 1e-4);  // measured: 2e-6 to 5e-6 on every variant and switch
+    EXPECT_LT(e_decode, 1e-4);
 }
 #endif
 
@@ -533,11 +533,12 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
 // A synthetic model at real widths (two layers) under `setting`: its logits after a prompt of random ids,
 // then after each greedy decode step, one after another.
 std::vector<float> synthetic_chain(const char* variant, const BackendOptions& o, uint64_t seed,
-                                   const std::string& setting, int prompt, int steps, int layers = 2) {
+                                   const std::string& setting, int prompt, int steps, int layers = 2,
+                                   uint32_t prompt_seed = 5) {
     ScopedEnv env(parse_setting(setting));
     auto gpu = make_synthetic_cuda_backend(variant, layers, o, seed);
     const int64_t V = gpu->config().vocab_size;
-    const std::vector<int> ids = random_ids(prompt, static_cast<int>(V), 5);
+    const std::vector<int> ids = random_ids(prompt, static_cast<int>(V), prompt_seed);
     std::vector<float> lg(V), all;
     gpu->eval(ids.data(), prompt, lg.data(), false);
     all.insert(all.end(), lg.begin(), lg.end());
@@ -548,6 +549,39 @@ std::vector<float> synthetic_chain(const char* variant, const BackendOptions& o,
     }
     return all;
 }
+
+// The first prompt seed (from 5) whose chain on synthetic_chain's weights the CPU routes clear of any tie
+// between the 8th and 9th expert by `margin` (relative), prompt and greedy steps alike: two GPU variants that
+// agree to ~1e-6 then choose the same experts, and their logits can be held to the dense models' bound.
+uint32_t clear_routing_seed(const char* variant, const BackendOptions& o, uint64_t seed, int prompt, int steps,
+                            int layers, float margin) {
+    auto gpu = make_synthetic_cuda_backend(variant, layers, o, seed);
+    auto host = copy_weights_to_host(*gpu);
+    auto cpu = make_cpu_backend(host->checkpoint, o);
+    const int64_t V = cpu->config().vocab_size;
+    std::vector<float> lg(V);
+    float best = 0.0f;
+    for (uint32_t ps = 5; ps < 5 + 16; ++ps) {
+        cpu->reset();
+        const std::vector<int> ids = random_ids(prompt, static_cast<int>(V), ps);
+        cpu->eval(ids.data(), prompt, lg.data(), false);
+        for (int s = 0; s < steps; ++s) {
+            const int next = argmax(lg.data(), V);
+            cpu->eval(&next, 1, lg.data(), false);
+        }
+        best = std::max(best, cpu->router_margin());
+        if (cpu->router_margin() >= margin) {
+            std::printf("  %s: prompt seed %u routes with margin %.3g\n", variant, ps, cpu->router_margin());
+            return ps;
+        }
+    }
+    ADD_FAILURE() << variant << ": no prompt in 16 routes clear of a tie by " << margin << " (best " << best << ")";
+    return 5;
+}
+
+// Two GPU variants' MoE logits agree to ~1e-6 relative: router logits closer than this may be ordered
+// differently by the two.
+constexpr float kVariantRouterMargin = 1e-5f;
 
 // Both chains the same length, `got` finite, and the count of logits whose bits differ.
 size_t differing_logits(const std::vector<float>& want, const std::vector<float>& got) {
@@ -618,15 +652,16 @@ TEST(CudaAttnGroup, TokenTilesMatchThePerTokenPieces) {
     o.ctx_size = 1024;
     o.chunk = 272;
     for (const char* v : {"e4b", "26b-a4b", "31b"}) {
-        const auto base =
-            synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
-        const auto tiles =
-            synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=1", 544, 2);
+        const bool moe = std::string(v) == "26b-a4b";
+        const uint32_t ps = moe ? clear_routing_seed(v, o, 43, 544, 2, 2, kVariantRouterMargin) : 5;
+        const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
+                                          544, 2, 2, ps);
+        const auto tiles = synthetic_chain(
+            v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=1", 544, 2, 2, ps);
         ASSERT_EQ(base.size(), tiles.size());
         const double e = rel_err(base, tiles);
         std::printf("  %s: token tiles against per-token pieces, rel err %.2e\n", v, e);
-        // (the MoE's routing can flip on a near-tie between two experts, as in check_synthetic)
-        EXPECT_LT(e, std::string(v) == "26b-a4b" ? 3e-2 : 1e-4) << v;
+        EXPECT_LT(e, 1e-4) << v;
     }
 #endif
 }
@@ -648,20 +683,21 @@ TEST(CudaAttnGemm, MatchesThePieces) {
     o.chunk = 272;
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
         const bool moe = std::string(v) == "26b-a4b";
-        const auto base = synthetic_chain(v, o, 47, "MARKBASE_CUDA_ATTN_GEMM=0", 1088, 2);
+        const uint32_t ps = moe ? clear_routing_seed(v, o, 47, 1088, 2, 2, kVariantRouterMargin) : 5;
+        const auto base = synthetic_chain(v, o, 47, "MARKBASE_CUDA_ATTN_GEMM=0", 1088, 2, 2, ps);
         for (const char* s :
              {"MARKBASE_CUDA_ATTN_GEMM=1", "MARKBASE_CUDA_ATTN_GEMM=1,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
               "MARKBASE_CUDA_ATTN_GEMM=tf32", "MARKBASE_CUDA_ATTN_GEMM=bf16x3",
               "MARKBASE_CUDA_ATTN_GEMM=bf16x3,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
               "MARKBASE_CUDA_ATTN_GEMM_BLOCK=128",
               "MARKBASE_CUDA_ATTN_GEMM_BLOCK=64,MARKBASE_CUDA_ATTN_GEMM_ROWS=40"}) {
-            const auto got = synthetic_chain(v, o, 47, s, 1088, 2);
+            const auto got = synthetic_chain(v, o, 47, s, 1088, 2, 2, ps);
             ASSERT_EQ(base.size(), got.size());
             const double e = rel_err(base, got);
             std::printf("  %s [%s]: against the pieces, rel err %.2e\n", v, s, e);
             const bool tf32 = std::string(s).find("tf32") != std::string::npos;
-            // (the MoE's routing can flip on a near-tie between two experts, as in check_synthetic)
-            EXPECT_LT(e, moe ? 3e-2 : tf32 ? 1e-2 : 1e-4) << v << " " << s;
+            // TF32's ~1e-3 products reach past the routing margin: on the MoE an expert choice may flip
+            EXPECT_LT(e, tf32 ? (moe ? 3e-2 : 1e-2) : 1e-4) << v << " " << s;
         }
     }
 #endif

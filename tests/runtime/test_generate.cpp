@@ -56,7 +56,7 @@ Checkpoint* Stopping::ck = nullptr;
 nlohmann::json* Stopping::goldens = nullptr;
 
 TEST_F(Stopping, AtTheFirstStopIdWhichIsIncluded) {
-    const auto& p = prompt("And God said");
+    const nlohmann::json p = prompt("And God said");
     const auto prompt_ids = p.at("prompt_ids").get<std::vector<int>>();
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
     // Make a stop id of the token at step 6 (the first step that emits it) and of a later one: generation
@@ -115,7 +115,7 @@ TEST_F(Stopping, ChatStopsAtEndOfTurnAsTransformersGenerateDoes) {
 TEST_F(Stopping, ContextFullEndsAfterExactlyCtxMinusPromptPlusOneTokens) {
     // Each generated token but the last is fed back through the cache, so a context of C positions holding a
     // prompt of P yields C - P + 1 new tokens; the one after that would need position C.
-    const auto& p = prompt("In the beginning");
+    const nlohmann::json p = prompt("In the beginning");
     const auto prompt_ids = p.at("prompt_ids").get<std::vector<int>>();
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
     const int64_t P = static_cast<int64_t>(prompt_ids.size());
@@ -137,7 +137,7 @@ TEST_F(Stopping, ContextFullEndsAfterExactlyCtxMinusPromptPlusOneTokens) {
 }
 
 TEST_F(Stopping, TheBudgetCountsGeneratedTokens) {
-    const auto& p = prompt("Blessed are the");
+    const nlohmann::json p = prompt("Blessed are the");
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
     auto be = backend(256);
     for (int n : {1, 2, 7}) {
