@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +13,12 @@
 #include "model/error.h"
 
 namespace markbase::cpu {
+
+// gtest prints a SimdPath parameter by name (found by ADL, hence outside the anonymous namespace).
+static void PrintTo(SimdPath path, std::ostream* os) {
+    *os << simd_path_name(path);
+}
+
 namespace {
 
 // Random inputs, never zeros: uniform in +-[0.05, 1) with a random sign.
