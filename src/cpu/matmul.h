@@ -5,9 +5,13 @@
 // problem: rows are split over the threads in contiguous blocks), n > 4 converts blocks of weight rows to
 // fp32 once and reuses them across tokens in a register-blocked 4x4 micro-kernel (prefill is a compute
 // problem).
+//
+// The kernels (matmul_kernels.h) are compiled once per SIMD path: scalar everywhere, AVX2 and AVX-512 on
+// x86-64 whatever the build's -march. The best path this CPU runs is chosen at run time, once.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cpu/thread_pool.h"
 #include "model/bf16.h"
@@ -26,15 +30,32 @@ void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const f
 // sum_i a[i] * b[i], fp32 accumulation in several independent lanes.
 float dot_f32(const float* a, const float* b, int64_t n);
 
-// The SIMD path this build compiled in: "avx512", "avx2" or "scalar".
+// The SIMD paths, in increasing preference. Avx2 needs AVX2 and FMA; Avx512 AVX-512 F, BW and VL (and AVX2,
+// FMA).
+enum class SimdPath { Scalar, Avx2, Avx512 };
+
+// "scalar", "avx2", "avx512" ("unknown" for a value out of the enum).
+const char* simd_path_name(SimdPath path);
+
+// The paths this build has compiled in and this CPU runs, in increasing preference; Scalar always.
+std::vector<SimdPath> supported_simd_paths();
+
+// The last of supported_simd_paths(): what matmul_bf16, matmul_f32 and dot_f32 run.
+SimdPath best_simd_path();
+
+// The name of the path matmul_bf16 / matmul_f32 / dot_f32 run, as the kernels' own TU spells it.
 const char* matmul_simd_path();
 
-// matmul_bf16 / matmul_f32 / dot_f32 on the portable scalar kernels, whatever SIMD the build has: the
-// reference the SIMD paths are tested against, and the path of a build without AVX2.
-void matmul_bf16_scalar(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
-                        float* y);
-void matmul_f32_scalar(ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w, int64_t out,
-                       float* y);
-float dot_f32_scalar(const float* a, const float* b, int64_t n);
+// matmul_bf16 / matmul_f32 / dot_f32 on the given path (the tests run every supported path). Throw
+// markbase::Error when the path is not compiled into this build or this CPU cannot run it.
+void matmul_bf16_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w,
+                    int64_t out, float* y);
+void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w,
+                   int64_t out, float* y);
+float dot_f32_on(SimdPath path, const float* a, const float* b, int64_t n);
+
+// The name compiled into the kernels that path runs ("avx2" for Avx2 unless the dispatch is wrong); throws
+// as the functions above do.
+const char* matmul_kernels_name(SimdPath path);
 
 }  // namespace markbase::cpu

@@ -1,14 +1,24 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/matmul.h"
 #include "cpu/memory_bandwidth.h"
+#include "model/error.h"
 
 namespace markbase::cpu {
+
+// gtest prints a SimdPath parameter by name (found by ADL, hence outside the anonymous namespace).
+static void PrintTo(SimdPath path, std::ostream* os) {
+    *os << simd_path_name(path);
+}
+
 namespace {
 
 // Random inputs, never zeros: uniform in +-[0.05, 1) with a random sign.
@@ -57,29 +67,109 @@ void expect_matches_reference(const std::vector<float>& x, int64_t n, int64_t in
     }
 }
 
+bool contains(const std::vector<SimdPath>& paths, SimdPath p) {
+    return std::find(paths.begin(), paths.end(), p) != paths.end();
+}
+
+// What this CPU runs, asked independently of matmul.cpp.
+#if defined(__x86_64__)
+bool cpu_has_avx2() {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+bool cpu_has_avx512() {
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+#endif
+
 TEST(Matmul, ReportsSimdPath) {
-    const std::string path = matmul_simd_path();
-    EXPECT_TRUE(path == "avx512" || path == "avx2" || path == "scalar") << path;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    EXPECT_EQ(path, "avx512");
-#elif defined(__AVX2__) && defined(__FMA__)
-    EXPECT_EQ(path, "avx2");
+    SimdPath expected = SimdPath::Scalar;
+#if defined(__x86_64__)
+    if (cpu_has_avx512()) {
+        expected = SimdPath::Avx512;
+    } else if (cpu_has_avx2()) {
+        expected = SimdPath::Avx2;
+    }
+#endif
+    EXPECT_EQ(best_simd_path(), expected) << simd_path_name(best_simd_path());
+    EXPECT_STREQ(matmul_simd_path(), simd_path_name(expected));
+    EXPECT_EQ(supported_simd_paths().back(), best_simd_path());
+}
+
+// A build that leaves out a path this machine runs (a CMake condition gone wrong) fails here.
+TEST(Matmul, SupportsEveryPathTheCpuRuns) {
+    const std::vector<SimdPath> paths = supported_simd_paths();
+    ASSERT_FALSE(paths.empty());
+    EXPECT_EQ(paths.front(), SimdPath::Scalar);
+#if defined(__x86_64__)
+    EXPECT_EQ(contains(paths, SimdPath::Avx2), cpu_has_avx2());
+    EXPECT_EQ(contains(paths, SimdPath::Avx512), cpu_has_avx512());
+#else
+    EXPECT_EQ(paths.size(), 1u);
 #endif
 }
 
-TEST(Matmul, Bf16MatchesDoubleReferenceOnOddShapes) {
+TEST(Matmul, UnsupportedPathThrows) {
+    ThreadPool pool(1);
+    const std::vector<SimdPath> paths = supported_simd_paths();
+    const float x[2] = {1.0f, 2.0f};
+    const bf16 wb[2] = {float_to_bf16(1.0f), float_to_bf16(1.0f)};
+    float y[1] = {0.0f};
+    for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512, static_cast<SimdPath>(7)}) {
+        if (contains(paths, p)) continue;
+        EXPECT_THROW(matmul_bf16_on(p, pool, x, 1, 2, wb, 1, y), Error) << simd_path_name(p);
+        EXPECT_THROW(matmul_f32_on(p, pool, x, 1, 2, x, 1, y), Error) << simd_path_name(p);
+        EXPECT_THROW(dot_f32_on(p, x, x, 2), Error) << simd_path_name(p);
+        EXPECT_THROW(matmul_kernels_name(p), Error) << simd_path_name(p);
+    }
+}
+
+// matmul_bf16, matmul_f32 and dot_f32 run the best path: the same bits as asking for it.
+TEST(Matmul, DefaultEntryPointsRunTheBestPath) {
+    ThreadPool pool(2);
+    const SimdPath best = best_simd_path();
+    const int64_t n = 3, in = 37, out = 21;
+    const auto x = random_floats(static_cast<size_t>(n * in), 41);
+    const auto wb = random_bf16(static_cast<size_t>(out * in), 42);
+    const auto wf = random_floats(static_cast<size_t>(out * in), 43);
+    std::vector<float> y(static_cast<size_t>(n * out)), yp(y.size());
+    matmul_bf16(pool, x.data(), n, in, wb.data(), out, y.data());
+    matmul_bf16_on(best, pool, x.data(), n, in, wb.data(), out, yp.data());
+    EXPECT_EQ(y, yp);
+    matmul_f32(pool, x.data(), n, in, wf.data(), out, y.data());
+    matmul_f32_on(best, pool, x.data(), n, in, wf.data(), out, yp.data());
+    EXPECT_EQ(y, yp);
+    EXPECT_EQ(dot_f32(x.data(), wf.data(), in), dot_f32_on(best, x.data(), wf.data(), in));
+}
+
+// Every test below runs on every path in supported_simd_paths(): Matmul/MatmulOnPath.<test>/<path>.
+class MatmulOnPath : public ::testing::TestWithParam<SimdPath> {};
+
+std::string path_param_name(const ::testing::TestParamInfo<SimdPath>& param) {
+    return simd_path_name(param.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Matmul, MatmulOnPath, ::testing::ValuesIn(supported_simd_paths()), path_param_name);
+
+// The kernels the dispatch hands out for a path were compiled as that path: their name is a literal of the TU
+// that compiled them (matmul_avx2.cpp, matmul_avx512.cpp, matmul.cpp for scalar).
+TEST_P(MatmulOnPath, KernelsAreThePathTheySay) {
+    EXPECT_STREQ(matmul_kernels_name(GetParam()), simd_path_name(GetParam()));
+}
+
+// in: below one vector, tails of 1..15 against 8 and 16 lanes, exact multiples; out: not multiples of the
+// tile rows (3 or 4) nor of the GEMV rows (8 or 16); n: GEMV, direct tiles with token tails, blocked.
+TEST_P(MatmulOnPath, Bf16MatchesDoubleReferenceOnOddShapes) {
     ThreadPool pool(3);
     uint32_t seed = 1;
-    for (int64_t in : {1, 3, 17, 1000, 2816}) {
-        for (int64_t out : {1, 7, 129}) {
-            for (int64_t n : {1, 2, 5, 33}) {
+    for (int64_t in : {1, 3, 17, 23, 40, 1000, 2816}) {
+        for (int64_t out : {1, 7, 35, 129}) {
+            for (int64_t n : {1, 2, 3, 4, 5, 33, 70}) {
                 const auto x = random_floats(static_cast<size_t>(n * in), seed++);
                 const auto w = random_bf16(static_cast<size_t>(out * in), seed++);
-                std::vector<float> y(static_cast<size_t>(n * out), NAN), ys(y.size(), NAN);
-                matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data());
-                expect_matches_reference(x, n, in, w, out, y, matmul_simd_path());
-                matmul_bf16_scalar(pool, x.data(), n, in, w.data(), out, ys.data());
-                expect_matches_reference(x, n, in, w, out, ys, "scalar");
+                std::vector<float> y(static_cast<size_t>(n * out), NAN);
+                matmul_bf16_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
+                expect_matches_reference(x, n, in, w, out, y, simd_path_name(GetParam()));
             }
         }
     }
@@ -87,39 +177,35 @@ TEST(Matmul, Bf16MatchesDoubleReferenceOnOddShapes) {
 
 // Crosses every blocking boundary of the prefill path: several token blocks, input blocks and row blocks,
 // with tails in each, and a weight too small to go parallel.
-TEST(Matmul, Bf16PrefillBlockBoundaries) {
+TEST_P(MatmulOnPath, Bf16PrefillBlockBoundaries) {
     ThreadPool pool(2);
-    const int64_t cases[][3] = {{130, 1537, 67}, {70, 512, 32}, {64, 513, 33},
-                                {6, 5, 3},       {4, 16, 4},    {3, 2048, 9}};
+    const int64_t cases[][3] = {{130, 1537, 67}, {70, 512, 32}, {64, 513, 33}, {6, 5, 3},
+                                {4, 16, 4},      {3, 2048, 9},  {70, 1031, 97}};
     uint32_t seed = 100;
     for (const auto& c : cases) {
         const int64_t n = c[0], in = c[1], out = c[2];
         const auto x = random_floats(static_cast<size_t>(n * in), seed++);
         const auto w = random_bf16(static_cast<size_t>(out * in), seed++);
-        std::vector<float> y(static_cast<size_t>(n * out), NAN), ys(y.size(), NAN);
-        matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data());
-        expect_matches_reference(x, n, in, w, out, y, matmul_simd_path());
-        matmul_bf16_scalar(pool, x.data(), n, in, w.data(), out, ys.data());
-        expect_matches_reference(x, n, in, w, out, ys, "scalar");
+        std::vector<float> y(static_cast<size_t>(n * out), NAN);
+        matmul_bf16_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
+        expect_matches_reference(x, n, in, w, out, y, simd_path_name(GetParam()));
     }
 }
 
 // The widest input of any Gemma 4 projection (31B's MLP down_proj): fp32 accumulation holds 1e-5.
-TEST(Matmul, Bf16LongInput) {
+TEST_P(MatmulOnPath, Bf16LongInput) {
     ThreadPool pool(2);
     const int64_t in = 21504, out = 9;
     for (int64_t n : {1, 6}) {
         const auto x = random_floats(static_cast<size_t>(n * in), 7);
         const auto w = random_bf16(static_cast<size_t>(out * in), 8);
-        std::vector<float> y(static_cast<size_t>(n * out), NAN), ys(y.size(), NAN);
-        matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data());
-        expect_matches_reference(x, n, in, w, out, y, matmul_simd_path());
-        matmul_bf16_scalar(pool, x.data(), n, in, w.data(), out, ys.data());
-        expect_matches_reference(x, n, in, w, out, ys, "scalar");
+        std::vector<float> y(static_cast<size_t>(n * out), NAN);
+        matmul_bf16_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
+        expect_matches_reference(x, n, in, w, out, y, simd_path_name(GetParam()));
     }
 }
 
-TEST(Matmul, ResultDoesNotDependOnThreadCount) {
+TEST_P(MatmulOnPath, ResultDoesNotDependOnThreadCount) {
     const int64_t n = 5, in = 300, out = 257;
     const auto x = random_floats(static_cast<size_t>(n * in), 11);
     const auto w = random_bf16(static_cast<size_t>(out * in), 12);
@@ -127,7 +213,7 @@ TEST(Matmul, ResultDoesNotDependOnThreadCount) {
     for (int threads : {1, 2, 3, 8}) {
         ThreadPool pool(threads);
         std::vector<float> y(static_cast<size_t>(n * out), NAN);
-        matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data());
+        matmul_bf16_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
         if (first.empty()) {
             first = y;
         } else {
@@ -136,26 +222,24 @@ TEST(Matmul, ResultDoesNotDependOnThreadCount) {
     }
 }
 
-TEST(Matmul, F32WeightMatchesDoubleReference) {
+TEST_P(MatmulOnPath, F32WeightMatchesDoubleReference) {
     ThreadPool pool(2);
     uint32_t seed = 500;
-    for (int64_t in : {1, 17, 1000}) {
-        for (int64_t out : {1, 7, 129}) {
-            for (int64_t n : {1, 5, 33}) {
+    for (int64_t in : {1, 17, 23, 1000}) {
+        for (int64_t out : {1, 7, 35, 129}) {
+            for (int64_t n : {1, 2, 3, 4, 5, 33, 70}) {
                 const auto x = random_floats(static_cast<size_t>(n * in), seed++);
                 const auto w = random_floats(static_cast<size_t>(out * in), seed++);
-                std::vector<float> y(static_cast<size_t>(n * out), NAN), ys(y.size(), NAN);
-                matmul_f32(pool, x.data(), n, in, w.data(), out, y.data());
-                expect_matches_reference(x, n, in, w, out, y, matmul_simd_path());
-                matmul_f32_scalar(pool, x.data(), n, in, w.data(), out, ys.data());
-                expect_matches_reference(x, n, in, w, out, ys, "scalar");
+                std::vector<float> y(static_cast<size_t>(n * out), NAN);
+                matmul_f32_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
+                expect_matches_reference(x, n, in, w, out, y, simd_path_name(GetParam()));
             }
         }
     }
 }
 
-TEST(Matmul, DotF32) {
-    for (int64_t n : {1, 3, 15, 16, 17, 64, 65, 1000, 21504}) {
+TEST_P(MatmulOnPath, DotF32) {
+    for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 1000, 21504}) {
         const auto a = random_floats(static_cast<size_t>(n), 21);
         const auto b = random_floats(static_cast<size_t>(n), 22);
         double ref = 0, mag = 0;
@@ -163,20 +247,19 @@ TEST(Matmul, DotF32) {
             ref += static_cast<double>(a[i]) * b[i];
             mag += std::fabs(static_cast<double>(a[i]) * b[i]);
         }
-        EXPECT_NEAR(dot_f32(a.data(), b.data(), n), ref, 1e-5 * mag) << n;
-        EXPECT_NEAR(dot_f32_scalar(a.data(), b.data(), n), ref, 1e-5 * mag) << n;
+        EXPECT_NEAR(dot_f32_on(GetParam(), a.data(), b.data(), n), ref, 1e-5 * mag) << n;
     }
-    EXPECT_EQ(dot_f32(nullptr, nullptr, 0), 0.0f);
+    EXPECT_EQ(dot_f32_on(GetParam(), nullptr, nullptr, 0), 0.0f);
 }
 
-TEST(Matmul, PropagatesNonFiniteInputs) {
+TEST_P(MatmulOnPath, PropagatesNonFiniteInputs) {
     ThreadPool pool(2);
     const int64_t n = 2, in = 40, out = 8;
     auto x = random_floats(static_cast<size_t>(n * in), 31);
     const auto w = random_bf16(static_cast<size_t>(out * in), 32);
-    x[in + 39] = INFINITY;  // token 1, the masked tail of the input
+    x[in + 39] = INFINITY;  // token 1, the masked tail of the input on 16 lanes
     std::vector<float> y(static_cast<size_t>(n * out));
-    matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data());
+    matmul_bf16_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
     for (int64_t o = 0; o < out; ++o) {
         EXPECT_TRUE(std::isfinite(y[o]));
         EXPECT_TRUE(std::isinf(y[out + o]));

@@ -1,0 +1,268 @@
+// The CPU matmul kernels, written once as templates over a vector backend and compiled once per instruction
+// set: the scalar backend in matmul.cpp, AVX2 in matmul_avx2.cpp and AVX-512 in matmul_avx512.cpp, each TU
+// with its own -m flags (CMakeLists.txt). Each TU exports a MatmulKernels table; matmul.cpp picks one at run
+// time (the best one this CPU runs) and splits the work over the thread pool.
+//
+// Everything here but the table type has internal linkage (an anonymous namespace). The same template
+// instantiated in TUs compiled for different instruction sets would otherwise be one symbol, and the linker
+// would keep one of the copies (perhaps AVX-512 code) for every path. For the same reason the kernels
+// instantiate no out-of-line standard library template (no containers, not even std::min): the scratch panel
+// of rows_blocked is passed in by matmul.cpp.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "model/bf16.h"
+
+namespace markbase::cpu {
+
+// Rows [r0, r1) of y = x w^T (see matmul.h for the layouts). panel: fp32 scratch of MatmulKernels::
+// panel_floats for the blocked kernel of a bf16 weight, unused (may be null) otherwise.
+template <class WT>
+using RowsKernel = void (*)(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y,
+                            int64_t r0, int64_t r1, float* panel);
+
+struct MatmulKernels {
+    const char* name;      // "scalar", "avx2" or "avx512": a literal of the TU that compiled the kernels
+    int64_t tile_rows;     // rows of a tile: the threads are given whole tiles
+    int64_t panel_floats;  // the scratch blocked_bf16 needs
+    RowsKernel<bf16> direct_bf16, blocked_bf16;
+    RowsKernel<float> direct_f32, blocked_f32;
+    float (*dot)(const float* a, const float* b, int64_t n);
+};
+
+// Defined in matmul_avx2.cpp and matmul_avx512.cpp, which are built on x86-64 only (MARKBASE_MATMUL_X86).
+extern const MatmulKernels kMatmulKernelsAvx2;
+extern const MatmulKernels kMatmulKernelsAvx512;
+
+namespace {
+
+// Prefill blocking: kBlockK inputs x kBlockRows (8 tiles, 24 or 32) weight rows are converted to fp32 (<= 64
+// KB, stays in L2) and reused by kBlockTokens tokens, whose x panel (kBlockTokens x kBlockK fp32 = 128 KB)
+// also stays in L2.
+constexpr int64_t kBlockK = 512;
+constexpr int64_t kBlockTilesOfRows = 8;
+constexpr int64_t kBlockTokens = 64;
+
+inline int64_t min_i64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+// -----------------------------------------------------------------------------------------------------------
+// Vector backends. Every kernel below is a template over one of these, so the scalar backend runs the very
+// same blocking and tail logic as the SIMD ones. A backend offers:
+//   V, W (lanes), zero, load / load_n (fp32 or bf16 source; load_n reads only n < W elements, the rest is 0),
+//   fma(a, b, acc) = a * b + acc, hsum, hsum4, pin, store / store_n; and its tile shapes.
+// -----------------------------------------------------------------------------------------------------------
+
+struct ScalarOps {
+    using V = float;
+    static constexpr int W = 1;
+    static constexpr int kTileRows = 4, kTileTokens = 4, kGemvRows = 4;
+    static V zero() { return 0.0f; }
+    static V load(const float* p) { return *p; }
+    static V load(const bf16* p) { return bf16_to_float(*p); }
+    static V load_n(const float* p, int64_t n) { return n > 0 ? *p : 0.0f; }
+    static V load_n(const bf16* p, int64_t n) { return n > 0 ? bf16_to_float(*p) : 0.0f; }
+    static V fma(V a, V b, V acc) { return a * b + acc; }
+    static float hsum(V v) { return v; }
+    static void hsum4(V a, V b, V c, V d, float* out) {
+        out[0] = a;
+        out[1] = b;
+        out[2] = c;
+        out[3] = d;
+    }
+    static void pin(V&) {}
+    static void store(float* p, V v) { *p = v; }
+    static void store_n(float* p, V v, int64_t n) {
+        if (n > 0) *p = v;
+    }
+};
+
+// -----------------------------------------------------------------------------------------------------------
+// The micro-kernel: an R x T tile of y (R weight rows, T tokens), dot products of length k along the
+// contiguous input dimension. R weight vectors and one x vector live in registers at a time; R*T accumulators
+// (16 at 4x4, with 4 + 1 loads per 16 FMAs) hide the FMA latency. y[t*ldy + r] is written, or added to when
+// accumulate.
+// -----------------------------------------------------------------------------------------------------------
+
+template <class O, int R, int T, class WT>
+inline void tile(const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+                 bool accumulate) {
+    using V = typename O::V;
+    V acc[R][T];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = O::zero();
+    int64_t i = 0;
+    for (; i + O::W <= k; i += O::W) {
+        V wv[R];
+        for (int r = 0; r < R; ++r) {
+            wv[r] = O::load(w + r * ldw + i);
+            if constexpr (T > 1) O::pin(wv[r]);  // reused by T tokens (with T = 1 it only adds spills)
+        }
+        for (int t = 0; t < T; ++t) {
+            V xv = O::load(x + t * ldx + i);
+            O::pin(xv);
+            for (int r = 0; r < R; ++r) acc[r][t] = O::fma(wv[r], xv, acc[r][t]);
+        }
+    }
+    if (i < k) {
+        const int64_t rest = k - i;
+        V wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = O::load_n(w + r * ldw + i, rest);
+        for (int t = 0; t < T; ++t) {
+            const V xv = O::load_n(x + t * ldx + i, rest);
+            for (int r = 0; r < R; ++r) acc[r][t] = O::fma(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        float s[R];
+        int r = 0;
+        for (; r + 4 <= R; r += 4) O::hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t], s + r);
+        for (; r < R; ++r) s[r] = O::hsum(acc[r][t]);
+        float* d = y + t * ldy;
+        for (r = 0; r < R; ++r) d[r] = accumulate ? d[r] + s[r] : s[r];
+    }
+}
+
+// Runtime (rows, tokens) in 1..4 x 1..4 -> the matching compile-time tile.
+template <class O, int R, class WT>
+inline void tile_t(int tokens, const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y,
+                   int64_t ldy, bool acc) {
+    switch (tokens) {
+        case 4:
+            tile<O, R, 4>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 3:
+            tile<O, R, 3>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 2:
+            tile<O, R, 2>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        default:
+            tile<O, R, 1>(w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+    }
+}
+
+template <class O, class WT>
+inline void tile_rt(int rows, int tokens, const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
+                    float* y, int64_t ldy, bool acc) {
+    switch (rows) {
+        case 4:
+            tile_t<O, 4>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 3:
+            tile_t<O, 3>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        case 2:
+            tile_t<O, 2>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+        default:
+            tile_t<O, 1>(tokens, w, ldw, x, ldx, k, y, ldy, acc);
+            break;
+    }
+}
+
+// Decode and short batches (matmul.cpp chooses): rows [r0, r1), every token at once in tiles of kTileRows
+// rows x up to kTileTokens tokens, weights read in place.
+template <class O, class WT>
+void rows_direct(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
+                 int64_t r1, float* /*panel*/) {
+    if (n == 1) {
+        // GEMV: x is twice the bytes of a bf16 row and the weight stream evicts it from L1, so each x vector
+        // is used by many rows at once (measured on Zen 4: 4 rows 18 GB/s, 8 rows 21, 16 rows 24 of a 28 GB/s
+        // single-core read ceiling).
+        for (; r0 + O::kGemvRows <= r1; r0 += O::kGemvRows) {
+            tile<O, O::kGemvRows, 1>(w + r0 * in, in, x, in, in, y + r0, out, false);
+        }
+    }
+    for (int64_t r = r0; r < r1; r += O::kTileRows) {
+        const int rows = static_cast<int>(min_i64(O::kTileRows, r1 - r));
+        for (int64_t t = 0; t < n; t += O::kTileTokens) {
+            const int tokens = static_cast<int>(min_i64(O::kTileTokens, n - t));
+            tile_rt<O>(rows, tokens, w + r * in, in, x + t * in, in, in, y + t * out + r, out, false);
+        }
+    }
+}
+
+// Converts w[rows][k0 .. k0 + k) to fp32 in dst[rows][ld]. A float weight needs no copy (see rows_blocked).
+template <class O>
+void widen_block(const bf16* w, int64_t in, int64_t rows, int64_t k0, int64_t k, float* dst, int64_t ld) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const bf16* s = w + r * in + k0;
+        float* d = dst + r * ld;
+        int64_t i = 0;
+        for (; i + O::W <= k; i += O::W) O::store(d + i, O::load(s + i));
+        if (i < k) O::store_n(d + i, O::load_n(s + i, k - i), k - i);
+    }
+}
+
+// Prefill: rows [r0, r1), tokens in blocks; for each input block and row block the weights are widened once
+// (into panel, kBlockTilesOfRows * kTileRows * kBlockK floats) and swept by every token of the token block.
+template <class O, class WT>
+void rows_blocked(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
+                  int64_t r1, float* panel) {
+    constexpr int64_t kBlockRows = kBlockTilesOfRows * O::kTileRows;
+    for (int64_t t0 = 0; t0 < n; t0 += kBlockTokens) {
+        const int64_t nt = min_i64(kBlockTokens, n - t0);
+        for (int64_t k0 = 0; k0 < in; k0 += kBlockK) {
+            const int64_t k = min_i64(kBlockK, in - k0);
+            const bool accumulate = k0 > 0;
+            for (int64_t rb = r0; rb < r1; rb += kBlockRows) {
+                const int64_t nr = min_i64(kBlockRows, r1 - rb);
+                const float* wp;
+                int64_t ldw;
+                if constexpr (std::is_same_v<WT, float>) {
+                    wp = w + rb * in + k0;
+                    ldw = in;
+                } else {
+                    widen_block<O>(w + rb * in, in, nr, k0, k, panel, kBlockK);
+                    wp = panel;
+                    ldw = kBlockK;
+                }
+                for (int64_t r = 0; r < nr; r += O::kTileRows) {
+                    const int rows = static_cast<int>(min_i64(O::kTileRows, nr - r));
+                    for (int64_t t = 0; t < nt; t += O::kTileTokens) {
+                        const int tokens = static_cast<int>(min_i64(O::kTileTokens, nt - t));
+                        tile_rt<O>(rows, tokens, wp + r * ldw, ldw, x + (t0 + t) * in + k0, in, k,
+                                   y + (t0 + t) * out + rb + r, out, accumulate);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <class O>
+float dot_impl(const float* a, const float* b, int64_t n) {
+    using V = typename O::V;
+    V s0 = O::zero(), s1 = O::zero(), s2 = O::zero(), s3 = O::zero();
+    int64_t i = 0;
+    for (; i + 4 * O::W <= n; i += 4 * O::W) {
+        s0 = O::fma(O::load(a + i), O::load(b + i), s0);
+        s1 = O::fma(O::load(a + i + O::W), O::load(b + i + O::W), s1);
+        s2 = O::fma(O::load(a + i + 2 * O::W), O::load(b + i + 2 * O::W), s2);
+        s3 = O::fma(O::load(a + i + 3 * O::W), O::load(b + i + 3 * O::W), s3);
+    }
+    for (; i + O::W <= n; i += O::W) s0 = O::fma(O::load(a + i), O::load(b + i), s0);
+    if (i < n) s1 = O::fma(O::load_n(a + i, n - i), O::load_n(b + i, n - i), s1);
+    return O::hsum(s0) + O::hsum(s1) + O::hsum(s2) + O::hsum(s3);
+}
+
+// The table of one backend's kernels; name is the caller's literal, so it lives in the caller's TU.
+template <class O>
+constexpr MatmulKernels make_matmul_kernels(const char* name) {
+    return {name,
+            O::kTileRows,
+            kBlockTilesOfRows * O::kTileRows * kBlockK,
+            &rows_direct<O, bf16>,
+            &rows_blocked<O, bf16>,
+            &rows_direct<O, float>,
+            &rows_blocked<O, float>,
+            &dot_impl<O>};
+}
+
+}  // namespace
+}  // namespace markbase::cpu
