@@ -5,9 +5,10 @@
 #   libgtest-dev                         GoogleTest, the test framework
 #   xz-utils                             unpacks the compressed tokenizer fixtures under tests/data
 #   python3                              the test scripts' small helpers (no third-party modules)
+#   clang, libclang-rt-14-dev            the fuzzers (fuzz/, scripts/fuzz.sh): clang's libFuzzer and sanitizer runtimes
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev xz-utils python3)
+pkgs=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev xz-utils python3 clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies (Debian 12, as root), builds MarkBase and runs the whole test suite:
-# a Release build (what users run) and an AddressSanitizer + UBSan build of the tests.
+# a Release build (what users run), an AddressSanitizer + UBSan build of the tests, and a short run of every
+# fuzzer (docs/testing.md).
 # GPU tests skip, with their reason printed, on machines without a CUDA device.
 # Either pass fails when it runs no test: a build folder configured without the tests (scripts/run-default.sh
 # configures `build` with MARKBASE_TESTS=OFF) is reconfigured with them, and a count of zero is an error.
@@ -38,5 +39,11 @@ if [ "${MARKBASE_SKIP_SANITIZERS:-0}" != 1 ]; then
     exit 1
   fi
 fi
-echo "Release: $release_total tests ($skipped skipped); sanitizers: $asan_total tests"
-echo "markbase: $((release_total + asan_total - release_failed)) passed, $release_failed failed, $skipped skipped"
+# a short run of every fuzzer (scripts/fuzz.sh; a long one is a separate job)
+fuzz_total=0
+if [ "${MARKBASE_SKIP_FUZZ:-0}" != 1 ]; then
+  bash scripts/fuzz.sh "${MARKBASE_FUZZ_SECONDS:-30}"
+  fuzz_total=$(ls fuzz/corpus | wc -l)
+fi
+echo "Release: $release_total tests ($skipped skipped); sanitizers: $asan_total tests; fuzzers: $fuzz_total"
+echo "markbase: $((release_total + asan_total + fuzz_total - release_failed)) passed, $release_failed failed, $skipped skipped"

@@ -1,0 +1,32 @@
+// Command-line arguments: the input split at NUL bytes into argv, read as the subcommands read theirs.
+#include <string>
+#include <vector>
+
+#include "cli/commands/args.h"
+#include "fuzz/fuzz_input.h"
+#include "model/error.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const std::string_view text = markbase::fuzz::as_text(data, size);
+    std::vector<std::string> args;
+    size_t start = 0;
+    for (size_t i = 0; i <= text.size(); ++i) {
+        if (i < text.size() && text[i] != '\0') continue;
+        args.emplace_back(text.substr(start, i - start));
+        start = i + 1;
+    }
+    try {
+        markbase::cli::ArgReader a("run", args);
+        (void)a.value({"-m", "--model"});
+        (void)a.integer({"-n", "--n-predict"}, 128);
+        (void)a.integer({"-c", "--ctx-size"}, 4096);
+        (void)a.number({"--temp", "--temperature"}, 1.0);
+        (void)a.number({"--top-p"}, 0.95);
+        (void)a.flag({"--json"});
+        (void)a.value_or({"-p", "--prompt"}, "");
+        if (auto ids = a.value({"--ids"})) (void)markbase::cli::parse_id_list(*ids, "--ids");
+        a.finish();
+    } catch (const markbase::Error&) {
+    }
+    return 0;
+}
