@@ -23,7 +23,7 @@ int cmd_chat(const Args& args) {
     ArgReader a("chat", args);
     ModelOptions mo = ModelOptions::read(a);
     GenerateOptions go;
-    go.max_new_tokens = static_cast<int>(a.integer({"-n", "--n-predict"}, 1024));
+    go.max_new_tokens = a.integer({"-n", "--n-predict"}, 1024, -1, kIntMax);
     go.sampling = read_sampling(a, mo.model_dir);
     const std::string system = a.value_or({"-sys", "--system-prompt"}, "");
     const bool think = a.flag({"--think"});

@@ -24,7 +24,7 @@ int cmd_run(const Args& args) {
     auto ids_arg = a.value({"--ids"});
     auto prompt_arg = a.value({"-p", "--prompt"});
     GenerateOptions go;
-    go.max_new_tokens = static_cast<int>(a.integer({"-n", "--n-predict"}, 128));
+    go.max_new_tokens = a.integer({"-n", "--n-predict"}, 128, -1, kIntMax);
     go.sampling = read_sampling(a, mo.model_dir);
     go.ignore_eos = a.flag({"--ignore-eos"});
     const bool as_json = a.flag({"--json"});
