@@ -3,9 +3,11 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "cli/commands/commands.h"
+#include "cli/commands/output.h"
 #include "model/error.h"
 
 namespace {
@@ -32,22 +34,9 @@ const char* kUsage =
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command's exit code; a markbase::Error (or any exception) escaping it is printed as one "error:" line.
+int dispatch(const std::string& cmd, const markbase::cli::Args& args) {
     using namespace markbase::cli;
-    if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") ||
-        !std::strcmp(argv[1], "help")) {
-        std::fputs(kUsage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    const std::string cmd = argv[1];
-    Args args(argv + 2, argv + argc);
-    for (const auto& s : args)
-        if (s == "-h" || s == "--help") {
-            std::fputs(kUsage, stdout);
-            return 0;
-        }
     try {
         if (cmd == "run") return cmd_run(args);
         if (cmd == "chat") return cmd_chat(args);
@@ -61,12 +50,42 @@ int main(int argc, char** argv) {
         return 2;
     } catch (const markbase::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
-        return 1;
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "error: out of memory\n");
-        return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: internal: %s\n", e.what());
+    }
+    return 1;
+}
+
+// A run that succeeded is exit 0 only when its output reached stdout.
+int with_output_checked(int code) {
+    if (code != 0) return code;
+    try {
+        markbase::cli::flush_stdout();
+    } catch (const markbase::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace markbase::cli;
+    install_checked_stdout();
+    if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") ||
+        !std::strcmp(argv[1], "help")) {
+        std::fputs(kUsage, argc < 2 ? stderr : stdout);
+        return with_output_checked(argc < 2 ? 2 : 0);
+    }
+    const std::string cmd = argv[1];
+    Args args(argv + 2, argv + argc);
+    for (const auto& s : args)
+        if (s == "-h" || s == "--help") {
+            std::fputs(kUsage, stdout);
+            return with_output_checked(0);
+        }
+    return with_output_checked(dispatch(cmd, args));
 }

@@ -11,6 +11,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
+#include "cli/commands/output.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_reuse.h"
@@ -43,7 +44,7 @@ int cmd_chat(const Args& args) {
     std::string line;
     while (true) {
         std::fputs("> ", stdout);
-        std::fflush(stdout);
+        flush_stdout();
         if (!std::getline(std::cin, line) || line == "/exit") break;
         if (line == "/reset") {
             history.resize(system.empty() ? 0 : 1);
@@ -76,7 +77,7 @@ int cmd_chat(const Args& args) {
             [&](int id) {
                 if (std::find(go.stop_ids.begin(), go.stop_ids.end(), id) == go.stop_ids.end())
                     std::fputs(stream.push(id).c_str(), stdout);
-                std::fflush(stdout);
+                flush_stdout();
                 return true;
             },
             &reply);
@@ -90,7 +91,7 @@ int cmd_chat(const Args& args) {
             std::find(go.stop_ids.begin(), go.stop_ids.end(), reply.back()) != go.stop_ids.end())
             reply.pop_back();
         history.push_back({"assistant", tok.decode(reply)});
-        std::fflush(stdout);
+        flush_stdout();
         std::fprintf(stderr, "[%s]\n", format_receipt(st).c_str());
     }
     std::fputs("\n", stdout);

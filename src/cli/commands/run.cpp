@@ -11,6 +11,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
+#include "cli/commands/output.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 #include "tokenizer/chat_format.h"
@@ -68,7 +69,7 @@ int cmd_run(const Args& args) {
             } else {
                 std::printf("%d ", id);
             }
-            std::fflush(stdout);
+            flush_stdout();  // stops the run at once when the text cannot be written
             return true;
         },
         &out);
@@ -84,7 +85,7 @@ int cmd_run(const Args& args) {
         if (stream) std::fputs(stream->flush().c_str(), stdout);
         std::printf("\n");
     }
-    std::fflush(stdout);  // the text ends before the receipt starts, also when both go to one pipe
+    flush_stdout();  // the text ends before the receipt starts, also when both go to one pipe
     const ModelCounts counts = count_params(lm.backend->config());
     std::fprintf(stderr, "[%s] load %.2f s | %s | stop: %s\n", lm.backend->name().c_str(), lm.load_s,
                  format_receipt(st, counts.bytes_per_token).c_str(), st.stop_reason.c_str());
