@@ -1,5 +1,6 @@
 // markbase: the command-line entry point. Dispatches to src/cli/commands/; every user-facing error is a
 // markbase::Error printed as one line, never a crash or a stack trace.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -74,6 +75,9 @@ int with_output_checked(int code) {
 
 int main(int argc, char** argv) {
     using namespace markbase::cli;
+    // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported, instead of killing the process
+    // part way through a file.
+    std::signal(SIGXFSZ, SIG_IGN);
     install_checked_stdout();
     if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") ||
         !std::strcmp(argv[1], "help")) {
