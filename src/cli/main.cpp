@@ -35,20 +35,30 @@ const char* kUsage =
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
 
+using markbase::cli::Args;
+
+struct Command {
+    const char* name;
+    int (*run)(const Args&);
+};
+
+const Command kCommands[] = {
+    {"run", markbase::cli::cmd_run},           {"chat", markbase::cli::cmd_chat},
+    {"logits", markbase::cli::cmd_logits},     {"inspect", markbase::cli::cmd_inspect},
+    {"bench", markbase::cli::cmd_bench},       {"perplexity", markbase::cli::cmd_perplexity},
+    {"tokenize", markbase::cli::cmd_tokenize}, {"detokenize", markbase::cli::cmd_detokenize},
+};
+
+const Command* find_command(const std::string& name) {
+    for (const Command& c : kCommands)
+        if (name == c.name) return &c;
+    return nullptr;
+}
+
 // The command's exit code; a markbase::Error (or any exception) escaping it is printed as one "error:" line.
-int dispatch(const std::string& cmd, const markbase::cli::Args& args) {
-    using namespace markbase::cli;
+int dispatch(const Command& cmd, const Args& args) {
     try {
-        if (cmd == "run") return cmd_run(args);
-        if (cmd == "chat") return cmd_chat(args);
-        if (cmd == "logits") return cmd_logits(args);
-        if (cmd == "inspect") return cmd_inspect(args);
-        if (cmd == "bench") return cmd_bench(args);
-        if (cmd == "perplexity") return cmd_perplexity(args);
-        if (cmd == "tokenize") return cmd_tokenize(args);
-        if (cmd == "detokenize") return cmd_detokenize(args);
-        std::fprintf(stderr, "markbase: unknown command '%s'\n%s", cmd.c_str(), kUsage);
-        return 2;
+        return cmd.run(args);
     } catch (const markbase::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
     } catch (const std::bad_alloc&) {
@@ -74,7 +84,7 @@ int with_output_checked(int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    using namespace markbase::cli;
+    using markbase::cli::install_checked_stdout;
     // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported, instead of killing the process
     // part way through a file.
     std::signal(SIGXFSZ, SIG_IGN);
@@ -84,12 +94,16 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, argc < 2 ? stderr : stdout);
         return with_output_checked(argc < 2 ? 2 : 0);
     }
-    const std::string cmd = argv[1];
+    const Command* cmd = find_command(argv[1]);
+    if (cmd == nullptr) {  // also with --help: a misspelt command is never a success
+        std::fprintf(stderr, "markbase: unknown command '%s'\n%s", argv[1], kUsage);
+        return 2;
+    }
     Args args(argv + 2, argv + argc);
     for (const auto& s : args)
         if (s == "-h" || s == "--help") {
             std::fputs(kUsage, stdout);
             return with_output_checked(0);
         }
-    return with_output_checked(dispatch(cmd, args));
+    return with_output_checked(dispatch(*cmd, args));
 }

@@ -139,6 +139,21 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
     }
 }
 
+TEST_F(Cli, HelpIsASuccessOnlyForAKnownCommand) {
+    for (const char* args : {"frobnicate --help", "frobnicate -h", "runn --help"}) {
+        Result r = run(args);
+        EXPECT_EQ(r.code, 2) << args << "\n" << r.all();
+        const std::string name = std::string(args).substr(0, std::string(args).find(' '));
+        EXPECT_NE(r.err.find("unknown command '" + name + "'"), std::string::npos) << args << "\n" << r.all();
+        EXPECT_EQ(r.out, "") << args;
+    }
+    for (const char* args : {"--help", "-h", "help", "run --help", "bench load --help", "tokenize --help"}) {
+        Result r = run(args);
+        EXPECT_EQ(r.code, 0) << args << "\n" << r.all();
+        EXPECT_NE(r.out.find("usage: markbase"), std::string::npos) << args << "\n" << r.all();
+    }
+}
+
 TEST_F(Cli, WithoutModelFlagTheBundledModelRuns) {
     // models/default/goldens.json: "And God said" and transformers' greedy continuation
     const nlohmann::json g = nlohmann::json::parse(std::ifstream(std::string(MARKBASE_TEST_DATA) +
