@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
@@ -101,6 +104,33 @@ TEST_F(CliText, ChatKeepsHistoryAndPrintsAReceiptPerReply) {
     EXPECT_LE(prompt_tokens[1], 6 + 3 + new_turn) << out;
     EXPECT_EQ(prompt_tokens[0], static_cast<int>(tok.encode(render_gemma4_chat({{"user", "Hello there"}}, true)).size()))
         << out;
+}
+
+// A prompt refused after tokenizing (too long for the context, ids past the model's vocabulary) or by the
+// tokenizer (invalid UTF-8) leaves stdout empty: the prompt's text is echoed only once it will be run.
+TEST_F(CliText, RunPrintsNothingBeforeAPromptIsRefused) {
+    testing::TempDir small("clitextsmall");  // the same tokenizer beside a model of vocabulary 256
+    write_random_checkpoint(small.path(), testing::tiny_config("31b"), 5);
+    std::filesystem::copy_file(dir->path() / "tokenizer.json", small.path() / "tokenizer.json");
+    struct Case {
+        std::string args, expect;
+    };
+    for (const Case& c : std::vector<Case>{
+             {model() + "-p 'The capital of France is a city' -c 4", "context holds 4 more"},
+             {"-m '" + small.path().string() + "' -p 'The capital of France'",
+              "outside the vocabulary [0, 256)"},
+             {model() + "-p \"$(printf 'ab\\377')\"", "not valid UTF-8"},
+         }) {
+        int code = 0;
+        const std::string err_file = (small.path() / "err").string();
+        const std::string out =
+            sh(bin() + "run --device cpu -n 2 " + c.args + " 2>'" + err_file + "'", &code);
+        std::ifstream ef(err_file);
+        const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+        EXPECT_EQ(code, 1) << c.args << "\n" << err;
+        EXPECT_EQ(out, "") << c.args;
+        EXPECT_NE(err.find(c.expect), std::string::npos) << c.args << "\n" << err;
+    }
 }
 
 TEST_F(CliText, PromptWithoutTokenizerIsAClearError) {
