@@ -133,6 +133,36 @@ TEST_F(CliText, RunPrintsNothingBeforeAPromptIsRefused) {
     }
 }
 
+// One bad line (invalid UTF-8, too long for the context) is refused with a message; the session, and the
+// history the next line is answered with, go on.
+TEST_F(CliText, ChatRefusesABadLineAndKeepsTheSession) {
+    std::string long_line;
+    for (int i = 0; i < 60; ++i) long_line += "word ";
+    const std::string input_file = (dir->path() / "chat_input.txt").string();
+    std::ofstream(input_file, std::ios::binary) << "Hello there\n\xff\xfe\n" << long_line << "\nAnd again\n";
+    int code = 0;
+    const std::string out =
+        sh(bin() + "chat " + model() + "--device cpu -n 4 --temp 0 -c 48 <'" + input_file + "' 2>&1", &code);
+    ASSERT_EQ(code, 0) << out;
+    size_t receipts = 0, refused = 0;
+    for (size_t p = out.find("[prompt "); p != std::string::npos; p = out.find("[prompt ", p + 1)) ++receipts;
+    for (size_t p = out.find("[line not accepted: "); p != std::string::npos;
+         p = out.find("[line not accepted: ", p + 1))
+        ++refused;
+    EXPECT_EQ(receipts, 2u) << out;
+    EXPECT_EQ(refused, 2u) << out;
+    EXPECT_NE(out.find("not valid UTF-8"), std::string::npos) << out;
+    EXPECT_NE(out.find("(set --ctx-size)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("starting a new conversation"), std::string::npos) << out;
+    // the second reply continues the first conversation from the cache: what is fed is the re-rendered
+    // 4-token reply (+ its turn markers) and the new turn, as in ChatKeepsHistoryAndPrintsAReceiptPerReply
+    Tokenizer tok = Tokenizer::load(dir->path());
+    const int new_turn = static_cast<int>(
+        tok.encode("<turn|>\n<|turn>user\nAnd again<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
+            .size());
+    EXPECT_LE(std::stoi(out.substr(out.rfind("[prompt ") + 8)), 4 + 3 + new_turn) << out;
+}
+
 TEST_F(CliText, PromptWithoutTokenizerIsAClearError) {
     testing::TempDir bare("bare");
     write_random_checkpoint(bare.path(), testing::tiny_config("31b"), 5);

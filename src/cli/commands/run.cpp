@@ -51,8 +51,8 @@ int cmd_run(const Args& args) {
     }
 
     LoadedModel lm = load_model(mo);
-    check_prompt(*lm.backend,
-                 prompt);  // before the prompt's text is printed: nothing on stdout, then an error
+    // before the prompt's text is echoed: a refused prompt leaves stdout empty
+    check_prompt(*lm.backend, prompt, lm.backend->n_past());
     go.stop_ids = stop_ids_for(lm);
     if (chat)
         for (int id : default_stop_ids()) go.stop_ids.push_back(id);
