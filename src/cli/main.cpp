@@ -33,6 +33,7 @@ const char* kUsage =
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
+    "        --check-weights (scan every weight for NaN/Inf while loading)\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
 
 using markbase::cli::Args;

@@ -25,6 +25,7 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, kMaxTokens);
     o.backend.chunk = a.integer({"-b", "--batch-size"}, 256, 1, 8192);
     o.backend.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
+    o.check_weights = a.flag({"--check-weights"});
     return o;
 }
 
@@ -41,6 +42,8 @@ std::string resolve_device(const std::string& requested) {
 LoadedModel load_model(const ModelOptions& o) {
     LoadedModel lm;
     auto t0 = std::chrono::steady_clock::now();
+    // the loader of this build has no weight scan: refused rather than accepted and ignored
+    if (o.check_weights) throw Error("--check-weights: this build's loader cannot scan the weights");
     lm.checkpoint = load_checkpoint(o.model_dir);
     if (o.device == "cpu") {
         if (o.backend.tensor_parallel > 1)
