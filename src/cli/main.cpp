@@ -1,11 +1,14 @@
 // markbase: the command-line entry point. Dispatches to src/cli/commands/; every user-facing error is a
 // markbase::Error printed as one line, never a crash or a stack trace.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "cli/commands/commands.h"
+#include "cli/commands/output.h"
 #include "model/error.h"
 
 namespace {
@@ -30,43 +33,78 @@ const char* kUsage =
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
+    "        --check-weights (scan every weight for NaN/Inf while loading)\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
+
+using markbase::cli::Args;
+
+struct Command {
+    const char* name;
+    int (*run)(const Args&);
+};
+
+const Command kCommands[] = {
+    {"run", markbase::cli::cmd_run},           {"chat", markbase::cli::cmd_chat},
+    {"logits", markbase::cli::cmd_logits},     {"inspect", markbase::cli::cmd_inspect},
+    {"bench", markbase::cli::cmd_bench},       {"perplexity", markbase::cli::cmd_perplexity},
+    {"tokenize", markbase::cli::cmd_tokenize}, {"detokenize", markbase::cli::cmd_detokenize},
+};
+
+const Command* find_command(const std::string& name) {
+    for (const Command& c : kCommands)
+        if (name == c.name) return &c;
+    return nullptr;
+}
+
+// The command's exit code; a markbase::Error (or any exception) escaping it is printed as one "error:" line.
+int dispatch(const Command& cmd, const Args& args) {
+    try {
+        return cmd.run(args);
+    } catch (const markbase::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "error: out of memory\n");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: internal: %s\n", e.what());
+    }
+    return 1;
+}
+
+// A run that succeeded is exit 0 only when its output reached stdout.
+int with_output_checked(int code) {
+    if (code != 0) return code;
+    try {
+        markbase::cli::flush_stdout();
+    } catch (const markbase::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    using namespace markbase::cli;
+    using markbase::cli::install_checked_stdout;
+    // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported, instead of killing the process
+    // part way through a file.
+    std::signal(SIGXFSZ, SIG_IGN);
+    install_checked_stdout();
     if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") ||
         !std::strcmp(argv[1], "help")) {
         std::fputs(kUsage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return with_output_checked(argc < 2 ? 2 : 0);
     }
-    const std::string cmd = argv[1];
+    const Command* cmd = find_command(argv[1]);
+    if (cmd == nullptr) {  // also with --help: a misspelt command is never a success
+        std::fprintf(stderr, "markbase: unknown command '%s'\n%s", argv[1], kUsage);
+        return 2;
+    }
     Args args(argv + 2, argv + argc);
     for (const auto& s : args)
         if (s == "-h" || s == "--help") {
             std::fputs(kUsage, stdout);
-            return 0;
+            return with_output_checked(0);
         }
-    try {
-        if (cmd == "run") return cmd_run(args);
-        if (cmd == "chat") return cmd_chat(args);
-        if (cmd == "logits") return cmd_logits(args);
-        if (cmd == "inspect") return cmd_inspect(args);
-        if (cmd == "bench") return cmd_bench(args);
-        if (cmd == "perplexity") return cmd_perplexity(args);
-        if (cmd == "tokenize") return cmd_tokenize(args);
-        if (cmd == "detokenize") return cmd_detokenize(args);
-        std::fprintf(stderr, "markbase: unknown command '%s'\n%s", cmd.c_str(), kUsage);
-        return 2;
-    } catch (const markbase::Error& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return 1;
-    } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "error: out of memory\n");
-        return 1;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: internal: %s\n", e.what());
-        return 1;
-    }
+    return with_output_checked(dispatch(*cmd, args));
 }

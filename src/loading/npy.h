@@ -13,6 +13,9 @@ struct NpyArray {
     std::vector<float> data;
 };
 
+// Replaces `path` whole or not at all: the bytes go to a temporary file beside it, synced, then renamed over
+// it; on any failure (a full disk, a file-size limit) the temporary is removed, `path` keeps what it held and
+// the markbase::Error names the cause.
 void write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 NpyArray read_npy_f32(const std::string& path);  // throws markbase::Error on anything but '<f4' C-order
 

@@ -11,15 +11,24 @@
 
 namespace markbase {
 
+void check_prompt(const Backend& be, const std::vector<int>& prompt, int64_t n_past) {
+    if (prompt.empty()) throw Error("the prompt is empty: give at least one token (BOS is id 2)");
+    const int64_t V = be.config().vocab_size;
+    for (size_t i = 0; i < prompt.size(); ++i)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            throw Error("prompt token " + std::to_string(i) + ": id " + std::to_string(prompt[i]) +
+                        " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (n_past + static_cast<int64_t>(prompt.size()) > be.ctx_size())
+        throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
+                    std::to_string(be.ctx_size() - n_past) + " more (set --ctx-size, at most " +
+                    std::to_string(be.config().max_positions) + ")");
+}
+
 GenerateStats generate(Backend& be, const std::vector<int>& prompt, const GenerateOptions& opt,
                        const std::function<bool(int)>& on_token, std::vector<int>* out_ids) {
     GenerateStats st;
     st.prompt_tokens = static_cast<int>(prompt.size());
-    if (prompt.empty()) throw Error("the prompt is empty: give at least one token (BOS is id 2)");
-    if (be.n_past() + static_cast<int64_t>(prompt.size()) > be.ctx_size())
-        throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
-                    std::to_string(be.ctx_size() - be.n_past()) + " more (set --ctx-size, at most " +
-                    std::to_string(be.config().max_positions) + ")");
+    check_prompt(be, prompt, be.n_past());
     opt.sampling.validate();
     Sampler sampler(opt.sampling);
     const int64_t V = be.config().vocab_size;

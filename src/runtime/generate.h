@@ -26,6 +26,11 @@ struct GenerateStats {
     std::string stop_reason;  // "stop id", "length", "context full", "callback"
 };
 
+// Throws markbase::Error unless `prompt` can be fed to `be` after `n_past` cached positions: not empty,
+// every id inside the vocabulary, and room for all of it in the context. generate() checks it first (with
+// be.n_past()); a caller that prints or changes anything before generating checks it before that.
+void check_prompt(const Backend& be, const std::vector<int>& prompt, int64_t n_past);
+
 // on_token(id) is called for each generated id (stop ids included); returning false stops generation.
 GenerateStats generate(Backend& be, const std::vector<int>& prompt, const GenerateOptions& opt,
                        const std::function<bool(int)>& on_token, std::vector<int>* out_ids = nullptr);

@@ -58,6 +58,35 @@ TEST_F(Cli, LogitsWritesTheForwardAsNpy) {
     for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(a.data[i], ref[i], 1e-5f) << i;
 }
 
+// A write that fails part way (here a 512-byte file-size limit: EFBIG) leaves the file that was there byte
+// for byte, and no temporary beside it.
+TEST_F(Cli, LogitsLeavesTheOldFileWhenTheWriteFails) {
+    testing::TempDir out_dir("clilogits");
+    const std::filesystem::path out = out_dir.path() / "kept.npy";
+    const std::string old(2000, 'x');
+    std::ofstream(out, std::ios::binary) << old;
+    testing::CliShell limited;
+    limited.before = "ulimit -f 1;";
+    Result r = testing::run_cli(
+        "logits " + model() + " --device cpu --ids 2,17,200 -o '" + out.string() + "'", "", limited);
+    EXPECT_EQ(r.code, 1) << r.all();
+    EXPECT_NE(
+        r.err.find("error: " + out.string() + ": write failed: File too large (the file was not changed)"),
+        std::string::npos)
+        << r.all();
+    std::ifstream f(out, std::ios::binary);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()), old);
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(out_dir.path()))
+        names.push_back(e.path().filename().string());
+    EXPECT_EQ(names, std::vector<std::string>{"kept.npy"});
+
+    // without the limit the same command replaces it
+    r = run("logits " + model() + " --device cpu --ids 2,17,200 -o '" + out.string() + "'");
+    ASSERT_EQ(r.code, 0) << r.all();
+    EXPECT_EQ(read_npy_f32(out.string()).shape, (std::vector<int64_t>{3, 256}));
+}
+
 TEST_F(Cli, RunJsonPrintsTheGreedyIds) {
     Result r = run("run " + model() + " --ids 2,17,200 -n 7 --temp 0 --json");
     ASSERT_EQ(r.code, 0) << r.all();
@@ -107,6 +136,21 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
         EXPECT_NE(r.code, 0) << c.args;
         EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << " printed: " << r.all();
         EXPECT_EQ(r.err.find("terminate"), std::string::npos) << c.args << " crashed: " << r.all();
+    }
+}
+
+TEST_F(Cli, HelpIsASuccessOnlyForAKnownCommand) {
+    for (const char* args : {"frobnicate --help", "frobnicate -h", "runn --help"}) {
+        Result r = run(args);
+        EXPECT_EQ(r.code, 2) << args << "\n" << r.all();
+        const std::string name = std::string(args).substr(0, std::string(args).find(' '));
+        EXPECT_NE(r.err.find("unknown command '" + name + "'"), std::string::npos) << args << "\n" << r.all();
+        EXPECT_EQ(r.out, "") << args;
+    }
+    for (const char* args : {"--help", "-h", "help", "run --help", "bench load --help", "tokenize --help"}) {
+        Result r = run(args);
+        EXPECT_EQ(r.code, 0) << args << "\n" << r.all();
+        EXPECT_NE(r.out.find("usage: markbase"), std::string::npos) << args << "\n" << r.all();
     }
 }
 

@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
@@ -101,6 +104,63 @@ TEST_F(CliText, ChatKeepsHistoryAndPrintsAReceiptPerReply) {
     EXPECT_LE(prompt_tokens[1], 6 + 3 + new_turn) << out;
     EXPECT_EQ(prompt_tokens[0], static_cast<int>(tok.encode(render_gemma4_chat({{"user", "Hello there"}}, true)).size()))
         << out;
+}
+
+// A prompt refused after tokenizing (too long for the context, ids past the model's vocabulary) or by the
+// tokenizer (invalid UTF-8) leaves stdout empty: the prompt's text is echoed only once it will be run.
+TEST_F(CliText, RunPrintsNothingBeforeAPromptIsRefused) {
+    testing::TempDir small("clitextsmall");  // the same tokenizer beside a model of vocabulary 256
+    write_random_checkpoint(small.path(), testing::tiny_config("31b"), 5);
+    std::filesystem::copy_file(dir->path() / "tokenizer.json", small.path() / "tokenizer.json");
+    struct Case {
+        std::string args, expect;
+    };
+    for (const Case& c : std::vector<Case>{
+             {model() + "-p 'The capital of France is a city' -c 4", "context holds 4 more"},
+             {"-m '" + small.path().string() + "' -p 'The capital of France'",
+              "outside the vocabulary [0, 256)"},
+             {model() + "-p \"$(printf 'ab\\377')\"", "not valid UTF-8"},
+         }) {
+        int code = 0;
+        const std::string err_file = (small.path() / "err").string();
+        const std::string out =
+            sh(bin() + "run --device cpu -n 2 " + c.args + " 2>'" + err_file + "'", &code);
+        std::ifstream ef(err_file);
+        const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+        EXPECT_EQ(code, 1) << c.args << "\n" << err;
+        EXPECT_EQ(out, "") << c.args;
+        EXPECT_NE(err.find(c.expect), std::string::npos) << c.args << "\n" << err;
+    }
+}
+
+// One bad line (invalid UTF-8, too long for the context) is refused with a message; the session, and the
+// history the next line is answered with, go on.
+TEST_F(CliText, ChatRefusesABadLineAndKeepsTheSession) {
+    std::string long_line;
+    for (int i = 0; i < 60; ++i) long_line += "word ";
+    const std::string input_file = (dir->path() / "chat_input.txt").string();
+    std::ofstream(input_file, std::ios::binary) << "Hello there\n\xff\xfe\n" << long_line << "\nAnd again\n";
+    int code = 0;
+    const std::string out =
+        sh(bin() + "chat " + model() + "--device cpu -n 4 --temp 0 -c 48 <'" + input_file + "' 2>&1", &code);
+    ASSERT_EQ(code, 0) << out;
+    size_t receipts = 0, refused = 0;
+    for (size_t p = out.find("[prompt "); p != std::string::npos; p = out.find("[prompt ", p + 1)) ++receipts;
+    for (size_t p = out.find("[line not accepted: "); p != std::string::npos;
+         p = out.find("[line not accepted: ", p + 1))
+        ++refused;
+    EXPECT_EQ(receipts, 2u) << out;
+    EXPECT_EQ(refused, 2u) << out;
+    EXPECT_NE(out.find("not valid UTF-8"), std::string::npos) << out;
+    EXPECT_NE(out.find("(set --ctx-size)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("starting a new conversation"), std::string::npos) << out;
+    // the second reply continues the first conversation from the cache: what is fed is the re-rendered
+    // 4-token reply (+ its turn markers) and the new turn, as in ChatKeepsHistoryAndPrintsAReceiptPerReply
+    Tokenizer tok = Tokenizer::load(dir->path());
+    const int new_turn = static_cast<int>(
+        tok.encode("<turn|>\n<|turn>user\nAnd again<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
+            .size());
+    EXPECT_LE(std::stoi(out.substr(out.rfind("[prompt ") + 8)), 4 + 3 + new_turn) << out;
 }
 
 TEST_F(CliText, PromptWithoutTokenizerIsAClearError) {

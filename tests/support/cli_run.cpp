@@ -29,9 +29,15 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 CliResult run_cli(const std::string& args, const std::string& input) {
+    return run_cli(args, input, CliShell{});
+}
+
+CliResult run_cli(const std::string& args, const std::string& input, const CliShell& shell) {
     const std::string err_file = temp_file(".err"), in_file = temp_file(".in");
     std::ofstream(in_file, std::ios::binary) << input;
-    const std::string cmd = std::string(MARKBASE_BINARY) + " " + args + " <" + in_file + " 2>" + err_file;
+    std::string cmd =
+        shell.before + " " + std::string(MARKBASE_BINARY) + " " + args + " <" + in_file + " 2>" + err_file;
+    if (!shell.stdout_to.empty()) cmd += " >'" + shell.stdout_to + "'";
     CliResult r;
     FILE* p = popen(cmd.c_str(), "r");
     if (p) {

@@ -15,4 +15,11 @@ struct CliResult {
 // `markbase ARGS` with stdin from `input` (nothing when empty).
 CliResult run_cli(const std::string& args, const std::string& input = "");
 
+// How the shell around the binary differs from run_cli's.
+struct CliShell {
+    std::string before;     // shell commands run first, in the same shell: "ulimit -f 1;"
+    std::string stdout_to;  // a path stdout goes to instead of `out`, which stays empty: "/dev/full"
+};
+CliResult run_cli(const std::string& args, const std::string& input, const CliShell& shell);
+
 }  // namespace markbase::testing

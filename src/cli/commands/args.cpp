@@ -1,5 +1,8 @@
 #include "cli/commands/args.h"
 
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 
 #include "model/error.h"
@@ -9,21 +12,21 @@ namespace markbase::cli {
 ArgReader::ArgReader(std::string command, std::vector<std::string> args)
     : command_(std::move(command)), args_(std::move(args)), used_(args_.size(), false) {}
 
-std::optional<std::string> ArgReader::value(std::initializer_list<const char*> names) {
-    std::optional<std::string> found;
+std::optional<std::pair<std::string, std::string>> ArgReader::find(std::initializer_list<const char*> names) {
+    std::optional<std::pair<std::string, std::string>> found;
     for (size_t i = 0; i < args_.size(); ++i) {
         for (const char* n : names) {
             const std::string name = n;
             if (args_[i] == name) {
                 if (i + 1 >= args_.size()) throw Error(command_ + ": " + name + " needs a value");
                 used_[i] = used_[i + 1] = true;
-                found = args_[i + 1];
+                found.emplace(name, args_[i + 1]);
                 ++i;
                 break;
             }
             if (args_[i].rfind(name + "=", 0) == 0) {
                 used_[i] = true;
-                found = args_[i].substr(name.size() + 1);
+                found.emplace(name, args_[i].substr(name.size() + 1));
                 break;
             }
         }
@@ -31,28 +34,46 @@ std::optional<std::string> ArgReader::value(std::initializer_list<const char*> n
     return found;  // the last occurrence wins, as in most CLIs
 }
 
+std::optional<std::string> ArgReader::value(std::initializer_list<const char*> names) {
+    auto f = find(names);
+    if (!f) return std::nullopt;
+    return std::move(f->second);
+}
+
 std::string ArgReader::value_or(std::initializer_list<const char*> names, const std::string& def) {
     auto v = value(names);
     return v ? *v : def;
 }
 
-int64_t ArgReader::integer(std::initializer_list<const char*> names, int64_t def) {
-    auto v = value(names);
-    if (!v) return def;
-    char* end = nullptr;
-    long long x = std::strtoll(v->c_str(), &end, 10);
-    if (v->empty() || *end)
-        throw Error(command_ + ": " + *names.begin() + " expects an integer, got '" + *v + "'");
+int64_t ArgReader::integer_in(std::initializer_list<const char*> names, int64_t def, int64_t lo, int64_t hi) {
+    auto f = find(names);
+    if (!f) return def;
+    const auto& [name, text] = *f;
+    int64_t x = 0;
+    // from_chars takes no sign but '-', no spaces and no base prefix; a leading '+' is allowed here
+    const char* first = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-' ? 1 : 0);
+    const char* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(first, last, x);
+    if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == last && (x < lo || x > hi)))
+        throw Error(command_ + ": " + name + " must be in [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "], got " + text);
+    if (ec != std::errc() || end != last || first == last)
+        throw Error(command_ + ": " + name + " expects an integer, got '" + text + "'");
     return x;
 }
 
 double ArgReader::number(std::initializer_list<const char*> names, double def) {
-    auto v = value(names);
-    if (!v) return def;
+    auto f = find(names);
+    if (!f) return def;
+    const auto& [name, text] = *f;
+    // strtod also reads leading spaces and hex floats: neither passes; "nan", "inf" and 1e999 (an overflow
+    // to inf) parse but are not finite
     char* end = nullptr;
-    double x = std::strtod(v->c_str(), &end);
-    if (v->empty() || *end)
-        throw Error(command_ + ": " + *names.begin() + " expects a number, got '" + *v + "'");
+    const double x = std::strtod(text.c_str(), &end);
+    if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' ||
+        text.find_first_of("xX") != std::string::npos)
+        throw Error(command_ + ": " + name + " expects a number, got '" + text + "'");
+    if (!std::isfinite(x)) throw Error(command_ + ": " + name + " must be a finite number, got " + text);
     return x;
 }
 

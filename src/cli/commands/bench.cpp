@@ -47,13 +47,12 @@ int cmd_bench(const Args& args) {
     ArgReader a("bench", args);
     if (bench_wants_cuda(a)) return cmd_bench_cuda(a);  // bench_cuda.cpp: --device cuda, --synthetic
     ModelOptions mo = ModelOptions::read(a);
-    const int n_prompt = static_cast<int>(a.integer({"-p", "--n-prompt"}, 128));
-    const int n_gen = static_cast<int>(a.integer({"-n", "--n-gen"}, 32));
-    const int reps = static_cast<int>(a.integer({"-r", "--repetitions"}, 3));
+    const int n_prompt = a.integer({"-p", "--n-prompt"}, 128, 1, kMaxTokens);
+    const int n_gen = a.integer({"-n", "--n-gen"}, 32, 1, kMaxTokens);
+    const int reps = a.integer({"-r", "--repetitions"}, 3, 1, kIntMax);
     const std::string json_out = a.value_or({"--json-out"}, "");
     a.finish();
-    if (n_prompt < 1 || n_gen < 1 || reps < 1) throw Error("bench: -p, -n and -r must be >= 1");
-    mo.backend.ctx_size = std::max<int64_t>(mo.backend.ctx_size, n_prompt + n_gen);
+    mo.backend.ctx_size = std::max<int64_t>(mo.backend.ctx_size, int64_t{n_prompt} + n_gen);
 
     LoadedModel lm = load_model(mo);
     Backend& be = *lm.backend;

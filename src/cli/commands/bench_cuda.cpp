@@ -63,40 +63,38 @@ bool bench_wants_cuda(ArgReader& a) {
 
 int cmd_bench_cuda(ArgReader& a) {
     const auto synthetic = a.value({"--synthetic"});
-    const int layers = static_cast<int>(a.integer({"--layers"}, 0));
-    const uint64_t seed = static_cast<uint64_t>(a.integer({"--seed"}, 1234));
-    const int n_prompt = static_cast<int>(a.integer({"-p", "--n-prompt"}, 128));
-    const int n_gen = static_cast<int>(a.integer({"-n", "--n-gen"}, 256));
-    const int reps = static_cast<int>(a.integer({"-r", "--repetitions"}, 3));
-    const int n_prefill = static_cast<int>(a.integer({"--prefill-tokens"}, 512));
+    const int layers = a.integer({"--layers"}, 0, 0, kIntMax);
+    const uint64_t seed = static_cast<uint64_t>(a.integer<int64_t>({"--seed"}, 1234, 0, INT64_MAX));
+    const int n_prompt = a.integer({"-p", "--n-prompt"}, 128, 1, kMaxTokens);
+    const int n_gen = a.integer({"-n", "--n-gen"}, 256, 1, kMaxTokens);
+    const int reps = a.integer({"-r", "--repetitions"}, 3, 1, kIntMax);
+    const int n_prefill = a.integer({"--prefill-tokens"}, 512, 0, kMaxTokens);
     const bool profile = a.flag({"--profile"});
     const bool timeline = a.flag({"--timeline"});
     const std::string json_out = a.value_or({"--json-out"}, "");
-    if (n_prompt < 1 || n_gen < 1 || reps < 1 || n_prefill < 0)
-        throw Error("bench: -p, -n and -r must be >= 1, --prefill-tokens >= 0");
 
     std::unique_ptr<Backend> owner;
     std::unique_ptr<Checkpoint> checkpoint;
     std::string model_label;
     BackendOptions bo;
-    int64_t need = std::max<int64_t>(n_prompt + n_gen + 8, n_prefill);
+    int64_t need = std::max<int64_t>(int64_t{n_prompt} + n_gen + 8, n_prefill);
     // the timeline's replays are decode steps after the prompt and one token
-    if (timeline) need = std::max<int64_t>(need, n_prompt + 1 + timeline_positions(kTimelineReplays) + 8);
+    if (timeline)
+        need = std::max<int64_t>(need, int64_t{n_prompt} + 1 + timeline_positions(kTimelineReplays) + 8);
     double load_s = 0;
     int checkpoint_tp = 1;
     int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
     // -np/--parallel N (llama.cpp's name): N sequences decoded together, one token each per step (batched
     // decode, docs/batched-decode.md), timed after the one-sequence receipt
-    const int slots = static_cast<int>(a.integer({"-np", "--parallel"}, 1));
-    if (slots < 1) throw Error("bench: --parallel must be >= 1");
+    const int slots = a.integer({"-np", "--parallel"}, 1, 1, 4096);
     if (synthetic) {
         if (a.value({"-m", "--model"}))
             throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
         const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
         if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
-        bo.ctx_size = a.integer({"-c", "--ctx-size"}, need);
-        bo.chunk = chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
-        bo.tensor_parallel = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
+        bo.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, need, 1, kMaxTokens);
+        bo.chunk = chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
+        bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
         bo.slots = slots;
         a.finish();
         bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
@@ -107,8 +105,9 @@ int cmd_bench_cuda(ArgReader& a) {
     } else {
         ModelOptions mo = ModelOptions::read(a);
         mo.device = "cuda";
-        mo.backend.ctx_size = std::max<int64_t>(a.integer({"-c", "--ctx-size"}, need), need);
-        mo.backend.chunk = chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 512));
+        mo.backend.ctx_size =
+            std::max<int64_t>(a.integer<int64_t>({"-c", "--ctx-size"}, need, 1, kMaxTokens), need);
+        mo.backend.chunk = chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
         mo.backend.slots = slots;
         a.finish();
         checkpoint_tp = mo.backend.tensor_parallel;

@@ -109,11 +109,11 @@ int cmd_bench_load(const Args& args) {
     const std::string device = resolve_device(a.value_or({"--device", "-dev"}, "cpu"));
     const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     StagedOptions opt;
-    opt.threads = static_cast<int>(a.integer({"-t", "--threads"}, std::min(8, hw)));
-    opt.chunk_bytes = static_cast<uint64_t>(a.integer({"--chunk-mib"}, 64)) << 20;
-    opt.buffers = static_cast<int>(a.integer({"--buffers"}, 0));
+    opt.threads = a.integer({"-t", "--threads"}, std::min(8, hw), 1, kMaxThreads);
+    opt.chunk_bytes = static_cast<uint64_t>(a.integer({"--chunk-mib"}, 64, 1, 1 << 20)) << 20;
+    opt.buffers = a.integer({"--buffers"}, 0, 0, 4096);
     opt.direct_io = a.flag({"--direct"});
-    const int reps = static_cast<int>(a.integer({"-r", "--repetitions"}, 3));
+    const int reps = a.integer({"-r", "--repetitions"}, 3, 1, kIntMax);
     const bool no_cold = a.flag({"--no-cold"});
     const std::string json_out = a.value_or({"--json-out"}, "");
     a.finish();

@@ -27,7 +27,7 @@ std::string guess_variant(const ModelConfig& c) {
 int cmd_inspect(const Args& args) {
     ArgReader a("inspect", args);
     std::string dir = a.required({"-m", "--model"}, "DIR");
-    const int tp = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
+    const int tp = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
     a.finish();
     auto ck = load_checkpoint(dir);
     const ModelConfig& c = ck->config;

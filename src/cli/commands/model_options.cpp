@@ -21,13 +21,11 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     auto m = a.value({"-m", "--model"});
     o.model_dir = m ? *m : default_model_dir();
     o.device = resolve_device(a.value_or({"--device", "-dev"}, "auto"));
-    o.backend.threads = static_cast<int>(a.integer({"-t", "--threads"}, 0));
-    o.backend.ctx_size = a.integer({"-c", "--ctx-size"}, 4096);
-    o.backend.chunk = static_cast<int>(a.integer({"-b", "--batch-size"}, 256));
-    o.backend.tensor_parallel = static_cast<int>(a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1));
-    if (o.backend.tensor_parallel < 1) throw Error("--tensor-parallel-size must be >= 1");
-    if (o.backend.threads < 0) throw Error("--threads must be >= 0");
-    if (o.backend.chunk <= 0 || o.backend.chunk > 8192) throw Error("--batch-size must be in [1, 8192]");
+    o.backend.threads = a.integer({"-t", "--threads"}, 0, 0, kMaxThreads);
+    o.backend.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, kMaxTokens);
+    o.backend.chunk = a.integer({"-b", "--batch-size"}, 256, 1, 8192);
+    o.backend.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
+    o.check_weights = a.flag({"--check-weights"});
     return o;
 }
 
@@ -44,6 +42,8 @@ std::string resolve_device(const std::string& requested) {
 LoadedModel load_model(const ModelOptions& o) {
     LoadedModel lm;
     auto t0 = std::chrono::steady_clock::now();
+    // the loader of this build has no weight scan: refused rather than accepted and ignored
+    if (o.check_weights) throw Error("--check-weights: this build's loader cannot scan the weights");
     lm.checkpoint = load_checkpoint(o.model_dir);
     if (o.device == "cpu") {
         if (o.backend.tensor_parallel > 1)
@@ -103,15 +103,15 @@ SamplingParams read_sampling(ArgReader& a, const std::string& model_dir) {
     SamplingParams s;
     s.temperature = static_cast<float>(
         a.number({"--temp", "--temperature"}, g.do_sample ? g.temperature.value_or(1.0f) : 0.0));
-    s.top_k = static_cast<int>(a.integer({"--top-k"}, g.top_k.value_or(64)));
+    s.top_k = a.integer({"--top-k"}, g.top_k.value_or(64), 0, kIntMax);
     s.top_p = static_cast<float>(a.number({"--top-p"}, g.top_p.value_or(0.95f)));
     s.min_p = static_cast<float>(a.number({"--min-p"}, g.min_p.value_or(0.0f)));
     s.repeat_penalty =
         static_cast<float>(a.number({"--repeat-penalty"}, g.repetition_penalty.value_or(1.0f)));
-    s.repeat_last_n = static_cast<int>(a.integer({"--repeat-last-n"}, 64));
+    s.repeat_last_n = a.integer({"--repeat-last-n"}, 64, -1, kIntMax);
     s.presence_penalty = static_cast<float>(a.number({"--presence-penalty"}, 0.0));
     s.frequency_penalty = static_cast<float>(a.number({"--frequency-penalty"}, 0.0));
-    const int64_t seed = a.integer({"-s", "--seed"}, -1);
+    const int64_t seed = a.integer<int64_t>({"-s", "--seed"}, -1, -1, INT64_MAX);
     s.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
     s.validate();
     return s;

@@ -18,11 +18,12 @@ struct LoadedModel {
 };
 
 // Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
-// -c/--ctx-size, -b/--batch-size.
+// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --check-weights.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";
     BackendOptions backend;
+    bool check_weights = false;  // --check-weights: the loader scans every tensor for NaN/Inf
     static ModelOptions read(ArgReader& a);
 };
 

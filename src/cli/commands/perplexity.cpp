@@ -18,8 +18,8 @@ int cmd_perplexity(const Args& args) {
     ArgReader a("perplexity", args);
     ModelOptions mo = ModelOptions::read(a);
     const std::string file = a.required({"-f", "--file"}, "FILE");
-    const int window = static_cast<int>(a.integer({"--window", "--ctx"}, 512));
-    const int64_t max_tokens = a.integer({"--max-tokens"}, 0);
+    const int window = a.integer({"--window", "--ctx"}, 512, 2, kIntMax);
+    const int64_t max_tokens = a.integer<int64_t>({"--max-tokens"}, 0, 0, INT64_MAX);
     a.finish();
     std::ifstream f(file, std::ios::binary);
     if (!f) throw Error(file + ": cannot open");

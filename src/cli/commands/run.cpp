@@ -11,6 +11,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
+#include "cli/commands/output.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 #include "tokenizer/chat_format.h"
@@ -24,7 +25,7 @@ int cmd_run(const Args& args) {
     auto ids_arg = a.value({"--ids"});
     auto prompt_arg = a.value({"-p", "--prompt"});
     GenerateOptions go;
-    go.max_new_tokens = static_cast<int>(a.integer({"-n", "--n-predict"}, 128));
+    go.max_new_tokens = a.integer({"-n", "--n-predict"}, 128, -1, kIntMax);
     go.sampling = read_sampling(a, mo.model_dir);
     go.ignore_eos = a.flag({"--ignore-eos"});
     const bool as_json = a.flag({"--json"});
@@ -50,6 +51,8 @@ int cmd_run(const Args& args) {
     }
 
     LoadedModel lm = load_model(mo);
+    // before the prompt's text is echoed: a refused prompt leaves stdout empty
+    check_prompt(*lm.backend, prompt, lm.backend->n_past());
     go.stop_ids = stop_ids_for(lm);
     if (chat)
         for (int id : default_stop_ids()) go.stop_ids.push_back(id);
@@ -68,7 +71,7 @@ int cmd_run(const Args& args) {
             } else {
                 std::printf("%d ", id);
             }
-            std::fflush(stdout);
+            flush_stdout();  // stops the run at once when the text cannot be written
             return true;
         },
         &out);
@@ -84,7 +87,7 @@ int cmd_run(const Args& args) {
         if (stream) std::fputs(stream->flush().c_str(), stdout);
         std::printf("\n");
     }
-    std::fflush(stdout);  // the text ends before the receipt starts, also when both go to one pipe
+    flush_stdout();  // the text ends before the receipt starts, also when both go to one pipe
     const ModelCounts counts = count_params(lm.backend->config());
     std::fprintf(stderr, "[%s] load %.2f s | %s | stop: %s\n", lm.backend->name().c_str(), lm.load_s,
                  format_receipt(st, counts.bytes_per_token).c_str(), st.stop_reason.c_str());
