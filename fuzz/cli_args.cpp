@@ -1,4 +1,5 @@
 // Command-line arguments: the input split at NUL bytes into argv, read as the subcommands read theirs.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         markbase::cli::ArgReader a("run", args);
         (void)a.value({"-m", "--model"});
-        (void)a.integer({"-n", "--n-predict"}, 128);
-        (void)a.integer({"-c", "--ctx-size"}, 4096);
+        (void)a.integer<int>({"-n", "--n-predict"}, 128, -1, 2147483647);
+        (void)a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, 2147483647);
+        (void)a.integer<int64_t>({"-s", "--seed"}, -1, -1, INT64_MAX);
         (void)a.number({"--temp", "--temperature"}, 1.0);
         (void)a.number({"--top-p"}, 0.95);
         (void)a.flag({"--json"});
