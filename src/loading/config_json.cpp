@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 
+#include "loading/json_excerpt.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -34,7 +35,7 @@ struct Reader {
             fail(k, "is required but missing");
         }
         const json& v = j.at(k);
-        if (!v.is_number_integer()) fail(k, "must be an integer, found " + v.dump());
+        if (!v.is_number_integer()) fail(k, "must be an integer, found " + json_excerpt(v));
         return v.get<int64_t>();
     }
     int positive(const char* k, std::optional<int64_t> def) const {
@@ -54,26 +55,26 @@ struct Reader {
             fail(k, "is required but missing");
         }
         const json& v = j.at(k);
-        if (!v.is_number()) fail(k, "must be a number, found " + v.dump());
+        if (!v.is_number()) fail(k, "must be a number, found " + json_excerpt(v));
         return v.get<double>();
     }
     bool boolean(const char* k, bool def) const {
         if (!has(k)) return def;
         const json& v = j.at(k);
-        if (!v.is_boolean()) fail(k, "must be true or false, found " + v.dump());
+        if (!v.is_boolean()) fail(k, "must be true or false, found " + json_excerpt(v));
         return v.get<bool>();
     }
     std::string string(const char* k, const std::string& def) const {
         if (!has(k)) return def;
         const json& v = j.at(k);
-        if (!v.is_string()) fail(k, "must be a string, found " + v.dump());
+        if (!v.is_string()) fail(k, "must be a string, found " + json_excerpt(v));
         return v.get<std::string>();
     }
 };
 
 RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_name) {
     std::string field = "rope_parameters." + type_name;
-    if (!p.is_object()) r.fail(field, "must be an object, found " + p.dump());
+    if (!p.is_object()) r.fail(field, "must be an object, found " + json_excerpt(p));
     RopeParams rp;
     std::string rope_type = p.value("rope_type", std::string("default"));
     if (p.contains("rope_theta") && p["rope_theta"].is_number())
@@ -90,11 +91,12 @@ RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_na
             r.fail(field + ".partial_rotary_factor", "must be in (0, 1]");
     } else {
         r.fail(field + ".rope_type",
-               "'" + rope_type + "' is not supported (expected default or proportional)");
+               "'" + text_excerpt(rope_type) + "' is not supported (expected default or proportional)");
     }
     for (const char* k : {"factor", "scaling_factor"}) {
         if (p.contains(k) && p[k].is_number() && p[k].get<double>() != 1.0)
-            r.fail(field + "." + k, "rope scaling is not supported by Gemma 4 (found " + p[k].dump() + ")");
+            r.fail(field + "." + k,
+                   "rope scaling is not supported by Gemma 4 (found " + json_excerpt(p[k]) + ")");
     }
     return rp;
 }
@@ -102,7 +104,7 @@ RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_na
 ModelConfig parse_text_config(const Reader& r) {
     ModelConfig c;
     std::string mt = r.string("model_type", "gemma4_text");
-    if (mt != "gemma4_text") r.fail("model_type", "must be gemma4_text, found '" + mt + "'");
+    if (mt != "gemma4_text") r.fail("model_type", "must be gemma4_text, found '" + text_excerpt(mt) + "'");
 
     c.vocab_size = r.positive("vocab_size", 262144);
     c.hidden = r.positive("hidden_size", 2304);
@@ -120,7 +122,8 @@ ModelConfig parse_text_config(const Reader& r) {
 
     std::string act = r.string("hidden_activation", "gelu_pytorch_tanh");
     if (act != "gelu_pytorch_tanh")
-        r.fail("hidden_activation", "'" + act + "' is not supported (Gemma 4 uses gelu_pytorch_tanh)");
+        r.fail("hidden_activation",
+               "'" + text_excerpt(act) + "' is not supported (Gemma 4 uses gelu_pytorch_tanh)");
     if (r.boolean("attention_bias", false))
         r.fail("attention_bias", "true is not supported (Gemma 4 has no biases)");
     if (!r.boolean("tie_word_embeddings", true))
@@ -170,7 +173,7 @@ ModelConfig parse_text_config(const Reader& r) {
             r.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.n_layers) +
                                       ") entries, found " + std::to_string(lt.is_array() ? lt.size() : 0));
         for (int i = 0; i < c.n_layers; ++i) {
-            std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+            std::string t = lt[i].is_string() ? text_excerpt(lt[i].get<std::string>()) : json_excerpt(lt[i]);
             if (t == "sliding_attention")
                 kinds[i] = AttentionKind::Sliding;
             else if (t == "full_attention")
@@ -212,12 +215,12 @@ ModelConfig parse_text_config(const Reader& r) {
                 idx = -1;
             }
             if (idx < 0 || idx >= c.n_layers)
-                r.fail("per_layer_config", "has key '" + it.key() + "', not a layer index");
-            Reader sub{it.value(), r.where + " per_layer_config[" + it.key() + "]"};
+                r.fail("per_layer_config", "has key '" + text_excerpt(it.key()) + "', not a layer index");
+            Reader sub{it.value(), r.where + " per_layer_config[" + text_excerpt(it.key()) + "]"};
             if (!it.value().is_object()) sub.fail("(entry)", "must be an object");
             for (auto f = it.value().begin(); f != it.value().end(); ++f) {
                 if (f.key() != "head_dim" && f.key() != "num_key_value_heads")
-                    sub.fail(f.key(),
+                    sub.fail(text_excerpt(f.key()),
                              "is not a supported per-layer override (head_dim, num_key_value_heads)");
             }
             layer_hd[idx] = sub.positive("head_dim", layer_hd[idx]);
@@ -289,12 +292,7 @@ ModelConfig parse_text_config(const Reader& r) {
 }  // namespace
 
 ModelConfig parse_config_text(const std::string& text, const std::string& source) {
-    json root;
-    try {
-        root = json::parse(text);
-    } catch (const json::parse_error& e) {
-        throw Error(source + ": not valid JSON: " + e.what());
-    }
+    const json root = parse_json(text, source);
     if (!root.is_object()) throw Error(source + ": expected a JSON object at the top level");
     Reader top{root, source};
     std::string mt = top.string("model_type", "");
@@ -306,11 +304,12 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
     ModelConfig c;
     if (root.contains("text_config")) {
         if (mt != "gemma4")
-            top.fail("model_type", "must be gemma4 for a config with text_config, found '" + mt + "'" +
+            top.fail("model_type", "must be gemma4 for a config with text_config, found '" +
+                                       text_excerpt(mt) + "'" +
                                        (mt.empty() ? "" : " (only Gemma 4 is supported)"));
         if (!arch.empty() && arch != "Gemma4ForConditionalGeneration")
-            top.fail("architectures",
-                     "'" + arch + "' is not supported (expected Gemma4ForConditionalGeneration)");
+            top.fail("architectures", "'" + text_excerpt(arch) +
+                                          "' is not supported (expected Gemma4ForConditionalGeneration)");
         const json& tc = root["text_config"];
         if (!tc.is_object()) top.fail("text_config", "must be an object");
         c = parse_text_config(Reader{tc, source + " (text_config)"});
@@ -330,10 +329,11 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
     } else {
         if (mt != "gemma4_text")
             top.fail("model_type",
-                     "must be gemma4_text (or gemma4 with a text_config), found '" + mt + "'" +
+                     "must be gemma4_text (or gemma4 with a text_config), found '" + text_excerpt(mt) + "'" +
                          (mt == "gemma4_unified" ? " (gemma4_unified is a different model)" : ""));
         if (!arch.empty() && arch != "Gemma4ForCausalLM" && arch != "Gemma4TextModel")
-            top.fail("architectures", "'" + arch + "' is not supported (expected Gemma4ForCausalLM)");
+            top.fail("architectures",
+                     "'" + text_excerpt(arch) + "' is not supported (expected Gemma4ForCausalLM)");
         c = parse_text_config(top);
         c.weight_prefix = "model.";
     }

@@ -17,6 +17,7 @@
 #include <set>
 #include <system_error>
 
+#include "loading/json_excerpt.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -51,13 +52,6 @@ const DTypeEntry* dtype_entry(DType t) {
 
 std::string errno_text(int err) {
     return std::error_code(err, std::generic_category()).message();
-}
-
-// A JSON value shown in an error, shortened so a corrupted multi-megabyte value cannot flood the terminal.
-std::string show(const json& v) {
-    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
 }
 
 std::string known_dtypes() {
@@ -102,21 +96,16 @@ ParsedShard parse_shard(const MappedFile& m) {
     // tensor name (two definitions, one silently lost) is reported instead.
     std::set<std::string> seen;
     std::string duplicate;
-    json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-        if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-            const auto& k = parsed.get_ref<const std::string&>();
-            if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
-        }
-        return true;
-    };
-    json j;
-    try {
-        j = json::parse(hdr, hdr + n, cb);
-    } catch (const json::exception& e) {
-        throw fail(std::string("header is not valid JSON: ") + e.what());
-    }
+    const json j = parse_json(std::string_view(hdr, n), file, "header", "",
+                              [&](int depth, json::parse_event_t ev, const json& parsed) {
+                                  if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+                                      const auto& k = parsed.get_ref<const std::string&>();
+                                      if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+                                  }
+                              });
     if (!j.is_object()) throw fail("header must be a JSON object, found " + std::string(j.type_name()));
-    if (!duplicate.empty()) throw fail("tensor '" + duplicate + "' appears more than once in the header");
+    if (!duplicate.empty())
+        throw fail("tensor '" + text_excerpt(duplicate) + "' appears more than once in the header");
 
     ParsedShard out;
     struct Range {
@@ -132,14 +121,16 @@ ParsedShard parse_shard(const MappedFile& m) {
                 throw fail("__metadata__ must be an object of strings, found " + std::string(e.type_name()));
             for (auto mi = e.begin(); mi != e.end(); ++mi) {
                 if (!mi.value().is_string())
-                    throw fail("__metadata__ key '" + mi.key() + "' must be a string, found " +
-                               show(mi.value()));
+                    throw fail("__metadata__ key '" + text_excerpt(mi.key()) + "' must be a string, found " +
+                               json_excerpt(mi.value()));
                 out.metadata[mi.key()] = mi.value().get<std::string>();
             }
             continue;
         }
-        auto tfail = [&](const std::string& msg) { return fail("tensor '" + name + "': " + msg); };
-        if (!e.is_object()) throw tfail("entry must be an object, found " + show(e));
+        auto tfail = [&](const std::string& msg) {
+            return fail("tensor '" + text_excerpt(name) + "': " + msg);
+        };
+        if (!e.is_object()) throw tfail("entry must be an object, found " + json_excerpt(e));
 
         TensorInfo t;
         t.name = name;
@@ -147,24 +138,27 @@ ParsedShard parse_shard(const MappedFile& m) {
 
         auto dt = e.find("dtype");
         if (dt == e.end()) throw tfail("missing \"dtype\"");
-        if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + show(*dt));
+        if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + json_excerpt(*dt));
         const auto& dts = dt->get_ref<const std::string&>();
         const DTypeEntry* de = nullptr;
         for (const auto& d : kDTypes)
             if (dts == d.name) de = &d;
-        if (!de) throw tfail("unknown dtype \"" + dts + "\" (expected one of " + known_dtypes() + ")");
+        if (!de)
+            throw tfail("unknown dtype \"" + text_excerpt(dts) + "\" (expected one of " + known_dtypes() +
+                        ")");
         t.dtype = de->t;
 
         auto sh = e.find("shape");
         if (sh == e.end()) throw tfail("missing \"shape\"");
         if (!sh->is_array())
-            throw tfail("\"shape\" must be an array of non-negative integers, found " + show(*sh));
+            throw tfail("\"shape\" must be an array of non-negative integers, found " + json_excerpt(*sh));
         uint64_t numel = 1;
         bool numel_overflow = false;
         for (const json& d : *sh) {
             // Non-negative integers parse as number_unsigned; negatives, floats and huge values do not.
             if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-                throw tfail("\"shape\" must be an array of non-negative integers, found " + show(*sh));
+                throw tfail("\"shape\" must be an array of non-negative integers, found " +
+                            json_excerpt(*sh));
             uint64_t dim = d.get<uint64_t>();
             t.shape.push_back(int64_t(dim));
             if (!checked_mul(numel, dim, &numel)) numel_overflow = true;
@@ -175,7 +169,7 @@ ParsedShard parse_shard(const MappedFile& m) {
         if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
             !(*off)[1].is_number_unsigned())
             throw tfail("\"data_offsets\" must be two non-negative integers [begin, end], found " +
-                        show(*off));
+                        json_excerpt(*off));
         uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
         if (begin > end)
             throw tfail("data_offsets begin " + std::to_string(begin) + " is greater than end " +
@@ -305,14 +299,13 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
     const fs::path index = path / "model.safetensors.index.json";
     if (is_regular(index)) {
         const std::string iname = index.string();
-        json j;
-        try {
+        std::string text;
+        {
             std::ifstream in(index, std::ios::binary);
             if (!in) throw Error("cannot open " + iname + ": " + errno_text(errno));
-            j = json::parse(in);
-        } catch (const json::exception& e) {
-            throw Error(iname + ": not valid JSON: " + e.what());
+            text.assign(std::istreambuf_iterator<char>(in), {});
         }
+        const json j = parse_json(text, iname);
         if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
             throw Error(iname +
                         ": expected an object with a \"weight_map\" object (tensor name -> shard file)");
@@ -321,13 +314,14 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
         std::set<std::string> shard_set;
         for (auto it = wm.begin(); it != wm.end(); ++it) {
             if (!it.value().is_string())
-                throw Error(iname + ": weight_map entry for tensor '" + it.key() +
-                            "' must be a file name, found " + show(it.value()));
+                throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
+                            "' must be a file name, found " + json_excerpt(it.value()));
             const auto& f = it.value().get_ref<const std::string&>();
             // The index is untrusted too: a shard must be a plain file name inside the model folder.
             if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-                throw Error(iname + ": weight_map entry for tensor '" + it.key() + "' names shard \"" + f +
-                            "\", expected a file name in " + path.string());
+                throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
+                            "' names shard \"" + text_excerpt(f) + "\", expected a file name in " +
+                            path.string());
             if (shard_set.insert(f).second) shards.push_back(f);
         }
         for (const auto& f : shards)
