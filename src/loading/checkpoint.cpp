@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "loading/config_json.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 #include "model/tensor_plan.h"
 
@@ -30,8 +31,8 @@ bool is_other_modality(const std::string& name) {
 std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
     auto ck = std::make_unique<Checkpoint>();
     ck->dir = dir;
-    if (!std::filesystem::is_directory(dir))
-        throw Error(dir.string() + ": not a model folder (no such directory)");
+    if (const std::string why = path_problem(dir, true); !why.empty())
+        throw Error(dir.string() + ": not a model folder (it " + why + ")");
     ck->config = parse_config_file((dir / "config.json").string());
     ck->files = SafetensorsSet::open(dir);
     const ModelConfig& c = ck->config;

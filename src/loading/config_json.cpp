@@ -6,13 +6,12 @@
 #include "loading/config_json.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "loading/json_excerpt.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -409,11 +408,7 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
 }
 
 ModelConfig parse_config_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error(path + ": cannot open config (does the model folder contain config.json?)");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return parse_config_text(ss.str(), path);
+    return parse_config_text(read_regular_file(path, " (does the model folder contain config.json?)"), path);
 }
 
 }  // namespace markbase

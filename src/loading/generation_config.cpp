@@ -2,13 +2,12 @@
 
 #include <climits>
 #include <cmath>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "loading/config_json.h"
 #include "loading/json_excerpt.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -44,10 +43,8 @@ struct Field {
 GenerationDefaults read_generation_config(const std::filesystem::path& dir, int vocab_size) {
     GenerationDefaults g;
     const std::string path = (dir / "generation_config.json").string();
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return g;
-    const std::string text(std::istreambuf_iterator<char>(f), {});
-    const json j = parse_json(text, path);
+    if (path_missing(path)) return g;
+    const json j = parse_json(read_regular_file(path), path);
     if (!j.is_object()) throw Error(path + ": expected a JSON object, found " + json_excerpt(j));
     const Field r{j, path};
     g.temperature = r.number(
@@ -78,10 +75,8 @@ GenerationDefaults read_generation_config(const std::filesystem::path& dir, int 
 }
 
 GenerationDefaults read_generation_config(const std::filesystem::path& dir) {
-    std::error_code ec;
     const auto config = dir / "config.json";
-    const int vocab =
-        std::filesystem::is_regular_file(config, ec) ? parse_config_file(config.string()).vocab_size : 0;
+    const int vocab = path_missing(config) ? 0 : parse_config_file(config.string()).vocab_size;
     return read_generation_config(dir, vocab);
 }
 

@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "loading/json_excerpt.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -209,11 +210,6 @@ ParsedShard parse_shard(const MappedFile& m) {
     return out;
 }
 
-bool is_regular(const fs::path& p) {
-    std::error_code ec;
-    return fs::is_regular_file(p, ec);
-}
-
 }  // namespace
 
 const char* dtype_name(DType t) {
@@ -239,7 +235,12 @@ std::string TensorInfo::shape_str() const {
 }
 
 MappedFile::MappedFile(const fs::path& path, bool prefetch) : path_(path.string()) {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // Refused before the open: a FIFO would block it, a symlink loop would read as "cannot open".
+    // (A missing file is left to open(), whose message says so.)
+    if (const std::string why = path_problem(path); !why.empty() && !path_missing(path))
+        throw Error("cannot map " + path_ + ": it " + why);
+    // O_NONBLOCK: a path swapped for a FIFO since the check does not block (fstat then refuses it).
+    int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw Error("cannot open " + path_ + ": " + errno_text(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -275,7 +276,7 @@ MappedFile::~MappedFile() {
 SafetensorsSet SafetensorsSet::open(const fs::path& path) {
     SafetensorsSet set;
     std::error_code ec;
-    if (!fs::exists(path, ec)) throw Error("safetensors path " + path.string() + " does not exist");
+    if (path_missing(path)) throw Error("safetensors path " + path.string() + " does not exist");
 
     // Maps one shard and adds its tensors; duplicates across shards would make which copy wins arbitrary.
     auto add_shard = [&set](const fs::path& file) {
@@ -291,21 +292,15 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
         set.maps_.push_back(std::move(m));
     };
 
-    if (!fs::is_directory(path, ec)) {
+    if (!path_problem(path, true).empty()) {  // a file, or something MappedFile refuses by name
         add_shard(path);
         return set;
     }
 
     const fs::path index = path / "model.safetensors.index.json";
-    if (is_regular(index)) {
+    if (!path_missing(index)) {
         const std::string iname = index.string();
-        std::string text;
-        {
-            std::ifstream in(index, std::ios::binary);
-            if (!in) throw Error("cannot open " + iname + ": " + errno_text(errno));
-            text.assign(std::istreambuf_iterator<char>(in), {});
-        }
-        const json j = parse_json(text, iname);
+        const json j = parse_json(read_regular_file(index), iname);
         if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
             throw Error(iname +
                         ": expected an object with a \"weight_map\" object (tensor name -> shard file)");
@@ -325,9 +320,9 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
             if (shard_set.insert(f).second) shards.push_back(f);
         }
         for (const auto& f : shards)
-            if (!is_regular(path / f))
+            if (const std::string why = path_problem(path / f); !why.empty())
                 throw Error(iname + ": shard " + f + " is listed in the index but " + (path / f).string() +
-                            " does not exist");
+                            " " + why);
         for (const auto& f : shards) add_shard(path / f);
         for (auto it = wm.begin(); it != wm.end(); ++it) {
             const std::string want = (path / it.value().get<std::string>()).string();
@@ -339,13 +334,13 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
         return set;
     }
 
-    if (is_regular(path / "model.safetensors")) {
+    if (!path_missing(path / "model.safetensors")) {
         add_shard(path / "model.safetensors");
         return set;
     }
     std::vector<fs::path> found;
     for (const auto& de : fs::directory_iterator(path, ec))
-        if (de.path().extension() == ".safetensors" && is_regular(de.path())) found.push_back(de.path());
+        if (de.path().extension() == ".safetensors") found.push_back(de.path());
     if (ec) throw Error("cannot list " + path.string() + ": " + ec.message());
     if (found.size() == 1) {
         add_shard(found[0]);

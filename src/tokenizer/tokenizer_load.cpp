@@ -2,11 +2,10 @@
 // nlohmann, and a check that each section is something we implement exactly (see tokenizer.h).
 #include <cctype>
 #include <deque>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "loading/json_excerpt.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 #include "tokenizer/json_cursor.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -424,18 +423,14 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     std::filesystem::path file = path;
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) {
+    if (path_problem(path, true).empty()) {
         file = path / "tokenizer.json";
-        if (!std::filesystem::exists(file, ec))
-            throw Error(path.string() + ": this folder has no tokenizer.json");
+        if (path_missing(file)) throw Error(path.string() + ": this folder has no tokenizer.json");
     }
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw Error(file.string() + ": cannot open the tokenizer file");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw Error(file.string() + ": read error");
-    return from_json(ss.str(), file.string());
+    // A FIFO, a device or a symlink loop is refused before it is opened (a FIFO blocks the open).
+    if (const std::string why = path_problem(file); !why.empty())
+        throw Error(file.string() + ": cannot open the tokenizer file: it " + why);
+    return from_json(read_regular_file(file), file.string());
 }
 
 }  // namespace markbase
