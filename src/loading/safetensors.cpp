@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "loading/json_excerpt.h"
+#include "loading/mapping_guard.h"
 #include "loading/regular_file.h"
 #include "model/error.h"
 
@@ -264,12 +265,14 @@ MappedFile::MappedFile(const fs::path& path, bool prefetch) : path_(path.string(
                         " bytes): " + errno_text(err));
         }
         data_ = static_cast<const uint8_t*>(p);
+        guard_ = register_mapping(p, size_, path_);
         if (prefetch) ::madvise(p, size_, MADV_WILLNEED);  // advice only: failure changes nothing we rely on
     }
     ::close(fd);  // the mapping keeps the file alive
 }
 
 MappedFile::~MappedFile() {
+    unregister_mapping(guard_);
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
