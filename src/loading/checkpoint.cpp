@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "loading/config_json.h"
+#include "loading/regular_file.h"
+#include "loading/weight_check.h"
 #include "model/error.h"
 #include "model/tensor_plan.h"
 
@@ -25,13 +27,27 @@ bool is_other_modality(const std::string& name) {
     return false;
 }
 
+// "<head> (N <noun>s):" and the first 12 lines of `lines`.
+Error problem_list(const std::string& head, const std::vector<std::string>& lines, const char* noun) {
+    std::ostringstream msg;
+    msg << head << " (" << lines.size() << " " << noun << (lines.size() > 1 ? "s" : "") << "):";
+    for (size_t i = 0; i < lines.size(); ++i) {
+        if (i == 12) {
+            msg << "\n  ... and " << (lines.size() - 12) << " more";
+            break;
+        }
+        msg << "\n  " << lines[i];
+    }
+    return Error(msg.str());
+}
+
 }  // namespace
 
-std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
+std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir, const LoadOptions& options) {
     auto ck = std::make_unique<Checkpoint>();
     ck->dir = dir;
-    if (!std::filesystem::is_directory(dir))
-        throw Error(dir.string() + ": not a model folder (no such directory)");
+    if (const std::string why = path_problem(dir, true); !why.empty())
+        throw Error(dir.string() + ": not a model folder (it " + why + ")");
     ck->config = parse_config_file((dir / "config.json").string());
     ck->files = SafetensorsSet::open(dir);
     const ModelConfig& c = ck->config;
@@ -40,6 +56,7 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
     // Bind every tensor the config implies; collect all problems so one load reports them all.
     std::vector<std::string> problems;
     std::set<std::string> used;
+    std::vector<const TensorInfo*> bound;
     for (const PlannedTensor& p : plan_tensors(c, &ck->weights)) {
         const std::string full = prefix + p.name;
         used.insert(full);
@@ -56,6 +73,7 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
         } else {
             *p.slot = reinterpret_cast<const bf16*>(t->data);
             ck->bound_bytes += t->nbytes;
+            bound.push_back(t);
         }
     }
     std::set<std::string> unused;
@@ -74,19 +92,10 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir) {
         problems.push_back(info.file + ": unexpected tensor " + name + " " + info.shape_str() +
                            " (config.json implies no such tensor: does the config match the weights?)");
     }
-    if (!problems.empty()) {
-        std::ostringstream msg;
-        msg << dir.string() << ": checkpoint does not match config.json (" << problems.size() << " problem"
-            << (problems.size() > 1 ? "s" : "") << "):";
-        for (size_t i = 0; i < problems.size(); ++i) {
-            if (i == 12) {
-                msg << "\n  ... and " << (problems.size() - 12) << " more";
-                break;
-            }
-            msg << "\n  " << problems[i];
-        }
-        throw Error(msg.str());
-    }
+    if (!problems.empty())
+        throw problem_list(dir.string() + ": checkpoint does not match config.json", problems, "problem");
+    if (const auto bad = find_non_finite(bound, options.check_weights); !bad.empty())
+        throw problem_list(dir.string() + ": weights hold values that are not finite", bad, "tensor");
     for (LayerWeights& l : ck->weights.layers) l.layer_scalar = bf16_to_float(l.layer_scalar_raw[0]);
     return ck;
 }

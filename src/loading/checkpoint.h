@@ -23,10 +23,17 @@ struct Checkpoint {
     std::vector<std::string> skipped;  // tensors present but deliberately unused
 };
 
+struct LoadOptions {
+    // Scan every tensor for NaN and Inf (reads the whole checkpoint once, on several threads). Without it
+    // only the small tensors are scanned (norm weights, layer_scalar, router scales: up to 64 Ki elements).
+    bool check_weights = false;
+};
+
 // Opens config.json + safetensors in `dir`. Throws markbase::Error listing every problem found
 // (missing tensors, wrong shapes or dtypes, unexpected text tensors), each with file, tensor, expected,
-// found.
-std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir);
+// found; then one listing the tensors that hold NaN or Inf (see LoadOptions::check_weights).
+std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir,
+                                            const LoadOptions& options = {});
 
 // Parameter and traffic accounting for `inspect` and benchmark receipts (GEMMA4.md 1.2, PERFORMANCE.md).
 struct ModelCounts {

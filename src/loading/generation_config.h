@@ -15,7 +15,12 @@ struct GenerationDefaults {
     std::vector<int> stop_ids;  // eos_token_id (int or list)
 };
 
-// Reads dir/generation_config.json; a missing file gives empty defaults, a malformed one a markbase::Error.
+// Reads dir/generation_config.json; a missing file gives empty defaults. A malformed file, a value of the
+// wrong type or out of range (temperature < 0, top_p outside (0, 1], a top_k that does not fit an int, a stop
+// id outside [0, vocab_size)) is a markbase::Error naming the file and the field. vocab_size <= 0: unknown
+// (ids are only checked to be >= 0).
+GenerationDefaults read_generation_config(const std::filesystem::path& dir, int vocab_size);
+// The same, with vocab_size read from dir/config.json when there is one.
 GenerationDefaults read_generation_config(const std::filesystem::path& dir);
 
 }  // namespace markbase

@@ -17,6 +17,9 @@
 #include <set>
 #include <system_error>
 
+#include "loading/json_excerpt.h"
+#include "loading/mapping_guard.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -51,13 +54,6 @@ const DTypeEntry* dtype_entry(DType t) {
 
 std::string errno_text(int err) {
     return std::error_code(err, std::generic_category()).message();
-}
-
-// A JSON value shown in an error, shortened so a corrupted multi-megabyte value cannot flood the terminal.
-std::string show(const json& v) {
-    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
 }
 
 std::string known_dtypes() {
@@ -102,21 +98,16 @@ ParsedShard parse_shard(const MappedFile& m) {
     // tensor name (two definitions, one silently lost) is reported instead.
     std::set<std::string> seen;
     std::string duplicate;
-    json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-        if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-            const auto& k = parsed.get_ref<const std::string&>();
-            if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
-        }
-        return true;
-    };
-    json j;
-    try {
-        j = json::parse(hdr, hdr + n, cb);
-    } catch (const json::exception& e) {
-        throw fail(std::string("header is not valid JSON: ") + e.what());
-    }
+    const json j = parse_json(std::string_view(hdr, n), file, "header", "",
+                              [&](int depth, json::parse_event_t ev, const json& parsed) {
+                                  if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+                                      const auto& k = parsed.get_ref<const std::string&>();
+                                      if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+                                  }
+                              });
     if (!j.is_object()) throw fail("header must be a JSON object, found " + std::string(j.type_name()));
-    if (!duplicate.empty()) throw fail("tensor '" + duplicate + "' appears more than once in the header");
+    if (!duplicate.empty())
+        throw fail("tensor '" + text_excerpt(duplicate) + "' appears more than once in the header");
 
     ParsedShard out;
     struct Range {
@@ -132,14 +123,16 @@ ParsedShard parse_shard(const MappedFile& m) {
                 throw fail("__metadata__ must be an object of strings, found " + std::string(e.type_name()));
             for (auto mi = e.begin(); mi != e.end(); ++mi) {
                 if (!mi.value().is_string())
-                    throw fail("__metadata__ key '" + mi.key() + "' must be a string, found " +
-                               show(mi.value()));
+                    throw fail("__metadata__ key '" + text_excerpt(mi.key()) + "' must be a string, found " +
+                               json_excerpt(mi.value()));
                 out.metadata[mi.key()] = mi.value().get<std::string>();
             }
             continue;
         }
-        auto tfail = [&](const std::string& msg) { return fail("tensor '" + name + "': " + msg); };
-        if (!e.is_object()) throw tfail("entry must be an object, found " + show(e));
+        auto tfail = [&](const std::string& msg) {
+            return fail("tensor '" + text_excerpt(name) + "': " + msg);
+        };
+        if (!e.is_object()) throw tfail("entry must be an object, found " + json_excerpt(e));
 
         TensorInfo t;
         t.name = name;
@@ -147,24 +140,27 @@ ParsedShard parse_shard(const MappedFile& m) {
 
         auto dt = e.find("dtype");
         if (dt == e.end()) throw tfail("missing \"dtype\"");
-        if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + show(*dt));
+        if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + json_excerpt(*dt));
         const auto& dts = dt->get_ref<const std::string&>();
         const DTypeEntry* de = nullptr;
         for (const auto& d : kDTypes)
             if (dts == d.name) de = &d;
-        if (!de) throw tfail("unknown dtype \"" + dts + "\" (expected one of " + known_dtypes() + ")");
+        if (!de)
+            throw tfail("unknown dtype \"" + text_excerpt(dts) + "\" (expected one of " + known_dtypes() +
+                        ")");
         t.dtype = de->t;
 
         auto sh = e.find("shape");
         if (sh == e.end()) throw tfail("missing \"shape\"");
         if (!sh->is_array())
-            throw tfail("\"shape\" must be an array of non-negative integers, found " + show(*sh));
+            throw tfail("\"shape\" must be an array of non-negative integers, found " + json_excerpt(*sh));
         uint64_t numel = 1;
         bool numel_overflow = false;
         for (const json& d : *sh) {
             // Non-negative integers parse as number_unsigned; negatives, floats and huge values do not.
             if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-                throw tfail("\"shape\" must be an array of non-negative integers, found " + show(*sh));
+                throw tfail("\"shape\" must be an array of non-negative integers, found " +
+                            json_excerpt(*sh));
             uint64_t dim = d.get<uint64_t>();
             t.shape.push_back(int64_t(dim));
             if (!checked_mul(numel, dim, &numel)) numel_overflow = true;
@@ -175,7 +171,7 @@ ParsedShard parse_shard(const MappedFile& m) {
         if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
             !(*off)[1].is_number_unsigned())
             throw tfail("\"data_offsets\" must be two non-negative integers [begin, end], found " +
-                        show(*off));
+                        json_excerpt(*off));
         uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
         if (begin > end)
             throw tfail("data_offsets begin " + std::to_string(begin) + " is greater than end " +
@@ -215,11 +211,6 @@ ParsedShard parse_shard(const MappedFile& m) {
     return out;
 }
 
-bool is_regular(const fs::path& p) {
-    std::error_code ec;
-    return fs::is_regular_file(p, ec);
-}
-
 }  // namespace
 
 const char* dtype_name(DType t) {
@@ -245,7 +236,12 @@ std::string TensorInfo::shape_str() const {
 }
 
 MappedFile::MappedFile(const fs::path& path, bool prefetch) : path_(path.string()) {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // Refused before the open: a FIFO would block it, a symlink loop would read as "cannot open".
+    // (A missing file is left to open(), whose message says so.)
+    if (const std::string why = path_problem(path); !why.empty() && !path_missing(path))
+        throw Error("cannot map " + path_ + ": it " + why);
+    // O_NONBLOCK: a path swapped for a FIFO since the check does not block (fstat then refuses it).
+    int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw Error("cannot open " + path_ + ": " + errno_text(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -269,19 +265,21 @@ MappedFile::MappedFile(const fs::path& path, bool prefetch) : path_(path.string(
                         " bytes): " + errno_text(err));
         }
         data_ = static_cast<const uint8_t*>(p);
+        guard_ = register_mapping(p, size_, path_);
         if (prefetch) ::madvise(p, size_, MADV_WILLNEED);  // advice only: failure changes nothing we rely on
     }
     ::close(fd);  // the mapping keeps the file alive
 }
 
 MappedFile::~MappedFile() {
+    unregister_mapping(guard_);
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 SafetensorsSet SafetensorsSet::open(const fs::path& path) {
     SafetensorsSet set;
     std::error_code ec;
-    if (!fs::exists(path, ec)) throw Error("safetensors path " + path.string() + " does not exist");
+    if (path_missing(path)) throw Error("safetensors path " + path.string() + " does not exist");
 
     // Maps one shard and adds its tensors; duplicates across shards would make which copy wins arbitrary.
     auto add_shard = [&set](const fs::path& file) {
@@ -297,22 +295,15 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
         set.maps_.push_back(std::move(m));
     };
 
-    if (!fs::is_directory(path, ec)) {
+    if (!path_problem(path, true).empty()) {  // a file, or something MappedFile refuses by name
         add_shard(path);
         return set;
     }
 
     const fs::path index = path / "model.safetensors.index.json";
-    if (is_regular(index)) {
+    if (!path_missing(index)) {
         const std::string iname = index.string();
-        json j;
-        try {
-            std::ifstream in(index, std::ios::binary);
-            if (!in) throw Error("cannot open " + iname + ": " + errno_text(errno));
-            j = json::parse(in);
-        } catch (const json::exception& e) {
-            throw Error(iname + ": not valid JSON: " + e.what());
-        }
+        const json j = parse_json(read_regular_file(index), iname);
         if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
             throw Error(iname +
                         ": expected an object with a \"weight_map\" object (tensor name -> shard file)");
@@ -321,19 +312,20 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
         std::set<std::string> shard_set;
         for (auto it = wm.begin(); it != wm.end(); ++it) {
             if (!it.value().is_string())
-                throw Error(iname + ": weight_map entry for tensor '" + it.key() +
-                            "' must be a file name, found " + show(it.value()));
+                throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
+                            "' must be a file name, found " + json_excerpt(it.value()));
             const auto& f = it.value().get_ref<const std::string&>();
             // The index is untrusted too: a shard must be a plain file name inside the model folder.
             if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-                throw Error(iname + ": weight_map entry for tensor '" + it.key() + "' names shard \"" + f +
-                            "\", expected a file name in " + path.string());
+                throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
+                            "' names shard \"" + text_excerpt(f) + "\", expected a file name in " +
+                            path.string());
             if (shard_set.insert(f).second) shards.push_back(f);
         }
         for (const auto& f : shards)
-            if (!is_regular(path / f))
+            if (const std::string why = path_problem(path / f); !why.empty())
                 throw Error(iname + ": shard " + f + " is listed in the index but " + (path / f).string() +
-                            " does not exist");
+                            " " + why);
         for (const auto& f : shards) add_shard(path / f);
         for (auto it = wm.begin(); it != wm.end(); ++it) {
             const std::string want = (path / it.value().get<std::string>()).string();
@@ -345,13 +337,13 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
         return set;
     }
 
-    if (is_regular(path / "model.safetensors")) {
+    if (!path_missing(path / "model.safetensors")) {
         add_shard(path / "model.safetensors");
         return set;
     }
     std::vector<fs::path> found;
     for (const auto& de : fs::directory_iterator(path, ec))
-        if (de.path().extension() == ".safetensors" && is_regular(de.path())) found.push_back(de.path());
+        if (de.path().extension() == ".safetensors") found.push_back(de.path());
     if (ec) throw Error("cannot list " + path.string() + ": " + ec.message());
     if (found.size() == 1) {
         add_shard(found[0]);

@@ -32,10 +32,12 @@ struct TensorInfo {
     std::string shape_str() const;  // "[128, 1408, 2816]"
 };
 
-// A read-only mapping of one file; unmapped on destruction. An empty file gives data() == nullptr and size 0
-// (mmap cannot map zero bytes; callers decide whether empty is an error). `prefetch` asks the kernel to read
-// the whole file ahead (MADV_WILLNEED). It is off by default: the CPU backend reads weights in place, and a
-// 60 GB model must not be pulled into the page cache ahead of need on a machine that cannot hold it.
+// A read-only mapping of one file; unmapped on destruction. Should the file be truncated while mapped,
+// reading past its new end ends the process with "error: <file> changed size while mapped (truncated?)"
+// instead of a bare SIGBUS (loading/mapping_guard.h). An empty file gives data() == nullptr and size 0 (mmap
+// cannot map zero bytes; callers decide whether empty is an error). `prefetch` asks the kernel to read the
+// whole file ahead (MADV_WILLNEED). It is off by default: the CPU backend reads weights in place, and a 60 GB
+// model must not be pulled into the page cache ahead of need on a machine that cannot hold it.
 class MappedFile {
   public:
     explicit MappedFile(const std::filesystem::path& path, bool prefetch = false);
@@ -50,6 +52,7 @@ class MappedFile {
     std::string path_;
     const uint8_t* data_ = nullptr;
     uint64_t size_ = 0;
+    int guard_ = -1;  // mapping_guard.h: a SIGBUS inside the mapping names the file
 };
 
 class SafetensorsSet {

@@ -268,6 +268,10 @@ int Tokenizer::vocab_size() const {
     return impl_->id_space;
 }
 
+const std::string& Tokenizer::origin() const {
+    return impl_->origin;
+}
+
 std::string_view Tokenizer::token_text(int id) const {
     return impl_->piece(id);
 }

@@ -55,6 +55,7 @@ class Tokenizer {
     bool is_added(int id) const;        // any entry of added_tokens
     bool is_byte_token(int id) const;   // <0xXX>, which the decoder turns back into a byte
     int bos_id() const;                 // id of "<bos>", or -1
+    const std::string& origin() const;  // the file it was read from (as error messages name it)
 
     struct Stats {
         std::size_t vocab = 0, merges = 0, added = 0;

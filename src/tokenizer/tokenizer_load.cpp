@@ -2,10 +2,10 @@
 // nlohmann, and a check that each section is something we implement exactly (see tokenizer.h).
 #include <cctype>
 #include <deque>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "loading/json_excerpt.h"
+#include "loading/regular_file.h"
 #include "model/error.h"
 #include "tokenizer/json_cursor.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -30,12 +30,9 @@ struct RawFile {
     std::deque<std::string> unescaped;  // storage for the few strings that had escapes (stable addresses)
 };
 
+// Nesting is capped here (kMaxJsonDepth): the section parsers below recurse once per Sequence level.
 json parse_section(std::string_view raw, const std::string& origin, const std::string& name) {
-    try {
-        return json::parse(raw);
-    } catch (const json::exception& e) {
-        throw Error(origin + ": invalid JSON in " + name + ": " + e.what());
-    }
+    return parse_json(raw, origin, "", name);
 }
 
 std::string_view keep(RawFile& f, std::string_view s, const std::string& scratch) {
@@ -163,7 +160,7 @@ std::string read_pattern(const json& j, const std::string& origin, const std::st
     const std::string re = p["Regex"].get<std::string>();
     auto unsupported = [&]() -> Error {
         return Error(
-            origin + ": " + where + " uses the regex \"" + re +
+            origin + ": " + where + " uses the regex \"" + text_excerpt(re) +
             "\", which MarkBase does not implement (only literals and a single repeated character like "
             "\"\\n+\" are)" +
             kSupported);
@@ -239,7 +236,7 @@ void parse_normalizer(const json& j, std::vector<tok::NormalizerStep>& out, cons
         step.content = get_string(j, "prepend", origin, where);
         out.push_back(step);
     } else {
-        throw Error(origin + ": " + where + " is of type \"" + type +
+        throw Error(origin + ": " + where + " is of type \"" + text_excerpt(type) +
                     "\"; only Replace, Prepend and Sequence are supported" + kSupported);
     }
 }
@@ -271,13 +268,14 @@ void parse_pre_tokenizer(const json& j, std::vector<tok::SplitRule>& out, const 
         else if (behavior == "Contiguous")
             rule.behavior = tok::SplitBehavior::Contiguous;
         else
-            throw Error(origin + ": " + where + ".behavior \"" + behavior + "\" is not a Split behavior");
+            throw Error(origin + ": " + where + ".behavior \"" + text_excerpt(behavior) +
+                        "\" is not a Split behavior");
         if (get_bool(j, "invert", false, origin, where))
             throw Error(origin + ": " + where + ".invert is true, which MarkBase does not implement" +
                         kSupported);
         out.push_back(rule);
     } else {
-        throw Error(origin + ": " + where + " is of type \"" + type +
+        throw Error(origin + ": " + where + " is of type \"" + text_excerpt(type) +
                     "\"; only Split and Sequence are supported" + kSupported);
     }
 }
@@ -302,7 +300,7 @@ void parse_decoder(const json& j, std::vector<tok::DecoderStep>& out, const std:
     } else if (type == "Fuse") {
         out.push_back({tok::DecoderStep::Fuse, "", ""});
     } else {
-        throw Error(origin + ": " + where + " is of type \"" + type +
+        throw Error(origin + ": " + where + " is of type \"" + text_excerpt(type) +
                     "\"; only Replace, ByteFallback, Fuse and Sequence are supported" + kSupported);
     }
 }
@@ -312,7 +310,8 @@ void build_model(const RawFile& f, Tokenizer::Impl& m) {
     const json& model = f.model;
     const std::string type = model.contains("type") ? type_of(model) : (f.have_merges ? "BPE" : "");
     if (type != "BPE") {
-        const std::string found = type.empty() ? "no model.type" : "model.type \"" + type + "\"";
+        const std::string found =
+            type.empty() ? "no model.type" : "model.type \"" + text_excerpt(type) + "\"";
         throw Error(origin + ": " + found + "; MarkBase reads only BPE tokenizers" + kSupported);
     }
     if (!f.have_vocab)
@@ -357,7 +356,7 @@ void build_added_tokens(const json& list, Tokenizer::Impl& m) {
         a.normalized = get_bool(t, "normalized", !a.special, origin, where);
         for (const char* flag : {"lstrip", "rstrip", "single_word"})
             if (get_bool(t, flag, false, origin, where))
-                throw Error(origin + ": " + where + " (\"" + a.content + "\") sets " + flag +
+                throw Error(origin + ": " + where + " (\"" + text_excerpt(a.content) + "\") sets " + flag +
                             ", which MarkBase does not implement" + kSupported);
         // As HF's AddedVocabulary: empty and repeated contents are ignored; the id is the vocabulary's when
         // the token is in it, else the next id past the vocabulary (the "id" written in the file is only a
@@ -424,18 +423,14 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     std::filesystem::path file = path;
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) {
+    if (path_problem(path, true).empty()) {
         file = path / "tokenizer.json";
-        if (!std::filesystem::exists(file, ec))
-            throw Error(path.string() + ": this folder has no tokenizer.json");
+        if (path_missing(file)) throw Error(path.string() + ": this folder has no tokenizer.json");
     }
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw Error(file.string() + ": cannot open the tokenizer file");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw Error(file.string() + ": read error");
-    return from_json(ss.str(), file.string());
+    // A FIFO, a device or a symlink loop is refused before it is opened (a FIFO blocks the open).
+    if (const std::string why = path_problem(file); !why.empty())
+        throw Error(file.string() + ": cannot open the tokenizer file: it " + why);
+    return from_json(read_regular_file(file), file.string());
 }
 
 }  // namespace markbase

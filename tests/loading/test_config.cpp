@@ -92,9 +92,16 @@ TEST(Config, NestedLayoutAndPerLayerConfigGiveTheSamePlan) {
     }
 }
 
+// Only the widths are required (test_config_values.cpp); every other key may be left to its default.
 TEST(Config, TransformersDefaults) {
-    json j = {{"model_type", "gemma4_text"}, {"hidden_size", 64},        {"num_hidden_layers", 6},
-              {"num_attention_heads", 4},    {"num_key_value_heads", 2}, {"intermediate_size", 128}};
+    json j = {{"model_type", "gemma4_text"},
+              {"vocab_size", 1024},
+              {"hidden_size", 64},
+              {"num_hidden_layers", 6},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 256},
+              {"intermediate_size", 128}};
     const ModelConfig c = parse(j);
     EXPECT_EQ(c.ple_dim, 256);         // hidden_size_per_layer_input defaults to 256: PLE on
     EXPECT_EQ(c.final_softcap, 0.0f);  // final_logit_softcapping defaults to None

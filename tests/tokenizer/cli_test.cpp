@@ -106,6 +106,15 @@ TEST(TokenizerCli, ClearErrors) {
               std::string::npos);
 }
 
+// An element nested 100,000 deep is quoted as a short excerpt (quoting it whole recursed off the stack).
+TEST(TokenizerCli, DetokenizeQuotesADeepElementBriefly) {
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    const std::string msg =
+        error_of(cli::cmd_detokenize, {"--tokenizer", model_dir().string()}, "[" + deep + "]");
+    EXPECT_NE(msg.find("element 0"), std::string::npos) << msg.substr(0, 300);
+    EXPECT_LT(msg.size(), 300u);
+}
+
 TEST(TokenizerCli, Help) {
     EXPECT_NE(run(cli::cmd_tokenize, {"--help"}).find("usage: markbase tokenize"), std::string::npos);
     EXPECT_NE(run(cli::cmd_detokenize, {"-h"}).find("usage: markbase detokenize"), std::string::npos);

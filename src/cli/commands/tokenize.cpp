@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli/commands/commands.h"
+#include "loading/json_excerpt.h"
 #include "model/error.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_bench.h"
@@ -150,7 +151,7 @@ int cmd_detokenize(const Args& args) {
     for (std::size_t i = 0; i < j.size(); ++i) {
         const auto& v = j[i];
         if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok.vocab_size())
-            throw Error("detokenize: element " + std::to_string(i) + " (" + v.dump() +
+            throw Error("detokenize: element " + std::to_string(i) + " (" + json_excerpt(v) +
                         ") is not a token id of this tokenizer (0.." + std::to_string(tok.vocab_size() - 1) +
                         ")");
         ids.push_back(static_cast<int>(v.get<int64_t>()));
