@@ -118,7 +118,7 @@ TEST_F(CliText, RunPrintsNothingBeforeAPromptIsRefused) {
     for (const Case& c : std::vector<Case>{
              {model() + "-p 'The capital of France is a city' -c 4", "context holds 4 more"},
              {"-m '" + small.path().string() + "' -p 'The capital of France'",
-              "outside the vocabulary [0, 256)"},
+              "tokenizer.json: the tokenizer has ids up to 262143"},  // refused at load, naming both
              {model() + "-p \"$(printf 'ab\\377')\"", "not valid UTF-8"},
          }) {
         int code = 0;

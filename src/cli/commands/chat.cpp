@@ -14,6 +14,7 @@
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
 #include "cli/commands/output.h"
+#include "loading/tokenizer_fit.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_reuse.h"
@@ -70,6 +71,7 @@ int cmd_chat(const Args& args) {
 
     Tokenizer tok = Tokenizer::load(mo.model_dir);
     LoadedModel lm = load_model(mo);
+    check_tokenizer_fits(tok, *lm.checkpoint);
     Backend& be = *lm.backend;
     go.stop_ids = stop_ids_for(lm);
     for (int id : default_stop_ids()) go.stop_ids.push_back(id);

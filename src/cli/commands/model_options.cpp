@@ -43,8 +43,9 @@ LoadedModel load_model(const ModelOptions& o) {
     LoadedModel lm;
     auto t0 = std::chrono::steady_clock::now();
     // the loader of this build has no weight scan: refused rather than accepted and ignored
-    if (o.check_weights) throw Error("--check-weights: this build's loader cannot scan the weights");
-    lm.checkpoint = load_checkpoint(o.model_dir);
+    LoadOptions lo;
+    lo.check_weights = o.check_weights;
+    lm.checkpoint = load_checkpoint(o.model_dir, lo);
     if (o.device == "cpu") {
         if (o.backend.tensor_parallel > 1)
             throw Error("--tensor-parallel-size " + std::to_string(o.backend.tensor_parallel) +

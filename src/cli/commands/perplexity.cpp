@@ -9,6 +9,7 @@
 
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
+#include "loading/tokenizer_fit.h"
 #include "model/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,6 +32,7 @@ int cmd_perplexity(const Args& args) {
         ids.resize(static_cast<size_t>(max_tokens));
     mo.backend.ctx_size = std::max<int64_t>(mo.backend.ctx_size, window);
     LoadedModel lm = load_model(mo);
+    check_tokenizer_fits(tok, *lm.checkpoint);
     const PerplexityResult r = perplexity(*lm.backend, ids, window, tok.bos_id() >= 0 ? tok.bos_id() : 2);
     std::printf("perplexity %.6f (mean NLL %.6f over %lld tokens, %d windows of <= %d)\n", r.ppl, r.mean_nll,
                 static_cast<long long>(r.predicted), r.windows, window);

@@ -14,6 +14,7 @@
 #include "cli/commands/output.h"
 #include "model/error.h"
 #include "runtime/generate.h"
+#include "loading/tokenizer_fit.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -38,7 +39,8 @@ int cmd_run(const Args& args) {
 
     // The tokenizer is needed for text in or text out; --ids with a folder lacking tokenizer.json prints ids.
     std::optional<Tokenizer> tok;
-    if (prompt_arg || std::filesystem::exists(std::filesystem::path(mo.model_dir) / "tokenizer.json"))
+    std::error_code no_tokenizer;  // a folder without one (or unreadable) prints ids; Tokenizer::load says why
+    if (prompt_arg || std::filesystem::exists(std::filesystem::path(mo.model_dir) / "tokenizer.json", no_tokenizer))
         tok = Tokenizer::load(mo.model_dir);
     std::vector<int> prompt;
     if (prompt_arg && chat) {
@@ -51,6 +53,7 @@ int cmd_run(const Args& args) {
     }
 
     LoadedModel lm = load_model(mo);
+    if (tok) check_tokenizer_fits(*tok, *lm.checkpoint);
     // before the prompt's text is echoed: a refused prompt leaves stdout empty
     check_prompt(*lm.backend, prompt, lm.backend->n_past());
     go.stop_ids = stop_ids_for(lm);
