@@ -368,7 +368,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
             // 10's H200 A/B on the 26B-A4B: -0.2% alone, -0.4% beside MOE_PRENORM.
             moe_down_sum_ = env_flag("MARKBASE_CUDA_MOE_DOWN_SUM", true) && moe_decode_rows_;
             // MARKBASE_CUDA_MOE_DOWN_ROWS (1, 2, 4 or 8; 4 unless set): output rows per block of the down-sum
-            // (moe.cu; bit-identical). Session 17's A/B on one H200: 4 -1.6% per token against 1, 2 -0.6%.
+            // (moe.cu; bit-identical). The H200 A/B: 4 -1.6% per token against 1, 2 -0.6%.
             // Tensor parallelism runs the same kernel on its ranks' experts, unmeasured there.
             moe_down_rows_ = 4;
             if (const char* e = std::getenv("MARKBASE_CUDA_MOE_DOWN_ROWS")) {

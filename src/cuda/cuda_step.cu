@@ -53,8 +53,8 @@ GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* nor
         if (pre) {
             GemvInput in = x_input(pf, layer, false, nullptr);
             in.x = xn_;
-            // MARKBASE_CUDA_LATE_AFTER_UPDATE: this GEMV waits before its first weight loads (session 17's
-            // run 7: with every GEMV late, the updates before gate/up and q/k/v ended 0.3-1.0 us sooner while
+            // MARKBASE_CUDA_LATE_AFTER_UPDATE: this GEMV waits before its first weight loads (an H200
+            // timeline A/B: with every GEMV late, the updates before gate/up and q/k/v ended 0.3-1.0 us sooner while
             // gate/up and q/k/v took no longer; only down, after gate/up, needs its early loads)
             if (late_after_update_ && layer >= 0) in.pdl_late = true;
             return in;

@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
 // requested before the PDL wait; only h, gate/up's output, waits.
 constexpr int kSumChunks = 3;  // 16-byte chunks per lane: rows of at most 96 chunks (Ie <= 768)
 constexpr int kSumMaxK = 32;   // slots (moe_route's kRankMaxK)
-// R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R; 4, the default since session 17's H200 A/B: 26B-A4B
+// R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R; 4, the default after the H200 A/B: 26B-A4B
 // -1.6% per token in two runs, the same ids; R = 2: -0.6%; R = 1: the one block per row described above):
 // warp w loads slot w's R rows (R x 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's
 // 2816 rows take 2816 / R blocks (R = 4 at 3 blocks per SM: 1.8 waves instead of 3.6 of one-row blocks, each
