@@ -13,33 +13,19 @@
 #include "loading/random_checkpoint.h"
 #include "model/error.h"
 #include "model/variants.h"
+#include "support/error_text.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
+using testing::expect_has;
 using nlohmann::json;
-
-template <typename F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        return std::string("(not a markbase::Error) ") + e.what();
-    }
-    return "(no error)";
-}
 
 std::string config_error(const json& j) {
     return error_of([&] { parse_config_text(j.dump(), "/m/config.json"); });
-}
-
-void expect_has(const std::string& msg, const std::vector<std::string>& needles) {
-    for (const auto& n : needles)
-        EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
 }
 
 TEST(ConfigValues, NumbersJsonCannotHoldNameTheFileAndField) {

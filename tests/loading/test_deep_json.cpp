@@ -13,6 +13,7 @@
 #include "loading/safetensors.h"
 #include "model/error.h"
 #include "model/variants.h"
+#include "support/error_text.h"
 #include "support/tiny_models.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,6 +21,7 @@ namespace markbase {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
 using nlohmann::json;
 
 constexpr int kDeep = 100000;
@@ -38,19 +40,8 @@ std::string with_raw(const json& j, const std::string& raw) {
     return s;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
 void expect_names(const std::string& msg, const std::vector<std::string>& needles) {
-    for (const auto& n : needles)
-        EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+    testing::expect_has(msg, needles);
     EXPECT_LT(msg.size(), 600u) << msg.substr(0, 600);
 }
 

@@ -23,6 +23,7 @@
 #include "loading/random_checkpoint.h"
 #include "loading/safetensors.h"
 #include "model/error.h"
+#include "support/error_text.h"
 #include "support/tiny_models.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,6 +31,7 @@ namespace markbase {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_has;
 
 // The message `f` throws, "(no error)", or "(timed out)" when it has not returned after `seconds`; then
 // every FIFO under `dir` is opened for writing and closed, which lets a reader blocked on one go on.
@@ -63,11 +65,6 @@ std::string error_within(const std::function<void()>& f, const fs::path& dir, in
     lock.lock();
     st->cv.wait_for(lock, std::chrono::seconds(seconds), [&] { return st->done; });
     return "(timed out)";
-}
-
-void expect_has(const std::string& msg, const std::vector<std::string>& needles) {
-    for (const auto& n : needles)
-        EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
 }
 
 // A tiny checkpoint with a tokenizer.json; each test replaces one file with something that is not a file.

@@ -11,12 +11,15 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "model/error.h"
+#include "support/error_text.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
+using testing::expect_has;
 
 constexpr uint16_t kNaN = 0x7FC0, kInf = 0x7F80, kNegInf = 0xFF80;
 
@@ -38,17 +41,7 @@ void poison(const fs::path& dir, const std::string& tensor, size_t index, uint16
 }
 
 std::string load_error(const fs::path& dir, const LoadOptions& opt = {}) {
-    try {
-        load_checkpoint(dir, opt);
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(loaded without error)";
-}
-
-void expect_has(const std::string& msg, const std::vector<std::string>& needles) {
-    for (const auto& n : needles)
-        EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+    return error_of([&] { load_checkpoint(dir, opt); });
 }
 
 struct Case {
