@@ -20,7 +20,8 @@ const char* kUsage =
     "             [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [-s SEED] [--json]\n"
     "  chat       -m DIR                       interactive multi-turn chat (Ctrl-D ends)\n"
     "  logits     -m DIR --ids 2,17,300 -o out.npy\n"
-    "  inspect    -m DIR                       variant, layer plan, parameters, bytes per token\n"
+    "  inspect    -m DIR | --synthetic VARIANT [--layers N]\n"
+    "                                          variant, layer plan, parameters, bytes per token\n"
     "  bench      -m DIR [-p 128] [-n 32] [-r 3]  prefill and decode receipt with achieved GB/s\n"
     "  bench      --device cuda (-m DIR | --synthetic VARIANT) [--profile] [--timeline] [--json-out F]\n"
     "                                          --profile: events around each launch of one step;\n"
@@ -34,6 +35,7 @@ const char* kUsage =
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "        --check-weights (scan every weight for NaN/Inf while loading)\n"
+    "VARIANT (random weights at real widths): e2b, e4b, 12b, 26b-a4b, 26b-standard, 31b\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
 
 using markbase::cli::Args;

@@ -1,5 +1,6 @@
 #include "loading/checkpoint.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -20,11 +21,29 @@ std::string shape_to_string(const std::vector<int64_t>& s) {
 }
 
 bool is_other_modality(const std::string& name) {
-    for (const char* p : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
-                          "model.embed_audio.", "vision_tower.", "audio_tower.", "multi_modal_projector."}) {
+    // towers of E2B-31B; the 12B's encoder-free embedders (embed_vision holds its patch embedder, and some
+    // conversions name it vision_embedder); their projectors
+    for (const char* p :
+         {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
+          "model.vision_embedder.", "vision_tower.", "audio_tower.", "multi_modal_projector."}) {
         if (name.rfind(p, 0) == 0) return true;
     }
     return false;
+}
+
+// What a skipped tensor is, for `inspect`.
+std::string skipped_kind(const std::string& name, const ModelConfig& c) {
+    const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+    if (name == "lm_head.weight") return "lm_head (tied to embed_tokens)";
+    if (starts("model.vision_tower.") || starts("vision_tower.")) return "vision tower";
+    if (starts("model.audio_tower.") || starts("audio_tower.")) return "audio tower";
+    if (starts("model.vision_embedder.")) return "encoder-free vision embedder";
+    if (starts("model.embed_vision."))
+        return c.unified ? "encoder-free vision embedder" : "vision projection";
+    if (starts("model.embed_audio.")) return c.unified ? "encoder-free audio embedder" : "audio projection";
+    if (starts("multi_modal_projector.")) return "multimodal projector";
+    if (name.rfind(c.weight_prefix, 0) == 0) return "K/V of KV-shared layers (transformers ignores them too)";
+    return "outside the text model";
 }
 
 // "<head> (N <noun>s):" and the first 12 lines of `lines`.
@@ -98,6 +117,19 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir, co
         throw problem_list(dir.string() + ": weights hold values that are not finite", bad, "tensor");
     for (LayerWeights& l : ck->weights.layers) l.layer_scalar = bf16_to_float(l.layer_scalar_raw[0]);
     return ck;
+}
+
+std::vector<std::pair<std::string, size_t>> skipped_groups(const Checkpoint& ck) {
+    std::vector<std::pair<std::string, size_t>> groups;
+    for (const std::string& name : ck.skipped) {
+        const std::string kind = skipped_kind(name, ck.config);
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == kind; });
+        if (it == groups.end())
+            groups.emplace_back(kind, 1);
+        else
+            ++it->second;
+    }
+    return groups;
 }
 
 ModelCounts count_params(const ModelConfig& c) {

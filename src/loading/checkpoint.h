@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loading/safetensors.h"
@@ -34,6 +35,10 @@ struct LoadOptions {
 // found; then one listing the tensors that hold NaN or Inf (see LoadOptions::check_weights).
 std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir,
                                             const LoadOptions& options = {});
+
+// The skipped tensors by kind ("vision tower", "encoder-free audio embedder", ...) with their counts, in the
+// order first met.
+std::vector<std::pair<std::string, size_t>> skipped_groups(const Checkpoint& ck);
 
 // Parameter and traffic accounting for `inspect` and benchmark receipts (GEMMA4.md 1.2, PERFORMANCE.md).
 struct ModelCounts {

@@ -1,8 +1,10 @@
-// config.json -> ModelConfig. Accepts the three layouts GEMMA4.md describes: nested multimodal (text_config,
+// config.json -> ModelConfig. Accepts the layouts GEMMA4.md describes: nested multimodal (text_config,
 // Gemma4ForConditionalGeneration), flat text-only (Gemma4ForCausalLM), and both the released keys
-// (global_head_dim, num_global_key_value_heads) and the per_layer_config map transformers >= 5.17 writes.
-// Defaults are transformers' Gemma4TextConfig class defaults, so a config that leaves a field out means
-// what it means to transformers.
+// (global_head_dim, num_global_key_value_heads) and the per_layer_config map transformers >= 5.17 writes; and
+// the same two layouts of the 12B (gemma4_unified: Gemma4UnifiedForConditionalGeneration / ForCausalLM),
+// whose text decoder is Gemma 4's with other class defaults and neither per-layer embeddings nor experts.
+// Defaults are transformers' Gemma4TextConfig (Gemma4UnifiedTextConfig) class defaults, so a config that
+// leaves a field out means what it means to transformers.
 #include "loading/config_json.h"
 
 #include <cmath>
@@ -82,6 +84,30 @@ struct Reader {
         return v.get<std::string>();
     }
 };
+
+// The two text decoders' configs. transformers' Gemma4UnifiedTextConfig is Gemma4TextConfig with other
+// defaults and without the PLE and MoE fields; its attention, MLP and decoder layer compute what Gemma 4's
+// dense layers compute (docs/gemma4-reference-notes.md).
+struct Family {
+    const char* text_type;  // the text config's model_type
+    const char* causal_lm;  // the flat layout's architecture
+    const char* multimodal_type;
+    const char* multimodal_arch;
+    bool unified;
+    int sliding_window;  // class defaults
+    int64_t max_positions;
+    int ple_dim;
+};
+constexpr Family kGemma4{
+    "gemma4_text", "Gemma4ForCausalLM", "gemma4", "Gemma4ForConditionalGeneration", false, 512, 131072, 256};
+constexpr Family kGemma4Unified{"gemma4_unified_text",
+                                "Gemma4UnifiedForCausalLM",
+                                "gemma4_unified",
+                                "Gemma4UnifiedForConditionalGeneration",
+                                true,
+                                1024,
+                                262144,
+                                0};
 
 RopeParams parse_rope(const Reader& r, const json& p, const std::string& type_name) {
     const std::string field = "rope_parameters." + type_name;
@@ -227,7 +253,7 @@ void read_moe(const Reader& r, ModelConfig& c) {
 }
 
 // Settings Gemma 4 never uses, and keys that mean a different model.
-void reject_unsupported(const Reader& r) {
+void reject_unsupported(const Reader& r, const Family& fam) {
     std::string act = r.string("hidden_activation", "gelu_pytorch_tanh");
     if (act != "gelu_pytorch_tanh")
         r.fail("hidden_activation",
@@ -241,17 +267,32 @@ void reject_unsupported(const Reader& r) {
         r.fail("use_bidirectional_attention",
                "'all' is not supported (text decoding is causal; 'vision' is fine)");
     for (const char* k : {"attn_logit_softcapping", "query_pre_attn_scalar"}) {
+        // Some 12B configs carry query_pre_attn_scalar; transformers' unified attention never reads it (its
+        // scaling is 1.0, q_norm sets the scale), which tools/make_unified_goldens.py checks.
+        if (fam.unified && std::string(k) == "query_pre_attn_scalar") continue;
         if (r.has(k))
             r.fail(k,
                    "is present: this looks like a different Gemma model (Gemma 4 has neither); refusing to "
                    "guess");
     }
+    if (fam.unified) {
+        if (r.boolean("enable_moe_block", false))
+            r.fail("enable_moe_block",
+                   "true is not supported by gemma4_unified_text (the 12B has no experts)");
+        if (r.non_negative("hidden_size_per_layer_input", 0) != 0)
+            r.fail(
+                "hidden_size_per_layer_input",
+                "must be 0 or absent for gemma4_unified_text (the 12B has no per-layer embeddings), found " +
+                    json_excerpt(r.j.at("hidden_size_per_layer_input")));
+    }
 }
 
-ModelConfig parse_text_config(const Reader& r) {
+ModelConfig parse_text_config(const Reader& r, const Family& fam) {
     ModelConfig c;
-    std::string mt = r.string("model_type", "gemma4_text");
-    if (mt != "gemma4_text") r.fail("model_type", "must be gemma4_text, found '" + text_excerpt(mt) + "'");
+    c.unified = fam.unified;
+    std::string mt = r.string("model_type", fam.text_type);
+    if (mt != fam.text_type)
+        r.fail("model_type", std::string("must be ") + fam.text_type + ", found '" + text_excerpt(mt) + "'");
 
     require_widths(r);
     c.vocab_size = r.positive("vocab_size", std::nullopt);
@@ -260,14 +301,14 @@ ModelConfig parse_text_config(const Reader& r) {
     c.n_heads = r.positive("num_attention_heads", std::nullopt);
     int n_kv = r.positive("num_key_value_heads", std::nullopt);
     int head_dim = r.positive("head_dim", std::nullopt);
-    c.sliding_window = r.positive("sliding_window", 512);
-    c.max_positions = r.positive("max_position_embeddings", 131072);
+    c.sliding_window = r.positive("sliding_window", fam.sliding_window);
+    c.max_positions = r.positive("max_position_embeddings", fam.max_positions);
     c.rms_eps = static_cast<float>(r.positive_number("rms_norm_eps", 1e-6));
     c.final_softcap = static_cast<float>(r.positive_number("final_logit_softcapping", 0.0, true));
 
-    reject_unsupported(r);
+    reject_unsupported(r, fam);
 
-    c.ple_dim = r.non_negative("hidden_size_per_layer_input", 256);
+    c.ple_dim = r.non_negative("hidden_size_per_layer_input", fam.ple_dim);
     c.ple_vocab = r.positive("vocab_size_per_layer_input", 262144);
     read_moe(r, c);
     bool k_eq_v = r.boolean("attention_k_eq_v", false);
@@ -372,17 +413,25 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
         arch = root["architectures"][0].get<std::string>();
 
     ModelConfig c;
-    if (root.contains("text_config")) {
-        if (mt != "gemma4")
-            top.fail("model_type", "must be gemma4 for a config with text_config, found '" +
-                                       text_excerpt(mt) + "'" +
-                                       (mt.empty() ? "" : " (only Gemma 4 is supported)"));
-        if (!arch.empty() && arch != "Gemma4ForConditionalGeneration")
-            top.fail("architectures", "'" + text_excerpt(arch) +
-                                          "' is not supported (expected Gemma4ForConditionalGeneration)");
+    const bool nested = root.contains("text_config");
+    const Family* fam = nullptr;
+    for (const Family* f : {&kGemma4, &kGemma4Unified})
+        if (mt == (nested ? f->multimodal_type : f->text_type)) fam = f;
+    if (!fam) {
+        top.fail(
+            "model_type",
+            std::string(nested ? "must be gemma4 or gemma4_unified for a config with text_config"
+                               : "must be gemma4_text or gemma4_unified_text (or gemma4 / gemma4_unified "
+                                 "with a text_config)") +
+                ", found '" + text_excerpt(mt) + "'" + (mt.empty() ? "" : " (only Gemma 4 is supported)"));
+    }
+    if (nested) {
+        if (!arch.empty() && arch != fam->multimodal_arch)
+            top.fail("architectures", "'" + text_excerpt(arch) + "' is not supported with model_type " + mt +
+                                          " (expected " + fam->multimodal_arch + ")");
         const json& tc = root["text_config"];
         if (!tc.is_object()) top.fail("text_config", "must be an object");
-        c = parse_text_config(Reader{tc, source + " (text_config)", ""});
+        c = parse_text_config(Reader{tc, source + " (text_config)", ""}, *fam);
         c.weight_prefix = "model.language_model.";
         // The top-level eos list (e.g. [1, 106] for -it models) is what generation stops on.
         if (top.has("eos_token_id")) {
@@ -391,19 +440,14 @@ ModelConfig parse_config_text(const std::string& text, const std::string& source
             if (!ids.empty()) c.stop_ids = ids;
         }
     } else {
-        if (mt != "gemma4_text")
-            top.fail("model_type",
-                     "must be gemma4_text (or gemma4 with a text_config), found '" + text_excerpt(mt) + "'" +
-                         (mt == "gemma4_unified" ? " (gemma4_unified is a different model)" : ""));
-        if (!arch.empty() && arch != "Gemma4ForCausalLM" && arch != "Gemma4TextModel")
-            top.fail("architectures",
-                     "'" + text_excerpt(arch) + "' is not supported (expected Gemma4ForCausalLM)");
-        c = parse_text_config(top);
+        const std::string text_model = fam->unified ? "Gemma4UnifiedTextModel" : "Gemma4TextModel";
+        if (!arch.empty() && arch != fam->causal_lm && arch != text_model)
+            top.fail("architectures", "'" + text_excerpt(arch) + "' is not supported with model_type " + mt +
+                                          " (expected " + fam->causal_lm + ")");
+        c = parse_text_config(top, *fam);
         c.weight_prefix = "model.";
     }
-    c.architecture =
-        arch.empty() ? (c.weight_prefix == "model." ? "Gemma4ForCausalLM" : "Gemma4ForConditionalGeneration")
-                     : arch;
+    c.architecture = arch.empty() ? (nested ? fam->multimodal_arch : fam->causal_lm) : arch;
     return c;
 }
 

@@ -48,6 +48,10 @@ struct ModelConfig {
     // Where the text weights live: "model.language_model." (nested multimodal) or "model." (flat CausalLM).
     std::string weight_prefix;
     std::string architecture;  // as written in config.json (for `inspect`)
+    // Gemma 4 12B (model_type gemma4_unified / gemma4_unified_text): the text decoder of the encoder-free
+    // multimodal model. Its math is the dense Gemma 4 layer's; only the config's defaults and the names of
+    // the multimodal tensors it carries differ.
+    bool unified = false;
 
     int64_t vocab_size = 262144;
     int hidden = 0;    // H

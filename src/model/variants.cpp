@@ -7,6 +7,10 @@
 
 namespace markbase {
 
+std::string variant_names() {
+    return "e2b, e4b, 12b, 26b-a4b, 26b-standard or 31b";
+}
+
 nlohmann::json variant_config(const std::string& variant, int layers) {
     using nlohmann::json;
     json s;
@@ -43,6 +47,32 @@ nlohmann::json variant_config(const std::string& variant, int layers) {
              {"hidden_size_per_layer_input", 0},
              {"sliding_window", 1024},
              {"max_position_embeddings", 262144}};
+    } else if (variant == "12b") {
+        // the text decoder of Gemma 4 12B (Gemma4UnifiedForConditionalGeneration), in the flat text layout
+        s = {{"hidden_size", 3840},
+             {"num_hidden_layers", 48},
+             {"num_attention_heads", 16},
+             {"num_key_value_heads", 8},
+             {"num_global_key_value_heads", 1},
+             {"attention_k_eq_v", true},
+             {"intermediate_size", 15360},
+             {"hidden_size_per_layer_input", 0},
+             {"sliding_window", 1024},
+             {"max_position_embeddings", 262144}};
+    } else if (variant == "26b-standard") {
+        // the baseline for the 26B-A4B: its 30 layers with a dense MLP as wide as its active MoE path
+        // (2112 + 8 x 704 = 7744) and no experts, so both read the same bytes per token and only routing
+        // differs
+        s = {{"hidden_size", 2816},
+             {"num_hidden_layers", 30},
+             {"num_attention_heads", 16},
+             {"num_key_value_heads", 8},
+             {"num_global_key_value_heads", 2},
+             {"attention_k_eq_v", true},
+             {"intermediate_size", 7744},
+             {"hidden_size_per_layer_input", 0},
+             {"sliding_window", 1024},
+             {"max_position_embeddings", 262144}};
     } else if (variant == "31b") {
         s = {{"hidden_size", 5376},
              {"num_hidden_layers", 60},
@@ -55,7 +85,7 @@ nlohmann::json variant_config(const std::string& variant, int layers) {
              {"sliding_window", 1024},
              {"max_position_embeddings", 262144}};
     } else {
-        throw Error("unknown variant '" + variant + "' (expected e2b, e4b, 26b-a4b or 31b)");
+        throw Error("unknown variant '" + variant + "' (expected " + variant_names() + ")");
     }
     if (layers < 0) throw Error("--layers must be >= 0");
     if (layers) {

@@ -492,7 +492,8 @@ TEST_P(CudaSynthetic, MatchesCpuAtRealWidths) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic,
+                         ::testing::Values("e2b", "e4b", "12b", "26b-a4b", "26b-standard", "31b"),
                          param_name);
 
 // The GEMV variants at real widths, where the split-K rule actually cuts K (31B down, E2B/E4B down) and the

@@ -129,7 +129,7 @@ TEST(Config, ErrorsNameTheField) {
     };
     {
         EXPECT_NE(error_of(with("model_type", "llama")).find("model_type"), std::string::npos);
-        EXPECT_NE(error_of(with("model_type", "gemma4_unified")).find("different model"), std::string::npos);
+        EXPECT_NE(error_of(with("model_type", "gemma4_unified")).find("with a text_config"), std::string::npos);
         EXPECT_NE(error_of(with("hidden_size", -5)).find("hidden_size"), std::string::npos);
         EXPECT_NE(error_of(with("hidden_size", "big")).find("hidden_size"), std::string::npos);
         EXPECT_NE(error_of(with("hidden_activation", "silu")).find("hidden_activation"), std::string::npos);
