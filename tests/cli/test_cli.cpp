@@ -156,8 +156,8 @@ TEST_F(Cli, HelpIsASuccessOnlyForAKnownCommand) {
 
 TEST_F(Cli, WithoutModelFlagTheBundledModelRuns) {
     // models/default/goldens.json: "And God said" and transformers' greedy continuation
-    const nlohmann::json g = nlohmann::json::parse(std::ifstream(std::string(MARKBASE_TEST_DATA) +
-                                                                 "/../../models/default/goldens.json"));
+    const nlohmann::json g = nlohmann::json::parse(
+        std::ifstream(std::string(MARKBASE_TEST_DATA) + "/../../models/default/goldens.json"));
     const auto& p = g.at("prompts").at(0);
     ASSERT_EQ(p.at("prompt_ids"), (std::vector<int>{2, 677, 540, 705}));
     const auto want = p.at("greedy_ids_full_recompute").get<std::vector<int>>();
@@ -174,6 +174,30 @@ TEST_F(Cli, InspectPrintsThePlan) {
     EXPECT_NE(r.out.find("MoE: 8 experts, top 3"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("k_eq_v"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("bytes/token"), std::string::npos) << r.out;
+}
+
+// A 12B checkpoint (gemma4_unified, as transformers saves it): named as such, its embedders listed as
+// skipped; and the presets without any checkpoint.
+TEST(CliInspect, TwelveBCheckpointAndPresets) {
+    const std::string dir = std::string(MARKBASE_TEST_DATA) + "/models/12b-nested";
+    Result r = run("inspect -m " + dir);
+    ASSERT_EQ(r.code, 0) << r.all();
+    for (const char* want : {"Gemma4UnifiedForConditionalGeneration", "Unified (12B-like)",
+                             "encoder-free vision embedder", "encoder-free audio embedder", "k_eq_v"})
+        EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+    r = run("inspect --synthetic 12b");
+    ASSERT_EQ(r.code, 0) << r.all();
+    EXPECT_NE(r.out.find("hidden 3840, layers 48, heads 16"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("23.8"), std::string::npos) << r.out;  // GB per token
+    r = run("inspect --synthetic 26b-standard --layers 6");
+    ASSERT_EQ(r.code, 0) << r.all();
+    EXPECT_NE(r.out.find("mlp=7744"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("MoE"), std::string::npos) << r.out;
+    r = run("inspect --synthetic 13b");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.all().find("unknown variant '13b' (expected e2b, e4b, 12b, 26b-a4b, 26b-standard or 31b)"),
+              std::string::npos)
+        << r.all();
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 
 #include "loading/checkpoint.h"
 #include "loading/config_json.h"
@@ -182,6 +184,26 @@ TEST(ConfigUnified, RefusalsNameTheFieldAndTheModel) {
     json flat = released_12b_text();
     flat["architectures"] = {"Gemma4ForCausalLM"};
     expect_has(error_of_config(flat), {"architectures", "expected Gemma4UnifiedForCausalLM"});
+}
+
+// The 12B golden checkpoint as transformers' save_pretrained wrote it: the text model binds, and the
+// encoder-free embedders it carries are skipped and named as such (what `inspect` prints).
+TEST(ConfigUnified, NestedCheckpointSkipsItsEmbedders) {
+    const auto dir = std::filesystem::path(MARKBASE_TEST_DATA) / "models" / "12b-nested";
+    auto ck = load_checkpoint(dir);
+    EXPECT_TRUE(ck->config.unified);
+    EXPECT_EQ(ck->config.architecture, "Gemma4UnifiedForConditionalGeneration");
+    size_t vision = 0, audio = 0;
+    for (const auto& [name, info] : ck->files.tensors()) {
+        vision += name.rfind("model.embed_vision.", 0) == 0;
+        audio += name.rfind("model.embed_audio.", 0) == 0;
+    }
+    ASSERT_GT(vision, 0u);
+    ASSERT_GT(audio, 0u);
+    std::map<std::string, size_t> groups;
+    for (const auto& [kind, n] : skipped_groups(*ck)) groups[kind] = n;
+    EXPECT_EQ(groups, (std::map<std::string, size_t>{{"encoder-free vision embedder", vision},
+                                                     {"encoder-free audio embedder", audio}}));
 }
 
 TEST(ConfigPresets, TwelveBAndTwentySixBStandard) {

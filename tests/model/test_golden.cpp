@@ -1,10 +1,10 @@
 // MarkBase's CPU forward against transformers: tiny random checkpoints of every family in both layouts
-// (tools/make_goldens.py wrote them and transformers' fp32 logits and greedy continuation under
-// tests/data/models/). Logits must agree to 1e-4 of their largest magnitude (the CPU measures 4e-6 to 8e-6, so
-// a small numeric bug such as an unrounded scale or a wrong norm epsilon fails); cached greedy decoding must give
-// exactly the ids transformers got by full recomputation. Prompts at the sliding window's edges (1 token, the
-// window, the window + 1, more than two prefill chunks; tools/make_edge_goldens.py) are checked batched and
-// token by token through the cache.
+// (tools/make_goldens.py and, for the 12B's Gemma4Unified classes, tools/make_unified_goldens.py wrote them
+// and transformers' fp32 logits and greedy continuation under tests/data/models/). Logits must agree to 1e-4
+// of their largest magnitude (the CPU measures 4e-6 to 8e-6, so a small numeric bug such as an unrounded
+// scale or a wrong norm epsilon fails); cached greedy decoding must give exactly the ids transformers got by
+// full recomputation. Prompts at the sliding window's edges (1 token, the window, the window + 1, more than
+// two prefill chunks; tools/make_edge_goldens.py) are checked batched and token by token through the cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +32,8 @@ fs::path models_dir() {
 
 // max |logit - ref| <= 1e-4 * max |ref|, every logit finite; on failure, where the worst one is.
 constexpr float kRelTol = 1e-4f;
-void expect_logits_match(const std::vector<float>& ours, const NpyArray& ref, int64_t V, const std::string& what) {
+void expect_logits_match(const std::vector<float>& ours, const NpyArray& ref, int64_t V,
+                         const std::string& what) {
     ASSERT_EQ(ours.size(), ref.data.size()) << what;
     float max_ref = 0, max_err = 0;
     size_t worst = 0;
@@ -66,7 +67,7 @@ TEST(Golden, EveryFamilyInBothLayoutsIsPresent) {
         layouts.insert(n.substr(n.rfind('-') + 1));
         sharded |= fs::exists(models_dir() / n / "model.safetensors.index.json");
     }
-    EXPECT_EQ(families, (std::set<std::string>{"26b", "31b", "e2b", "e4b"}))
+    EXPECT_EQ(families, (std::set<std::string>{"12b", "26b", "31b", "e2b", "e4b"}))
         << "golden models found: " << names.size();
     EXPECT_EQ(layouts, (std::set<std::string>{"flat", "nested"}));
     EXPECT_TRUE(sharded) << "no sharded golden checkpoint";
@@ -118,7 +119,7 @@ std::vector<std::string> edge_models() {
 TEST(Golden, EveryFamilyHasWindowEdgeGoldens) {
     std::set<std::string> families;
     for (const auto& n : edge_models()) families.insert(n.substr(0, n.find('-')));
-    EXPECT_EQ(families, (std::set<std::string>{"26b", "31b", "e2b", "e4b"}));
+    EXPECT_EQ(families, (std::set<std::string>{"12b", "26b", "31b", "e2b", "e4b"}));
 }
 
 class GoldenEdges : public ::testing::TestWithParam<std::string> {};
