@@ -195,7 +195,7 @@ TEST(ConfigUnified, NestedCheckpointSkipsItsEmbedders) {
     EXPECT_EQ(ck->config.architecture, "Gemma4UnifiedForConditionalGeneration");
     size_t vision = 0, audio = 0;
     for (const auto& [name, info] : ck->files.tensors()) {
-        vision += name.rfind("model.embed_vision.", 0) == 0;
+        vision += name.rfind("model.vision_embedder.", 0) == 0 || name.rfind("model.embed_vision.", 0) == 0;
         audio += name.rfind("model.embed_audio.", 0) == 0;
     }
     ASSERT_GT(vision, 0u);
