@@ -2,7 +2,8 @@
 """Where each kernel's global loads sit against its PDL wait, from `cuobjdump -sass` text.
 
 ptxas sinks loads whose results are used only after `griddepcontrol.wait` (SASS: ACQBULK) below it, so a
-kernel written to start its weight stream before the wait may not (session 9: no warp-per-row GEMV did).
+kernel written to start its weight stream before the wait may not (without pdl_begin_after_loads' branch, no
+warp-per-row GEMV did).
 Prints per kernel, in code order, a run-length sequence of: WAIT (ACQBULK), W (streaming weight loads,
 LDG.E.NA*), C (other read-only loads, LDG*.CONSTANT), L (other loads), S (cp.async, LDGSTS).
 Usage: pdl_sass_check.py DUMP.txt [NAME_REGEX]

@@ -2,13 +2,13 @@
 // layer shapes, at every chunk of a long prompt (pos0 = 0, 512, ..., as a prefill of chunks x 512 tokens runs
 // them), in five modes:
 //   pieces  attention(): the CUDA-core pieces, a KV group's heads and 8 / G tokens per block, then the merge
-//   fp32    attention_gemm(), fp32 products (the default since session 13)
+//   fp32    attention_gemm(), fp32 products (the default)
 //   tf32    attention_gemm(), TF32 products
 //   bf16x3  attention_gemm(), bf16 tensor cores over hi/lo halves (key ranges over 2048 slots: fp32)
 //   blk128  attention_gemm(), fp32, causal row blocks of 128 queries while the ring has not wrapped
 // Correctness gate: each mode's output against fp32's, max |diff| / max |fp32| (pieces and blk128 should be
 // ~1e-6, bf16x3 a few 1e-6, tf32 ~1e-4). Timing: CUDA events around one call, median of 10. Written to find
-// why bf16x3 lost 42% on E2B's 4096-token prefill while winning at 512 tokens (bench/NOTES.md, session 13).
+// why bf16x3 lost 42% on E2B's 4096-token prefill while winning at 512 tokens (docs/performance.md).
 //   markbase_attn_lab [--only SUBSTRING] [--chunks N]
 // Q, K and V are drawn on the GPU from a counter hash (uniform [-1, 1)): the cache holds random rows, and
 // only the masks depend on pos0.

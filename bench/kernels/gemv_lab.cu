@@ -6,8 +6,9 @@
 // the baseline. Two timings per (shape, variant): "solo" (CUDA events around one launch, median of 20) and
 // "graph" (>= 20 launches on rotating copies, >= 256 MB of distinct weights, captured as one CUDA graph;
 // per-launch time, median of 5 replays: what a decode graph sees, launch gaps included). The per-shape winner
-// table and the per-model totals use "graph". The winner is promoted into src/cuda/gemv.cu (today: v2;
-// v6..v10 are also selectable there with MARKBASE_CUDA_GEMV, see the legend printed first).
+// table and the per-model totals use "graph". The production kernel is src/cuda/gemv_rows.cu's warp-per-row
+// GEMV, run here as p0..p10; v2 and v6..v10 are src/cuda/gemv.cu's tiles, selectable there with
+// MARKBASE_CUDA_GEMV (see the legend printed first).
 //   markbase_gemv_lab [--quick] [--only SUBSTRING]
 // Weights and x are drawn on the GPU from a counter hash (uniform [-1, 1)), so a full sweep takes seconds.
 #include <cublas_v2.h>
@@ -451,7 +452,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&blas_ws, size_t{32} << 20));
     CB(cublasSetWorkspace(blas, blas_ws, size_t{32} << 20));
 
-    {  // the copy ceiling today (PERFORMANCE.md measured 4.24 TB/s read + write): 2 GiB device to device
+    {  // the copy ceiling in this run (PERFORMANCE.md measured 4.24 TB/s read + write): 2 GiB device to device
         const size_t bytes = size_t{2} << 30;
         void *a = nullptr, *b = nullptr;
         CK(cudaMalloc(&a, bytes));

@@ -1,5 +1,6 @@
-// Kernel lab for a persistent decode step (bench/NOTES.md "Next"): is one kernel with grid-wide barriers
-// between phases faster than today's chain of launches (programmatic dependent launch, one CUDA graph)?
+// Kernel lab for a persistent decode step (docs/performance.md, "Decisions"): is one kernel with grid-wide
+// barriers between phases faster than the production chain of launches (programmatic dependent launch, one
+// CUDA graph)?
 // The workload is E2B's decode layer without attention, over its 35 layers at real widths (3.7 GB of
 // distinct bf16 weights, so L2 never serves them): per layer
 //   qkv = Wqkv . norm(x)             [2560 x 1536]
@@ -12,7 +13,7 @@
 //   o2  = Wpp . p                    [1536 x 256]
 //   x   = (x + norm(o2) * w) * layer_scalar
 // Variants:
-//   A  today: the production launchers (src/cuda: gemv / gemv_geglu / gemv_gelu_mul at warpk, and
+//   A  the production launchers (src/cuda: gemv / gemv_geglu / gemv_gelu_mul at warpk, and
 //      residual_add_norm), PDL on, 9 launches per layer captured as one graph
 //   B  one cooperative kernel, a grid barrier after every phase (9 per layer); each block stages the phase's
 //      input vector in shared memory (the input norm folded into the staging), then the same warp-per-row

@@ -2,7 +2,7 @@
 // Layer, Bufs, wait_for and now_ns): the weights streamed through a ring of shared-memory stages by one
 // producer thread that never waits for the activations, only for a free stage.
 //
-// Why: sessions 7-10 measured a floor of ~2.3 us per dependent phase (a PDL launch, or a grid barrier, plus
+// Why: the H200 runs measured a floor of ~2.3 us per dependent phase (a PDL launch, or a grid barrier, plus
 // the first loads after it), 9-11 phases per E2B layer, against ~25 us of weight bytes per layer. Variant C
 // loaded only a warp's first batch of the next phase before the barrier, in registers. Here the DRAM stream
 // runs ahead across phase boundaries by up to the ring's size (Stages x StageBytes per SM, 150-200 KB, ~5 us

@@ -1,4 +1,4 @@
-// What the generation loop needs from a backend (CPU now, CUDA next): feed tokens, get logits, keep a cache.
+// What the generation loop needs from a backend (CPU and CUDA): feed tokens, get logits, keep a cache.
 #pragma once
 
 #include <cmath>

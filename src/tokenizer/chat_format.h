@@ -1,7 +1,7 @@
 // Gemma 4 chat prompts, rendered exactly as the shipped chat_template.jinja (tests/data/tokenizer/gemma4/)
 // renders text-only conversations through HF apply_chat_template. No Jinja interpreter: the template's
 // text-only paths are written out in chat_format.cpp and checked against transformers' output
-// (tests/tokenizer/chat_goldens_test.cpp). Tool declarations, tool calls and images/audio are not rendered
+// (tests/tokenizer/goldens_test.cpp, ChatGoldens). Tool declarations, tool calls and images/audio are not rendered
 // here.
 #pragma once
 
