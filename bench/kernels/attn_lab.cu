@@ -1,14 +1,14 @@
 // Kernel lab for the prefill attention: the production launchers on each Gemma 4 variant's sliding and full
 // layer shapes, at every chunk of a long prompt (pos0 = 0, 512, ..., as a prefill of chunks x 512 tokens runs
-// them), in five modes:
-//   pieces  attention(): the CUDA-core pieces, a KV group's heads and 8 / G tokens per block, then the merge
-//   fp32    attention_gemm(), fp32 products (the default)
-//   tf32    attention_gemm(), TF32 products
-//   bf16x3  attention_gemm(), bf16 tensor cores over hi/lo halves (key ranges over 2048 slots: fp32)
-//   blk128  attention_gemm(), fp32, causal row blocks of 128 queries while the ring has not wrapped
-// Correctness gate: each mode's output against fp32's, max |diff| / max |fp32| (pieces and blk128 should be
-// ~1e-6, bf16x3 a few 1e-6, tf32 ~1e-4). Timing: CUDA events around one call, median of 10. Written to find
-// why bf16x3 lost 42% on E2B's 4096-token prefill while winning at 512 tokens (docs/performance.md).
+// them), in four modes:
+//   fp32    the product's attention_gemm() (src/cuda/attention_gemm.cu), fp32 products
+//   tf32    attn_gemm_variants.cuh, TF32 products
+//   bf16x3  attn_gemm_variants.cuh, bf16 tensor cores over hi/lo halves (key ranges over 2048 slots: fp32)
+//   blk128  attn_gemm_variants.cuh, fp32, causal row blocks of 128 queries while the ring has not wrapped
+// Correctness gate: each mode's output against fp32's, max |diff| / max |fp32| (blk128 should be ~1e-6,
+// bf16x3 a few 1e-6, tf32 ~1e-4). Timing: CUDA events around one call, median of 10. Written to find why
+// bf16x3 lost 42% on E2B's 4096-token prefill while winning at 512 tokens (docs/performance.md). (The CUDA-core
+// pieces the GEMMs replaced at prefill were a fifth mode; their prefill form is in the history.)
 //   markbase_attn_lab [--only SUBSTRING] [--chunks N]
 // Q, K and V are drawn on the GPU from a counter hash (uniform [-1, 1)): the cache holds random rows, and
 // only the masks depend on pos0.
@@ -24,13 +24,14 @@
 #include <string>
 #include <vector>
 
+#include "attn_gemm_variants.cuh"
 #include "cuda/kernels.h"
 #include "lab_common.cuh"
 
 namespace {
 
+using attn_lab::LabGemm;
 using markbase::cuda::AttnArgs;
-using markbase::cuda::AttnGemm;
 
 constexpr int kChunk = 512;
 constexpr int64_t kKeys = 2048;  // memory_plan.h kAttnGemmKeys
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
                                        {"e4b-sliding", 8, 2, 256, 512},       {"e4b-full", 8, 2, 512, 0},
                                        {"26b-a4b-sliding", 16, 8, 256, 1024}, {"26b-a4b-full", 16, 2, 512, 0},
                                        {"31b-sliding", 32, 16, 256, 1024},    {"31b-full", 32, 4, 512, 0}};
-    const char* modes[] = {"pieces", "fp32", "tf32", "bf16x3", "blk128"};
+    const char* modes[] = {"fp32", "tf32", "bf16x3", "blk128"};
     cublasHandle_t blas = nullptr;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
         std::fprintf(stderr, "cublasCreate failed\n");
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
                 kChunk);
     std::printf("%-16s %6s %6s", "shape", "pos0", "keys");
     for (const char* m : modes) std::printf(" %9s", m);
-    std::printf("   err: pieces    tf32  bf16x3  blk128\n");
+    std::printf("   err:   tf32  bf16x3  blk128\n");
     for (const Shape& sh : shapes) {
         if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
         const int n = kChunk, d = sh.d;
@@ -107,12 +108,8 @@ int main(int argc, char** argv) {
         float* k = dalloc<float>(cap * sh.nKV * d);
         float* v = dalloc<float>(cap * sh.nKV * d);
         float* out = dalloc<float>(int64_t{n} * sh.nH * d);
-        const int64_t pieces =
-            int64_t{n} * sh.nH * 4;  // cuda_model.cu: at least 4 per (token, head) at prefill
-        float* part_o = dalloc<float>(pieces * d);
-        float* part_ml = dalloc<float>(2 * pieces);
         int* pos = dalloc<int>(1);
-        AttnGemm g;
+        LabGemm g;
         g.blas = blas;
         g.s_floats = int64_t{n} * sh.nH * keys;
         g.s = dalloc<float>(g.s_floats);
@@ -139,43 +136,39 @@ int main(int argc, char** argv) {
             a.d = d;
             a.window = sh.window;
             a.pos_base = pos;
-            a.part_o = part_o;
-            a.part_ml = part_ml;
             a.out = out;
-            a.group_heads = true;
-            a.group_tokens = true;
-            // cuda_prefill.cu's pieces
-            const int64_t range = sh.window ? std::min<int64_t>(sh.window, pos0 + n) : pos0 + n;
-            a.nsplit = static_cast<int>(std::clamp<int64_t>((range + 255) / 256, 1, 4));
-            a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
             std::vector<float> ref, got(static_cast<size_t>(n) * sh.nH * d);
-            double ms[5], err[5];
-            for (const int m : {1, 0, 2, 3, 4}) {  // fp32 first: the reference
-                AttnGemm gm = g;
-                gm.tf32 = m == 2;
-                gm.bf16x3 = m == 3;
-                gm.block_rows = m == 4 ? 128 : 0;
+            double ms[4], err[4];
+            for (const int m : {0, 1, 2, 3}) {  // fp32 (the product) first: the reference
+                LabGemm gm = g;
+                gm.tf32 = m == 1;
+                gm.bf16x3 = m == 2;
+                gm.block_rows = m == 3 ? 128 : 0;
+                markbase::cuda::AttnGemm prod;
+                prod.blas = g.blas;
+                prod.s = g.s;
+                prod.s_floats = g.s_floats;
+                prod.ptrs = g.ptrs;
                 auto call = [&] {
                     if (m == 0)
-                        markbase::cuda::attention(a, n, st);
-                    else if (!markbase::cuda::attention_gemm(a, n, pos0, gm, st))
-                        std::fprintf(stderr, "%s: attention_gemm declined\n", sh.name);
+                        markbase::cuda::attention_gemm(a, n, pos0, prod, st);
+                    else if (!attn_lab::attention_gemm_variant(a, n, pos0, gm, st))
+                        std::fprintf(stderr, "%s: attention_gemm_variant declined\n", sh.name);
                 };
                 ms[m] = lab::time_ms(10, st, call);  // (its warm-up: cuBLAS heuristics, module loading)
                 CK(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-                if (m == 1) ref = got;
-                err[m] = m == 1 ? 0 : max_rel(ref, got);
+                if (m == 0) ref = got;
+                err[m] = m == 0 ? 0 : max_rel(ref, got);
             }
             std::printf("%-16s %6lld %6lld", sh.name, static_cast<long long>(pos0),
                         static_cast<long long>(std::min<int64_t>(cap, pos0 + n)));
-            for (int m = 0; m < 5; ++m) std::printf(" %9.3f", ms[m]);
-            std::printf("   %.1e %.1e %.1e %.1e\n", err[0], err[2], err[3], err[4]);
+            for (int m = 0; m < 4; ++m) std::printf(" %9.3f", ms[m]);
+            std::printf("   %.1e %.1e %.1e\n", err[1], err[2], err[3]);
         }
-        for (void* p :
-             {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(out),
-              static_cast<void*>(part_o), static_cast<void*>(part_ml), static_cast<void*>(pos),
-              static_cast<void*>(g.s), static_cast<void*>(g.ptrs), static_cast<void*>(g.q3),
-              static_cast<void*>(g.k3), static_cast<void*>(g.v3), static_cast<void*>(g.p3)})
+        for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
+                        static_cast<void*>(out), static_cast<void*>(pos), static_cast<void*>(g.s),
+                        static_cast<void*>(g.ptrs), static_cast<void*>(g.q3), static_cast<void*>(g.k3),
+                        static_cast<void*>(g.v3), static_cast<void*>(g.p3)})
             CK(cudaFree(p));
     }
     cublasDestroy(blas);

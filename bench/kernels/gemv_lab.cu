@@ -6,9 +6,9 @@
 // the baseline. Two timings per (shape, variant): "solo" (CUDA events around one launch, median of 20) and
 // "graph" (>= 20 launches on rotating copies, >= 256 MB of distinct weights, captured as one CUDA graph;
 // per-launch time, median of 5 replays: what a decode graph sees, launch gaps included). The per-shape winner
-// table and the per-model totals use "graph". The production kernel is src/cuda/gemv_rows.cu's warp-per-row
-// GEMV, run here as p0..p10; v2 and v6..v10 are src/cuda/gemv.cu's tiles, selectable there with
-// MARKBASE_CUDA_GEMV (see the legend printed first).
+// table and the per-model totals use "graph". The decode step runs v11's layout (src/cuda/gemv_rows.cu, the
+// p rows); src/cuda/gemv.cu keeps v2 for lm_head. v6..v10 were product variants once (their names in the
+// legend printed first); they lost to v11 and live here only.
 //   markbase_gemv_lab [--quick] [--only SUBSTRING]
 // Weights and x are drawn on the GPU from a counter hash (uniform [-1, 1)), so a full sweep takes seconds.
 #include <cublas_v2.h>
@@ -228,7 +228,25 @@ int resident(const void* fn, int threads, size_t smem) {
     return nb;
 }
 
-using markbase::cuda::choose_ksplit;  // src/cuda/gemv.cu's rule
+// K slices per row group for a balanced split-K (v9, v10, v13; once src/cuda/gemv.cu's rule): the fewest
+// slices whose units (groups x slices) spread over `blocks` with little tail, each slice still a few full
+// batches of U chunks per lane.
+int choose_ksplit(int groups, int blocks, int nchunk, int U) {
+    int best = 1;
+    double best_score = -1.0;
+    for (int S = 1; S <= 8; ++S) {
+        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
+        const int units = groups * S;
+        const int rounds = (units + blocks - 1) / blocks;
+        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
+        const double score = eff - 0.02 * (S - 1);  // atomics and re-staging are not free
+        if (score > best_score + 1e-9) {
+            best_score = score;
+            best = S;
+        }
+    }
+    return best;
+}
 
 enum Grid { kLegacy, kResident, kResidentSplitK, kWaves4 };  // kWaves4: 4 x the resident blocks
 
@@ -258,19 +276,17 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
 }
 
 // The production warp-per-row GEMV itself (src/cuda/gemv_rows.cu through markbase::cuda::gemv, PDL as the
-// model launches it), with the one-GPU defaults (warpk, MIN_WAVES 3, 4 chunks per lane up to K = 2048) or a
-// forced number of warps per row W, with or without the input RMSNorm folded into every warp (Norm: the
-// norm weights are ones, so y = rsqrt(mean(x^2) + eps) * W x; the gate checks it against the reference
-// times that factor), and the lean kernel (GemvInput.lean: no norm, no tail, more blocks per SM at 4 chunks
-// per lane). What a model's launch pays for its norm, and which W suits each shape.
+// model launches it), with the one-GPU settings (min_waves 3, 4 chunks per lane up to K = 2048) or a forced
+// number of warps per row W, with or without the input RMSNorm folded into every warp (Norm: the norm
+// weights are ones, so y = rsqrt(mean(x^2) + eps) * W x; the gate checks it against the reference times that
+// factor; without it the launch runs the lean kernel, more blocks per SM at 4 chunks per lane). What a
+// model's launch pays for its norm, and which W suits each shape.
 const uint16_t* g_ones = nullptr;  // bf16 1.0 x the widest K
 constexpr float kLabEps = 1e-6f;
-template <bool Norm, int W, bool Lean = false, bool Lean8 = false>
+template <bool Norm, int W>
 void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cudaStream_t s) {
     markbase::cuda::GemvInput in;
-    in.lean = Lean;
-    in.lean8 = Lean8;
-    in.variant = markbase::cuda::kGemvVariantWarpK;
+    in.kernel = markbase::cuda::GemvKernel::kRows;
     in.min_waves = 3;
     in.geglu_split = true;
     in.force_warps = W;
@@ -285,7 +301,7 @@ void launch_prod(const uint16_t* Wt, const float* x, float* y, int N, int K, cud
 
 struct Variant {
     const char* name;
-    const char* prod;  // MARKBASE_CUDA_GEMV name when src/cuda/gemv.cu has the same layout, else ""
+    const char* prod;  // its name as a product GEMV variant (v2: gemv.cu's tiles today), else ""
     void (*launch)(const uint16_t*, const float*, float*, int, int, cudaStream_t);
     bool norm = false;  // y carries the input norm's factor (launch_prod<true, W>)
 };
@@ -327,8 +343,6 @@ const Variant kVariants[] = {
     {"p6 prod plain W1", "", launch_prod<false, 1>},
     {"p7 prod plain W2", "", launch_prod<false, 2>},
     {"p8 prod plain W4", "", launch_prod<false, 4>},
-    {"p9 prod plain lean", "", launch_prod<false, 0, true>},
-    {"p10 prod plain lean8", "", launch_prod<false, 0, true, true>},
 };
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
@@ -440,7 +454,7 @@ int main(int argc, char** argv) {
     g_sms = prop.multiProcessorCount;
     std::printf("device %s, %d SMs, L2 %d MB; roofline %.0f GB/s\n", prop.name, prop.multiProcessorCount,
                 prop.l2CacheSize >> 20, kRoofGBs);
-    std::printf("variants (prod = its MARKBASE_CUDA_GEMV name in src/cuda/gemv.cu):\n");
+    std::printf("variants (prod = its name as a product GEMV variant once; v2 is gemv.cu's tiles):\n");
     for (int v = 0; v < kNumVariants; ++v)
         std::printf("  %-24s %s\n", kVariants[v].name, *kVariants[v].prod ? kVariants[v].prod : "-");
     cublasHandle_t blas;
@@ -452,7 +466,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&blas_ws, size_t{32} << 20));
     CB(cublasSetWorkspace(blas, blas_ws, size_t{32} << 20));
 
-    {  // the copy ceiling in this run (PERFORMANCE.md measured 4.24 TB/s read + write): 2 GiB device to device
+    {  // the copy ceiling today (PERFORMANCE.md measured 4.24 TB/s read + write): 2 GiB device to device
         const size_t bytes = size_t{2} << 30;
         void *a = nullptr, *b = nullptr;
         CK(cudaMalloc(&a, bytes));
@@ -693,7 +707,7 @@ int main(int argc, char** argv) {
     auto vname = [&](int v) { return v == kNumVariants ? "cuBLAS" : kVariants[v].name; };
     std::printf(
         "\nwinners (graph timing per launch; prod = src/cuda/gemv.cu's default v2; best sel = best of the "
-        "variants MARKBASE_CUDA_GEMV can select):\n");
+        "variants that were product variants):\n");
     std::printf("%-4s %-20s %7s %6s | %8s %6s | %-24s %8s %6s | %-8s %8s | %8s\n", "mdl", "shape", "N", "K",
                 "v2 us", "%roof", "winner", "us", "%roof", "best sel", "us", "cuBLAS");
     for (const int si : shapes) {

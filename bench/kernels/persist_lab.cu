@@ -457,7 +457,7 @@ float* new_f32(int64_t n, bool random) {
 void record_launches(const std::vector<Layer>& ls, const Bufs& b, cudaStream_t s) {
     auto input = [](const float* x, int K, const bf16* norm_w) {  // norm_w: the input RMSNorm's weights
         GemvInput in;
-        in.variant = kGemvVariantWarpK;
+        in.kernel = GemvKernel::kRows;
         in.eps = kEps;
         in.x = x;
         in.K = K;

@@ -1,10 +1,11 @@
-// Attention over the fp32 KV cache for decode (n = 1) and prefill (n tokens), flash-decoding style: the key
-// range a query sees is cut into nsplit pieces; one block per (piece, head, token) computes an unnormalised
-// partial softmax-weighted sum with its running max and sum (online softmax over tiles of 128 keys), and a
-// combine kernel merges the pieces. Positions come from device memory, so a captured graph stays valid as the
-// sequence grows: pieces past the current range just report an empty result. Ring slots: position p lives at
-// p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h to KV head h /
-// (nH/nKV).
+// Attention over the fp32 KV cache at decode (one token, or batched decode's one token per sequence),
+// flash-decoding style: the key range a query sees is cut into nsplit pieces; one block per (piece, head,
+// token) computes an unnormalised partial softmax-weighted sum with its running max and sum (online softmax
+// over tiles of 128 keys), and the last piece of each head (decode) or a combine kernel (batched decode)
+// merges the pieces. Prefill runs attention_gemm.cu. Positions come from device memory, so a captured graph
+// stays valid as the sequence grows: pieces past the current range just report an empty result. Ring slots:
+// position p lives at p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h
+// to KV head h / (nH/nKV).
 #include <algorithm>
 #include <cfloat>
 
@@ -37,7 +38,7 @@ __device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t
                       ? a.split_len
                       : max(static_cast<int64_t>(a.min_split), (g.pos - g.lo + a.nsplit) / a.nsplit);
     g.active = static_cast<int>(min(static_cast<int64_t>(a.nsplit), (range + g.split_len - 1) / g.split_len));
-    if (!a.active_only || a.split_len > 0) g.active = a.nsplit;
+    if (a.split_len > 0) g.active = a.nsplit;
     return g;
 }
 
@@ -72,13 +73,13 @@ __device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, float* out)
     }
 }
 
-// Batched (AttnArgs.tok_pos): each query reads its own sequence slot's cache; a separate instantiation.
+// Batched decode's pieces (AttnArgs.tok_pos: each query reads its own sequence slot's cache; fixed pieces,
+// merged by attn_combine_kernel).
 template <bool Batched>
 __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     float* qs = reinterpret_cast<float*>(smem4);  // [d]
     __shared__ float sc[kTile];
-    __shared__ bool last_piece;
     pdl_begin();
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -171,23 +172,10 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
         a.part_ml[2 * idx] = m;
         a.part_ml[2 * idx + 1] = l;  // 0 for an empty piece
     }
-    if (!a.merge_counters) return;
-    // The last piece of this head to finish merges all of them (classic flash-decoding reduction).
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned int ticket = atomicAdd(a.merge_counters + static_cast<int64_t>(t) * a.nH + h, 1u);
-        last_piece = ticket == static_cast<unsigned int>(geo.active) - 1;
-    }
-    __syncthreads();
-    if (!last_piece) return;
-    __threadfence();
-    merge_pieces(a, idx - sp, geo.active, a.out + (static_cast<int64_t>(t) * a.nH + h) * d);
-    if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
-// ---- decode pieces, v2 (MARKBASE_CUDA_ATTN_SPLIT=auto; active_only, split_len 0, merge by the last piece)
-// ---- The same math as attn_partial_kernel, with more loads in flight for longer pieces: in the V phase the
+// ---- decode pieces (split_len 0, merge by the last piece) ----
+// The same math as attn_partial_kernel, with more loads in flight for longer pieces: in the V phase the
 // keys of a tile are spread over the 4 warps (key j to warp j % 4), each lane owning float4 columns lane + 32
 // i of the head, 4 keys x up to 4 columns loaded before the first use; the warps' partial outputs are summed
 // through shared memory at the end. The merge reads every piece's (m, l) in parallel and then the partial
@@ -209,11 +197,10 @@ __device__ float block_max(float v, float* scratch) {
 // ...: one round for <= kThreads pieces), then thread c owns float4 column c of the output (d / 4 <=
 // kThreads) and requests 8 pieces' partials before using any. A merge of n pieces waits for about n / 8
 // L2 round trips; the earlier form (each thread walking its d / kThreads dims one after the other, 4
-// pieces per round, and (m, l) read twice) waited for ~d / kThreads x n / 4 + 2: session 11's H200 A/B of
-// this form (MARKBASE_CUDA_ATTN_MERGE_VEC, since removed) measured E2B -3.9%, E4B -2.7%, 26B-A4B -1.8%,
-// 31B -0.6%, E2B at a 2000-token context -4.3%, bit-identical (the same sums in the same order).
-// (Requesting the first 8 pieces' partials together with (m, l), before the block reductions, measured
-// -0.1..+0.2% in the same session: MARKBASE_CUDA_ATTN_MERGE_EARLY, removed, code in ac2ab10.)
+// pieces per round, and (m, l) read twice) waited for ~d / kThreads x n / 4 + 2: the H200 A/B of this form
+// measured E2B -3.9%, E4B -2.7%, 26B-A4B -1.8%, 31B -0.6%, E2B at a 2000-token context -4.3%,
+// bit-identical (the same sums in the same order). (Requesting the first 8 pieces' partials together with
+// (m, l), before the block reductions, measured -0.1..+0.2%; code in ac2ab10.)
 __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* out, float* fs,
                                 float* scratch) {
     const int tid = threadIdx.x, d4 = a.d / 4;
@@ -264,7 +251,7 @@ __device__ void merge_pieces_v2(const AttnArgs& a, int64_t base, int n, float* o
     reinterpret_cast<float4*>(out)[tid] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-// Cluster (AttnArgs.cluster, MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head are one thread-block
+// Cluster (AttnArgs.cluster, Tuning::attn_cluster): the nsplit pieces of a head are one thread-block
 // cluster, and the merge goes through distributed shared memory instead of global memory: each piece stores
 // its partial (o, m, l) into piece 0's shared memory and arrives at a cluster barrier (release); piece 0
 // waits (acquire) and merges from its own shared memory. That replaces the ticket's chain (a fence, the
@@ -292,9 +279,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     __shared__ float scratch[32];
     __shared__ bool last_piece;
     if constexpr (Cluster) cluster_arrive_relaxed();  // phase 1: this block has started
-    // kv_early: the geometry (pos_base: written at the end of the previous step) and the keys and values of
-    // earlier steps are read before the PDL wait
-    if (!a.kv_early) pdl_begin();
+    // The geometry (pos_base: written at the end of the previous step) and the keys and values of earlier
+    // steps are read before the PDL wait (26B-A4B -1.4%, E4B -0.4%, 31B -0.1%, E2B 0.0%)
     const int sp = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const PieceGeometry geo = piece_geometry(a, t);
@@ -316,8 +302,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // A piece of at most 16 keys (the decode graph's pieces at short contexts): this warp's keys and values
     // are all requested before q is staged, in one batch (the loop below waits for q, then for the keys in
-    // d / 128 rounds, then for the values). The same operations in the same order. Session 7's H200 A/B
-    // (MARKBASE_CUDA_ATTN_EARLY, since removed): E2B -0.8%, E4B -0.7%, 26B-A4B -0.7%, 31B 0.0%.
+    // d / 128 rounds, then for the values). The same operations in the same order. The H200 A/B: E2B -0.8%,
+    // E4B -0.7%, 26B-A4B -0.7%, 31B 0.0%.
     const bool one_batch = end - start <= kWarpsAttn * 4;
     if (one_batch) {
         const int cnt = static_cast<int>(end - start);
@@ -338,20 +324,18 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
                 vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        if (a.kv_early) {
-            pdl_begin_after_loads(cnt, false);  // (cnt >= 1) the loads above stay above the wait
-            if (end == geo.pos + 1) {  // the current position's key and value: just written by qkv_post, and
-                                       // the loads above may have seen the slot's old ones; again from L2
+        pdl_begin_after_loads(cnt);  // (cnt >= 1) the loads above stay above the wait
+        if (end == geo.pos + 1) {    // the current position's key and value: just written by qkv_post, and
+                                     // the loads above may have seen the slot's old ones; again from L2
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
-                    const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
+            for (int u = 0; u < 4; ++u) {
+                const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
+                const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
 #pragma unroll
-                    for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                        const int c = lane + 32 * i;
-                        if (c < d4 && nk) kv[u][i] = __ldcg(kp + c);
-                        if (c < d4 && nv) vv[u][i] = __ldcg(vp + c);
-                    }
+                for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                    const int c = lane + 32 * i;
+                    if (c < d4 && nk) kv[u][i] = __ldcg(kp + c);
+                    if (c < d4 && nv) vv[u][i] = __ldcg(vp + c);
                 }
             }
         }
@@ -400,7 +384,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         l = lsum;
         m = tmax;
     } else {
-        if (a.kv_early) pdl_begin();
+        pdl_begin();
         for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
         __syncthreads();
     }
@@ -570,11 +554,11 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
-    if (attention_group_pieces(a, n, s)) return;
     if (a.tok_pos) {
+        if (attention_group_pieces(a, n, s)) return;
         launch_kernel(attn_partial_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
                       static_cast<size_t>(a.d) * sizeof(float), s, a);
-    } else if (a.decode_v2 && a.active_only && a.split_len == 0 && a.merge_counters) {
+    } else if (a.split_len == 0 && a.merge_counters) {
         if (a.cluster) {
             if (a.cluster != a.nsplit || a.nsplit > kMaxAttnCluster || n != 1)
                 throw Error("internal: a cluster of " + std::to_string(a.cluster) + " for " +
@@ -589,8 +573,8 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
             launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
         }
     } else {
-        launch_kernel(attn_partial_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads),
-                      static_cast<size_t>(a.d) * sizeof(float), s, a);
+        throw Error(
+            "internal: attention pieces are decode's (split_len 0, merge counters) or batched decode's");
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -616,10 +600,8 @@ bool attention_cluster_fits(int C, int nH, int d) {
 }
 
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {
-    if (a.tok_pos)
-        launch_kernel(attn_combine_kernel<true>, dim3(a.nH, n), dim3(kThreads), 0, s, a);
-    else
-        launch_kernel(attn_combine_kernel<false>, dim3(a.nH, n), dim3(kThreads), 0, s, a);
+    if (!a.tok_pos) throw Error("internal: a separate attention merge is batched decode's");
+    launch_kernel(attn_combine_kernel<true>, dim3(a.nH, n), dim3(kThreads), 0, s, a);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,14 +1,14 @@
 // Prefill attention as cuBLAS GEMMs. The pieces kernels (attention.cu, attention_group.cu) run on CUDA cores,
 // a block per (piece of keys, KV group, tile of tokens) walking its keys one at a time: at a 512-token chunk
-// that was 48 of the 31B's 139 ms of prefill (session 13, run 1) for ~0.6 TFLOP of products. Here each query
+// that was 48 of the 31B's 139 ms of prefill for ~0.6 TFLOP of products. Here each query
 // head's scores are one GEMM over the chunk's tokens and the layer's key slots, S = Q K^T, then a softmax
 // over each row in place with the causal / sliding-window mask computed from the slot's position, then
 // O = P V straight into the attention output; all heads in one batched call each (pointer arrays: the G
-// heads of a KV group read the same K and V). Products accumulate in fp32 (CUBLAS_COMPUTE_32F), or in TF32
-// with MARKBASE_CUDA_ATTN_GEMM=tf32 (an A/B: 10-bit mantissas in the products), or on bf16 tensor cores over
-// hi/lo halves with MARKBASE_CUDA_ATTN_GEMM=bf16x3: q.k = qh.kh + ql.kh + qh.kl as one GEMM over three times
-// the head dim ([qh | ql | qh] against [kh | kh | kl]), and p.v = ph.vh + ph.vl + pl.vh over three times the
-// keys ([ph | ph | pl] against [vh; vl; vh]); the dropped lo.lo term is ~2^-16 of the product.
+// heads of a KV group read the same K and V). Products accumulate in fp32 (CUBLAS_COMPUTE_32F). Against the
+// pieces: 512-token prefill E2B 26.8k -> 36.2k tok/s, E4B 18.4k -> 23.5k, 31B 3.6k -> 4.4k; 4096 tokens E2B
+// 15.5k -> 24.4k, 31B 1.8k -> 3.4k. TF32 products, bf16 tensor cores over hi/lo halves (bf16x3) and causal
+// row blocks were measured and lost or did not pay; they live in the attention lab
+// (bench/kernels/attn_gemm_variants.cuh).
 //
 // Key slots, not positions: the cache is a ring of `cap` slots (sliding layers: window + chunk), and after it
 // wraps the chunk's key range is two runs of slots. Every slot in [0, Ls), Ls = min(cap, pos0 + n), holds the
@@ -29,19 +29,19 @@ namespace {
 
 constexpr int kSoftmaxThreads = 256;
 constexpr int kSoftmaxPer = 8;  // a row of <= 2048 keys stays in registers
-constexpr int kMinRows = 16;    // fewer query rows per call than this: the pieces kernels instead
+constexpr int kMinRows = 16;    // the scratch holds at least this many query rows of a head
 
 // The six pointer arrays of one batch of heads [h0, h0 + hb) and query rows [q0, q0 + nq):
 // [0] K_g, [1] Q_h, [2] S_i for the scores; [3] V_g, [4] P_i (= S_i), [5] O_h for the output.
-// Keys from slot k0: the scores' rows are Ls long.
-__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t k0,
-                                      int64_t Ls, float* sc, void** p) {
+// The scores' rows are Ls long.
+__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t Ls, float* sc,
+                                      void** p) {
     pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hb) return;
     const int h = h0 + i, g = h / (a.nH / a.nKV);
     const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d;
-    const int64_t kv = k0 * a.nKV * a.d + int64_t{g} * a.d;
+    const int64_t kv = int64_t{g} * a.d;
     float* s = sc + int64_t{i} * nq * Ls;
     p[i] = const_cast<float*>(a.k_cache + kv);
     p[hb + i] = const_cast<float*>(a.q + q0 * qrow + head);
@@ -49,49 +49,6 @@ __global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, 
     p[3 * hb + i] = const_cast<float*>(a.v_cache + kv);
     p[4 * hb + i] = s;
     p[5 * hb + i] = a.out + q0 * qrow + head;
-}
-
-// bf16x3: q3 [n][nH][3d] = [qh | ql | qh] per head; k3 [Ls][nKV][3d] = [kh | kh | kl]; v3 [3][Ls][nKV][d]
-// = vh, vl, vh. One thread per fp32 element.
-__global__ void attn_split3_kernel(const AttnArgs a, int n, int64_t Ls, uint16_t* q3, uint16_t* k3,
-                                   uint16_t* v3) {
-    pdl_begin();
-    const int64_t d = a.d, nq = int64_t{n} * a.nH * d, nkv = Ls * a.nKV * d;
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < nq + nkv;
-         i += int64_t{gridDim.x} * blockDim.x) {
-        if (i < nq) {
-            const int64_t head = i / d, c = i - head * d;
-            uint16_t* o = q3 + head * 3 * d + c;
-            split_store(a.q[i], o, o + d, 0);
-            o[2 * d] = o[0];
-        } else {
-            const int64_t j = i - nq, row = j / d, c = j - row * d;  // row = slot * nKV + g
-            uint16_t* o = k3 + row * 3 * d + c;
-            split_store(a.k_cache[j], o, o + 2 * d, 0);
-            o[d] = o[0];
-            uint16_t* w = v3 + j;
-            split_store(a.v_cache[j], w, w + nkv, 0);
-            w[2 * nkv] = w[0];
-        }
-    }
-}
-
-// The six pointer arrays of the bf16x3 path (as attn_gemm_ptrs_kernel, over q3 / k3 / v3 and p3 [hb][nq][3
-// Ls])
-__global__ void attn_gemm_ptrs3_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t Ls,
-                                       float* sc, const uint16_t* q3, const uint16_t* k3, const uint16_t* v3,
-                                       uint16_t* p3, void** p) {
-    pdl_begin();
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= hb) return;
-    const int h = h0 + i, g = h / (a.nH / a.nKV);
-    const int64_t d = a.d;
-    p[i] = const_cast<uint16_t*>(k3 + g * 3 * d);
-    p[hb + i] = const_cast<uint16_t*>(q3 + (int64_t{q0} * a.nH + h) * 3 * d);
-    p[2 * hb + i] = sc + int64_t{i} * nq * Ls;
-    p[3 * hb + i] = const_cast<uint16_t*>(v3 + g * d);
-    p[4 * hb + i] = p3 + int64_t{i} * nq * 3 * Ls;
-    p[5 * hb + i] = a.out + (int64_t{q0} * a.nH + h) * d;
 }
 
 // The position held by key slot j (the ring's latest write of j's residue class once it has wrapped), and
@@ -104,25 +61,14 @@ __device__ __forceinline__ bool slot_visible(int64_t j, int64_t p, int64_t top, 
 
 // grid hb * nq rows (head i = row / nq, token q0 + row % nq), kSoftmaxThreads threads; in place:
 // S row -> softmax over the visible slots, 0 elsewhere. Cached: the row in registers (Ls <= 2048).
-// With p3: the probabilities go to p3's row [ph | ph | pl] (3 Ls bf16) instead of back into the scores. The
-// row's first key is slot k0.
 template <bool Cached>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     attn_gemm_softmax_kernel(float* sc, int64_t Ls, int nq, int q0, int64_t pos0, int n, int64_t cap,
-                             int window, uint16_t* p3, int64_t k0) {
+                             int window) {
     pdl_begin();
     __shared__ float red[kSoftmaxThreads / 32];
     const int64_t row = blockIdx.x;
     float* x = sc + row * Ls;
-    uint16_t* x3 = p3 ? p3 + row * 3 * Ls : nullptr;
-    auto put = [&](int64_t j, float v) {
-        if (!x3) {
-            x[j] = v;
-            return;
-        }
-        split_store(v, x3, x3 + 2 * Ls, j);
-        x3[Ls + j] = x3[j];
-    };
     const int64_t p = pos0 + q0 + row % nq, top = pos0 + n - 1;
     const bool wrapped = pos0 + n > cap;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -144,7 +90,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 #pragma unroll
         for (int k = 0; k < kSoftmaxPer; ++k) {
             const int64_t j = tid + int64_t{k} * kSoftmaxThreads;
-            v[k] = j < Ls && slot_visible(k0 + j, p, top, cap, wrapped, window) ? x[j] : -FLT_MAX;
+            v[k] = j < Ls && slot_visible(j, p, top, cap, wrapped, window) ? x[j] : -FLT_MAX;
             m = fmaxf(m, v[k]);
         }
         m = block_reduce(m, true);
@@ -158,94 +104,67 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 #pragma unroll
         for (int k = 0; k < kSoftmaxPer; ++k) {
             const int64_t j = tid + int64_t{k} * kSoftmaxThreads;
-            if (j < Ls) put(j, v[k] * inv);
+            if (j < Ls) x[j] = v[k] * inv;
         }
     } else {
         float m = -FLT_MAX;
         for (int64_t j = tid; j < Ls; j += kSoftmaxThreads)
-            if (slot_visible(k0 + j, p, top, cap, wrapped, window)) m = fmaxf(m, x[j]);
+            if (slot_visible(j, p, top, cap, wrapped, window)) m = fmaxf(m, x[j]);
         m = block_reduce(m, true);
         float l = 0.0f;
         for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) {
-            const float e = slot_visible(k0 + j, p, top, cap, wrapped, window) ? expf(x[j] - m) : 0.0f;
+            const float e = slot_visible(j, p, top, cap, wrapped, window) ? expf(x[j] - m) : 0.0f;
             x[j] = e;
             l += e;
         }
         const float inv = 1.0f / block_reduce(l, false);
-        for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) put(j, x[j] * inv);
+        for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) x[j] = x[j] * inv;
     }
 }
 
 }  // namespace
 
-bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
-    if (a.tok_pos || a.nKV <= 0 || a.nH % a.nKV) return false;  // one sequence's cache only
+void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
+    if (a.tok_pos || a.nKV <= 0 || a.nH % a.nKV)
+        throw Error("internal: prefill attention takes one sequence's cache and whole KV groups");
     const int64_t Ls = std::min<int64_t>(a.cap, pos0 + n);
     const int64_t rows_fit = g.s_floats / Ls;  // query rows of one head the scratch holds
-    if (rows_fit < std::min(n, kMinRows)) return false;
+    if (rows_fit < std::min(n, kMinRows))
+        throw Error("internal: the prefill attention scratch holds " + std::to_string(rows_fit) +
+                    " rows of " + std::to_string(Ls) + " keys");
     const int nq = static_cast<int>(std::min<int64_t>(n, rows_fit));
     const int hb = static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{nq} * Ls), 1, a.nH));
     const float one = 1.0f, zero = 0.0f;
-    // bf16x3 where its split copies fit (keys3: longer key ranges take the fp32 products)
-    const bool x3 = g.bf16x3 && Ls <= g.keys3;
-    const cublasComputeType_t compute = g.tf32 && !x3 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const cudaDataType_t in = x3 ? CUDA_R_16BF : CUDA_R_32F;
-    const int w = x3 ? 3 : 1;  // the products' contraction is w times as long
-    const int ldq = a.nH * a.d * w, ldk = a.nKV * a.d * w, ldv = a.nKV * a.d, ldo = a.nH * a.d;
-    if (x3) {
-        const int64_t total = (int64_t{n} * a.nH + Ls * a.nKV) * a.d;
-        launch_kernel(attn_split3_kernel,
-                      dim3(static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 8192))), dim3(256), 0,
-                      s, a, n, Ls, g.q3, g.k3, g.v3);
-        CUDA_CHECK_LAUNCH();
-    }
-    // Causal row blocks (MARKBASE_CUDA_ATTN_GEMM_BLOCK=R, fp32 / TF32 products, while the slots are the
-    // positions): each block of R query rows takes only the keys its rows can see, [its first row's window
-    // start, its last row's position], so the masked half of the chunk's own square is not computed.
-    const bool blocks = g.block_rows > 0 && !x3 && pos0 + n <= a.cap;
-    const int step = blocks ? std::min(nq, g.block_rows) : nq;
+    const int ldq = a.nH * a.d, ldk = a.nKV * a.d, ldv = a.nKV * a.d, ldo = a.nH * a.d;
+    const int ls = static_cast<int>(Ls);
     void** p = g.ptrs;
-    for (int q0 = 0; q0 < n; q0 += step) {
-        const int rows = std::min(step, n - q0);
-        int64_t k0 = 0, kl = Ls;  // the block's first key slot and its key count
-        if (blocks) {
-            const int64_t first = pos0 + q0;
-            k0 = a.window > 0 ? std::max<int64_t>(0, first - a.window + 1) : 0;
-            kl = first + rows - k0;
-        }
-        const int hbb =
-            blocks ? static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{rows} * kl), 1, a.nH)) : hb;
-        const int ls = static_cast<int>(kl);
-        for (int h0 = 0; h0 < a.nH; h0 += hbb) {
-            const int heads = std::min(hbb, a.nH - h0);
-            if (x3)
-                launch_kernel(attn_gemm_ptrs3_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows,
-                              h0, heads, Ls, g.s, g.q3, g.k3, g.v3, g.p3, p);
-            else
-                launch_kernel(attn_gemm_ptrs_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows, h0,
-                              heads, k0, kl, g.s, p);
+    for (int q0 = 0; q0 < n; q0 += nq) {
+        const int rows = std::min(nq, n - q0);
+        for (int h0 = 0; h0 < a.nH; h0 += hb) {
+            const int heads = std::min(hb, a.nH - h0);
+            launch_kernel(attn_gemm_ptrs_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows, h0,
+                          heads, Ls, g.s, p);
             CUDA_CHECK_LAUNCH();
             // row-major S[t][j] = sum_c Q[t][c] K[j][c]: column-major S^T (Ls x rows) = K^T(op T) Q^T
-            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d * w, &one, p, in,
-                                             ldk, p + heads, in, ldq, &zero, p + 2 * heads, CUDA_R_32F, ls,
-                                             heads, compute, CUBLAS_GEMM_DEFAULT));
+            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d, &one, p,
+                                             CUDA_R_32F, ldk, p + heads, CUDA_R_32F, ldq, &zero,
+                                             p + 2 * heads, CUDA_R_32F, ls, heads, CUBLAS_COMPUTE_32F,
+                                             CUBLAS_GEMM_DEFAULT));
             const dim3 grid(static_cast<unsigned>(int64_t{heads} * rows));
-            uint16_t* p3 = x3 ? g.p3 : nullptr;
-            if (kl <= int64_t{kSoftmaxThreads} * kSoftmaxPer)
-                launch_kernel(attn_gemm_softmax_kernel<true>, grid, dim3(kSoftmaxThreads), 0, s, g.s, kl,
-                              rows, q0, pos0, n, a.cap, a.window, p3, k0);
+            if (Ls <= int64_t{kSoftmaxThreads} * kSoftmaxPer)
+                launch_kernel(attn_gemm_softmax_kernel<true>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
+                              rows, q0, pos0, n, a.cap, a.window);
             else
-                launch_kernel(attn_gemm_softmax_kernel<false>, grid, dim3(kSoftmaxThreads), 0, s, g.s, kl,
-                              rows, q0, pos0, n, a.cap, a.window, p3, k0);
+                launch_kernel(attn_gemm_softmax_kernel<false>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
+                              rows, q0, pos0, n, a.cap, a.window);
             CUDA_CHECK_LAUNCH();
             // row-major O[t][c] = sum_j P[t][j] V[j][c]: column-major O^T (d x rows) = V^T P^T
-            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, a.d, rows, ls * w, &one,
-                                             p + 3 * heads, in, ldv, p + 4 * heads, in, ls * w, &zero,
-                                             p + 5 * heads, CUDA_R_32F, ldo, heads, compute,
+            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, a.d, rows, ls, &one,
+                                             p + 3 * heads, CUDA_R_32F, ldv, p + 4 * heads, CUDA_R_32F, ls,
+                                             &zero, p + 5 * heads, CUDA_R_32F, ldo, heads, CUBLAS_COMPUTE_32F,
                                              CUBLAS_GEMM_DEFAULT));
         }
     }
-    return true;
 }
 
 }  // namespace markbase::cuda

@@ -1,11 +1,9 @@
-// Attention pieces for prefill and batched decode (fixed pieces of split_len keys, merged by
-// attention_combine), with the G = nH / nKV query heads that share a KV head in one block: each key and value
-// row is read once for the G heads instead of once per head. attn_partial_kernel (attention.cu) reads the
-// whole key range again for every head of a group: on E2B (8 heads, 1 KV head) a 512-token prefill streamed
-// its K/V eight times per layer through L2, and attention was ~21 of the chunk's ~33 ms.
-// The same operations in the same order per head as attn_partial_kernel (scores over c = lane, lane + 32, ...
-// in fmaf order, the tile's max, expf against the running max, values accumulated key by key), so the
-// partials are bit-identical to it. MARKBASE_CUDA_ATTN_GROUP=0 keeps the per-head kernel.
+// Batched decode's attention pieces (fixed pieces of split_len keys, merged by attention_combine), with the
+// G = nH / nKV query heads that share a KV head in one block: each key and value row is read once for the G
+// heads instead of once per head. attn_partial_kernel (attention.cu) reads the whole key range again for
+// every head of a group. The same operations in the same order per head as attn_partial_kernel (scores over
+// c = lane, lane + 32, ... in fmaf order, the tile's max, expf against the running max, values accumulated
+// key by key), so the partials are bit-identical to it.
 #include <cfloat>
 
 #include "cuda/check.h"
@@ -23,10 +21,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
 // grid (nsplit, nKV, ceil(n / T)); dynamic shared memory G T d floats (the queries). Rows r < G T: token
-// t0 + r / G, head h0 + r % G. T > 1 (prefill only; MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 1): the block's
-// T tokens share their pieces, cut from the union of their key ranges, and each row masks the keys outside
-// its own range (-inf scores, so exp gives 0); other piece boundaries than the per-token ones, so not
-// bit-identical.
+// t0 + r / G, head h0 + r % G. (T > 1, tiles of one sequence's tokens sharing their pieces, was the
+// prefill's form before prefill attention moved to GEMMs; only T = 1 is launched.)
 template <int G, int T, bool Batched>
 __global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel(const AttnArgs a, int n) {
     static_assert(T == 1 || !Batched, "token tiles need one sequence's cache");
@@ -185,65 +181,39 @@ __global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel
     }
 }
 
-template <int G, int T>
+template <int G>
 void launch_group(const AttnArgs& a, int n, cudaStream_t s) {
-    const size_t smem = static_cast<size_t>(G) * T * a.d * sizeof(float);
-    const dim3 grid(a.nsplit, a.nKV, (n + T - 1) / T);
-    if constexpr (T == 1) {
-        if (a.tok_pos) {
-            launch_kernel(attn_group_kernel<G, 1, true>, grid, dim3(kThreads), smem, s, a, n);
-            CUDA_CHECK_LAUNCH();
-            return;
-        }
-    }
-    launch_kernel(attn_group_kernel<G, T, false>, grid, dim3(kThreads), smem, s, a, n);
+    const size_t smem = static_cast<size_t>(G) * a.d * sizeof(float);
+    launch_kernel(attn_group_kernel<G, 1, true>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a, n);
     CUDA_CHECK_LAUNCH();
-}
-
-// Token tiles of 8 / G where asked and the grid still fills the GPU, else one token per block where that
-// does; false when neither does (the per-head kernel then runs).
-template <int G, class Fills>
-bool launch_filled(const AttnArgs& a, int n, cudaStream_t s, bool tiles, const Fills& fills) {
-    constexpr int T = 8 / G;
-    if constexpr (T > 1) {
-        if (tiles && fills(T)) {
-            launch_group<G, T>(a, n, s);
-            return true;
-        }
-    }
-    if (!fills(1)) return false;
-    launch_group<G, 1>(a, n, s);
-    return true;
 }
 
 }  // namespace
 
 bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s) {
-    if (!a.group_heads || a.split_len <= 0 || a.merge_counters || a.nKV <= 0 || a.nH % a.nKV || a.d % 4 ||
+    if (!a.tok_pos || a.split_len <= 0 || a.merge_counters || a.nKV <= 0 || a.nH % a.nKV || a.d % 4 ||
         a.d > kThreads * kMaxDimsPerThread)
         return false;
     // G times fewer blocks: only where they still fill the GPU twice over. A batched decode step has one
-    // query per sequence (session 12's H200 run 6: the 31B's 16 sequences, 256 and 64 blocks per layer
-    // grouped, read 28.30 -> 29.33 ms per step; the 26B-A4B's 64, 512 and 128, 25.24 -> 23.12), a 512-token
-    // prefill thousands.
+    // query per sequence (the H200: the 31B's 16 sequences, 256 and 64 blocks per layer grouped, read 28.30
+    // -> 29.33 ms per step; the 26B-A4B's 64, 512 and 128, 25.24 -> 23.12).
     static const int sms = [] {
         int dev = 0, v = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
         return v;
     }();
-    const auto fills = [&](int T) {
-        return int64_t{a.nsplit} * a.nKV * ((n + T - 1) / T) >= 2 * int64_t{sms};
-    };
-    // group_tokens (prefill): T = 8 / G tokens per block, 8 query rows, where that still fills the GPU
-    const bool tiles = a.group_tokens && !a.tok_pos;
+    if (int64_t{a.nsplit} * a.nKV * n < 2 * int64_t{sms}) return false;
     switch (a.nH / a.nKV) {
         case 2:
-            return launch_filled<2>(a, n, s, tiles, fills);
+            launch_group<2>(a, n, s);
+            return true;
         case 4:
-            return launch_filled<4>(a, n, s, tiles, fills);
+            launch_group<4>(a, n, s);
+            return true;
         case 8:
-            return launch_filled<8>(a, n, s, tiles, fills);
+            launch_group<8>(a, n, s);
+            return true;
         default:
             return false;
     }

@@ -14,7 +14,8 @@ namespace {
 class CudaBackendImpl final : public CudaBackend {
   public:
     CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
-        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), nullptr, opt.slots) {}
+        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), opt.tuning, nullptr, opt.slots),
+          device_select_(opt.tuning.device_sampling) {}
 
     const ModelConfig& config() const override { return model_.config(); }
     std::string name() const override { return "cuda (" + cuda_device_info().name + ")"; }
@@ -28,11 +29,7 @@ class CudaBackendImpl final : public CudaBackend {
         cuda::eval_model(model_, config(), ids, n, logits, all_logits);
     }
 
-    int max_select_k() const override {
-        return config().vocab_size <= int64_t{cuda::kTopKSlice} / cuda::kTopKMax * cuda::kTopKSlice
-                   ? cuda::kTopKMax
-                   : 0;
-    }
+    int max_select_k() const override { return device_select_ && model_.can_select() ? cuda::kTopKMax : 0; }
     int max_select_penalty_ids() const override { return cuda::CudaModel::kMaxPenaltyIds; }
     bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) override {
         cuda::check_token_ids(config(), &id, 1);
@@ -100,6 +97,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   private:
     cuda::CudaModel model_;
+    bool device_select_;    // Tuning::device_sampling
     std::vector<int> pen_;  // eval_select's ids then counts
 };
 
@@ -198,7 +196,7 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
-    return std::make_unique<CudaBackendImpl>(cuda::upload_weights(ck), o);
+    return std::make_unique<CudaBackendImpl>(cuda::upload_weights(ck, o.tuning), o);
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& variant, int layers,

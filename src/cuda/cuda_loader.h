@@ -10,15 +10,16 @@
 
 #include "loading/checkpoint.h"
 #include "loading/staged_reader.h"
+#include "runtime/tuning.h"
 
 namespace markbase {
 
 // Free and total bytes on device 0 (cudaMemGetInfo); false when there is no usable device.
 bool cuda_memory_info(uint64_t* free_bytes, uint64_t* total_bytes);
 
-// Staged options for the CUDA path: threads from MARKBASE_LOAD_THREADS (default min(8, cores)), chunk from
-// MARKBASE_LOAD_CHUNK_MIB (default 64), MARKBASE_LOAD_DIRECT=1 for O_DIRECT.
-StagedOptions cuda_staged_options_from_env();
+// Staged options for the CUDA path from the tuning: load_threads (0: min(16, cores)), load_chunk_mib,
+// load_direct.
+StagedOptions cuda_staged_options(const Tuning& tuning);
 
 // Loads every bound tensor of `ck` into one device allocation through the staged pipeline, waits until it
 // is all on the device, frees it, and returns the pipeline's statistics (seconds include the allocation).
@@ -28,9 +29,8 @@ StagedStats cuda_staged_load_once(const Checkpoint& ck, const StagedOptions& opt
 namespace cuda {
 struct DeviceWeights;
 // The backend's upload through the staged pipeline (one device allocation for the model, tensors as views in
-// the checkpoint's layout), with a progress bar on a TTY and the summary line on stderr. upload_weights uses
-// it unless MARKBASE_LOADER=simple.
-std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck);
+// the checkpoint's layout), with a progress bar on a TTY and the summary line on stderr (upload_weights).
+std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const StagedOptions& opt);
 }  // namespace cuda
 
 }  // namespace markbase

@@ -18,6 +18,7 @@
 #include "model/weights.h"
 #include "runtime/graph_timeline.h"
 #include "runtime/sampler.h"
+#include "runtime/tuning.h"
 
 namespace markbase {
 class NcclGroup;
@@ -50,7 +51,9 @@ struct DeviceWeights {
 
 // cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
 bf16* device_alloc(uint64_t bytes, const std::string& what);
-std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck);
+// The checkpoint's weights through the staged loader (cuda_staged_load.cu; its threads and chunk from the
+// tuning).
+std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning& tuning);
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
 // cuda_shard.cu: one tensor-parallel rank's weights on the current device, its config rank_config's: the
 // checkpoint's shard_weights, or synthetic_weights' very values (element for element) cut the same way.
@@ -85,8 +88,8 @@ struct ShardContext {
 class CudaModel {
   public:
     // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
-    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const ShardContext* shard = nullptr,
-              int slots = 1);
+    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
+              const ShardContext* shard = nullptr, int slots = 1);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;
@@ -140,8 +143,7 @@ class CudaModel {
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
-    // The 26B's prefill experts since the model was built (MARKBASE_CUDA_MOE_PREFILL=gemm shows in the bench
-    // receipt how its layers ran).
+    // The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
     struct MoePrefillStats {
         int gemm_layers = 0, passes = 0, gemv_layers = 0;
         int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
@@ -189,10 +191,10 @@ class CudaModel {
         pf->recs.push_back(r);
     }
     std::vector<CudaProfileEntry> collect_profile(Profiler& pf);  // the events' times; destroys them
-    // MARKBASE_CUDA_SKIP=name,name (or name+name): those launches (run()'s names: qkv, route_topk,
-    // ffn_combine, ...) are left out of every step. A timing experiment only: the graph step without a
-    // kernel, against the step with it, is that kernel's true cost in the graph (the profile's events stop
-    // PDL overlap and overstate it); every output is wrong.
+    // Tuning::skip: those launches (run()'s names: qkv, route_topk, ffn_combine, ...) are left out of every
+    // step. A timing experiment only: the graph step without a kernel, against the step with it, is that
+    // kernel's true cost in the graph (the profile's events stop PDL overlap and overstate it); every output
+    // is wrong.
     std::vector<std::string> skip_;
     bool skipped(const char* name) const;
     void record_step(Profiler* pf);          // cuda_step.cu: the decode step's kernels, n = 1
@@ -204,8 +206,8 @@ class CudaModel {
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
                   const bf16* next_w = nullptr);
     void flush_residual(Profiler* pf, int layer);
-    // y[rows] = W @ xin (K wide) at one token, then (res_w not null), in tail mode, x = (x + RMSNorm(y) *
-    // res_w) * scale; otherwise that update waits as pending_ (fusion) or runs as its own kernel.
+    // y[rows] = W @ xin (K wide) at one token, then (res_w not null) x = (x + RMSNorm(y) * res_w) * scale:
+    // an update that waits as pending_ for its consumer (prenorm_) or runs as its own kernel at once.
     // reduce (tensor parallel): y is this rank's partial sum; it is summed over the ranks before the update.
     // next_w: the input norm of the GEMV that reads x next, for an update launched at once (prenorm_).
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
@@ -232,12 +234,12 @@ class CudaModel {
     void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
                               const bf16* x, float* y2);
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
-    // each expert's own rows (MOE_COMPACT), else batched GEMMs in passes, else the grouped GEMV kernels (a
-    // tensor-parallel rank: the compact pass over its experts, or the GEMVs). Writes eslots_.
+    // each expert's own rows, else batched GEMMs in passes (a tensor-parallel rank: the compact pass over
+    // its experts, else the grouped GEMV kernels). Writes eslots_.
     void prefill_experts(int i, int n);
     bool prefill_experts_compact(int i);  // false: the layer does not fit the compact layout's scratch
     // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
-    // positions below attn_short_keys_ (MARKBASE_CUDA_ATTN_CLUSTER)
+    // positions below attn_short_keys_ (Tuning::attn_cluster)
     cudaGraph_t capture_step(bool short_range = false);
     void ensure_graph(bool short_range = false);
     // The graph for a step at position pos (captured on first use): the short-range one while every layer's
@@ -250,6 +252,18 @@ class CudaModel {
     GraphTimeline timeline_run(int replays, int64_t* launched);
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
     void release();            // frees everything this object allocated (destructor, failed constructor)
+    // The constructor's parts (cuda_model.cu): the widest per-layer shapes; what the tuning and the shape
+    // decide for the decode step; the step's state and activations; the MoE's scratch; the KV cache.
+    struct Widths {
+        int q = 0, kv = 0, mlp = 0;           // nH * d, nKV * d, the MLP's width: the widest layer's
+        int head = 0;                         // the largest head dim
+        int head_sliding = 0, head_full = 0;  // the sliding and full layers' head dims (0: none)
+    };
+    Widths widths() const;
+    void plan_decode(const Tuning& tuning);
+    void alloc_step(const Widths& wd, const Tuning& tuning);
+    void alloc_moe(const Tuning& tuning);
+    void alloc_cache(const Widths& wd);
     template <class T>
     T* alloc(size_t count);
     void attention_args(int i, AttnArgs& a) const;
@@ -288,7 +302,7 @@ class CudaModel {
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
     cudaGraphExec_t graph_ = nullptr;
-    cudaGraphExec_t graph_short_ = nullptr;  // MARKBASE_CUDA_ATTN_CLUSTER: the step below attn_short_keys_
+    cudaGraphExec_t graph_short_ = nullptr;  // the step below attn_short_keys_ (clustered attention)
     bool rec_short_ = false;                 // while the short-range step is recorded
     std::vector<void*> allocs_;
 
@@ -304,52 +318,34 @@ class CudaModel {
     unsigned long long *d_sel_slices_ = nullptr, *d_sel_top_ = nullptr, *h_sel_top_ = nullptr;
     int *d_sel_info_ = nullptr, *h_sel_info_ = nullptr, *d_pen_ = nullptr, *h_pen_ = nullptr;
 
-    // Decode-step fusion (MARKBASE_CUDA_FUSE, default on): a residual update waits as `pending_` and becomes
-    // the prologue of the next GEMV, which writes the new x to the other of x_ / xb_; the last attention
-    // piece of a head merges the pieces; the sampling step runs in lm_head's last block.
-    bool fuse_ = true;
+    // A residual update waits as `pending_` for its consumer (prenorm_): the consumer launches it, and where
+    // that consumer is a GEMV with an input norm the update also writes xn_ = RMSNorm(x) * that norm's
+    // weight, the GEMV's input (one GPU, dense models: 31B -5.3%, E4B -5.6%, E2B -7.8%; sharded models keep
+    // their updates behind the ranks' sums). The MoE's updates run at once (its expert fork wants nothing
+    // pending): o_proj's writes the dense MLP's input, and with moe_prenorm_ also the router's (xr_) and the
+    // experts' (e_in_) inputs (-1.1%); the combine writes the next layer's q/k/v input (xn_for_: the norm
+    // weight xn_ holds, until the next x_input).
     struct PendingResidual {
         const float* y = nullptr;
         const bf16* w = nullptr;
         float scale = 1.0f;
-        const char* name = nullptr;  // deferred (prenorm_): the update's own launch, by its consumer
+        const char* name = nullptr;  // the update's own launch, by its consumer
     } pending_;
-    // MARKBASE_CUDA_PRENORM (default on for one GPU): a dense model's residual update waits for its
-    // consumer; when that is a GEMV with an input norm, the update's launch also writes xn_ = RMSNorm(x) *
-    // that norm's weight, the GEMV's input. The MoE combine writes xn_ for the next layer's q/k/v (xn_for_:
-    // the norm weight it applied, until the next x_input).
     bool prenorm_ = false;
-    // MARKBASE_CUDA_LATE_AFTER_UPDATE=1 (default off, unmeasured): a layer's GEMV whose normalised input a
-    // deferred update has just written loads no weights before its PDL wait (x_input)
-    bool late_after_update_ = false;
-    bool attn_group_ = true;    // MARKBASE_CUDA_ATTN_GROUP: AttnArgs.group_heads (prefill, batched decode)
-    bool attn_gemm_on_ = true;  // MARKBASE_CUDA_ATTN_GEMM: prefill attention as GEMMs (attention_gemm.cu)
-    AttnGemm attn_gemm_;        // its scratch, when on
-    bool attn_group_tokens_ = true;  // MARKBASE_CUDA_ATTN_GROUP_TOKENS: AttnArgs.group_tokens (prefill)
-    float* xn_ = nullptr;            // [H]
+    bool moe_prenorm_ = false;
+    float* xn_ = nullptr;  // [H]
     const bf16* xn_for_ = nullptr;
-    bool gemv_lean_ = false;             // MARKBASE_CUDA_GEMV_LEAN: GemvInput.lean
-    bool gemv_lean8_ = false;            // MARKBASE_CUDA_GEMV_LEAN8: GemvInput.lean8
-    bool geglu_lean8_ = false;           // MARKBASE_CUDA_GEGLU_LEAN8: GemvInput.geglu_lean8
-    bool pdl_late_ = false;              // MARKBASE_CUDA_PDL_EARLY=0: GemvInput.pdl_late
-    float* xcur_ = nullptr;              // the residual stream's current buffer while recording a step
-    float* xb_ = nullptr;                // [H] the other decode buffer
-    unsigned int* d_counter_ = nullptr;  // lm_head's finished blocks
-    // MARKBASE_CUDA_GEMV=warp with fusion: the residual updates run as the tails of the GEMVs that produce
-    // them (o_proj, down, the PLE projection; gemv_rows.cu), x stays in x_, and the consumers fold the input
-    // norm into each warp. d_tail_counter_: those tails' finished blocks.
-    bool tail_ = false;
-    // MARKBASE_CUDA_GEMV_TAIL (default 0: session 5's H200 A/B on the dense models, session 8's on the MoE):
-    // 0 = no tails; each update is a one-block launch after its GEMV (residual_launch_, also with fusion
-    // off). Every block of a tailed GEMV fences its stores and takes a ticket before it retires; without that
-    // the 31B's down projection went from 89 to 61 us per call.
-    bool gemv_tail_ = true;
-    bool residual_launch_ = false;
-    unsigned int* d_tail_counter_ = nullptr;
+    float* xr_ = nullptr;                      // [H] RMSNorm(x) * router_scale / sqrt(H) (moe_prenorm_)
+    unsigned int* d_counter_ = nullptr;        // lm_head's finished blocks
     unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
-    // MARKBASE_CUDA_GEMV=async|asyncg: the cp.async GEMV's pieces and row counters, for the launches on
-    // stream_ (a GEMV on stream2_ runs beside them and takes the warpk kernel)
+    // The decode GEMVs (GemvInput): the kernel (Tuning::gemv), the split GeGLU and min_waves (one GPU),
+    // and the cp.async GeGLU's pieces and row counters for the launches on stream_ (a GEMV on stream2_ runs
+    // beside them and takes the warp-per-row kernel)
+    GemvKernel gemv_kernel_ = GemvKernel::kRows;
+    bool geglu_split_ = false;
+    int min_waves_ = 0;
     GemvStreamScratch gemv_stream_;
+    AttnGemm attn_gemm_;  // prefill attention's scratch (attention_gemm.cu)
 
     // activations, [chunk][width] row-major
     float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
@@ -357,64 +353,38 @@ class CudaModel {
     float* logits_ = nullptr;      // [V]
     float* all_logits_ = nullptr;  // [chunk][V], allocated on first use
     bf16* hi_ = nullptr;           // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at)
-    // MARKBASE_CUDA_GEMM_STACK_MAXN (default kGemmStackMaxN, loading/memory_plan.h): a GEMM over at most
-    // this many tokens (batched decode, short prompts; per expert in the MoE prefill) reads its weights once,
-    // as one GEMM over [hi; lo] into a scratch whose halves are then summed, instead of one GEMM per half.
-    int gemm_stack_max_n_ = 0;
-    float* y2_ = nullptr;  // [2 * min(chunk, gemm_stack_max_n_)][y2_cols_] (dense GEMMs)
+    // A GEMM over at most kGemmStackMaxN tokens (loading/memory_plan.h; batched decode, short prompts; per
+    // expert in the MoE prefill) reads its weights once, as one GEMM over [hi; lo] into a scratch whose
+    // halves are then summed, instead of one GEMM per half (31B batched decode of 16 -34%, 26B-A4B prefill of
+    // 512 +39%; a stacked 512-token chunk lost 3-4%).
+    float* y2_ = nullptr;  // [2 * min(chunk, kGemmStackMaxN)][y2_cols_] (dense GEMMs)
     int64_t y2_cols_ = 0;
-    float* ey2_ = nullptr;  // [E][2 * min(moe_cap_, gemm_stack_max_n_)][max(2 Ie, H)] (the experts')
+    float* ey2_ = nullptr;  // [E][2 * min(moe_cap_, kGemmStackMaxN)][max(2 Ie, H)] (the experts')
     float *part_o_ = nullptr, *part_ml_ = nullptr;
     int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)
 
-    // MoE prefill as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm): [E][cap][H] gathered inputs (bf16
-    // hi + lo; reused as the fp32 down output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
     bool profile_gated_ = false;
-    // MARKBASE_CUDA_MOE_DECODE: rows (the default since session 3's A/B: 26B -5.7% per token) = the
-    // moe_*_decode warp-per-row kernels at decode; groups = the grouped kernels prefill uses
-    bool moe_decode_rows_ = true;
-    // MARKBASE_CUDA_MOE_WIDE (default 1 since session 5's H200 A/B: 26B-A4B 4.007 -> 3.555 ms/token): the
-    // decode step's route and combine as 1024-thread kernels (moe_route and residual_moe_combine's `wide`);
-    // 0 = the 256-thread kernels prefill uses
-    bool moe_wide_ = true;
-    // MARKBASE_CUDA_GEGLU_SPLIT=0|1 (GemvInput.geglu_split) and MARKBASE_CUDA_GEMV_MIN_WAVES=0..64
-    // (GemvInput.min_waves): on (1 and 3) by default for one GPU since session 7
-    bool geglu_split_ = false;
-    int min_waves_ = 0;
-    // MARKBASE_CUDA_MOE_GATE_OCC: the experts' gate/up at 3 blocks per SM (default with the overlap) or 2
-    int moe_gate_occ_ = 2;
-    // MARKBASE_CUDA_MOE_DOWN_OCC: the experts' down at 6 blocks per SM (default with the overlap) or 4; only
-    // with MOE_DOWN_SUM=0 (the slot kernel)
-    int moe_down_occ_ = 4;
-    int moe_down_rows_ = 4;  // MARKBASE_CUDA_MOE_DOWN_ROWS: output rows per block of the down-sum (1/2/4/8)
-    bool moe_down_sum_ = false;  // MARKBASE_CUDA_MOE_DOWN_SUM: the experts' down and weighted sum, one kernel
-    // MARKBASE_CUDA_MOE_PRENORM (one GPU, with PRENORM): the post-attention update also writes the router's
-    // input (xr_) and the experts' input (e_in_), so the router is a plain product and route skips its norm
-    bool moe_prenorm_ = false;
-    float* xr_ = nullptr;   // [H] RMSNorm(x) * router_scale / sqrt(H)
-    bool moe_gemm_ = true;  // since session 4's H200 run: 26B-A4B prefill of 512 tokens 315 -> 168 ms
-    // MARKBASE_CUDA_MOE_OVERLAP (default on for one GPU): the decode graph runs the routed experts on
-    // stream2_ beside the dense MLP
-    bool moe_overlap_ = false;
+    // MoE: the decode graph runs the routed experts (router, route, gate/up, down) on stream2_ beside the
+    // dense MLP, forked after o_proj and joined before the combine (26B-A4B -3.9%, tp2 -3.1%)
     cudaStream_t stream2_ = nullptr;
     cudaEvent_t fork_ = nullptr, join_ = nullptr;
+    // MoE prefill as batched GEMMs: [E][cap][H] gathered inputs (bf16 hi + lo; reused as the fp32 down
+    // output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
     MoePrefillStats moe_stats_;
     int moe_cap_ = 0;
     void* mx_ = nullptr;
     float *mg_ = nullptr, *mu_ = nullptr;
     bf16* mh_ = nullptr;
     int* h_goff_ = nullptr;  // pinned [E + 1]
-    // MARKBASE_CUDA_MOE_COMPACT (cuda_prefill.cu): the compact pass's plan, 6 pointer arrays of E and the
-    // padded row offsets [E + 1], pinned on the host and its device copy; the rows its scratch holds
-    bool moe_compact_ = false;
+    // The compact pass (cuda_prefill.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
+    // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
+    // rows its scratch holds
     void* h_mplan_ = nullptr;
     void* d_mplan_ = nullptr;
     int64_t moe_compact_rows_ = 0;
     std::vector<int> moe_order_;  // the active experts by padded rows
-    // MARKBASE_CUDA_MOE_COMPACT_STREAMS=N (default 2 since session 14's H200 A/B: 26B-A4B prefill of 512
-    // tokens 13.4k -> 13.9k tok/s at 2 and at 3, the same bits): the compact pass's GEMMs spread over N
-    // streams, stream_ and these (each with its own cuBLAS handle, so its own workspace); events: the fork,
-    // then one join per extra stream
+    // The compact pass's GEMMs spread over kMoeCompactStreams streams, stream_ and these (each with its own
+    // cuBLAS handle, so its own workspace); events: the fork, then one join per extra stream
     std::vector<cudaStream_t> moe_streams_;
     std::vector<cublasHandle_t> moe_blas_;
     std::vector<cudaEvent_t> moe_events_;
@@ -434,23 +404,12 @@ class CudaModel {
     float *inv_sliding_ = nullptr, *inv_full_ = nullptr;
     std::vector<int> decode_splits_;  // [L] attention pieces per head at decode
 
-    // A/B switches read when the model is built (defaults: warp-per-row GEMVs, auto:64 attention).
-    // MARKBASE_CUDA_GEMV: the decode GEMVs' variant (warp = gemv_rows.cu; legacy etc. = gemv.cu).
-    // MARKBASE_CUDA_ATTN_SPLIT: "auto[:N]" (pieces of >= N keys, default 16, at most ~2 waves of blocks per
-    // layer, only the pieces holding keys run and merge, the v2 pieces kernel) or "active[:N]" (the same with
-    // the v1 kernel) or "legacy" (pieces of >= 32 keys, up to 512 blocks per layer, every piece reports).
-    int gemv_variant_ = kGemvVariantWarpK;
-    int gemv_ksplit_ = 0;  // MARKBASE_CUDA_GEMV_KSPLIT: force the split-K variants' slice count (tests)
-    int attn_min_split_ = 16;
-    bool attn_active_only_ = false;
-    int u4_max_k_ = 2048, u4_max_k_geglu_ = 2048;  // MARKBASE_CUDA_{GEMV,GEGLU}_U4_MAXK (GemvInput)
-    bool attn_kv_early_ = true;                    // MARKBASE_CUDA_ATTN_KV_EARLY: AttnArgs.kv_early
-    // MARKBASE_CUDA_ATTN_CLUSTER (on for the dense models): while a step's position is below this many keys
-    // (16 pieces of the least keys per piece), it runs a second graph whose attention pieces (<= 16 per head)
-    // are one thread-block cluster per head, merging through distributed shared memory (attention.cu). 0 =
-    // one graph.
+    // Decode attention: pieces of at least kAttnMinKeys keys, at most ~2 waves of blocks per layer, only
+    // the pieces holding keys run, the last one merges. While a step's position is below attn_short_keys_
+    // (16 pieces of kAttnMinKeys keys; Tuning::attn_cluster) it runs a second graph whose pieces (<= 16
+    // per head) are one thread-block cluster per head, merging through distributed shared memory
+    // (attention.cu). 0 = one graph.
     int64_t attn_short_keys_ = 0;
-    bool attn_v2_ = false;  // auto: attention.cu's v2 decode pieces kernel; active: today's kernel
 };
 
 }  // namespace markbase::cuda

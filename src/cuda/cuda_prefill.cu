@@ -1,11 +1,13 @@
 // Batched prefill: the prompt chunk goes through every layer at once. Projections are cuBLAS GEMMs with bf16
 // weights and fp32 accumulation; the fp32 activations enter them as two bf16 halves (hi + lo), which keeps
 // the result within ~2^-16 of an fp32 product, so prefill and the fp32 decode path compute the same function.
-// Attention, norms, routing and the experts reuse the decode kernels with n tokens.
+// Attention runs as GEMMs (attention_gemm.cu); batched decode, which runs these layers over one token of each
+// sequence, takes the decode pieces. Norms, routing and the experts reuse the decode kernels with n tokens.
 #include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_model.h"
+#include "loading/memory_plan.h"
 
 namespace markbase::cuda {
 
@@ -117,7 +119,10 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
     run(pf, "attention", i, 0.0, [&] {
-        if (!attn_gemm_on_ || !attention_gemm(a, n, pos0, attn_gemm_, stream_)) attention(a, n, stream_);
+        if (batch_)
+            attention(a, n, stream_);
+        else
+            attention_gemm(a, n, pos0, attn_gemm_, stream_);
     });
 
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
@@ -190,15 +195,16 @@ void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
 void CudaModel::prefill_experts(int i, int n) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+    // the busiest expert sizes the batch: one small copy and a sync per MoE layer
+    CUDA_CHECK(cudaMemcpyAsync(h_goff_, goff_, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     int max_n = 0;
-    if (moe_gemm_) {  // the busiest expert sizes the batch: one small copy and a sync per MoE layer
-        CUDA_CHECK(cudaMemcpyAsync(h_goff_, goff_, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        for (int e = 0; e < E; ++e) max_n = std::max(max_n, h_goff_[e + 1] - h_goff_[e]);
-        moe_stats_.busiest = std::max(moe_stats_.busiest, max_n);
-    }
-    if (moe_gemm_ && max_n > 0 && moe_compact_ && prefill_experts_compact(i)) return;
-    if (!moe_gemm_ || max_n == 0 || sharded()) {
+    for (int e = 0; e < E; ++e) max_n = std::max(max_n, h_goff_[e + 1] - h_goff_[e]);
+    moe_stats_.busiest = std::max(moe_stats_.busiest, max_n);
+    if (max_n > 0 && prefill_experts_compact(i)) return;
+    // (a rank holds some of the experts: the passes' batched GEMMs would stream every expert, so a rank whose
+    // layer does not fit the compact pass runs the grouped GEMV kernels)
+    if (max_n == 0 || sharded()) {
         moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, E, eh_, stream_);
         moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, E, eslots_, stream_);
         ++moe_stats_.gemv_layers;
@@ -215,7 +221,7 @@ void CudaModel::prefill_experts(int i, int n) {
         ++moe_stats_.passes;
         const int64_t rows = int64_t{E} * m;
         const int64_t gu_stride = 2 * int64_t{Ie} * H;  // [E][gate Ie | up Ie][H]
-        if (m <= gemm_stack_max_n_ && ey2_) {
+        if (m <= kGemmStackMaxN) {
             // each expert's weights read once: its [hi; lo] rows stacked; gate and up as one GEMM
             bf16* x = static_cast<bf16*>(mx_);
             moe_gather_split(e_in_, H, K, gent_, goff_, E, first, m, x, x + int64_t{m} * H, stream_,
@@ -243,8 +249,8 @@ void CudaModel::prefill_experts(int i, int n) {
 namespace {
 // An expert's entries padded for the compact pass: few distinct row counts (each is one batched GEMM), at
 // most 15 / 31 / 63 rows of padding per expert.
-// (Session 13 measured padding every active expert to >= 64 rows: the same prefill, 1401 GEMMs instead of
-// 2551, and batched decode of 64 sequences +13%.)
+// (Padding every active expert to >= 64 rows measured the same prefill, 1401 GEMMs instead of 2551, and
+// batched decode of 64 sequences +13%.)
 int padded_rows(int entries) {
     if (entries <= 0) return 0;
     const int unit = entries <= 64 ? 16 : entries <= 256 ? 32 : 64;
@@ -252,7 +258,7 @@ int padded_rows(int entries) {
 }
 }  // namespace
 
-// One pass over each expert's own rows (MARKBASE_CUDA_MOE_COMPACT). The passes above run every expert at the
+// One pass over each expert's own rows. The passes above run every expert at the
 // pass's row count, set by the busiest expert: with random routing's 4096 entries over 128 experts (mean 32,
 // busiest ~500) a 512-token chunk took ~4 passes whose GEMMs were ~3/4 padding. Here expert e's entries are
 // padded to r_e rows (padded_rows), and the experts with the same r_e are one batched GEMM over pointer
@@ -302,9 +308,9 @@ bool CudaModel::prefill_experts_compact(int i) {
     moe_gather_compact(e_in_, H, K, gent_, goff_, d_roff, E, max_r, xs, stream_);
     // the experts of one padded row count r, [b, end) of the order: one batched GEMM over stacked halves (2 r
     // columns). (cublasGemmGroupedBatchedEx, all buckets in one call, returns NOT_SUPPORTED for bf16 inputs
-    // with fp32 outputs in this cuBLAS: session 13.) With MARKBASE_CUDA_MOE_COMPACT_STREAMS the buckets take
-    // turns over the streams, so that the small batches of large experts run beside others instead of alone
-    // on part of the SMs; each bucket writes its own experts' rows.
+    // with fp32 outputs in this cuBLAS.) Over kMoeCompactStreams streams the buckets take turns, so that the
+    // small batches of large experts run beside others instead of alone on part of the SMs; each bucket
+    // writes its own experts' rows.
     const int ns = static_cast<int>(moe_streams_.size()) + 1;
     auto buckets = [&](int which, int N, int Kd) {
         const float one = 1.0f, zero = 0.0f;

@@ -28,7 +28,7 @@ class PinnedStagingAllocator : public StagingAllocator {
         if (e != cudaSuccess) {
             cudaGetLastError();
             throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB of pinned staging memory (" +
-                        cudaGetErrorString(e) + "): lower MARKBASE_LOAD_CHUNK_MIB or MARKBASE_LOAD_THREADS");
+                        cudaGetErrorString(e) + "): lower --tuning load_chunk_mib or load_threads");
         }
         return p;
     }
@@ -83,16 +83,6 @@ class CudaSink : public StagedSink {
     std::vector<cudaEvent_t> events_;
 };
 
-int env_int(const char* name, int def) {
-    const char* e = std::getenv(name);
-    if (!e || !*e) return def;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end || v < 1 || v > 4096)
-        throw Error(std::string(name) + "=" + e + ": expected an integer in [1, 4096]");
-    return static_cast<int>(v);
-}
-
 struct DeviceBuffer {
     void* p = nullptr;
     ~DeviceBuffer() {
@@ -114,16 +104,14 @@ bool cuda_memory_info(uint64_t* free_bytes, uint64_t* total_bytes) {
     return true;
 }
 
-StagedOptions cuda_staged_options_from_env() {
+StagedOptions cuda_staged_options(const Tuning& tuning) {
     StagedOptions o;
-    // 16 readers: the setting `bench load` measured at 24 GB/s warm on the 16-core H200 host (the backend's
-    // earlier default of 8 was not measured on its own; its whole load, context and allocation included,
-    // took 2.46 s in that run)
-    o.threads = env_int("MARKBASE_LOAD_THREADS",
-                        std::min(16, std::max(1, static_cast<int>(std::thread::hardware_concurrency()))));
-    o.chunk_bytes = static_cast<uint64_t>(env_int("MARKBASE_LOAD_CHUNK_MIB", 64)) << 20;
-    const char* d = std::getenv("MARKBASE_LOAD_DIRECT");
-    o.direct_io = d && std::string(d) == "1";
+    // 16 readers by default: the setting `bench load` measured at 24 GB/s warm on the 16-core H200 host
+    o.threads = tuning.load_threads > 0
+                    ? tuning.load_threads
+                    : std::min(16, std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+    o.chunk_bytes = static_cast<uint64_t>(tuning.load_chunk_mib) << 20;
+    o.direct_io = tuning.load_direct;
     return o;
 }
 
@@ -151,7 +139,7 @@ StagedStats cuda_staged_load_once(const Checkpoint& ck, const StagedOptions& opt
 
 namespace cuda {
 
-std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck) {
+std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const StagedOptions& opt) {
     CUDA_CHECK(cudaSetDevice(0));
     auto dw = std::make_unique<DeviceWeights>();  // frees whatever it holds if anything below throws
     dw->config = ck.config;
@@ -181,7 +169,7 @@ std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck) {
         dw->bytes += bytes;
         dst.push_back(p);
     }
-    StagedOptions o = cuda_staged_options_from_env();
+    StagedOptions o = opt;
     o.buffers = std::max(1, o.threads) + 2;
     ByteProgress progress("loaded", plan.payload_bytes);
     o.progress = [&](uint64_t done, uint64_t) { progress.update(done); };

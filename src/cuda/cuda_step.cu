@@ -1,11 +1,12 @@
 // The decode step (one token), as cpu/forward.cpp computes it, launched kernel by kernel on one stream.
 // Nothing here reads host state that changes between tokens: the token id and its position are read by the
 // kernels from d_state_, so the same launches captured once as a CUDA graph serve every step. With a Profiler
-// each launch is bracketed by events instead (the profile mode). With fusion on (the default), the attention
-// pieces are merged by the last piece of each head and sampling runs in lm_head's last block; the
-// sandwich-norm residual updates run as one-block launches after the GEMV that produces them (dense models)
-// or as its tail (the MoE model; MARKBASE_CUDA_GEMV_TAIL), or, with the tile GEMVs, as the consumer's
-// prologue.
+// each launch is bracketed by events instead (the profile mode). The attention pieces are merged by the last
+// piece of each head and sampling runs in lm_head's last block; the sandwich-norm residual updates run as
+// one-block launches (1024 threads, loads batched) after the GEMV that produces them, launched by their
+// consumer on the dense models (prenorm_). (As the producing GEMV's last-block tail, every block fencing and
+// taking a ticket, they cost the 31B +10.9%, E4B +11.4%, E2B +5.7%, the 26B-A4B +0.9%; as a prologue redone
+// by every block of the next GEMV, +27..+42%.)
 #include <cmath>
 
 #include "cuda/cuda_model.h"
@@ -18,20 +19,13 @@ double wbytes(int64_t rows, int64_t cols) {
 }
 }  // namespace
 
-// The GEMV settings of this model (variant and the warp-per-row rules), for an input of width K.
+// The GEMV settings of this model (the kernel and the warp-per-row rules), for an input of width K.
 GemvInput CudaModel::gemv_input(const float* x, int K) const {
     GemvInput in;
-    in.variant = gemv_variant_;
-    in.ksplit = gemv_ksplit_;
+    in.kernel = gemv_kernel_;
     in.stream = gemv_stream_;
-    in.u4_max_k = u4_max_k_;
-    in.u4_max_k_geglu = u4_max_k_geglu_;
     in.geglu_split = geglu_split_;
     in.min_waves = min_waves_;
-    in.lean = gemv_lean_;
-    in.lean8 = gemv_lean8_;
-    in.geglu_lean8 = geglu_lean8_;
-    in.pdl_late = pdl_late_;
     in.x = x;
     in.K = K;
     return in;
@@ -40,51 +34,33 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
 GemvInput CudaModel::x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w) {
     // xn_ already holds RMSNorm(x) * norm_w (written by the update that made this x)
     if (norm && norm_w && norm_w == xn_for_ && !pending_.y) return gemv_input(xn_, c_.hidden);
-    if (pending_.name) {  // a deferred update: its own launch, writing this GEMV's normalised input too
+    if (pending_.y) {  // a deferred update: its own launch, writing this GEMV's normalised input too
         const PendingResidual p = pending_;
         pending_ = {};
         const bool pre = norm && norm_w;
         xn_for_ = pre ? norm_w : nullptr;
-        float* x = xcur_;
+        float* x = x_;
         run(pf, p.name, layer, 0.0, [&] {
             residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_, pre ? norm_w : nullptr,
                               pre ? xn_ : nullptr);
         });
         if (pre) {
-            GemvInput in = x_input(pf, layer, false, nullptr);
-            in.x = xn_;
-            // MARKBASE_CUDA_LATE_AFTER_UPDATE: this GEMV waits before its first weight loads (an H200
-            // timeline A/B: with every GEMV late, the updates before gate/up and q/k/v ended 0.3-1.0 us sooner while
-            // gate/up and q/k/v took no longer; only down, after gate/up, needs its early loads)
-            if (late_after_update_ && layer >= 0) in.pdl_late = true;
+            GemvInput in = gemv_input(xn_, c_.hidden);
+            in.eps = c_.rms_eps;
             return in;
         }
     }
-    GemvInput in = gemv_input(nullptr, c_.hidden);
+    GemvInput in = gemv_input(x_, c_.hidden);
     in.eps = c_.rms_eps;
     in.norm = norm;
     in.norm_w = norm_w;
-    if (pending_.y) {  // x = (x + RMSNorm(y) * w) * scale, computed by the GEMV, stored to the other buffer
-        float* out = xcur_ == x_ ? xb_ : x_;
-        in.res_x = xcur_;
-        in.res_y = pending_.y;
-        in.res_w = pending_.w;
-        in.res_scale = pending_.scale;
-        in.res_out = out;
-        xcur_ = out;
-        pending_ = {};
-        xn_for_ = nullptr;
-    } else {
-        in.x = xcur_;
-    }
     return in;
 }
 
 void CudaModel::residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w,
                          float scale, const bf16* next_w) {
-    const bool defer = prenorm_ && residual_launch_ && !c_.moe;  // (the MoE's overlap wants none pending)
-    if (!residual_launch_ || defer) {
-        pending_ = {y, w, scale, defer ? name : nullptr};
+    if (prenorm_ && !c_.moe) {  // deferred to its consumer (the MoE's overlap wants none pending)
+        pending_ = {y, w, scale, name};
         return;
     }
     // launched now (the MoE model, whose expert fork wants nothing pending): with prenorm_, it also writes
@@ -101,7 +77,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
         more.w[1] = lw.pre_ffn_norm_2;
         more.out[1] = e_in_;
     }
-    float* x = xcur_;
+    float* x = x_;
     run(pf, name, layer, 0.0, [&] {
         residual_add_norm(x, y, w, c_.hidden, 1, c_.rms_eps, scale, stream_, pre ? next_w : nullptr,
                           pre ? xn_ : nullptr, more);
@@ -123,20 +99,14 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
         xn_for_ = nullptr;
         run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
         if (peer_ready(static_cast<size_t>(rows))) {  // the sum and the update in one kernel
-            const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, nullptr};
+            const ResidualTail t{x_, res_w, scale, c_.rms_eps};
             run(pf, res_name, layer, 0.0, [&] { peer_sum(ps_, y, rows, &t, stream_); });
             return;
         }
         all_reduce(pf, layer, y, static_cast<size_t>(rows));
-        float* x = xcur_;
+        float* x = x_;
         run(pf, res_name, layer, 0.0,
             [&] { residual_add_norm(x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
-        return;
-    }
-    if (tail_) {
-        xn_for_ = nullptr;
-        const ResidualTail t{xcur_, res_w, scale, c_.rms_eps, d_tail_counter_};
-        run(pf, name, layer, wbytes(rows, K), [&] { gemv_rows(in, &seg, 1, &t, stream_); });
         return;
     }
     run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
@@ -149,8 +119,8 @@ void CudaModel::flush_residual(Profiler* pf, int layer) {
     const PendingResidual p = pending_;
     pending_ = {};
     xn_for_ = nullptr;
-    float* x = xcur_;
-    run(pf, p.name ? p.name : "residual", layer, 0.0,
+    float* x = x_;
+    run(pf, p.name, layer, 0.0,
         [&] { residual_add_norm(x, p.y, p.w, c_.hidden, 1, c_.rms_eps, p.scale, stream_); });
 }
 
@@ -159,7 +129,6 @@ void CudaModel::record_step(Profiler* pf) {
     const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
     const float eps = c_.rms_eps;
     const int* tok = d_state_;
-    xcur_ = x_;
     pending_ = {};
     xn_for_ = nullptr;
     struct DecodeScope {  // in_decode_ while this step is recorded, also when it throws
@@ -197,7 +166,7 @@ void CudaModel::record_step(Profiler* pf) {
     fin.out_cap = static_cast<int>(ctx_);
     fin.counter = d_counter_;
     // sharded: each rank scores its vocabulary rows; the largest key over the ranks is the token
-    const bool fused_finish = fuse_ && !sharded();
+    const bool fused_finish = !sharded();
     run(pf, "lm_head", -1, wbytes(V, H), [&] {
         gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, logits_, d_argmax_, stream_,
                     fused_finish ? &fin : nullptr, shard_.vocab_begin);
@@ -238,12 +207,9 @@ void CudaModel::record_layer(int i, Profiler* pf) {
     attention_args(i, a);
     a.nsplit = decode_splits_[i];
     a.split_len = 0;  // an even share of the current range per piece
-    a.min_split = attn_min_split_;
-    a.active_only = attn_active_only_;
-    a.decode_v2 = attn_v2_;
-    a.kv_early = attn_kv_early_;
-    if (fuse_) a.merge_counters = d_attn_counters_;  // the last piece of each head merges
-    // the short-range graph (MARKBASE_CUDA_ATTN_CLUSTER): at most 16 pieces, one cluster per head, merged
+    a.min_split = kAttnMinKeys;
+    a.merge_counters = d_attn_counters_;  // the last piece of each head merges
+    // the short-range graph (Tuning::attn_cluster): at most 16 pieces, one cluster per head, merged
     // through distributed shared memory; below attn_short_keys_ keys these are the pieces the general graph
     // has keys in, so it is the same work with another merge
     if (rec_short_) {
@@ -251,17 +217,16 @@ void CudaModel::record_layer(int i, Profiler* pf) {
         a.cluster = a.nsplit;
     }
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
-    if (!fuse_) run(pf, "attention_merge", i, 0.0, [&] { attention_combine(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, attn_, qw, o_, lw.post_attn_norm, 1.0f,
                      true, lw.pre_ffn_norm);
 
     // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x)
     const float ffn_scale =
         c_.ple_dim ? 1.0f : lw.layer_scalar;  // layer_scalar goes on the layer's last update
-    // MoE with MARKBASE_CUDA_MOE_OVERLAP=1 (graph only): the routed experts on a second stream, forked from
-    // and joined back to the main one, so their chain of small kernels overlaps the dense MLP (both read x,
-    // which neither changes; the combine needs both).
-    const bool overlap = c_.moe && moe_overlap_ && !pf && fuse_ && !pending_.y;  // o_proj's update applied
+    // MoE (graph only): the routed experts on a second stream, forked from and joined back to the main one,
+    // so their chain of small kernels overlaps the dense MLP (both read x, which neither changes; the
+    // combine needs both).
+    const bool overlap = c_.moe && !pf && !pending_.y;  // o_proj's update applied
     if (overlap) {
         CUDA_CHECK(cudaEventRecord(fork_, stream_));
         CUDA_CHECK(cudaStreamWaitEvent(stream2_, fork_, 0));
@@ -285,28 +250,24 @@ void CudaModel::record_layer(int i, Profiler* pf) {
             CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
         else
             record_experts(i, pf, stream_);
-        float* x = xcur_;
+        float* x = x_;
         if (sharded()) {  // [dense partial | experts' partial] summed over the ranks, then the norms
             xn_for_ = nullptr;
-            if (!moe_down_sum_)
-                run(pf, "experts_sum", i, 0.0,
-                    [&] { moe_weighted_sum(eslots_, sel_w_, K, H, 1, m_ + H, stream_); });
             all_reduce(pf, i, m_, 2 * static_cast<size_t>(H));
             run(pf, "ffn_combine", i, 0.0, [&] {
                 residual_moe_combine(x, m_, m_ + H, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, moe_wide_);
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, true);
             });
         } else {
             // prenorm_: the combine also writes the next GEMV's normalised input (the next layer's q/k/v, or
             // lm_head after the last layer), where its wide form runs
             const bf16* next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
-            const bool pre = prenorm_ && moe_wide_ && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
+            const bool pre = prenorm_ && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
             run(pf, "ffn_combine", i, 0.0, [&] {
-                // (MOE_DOWN_SUM: eslots_ holds the summed vector, combined as one slot of weight 1)
-                residual_moe_combine(x, m_, eslots_, moe_down_sum_ ? d_ones_ : sel_w_, moe_down_sum_ ? 1 : K,
-                                     lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm, H, 1, eps,
-                                     ffn_scale, stream_, moe_wide_, pre ? next_w : nullptr,
-                                     pre ? xn_ : nullptr);
+                // (eslots_ holds the down-sum's vector, combined as one slot of weight 1)
+                residual_moe_combine(x, m_, eslots_, d_ones_, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                                     lw.post_ffn_norm, H, 1, eps, ffn_scale, stream_, true,
+                                     pre ? next_w : nullptr, pre ? xn_ : nullptr);
             });
             xn_for_ = pre ? next_w : nullptr;
         }
@@ -340,26 +301,17 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
             gemv(in, &seg, 1, 1, st);
         });
     }
-    float* x = xcur_;
+    float* x = x_;
     run(pf, "route_topk", i, 0.0, [&] {
         moe_route(rlogits_, 1, E, K, lw.per_expert_scale, sel_id_, sel_w_, true, gexp_, goff_, gent_,
                   moe_prenorm_ ? nullptr : x, lw.pre_ffn_norm_2, H, c_.rms_eps, e_in_, st, held_experts(),
-                  moe_wide_);
+                  true);
     });
-    run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H), [&] {
-        if (moe_decode_rows_)
-            moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st, moe_gate_occ_);
-        else
-            moe_gate_up(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, goff_, gent_, K, eh_, st);
-    });
+    run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H),
+        [&] { moe_gate_up_decode(e_in_, H, lw.experts_gate_up, Ie, K, gexp_, eh_, st); });
+    // the weighted sum too: a rank's share goes to m_'s second half, else eslots_[0]
     run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
-        if (moe_down_sum_)  // the weighted sum too: a rank's share goes to m_'s second half, else eslots_[0]
-            moe_down_sum_decode(eh_, Ie, lw.experts_down, H, K, gexp_, sel_w_, sharded() ? m_ + H : eslots_,
-                                st, pdl_late_, moe_down_rows_);
-        else if (moe_decode_rows_)
-            moe_down_decode(eh_, Ie, lw.experts_down, H, K, gexp_, eslots_, st, moe_down_occ_);
-        else
-            moe_down(eh_, Ie, lw.experts_down, H, gexp_, goff_, gent_, K, eslots_, st);
+        moe_down_sum_decode(eh_, Ie, lw.experts_down, H, K, gexp_, sel_w_, sharded() ? m_ + H : eslots_, st);
     });
 }
 

@@ -5,7 +5,6 @@
 // captures that step as its own CUDA graph, so a decoded token is still one graph launch per GPU with no host
 // round trip. Every rank ends a step with the same token; the ids are checked to agree.
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
 
 #include "cuda/cuda_model.h"
@@ -20,7 +19,7 @@ namespace {
 class TpBackendImpl final : public CudaBackend {
   public:
     TpBackendImpl(const ModelConfig& c, const Checkpoint* ck, uint64_t seed, const BackendOptions& opt)
-        : config_(c), world_(opt.tensor_parallel) {
+        : config_(c), world_(opt.tensor_parallel), device_select_(opt.tuning.device_sampling) {
         if (opt.slots > 1)
             throw Error("batched decode (--parallel) does not combine with tensor parallelism yet");
         const int visible = NcclGroup::device_count();
@@ -49,10 +48,12 @@ class TpBackendImpl final : public CudaBackend {
                 sc.expert_count = static_cast<int>(p.layers[0].experts.size());
             }
             models_[static_cast<size_t>(r)] =
-                std::make_unique<CudaModel>(std::move(dw), opt.ctx_size, chunk, &sc);
+                std::make_unique<CudaModel>(std::move(dw), opt.ctx_size, chunk, opt.tuning, &sc);
         });
         on_ranks([&](int r) { model(r).connect(); });
-        if (peer_sums_wanted() && peers_reachable(devices)) {
+        // the decode step's sums: NVLink peer sums where every pair of GPUs has peer access, unless the
+        // tuning asks for NCCL
+        if (opt.tuning.tp_allreduce == Tuning::AllReduce::kP2p && peers_reachable(devices)) {
             std::vector<CudaModel::PeerEndpoint> ends(static_cast<size_t>(world_));
             on_ranks([&](int r) {
                 for (int q : devices) {  // map every other GPU's memory into this one's address space
@@ -106,9 +107,9 @@ class TpBackendImpl final : public CudaBackend {
     }
     // Sampling: each rank selects the k best of its vocabulary columns on its GPU; the global k best are
     // among those world x k candidates, merged here in the sampler's order (logit descending, id ascending).
-    // On by default: CudaTpSampling (tests/cuda/test_cuda_tp.cpp) passed on two H200s, and there the 31B's
-    // sampled decode took 11.6 ms/token against 13.8 with the row on the host (session 5).
-    // MARKBASE_TP_DEVICE_SAMPLING=0 sends the whole row to the host sampler.
+    // CudaTpSampling (tests/cuda/test_cuda_tp.cpp) passed on two H200s, and there the 31B's sampled decode
+    // took 11.6 ms/token against 13.8 with the row on the host. Tuning::device_sampling = false sends the
+    // whole row to the host sampler.
     int max_select_k() const override { return device_select_ && models_[0]->can_select() ? kTopKMax : 0; }
     int max_select_penalty_ids() const override { return CudaModel::kMaxPenaltyIds; }
     bool eval_select(int id, const DeviceSelect& req, DeviceSelection* out, float* logits) override {
@@ -179,13 +180,6 @@ class TpBackendImpl final : public CudaBackend {
     }
 
   private:
-    // MARKBASE_TP_ALLREDUCE: p2p (the default; used when every pair of GPUs has peer access) or nccl.
-    static bool peer_sums_wanted() {
-        const char* e = std::getenv("MARKBASE_TP_ALLREDUCE");
-        if (!e || !*e || std::string(e) == "p2p") return true;
-        if (std::string(e) == "nccl") return false;
-        throw Error(std::string("MARKBASE_TP_ALLREDUCE=") + e + ": expected p2p or nccl");
-    }
     static bool peers_reachable(const std::vector<int>& devices) {
         for (int a : devices)
             for (int b : devices) {
@@ -210,14 +204,8 @@ class TpBackendImpl final : public CudaBackend {
 
     ModelConfig config_;
     int world_;
+    bool device_select_;      // Tuning::device_sampling: top-k on each GPU (see max_select_k)
     bool peer_sums_ = false;  // the decode step's sums through peer_sum rather than NCCL
-    // MARKBASE_TP_DEVICE_SAMPLING: 1 (the default: top-k on each GPU, see max_select_k) or 0
-    bool device_select_ = [] {
-        const char* e = std::getenv("MARKBASE_TP_DEVICE_SAMPLING");
-        if (!e || !*e || std::string(e) == "1") return true;
-        if (std::string(e) == "0") return false;
-        throw Error(std::string("MARKBASE_TP_DEVICE_SAMPLING=") + e + ": expected 0 or 1");
-    }();
     std::unique_ptr<NcclGroup> group_;
     std::unique_ptr<RankThreads> threads_;
     std::vector<std::unique_ptr<CudaModel>> models_;

@@ -1,13 +1,9 @@
 // Weights on the GPU: uploaded from a mapped checkpoint, or drawn at random directly in device memory for
-// benchmarks at real widths without files. One allocation per tensor, in the checkpoint's layout.
+// benchmarks at real widths without files (one allocation per tensor), in the checkpoint's layout.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
-#include <thread>
 
-#include "cpu/thread_pool.h"
 #include "cuda/check.h"
 #include "cuda/cuda_loader.h"
 #include "cuda/cuda_model.h"
@@ -82,79 +78,10 @@ DeviceWeights::~DeviceWeights() {
     for (const Tensor& t : tensors) cudaFree(const_cast<bf16*>(t.ptr));
 }
 
-namespace {
-
-// Host -> device through two pinned staging buffers: while the GPU copies one, a pool of threads fills the
-// other from the mapped checkpoint (taking its page faults in parallel), so the transfer runs at pinned-copy
-// speed instead of the driver's single-threaded pageable path.
-class Uploader {
-  public:
-    Uploader() : pool_(std::min(8, std::max(1, static_cast<int>(std::thread::hardware_concurrency())))) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        for (int b = 0; b < 2; ++b) {
-            CUDA_CHECK(cudaMallocHost(&buf_[b], kChunk));
-            CUDA_CHECK(cudaEventCreateWithFlags(&done_[b], cudaEventDisableTiming));
-        }
-    }
-    ~Uploader() {
-        cudaStreamSynchronize(stream_);
-        for (int b = 0; b < 2; ++b) {
-            cudaFreeHost(buf_[b]);
-            cudaEventDestroy(done_[b]);
-        }
-        cudaStreamDestroy(stream_);
-    }
-    void copy(void* dst, const uint8_t* src, uint64_t bytes) {
-        for (uint64_t off = 0; off < bytes; off += kChunk) {
-            const uint64_t len = std::min<uint64_t>(kChunk, bytes - off);
-            const int b = next_++ & 1;
-            CUDA_CHECK(cudaEventSynchronize(done_[b]));  // the GPU is done with this buffer
-            uint8_t* stage = static_cast<uint8_t*>(buf_[b]);
-            const uint8_t* from = src + off;
-            pool_.parallel_for(static_cast<int64_t>(len), [&](int64_t lo, int64_t hi) {
-                std::memcpy(stage + lo, from + lo, static_cast<size_t>(hi - lo));
-            });
-            CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, stage, len, cudaMemcpyHostToDevice,
-                                       stream_));
-            CUDA_CHECK(cudaEventRecord(done_[b], stream_));
-        }
-    }
-    void finish() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
-  private:
-    static constexpr size_t kChunk = size_t{64} << 20;
-    cpu::ThreadPool pool_;
-    cudaStream_t stream_ = nullptr;
-    void* buf_[2] = {nullptr, nullptr};
-    cudaEvent_t done_[2] = {nullptr, nullptr};
-    unsigned next_ = 0;
-};
-
-}  // namespace
-
-std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck) {
-    // The staged pipeline (cuda_staged_load.cu) is the default: one device allocation, reader threads and
-    // async copies (26B-A4B warm: 24.8 GB/s on the H200). MARKBASE_LOADER=simple keeps the older
-    // tensor-by-tensor upload for comparison.
-    const char* l = std::getenv("MARKBASE_LOADER");
-    if (l && *l && std::string(l) != "simple" && std::string(l) != "staged")
-        throw Error(std::string("MARKBASE_LOADER=") + l + ": expected staged (the default) or simple");
-    if (!l || std::string(l) != "simple") return upload_weights_staged(ck);
-    auto dw = std::make_unique<DeviceWeights>();
-    dw->config = ck.config;
-    Uploader up;
-    for (const PlannedTensor& p : plan_tensors(dw->config, &dw->w)) {
-        const TensorInfo& info = ck.files.get(dw->config.weight_prefix + p.name);
-        bf16* d = device_alloc(info.nbytes, p.name);
-        dw->tensors.push_back({p.name, p.shape, d, info.nbytes});
-        up.copy(d, info.data, info.nbytes);
-        *p.slot = d;
-        dw->bytes += info.nbytes;
-    }
-    up.finish();
-    for (size_t i = 0; i < dw->w.layers.size(); ++i)
-        dw->w.layers[i].layer_scalar = ck.weights.layers[i].layer_scalar;
-    return dw;
+std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning& tuning) {
+    // The staged pipeline (cuda_staged_load.cu): one device allocation, reader threads and async copies
+    // (26B-A4B warm: 24.8 GB/s on the H200).
+    return upload_weights_staged(ck, cuda_staged_options(tuning));
 }
 
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed) {

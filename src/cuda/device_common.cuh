@@ -131,44 +131,28 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// MARKBASE_PDL_TRIGGER_EARLY (the CMake option MARKBASE_CUDA_PDL_TRIGGER_EARLY, on by default since session
-// 14's H200 A/B: decode E2B -3.1%, E4B -2.7%, 26B-A4B -1.2%, 31B -0.6%, the same greedy ids; the graph
-// timeline has E2B's one-block updates at 2.0-2.6 us instead of 3.1-3.8): let the next kernel be scheduled
-// before waiting, not after. The wait still returns only once the previous grid has completed and flushed,
-// so results cannot change; what changes is that kernel N + 1's launch and its early weight loads can
-// overlap kernel N's wait for N - 1, where with the old order they start only once N - 1 has finished. Safe
-// because every access a kernel makes before its wait is to data no kernel of the same step writes (weights,
-// norm weights, and the KV cache of earlier positions; the current position is read again after the wait),
-// and because the next grid is scheduled only once all of this grid's blocks have started (so a later grid
-// can never hold the SMs an earlier one still needs). The one kernel that read data of two kernels back
-// before its wait (the MoE down-sum's expert ids) now waits first under this build. Not yet run with
-// tensor parallelism (no two-GPU machine in session 14): its peer sums wait on the other GPU, which the
-// early trigger does not change, but it is unmeasured.
-#ifndef MARKBASE_PDL_TRIGGER_EARLY
-#define MARKBASE_PDL_TRIGGER_EARLY 0  // builds without CMake (the labs' own flags) keep the old order
-#endif
+// Let the next kernel be scheduled, then wait. The wait returns only once the previous grid has completed
+// and flushed, so results cannot depend on the order; what the early trigger buys is that kernel N + 1's
+// launch and its early weight loads overlap kernel N's wait for N - 1 (triggering after the wait, they
+// started only once N - 1 had finished: the H200 A/B, decode E2B -3.1%, E4B -2.7%, 26B-A4B -1.2%, 31B -0.6%,
+// the same greedy ids; the graph timeline had E2B's one-block updates at 2.0-2.6 us instead of 3.1-3.8).
+// Safe because every access a kernel makes before its wait is to data no kernel of the same step writes
+// (weights, norm weights, and the KV cache of earlier positions; the current position is read again after
+// the wait), and because the next grid is scheduled only once all of this grid's blocks have started (so a
+// later grid can never hold the SMs an earlier one still needs). A kernel that reads data written two kernels
+// back (the MoE down-sum's expert ids) waits before reading it.
 __device__ __forceinline__ void pdl_begin() {
-#if MARKBASE_PDL_TRIGGER_EARLY
     pdl_launch_dependents();
     pdl_wait();
-#else
-    pdl_wait();
-    pdl_launch_dependents();
-#endif
 }
 // The PDL wait after loads that do not depend on the previous kernel (weights; the KV cache of earlier
 // steps). Written as a plain call after them, the wait does not keep them above it: ptxas sinks such loads
-// below griddepcontrol.wait (session 9: in the SASS of every warp-per-row GEMV no weight load came before the
-// wait, so the weights never streamed during the previous kernel's tail). A branch on `nonzero` (a value the
-// caller knows is not 0 and the compiler cannot fold) puts the wait in a block of its own, and the loads stay
-// above it. late (MARKBASE_CUDA_PDL_EARLY=0, the A/B switch): pdl_begin_late, called before the loads, waits
-// instead, which is what the compiled code did before (in most instantiations: ptxas still hoists the loads
-// above that branch in a few, e.g. the lean plain GEMV at 2-8 warps per row).
-__device__ __forceinline__ void pdl_begin_late(bool late) {
-    if (late) pdl_begin();
-}
-__device__ __forceinline__ void pdl_begin_after_loads(int nonzero, bool late) {
-    if (nonzero != 0 && !late) pdl_begin();
+// below griddepcontrol.wait (in the SASS of every warp-per-row GEMV no weight load came before the wait, so
+// the weights never streamed during the previous kernel's tail; with this form: E2B -2.8%, E4B -2.4%, 26B-A4B
+// -1.9%, 31B -1.2%). A branch on `nonzero` (a value the caller knows is not 0 and the compiler cannot fold)
+// puts the wait in a block of its own, and the loads stay above it.
+__device__ __forceinline__ void pdl_begin_after_loads(int nonzero) {
+    if (nonzero != 0) pdl_begin();
 }
 // The end of a step: the argmax key (see argmax_key) becomes the next token; the position advances; greedy
 // decoding appends the id. Key 0 means no finite logit was seen: feed pad (0) rather than an out-of-range id.

@@ -5,18 +5,12 @@
 // so the staging cost stays small even for the 262144-row lm_head. Epilogues fuse what follows each product
 // (GeGLU, the PLE gate, softcap + argmax), so those intermediates never make a round trip through memory.
 //
-// Since the H200 A/B the decode step's plain, GeGLU and PLE-gate products at one token run in gemv_rows.cu
-// (MARKBASE_CUDA_GEMV unset or =warp); this file keeps lm_head (softcap + argmax + the step's end), products
-// over several tokens, and the older variants for A/B runs. MARKBASE_CUDA_GEMV=legacy|r2u4|... selects one
-// (read when a model is built; legacy is the layout described above): rows per warp R, chunks per row in
-// flight U, the grid either the legacy "a few blocks per SM, capped by groups" or exactly the blocks that can
-// be resident at once (one wave, every block loops, the input staged once per block), and for plain products
-// at one token a balanced split-K (the K range of each row group cut into S slices, partial sums added with
-// atomicAdd into a zeroed y) so that short-wide matrices (31B down, o_proj) end without a tail. See
-// gemv_variant_name().
+// The decode step's plain, GeGLU and PLE-gate products at one token run in gemv_rows.cu (GemvKernel::kRows);
+// this file keeps lm_head (softcap + argmax + the step's end) and products over several tokens (the prefill
+// router), 2 rows per warp with 4 chunks per row in flight. The tile variants that lost to the warp-per-row
+// kernel (resident grids, other R x U, a balanced split-K) are the kernel lab's v2 and v6..v10
+// (bench/kernels/gemv_lab.cu).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -34,6 +28,8 @@ enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kLogits = 3 };
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kR = 2;  // rows per warp
+constexpr int kU = 4;  // 16-byte chunks per row in flight
 
 struct Params {
     GemvInput in;
@@ -41,7 +37,6 @@ struct Params {
     int seg_end[3] = {0, 0, 0};  // cumulative row counts
     int nseg = 0;
     int total_rows = 0;
-    int ksplit = 1;              // K slices per row group (> 1: kStore only, y zeroed, atomicAdd)
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
     float softcap = 0.0f;        // kLogits
@@ -51,24 +46,10 @@ struct Params {
     StepFinish finish;  // kLogits: state == nullptr for none
 };
 
-// Stage the input in shared memory: x itself, or the fused residual update, then optionally
-// xn = x * rsqrt(mean(x^2) + eps) * w * scale.
+// Stage the input in shared memory, then optionally xn = x * rsqrt(mean(x^2) + eps) * w * scale.
 __device__ void stage_input(const GemvInput& in, const float* x, float* xs, float* red) {
     const int K = in.K;
-    if (in.res_y) {
-        float ss = 0.0f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) ss = fmaf(in.res_y[k], in.res_y[k], ss);
-        ss = block_sum(ss, red);
-        const float inv_y = 1.0f / sqrtf(ss / static_cast<float>(K) + in.eps);
-        const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const float v = (in.res_x[k] + in.res_y[k] * inv_y * bf16_at(in.res_w, k)) * in.res_scale;
-            xs[k] = v;
-            if (writer) in.res_out[k] = v;
-        }
-    } else {
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
-    }
+    for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k];
     __syncthreads();
     if (in.norm) {
         float ss = 0.0f;
@@ -85,8 +66,9 @@ __device__ void stage_input(const GemvInput& in, const float* x, float* xs, floa
     }
 }
 
-template <int M, int R, int U>
+template <int M>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
+    constexpr int R = kR, U = kU;
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     __shared__ float red[32];
@@ -95,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     const int tok = blockIdx.y;
     // Weights never depend on the previous kernel: before waiting for it, pull this block's first row group
     // toward L2, so the streaming loop below starts on lines already in flight.
-    if (tok == 0 && p.ksplit == 1 && blockIdx.x * kWarps * R < p.total_rows) {
+    if (tok == 0 && blockIdx.x * kWarps * R < p.total_rows) {
         const int lane = threadIdx.x & 31, row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
         const int64_t row_bytes = 2 * static_cast<int64_t>(p.in.K);
 #pragma unroll
@@ -119,14 +101,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = p.in.K >> 3;
     const int groups = (p.total_rows + kWarps * R - 1) / (kWarps * R);
-    const int S = p.ksplit;
-    const int slice_len = (nchunk + S - 1) / S;  // chunks per K slice
     unsigned long long best = 0;
 
-    for (int unit = blockIdx.x; unit < groups * S; unit += gridDim.x) {
-        const int g = S == 1 ? unit : unit / S;
-        const int c_lo = S == 1 ? 0 : (unit - g * S) * slice_len;
-        const int c_hi = S == 1 ? nchunk : min(nchunk, c_lo + slice_len);
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int c_lo = 0, c_hi = nchunk;
         const int row0 = (g * kWarps + warp) * R;
         const uint4* wr[R];
         const uint4* wu[R];
@@ -184,10 +162,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
             for (int r = 0; r < R; ++r) {
                 if (!valid[r]) continue;
                 if constexpr (M == kStore) {
-                    if (S == 1)
-                        *yp[r] = acc[r];
-                    else
-                        atomicAdd(yp[r], acc[r]);
+                    *yp[r] = acc[r];
                 } else if constexpr (M == kGeglu) {
                     *yp[r] = gelu_tanh(acc[r]) * acc2[r];
                 } else if constexpr (M == kGeluMul) {
@@ -222,27 +197,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
     }
 }
 
-// ---- variants (MARKBASE_CUDA_GEMV) ----
-struct VariantSpec {
-    const char* name;
-    int R, U;
-    bool resident;  // grid = blocks resident at once (one wave), else the legacy sizing
-    bool splitk;    // balanced split-K for kStore at one token
-};
-constexpr VariantSpec kSpecs[] = {
-    {"legacy", 2, 4, false, false},  // 0: the default
-    {"r2u4", 2, 4, true, false},     // 1
-    {"r1u8", 1, 8, true, false},     // 2
-    {"r4u2", 4, 2, true, false},     // 3
-    {"r1u8k", 1, 8, true, true},     // 4
-    {"r2u4k", 2, 4, true, true},     // 5
-    {"warp", 2, 4, false, false},    // 6 = kGemvVariantWarp: gemv_rows.cu (here: lm_head, several tokens)
-    {"warpk", 2, 4, false, false},   // 7 = kGemvVariantWarpK: gemv_rows.cu with K shared by warps
-    {"async", 2, 4, false, false},   // 8 = kGemvVariantAsync: gemv_rows.cu, warps streaming through cp.async
-    {"asyncg", 2, 4, false, false},  // 9 = kGemvVariantAsyncG: async for the GeGLU launches only
-};
-constexpr int kNumVariants = static_cast<int>(sizeof(kSpecs) / sizeof(kSpecs[0]));
-
 int sm_count() {
     static int n = [] {
         int dev = 0, v = 0;
@@ -253,53 +207,8 @@ int sm_count() {
     return n;
 }
 
-// Register and static shared-memory use of each instantiation, read in gemv_prepare (outside any graph
-// capture), for the resident-grid sizing.
-struct FuncRes {
-    int regs = 0;
-    size_t static_smem = 0;
-};
-std::unordered_map<const void*, FuncRes>& func_res() {
-    static std::unordered_map<const void*, FuncRes> m;
-    return m;
-}
-
-// Blocks of a kernel that fit on one SM at once (Hopper: 64K registers, 228 KB shared memory with 1 KB
-// reserved per block, 2048 threads, 32 blocks); 0 when unknown.
-int resident_blocks(const void* fn, size_t dyn_smem) {
-    const auto it = func_res().find(fn);
-    if (it == func_res().end() || it->second.regs == 0) return 0;
-    const int regs_per_warp = ((it->second.regs * 32 + 255) / 256) * 256;
-    const int by_regs = 65536 / (regs_per_warp * kWarps);
-    const int by_smem = static_cast<int>((228 * 1024) / (dyn_smem + it->second.static_smem + 1024));
-    return std::max(1, std::min({by_regs, by_smem, 2048 / kThreads, 32}));
-}
-
-template <int M, int R, int U>
-void launch_rt(Params& p, int ntok, const VariantSpec& v, cudaStream_t s) {
-    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
-    const int groups = (p.total_rows + kWarps * R - 1) / (kWarps * R);
-    int blocks = 0;
-    p.ksplit = 1;
-    const void* fn = reinterpret_cast<const void*>(gemv_kernel<M, R, U>);
-    const int res = v.resident ? resident_blocks(fn, smem) : 0;
-    if (res > 0) {
-        blocks = sm_count() * res;
-        if (M == kStore && v.splitk && ntok == 1)
-            p.ksplit = p.in.ksplit > 0 ? std::min(p.in.ksplit, std::max(1, p.in.K >> 3))
-                                       : choose_ksplit(groups, blocks, p.in.K >> 3, U);
-        blocks = std::min(blocks, groups * p.ksplit);
-    } else {
-        const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
-        blocks = std::min(groups, sm_count() * per_sm);
-    }
-    if (p.ksplit > 1)
-        for (int i = 0; i < p.nseg; ++i)
-            CUDA_CHECK(cudaMemsetAsync(p.seg[i].y, 0, static_cast<size_t>(p.seg[i].rows) * sizeof(float), s));
-    launch_kernel(gemv_kernel<M, R, U>, dim3(blocks, ntok), dim3(kThreads), smem, s, p);
-    CUDA_CHECK_LAUNCH();
-}
-
+// A few blocks per SM (as many as the staged input leaves room for, at most 8), capped by the row groups;
+// each block loops over row groups.
 template <int M>
 void launch(Params& p, int ntok, cudaStream_t s) {
     if (p.in.K % 8 != 0)
@@ -307,47 +216,15 @@ void launch(Params& p, int ntok, cudaStream_t s) {
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) p.seg_end[i] = (p.total_rows += p.seg[i].rows);
     if (p.total_rows == 0 || ntok == 0) return;
-    const int vi = p.in.variant >= 0 && p.in.variant < kNumVariants ? p.in.variant : 0;
-    const VariantSpec& v = kSpecs[vi];
-    if (v.R == 1)
-        launch_rt<M, 1, 8>(p, ntok, v, s);
-    else if (v.R == 4)
-        launch_rt<M, 4, 2>(p, ntok, v, s);
-    else
-        launch_rt<M, 2, 4>(p, ntok, v, s);
-}
-
-template <int M, int R, int U>
-void prepare_one(int bytes) {
-    CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_kernel<M, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    cudaFuncAttributes fa{};
-    CUDA_CHECK(cudaFuncGetAttributes(&fa, gemv_kernel<M, R, U>));
-    func_res()[reinterpret_cast<const void*>(gemv_kernel<M, R, U>)] = {fa.numRegs, fa.sharedSizeBytes};
-}
-
-template <int M>
-void prepare_mode(int bytes) {
-    prepare_one<M, 2, 4>(bytes);
-    prepare_one<M, 1, 8>(bytes);
-    prepare_one<M, 4, 2>(bytes);
+    const size_t smem = static_cast<size_t>(p.in.K) * sizeof(float);
+    const int groups = (p.total_rows + kWarps * kR - 1) / (kWarps * kR);
+    const int per_sm = std::max(1, std::min(8, static_cast<int>((200 * 1024) / (smem + 2048))));
+    const int blocks = std::min(groups, sm_count() * per_sm);
+    launch_kernel(gemv_kernel<M>, dim3(blocks, ntok), dim3(kThreads), smem, s, p);
+    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
-
-int gemv_variant_from_env() {
-    const char* e = std::getenv("MARKBASE_CUDA_GEMV");
-    // warpk, the default since session 3's H200 A/B (bench/NOTES.md): -1.6..-3.4% per token vs warp
-    if (!e || !*e) return kGemvVariantWarpK;
-    for (int i = 0; i < kNumVariants; ++i)
-        if (std::strcmp(e, kSpecs[i].name) == 0 || std::to_string(i) == e) return i;
-    throw Error(std::string("MARKBASE_CUDA_GEMV=") + e +
-                ": unknown variant (legacy|r2u4|r1u8|r4u2|r1u8k|r2u4k|warp|warpk|async|asyncg or 0..9)");
-}
-
-const char* gemv_variant_name(int v) {
-    return v >= 0 && v < kNumVariants ? kSpecs[v].name : "?";
-}
 
 void gemv_prepare(int max_K) {
     sm_count();  // query the device now: launches may later run inside a graph capture
@@ -363,16 +240,16 @@ void gemv_prepare(int max_K) {
     CUDA_CHECK(cudaGetDevice(&dev));
     std::lock_guard<std::mutex> lock(mu);
     if (bytes <= prepared[dev]) return;
-    prepare_mode<kStore>(bytes);
-    prepare_mode<kGeglu>(bytes);
-    prepare_mode<kGeluMul>(bytes);
-    prepare_mode<kLogits>(bytes);
+    for (const void* fn : {reinterpret_cast<const void*>(gemv_kernel<kStore>),
+                           reinterpret_cast<const void*>(gemv_kernel<kGeglu>),
+                           reinterpret_cast<const void*>(gemv_kernel<kGeluMul>),
+                           reinterpret_cast<const void*>(gemv_kernel<kLogits>)})
+        CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     prepared[dev] = bytes;
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && ntok == 1 && !in.res_y)
-        return gemv_rows(in, segs, nseg, nullptr, s);
+    if (in.kernel != GemvKernel::kTiles && ntok == 1) return gemv_rows(in, segs, nseg, s);
     Params p;
     p.in = in;
     p.nseg = nseg;
@@ -381,7 +258,7 @@ void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStre
 }
 
 void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_geglu(in, wg, wu, rows, y, s);
+    if (in.kernel != GemvKernel::kTiles) return gemv_rows_geglu(in, wg, wu, rows, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;
@@ -391,7 +268,7 @@ void gemv_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, f
 }
 
 void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y, cudaStream_t s) {
-    if (gemv_variant_is_rows(in.variant) && !in.res_y) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
+    if (in.kernel != GemvKernel::kTiles) return gemv_rows_gelu_mul(in, w, rows, aux, y, s);
     Params p;
     p.in = in;
     p.nseg = 1;

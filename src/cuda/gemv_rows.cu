@@ -1,12 +1,10 @@
-// Decode GEMVs at one token, one warp per output row (MARKBASE_CUDA_GEMV=warp): the kernel lab's best layout
+// Decode GEMVs at one token, one warp per output row (GemvKernel::kRows): the kernel lab's best layout
 // on every decode shape of the four variants (bench/kernels/gemv_lab.cu v11: 8 independent 16-byte weight
 // loads in flight per lane, x read through L1, no shared memory, no barrier, many small blocks that the
 // hardware scheduler balances). What the lab kernel lacks and a model step needs is folded in here:
 //  - the input RMSNorm, inside each warp: every warp reads all of x anyway, so it also sums x^2 and applies
 //    the norm weight per element; y = rsqrt(mean(x^2) + eps) * scale * (W . (x * w)). No prologue, no
 //    staging, no extra kernel;
-//  - the sandwich-norm residual update that follows o_proj, down and the PLE projection, run once by the
-//    last block to finish (ResidualTail) instead of by every block of the next GEMV;
 //  - the first batch of weights is loaded before waiting for the previous kernel (weights never depend on
 //    it), so with programmatic dependent launch the stream of bytes starts during the predecessor's tail.
 #include <string>
@@ -25,6 +23,10 @@ enum Mode { kStore = 0, kGeglu = 1, kGeluMul = 2, kGegluSplit = 3 };
 constexpr int kWarps = 8;
 constexpr int kU = 8;                // 16-byte chunks per lane in flight per matrix
 constexpr int kMinWavesMinK = 4096;  // GemvInput.min_waves applies from this input width
+// Products whose K is at most this stream 4 16-byte chunks per lane per matrix instead of 8, with twice the
+// warps per row (the GeGLU at 3 blocks per SM instead of 2). The H200 A/B: E2B -1.7% (plain products) and
+// -3.6% (GeGLU, K = 1536); wider settings lost 2.4-5.4% on the 26B-A4B and the 31B.
+constexpr int kU4MaxK = 2048;
 
 struct RowsParams {
     GemvInput in;
@@ -34,7 +36,6 @@ struct RowsParams {
     int total_rows = 0;
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
-    ResidualTail tail;
 };
 
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
@@ -52,88 +53,23 @@ __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bo
     if constexpr (Two) acc2 += dot8(w2, a, b);
 }
 
-// x = (x + RMSNorm(y) * w) * scale by the last block to finish; y is every row this grid wrote. One block
-// walks the whole vector, so latency, not bandwidth, sets its length: each thread issues a batch of
-// independent loads before using any (a plain strided loop waited one L2 round trip per element and cost
-// 8-45 us per call on the H200).
-constexpr int kTailBatch = 8;
-
-// Once every warp of this block has stored its rows: whether this is the last block of the grid to get here
-// (its ticket from `counter`); the other blocks are done.
-__device__ __forceinline__ bool last_block_to_finish(unsigned int* counter) {
-    __shared__ unsigned int ticket;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        ticket = atomicAdd(counter, 1u);
-    }
-    __syncthreads();
-    return ticket == gridDim.x - 1;
-}
-
-__device__ void residual_tail(const RowsParams& p) {
-    __shared__ float red[32];
-    if (!last_block_to_finish(p.tail.counter)) return;
-    __threadfence();
-    const int H = p.total_rows, T = blockDim.x;
-    const float* y = p.seg[0].y;
-    float* x = p.tail.x;
-    float part[kTailBatch];
-#pragma unroll
-    for (int j = 0; j < kTailBatch; ++j) part[j] = 0.0f;
-    for (int k0 = threadIdx.x; k0 < H; k0 += T * kTailBatch) {
-        float v[kTailBatch];
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) {
-            const int k = k0 + j * T;
-            v[j] = k < H ? __ldcg(y + k) : 0.0f;  // written by other blocks: from L2, never a stale L1 line
-        }
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) part[j] = fmaf(v[j], v[j], part[j]);
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTailBatch; ++j) ss += part[j];
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + p.tail.eps);
-    for (int k0 = threadIdx.x; k0 < H; k0 += T * kTailBatch) {
-        float yv[kTailBatch], xv[kTailBatch], wv[kTailBatch];
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) {
-            const int k = k0 + j * T;
-            if (k < H) {
-                yv[j] = __ldcg(y + k);
-                xv[j] = __ldcg(x + k);
-                wv[j] = bf16_at(p.tail.w, k);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < kTailBatch; ++j) {
-            const int k = k0 + j * T;
-            if (k < H) x[k] = (xv[j] + yv[j] * inv * wv[j]) * p.tail.scale;
-        }
-    }
-    if (threadIdx.x == 0) *p.tail.counter = 0u;  // ready for the next launch (the stream orders them)
-}
-
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
 // blocks = 1.27 waves at 4 blocks per SM) no longer end on a mostly idle partial wave.
 // U: 16-byte chunks per lane in flight per matrix (kU; the GeGLU launch at U = 4 holds fewer registers and
 // fits 3 blocks per SM instead of 2; at 4 blocks, 64 registers, it spills; the plain products at U = 4 keep
-// 4 blocks per SM with twice the warps per row; GemvInput.u4_max_k).
-// kGegluSplit (GemvInput.geglu_split, the one-GPU default at 8 chunks per lane since session 7): a row's W
+// 4 blocks per SM with twice the warps per row; kU4MaxK).
+// kGegluSplit (GemvInput.geglu_split, one GPU, at 8 chunks per lane): a row's W
 // gate parts and W up parts on 2W warps of the block, each warp streaming one matrix, so the launch holds a
 // plain product's registers (4 blocks per SM instead of 2: ncu had the 31B's GeGLU at 23% warps active,
 // stalled on its x loads) with the same bytes in flight per SM. At the same W its gate and up sums are the
 // kGeglu kernel's, added in the same order.
-// Lean (GemvInput.lean, at 4 chunks per lane, for a launch with neither the input norm nor a residual tail):
-// both compiled out, so the plain products (and the split GeGLU's warps) fit 6 blocks per SM instead of 4
-// (40 registers). Session 8's kernel lab: v11, the same loop at 40 registers and 6 blocks per SM, streamed
-// E2B's gate/up 10% faster than this kernel at 4. On by default since that session's A/B: E4B -1.0% and
-// -1.1% in two calls, E2B +0.3% twice. (Not used: the lean GeGLU at 4 blocks per SM instead of 3, and the
-// lean split GeGLU at 4 chunks per lane, +2.5% on E2B.)
+// Lean (at 4 chunks per lane, for a launch without the input norm): the norm compiled out, so the plain
+// products (and the split GeGLU's warps) fit 6 blocks per SM instead of 4 (40 registers). The kernel lab:
+// v11, the same loop at 40 registers and 6 blocks per SM, streamed E2B's gate/up 10% faster than this
+// kernel at 4; the H200 A/B: E4B -1.0% and -1.1% in two calls, E2B +0.3% twice. (Not used: the lean GeGLU
+// at 4 blocks per SM instead of 3, and the lean split GeGLU at 4 chunks per lane, +2.5% on E2B.)
 template <int M, bool Lean>
 constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
@@ -173,9 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
             if constexpr (M == kGeglu) v2[u] = ok ? ld_stream(w2 + c) : make_uint4(0, 0, 0, 0);
         }
     };
-    pdl_begin_late(p.in.pdl_late);
-    load(c_lo);                               // weights only: safe before the previous kernel has finished
-    pdl_begin_after_loads(K, p.in.pdl_late);  // from here on x (and y, the tail's x) may be touched
+    load(c_lo);                // weights only: safe before the previous kernel has finished
+    pdl_begin_after_loads(K);  // from here on x may be touched
 
     const float4* x4 = reinterpret_cast<const float4*>(p.in.x);
     const uint4* nw4 = reinterpret_cast<const uint4*>(p.in.norm_w);
@@ -230,25 +165,22 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
         else
             *y = gelu_tanh(acc) * p.aux[row];
     }
-    if constexpr (M == kStore && !Lean) {
-        if (p.tail.x) residual_tail(p);
-    }
 }
 
-// ---- async (MARKBASE_CUDA_GEMV=async) ----
+// ---- async (Tuning::gemv async_geglu: the GeGLU launches) ----
 // The matrix as one sequence of rounds in memory order: row r's round j covers 16-byte chunks [j, j + 1) *
 // kRound of its K (the last round of a row may be partial). Warp g of G takes rounds [g N / G, (g + 1) N /
 // G), a contiguous run of the weights, and streams it through a private ring of kStages shared-memory stages
 // that cp.async fills: rounds t + 1 and t + 2 are in flight while round t is computed, and, unlike a register
-// double buffer (session 4's `stream`, which lost: 118 registers, 16 warps per SM, one round ahead), the
+// double buffer (`stream`, which lost: 118 registers, 16 warps per SM, one round ahead), the
 // bytes in flight hold no registers. Each lane reads back only the chunks it copied itself, so the ring needs
 // no barrier, only cp.async.wait_group. A row cut between warps is summed through the scratch: each warp has
 // at most two such pieces (its first and its last row), stored under (warp, 0 = first row | 1 = last row);
 // the last piece to arrive (a counter per row) adds them in warp order, so the result does not depend on
 // timing.
 // The ring: 3 stages of 4 KB per warp (8 16-byte chunks per lane per round; two rounds in flight), 96 KB per
-// block of 8 warps, two blocks per SM. (6 stages of 2 KB, five rounds in flight, measured slower still in
-// session 4: 31B +8.6%, E2B +12.6%.)
+// block of 8 warps, two blocks per SM. (6 stages of 2 KB, five rounds in flight, measured slower still: 31B
+// +8.6%, E2B +12.6%.)
 constexpr int kAsyncBlocksPerSm = 2;
 constexpr size_t kAsyncSmem = 96 * 1024;
 constexpr int kAsyncMinRounds = 3;
@@ -398,7 +330,6 @@ __global__ void __launch_bounds__(kWarps * 32, kAsyncBlocksPerSm)
         acc = acc2 = ss = 0.0f;
     }
     cp_async_wait<0>();  // no copy outlives the block
-    if (M == kStore && p.tail.x) residual_tail(p);
 }
 
 void check_aligned(const void* p, const char* what) {
@@ -406,7 +337,7 @@ void check_aligned(const void* p, const char* what) {
         throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
 }
 
-// Warps per row for `warpk`: enough that each warp streams about one batch of U chunks per lane (one
+// Warps per row: enough that each warp streams about one batch of U chunks per lane (one
 // dependent load round), at most 8.
 int warps_per_row(int K, int U = kU) {
     const int rounds = (K / 8 + 32 * U - 1) / (32 * U);
@@ -472,7 +403,6 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K <= 0 || p.in.K % 8 != 0)  // (K > 0: the kernel's PDL wait is behind a branch on it)
         throw Error("internal: GEMV input width " + std::to_string(p.in.K) +
                     " is not a positive multiple of 8");
-    if (p.in.res_y) throw Error("internal: the warp-per-row GEMV takes no residual prologue");
     check_aligned(p.in.x, "the GEMV input");
     if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
     p.total_rows = 0;
@@ -481,15 +411,13 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
         p.seg_end[i] = (p.total_rows += p.seg[i].rows);
     }
     if (p.w2) check_aligned(p.w2, "the up projection");
-    if (p.tail.x && (p.nseg != 1 || !p.tail.counter))
-        throw Error("internal: a residual tail needs one output segment and a counter");
     if (p.total_rows == 0) return;
-    if (p.in.variant == kGemvVariantAsync && launch_async<M, 8, 3>(p, s)) return;
-    if (p.in.variant == kGemvVariantAsyncG && M == kGeglu && launch_async<M, 8, 3>(p, s)) return;
+    if constexpr (M == kGeglu)
+        if (p.in.kernel == GemvKernel::kRowsAsyncGeglu && launch_async<M, 8, 3>(p, s)) return;
     constexpr RowsProduct product = M == kGeglu     ? RowsProduct::kGeglu
                                     : M == kGeluMul ? RowsProduct::kGeluMul
                                                     : RowsProduct::kPlain;
-    const RowsPlan plan = gemv_rows_plan(product, p.in, p.total_rows, p.tail.x != nullptr, device_sms());
+    const RowsPlan plan = gemv_rows_plan(product, p.in, p.total_rows, device_sms());
     if constexpr (M == kGeglu) {
         if (plan.split)
             return plan.lean ? launch_by_w<kGegluSplit, 4, true>(p, s, plan.warps)
@@ -505,16 +433,16 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
 
 }  // namespace
 
-RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, bool tail, int sms) {
+RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, int sms) {
     const bool geglu = product == RowsProduct::kGeglu;
     RowsPlan plan;
-    // warpk: 4 chunks per lane where K is narrow (GemvInput.u4_max_k), else 8; `warp`: one warp per row at 8
-    const bool u4 = in.variant != kGemvVariantWarp && in.K <= (geglu ? in.u4_max_k_geglu : in.u4_max_k);
-    int w = in.variant == kGemvVariantWarp ? 1 : warps_per_row(in.K, u4 ? 4 : kU);
-    // Session 7's H200 A/B: at 4 chunks per lane (E2B's GeGLU, K = 1536) the split GeGLU cost +7.5% and the
+    // 4 chunks per lane where K is narrow (kU4MaxK), else 8
+    const bool u4 = in.K <= kU4MaxK;
+    int w = warps_per_row(in.K, u4 ? 4 : kU);
+    // The H200 A/B: at 4 chunks per lane (E2B's GeGLU, K = 1536) the split GeGLU cost +7.5% and the
     // fewer warps per row +1.4%, so both apply to the launches at 8 only.
     const bool split = geglu && in.geglu_split && !u4;
-    // Session 8's A/B after PRENORM: on E4B (K = 2560, its GeGLU 2 -> 1 warps per row) MIN_WAVES now costs
+    // With the prenormed input: on E4B (K = 2560, its GeGLU 2 -> 1 warps per row) min_waves costs
     // +1.7%, on the 31B (K = 5376 and wider) it still gains, so it applies from K = 4096 (two full rounds of
     // 8 chunks per lane at one warp per row).
     if (in.min_waves > 0 && !u4 && in.K >= kMinWavesMinK) {  // fewer warps per row, >= min_waves waves
@@ -532,29 +460,30 @@ RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, 
     if (geglu) {
         if (split) {
             // the same W as kGeglu's (the sums identical while W <= 4; a row's 2W warps fit a block)
-            // geglu_lean8 (GemvInput): the split launch sized for 8 chunks per lane runs the lean split
-            // kernel at 4 (40 registers, 6 blocks per SM instead of 64 and 4), at the same W: the same sums.
-            // From K = 4096 (session 9's A/B: the 31B's K = 5376 -0.6%, E4B's K = 2560 +1.3%).
+            // The split launch sized for 8 chunks per lane runs the lean split kernel at 4 (40 registers, 6
+            // blocks per SM instead of 64 and 4), at the same W: the same sums. From K = 4096 (the H200 A/B:
+            // the 31B's K = 5376 -0.6%, and +0.7% without it; E4B's K = 2560 +1.3% with it).
             plan.split = true;
             plan.warps = std::min(w, 4);
-            plan.lean = in.geglu_lean8 && in.lean && !in.norm && in.K >= kMinWavesMinK;
+            plan.lean = !in.norm && in.K >= kMinWavesMinK;
             if (plan.lean) plan.chunks = 4;
         }
         return plan;
     }
-    // The lean kernel is compiled at 4 chunks per lane only: at 8, without the norm and the tail, ptxas still
-    // holds 62-64 registers (and spills at 6 or 5 blocks per SM: 8 chunks in flight are 32 registers of
-    // weights). lean8 (GemvInput.lean8): a launch sized for 8 (its W) runs the lean kernel at 4 instead; each
-    // lane adds its chunks c_lo + lane + 32 j in the same order at any U, so the sums are the same. Not at 8
-    // warps per row (K > 8192 with too few rows for MIN_WAVES to cut W: E4B's down at K = 10240, E2B's
+    // The lean kernel is compiled at 4 chunks per lane only: at 8, without the norm, ptxas still holds 62-64
+    // registers (and spills at 6 or 5 blocks per SM: 8 chunks in flight are 32 registers of weights). A
+    // launch sized for 8 (its W) runs the lean kernel at 4 instead (the H200 A/B: 26B-A4B -4.4%, E2B -1.3%,
+    // 31B -0.9%); each lane adds its chunks c_lo + lane + 32 j in the same order at any U, so the sums are
+    // the same. Not at 8
+    // warps per row (K > 8192 with too few rows for min_waves to cut W: E4B's down at K = 10240, E2B's
     // double-wide down at 12288), where a warp's share of the row is one round of 8 chunks per lane (up to
-    // K = 16384) but two at 4: session 10's H200 A/B with those two on the 8-chunk kernel measured E4B -1.2%
+    // K = 16384) but two at 4: the H200 A/B with those two on the 8-chunk kernel measured E4B -1.2%
     // and E2B -0.1% (the kernel lab: E4B's down 17.1 -> 15.5 us), while moving the 31B's wide products (at 4
-    // warps per row) off LEAN8 as well cost it +0.8%.
-    const bool lean = in.lean && !in.norm && !tail;
+    // warps per row) to 8 chunks as well cost it +0.8%.
+    const bool lean = !in.norm;
     if (u4) {
         plan.lean = lean;
-    } else if (lean && in.lean8 && w < 8) {
+    } else if (lean && w < 8) {
         plan.lean = true;
         plan.chunks = 4;
     }
@@ -568,18 +497,15 @@ void allow_ring() {
 }
 
 int64_t gemv_async_prepare() {
-    allow_ring<kStore, 8, 3>();
     allow_ring<kGeglu, 8, 3>();
-    allow_ring<kGeluMul, 8, 3>();
     return int64_t{kAsyncBlocksPerSm} * device_sms() * kWarps;
 }
 
-void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s) {
+void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s) {
     RowsParams p;
     p.in = in;
     p.nseg = nseg;
     for (int i = 0; i < nseg; ++i) p.seg[i] = segs[i];
-    if (tail) p.tail = *tail;
     launch_rows<kStore>(p, s);
 }
 

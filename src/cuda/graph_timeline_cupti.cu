@@ -9,8 +9,8 @@
 // Mapping records to launches: a record's graphNodeId is its node's CUPTI id, the captured graph's node or
 // the clone of it that the instantiated graph runs (CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED tells which clone
 // belongs to which node), checked by the kernel function names (CUPTI's record name against the node's
-// function, both demangled) and by every node running once per replay. Session 14 saw it hold on all four
-// variants on the H200; where it does not, the timeline says why instead of guessing another mapping.
+// function, both demangled) and by every node running once per replay. It holds on all four variants on
+// the H200; where it does not, the timeline says why instead of guessing another mapping.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>

@@ -12,14 +12,12 @@
 
 namespace markbase::cuda {
 
-// ---- gemv.cu: decode-time y = W @ xn for one or a few tokens, weights streamed with 16-byte loads
-// ----------
+// ---- gemv.cu: y = W @ xn for one or a few tokens, weights streamed with 16-byte loads -------------------
 
-// The input vector, optionally RMS-normalised on the fly: xn = x * rsqrt(mean(x^2) + eps) * norm_w * scale
-// (norm_w may be null = no weight). K must be a multiple of 8; rows are 16-byte aligned.
-// Scratch of the asynchronous streaming GEMV (MARKBASE_CUDA_GEMV=async, gemv_rows.cu): each warp's partial
-// sums of the (at most two) rows it shares with other warps, and one arrival counter per output row (zero
-// between launches). One per stream that runs GEMVs concurrently; without it the launch takes warpk.
+// Scratch of the GeGLU GEMV through the cp.async ring (Tuning::gemv async_geglu, gemv_rows.cu): each warp's
+// partial sums of the (at most two) rows it shares with other warps, and one arrival counter per output row
+// (zero between launches). One per stream that runs GEMVs concurrently; without it the launch takes the
+// warp-per-row kernel.
 struct GemvStreamScratch {
     float* part = nullptr;          // [warps][2][3]
     unsigned int* count = nullptr;  // [rows]
@@ -27,6 +25,13 @@ struct GemvStreamScratch {
     int rows = 0;                   // capacity of count
 };
 
+// Which kernel a product runs: kTiles = gemv.cu's staged tiles (lm_head, products over several tokens, the
+// prefill router); kRows = gemv_rows.cu's warp-per-row kernels at one token (the decode step);
+// kRowsAsyncGeglu = the same with the GeGLU launches through the cp.async ring (the 26B-A4B on one GPU).
+enum class GemvKernel { kTiles, kRows, kRowsAsyncGeglu };
+
+// The input vector, optionally RMS-normalised on the fly: xn = x * rsqrt(mean(x^2) + eps) * norm_w * scale
+// (norm_w may be null = no weight). K must be a multiple of 8; rows are 16-byte aligned.
 struct GemvInput {
     const float* x = nullptr;
     int K = 0;
@@ -36,54 +41,18 @@ struct GemvInput {
     float norm_scale = 1.0f;
     float eps = 1e-6f;
 
-    // Decode-only residual prologue, fusing the kernel that would otherwise precede (one token):
-    // x = (res_x + RMSNorm(res_y) * res_w) * res_scale; every block computes it, block 0 also stores it to
-    // res_out (never res_x: other blocks are still reading that).
-    const float* res_x = nullptr;
-    const float* res_y = nullptr;
-    const bf16* res_w = nullptr;
-    float res_scale = 1.0f;
-    float* res_out = nullptr;
-
-    // Tile/grid variant (gemv.cu's table; 0 = legacy). Decode sets it from MARKBASE_CUDA_GEMV (default:
-    // warpk; asyncg for the MoE model on one GPU).
-    int variant = 0;
-    int ksplit = 0;            // split-K variants: K slices (0 = chosen per shape; > 0 forces it, for tests)
-    GemvStreamScratch stream;  // variant kGemvVariantAsync at one token
-    // Warp-per-row GEMVs at 4 16-byte chunks per lane per matrix (twice the warps per row, the GeGLU at 3
-    // blocks per SM instead of 2) instead of 8, when K is at most this (MARKBASE_CUDA_GEMV_U4_MAXK for the
-    // plain products, MARKBASE_CUDA_GEGLU_U4_MAXK for the GeGLU). Session 6's H200 A/B: E2B -3.4% (GeGLU,
-    // K = 1536) and -2.4% (every plain product at 4); E4B +2.8%, 26B +3.7%, 31B +5.4% with every plain
-    // product at 4, where K is 2560 and wider.
-    int u4_max_k = 2048;
-    int u4_max_k_geglu = 2048;
-    // The warp-per-row GeGLU with a row's gate and up products on different warps
-    // (MARKBASE_CUDA_GEGLU_SPLIT=1): a plain product's registers, twice the blocks per SM. At 8 chunks per
-    // lane only.
+    GemvKernel kernel = GemvKernel::kTiles;
+    GemvStreamScratch stream;  // kRowsAsyncGeglu
+    // The warp-per-row GeGLU with a row's gate and up products on different warps: a plain product's
+    // registers, twice the blocks per SM. At 8 chunks per lane only. On for one GPU (31B -3.5..-5.2% with
+    // min_waves; E2B and the 26B-A4B run neither); not measured sharded, so off there.
     bool geglu_split = false;
-    // > 0 (MARKBASE_CUDA_GEMV_MIN_WAVES, 3 by default for one GPU since session 7: with the split GeGLU, 31B
-    // -3.5..-5.2%): a warp-per-row launch at 8 chunks per lane and K >= 4096 (session 8: E4B's K = 2560
-    // lost 1.7% to it) halves its warps per row while it still has at least this many waves of blocks (the
-    // kernel lab's one-warp-per-row v11 ran the 31B's q/k/v at 98% of the roofline; the model's 4 warps per
-    // row at ~73%).
+    // > 0 (3 for one GPU, 0 sharded): a warp-per-row launch at 8 chunks per lane and K >= 4096 halves its
+    // warps per row while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row
+    // v11 ran the 31B's q/k/v at 98% of the roofline; 4 warps per row at ~73%; E4B's K = 2560 lost 1.7%).
     int min_waves = 0;
-    // MARKBASE_CUDA_PDL_EARLY=0: the warp-per-row GEMV waits for the previous kernel before its first weight
-    // loads (device_common.cuh's pdl_begin_late), as its compiled code did before session 9
-    bool pdl_late = false;
-    // MARKBASE_CUDA_GEMV_LEAN8 (with lean; default 1 since session 9: 26B-A4B -4.4%): the plain products at 8
-    // chunks per lane with no norm and no tail run the lean kernel at 4 chunks per lane, at the warps per row
-    // chosen for 8 (40 registers, 6 blocks per SM instead of 64 and 4; the same sums)
-    bool lean8 = false;
-    // MARKBASE_CUDA_GEGLU_LEAN8 (default 1; with lean and geglu_split, from K = 4096): the split GeGLU at 8
-    // chunks per lane with no norm runs the lean split kernel at 4 chunks per lane, at the same warps per row
-    // (the same sums)
-    bool geglu_lean8 = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
-    // A warp-per-row launch at 4 chunks per lane without the input norm or a residual tail runs a kernel
-    // compiled without them: 6 blocks per SM instead of 4 for the plain products, 4 instead of 3 for the
-    // GeGLU (MARKBASE_CUDA_GEMV_LEAN, on by default).
-    bool lean = false;
 };
 
 // The end of a step, fused into gemv_logits by its last block: argmax -> state[0], state[1] += advance, the
@@ -116,9 +85,8 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
                  int64_t id_base = 0);
 
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
-// MARKBASE_CUDA_GEMV=warp (or warpk) routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 and there
-// is no residual prologue (lm_head keeps gemv_logits). in.x, in.norm_w and the weights must be 16-byte
-// aligned.
+// GemvKernel::kRows routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 (lm_head keeps
+// gemv_logits). in.x, in.norm_w and the weights must be 16-byte aligned.
 
 // ---- peer_sum.cu: tensor-parallel sums over peer-to-peer NVLink at decode (issue 7) ---------------------
 constexpr int kMaxPeers = 8;
@@ -131,25 +99,22 @@ struct PeerSum {
     int* timed_out = nullptr;                   // set when a peer did not arrive within 2 s
 };
 
-// A residual update fused into a decode GEMV's end: once every row of y is written, the last block to finish
-// computes x = (x + RMSNorm(y) * w) * scale in place (y has as many rows as x). counter: one zeroed uint,
-// left zeroed.
+// The residual update peer_sum applies after its sum: x = (x + RMSNorm(buf) * w) * scale in place.
 struct ResidualTail {
     float* x = nullptr;
     const bf16* w = nullptr;
     float scale = 1.0f;
     float eps = 1e-6f;
-    unsigned int* counter = nullptr;
 };
-void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, const ResidualTail* tail, cudaStream_t s);
+void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
-// Which warp-per-row kernel one of those products launches (`warp` and `warpk`; the async variants choose
-// for themselves): warps per row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no norm, no
-// tail), and for the GeGLU whether a row's gate and up products go to different warps. A pure function of
-// the launch (rows: output rows over all segments; sms: the device's multiprocessors), so the measured rules
-// can be checked without a GPU (tests/cuda/test_gemv_rows_plan.cpp).
+// Which warp-per-row kernel one of those products launches (the async GeGLU chooses for itself): warps per
+// row, 16-byte chunks in flight per lane (4 or 8), the lean kernel (no input norm), and for the GeGLU whether
+// a row's gate and up products go to different warps. A pure function of the launch (rows: output rows over
+// all segments; sms: the device's multiprocessors), so the measured rules can be checked without a GPU
+// (tests/cuda/test_gemv_rows_plan.cpp).
 enum class RowsProduct { kPlain, kGeglu, kGeluMul };
 struct RowsPlan {
     int warps = 1;   // warps per row (the split GeGLU: per row's gate, and as many for its up)
@@ -157,51 +122,14 @@ struct RowsPlan {
     bool lean = false;
     bool split = false;
 };
-RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, bool tail, int sms);
-// The variant indices of "warp" and "warpk" (gemv_variant_from_env's numbering). warpk: the same kernel with
-// a row's K range shared by 1-8 warps (gemv_rows.cu's warps_per_row), for long rows.
-constexpr int kGemvVariantWarp = 6;
-constexpr int kGemvVariantWarpK = 7;
-// async: each warp streams a contiguous run of 4 KB rounds of the matrix (rows in memory order) through a
-// ring of 3 shared-memory stages filled by cp.async, two rounds always in flight, and no registers held by
-// them; rows cut between warps meet through GemvStreamScratch. Launches with fewer than 3 rounds per warp on
-// a full grid take the warpk kernel.
-constexpr int kGemvVariantAsync = 8;
-constexpr int kGemvVariantAsyncG = 9;  // async for the GeGLU (gate + up) launches only, warpk for the rest
-inline bool gemv_variant_is_rows(int v) {
-    return v == kGemvVariantWarp || v == kGemvVariantWarpK || v == kGemvVariantAsync ||
-           v == kGemvVariantAsyncG;
-}
+RowsPlan gemv_rows_plan(RowsProduct product, const GemvInput& in, int64_t rows, int sms);
 // The warps an async GEMV launch may use on this device (its scratch's size); also raises the kernels'
 // shared-memory limit (call outside any capture).
 int64_t gemv_async_prepare();
 
 // Raises the dynamic shared-memory limit of the GEMV kernels so that inputs of up to max_K floats can be
-// staged, and records their register use (for the resident-grid variants).
+// staged.
 void gemv_prepare(int max_K);
-// Host-side; the kernel lab uses the same rule.
-// K slices per row group for a balanced split-K: the fewest slices whose units (groups x slices) spread over
-// `blocks` with little tail, each slice still a few full batches of U chunks per lane.
-inline int choose_ksplit(int groups, int blocks, int nchunk, int U) {
-    int best = 1;
-    double best_score = -1.0;
-    for (int S = 1; S <= 8; ++S) {
-        if (S > 1 && (nchunk + S - 1) / S < 2 * 32 * U) break;
-        const int units = groups * S;
-        const int rounds = (units + blocks - 1) / blocks;
-        const double eff = static_cast<double>(units) / (static_cast<double>(rounds) * blocks);
-        const double score = eff - 0.02 * (S - 1);  // atomics and re-staging are not free
-        if (score > best_score + 1e-9) {
-            best_score = score;
-            best = S;
-        }
-    }
-    return best;
-}
-// MARKBASE_CUDA_GEMV (a name or number, see gemv.cu) as a variant index; 0 when unset; throws on an unknown
-// name. Unset = kGemvVariantWarpK; gemv_variant_name(0) == "legacy".
-int gemv_variant_from_env();
-const char* gemv_variant_name(int variant);
 
 // ---- norm_rope.cu: embedding, per-layer inputs, residual updates, qk-norm + RoPE + cache write -----------
 
@@ -215,7 +143,7 @@ void embed_rows(const int* ids, int n, const bf16* embed, int H, float scale, fl
 void ple_mix(const float* ctx, const int* ids, int n, const bf16* ple_embed, const bf16* norm_w, int L, int P,
              int H, float eps, float* ple, cudaStream_t s);
 // Up to two more normalised copies of the new x that a one-token update writes beside xn (the 26B-A4B's
-// router and experts' inputs, MARKBASE_CUDA_MOE_PRENORM): out[i] = RMSNorm(x) * w[i] * scale[i].
+// router and experts' inputs, on one GPU): out[i] = RMSNorm(x) * w[i] * scale[i].
 struct NormCopies {
     const bf16* w[2] = {nullptr, nullptr};
     float* out[2] = {nullptr, nullptr};
@@ -228,8 +156,8 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
                        const NormCopies& more = {});
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
-// wide (MARKBASE_CUDA_MOE_WIDE, default on; n == 1, H <= 3072, K <= 8): one block of 1024 threads with each
-// thread's loads issued together (two L2 round trips instead of ~12); otherwise a block of 256 per token.
+// wide (decode: n == 1, H <= 3072, K <= 8): one block of 1024 threads with each thread's loads issued
+// together (two L2 round trips instead of ~12; 26B-A4B -11.3% per token); otherwise a block of 256 per token.
 // With next_w (wide only), also xn = RMSNorm(x) * next_w, as residual_add_norm.
 constexpr int kMoeWideMaxHidden = 3072, kMoeWideMaxK = 8;  // the wide form's limits
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
@@ -289,63 +217,51 @@ struct AttnArgs {
     int nsplit = 1;       // key range cut into nsplit pieces of split_len keys
     int split_len = 256;  // 0: ceil(range / nsplit) from the device-side position (decode graphs)
     int min_split = 32;   // split_len 0: at least this many keys per piece
-    // split_len 0 only: pieces past the current range exit at once, and the merge (and the last-piece ticket)
-    // counts only the pieces that hold keys (MARKBASE_CUDA_ATTN_SPLIT=auto; false = every piece reports).
-    bool active_only = false;
-    // With active_only and merge_counters at decode: the v2 pieces kernel (keys spread over warps in the V
-    // phase too, a parallel merge); MARKBASE_CUDA_ATTN_SPLIT=auto sets it, active[:N] does not.
-    bool decode_v2 = false;
+    // (split_len 0, the decode graphs: pieces past the current range exit at once, and the merge counts only
+    // the pieces that hold keys)
     float* part_o = nullptr;   // [n][nH][nsplit][d] scratch
     float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
     float* out = nullptr;      // [n][nH][d]
-    // Optional [n][nH] zeroed counters: the last piece of each head merges them all into `out` (one kernel);
-    // without them attention() runs a separate merge kernel.
+    // Decode (split_len 0): [n][nH] zeroed counters; the last piece of each head merges them all into `out`
+    // (one kernel). Batched decode (fixed pieces) leaves them null: attention() runs a separate merge.
     unsigned int* merge_counters = nullptr;
-    // Decode v2, pieces of <= 16 keys (MARKBASE_CUDA_ATTN_KV_EARLY, default 1): the keys and values are
-    // requested before the PDL wait (they were written by earlier steps); the piece holding the current
-    // position reloads that one from L2 after the wait, since the kernel before it (qkv_post) writes it.
-    bool kv_early = false;
-    // Decode v2 (MARKBASE_CUDA_ATTN_CLUSTER): the nsplit pieces of a head (cluster == nsplit, <=
-    // kMaxAttnCluster) as one thread-block cluster merging through distributed shared memory, not the ticket
-    // (merge_counters then go unused); 0 = the ticket.
+    // Decode: the nsplit pieces of a head (cluster == nsplit, <= kMaxAttnCluster) as one thread-block
+    // cluster merging through distributed shared memory, not the ticket (merge_counters then go unused);
+    // 0 = the ticket (Tuning::attn_cluster).
     int cluster = 0;
-    // Fixed pieces with a separate merge (prefill, batched decode): the query heads of a KV group in one
-    // block (attention_group.cu; MARKBASE_CUDA_ATTN_GROUP, default 1), for groups of 2, 4 or 8 heads.
-    bool group_heads = false;
-    // With group_heads at prefill: 8 / G consecutive tokens per block too, their pieces cut from the union of
-    // their key ranges (MARKBASE_CUDA_ATTN_GROUP_TOKENS, default 1).
-    bool group_tokens = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 constexpr int kMaxAttnCluster = 16;
+// Decode attention: pieces of at least kAttnMinKeys keys (attention.cu's split_len 0 rule), at most ~2 waves
+// of blocks per layer, only the pieces holding keys run and merge. Measured on the H200 (bench/NOTES.md): 64
+// keys beat pieces of >= 32 keys with up to 512 blocks per layer (every piece reporting) by 0.2-0.6 ms per
+// token on all four variants, 32 beat 64 by another 2-5% (also at a 2000-token context), 128/256 lost; 16
+// beat 32 by 0.2-1.9% in two runs of all four. It only matters below the ~2-wave cap: on the sliding layers
+// (512 keys) at any context, on the full layers at short contexts.
+constexpr int kAttnMinKeys = 16;
 // Whether clusters of C decode pieces (nH heads of dim d) can be scheduled on this GPU (sm_90+).
 bool attention_cluster_fits(int C, int nH, int d);
-// attention_group.cu: the pieces with a group's heads together, when group_heads applies (else false)
+// attention_group.cu: batched decode's pieces with a KV group's query heads in one block (groups of 2, 4 or
+// 8 heads), where the grid keeps >= 2 blocks per SM (else false: the per-head pieces)
 bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
+// Decode's pieces (split_len 0, merge_counters) and batched decode's (tok_pos, fixed pieces); prefill runs
+// attention_gemm.
 void attention_pieces(const AttnArgs& a, int n, cudaStream_t s);
 void attention_combine(const AttnArgs& a, int n, cudaStream_t s);
 
-// ---- attention_gemm.cu: prefill attention as cuBLAS GEMMs
-// --------------------------------------------------- One sequence's chunk of n queries at positions pos0..
-// over the key slots [0, min(cap, pos0 + n)): per head S = Q K^T, a masked softmax in place, a.out = P V;
-// heads (and, past the scratch, query rows) in batches.
+// ---- attention_gemm.cu: prefill attention as cuBLAS GEMMs -----------------------------------------------
+// One sequence's chunk of n queries at positions pos0.. over the key slots [0, min(cap, pos0 + n)): per head
+// S = Q K^T, a masked softmax in place, a.out = P V (fp32 products); heads (and, past the scratch, query
+// rows) in batches.
 struct AttnGemm {
     cublasHandle_t blas = nullptr;  // on the same stream
     float* s = nullptr;             // scores scratch [s_floats]
     int64_t s_floats = 0;
     void** ptrs = nullptr;  // device [6][nH] pointer arrays
-    bool tf32 = false;      // TF32 products (MARKBASE_CUDA_ATTN_GEMM=tf32)
-    int block_rows = 0;     // > 0: causal row blocks of this many queries (MARKBASE_CUDA_ATTN_GEMM_BLOCK)
-    // bf16x3 (MARKBASE_CUDA_ATTN_GEMM=bf16x3): bf16 hi/lo copies for key ranges of at most keys3 slots,
-    // q3 [n][nH][3d], k3 [keys3][nKV][3d], v3 [3][keys3][nKV][d], p3 [3 s_floats]
-    bool bf16x3 = false;
-    int64_t keys3 = 0;
-    uint16_t *q3 = nullptr, *k3 = nullptr, *v3 = nullptr, *p3 = nullptr;
 };
-// false, with nothing launched, where it does not apply (batched decode) or the scratch cannot hold 16 rows
-// of one head's scores: the caller runs the pieces instead.
-bool attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s);
+// Throws where it does not apply (batched decode) or the scratch cannot hold 16 rows of one head's scores.
+void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s);
 
 // ---- moe.cu: routing and the selected experts, no host in the loop ----------------------------------------
 // The experts a rank holds (expert parallelism): global ids [begin, begin + count); a group whose expert is
@@ -361,9 +277,8 @@ void moe_route(const float* logits, int n, int E, int K, const bf16* per_expert_
                float* sel_w, bool groups_for_slots, int* group_expert, int* group_off, int* entries,
                const float* x, const bf16* norm_w, int H, float eps, float* e_in, cudaStream_t s,
                ExpertRange held = {}, bool wide = false);
-// (E <= 256, K <= 32: the top K by every expert's rank in one pass. wide: MARKBASE_CUDA_MOE_WIDE, default
-// on, n == 1, H <= 4096: 1024 threads, x and the logits loaded in one batch, the logits through shared
-// memory.)
+// (E <= 256, K <= 32: the top K by every expert's rank in one pass. wide (decode: n == 1, H <= 4096): 1024
+// threads, x and the logits loaded in one batch, the logits through shared memory.)
 // Prefill: group the n*K (token, slot) entries by expert: group g = expert g, entries[group_off[g] ...].
 void moe_bucket(const int* sel_id, int n, int E, int K, int* group_expert, int* group_off, int* entries,
                 cudaStream_t s, ExpertRange held = {});
@@ -377,24 +292,15 @@ void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, cons
 void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_expert, const int* group_off,
               const int* entries, int n_groups, float* slots, cudaStream_t s);
 
-// Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the same products, a warp per row
-// with 8 loads in flight per lane (MARKBASE_CUDA_MOE_DECODE=rows).
-// blocks_per_sm 3: gate/up's registers capped for 3 blocks per SM (MARKBASE_CUDA_MOE_GATE_OCC; the one-GPU
-// default), else 2.
+// Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the experts' gate/up rows, a warp
+// per row with 6 + 6 loads in flight per lane, registers capped for 3 blocks per SM.
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int blocks_per_sm = 2);
-// blocks_per_sm 6 (MARKBASE_CUDA_MOE_DOWN_OCC; the one-GPU default; rows of at most 1024): 4 loads in
-// flight per lane, 6 blocks per SM; else 8 loads, 4 blocks per SM at 53 registers.
-void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s, int blocks_per_sm = 4);
-// Decode (MARKBASE_CUDA_MOE_DOWN_SUM=1): e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the
-// slots' down rows and their weighted sum in one kernel, a block per output row j and a warp per slot
-// (Ie <= 768, K <= 32). Bit-identical to moe_down_decode's slots summed by the combine. late:
-// MARKBASE_CUDA_PDL_EARLY=0's order. rows_per_block (MARKBASE_CUDA_MOE_DOWN_ROWS): 1, or 2 / 4 / 8 output
-// rows per block, each warp's rows loaded in one batch (bit-identical).
+                        float* h, cudaStream_t s);
+// Decode: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), the slots' down rows and their
+// weighted sum in one kernel, 4 output rows per block and a warp per slot (Ie <= 768, K <= 32).
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                         const float* sel_w, float* e, cudaStream_t s, bool late, int rows_per_block = 1);
-// Prefill experts as batched GEMMs (MARKBASE_CUDA_MOE_PREFILL=gemm), in passes of max_n rows: after
+                         const float* sel_w, float* e, cudaStream_t s);
+// Prefill experts as batched GEMMs, in passes of max_n rows (the fallback of the compact pass below): after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries
 // zeroed); and rows [e][p] of y [E][max_n][H] go back to slots[entries[group_off[e] + first + p]].
@@ -406,7 +312,7 @@ void moe_scatter_rows(const float* y, int H, const int* entries, const int* grou
 // The stacked gate/up output [E][2 max_n][gate Ie | up Ie] to the down GEMM's stacked bf16 input [E][2
 // max_n][Ie]: gelu(g) * u of the halves' sums, split into hi and lo rows.
 void moe_geglu_halves(const float* y2, int E, int max_n, int Ie, bf16* h, cudaStream_t s);
-// The same in one pass over each expert's own rows (MARKBASE_CUDA_MOE_COMPACT): expert e's rows padded to r_e
+// The same in one pass over each expert's own rows (the compact pass): expert e's rows padded to r_e
 // = row_off[e + 1] - row_off[e] (max_r the largest), its stacked [hi; lo] block at row 2 row_off[e] of xs
 // [2 R][H] bf16, of the gate/up output [2 R][2 Ie], of h [2 R][Ie] and of the down output y [2 R][H].
 void moe_gather_compact(const float* x, int H, int K, const int* entries, const int* group_off,

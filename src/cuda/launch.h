@@ -1,9 +1,9 @@
-// Kernel launches through cudaLaunchKernelEx so that, when enabled, each kernel may be scheduled while its
-// predecessor in the stream is still finishing (programmatic dependent launch, Hopper). Every kernel starts
-// with pdl_wait() (device_common.cuh), which returns only once the previous kernel has completed and its
-// writes are visible, so correctness never depends on the attribute; what overlaps is launch latency and, in
-// the GEMVs, the first batch of the next weights. On by default (H200: E2B -0.17 ms and 26B-A4B -0.18 ms per
-// token with the warp-per-row GEMVs, bench/NOTES.md); MARKBASE_CUDA_PDL=0 turns it off.
+// Kernel launches through cudaLaunchKernelEx so that each kernel may be scheduled while its predecessor in
+// the stream is still finishing (programmatic dependent launch, Hopper). Every kernel starts with pdl_wait()
+// (device_common.cuh), which returns only once the previous kernel has completed and its writes are
+// visible, so correctness never depends on the attribute; what overlaps is launch latency and, in the GEMVs,
+// the first batch of the next weights (H200: E2B -0.17 ms and 26B-A4B -0.18 ms per token with the
+// warp-per-row GEMVs, bench/NOTES.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,8 +11,6 @@
 #include "cuda/check.h"
 
 namespace markbase::cuda {
-
-bool pdl_enabled();
 
 // The configuration launch_kernel_cluster launches with (also for occupancy queries): cluster_x > 0 cuts the
 // grid's x dimension into thread-block clusters of cluster_x blocks (sizes above 8 need the kernel's
@@ -47,7 +45,7 @@ template <class... KArgs, class... Args>
 void launch_kernel_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                            int cluster_x, Args... args) {
     cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, s, cluster_x, pdl_enabled(), attr);
+    const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, s, cluster_x, true, attr);
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 

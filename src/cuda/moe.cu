@@ -33,8 +33,8 @@ __device__ __forceinline__ int held_index(int e, ExpertRange held) {
 // whole block (E <= blockDim.x, K <= kRankMaxK; p: E floats of shared memory holding the logits, published
 // by a barrier). Warp 0 turns the logits into probabilities; then every expert's thread counts the experts
 // ahead of it (larger, or equal with a lower id) and the K first take their slot; slot k's thread loads its
-// per-expert scale and writes ids[k], w[k] (and, for one token, the K slot groups). Session 7's H200 A/B
-// (MARKBASE_CUDA_MOE_TOPK, since removed): 26B-A4B -2.7% per token against K dependent arg-max rounds by one
+// per-expert scale and writes ids[k], w[k] (and, for one token, the K slot groups). The H200 A/B: 26B-A4B
+// -2.7% per token against K dependent arg-max rounds by one
 // warp, whose lane 0 wrote each id to global memory and read it back before loading its scale; the same ids
 // and weights.
 constexpr int kRankMaxK = 32;
@@ -98,7 +98,7 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
     pdl_begin();
     const int t = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = logits[static_cast<int64_t>(t) * E + e];
-    if (!x) {             // e_in written by the update before the router (MARKBASE_CUDA_MOE_PRENORM)
+    if (!x) {             // e_in written by the update before the router (one GPU)
         __syncthreads();  // publishes p
     } else {              // the experts' input: pre_feedforward_layernorm_2(r), by the whole block
         // one block walks the row: unrolled, restrict-qualified loops keep several loads in flight
@@ -116,7 +116,7 @@ __global__ void route_kernel(const float* logits, int E, int K, const bf16* pes,
                 held);
 }
 
-// One token (MARKBASE_CUDA_MOE_WIDE, the default): route_kernel's work by 1024 threads, x, its norm weights
+// One token (decode): route_kernel's work by 1024 threads, x, its norm weights
 // and the logits (into shared memory) loaded in one batch, so the norm costs one L2 round trip. The same
 // routing, the norm's sum in another order.
 constexpr int kWideThreads = 1024;
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kWideThreads)
     __shared__ float red[32];
     pdl_begin();
     if (threadIdx.x < E) p[threadIdx.x] = logits[threadIdx.x];
-    if (!x) {             // e_in written by the update before the router (MARKBASE_CUDA_MOE_PRENORM)
+    if (!x) {             // e_in written by the update before the router (one GPU)
         __syncthreads();  // publishes p
         route_ranks(p, E, K, pes, sel_id, sel_w, true, group_expert, group_off, entries, held);
         return;
@@ -247,13 +247,9 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// Decode (one token, MARKBASE_CUDA_MOE_DECODE=rows): slot g's expert is group_expert[g] and its entry is g.
-// A warp per output row with 8 (Dual: 8 + 8) 16-byte loads in flight per lane, so a 2816-wide row takes two
-// dependent load rounds instead of six, and a 704-wide one a single round.
-constexpr int kDecU = 8;
-// The body of expert_decode_kernel (gate/up at 2 blocks per SM, 91 registers; down at 4) and of
-// expert_decode_occ_kernel (more blocks per SM: gate/up at 3 is the one-GPU default since session 6's H200
-// A/B, 26B-A4B -1.8%; a 2816-wide row still takes two rounds).
+// Decode (one token): slot g's expert is group_expert[g] and its entry is g. A warp per output row with U
+// (Dual: U + U) 16-byte loads in flight per lane, so a 2816-wide row takes two dependent load rounds instead
+// of six (the grouped kernels above: 26B-A4B -5.7% per token).
 template <bool Dual, int U>
 __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const bf16* w,
                                                    int rows, int64_t expert_stride, int64_t up_offset,
@@ -295,18 +291,8 @@ __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool
     if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
 }
 
-template <bool Dual>
-__global__ void __launch_bounds__(kThreads)
-    expert_decode_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
-                         int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
-                         int out_width) {
-    expert_decode_rows<Dual, kDecU>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
-                                    out_width);
-}
-// More blocks per SM than the registers of expert_decode_kernel allow, with fewer loads in flight per lane
-// (U): gate/up at 3 (MARKBASE_CUDA_MOE_GATE_OCC=3, U = 6; at 8 it spills) and down at 6
-// (MARKBASE_CUDA_MOE_DOWN_OCC=6, the default with the expert overlap since session 7's H200 A/B, -0.6% per
-// token: U = 4, still one round for a 704-wide row).
+// Registers capped for MinBlocks blocks per SM: the experts' gate/up at 3 (U = 6; at 8 it spills), 26B-A4B
+// -1.8% per token against 2 blocks at U = 8 beside the dense MLP.
 template <bool Dual, int U, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     expert_decode_occ_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
@@ -316,34 +302,28 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
                                 out_width);
 }
 
-// Decode with MARKBASE_CUDA_MOE_DOWN_SUM=1: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), so
-// the combine reads one vector instead of K and a rank's experts_sum launch goes. A block per output row j,
-// warp w the dot of slot w (then w + 8, ...): the old kernel's parallelism (a warp per 1.4 KB row, 2816
-// blocks; session 10's first form, a warp per j over all 8 slots in 352 blocks, took 17.7 us per layer in
-// the events profile against 14.0). Each slot's dot is expert_decode_rows's (lane's chunks lane + 32 u in u
+// Decode: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), so the combine reads one vector
+// instead of K and a rank's experts_sum launch goes (26B-A4B -0.2% alone, -0.4% beside the prenormed
+// router; a slot kernel summed by the combine, and a warp per row over all 8 slots, were slower). Warp w the
+// dot of slot w (then w + 8, ...). Each slot's dot is expert_decode_rows's (lane's chunks lane + 32 u in u
 // order, then warp_sum), and one thread adds the slots in residual_moe_wide_kernel's order (acc += w * dot
-// from slot 0): e is bit-identical to the slots summed by the combine. The experts were chosen two kernels
-// back (moe_route; gate/up waited for it before letting this kernel start), so their ids and rows are
-// requested before the PDL wait; only h, gate/up's output, waits.
+// from slot 0): e is bit-identical to the slots summed by the combine.
 constexpr int kSumChunks = 3;  // 16-byte chunks per lane: rows of at most 96 chunks (Ie <= 768)
 constexpr int kSumMaxK = 32;   // slots (moe_route's kRankMaxK)
-// R output rows per block (MARKBASE_CUDA_MOE_DOWN_ROWS=R; 4, the default after the H200 A/B: 26B-A4B
-// -1.6% per token in two runs, the same ids; R = 2: -0.6%; R = 1: the one block per row described above):
-// warp w loads slot w's R rows (R x 1.4 KB, contiguous in the expert's matrix) in one batch, so the 26B-A4B's
-// 2816 rows take 2816 / R blocks (R = 4 at 3 blocks per SM: 1.8 waves instead of 3.6 of one-row blocks, each
-// wave a DRAM round trip; R = 1 at 6, 2 at 5, 8 at 2: what fits the registers without spilling). The timeline
-// put the gain mostly in the combine after it (ffn_combine 6.8 -> 4.7 us per layer), the down-sum's own
-// marginal time unchanged. Each row's dot and the sum over slots are the same at every R, in the same order:
-// bit-identical.
+// R = 4 output rows per block at 3 blocks per SM: warp w loads slot w's R rows (R x 1.4 KB, contiguous in
+// the expert's matrix) in one batch, so the 26B-A4B's 2816 rows take 704 blocks, 1.8 waves instead of 3.6 of
+// one-row blocks, each wave a DRAM round trip (the H200 A/B: -1.6% per token against one row, 2 rows -0.6%;
+// bit-identical at every R). The timeline put the gain mostly in the combine after it (ffn_combine 6.8 ->
+// 4.7 us per layer).
+constexpr int kSumRows = 4;
 template <int R, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                           const float* sel_w, float* e, bool late) {
+                           const float* sel_w, float* e) {
     __shared__ float dots[kSumMaxK][R];
-    // the expert ids were written two kernels back (route): safe to read before the wait only while each
-    // kernel lets the next one start after its own wait (device_common.cuh: not with the early trigger)
-    late = late || MARKBASE_PDL_TRIGGER_EARLY;
-    pdl_begin_late(late);
+    // the expert ids were written two kernels back (route), which with the early PDL trigger may still be
+    // running: wait first
+    pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j0 = blockIdx.x * R;
     const int nchunk = Ie >> 3;
@@ -360,7 +340,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
                 v[r][u] = ex >= 0 && j0 + r < H && c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
             }
         }
-        if (s == warp) pdl_begin_after_loads(nchunk, late);
         float a[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) a[r] = 0.0f;
@@ -512,40 +491,22 @@ void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int 
 }
 
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,
-                        float* h, cudaStream_t s, int blocks_per_sm) {
+                        float* h, cudaStream_t s) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
-    launch_kernel(blocks_per_sm == 3 ? expert_decode_occ_kernel<true, 6, 3> : expert_decode_kernel<true>,
-                  dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, x, H, false, gate_up, Ie,
-                  2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_down_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                     float* slots, cudaStream_t s, int blocks_per_sm) {
-    if (Ie % 8) throw Error("internal: expert width must be a multiple of 8");
-    // the 6-block kernel holds 4 chunks per lane: one round only while a row is at most 128 chunks
-    const bool occ6 = blocks_per_sm == 6 && Ie / 8 <= 32 * 4;
-    launch_kernel(occ6 ? expert_decode_occ_kernel<false, 4, 6> : expert_decode_kernel<false>,
-                  dim3((H + kWarps - 1) / kWarps, K), dim3(kThreads), 0, s, h, Ie, true, down, H,
-                  static_cast<int64_t>(H) * Ie, int64_t{0}, group_expert, slots, H);
+    launch_kernel(expert_decode_occ_kernel<true, 6, 3>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads),
+                  0, s, x, H, false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H,
+                  static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
-                         const float* sel_w, float* e, cudaStream_t s, bool late, int rows_per_block) {
+                         const float* sel_w, float* e, cudaStream_t s) {
     if (Ie % 8 || Ie / 8 > 32 * kSumChunks || K > kSumMaxK)
         throw Error("internal: the summed expert down takes widths that are multiples of 8 up to " +
                     std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
                     " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
-    if (rows_per_block != 1 && rows_per_block != 2 && rows_per_block != 4 && rows_per_block != 8)
-        throw Error("internal: the summed expert down takes 1, 2, 4 or 8 rows per block, not " +
-                    std::to_string(rows_per_block));
-    auto* kernel = rows_per_block == 1   ? expert_down_sum_kernel<1, 6>
-                   : rows_per_block == 2 ? expert_down_sum_kernel<2, 5>
-                   : rows_per_block == 4 ? expert_down_sum_kernel<4, 3>
-                                         : expert_down_sum_kernel<8, 2>;
-    launch_kernel(kernel, dim3((H + rows_per_block - 1) / rows_per_block), dim3(kThreads), 0, s, h, Ie, down,
-                  H, K, group_expert, sel_w, e, late);
+    launch_kernel(expert_down_sum_kernel<kSumRows, 3>, dim3((H + kSumRows - 1) / kSumRows), dim3(kThreads), 0,
+                  s, h, Ie, down, H, K, group_expert, sel_w, e);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -76,7 +76,7 @@ __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__
 
 // The same update at one token by 1024 threads holding <= 6 elements each, their loads in one batch (the
 // norm weights before the PDL wait): the kernel above walks H in dependent L2 round trips (31B: ~11 per
-// pass). With next_w (MARKBASE_CUDA_PRENORM), it also writes the next GEMV's normalised input,
+// pass). With next_w (one GPU: prenorm), it also writes the next GEMV's normalised input,
 // xn = RMSNorm(x) * next_w, from the x it holds: that GEMV then reads one vector per 16 weight bytes instead
 // of x, the norm weights and a sum of squares in every warp.
 constexpr int kWideThreads = 1024;   // the one-token update kernels (this one, residual_moe_wide_kernel)
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kWideThreads)
     __shared__ float red[32];
     // more's weights [2][H] in dynamic shared memory, staged before the wait (each thread reads back its own
     // elements); 0 bytes when there are no copies. (Static, the 24 KB came with every update of the dense
-    // models too: E2B and E4B read 0.5% and 0.8% slower in session 10's calls after it was added.)
+    // models too: E2B and E4B read 0.5% and 0.8% slower with it.)
     extern __shared__ bf16 mw[];
     float wv[kWideResidualPer], yv[kWideResidualPer], xv[kWideResidualPer], nv[kWideResidualPer];
 #pragma unroll
@@ -191,7 +191,7 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
         x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
 }
 
-// The same update at one token (MARKBASE_CUDA_MOE_WIDE, the default) by 1024 threads, each holding <= 3
+// The same update at one token (decode) by 1024 threads, each holding <= 3
 // elements: the 256-thread kernel above walks H = 2816 in ~12 dependent L2 round trips (the profile's
 // ffn_combine: ~18 us per layer on the 26B); here each thread issues its loads in three batches (slots and m,
 // the norm weights, x). The expert sum adds the slots in the same order as above, so e is bit-identical; the
@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
     const int kv = b - p.nH;  // >= 0: a KV head (k if < nKV, else v)
     const bf16* w = b < p.nH ? p.q_norm : kv < p.nKV ? p.k_norm : nullptr;
     const bool rope = b < p.nH + p.nKV;
-    // the head's norm weights and RoPE frequencies: constants, so before the PDL wait (session 7's H200 A/B
-    // of this and the MoE combine's early weights: E2B -0.4%, E4B -0.3%, 26B-A4B -1.0%, 31B -0.1%)
+    // the head's norm weights and RoPE frequencies: constants, so before the PDL wait (the H200 A/B of this
+    // and the MoE combine's early weights: E2B -0.4%, E4B -0.3%, 26B-A4B -1.0%, 31B -0.1%)
     float wv[kPostPer], fv[kPostPer / 2];
     post_consts(w, rope ? p.inv_freq : nullptr, d, wv, fv);
     pdl_begin();

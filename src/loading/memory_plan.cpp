@@ -65,8 +65,7 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
                   n * max_q + n * H + 2 * n * std::max(max_I, P) + n * H + V + max_pieces * dmax +
                   2 * max_pieces;
     if (P) f32 += 2 * n * L * P;
-    // the scores, 6 pointer arrays of nH (MARKBASE_CUDA_ATTN_GEMM=bf16x3's bf16 copies, an A/B setting, are
-    // not counted)
+    // the scores, 6 pointer arrays of nH
     f32 += n * nH * attn_gemm_keys(c, ctx, chunk) + 2 * 6 * nH;
     if (c.moe) f32 += n * E + 2 * n * K + 2 * (std::max(E, K) + 1) + n * K + n * H + n * K * Ie + n * K * H;
     if (c.moe) f32 += 2 * 6 * E + E + 1;  // the compact experts pass's plan (6 pointer arrays, row offsets)

@@ -35,7 +35,7 @@ inline int moe_prefill_rows_cap(int chunk, int n_experts, int top_k) {
 }
 // A GEMM over at most this many rows of fp32 activations (per expert, for the MoE's batched GEMMs) runs as
 // one bf16 GEMM over the stacked [hi; lo] halves, which reads the weights once, into an fp32 scratch of
-// twice the output rows whose halves are then summed (MARKBASE_CUDA_GEMM_STACK_MAXN changes it).
+// twice the output rows whose halves are then summed.
 constexpr int kGemmStackMaxN = 128;
 // Bytes of that scratch: gathered inputs (bf16 hi + lo, reused for the fp32 down output), gate and up
 // outputs (fp32), the GeGLU result (bf16 hi + lo), and the stacked GEMMs' output ([E][2 rows][max(2 Ie,
@@ -50,7 +50,7 @@ inline uint64_t moe_prefill_scratch_bytes(const ModelConfig& c, int chunk) {
            stacked;
 }
 
-// Prefill attention as GEMMs (cuda/attention_gemm.cu, MARKBASE_CUDA_ATTN_GEMM): fp32 scores for every query
+// Prefill attention as GEMMs (cuda/attention_gemm.cu): fp32 scores for every query
 // head of a chunk over up to this many key slots, or the sliding layers' whole ring where that is longer
 // (never past the context); longer key ranges (full layers deep into a long prompt) run in head and row
 // batches of the same scratch.

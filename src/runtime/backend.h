@@ -9,6 +9,7 @@
 
 #include "loading/checkpoint.h"
 #include "runtime/sampler.h"
+#include "runtime/tuning.h"
 
 namespace markbase {
 
@@ -31,6 +32,7 @@ struct BackendOptions {
     int chunk = 256;          // prompt tokens per batched forward pass
     int tensor_parallel = 1;  // GPUs one model is split over (CUDA; --tensor-parallel-size)
     int slots = 1;            // sequences with their own cache for batched decode (CUDA; --parallel)
+    Tuning tuning;            // runtime/tuning.h: --tuning / $MARKBASE_TUNING
 };
 
 class Backend {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "model/error.h"
@@ -41,12 +40,11 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
     st.stop_reason = "length";
 
     // After the prompt, a backend that selects on the device returns k candidates instead of the row (the
-    // draw stays here, so the ids are exactly the host sampler's). MARKBASE_DEVICE_SAMPLING=0 turns it off.
+    // draw stays here, so the ids are exactly the host sampler's). Tuning::device_sampling (the backend's
+    // max_select_k is then 0) or opt.device_select turns it off.
     const SamplingParams& sp = opt.sampling;
     const int select_k = sp.temperature == 0.0f ? 1 : sp.top_k;
-    const char* ds = std::getenv("MARKBASE_DEVICE_SAMPLING");
-    const bool device_select =
-        !(ds && std::string(ds) == "0") && select_k >= 1 && select_k <= be.max_select_k();
+    const bool device_select = opt.device_select && select_k >= 1 && select_k <= be.max_select_k();
     DeviceSelect req;
     req.k = select_k;
     req.repeat_penalty = sp.repeat_penalty;

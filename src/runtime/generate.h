@@ -16,6 +16,9 @@ struct GenerateOptions {
     SamplingParams sampling;
     std::vector<int> stop_ids;  // generation ends after emitting one of these (it is reported, not printed)
     bool ignore_eos = false;
+    // false: every token's whole logits row goes to the host sampler, even where the backend can select on
+    // the device (bench's comparison; the backend's own setting is Tuning::device_sampling)
+    bool device_select = true;
 };
 
 struct GenerateStats {

@@ -99,34 +99,8 @@ void expect_same_greedy(Backend& cpu, CudaBackend& gpu, const std::vector<int>& 
     EXPECT_GE(compared, min_steps) << "too few greedy steps had a clear winner to compare";
 }
 
-// Sets environment variables for one scope (the CUDA model reads its A/B switches when it is built), and
-// restores them after.
-class ScopedEnv {
-  public:
-    explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
-        for (const auto& [k, v] : vars) {
-            const char* old = std::getenv(k.c_str());
-            saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
-            setenv(k.c_str(), v.c_str(), 1);
-        }
-    }
-    ~ScopedEnv() {
-        for (const auto& [k, v] : saved_) {
-            if (v)
-                setenv(k.c_str(), v->c_str(), 1);
-            else
-                unsetenv(k.c_str());
-        }
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-  private:
-    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-
 // Prefill, chunked prefill, the decode graph per token, greedy decoding, truncate, a profiled step.
-void check_tiny(const std::string& family, const std::string& label) {
+void check_tiny(const std::string& family, const std::string& label, const Tuning& tuning = {}) {
     testing::TempDir dir("cuda-" + family);
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 7);
     auto ck = load_checkpoint(dir.path());
@@ -136,6 +110,7 @@ void check_tiny(const std::string& family, const std::string& label) {
     o.ctx_size = 512;
     o.chunk = 64;
     o.threads = 2;
+    o.tuning = tuning;
     auto cpu = make_cpu_backend(*ck, o);
     const std::vector<float> ref = all_logits(*cpu, ids, false);
     float mx = 0;
@@ -205,7 +180,7 @@ void check_tiny(const std::string& family, const std::string& label) {
 
 // Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and
 // that decode spreads full layers over many pieces merged by the last one.
-void check_long(const std::string& family, const std::string& label) {
+void check_long(const std::string& family, const std::string& label, const Tuning& tuning = {}) {
     testing::TempDir dir("cuda-long-" + family);
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 13);
     auto ck = load_checkpoint(dir.path());
@@ -214,6 +189,7 @@ void check_long(const std::string& family, const std::string& label) {
     o.ctx_size = 512;
     o.chunk = 160;  // two prefill chunks; the second one's queries see up to 300 keys
     o.threads = 2;
+    o.tuning = tuning;
     auto cpu = make_cpu_backend(*ck, o);
     auto gpu = make_cuda_backend(*ck, o);
     const int64_t V = ck->config.vocab_size;
@@ -255,105 +231,28 @@ TEST_P(CudaTiny, MatchesCpuOverLongContexts) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
 
-// Switches both lists below run: the MoE paths and the newer GEMV kernels (the lists add their own).
-const char* const kCommonSwitchSettings[] = {
-    "MARKBASE_CUDA_MOE_DECODE=groups",
-    "MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_MOE_PREFILL=gemv",
-    "MARKBASE_CUDA_GEMV=async",
-    "MARKBASE_CUDA_GEMV=asyncg",
-    "MARKBASE_CUDA_MOE_WIDE=0",
-    "MARKBASE_CUDA_MOE_WIDE=0,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEMV_TAIL=0",
-    "MARKBASE_CUDA_GEMV_TAIL=1",
-    "MARKBASE_CUDA_GEMV_TAIL=0,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEMV=async,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEGLU_U4_MAXK=65536",
-    "MARKBASE_CUDA_MOE_GATE_OCC=2",
-    "MARKBASE_CUDA_MOE_DOWN_OCC=4",
-    "MARKBASE_CUDA_GEGLU_SPLIT=0",
-    "MARKBASE_CUDA_GEGLU_SPLIT=1,MARKBASE_CUDA_GEGLU_U4_MAXK=0",
-    "MARKBASE_CUDA_GEMV_MIN_WAVES=0",
-    "MARKBASE_CUDA_GEMV_MIN_WAVES=1,MARKBASE_CUDA_GEGLU_SPLIT=0",
-    "MARKBASE_CUDA_MOE_DOWN_OCC=6,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_MOE_GATE_OCC=3,MARKBASE_CUDA_MOE_OVERLAP=0",
-    "MARKBASE_CUDA_GEMV_U4_MAXK=65536",
-    "MARKBASE_CUDA_GEMV_U4_MAXK=0,MARKBASE_CUDA_GEGLU_U4_MAXK=0",
-    "MARKBASE_CUDA_PRENORM=0",
-    "MARKBASE_CUDA_PRENORM=0,MARKBASE_CUDA_GEMV_MIN_WAVES=0",
-    "MARKBASE_CUDA_GEMV_LEAN=0",
-    "MARKBASE_CUDA_GEMV_LEAN=0,MARKBASE_CUDA_PRENORM=0",
-    "MARKBASE_CUDA_GEMV_TAIL=1,MARKBASE_CUDA_PRENORM=1",
-    "MARKBASE_CUDA_ATTN_KV_EARLY=0",
-    "MARKBASE_CUDA_ATTN_KV_EARLY=1,MARKBASE_CUDA_ATTN_SPLIT=auto:1",
-    "MARKBASE_CUDA_ATTN_CLUSTER=0",
-    "MARKBASE_CUDA_ATTN_CLUSTER=1",
-    "MARKBASE_CUDA_ATTN_CLUSTER=1,MARKBASE_CUDA_ATTN_KV_EARLY=0",
-    "MARKBASE_CUDA_PDL_EARLY=0",
-    "MARKBASE_CUDA_GEMV_LEAN8=0",
-    "MARKBASE_CUDA_GEGLU_LEAN8=0",
-    "MARKBASE_CUDA_GEMV_LEAN8=1,MARKBASE_CUDA_GEMV_MIN_WAVES=0",
-    "MARKBASE_CUDA_MOE_DOWN_SUM=0",
-    "MARKBASE_CUDA_MOE_DOWN_SUM=1,MARKBASE_CUDA_MOE_OVERLAP=0,MARKBASE_CUDA_MOE_WIDE=0",
-    "MARKBASE_CUDA_MOE_DOWN_SUM=1,MARKBASE_CUDA_PDL_EARLY=0",
-    "MARKBASE_CUDA_MOE_PRENORM=0",
-    "MARKBASE_CUDA_MOE_PRENORM=1,MARKBASE_CUDA_MOE_WIDE=0",
-    "MARKBASE_CUDA_MOE_PRENORM=1,MARKBASE_CUDA_MOE_OVERLAP=0,MARKBASE_CUDA_MOE_DOWN_SUM=0",
-    "MARKBASE_CUDA_GEMM_STACK_MAXN=0",
-    "MARKBASE_CUDA_GEMM_STACK_MAXN=4096",
-    "MARKBASE_CUDA_ATTN_GEMM=0",
-    "MARKBASE_CUDA_ATTN_GEMM=bf16x3",
-    "MARKBASE_CUDA_MOE_COMPACT=0",
-    "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0",
-    "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
-    "MARKBASE_CUDA_LATE_AFTER_UPDATE=1",
-    "MARKBASE_CUDA_LATE_AFTER_UPDATE=1,MARKBASE_CUDA_PDL_EARLY=0",
-    "MARKBASE_CUDA_MOE_DOWN_ROWS=1",
-    "MARKBASE_CUDA_MOE_DOWN_ROWS=2",
-    "MARKBASE_CUDA_MOE_DOWN_ROWS=8",
-    "MARKBASE_CUDA_MOE_DOWN_ROWS=4,MARKBASE_CUDA_PDL_EARLY=0,MARKBASE_CUDA_MOE_OVERLAP=0",
+// Tuning settings both lists below run (runtime/tuning.h): each GEMV kernel and both decode graphs on every
+// family, whatever its default, and prefill attention in head and row batches.
+const char* const kCommonTunings[] = {
+    "gemv=rows",
+    "gemv=async_geglu",
+    "attn_cluster=0",
+    "attn_cluster=1",
+    "gemv=async_geglu,attn_cluster=1",
+    "attn_gemm_rows=16",
 };
 std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     std::vector<std::string> v(own.begin(), own.end());
-    v.insert(v.end(), std::begin(kCommonSwitchSettings), std::end(kCommonSwitchSettings));
+    v.insert(v.end(), std::begin(kCommonTunings), std::end(kCommonTunings));
     return v;
 }
 
-// The A/B switches that are not the default (MARKBASE_CUDA_GEMV variants, a forced split-K, the attention
-// split policies): every family's tiny model through the same checks, in this process. Each setting is
-// "VAR=VALUE[,VAR=VALUE]".
-const std::vector<std::string> kSwitchSettings = with_common({
-    "MARKBASE_CUDA_GEMV=r2u4",
-    "MARKBASE_CUDA_GEMV=r1u8k",
-    "MARKBASE_CUDA_GEMV=r2u4k,MARKBASE_CUDA_GEMV_KSPLIT=3",
-    "MARKBASE_CUDA_GEMV=r1u8k,MARKBASE_CUDA_GEMV_KSPLIT=2",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:7",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:1",
-    "MARKBASE_CUDA_ATTN_SPLIT=active:32",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:64,MARKBASE_CUDA_FUSE=0",
-    "MARKBASE_CUDA_GEMV=r1u8k,MARKBASE_CUDA_ATTN_SPLIT=auto:64",
-    "MARKBASE_CUDA_GEMV=legacy,MARKBASE_CUDA_ATTN_SPLIT=legacy",
-    "MARKBASE_CUDA_GEMV=warp",
-    "MARKBASE_CUDA_GEMV=warp,MARKBASE_CUDA_ATTN_SPLIT=auto:256",
-    "MARKBASE_CUDA_GEMV=warpk,MARKBASE_CUDA_FUSE=0",
-    "MARKBASE_CUDA_MOE_PREFILL_CAP=3",
+// Every family's tiny model through the same checks under each tuning, in this process. The MoE prefill's
+// passes (its experts' fallback when the compact pass's scratch is too small) at a small cap.
+const std::vector<std::string> kTinyTunings = with_common({
+    "moe_prefill_cap=3",
+    "moe_prefill_cap=1,attn_gemm_rows=40",
 });
-
-#ifdef MARKBASE_HAS_CUDA
-std::vector<std::pair<std::string, std::string>> parse_setting(const std::string& setting) {
-    std::vector<std::pair<std::string, std::string>> out;
-    size_t at = 0;
-    while (at <= setting.size()) {
-        const size_t comma = std::min(setting.find(',', at), setting.size());
-        const std::string kv = setting.substr(at, comma - at);
-        const size_t eq = kv.find('=');
-        if (eq != std::string::npos) out.push_back({kv.substr(0, eq), kv.substr(eq + 1)});
-        at = comma + 1;
-    }
-    return out;
-}
-#endif
 
 using SwitchParam = std::tuple<std::string, std::string>;  // family, setting
 class CudaTinySwitches : public ::testing::TestWithParam<SwitchParam> {};
@@ -362,9 +261,9 @@ TEST_P(CudaTinySwitches, MatchesCpu) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const auto& [family, setting] = GetParam();
-    ScopedEnv env(parse_setting(setting));
-    check_tiny(family, " [" + setting + "]");
-    check_long(family, " [" + setting + "]");
+    const Tuning t = parse_tuning(setting);
+    check_tiny(family, " [" + setting + "]", t);
+    check_long(family, " [" + setting + "]", t);
 #endif
 }
 
@@ -375,42 +274,28 @@ std::string switch_name(const ::testing::TestParamInfo<SwitchParam>& p) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaTinySwitches,
                          ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"),
                                                               std::string("26b-a4b"), std::string("31b")),
-                                            ::testing::ValuesIn(kSwitchSettings)),
+                                            ::testing::ValuesIn(kTinyTunings)),
                          switch_name);
 
-// A switch with a value it does not take is refused when the backend is built, naming the variable and the
-// value, never ignored.
-TEST(CudaSwitchValues, BadValuesAreRefusedByName) {
+// attn_cluster=1 where clusters cannot be scheduled is refused by name; elsewhere it builds.
+TEST(CudaTuning, AClusterAskedForIsBuiltOrRefusedByName) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    testing::TempDir dir("cuda-switch-values");
-    write_random_checkpoint(dir.path(), testing::tiny_config("26b-a4b"), 7);
+    testing::TempDir dir("cuda-tuning");
+    write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 7);
     auto ck = load_checkpoint(dir.path());
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 8;
-    for (const char* setting : {"MARKBASE_CUDA_GEMV_U4_MAXK=-1",     "MARKBASE_CUDA_GEMV_U4_MAXK=2k",
-                                "MARKBASE_CUDA_GEGLU_U4_MAXK=",      "MARKBASE_CUDA_GEMV_TAIL=2",
-                                "MARKBASE_CUDA_MOE_GATE_OCC=4",      "MARKBASE_CUDA_MOE_DOWN_OCC=5",
-                                "MARKBASE_CUDA_MOE_WIDE=yes",        "MARKBASE_CUDA_ATTN_SPLIT=auto:x",
-                                "MARKBASE_CUDA_GEGLU_SPLIT=2",       "MARKBASE_CUDA_GEMV_MIN_WAVES=x",
-                                "MARKBASE_CUDA_PRENORM=on",          "MARKBASE_CUDA_GEMV_LEAN=2",
-                                "MARKBASE_CUDA_ATTN_KV_EARLY=yes",   "MARKBASE_CUDA_PDL_EARLY=2",
-                                "MARKBASE_CUDA_GEMV_LEAN8=on",       "MARKBASE_CUDA_GEGLU_LEAN8=x",
-                                "MARKBASE_CUDA_MOE_DOWN_SUM=2",      "MARKBASE_CUDA_MOE_PRENORM=x",
-                                "MARKBASE_CUDA_GEMM_STACK_MAXN=x",   "MARKBASE_CUDA_GEMM_STACK_MAXN=-1",
-                                "MARKBASE_CUDA_ATTN_GROUP=2",        "MARKBASE_CUDA_ATTN_GROUP_TOKENS=x",
-                                "MARKBASE_CUDA_ATTN_GEMM=2",         "MARKBASE_CUDA_ATTN_GEMM_ROWS=8",
-                                "MARKBASE_CUDA_MOE_COMPACT=2",       "MARKBASE_CUDA_MOE_COMPACT_STREAMS=5",
-                                "MARKBASE_CUDA_ATTN_GEMM_BLOCK=-1",  "MARKBASE_CUDA_ATTN_CLUSTER=16",
-                                "MARKBASE_CUDA_MOE_DOWN_ROWS=3",     "MARKBASE_CUDA_MOE_DOWN_ROWS=16",
-                                "MARKBASE_CUDA_LATE_AFTER_UPDATE=on"}) {
-        ScopedEnv env(parse_setting(setting));
+    o.tuning = parse_tuning("attn_cluster=1");
+    if (cuda_device_info().cc_major >= 9) {
+        EXPECT_NO_THROW(make_cuda_backend(*ck, o));
+    } else {
         try {
-            auto gpu = make_cuda_backend(*ck, o);
-            ADD_FAILURE() << setting << " was accepted";
+            make_cuda_backend(*ck, o);
+            ADD_FAILURE() << "attn_cluster=1 was accepted before sm_90";
         } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("attn_cluster=1"), std::string::npos) << e.what();
         }
     }
 #endif
@@ -432,12 +317,13 @@ struct SyntheticRef {
 // backends' roundings: their inputs differ by up to ~1e-4 relative after a few layers.
 constexpr float kRouterMargin = 1e-3f;
 
-void check_synthetic(const std::string& v, const std::string& label) {
+void check_synthetic(const std::string& v, const std::string& label, const Tuning& tuning = {}) {
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
     constexpr int kPrompt = 12, kSteps = 3;
     BackendOptions o;
     o.ctx_size = 64;
     o.chunk = 32;
+    o.tuning = tuning;
     auto gpu = make_synthetic_cuda_backend(v, layers, o, 99);
     const int64_t V = gpu->config().vocab_size;
     static std::map<std::string, SyntheticRef> refs;
@@ -496,22 +382,10 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic,
                          ::testing::Values("e2b", "e4b", "12b", "26b-a4b", "26b-standard", "31b"),
                          param_name);
 
-// The GEMV variants at real widths, where the split-K rule actually cuts K (31B down, E2B/E4B down) and the
-// resident grids loop; the attention policies at head dims 256/512.
-const std::vector<std::string> kSyntheticSwitchSettings = with_common({
-    "MARKBASE_CUDA_GEMV=r2u4",
-    "MARKBASE_CUDA_GEMV=r1u8",
-    "MARKBASE_CUDA_GEMV=r4u2",
-    "MARKBASE_CUDA_GEMV=r1u8k",
-    "MARKBASE_CUDA_GEMV=r2u4k",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto",
-    "MARKBASE_CUDA_ATTN_SPLIT=auto:32",
-    "MARKBASE_CUDA_ATTN_SPLIT=active:32",
-    "MARKBASE_CUDA_GEMV=legacy",
-    "MARKBASE_CUDA_ATTN_SPLIT=legacy",
-    "MARKBASE_CUDA_GEMV=warp",
-    "MARKBASE_CUDA_MOE_PREFILL_CAP=2",
-    "MARKBASE_CUDA_MOE_PREFILL_CAP=3",
+// The tunings at real widths (head dims 256/512, 128 experts), and the MoE prefill's passes.
+const std::vector<std::string> kSyntheticTunings = with_common({
+    "moe_prefill_cap=2",
+    "moe_prefill_cap=3",
 });
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
@@ -519,24 +393,22 @@ TEST_P(CudaSyntheticSwitches, MatchesCpuAtRealWidths) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const auto& [variant, setting] = GetParam();
-    ScopedEnv env(parse_setting(setting));
-    check_synthetic(variant, " [" + setting + "]");
+    check_synthetic(variant, " [" + setting + "]", parse_tuning(setting));
 #endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
                          ::testing::Combine(::testing::Values(std::string("e2b"), std::string("e4b"),
                                                               std::string("26b-a4b"), std::string("31b")),
-                                            ::testing::ValuesIn(kSyntheticSwitchSettings)),
+                                            ::testing::ValuesIn(kSyntheticTunings)),
                          switch_name);
 
 #ifdef MARKBASE_HAS_CUDA
-// A synthetic model at real widths (two layers) under `setting`: its logits after a prompt of random ids,
-// then after each greedy decode step, one after another.
-std::vector<float> synthetic_chain(const char* variant, const BackendOptions& o, uint64_t seed,
-                                   const std::string& setting, int prompt, int steps, int layers = 2,
-                                   uint32_t prompt_seed = 5) {
-    ScopedEnv env(parse_setting(setting));
+// A synthetic model at real widths (two layers) under the tuning `setting`: its logits after a prompt of
+// random ids, then after each greedy decode step, one after another.
+std::vector<float> synthetic_chain(const char* variant, BackendOptions o, uint64_t seed, const std::string& setting,
+                                   int prompt, int steps, int layers = 2, uint32_t prompt_seed = 5) {
+    o.tuning = parse_tuning(setting);
     auto gpu = make_synthetic_cuda_backend(variant, layers, o, seed);
     const int64_t V = gpu->config().vocab_size;
     const std::vector<int> ids = random_ids(prompt, static_cast<int>(V), prompt_seed);
@@ -584,99 +456,15 @@ uint32_t clear_routing_seed(const char* variant, const BackendOptions& o, uint64
 // differently by the two.
 constexpr float kVariantRouterMargin = 1e-5f;
 
-// Both chains the same length, `got` finite, and the count of logits whose bits differ.
-size_t differing_logits(const std::vector<float>& want, const std::vector<float>& got) {
-    EXPECT_EQ(want.size(), got.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
-        EXPECT_TRUE(std::isfinite(got[i])) << "logit " << i;
-        if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0) ++differ;
-    }
-    return differ;
-}
 #endif
 
-// MARKBASE_CUDA_MOE_DOWN_SUM (the default) sums the experts' down rows in the kernel that computes them, in
-// the order the combine did (moe.cu): at real widths (128 experts, Ie = 704) the decode logits are
-// bit-identical to those of the slot kernel and the combine's sum (MOE_DOWN_SUM=0), with and without the
-// experts' second stream.
-TEST(CudaMoeDownSum, BitIdenticalToTheSlotsAndTheCombine) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
-    o.ctx_size = 64;
-    o.chunk = 16;
-    for (const std::string overlap : {"MARKBASE_CUDA_MOE_OVERLAP=1", "MARKBASE_CUDA_MOE_OVERLAP=0"}) {
-        const auto base = synthetic_chain("26b-a4b", o, 41, overlap + ",MARKBASE_CUDA_MOE_DOWN_SUM=0", 9, 4);
-        const auto sum = synthetic_chain("26b-a4b", o, 41, overlap + ",MARKBASE_CUDA_MOE_DOWN_SUM=1", 9, 4);
-        const size_t differ = differing_logits(base, sum);
-        EXPECT_EQ(differ, 0u) << overlap << ": " << differ << " of " << base.size() << " logits differ";
-    }
-#endif
-}
-
-// MARKBASE_CUDA_ATTN_GROUP (the default) computes the prefill's attention pieces with the query heads of a KV
-// group in one block (attention_group.cu), the same operations per head as the per-head kernel: at real
-// widths (groups of 8 on E2B, 4 on E4B, 2 on the 26B-A4B's and the 31B's sliding layers) the logits after a
-// prompt of two 272-token chunks, and of two decode steps after it, are bit-identical with and without it
-// (one token per block: MARKBASE_CUDA_ATTN_GROUP_TOKENS=0; the token tiles are the next test's; both with the
-// pieces kernels in prefill, MARKBASE_CUDA_ATTN_GEMM=0).
-// (272 tokens: the grouped kernel runs where it still has >= 2 blocks per SM, 264 on an H200, and E2B has one
-// KV head; the second chunk's keys include the first's. With two layers every token's layer-0 attention
-// reaches the last token's logits through its layer-1 keys and values.)
-TEST(CudaAttnGroup, BitIdenticalToThePerHeadPieces) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
-    o.ctx_size = 1024;
-    o.chunk = 272;
-    for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
-        const auto base =
-            synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=0", 544, 2);
-        const auto group = synthetic_chain(
-            v, o, 43,
-            "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP=1,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0", 544, 2);
-        const size_t differ = differing_logits(base, group);
-        EXPECT_EQ(differ, 0u) << v << ": " << differ << " of " << base.size() << " logits differ";
-    }
-#endif
-}
-
-// MARKBASE_CUDA_ATTN_GROUP_TOKENS (the default) also puts 8 / G consecutive prompt tokens in a block,
-// their pieces cut from the union of their key ranges: other piece boundaries, so the logits agree with the
-// per-token pieces' to float rounding, not bit for bit. At 272-token chunks the tiles run on E4B (2 tokens),
-// the 26B-A4B's and the 31B's sliding layers (4); E2B's groups of 8 heads take one token as before.
-TEST(CudaAttnGroup, TokenTilesMatchThePerTokenPieces) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
-    o.ctx_size = 1024;
-    o.chunk = 272;
-    for (const char* v : {"e4b", "26b-a4b", "31b"}) {
-        const bool moe = std::string(v) == "26b-a4b";
-        const uint32_t ps = moe ? clear_routing_seed(v, o, 43, 544, 2, 2, kVariantRouterMargin) : 5;
-        const auto base = synthetic_chain(v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=0",
-                                          544, 2, 2, ps);
-        const auto tiles = synthetic_chain(
-            v, o, 43, "MARKBASE_CUDA_ATTN_GEMM=0,MARKBASE_CUDA_ATTN_GROUP_TOKENS=1", 544, 2, 2, ps);
-        ASSERT_EQ(base.size(), tiles.size());
-        const double e = rel_err(base, tiles);
-        std::printf("  %s: token tiles against per-token pieces, rel err %.2e\n", v, e);
-        EXPECT_LT(e, 1e-4) << v;
-    }
-#endif
-}
-
-// MARKBASE_CUDA_ATTN_GEMM (the default) runs the prefill's attention as cuBLAS GEMMs (attention_gemm.cu): S =
-// Q K^T per head, a masked softmax, P V; another summation order than the pieces, so the logits agree with
-// theirs to float rounding. Four 272-token chunks at a context of 1200: on E2B and E4B (window 512, a ring of
-// 784 slots) the last chunk's key slots wrap around the ring. MARKBASE_CUDA_ATTN_GEMM_ROWS=40 leaves room for
-// 40 rows of scores, so each head runs alone and in batches of query rows. TF32 products are an A/B with
-// their own, looser bound (10-bit mantissas); the error is printed. bf16x3 (hi/lo halves on tensor cores, an
-// A/B setting) is held to the fp32 products' bound, as are the causal row blocks
-// (MARKBASE_CUDA_ATTN_GEMM_BLOCK, prepared in session 13: each block of query rows over only the keys it can
-// see, while the ring has not wrapped).
-TEST(CudaAttnGemm, MatchesThePieces) {
+// Prefill attention runs as cuBLAS GEMMs (attention_gemm.cu): S = Q K^T per head, a masked softmax, P V,
+// heads and query rows in batches where the scores' scratch cannot hold them all (long key ranges). Four
+// 272-token chunks at a context of 1200: on E2B and E4B (window 512, a ring of 784 slots) the last chunk's
+// key slots wrap around the ring. attn_gemm_rows=40 leaves room for 40 rows of scores, so each head runs
+// alone and in batches of query rows: the same products in other batches, so the logits agree to float
+// rounding.
+TEST(CudaAttnGemm, RowBatchesMatchOneBatch) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     BackendOptions o;
@@ -685,46 +473,36 @@ TEST(CudaAttnGemm, MatchesThePieces) {
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {
         const bool moe = std::string(v) == "26b-a4b";
         const uint32_t ps = moe ? clear_routing_seed(v, o, 47, 1088, 2, 2, kVariantRouterMargin) : 5;
-        const auto base = synthetic_chain(v, o, 47, "MARKBASE_CUDA_ATTN_GEMM=0", 1088, 2, 2, ps);
-        for (const char* s :
-             {"MARKBASE_CUDA_ATTN_GEMM=1", "MARKBASE_CUDA_ATTN_GEMM=1,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
-              "MARKBASE_CUDA_ATTN_GEMM=tf32", "MARKBASE_CUDA_ATTN_GEMM=bf16x3",
-              "MARKBASE_CUDA_ATTN_GEMM=bf16x3,MARKBASE_CUDA_ATTN_GEMM_ROWS=40",
-              "MARKBASE_CUDA_ATTN_GEMM_BLOCK=128",
-              "MARKBASE_CUDA_ATTN_GEMM_BLOCK=64,MARKBASE_CUDA_ATTN_GEMM_ROWS=40"}) {
+        const auto base = synthetic_chain(v, o, 47, "", 1088, 2, 2, ps);
+        for (const char* s : {"attn_gemm_rows=40", "attn_gemm_rows=16"}) {
             const auto got = synthetic_chain(v, o, 47, s, 1088, 2, 2, ps);
             ASSERT_EQ(base.size(), got.size());
             const double e = rel_err(base, got);
-            std::printf("  %s [%s]: against the pieces, rel err %.2e\n", v, s, e);
-            const bool tf32 = std::string(s).find("tf32") != std::string::npos;
-            // TF32's ~1e-3 products reach past the routing margin: on the MoE an expert choice may flip
-            EXPECT_LT(e, tf32 ? (moe ? 3e-2 : 1e-2) : 1e-4) << v << " " << s;
+            std::printf("  %s [%s]: against one batch, rel err %.2e\n", v, s, e);
+            EXPECT_LT(e, 1e-4) << v << " " << s;
         }
     }
 #endif
 }
 
-// MARKBASE_CUDA_MOE_COMPACT (the default) runs the 26B-A4B's prefill experts in one pass over each expert's
-// own rows (padded to 16 / 32 / 64, experts with equal padding in one batched GEMM) instead of passes of up
-// to 128 rows for every expert. Other GEMM shapes (session 13 measured the same bits: cuBLAS summed over K in
-// one order), so a tolerance: with one layer the routing sees the same input either way, and two 272-token
-// chunks' logits agree with the passes'. (Random weights route unevenly: the busiest expert gets several
-// hundred entries, so the passes run 2-4 times.) Its GEMMs run over MARKBASE_CUDA_MOE_COMPACT_STREAMS streams
-// (default 2 since session 14): one and three are checked too. The tensor-parallel ranks' compact pass (held
-// experts only) is covered by CudaTp's comparisons with one GPU.
+// The 26B-A4B's prefill experts run in one pass over each expert's own rows (padded to 16 / 32 / 64, experts
+// with equal padding in one batched GEMM over two streams); where a layer's padded rows exceed the pass's
+// scratch they run in passes of up to the cap's rows of every expert instead. moe_prefill_cap=3 shrinks the
+// scratch so that the passes run: other GEMM shapes, so a tolerance. With one layer the routing sees the same
+// input either way, and two 272-token chunks' logits agree with the compact pass's. The tensor-parallel
+// ranks' compact pass (held experts only) is covered by CudaTp's comparisons with one GPU.
 TEST(CudaMoeCompact, MatchesThePasses) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     BackendOptions o;
     o.ctx_size = 1024;
     o.chunk = 272;
-    const auto passes = synthetic_chain("26b-a4b", o, 53, "MARKBASE_CUDA_MOE_COMPACT=0", 544, 0, 1);
-    for (const char* s : {"MARKBASE_CUDA_MOE_COMPACT=1", "MARKBASE_CUDA_MOE_COMPACT_STREAMS=1",
-                          "MARKBASE_CUDA_MOE_COMPACT_STREAMS=3"}) {
-        const auto compact = synthetic_chain("26b-a4b", o, 53, s, 544, 0, 1);
+    const auto compact = synthetic_chain("26b-a4b", o, 53, "", 544, 0, 1);
+    for (const char* s : {"moe_prefill_cap=3", "moe_prefill_cap=64"}) {
+        const auto passes = synthetic_chain("26b-a4b", o, 53, s, 544, 0, 1);
         ASSERT_EQ(passes.size(), compact.size());
-        const double e = rel_err(passes, compact);
-        std::printf("  26b-a4b/1L [%s]: compact experts against the passes, rel err %.2e\n", s, e);
+        const double e = rel_err(compact, passes);
+        std::printf("  26b-a4b/1L [%s]: the passes against the compact experts, rel err %.2e\n", s, e);
         EXPECT_LT(e, 1e-4) << s;
     }
 #endif

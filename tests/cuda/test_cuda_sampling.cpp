@@ -1,6 +1,7 @@
 // Sampling next to the logits (CudaModel::decode_select + Sampler::sample_top): the device's top-k of the
 // penalised row equals the host's, candidate for candidate, and generate() draws the very same ids with it as
-// with the whole row copied to the host (MARKBASE_DEVICE_SAMPLING=0). Skips without a device.
+// with the whole row copied to the host (a backend built with the tuning device_sampling=0). Skips without a
+// device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,12 +23,6 @@ namespace markbase {
 namespace {
 
 #ifdef MARKBASE_HAS_CUDA
-
-struct Env {
-    std::string name;
-    Env(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-    ~Env() { ::unsetenv(name.c_str()); }
-};
 
 SamplingParams params(int top_k, float temp, float top_p, float min_p, float rep, float pres, float freq,
                       uint64_t seed) {
@@ -106,6 +101,11 @@ TEST_P(CudaSampling, GenerateDrawsTheSameIdsAsTheHostSampler) {
     opt.ctx_size = 128;
     opt.chunk = 16;
     const auto be = make_cuda_backend(*ck, opt);
+    BackendOptions off = opt;
+    off.tuning = parse_tuning("device_sampling=0");
+    const auto host_be = make_cuda_backend(*ck, off);  // the same weights, every row to the host sampler
+    ASSERT_GT(be->max_select_k(), 0);
+    EXPECT_EQ(host_be->max_select_k(), 0) << "device_sampling=0";
     const std::vector<int> prompt = {2, 30, 31, 32, 33};
     const SamplingParams cases[] = {
         params(64, 1.0f, 0.95f, 0.0f, 1.0f, 0.0f, 0.0f, 7),  // Gemma's defaults
@@ -122,12 +122,8 @@ TEST_P(CudaSampling, GenerateDrawsTheSameIdsAsTheHostSampler) {
         be->reset();
         generate(
             *be, prompt, go, [](int) { return true; }, &dev_ids);
-        {
-            Env off("MARKBASE_DEVICE_SAMPLING", "0");
-            be->reset();
-            generate(
-                *be, prompt, go, [](int) { return true; }, &host_ids);
-        }
+        generate(
+            *host_be, prompt, go, [](int) { return true; }, &host_ids);
         EXPECT_EQ(dev_ids, host_ids) << GetParam() << " top_k " << sp.top_k << " temp " << sp.temperature;
         EXPECT_EQ(dev_ids.size(), 40u);
     }

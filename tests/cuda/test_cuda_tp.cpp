@@ -123,9 +123,9 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
 
     // the decode step's sums through NCCL instead of the NVLink peer sums (the default where peers can map
     // each other's memory): the same chain
-    setenv("MARKBASE_TP_ALLREDUCE", "nccl", 1);
-    auto two_nccl = make_cuda_backend(*ck, o2);
-    unsetenv("MARKBASE_TP_ALLREDUCE");
+    BackendOptions o2n = o2;
+    o2n.tuning = parse_tuning("tp_allreduce=nccl");
+    auto two_nccl = make_cuda_backend(*ck, o2n);
     EXPECT_NE(two_nccl->name().find("NCCL"), std::string::npos) << two_nccl->name();
     std::printf("  %s: %s and %s\n", family.c_str(), two->name().c_str(), two_nccl->name().c_str());
     expect_same_chain(*one, *two_nccl, std::vector<int>(ids.begin(), ids.begin() + 9), 24);
@@ -136,9 +136,9 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaTpTiny, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"), param_name);
 
 // Sampling on 2 GPUs: each rank selects the k best of its vocabulary columns, the backend merges them; the
-// generated ids must be the host sampler's on the full row (MARKBASE_DEVICE_SAMPLING=0), filters and
-// penalties included (penalised ids fall on both ranks' columns). The default; MARKBASE_TP_DEVICE_SAMPLING=0
-// turns it off.
+// generated ids must be the host sampler's on the full row (GenerateOptions::device_select false), filters
+// and penalties included (penalised ids fall on both ranks' columns). The default; the tuning
+// device_sampling=0 turns it off.
 class CudaTpSampling : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
@@ -153,11 +153,11 @@ TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
     o.tensor_parallel = 2;
     const auto be = make_cuda_backend(*ck, o);
     ASSERT_GT(be->max_select_k(), 0) << "device-side selection on 2 GPUs";
-    setenv("MARKBASE_TP_DEVICE_SAMPLING", "0", 1);
-    EXPECT_EQ(make_cuda_backend(*ck, o)->max_select_k(), 0) << "MARKBASE_TP_DEVICE_SAMPLING=0";
-    setenv("MARKBASE_TP_DEVICE_SAMPLING", "yes", 1);
-    EXPECT_THROW(make_cuda_backend(*ck, o), Error);
-    unsetenv("MARKBASE_TP_DEVICE_SAMPLING");
+    {
+        BackendOptions off = o;
+        off.tuning = parse_tuning("device_sampling=0");
+        EXPECT_EQ(make_cuda_backend(*ck, off)->max_select_k(), 0) << "device_sampling=0";
+    }
     const std::vector<int> prompt = {2, 30, 31, 32, 33};
     struct Case {
         int top_k;
@@ -182,11 +182,10 @@ TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
         be->reset();
         generate(
             *be, prompt, go, [](int) { return true; }, &dev_ids);
-        setenv("MARKBASE_DEVICE_SAMPLING", "0", 1);
         be->reset();
+        go.device_select = false;
         generate(
             *be, prompt, go, [](int) { return true; }, &host_ids);
-        unsetenv("MARKBASE_DEVICE_SAMPLING");
         EXPECT_EQ(dev_ids, host_ids) << GetParam() << " top_k " << c.top_k << " temp " << c.temp;
         EXPECT_EQ(dev_ids.size(), 40u);
     }

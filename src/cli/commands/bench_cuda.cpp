@@ -77,6 +77,7 @@ int cmd_bench_cuda(ArgReader& a) {
     std::unique_ptr<Checkpoint> checkpoint;
     std::string model_label;
     BackendOptions bo;
+    Tuning tuning;  // --tuning / $MARKBASE_TUNING, for the receipt
     int64_t need = std::max<int64_t>(int64_t{n_prompt} + n_gen + 8, n_prefill);
     // the timeline's replays are decode steps after the prompt and one token
     if (timeline)
@@ -96,6 +97,8 @@ int cmd_bench_cuda(ArgReader& a) {
         bo.chunk = chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
         bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
         bo.slots = slots;
+        bo.tuning = read_tuning(a);
+        tuning = bo.tuning;
         a.finish();
         bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
         const double t0 = now_s();
@@ -111,6 +114,7 @@ int cmd_bench_cuda(ArgReader& a) {
         mo.backend.slots = slots;
         a.finish();
         checkpoint_tp = mo.backend.tensor_parallel;
+        tuning = mo.backend.tuning;
         LoadedModel lm = load_model(mo);
         checkpoint = std::move(lm.checkpoint);
         owner = std::move(lm.backend);
@@ -150,7 +154,7 @@ int cmd_bench_cuda(ArgReader& a) {
     }
     // What `markbase run` pays per token with Gemma's default sampling (top_k 64, top_p 0.95, T 1): the
     // generation loop, selecting on the device (k candidates cross the bus), and with the whole row copied
-    // to the host sampler (MARKBASE_DEVICE_SAMPLING=0).
+    // to the host sampler.
     auto sampled_ms = [&](bool device) {
         GenerateOptions go;
         go.max_new_tokens = n_gen;
@@ -159,14 +163,13 @@ int cmd_bench_cuda(ArgReader& a) {
         go.sampling.top_p = 0.95f;
         go.sampling.temperature = 1.0f;
         go.sampling.seed = 5;
-        if (!device) ::setenv("MARKBASE_DEVICE_SAMPLING", "0", 1);
+        go.device_select = device;
         std::vector<double> per;
         for (int r = 0; r < reps; ++r) {
             be->reset();
             const GenerateStats st = generate(*be, prompt, go, [](int) { return true; });
             per.push_back(st.generated > 1 ? st.decode_s / (st.generated - 1) : 0.0);
         }
-        if (!device) ::unsetenv("MARKBASE_DEVICE_SAMPLING");
         return median(per) * 1e3;
     };
     const double sampled_dev_ms = sampled_ms(true), sampled_host_ms = sampled_ms(false);
@@ -192,6 +195,7 @@ int cmd_bench_cuda(ArgReader& a) {
     std::printf(
         "decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
         n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / roofline, roofline / 1e3);
+    if (const std::string t = tuning_string(tuning); !t.empty()) std::printf("tuning    %s\n", t.c_str());
     if (tp > 1)
         std::printf("parallel  tensor parallel over %d GPUs (roofline %d x %.2f TB/s)\n", tp, tp,
                     kRooflineGBs / 1e3);
@@ -343,6 +347,7 @@ int cmd_bench_cuda(ArgReader& a) {
                             {"sm_count", dev.sm_count},
                             {"date", date},
                             {"commit", commit ? commit : "unknown"},
+                            {"tuning", tuning_string(tuning)},
                             {"dtype", "bf16 weights, fp32 activations and KV cache"},
                             {"batch", 1},
                             {"layers", c.n_layers},

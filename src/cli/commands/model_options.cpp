@@ -26,7 +26,14 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.chunk = a.integer({"-b", "--batch-size"}, 256, 1, 8192);
     o.backend.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
     o.check_weights = a.flag({"--check-weights"});
+    o.backend.tuning = read_tuning(a);
     return o;
+}
+
+Tuning read_tuning(ArgReader& a) {
+    if (const auto t = a.value({"--tuning"})) return parse_tuning(*t, "--tuning");
+    if (const char* env = std::getenv("MARKBASE_TUNING")) return parse_tuning(env, "MARKBASE_TUNING");
+    return {};
 }
 
 std::string resolve_device(const std::string& requested) {

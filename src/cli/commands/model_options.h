@@ -18,7 +18,7 @@ struct LoadedModel {
 };
 
 // Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
-// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --check-weights.
+// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --check-weights, --tuning.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";
@@ -28,6 +28,10 @@ struct ModelOptions {
 };
 
 LoadedModel load_model(const ModelOptions& o);
+
+// --tuning KEY=VALUE[,...] (runtime/tuning.h), else $MARKBASE_TUNING, else the defaults: the one place the
+// engine's tuning is built.
+Tuning read_tuning(ArgReader& a);
 
 // "auto" (the default --device) becomes $MARKBASE_DEVICE when set, else "cuda" when this build has the CUDA
 // backend and a device is present, else "cpu"; any other name is returned as given.

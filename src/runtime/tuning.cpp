@@ -1,0 +1,132 @@
+#include "runtime/tuning.h"
+
+#include <charconv>
+
+#include "model/error.h"
+
+namespace markbase {
+
+namespace {
+
+constexpr std::string_view kKeys =
+    "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
+    "attn_gemm_rows, moe_prefill_cap, skip";
+
+[[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
+                      std::string_view expected) {
+    throw Error(std::string(source) + ": " + std::string(key) + "=" + std::string(value) + ": expected " +
+                std::string(expected));
+}
+
+bool parse_flag(std::string_view source, std::string_view key, std::string_view v) {
+    if (v != "0" && v != "1") bad(source, key, v, "0 or 1");
+    return v == "1";
+}
+
+int64_t parse_int(std::string_view source, std::string_view key, std::string_view v, int64_t lo, int64_t hi,
+                  std::string_view expected) {
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi)
+        bad(source, key, v, expected);
+    return n;
+}
+
+void set(Tuning& t, std::string_view source, std::string_view key, std::string_view v) {
+    if (key == "device_sampling") {
+        t.device_sampling = parse_flag(source, key, v);
+    } else if (key == "gemv") {
+        if (v == "auto")
+            t.gemv = Tuning::Gemv::kAuto;
+        else if (v == "rows")
+            t.gemv = Tuning::Gemv::kRows;
+        else if (v == "async_geglu")
+            t.gemv = Tuning::Gemv::kAsyncGeglu;
+        else
+            bad(source, key, v, "auto, rows or async_geglu");
+    } else if (key == "attn_cluster") {
+        if (v == "auto")
+            t.attn_cluster = Tuning::Choice::kAuto;
+        else
+            t.attn_cluster = parse_flag(source, key, v) ? Tuning::Choice::kOn : Tuning::Choice::kOff;
+    } else if (key == "tp_allreduce") {
+        if (v == "p2p")
+            t.tp_allreduce = Tuning::AllReduce::kP2p;
+        else if (v == "nccl")
+            t.tp_allreduce = Tuning::AllReduce::kNccl;
+        else
+            bad(source, key, v, "p2p or nccl");
+    } else if (key == "load_threads") {
+        t.load_threads = static_cast<int>(parse_int(source, key, v, 0, 4096, "0 (automatic) to 4096"));
+    } else if (key == "load_chunk_mib") {
+        t.load_chunk_mib = static_cast<int>(parse_int(source, key, v, 1, 4096, "1 to 4096"));
+    } else if (key == "load_direct") {
+        t.load_direct = parse_flag(source, key, v);
+    } else if (key == "attn_gemm_rows") {
+        t.attn_gemm_rows = parse_int(source, key, v, 0, int64_t{1} << 24, "0 (automatic) or 16 to 16777216");
+        if (t.attn_gemm_rows > 0 && t.attn_gemm_rows < 16)
+            bad(source, key, v, "0 (automatic) or 16 to 16777216");
+    } else if (key == "moe_prefill_cap") {
+        t.moe_prefill_cap =
+            static_cast<int>(parse_int(source, key, v, 0, 1 << 20, "0 (automatic) to 1048576"));
+    } else if (key == "skip") {
+        t.skip.clear();
+        for (std::string_view rest = v; !rest.empty();) {
+            const size_t plus = rest.find('+');
+            const std::string_view name = rest.substr(0, plus);
+            if (name.empty()) bad(source, key, v, "launch names joined by '+' (qkv+route_topk)");
+            t.skip.emplace_back(name);
+            rest = plus == std::string_view::npos ? std::string_view() : rest.substr(plus + 1);
+        }
+        if (t.skip.empty()) bad(source, key, v, "launch names joined by '+' (qkv+route_topk)");
+    } else {
+        throw Error(std::string(source) + ": unknown key '" + std::string(key) +
+                    "' (known: " + std::string(kKeys) + ")");
+    }
+}
+
+}  // namespace
+
+Tuning parse_tuning(std::string_view spec, std::string_view source) {
+    Tuning t;
+    for (std::string_view rest = spec; !rest.empty();) {
+        const size_t comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        if (item.empty()) continue;
+        const size_t eq = item.find('=');
+        if (eq == std::string_view::npos || eq == 0)
+            throw Error(std::string(source) + ": '" + std::string(item) +
+                        "' is not key=value (known keys: " + std::string(kKeys) + ")");
+        set(t, source, item.substr(0, eq), item.substr(eq + 1));
+    }
+    return t;
+}
+
+std::string tuning_string(const Tuning& t) {
+    const Tuning d;
+    std::string s;
+    auto add = [&](const std::string& kv) { s += (s.empty() ? "" : ",") + kv; };
+    auto choice = [](Tuning::Choice c) {
+        return c == Tuning::Choice::kAuto ? "auto" : c == Tuning::Choice::kOn ? "1" : "0";
+    };
+    if (t.device_sampling != d.device_sampling)
+        add(std::string("device_sampling=") + (t.device_sampling ? "1" : "0"));
+    if (t.gemv != d.gemv)
+        add(std::string("gemv=") + (t.gemv == Tuning::Gemv::kRows ? "rows" : "async_geglu"));
+    if (t.attn_cluster != d.attn_cluster) add(std::string("attn_cluster=") + choice(t.attn_cluster));
+    if (t.tp_allreduce != d.tp_allreduce) add("tp_allreduce=nccl");
+    if (t.load_threads != d.load_threads) add("load_threads=" + std::to_string(t.load_threads));
+    if (t.load_chunk_mib != d.load_chunk_mib) add("load_chunk_mib=" + std::to_string(t.load_chunk_mib));
+    if (t.load_direct != d.load_direct) add(std::string("load_direct=") + (t.load_direct ? "1" : "0"));
+    if (t.attn_gemm_rows != d.attn_gemm_rows) add("attn_gemm_rows=" + std::to_string(t.attn_gemm_rows));
+    if (t.moe_prefill_cap != d.moe_prefill_cap) add("moe_prefill_cap=" + std::to_string(t.moe_prefill_cap));
+    if (!t.skip.empty()) {
+        std::string names;
+        for (const std::string& n : t.skip) names += (names.empty() ? "" : "+") + n;
+        add("skip=" + names);
+    }
+    return s;
+}
+
+}  // namespace markbase

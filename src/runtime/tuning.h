@@ -1,0 +1,71 @@
+// The engine's tuning: the few settings that measurements say differ by model or machine, the two that let
+// tests force the fallbacks of product paths, and one timing experiment. Plain data with the product's
+// defaults (the measured winners, bench/NOTES.md), built once by the CLI from `--tuning` (else
+// $MARKBASE_TUNING) and handed down in BackendOptions. Everything else the backends once switched on is
+// settled: the winner is the only code path (docs/cuda-backend.md has the measurements).
+//
+// The string form is a comma-separated list of key=value, e.g. "gemv=rows,attn_cluster=0"; parse_tuning
+// names the key, the value and what it expected when a part is wrong.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace markbase {
+
+struct Tuning {
+    // Auto: the per-model default below; Off / On: forced (an A/B).
+    enum class Choice : uint8_t { kAuto, kOff, kOn };
+
+    // device_sampling=0|1: after the prompt, sampling selects the k best logits on the GPU and only those
+    // cross the bus (one GPU and tensor parallel alike); 0 copies the whole row to the host sampler. The ids
+    // are the same either way (tests/cuda/test_cuda_sampling.cpp).
+    bool device_sampling = true;
+
+    // gemv=auto|rows|async_geglu: the decode GeGLU (gate + up) GEMVs. rows = the warp-per-row kernel
+    // (gemv_rows.cu), every other decode product runs it too; async_geglu = the GeGLU launches through the
+    // cp.async ring. auto: async_geglu for the MoE model on one GPU (26B-A4B -3.5% per token, its dense
+    // GeGLU runs beside the experts), rows for the dense models (+0.8..+3.6% with the ring) and sharded.
+    enum class Gemv : uint8_t { kAuto, kRows, kAsyncGeglu };
+    Gemv gemv = Gemv::kAuto;
+
+    // attn_cluster=auto|0|1: below 256 keys the decode step replays a second graph whose attention pieces of
+    // a head are one thread-block cluster, merged through distributed shared memory. auto: on for the dense
+    // models on one GPU where clusters can be scheduled (E2B -2.3%, E4B -2.1%, 31B -1.0%), off for the
+    // 26B-A4B (+1.6%). 1 where clusters cannot run is an error.
+    Choice attn_cluster = Choice::kAuto;
+
+    // tp_allreduce=p2p|nccl: with tensor parallelism, the decode step's sums. p2p (NVLink peer sums) is used
+    // where every pair of GPUs has peer access, else NCCL.
+    enum class AllReduce : uint8_t { kP2p, kNccl };
+    AllReduce tp_allreduce = AllReduce::kP2p;
+
+    // The staged weight loader (CUDA): load_threads=N reader threads (0: min(16, hardware threads), 24 GB/s
+    // warm on the 16-core H200 host), load_chunk_mib=N (64), load_direct=0|1 (O_DIRECT reads).
+    int load_threads = 0;
+    int load_chunk_mib = 64;
+    bool load_direct = false;
+
+    // Tests, to reach the fallbacks of product paths with small models: attn_gemm_rows=N (>= 16) score rows
+    // the prefill attention's scratch holds (0: every head of a chunk), so that heads and query rows run in
+    // batches as on long contexts; moe_prefill_cap=N (>= 1) entries per expert per prefill pass (0: the
+    // scratch's), so that the 26B-A4B's experts leave the compact pass for passes.
+    int64_t attn_gemm_rows = 0;
+    int moe_prefill_cap = 0;
+
+    // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
+    // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel
+    // gives its true cost inside the graph. Every output is wrong; the model says so on stderr.
+    std::vector<std::string> skip;
+};
+
+// Parses "key=value[,key=value...]" onto the defaults; "" is the defaults. `source` names where the string
+// came from in errors ("--tuning", "MARKBASE_TUNING").
+Tuning parse_tuning(std::string_view spec, std::string_view source = "--tuning");
+
+// The settings that differ from the defaults, in parse_tuning's form ("" when none): for bench receipts.
+std::string tuning_string(const Tuning& t);
+
+}  // namespace markbase

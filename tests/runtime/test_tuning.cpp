@@ -1,0 +1,77 @@
+// The engine's tuning string (runtime/tuning.h): the defaults are the product's, every key parses, and a
+// wrong key or value is refused naming the source, the key, the value and what was expected.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "model/error.h"
+#include "runtime/tuning.h"
+
+namespace markbase {
+namespace {
+
+std::string error_of(const std::string& spec) {
+    try {
+        parse_tuning(spec, "MARKBASE_TUNING");
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(Tuning, EmptyIsTheDefaults) {
+    const Tuning t = parse_tuning("");
+    EXPECT_TRUE(t.device_sampling);
+    EXPECT_EQ(t.gemv, Tuning::Gemv::kAuto);
+    EXPECT_EQ(t.attn_cluster, Tuning::Choice::kAuto);
+    EXPECT_EQ(t.tp_allreduce, Tuning::AllReduce::kP2p);
+    EXPECT_EQ(t.load_threads, 0);
+    EXPECT_EQ(t.load_chunk_mib, 64);
+    EXPECT_FALSE(t.load_direct);
+    EXPECT_EQ(t.attn_gemm_rows, 0);
+    EXPECT_EQ(t.moe_prefill_cap, 0);
+    EXPECT_TRUE(t.skip.empty());
+    EXPECT_EQ(tuning_string(t), "");
+}
+
+TEST(Tuning, EveryKeyParsesAndPrintsBack) {
+    const std::string spec =
+        "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
+        "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,skip=qkv+route_topk";
+    const Tuning t = parse_tuning(spec);
+    EXPECT_FALSE(t.device_sampling);
+    EXPECT_EQ(t.gemv, Tuning::Gemv::kAsyncGeglu);
+    EXPECT_EQ(t.attn_cluster, Tuning::Choice::kOn);
+    EXPECT_EQ(t.tp_allreduce, Tuning::AllReduce::kNccl);
+    EXPECT_EQ(t.load_threads, 3);
+    EXPECT_EQ(t.load_chunk_mib, 1);
+    EXPECT_TRUE(t.load_direct);
+    EXPECT_EQ(t.attn_gemm_rows, 40);
+    EXPECT_EQ(t.moe_prefill_cap, 3);
+    ASSERT_EQ(t.skip.size(), 2u);
+    EXPECT_EQ(t.skip[1], "route_topk");
+    EXPECT_EQ(tuning_string(t), spec);
+    EXPECT_EQ(parse_tuning("gemv=rows,attn_cluster=0").gemv, Tuning::Gemv::kRows);
+    EXPECT_EQ(parse_tuning("attn_cluster=0").attn_cluster, Tuning::Choice::kOff);
+    EXPECT_EQ(parse_tuning("gemv=rows,,gemv=auto").gemv, Tuning::Gemv::kAuto) << "the last one wins";
+}
+
+TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
+    EXPECT_NE(error_of("gemv_variant=warp").find("MARKBASE_TUNING: unknown key 'gemv_variant'"),
+              std::string::npos);
+    EXPECT_NE(error_of("gemv").find("'gemv' is not key=value"), std::string::npos);
+    EXPECT_NE(error_of("gemv=warpk").find("gemv=warpk: expected auto, rows or async_geglu"),
+              std::string::npos);
+    EXPECT_NE(error_of("attn_cluster=yes").find("attn_cluster=yes: expected 0 or 1"), std::string::npos);
+    EXPECT_NE(error_of("device_sampling=").find("device_sampling=: expected 0 or 1"), std::string::npos);
+    EXPECT_NE(error_of("tp_allreduce=mpi").find("expected p2p or nccl"), std::string::npos);
+    EXPECT_NE(error_of("load_threads=-1").find("load_threads=-1: expected"), std::string::npos);
+    EXPECT_NE(error_of("load_chunk_mib=0").find("load_chunk_mib=0"), std::string::npos);
+    EXPECT_NE(error_of("load_chunk_mib=2k").find("load_chunk_mib=2k"), std::string::npos);
+    EXPECT_NE(error_of("attn_gemm_rows=8").find("attn_gemm_rows=8"), std::string::npos);
+    EXPECT_NE(error_of("skip=").find("skip=: expected"), std::string::npos);
+    EXPECT_NE(error_of("skip=qkv++ffn").find("skip=qkv++ffn"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace markbase
