@@ -122,6 +122,7 @@ TEST_P(CudaSampling, GenerateDrawsTheSameIdsAsTheHostSampler) {
         be->reset();
         generate(
             *be, prompt, go, [](int) { return true; }, &dev_ids);
+        host_be->reset();
         generate(
             *host_be, prompt, go, [](int) { return true; }, &host_ids);
         EXPECT_EQ(dev_ids, host_ids) << GetParam() << " top_k " << sp.top_k << " temp " << sp.temperature;
