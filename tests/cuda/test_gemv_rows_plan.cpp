@@ -1,12 +1,12 @@
 // Which warp-per-row kernel each decode product of the four models launches on one H200 (132 SMs) with the
-// one-GPU defaults (cuda_step.cu's gemv_input): the rules the H200 A/Bs chose, checked on the host, so a
+// one-GPU defaults (step.cu's gemv_input): the rules the H200 A/Bs chose, checked on the host, so a
 // change that moves a product to another kernel fails here before any GPU run. No device is needed.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/kernels.h"
+#include "cuda/kernels/kernels.h"
 #endif
 
 namespace markbase {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "cli/commands/model_options.h"
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 

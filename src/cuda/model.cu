@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "loading/memory_plan.h"
 #include "model/sliding_ring.h"
 

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "runtime/graph_timeline.h"
 
 #ifdef MARKBASE_HAS_CUPTI

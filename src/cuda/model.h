@@ -1,7 +1,7 @@
 // The Gemma 4 decoder on one CUDA device: weights resident in GPU memory (DeviceWeights), fp32 activations
 // and an fp32 KV cache, a decode step captured once as a CUDA graph and replayed per token, and batched
-// prefill through cuBLAS. The model's math follows cpu/forward.cpp step by step; cuda_step.cu holds the
-// decode step, cuda_prefill.cu the prefill, cuda_weights.cu the weights.
+// prefill through cuBLAS. The model's math follows cpu/forward.cpp step by step; step.cu holds the
+// decode step, prefill.cu the prefill, weights.cu the weights.
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "cuda/backend.h"
 #include "cuda/check.h"
-#include "cuda/cuda_backend.h"
-#include "cuda/kernels.h"
+#include "cuda/kernels/kernels.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "runtime/graph_timeline.h"
@@ -51,17 +51,17 @@ struct DeviceWeights {
 
 // cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
 bf16* device_alloc(uint64_t bytes, const std::string& what);
-// The checkpoint's weights through the staged loader (cuda_staged_load.cu; its threads and chunk from the
+// The checkpoint's weights through the staged loader (staged_load.cu; its threads and chunk from the
 // tuning).
 std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning& tuning);
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
-// cuda_shard.cu: one tensor-parallel rank's weights on the current device, its config rank_config's: the
+// shard.cu: one tensor-parallel rank's weights on the current device, its config rank_config's: the
 // checkpoint's shard_weights, or synthetic_weights' very values (element for element) cut the same way.
 std::unique_ptr<DeviceWeights> upload_shard(const Checkpoint& ck, const PartitionPlan& plan);
 std::unique_ptr<DeviceWeights> synthetic_shard(const ModelConfig& c, const PartitionPlan& plan,
                                                uint64_t seed);
 
-// Backend helpers shared by the one-GPU and the tensor-parallel backends (cuda_backend.cu).
+// Backend helpers shared by the one-GPU and the tensor-parallel backends (backend.cu).
 // Ids the embedding (and, with PLE, the per-layer table) can look up; a bad one is named, not read.
 void check_token_ids(const ModelConfig& c, const int* ids, int64_t n);
 // Backend::eval on one model: the context and id checks, then one decode step or prefill chunks. whole: the
@@ -69,7 +69,7 @@ void check_token_ids(const ModelConfig& c, const int* ids, int64_t n);
 // rank writes its columns of them).
 void eval_model(CudaModel& m, const ModelConfig& whole, const int* ids, int64_t n, float* logits,
                 bool all_logits);
-// cuda_tp_backend.cu: the backend over opt.tensor_parallel GPUs, from a checkpoint (ck) or random weights.
+// tp_backend.cu: the backend over opt.tensor_parallel GPUs, from a checkpoint (ck) or random weights.
 std::unique_ptr<CudaBackend> make_tp_backend(const ModelConfig& c, const Checkpoint* ck, uint64_t seed,
                                              const BackendOptions& opt);
 
@@ -133,7 +133,7 @@ class CudaModel {
                        std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
     bool can_select() const { return d_sel_top_ != nullptr; }
 
-    // Batched decode (cuda_batch.cu, docs/batched-decode.md): slots() sequences, each with its own cache and
+    // Batched decode (batch.cu, docs/batched-decode.md): slots() sequences, each with its own cache and
     // position. The single-sequence API above is slot 0's when nothing else is used; do not mix the two.
     int slots() const { return slots_; }
     int64_t slot_past(int slot) const { return slot_pos_.at(static_cast<size_t>(slot)); }
@@ -197,11 +197,11 @@ class CudaModel {
     // is wrong.
     std::vector<std::string> skip_;
     bool skipped(const char* name) const;
-    void record_step(Profiler* pf);          // cuda_step.cu: the decode step's kernels, n = 1
-    void record_layer(int i, Profiler* pf);  // cuda_step.cu
-    void record_experts(int i, Profiler* pf, cudaStream_t st);  // cuda_step.cu: router .. experts_down
-    GemvInput gemv_input(const float* x, int K) const;          // cuda_step.cu: this model's GEMV settings
-    // cuda_step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
+    void record_step(Profiler* pf);                             // step.cu: the decode step's kernels, n = 1
+    void record_layer(int i, Profiler* pf);                     // step.cu
+    void record_experts(int i, Profiler* pf, cudaStream_t st);  // step.cu: router .. experts_down
+    GemvInput gemv_input(const float* x, int K) const;          // step.cu: this model's GEMV settings
+    // step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
     GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
                   const bf16* next_w = nullptr);
@@ -222,7 +222,7 @@ class CudaModel {
     bool peer_ready(size_t n) const {
         return in_decode_ && ps_.world > 1 && n <= static_cast<size_t>(ps_.max_n);
     }
-    void prefill_layer(int i, int n, int64_t pos0);                        // cuda_prefill.cu
+    void prefill_layer(int i, int n, int64_t pos0);                        // prefill.cu
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return hi_ + int64_t{n} * K; }
@@ -252,7 +252,7 @@ class CudaModel {
     GraphTimeline timeline_run(int replays, int64_t* launched);
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
     void release();            // frees everything this object allocated (destructor, failed constructor)
-    // The constructor's parts (cuda_model.cu): the widest per-layer shapes; what the tuning and the shape
+    // The constructor's parts (model.cu): the widest per-layer shapes; what the tuning and the shape
     // decide for the decode step; the step's state and activations; the MoE's scratch; the KV cache.
     struct Widths {
         int q = 0, kv = 0, mlp = 0;           // nH * d, nKV * d, the MLP's width: the widest layer's
@@ -376,7 +376,7 @@ class CudaModel {
     float *mg_ = nullptr, *mu_ = nullptr;
     bf16* mh_ = nullptr;
     int* h_goff_ = nullptr;  // pinned [E + 1]
-    // The compact pass (cuda_prefill.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
+    // The compact pass (prefill.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
     // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
     // rows its scratch holds
     void* h_mplan_ = nullptr;

@@ -9,7 +9,7 @@
 // by every block of the next GEMV, +27..+42%.)
 #include <cmath>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 
 namespace markbase::cuda {
 

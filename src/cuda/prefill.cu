@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "loading/memory_plan.h"
 
 namespace markbase::cuda {

@@ -10,10 +10,10 @@
 #include <cfloat>
 
 #include "cuda/check.h"
-#include "cuda/cluster.cuh"
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
-#include "cuda/launch.h"
+#include "cuda/kernels/cluster.cuh"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
 
 namespace markbase::cuda {
 

@@ -4,7 +4,7 @@
 // take per-token positions and slots (their Batched instantiations). Not captured as a graph yet.
 #include <algorithm>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 
 namespace markbase::cuda {
 

@@ -1,7 +1,7 @@
 // A tensor-parallel rank's side of the collectives (issue 7): NCCL sums and the argmax max, the NVLink peer
 // sums of the decode step (peer_sum.cu) and their buffers, and host logits rows of the whole vocabulary of
 // which the rank writes its columns. On a model that is not sharded the collectives do nothing.
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "parallel/nccl_comm.h"
 
 namespace markbase::cuda {
