@@ -14,6 +14,7 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/kernels/kernels.h"
+#include "cuda/profiling/profiler.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "runtime/graph_timeline.h"
@@ -28,7 +29,6 @@ struct PartitionPlan;
 namespace markbase::cuda {
 
 class CudaModel;
-struct TimelineCapture;  // graph_timeline_cupti.cu
 
 // Weights in device memory, in the checkpoint's layout; Weights' pointers are device pointers here.
 struct DeviceWeights {
@@ -85,6 +85,131 @@ struct ShardContext {
     int64_t vocab_total = 0;  // the model's vocabulary (host logits rows are this wide)
     int expert_begin = 0, expert_count = -1;
 };
+// The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
+struct MoePrefillStats {
+    int gemm_layers = 0, passes = 0, gemv_layers = 0;
+    int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
+    int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
+};
+
+// CudaModel's state, plain data (model.cu decides the plan, buffers.cu allocates the rest). Shapes: n = the
+// chunk (prefill tokens, or batched decode's sequences), H = hidden, V = vocabulary (a rank's columns when
+// sharded), L = layers, P = PLE width, E = experts, K = experts per token, Ie = expert width, nH = query
+// heads; q, kv, mlp = the widest layer's q, k/v and MLP widths.
+
+// What the tuning and the model's shape decide for the decode step (plan_decode).
+struct DecodePlan {
+    // The decode GEMVs (GemvInput): the kernel (Tuning::gemv), the split GeGLU and min_waves (one GPU),
+    // and the cp.async GeGLU's pieces and row counters for the launches on stream_ (a GEMV on moe_.stream2
+    // runs beside them and takes the warp-per-row kernel)
+    GemvKernel gemv_kernel = GemvKernel::kRows;
+    bool geglu_split = false;
+    int min_waves = 0;
+    GemvStreamScratch gemv_stream;
+    bool prenorm = false;  // residual updates write the next GEMV's normalised input (CudaModel::pending_)
+    bool moe_prenorm = false;        // ... and on the MoE, the router's and the experts' inputs
+    std::vector<int> decode_splits;  // [L] attention pieces per head at decode
+    // Decode attention: pieces of at least kAttnMinKeys keys, at most ~2 waves of blocks per layer, only
+    // the pieces holding keys run, the last one merges. While a step's position is below attn_short_keys
+    // (16 pieces of kAttnMinKeys keys; Tuning::attn_cluster) it runs a second graph whose pieces (<= 16
+    // per head) are one thread-block cluster per head, merging through distributed shared memory
+    // (attention.cu). 0 = one graph.
+    int64_t attn_short_keys = 0;
+};
+
+// The decode step's device state: what the graph reads and writes between tokens, and the device-side top-k
+// for sampling (decode_select) with its pinned host mirrors.
+struct StepState {
+    int* d_state =
+        nullptr;  // [4]: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
+    int* h_state = nullptr;                   // pinned [4]
+    int* h_ids = nullptr;                     // pinned [n]
+    int* d_ids = nullptr;                     // [n]
+    int* d_out_ids = nullptr;                 // [ctx] decode_greedy's ids
+    unsigned long long* d_argmax = nullptr;   // [1] the step's argmax key (sampling.cu)
+    unsigned int* d_counter = nullptr;        // [1] lm_head's finished blocks
+    unsigned int* d_attn_counters = nullptr;  // [nH] finished attention pieces per head
+    // top-k: slices' winners [ceil(V / kTopKSlice) * kTopKMax], the k best [kTopKMax], [n_finite, bad], the
+    // penalty ids then counts [2 kMaxPenaltyIds]; null when V is too wide for it
+    unsigned long long *d_sel_slices = nullptr, *d_sel_top = nullptr, *h_sel_top = nullptr;
+    int *d_sel_info = nullptr, *h_sel_info = nullptr, *d_pen = nullptr, *h_pen = nullptr;
+};
+
+// Activations, [n][width] row-major, and the scratch of the GEMMs and of decode attention.
+struct Activations {
+    float* x = nullptr;                // [n][H] the residual stream
+    float* q = nullptr;                // [n][q]
+    float *k = nullptr, *v = nullptr;  // [n][kv] raw k, v projections
+    float* attn = nullptr;             // [n][q] attention output
+    float* o = nullptr;                // [n][H] o_proj (and ple_proj) output
+    float *g = nullptr, *u = nullptr;  // [n][max(mlp, P)] gate, up (and the PLE gate)
+    float* m = nullptr;  // [n][H] the MLP's output (sharded MoE: [2][n][H], dense then experts' partials)
+    float *ple_ctx = nullptr, *ple = nullptr;  // [n][L P] per-layer inputs: projection, mixed
+    float* logits = nullptr;                   // [V]
+    float* all_logits = nullptr;               // [n][V], allocated on first use
+    float* xn = nullptr;                       // [H] RMSNorm(x) * the next GEMV's norm weight (plan.prenorm)
+    float* xr = nullptr;                       // [H] RMSNorm(x) * router_scale / sqrt(H) (plan.moe_prenorm)
+    bf16* hi = nullptr;  // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at), K <= max(H, q, mlp, P)
+    // A GEMM over at most kGemmStackMaxN tokens (loading/memory_plan.h; batched decode, short prompts; per
+    // expert in the MoE prefill) reads its weights once, as one GEMM over [hi; lo] into a scratch whose
+    // halves are then summed, instead of one GEMM per half (31B batched decode of 16 -34%, 26B-A4B prefill of
+    // 512 +39%; a stacked 512-token chunk lost 3-4%).
+    float* y2 = nullptr;  // [2 * min(n, kGemmStackMaxN)][y2_cols] (dense GEMMs)
+    int64_t y2_cols = 0;
+    float *part_o = nullptr, *part_ml = nullptr;  // [max_pieces][head dim], [max_pieces][2]: attention pieces
+    int64_t max_pieces = 0;  // attention pieces the scratch holds (tokens x heads x splits)
+};
+
+// The 26B's routing and experts.
+struct MoeScratch {
+    // routing: router logits [n][E], the selected experts' weights and ids [n][K]; the entries grouped by
+    // expert (ids, offsets [max(E, K) + 1], entries [n K]); the experts' input [n][H], GeGLU [n K][Ie] and
+    // output slots [n K][H]
+    float *rlogits = nullptr, *sel_w = nullptr, *e_in = nullptr, *eh = nullptr, *eslots = nullptr;
+    int *sel_id = nullptr, *gexp = nullptr, *goff = nullptr, *gent = nullptr;
+    float* ones = nullptr;  // [n] weights of 1 for the combine of one summed expert vector
+    // The decode graph runs the routed experts (router, route, gate/up, down) on stream2 beside the dense
+    // MLP, forked after o_proj and joined before the combine (26B-A4B -3.9%, tp2 -3.1%)
+    cudaStream_t stream2 = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    // Prefill as batched GEMMs: [E][cap][H] gathered inputs (bf16 hi + lo; reused as the fp32 down output),
+    // [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo, the stacked GEMMs' output
+    // [E][2 * min(cap, kGemmStackMaxN)][max(2 Ie, H)]
+    MoePrefillStats stats;
+    int cap = 0;
+    void* mx = nullptr;
+    float *mg = nullptr, *mu = nullptr;
+    bf16* mh = nullptr;
+    float* ey2 = nullptr;
+    int* h_goff = nullptr;  // pinned [E + 1]
+    // The compact pass (prefill_moe.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
+    // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
+    // rows its scratch holds
+    void* h_mplan = nullptr;
+    void* d_mplan = nullptr;
+    int64_t compact_rows = 0;
+    std::vector<int> order;  // the active experts by padded rows
+    // The compact pass's GEMMs spread over kMoeCompactStreams streams, stream_ and these (each with its own
+    // cuBLAS handle, so its own workspace); events: the fork, then one join per extra stream
+    std::vector<cudaStream_t> streams;
+    std::vector<cublasHandle_t> blas;
+    std::vector<cudaEvent_t> events;
+};
+
+// The KV cache, fp32: one K and one V per layer with its own cache (sliding layers: a ring of
+// min(ctx, window + chunk) positions; position p at p % cap), each slots deep.
+struct LayerCache {
+    float* k = nullptr;  // [slots][cap][nKV][d]
+    float* v = nullptr;
+    int64_t cap = 0;
+    int64_t slot_stride = 0;  // cap * nKV * d: one sequence slot's cache
+};
+struct KvCache {
+    std::vector<LayerCache> layers;  // [L]; KV-shared layers point at their source's
+    uint64_t bytes = 0;
+    float *inv_sliding = nullptr, *inv_full = nullptr;  // RoPE inverse frequencies [head dim / 2]
+};
+
 class CudaModel {
   public:
     // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
@@ -98,7 +223,7 @@ class CudaModel {
     const DeviceWeights& weights() const { return *dw_; }
     int64_t ctx() const { return ctx_; }
     int chunk() const { return chunk_; }
-    uint64_t cache_bytes() const { return cache_bytes_; }
+    uint64_t cache_bytes() const { return kv_.bytes; }
     int64_t n_past = 0;
 
     bool sharded() const { return shard_.world > 1; }
@@ -131,7 +256,7 @@ class CudaModel {
     static constexpr int kMaxPenaltyIds = 1024;
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                        std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
-    bool can_select() const { return d_sel_top_ != nullptr; }
+    bool can_select() const { return st_.d_sel_top != nullptr; }
 
     // Batched decode (batch.cu, docs/batched-decode.md): slots() sequences, each with its own cache and
     // position. The single-sequence API above is slot 0's when nothing else is used; do not mix the two.
@@ -143,13 +268,8 @@ class CudaModel {
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
-    // The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
-    struct MoePrefillStats {
-        int gemm_layers = 0, passes = 0, gemv_layers = 0;
-        int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
-        int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
-    };
-    const MoePrefillStats& moe_prefill_stats() const { return moe_stats_; }
+    using MoePrefillStats = cuda::MoePrefillStats;
+    const MoePrefillStats& moe_prefill_stats() const { return moe_.stats; }
     void copy_logits(float* host);  // the last step's logits row (sharded: this rank's columns of it)
     std::vector<CudaProfileEntry> profile_step();
     // A prefill of n <= chunk tokens at n_past with events around each phase of each layer (the prompt
@@ -164,41 +284,29 @@ class CudaModel {
   private:
     // q/k norms + RoPE + cache write arguments for layer i (decode and prefill build the same ones)
     QkvPost qkv_post_args(int i) const;
-    // Events around each launch of a non-graph step; null while capturing the graph.
-    struct Profiler {
-        struct Rec {
-            const char* kernel;
-            int layer;
-            double bytes;
-            cudaEvent_t start, stop;
-        };
-        std::vector<Rec> recs;
-    };
+    // Every launch of the decode step and the prefill goes through run(): with a Profiler (a step or a
+    // prefill run without a graph) between events, else launched (and, while the timeline captures, its
+    // graph nodes noted); the hooks' skip list leaves launches out (profiling/profiler.h).
     template <class F>
     void run(Profiler* pf, const char* name, int layer, double bytes, F&& launch) {
-        if (!skip_.empty() && skipped(name)) return;
+        if (hooks_.skips(name)) return;
         if (!pf) {
             launch();
-            if (tl_capture_) timeline_note(name, layer, bytes);
+            if (hooks_.capture) timeline_note(name, layer, bytes);
             return;
         }
-        Profiler::Rec r{name, layer, bytes, nullptr, nullptr};
-        CUDA_CHECK(cudaEventCreate(&r.start));
-        CUDA_CHECK(cudaEventCreate(&r.stop));
-        CUDA_CHECK(cudaEventRecord(r.start, stream_));
-        launch();
-        CUDA_CHECK(cudaEventRecord(r.stop, stream_));
-        pf->recs.push_back(r);
+        pf->time(name, layer, bytes, stream_, launch);
     }
-    std::vector<CudaProfileEntry> collect_profile(Profiler& pf);  // the events' times; destroys them
-    // Tuning::skip: those launches (run()'s names: qkv, route_topk, ffn_combine, ...) are left out of every
-    // step. A timing experiment only: the graph step without a kernel, against the step with it, is that
-    // kernel's true cost in the graph (the profile's events stop PDL overlap and overstate it); every output
-    // is wrong.
-    std::vector<std::string> skip_;
-    bool skipped(const char* name) const;
-    void record_step(Profiler* pf);                             // step.cu: the decode step's kernels, n = 1
-    void record_layer(int i, Profiler* pf);                     // step.cu
+    LaunchHooks hooks_;
+    void record_step(Profiler* pf);  // step.cu: the decode step's kernels, n = 1
+    // step.cu: one layer at one token, in the named blocks of cpu/forward.cpp's layer
+    void record_layer(int i, Profiler* pf);
+    void record_attention(int i, Profiler* pf);
+    bool record_ffn(int i, Profiler* pf);  // whether the MoE's experts were forked to moe_.stream2
+    void record_moe_combine(int i, Profiler* pf, bool overlap);
+    void record_ple(int i, Profiler* pf);
+    // the FFN's last update's scale: layer_scalar goes on the layer's last update (the PLE's, where present)
+    float ffn_scale(int i) const { return c_.ple_dim ? 1.0f : w_.layers[i].layer_scalar; }
     void record_experts(int i, Profiler* pf, cudaStream_t st);  // step.cu: router .. experts_down
     GemvInput gemv_input(const float* x, int K) const;          // step.cu: this model's GEMV settings
     // step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
@@ -207,9 +315,9 @@ class CudaModel {
                   const bf16* next_w = nullptr);
     void flush_residual(Profiler* pf, int layer);
     // y[rows] = W @ xin (K wide) at one token, then (res_w not null) x = (x + RMSNorm(y) * res_w) * scale:
-    // an update that waits as pending_ for its consumer (prenorm_) or runs as its own kernel at once.
+    // an update that waits as pending_ for its consumer (plan_.prenorm) or runs as its own kernel at once.
     // reduce (tensor parallel): y is this rank's partial sum; it is summed over the ranks before the update.
-    // next_w: the input norm of the GEMV that reads x next, for an update launched at once (prenorm_).
+    // next_w: the input norm of the GEMV that reads x next, for an update launched at once (plan_.prenorm).
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
                           int rows, const float* xin, int K, float* y, const bf16* res_w, float scale,
                           bool reduce = false, const bf16* next_w = nullptr);
@@ -222,10 +330,15 @@ class CudaModel {
     bool peer_ready(size_t n) const {
         return in_decode_ && ps_.world > 1 && n <= static_cast<size_t>(ps_.max_n);
     }
-    void prefill_layer(int i, int n, int64_t pos0);                        // prefill.cu
+    // prefill.cu: one layer over n tokens at pos0.., in the named blocks of cpu/forward.cpp's layer
+    void prefill_layer(int i, int n, int64_t pos0);
+    void prefill_attention(int i, int n, int64_t pos0);
+    void prefill_ffn(int i, int n);
+    void prefill_moe(int i, int n);
+    void prefill_ple(int i, int n);
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
-    bf16* lo_at(int n, int K) const { return hi_ + int64_t{n} * K; }
+    bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
     void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
                       const bf16* lo, float* Y);
@@ -235,19 +348,21 @@ class CudaModel {
                               const bf16* x, float* y2);
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
     // each expert's own rows, else batched GEMMs in passes (a tensor-parallel rank: the compact pass over
-    // its experts, else the grouped GEMV kernels). Writes eslots_.
+    // its experts, else the grouped GEMV kernels). Writes moe_.eslots.
     void prefill_experts(int i, int n);
-    bool prefill_experts_compact(int i);  // false: the layer does not fit the compact layout's scratch
+    bool prefill_experts_compact(int i);   // false: the layer does not fit the compact layout's scratch
+    bool compact_plan(int i, int* max_r);  // prefill_moe.cu: the compact pass's plan in moe_.h_mplan
+    void compact_buckets(int which, int N, int Kd, const int* roff);  // its GEMMs (0: gate/up, 1: down)
     // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
-    // positions below attn_short_keys_ (Tuning::attn_cluster)
+    // positions below plan_.attn_short_keys (Tuning::attn_cluster)
     cudaGraph_t capture_step(bool short_range = false);
     void ensure_graph(bool short_range = false);
     // The graph for a step at position pos (captured on first use): the short-range one while every layer's
     // range fits its clusters, else the general one. Both are correct at any position; this is speed only.
-    bool short_step(int64_t pos) const { return attn_short_keys_ > 0 && pos + 1 <= attn_short_keys_; }
+    bool short_step(int64_t pos) const {
+        return plan_.attn_short_keys > 0 && pos + 1 <= plan_.attn_short_keys;
+    }
     cudaGraphExec_t step_graph(int64_t pos);
-    // Set only while decode_timeline captures its graph: run() then notes the nodes each launch created.
-    TimelineCapture* tl_capture_ = nullptr;
     void timeline_note(const char* name, int layer, double bytes);
     GraphTimeline timeline_run(int replays, int64_t* launched);
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
@@ -271,7 +386,7 @@ class CudaModel {
     // slots' base with each token's position and slot.
     template <class Args>
     void bind_cache(int i, Args& a) const {
-        const LayerCache& lc = cache_[i];
+        const LayerCache& lc = kv_.layers[i];
         a.cap = lc.cap;
         a.k_cache = lc.k + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
         a.v_cache = lc.v + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
@@ -283,10 +398,47 @@ class CudaModel {
     }
 
     std::unique_ptr<DeviceWeights> dw_;
+    const ModelConfig& c_;
+    const Weights& w_;
+    int64_t ctx_;
+    int chunk_;
     ShardContext shard_;
-    PeerSum ps_;                      // set by use_peers: the decode step's sums over NVLink
-    bool in_decode_ = false;          // while record_step runs (prefill keeps NCCL: its sums are large)
-    Profiler* prefill_pf_ = nullptr;  // set while profile_prefill runs a prefill
+    PeerSum ps_;  // set by use_peers: the decode step's sums over NVLink
+
+    DecodePlan plan_;            // what the tuning and the shape decide for the decode step
+    StepState st_;               // the decode step's device state and sampling scratch
+    Activations act_;            // activations and the GEMMs' / attention's scratch
+    MoeScratch moe_;             // the 26B's routing, experts and their streams
+    KvCache kv_;                 // the KV cache and the RoPE tables
+    AttnGemm attn_gemm_;         // prefill attention's scratch (attention_gemm.cu)
+    std::vector<void*> allocs_;  // every cudaMalloc of the above (release() frees them)
+
+    // streams and graphs
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t blas_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;
+    cudaGraphExec_t graph_short_ = nullptr;  // the step below plan_.attn_short_keys (clustered attention)
+
+    // while a step is recorded
+    bool rec_short_ = false;          // the short-range step
+    bool in_decode_ = false;          // record_step runs (prefill keeps NCCL: its sums are large)
+    Profiler* prefill_pf_ = nullptr;  // profile_prefill runs a prefill
+    bool profile_gated_ = false;      // the last profile_step ran behind the gate
+    // A residual update waits as `pending_` for its consumer (plan_.prenorm): the consumer launches it, and
+    // where that consumer is a GEMV with an input norm the update also writes act_.xn = RMSNorm(x) * that
+    // norm's weight, the GEMV's input (one GPU, dense models: 31B -5.3%, E4B -5.6%, E2B -7.8%; sharded models
+    // keep their updates behind the ranks' sums). The MoE's updates run at once (its expert fork wants
+    // nothing pending): o_proj's writes the dense MLP's input, and with plan_.moe_prenorm also the router's
+    // (act_.xr) and the experts' (moe_.e_in) inputs (-1.1%); the combine writes the next layer's q/k/v input
+    // (xn_for_: the norm weight act_.xn holds, until the next x_input).
+    struct PendingResidual {
+        const float* y = nullptr;
+        const bf16* w = nullptr;
+        float scale = 1.0f;
+        const char* name = nullptr;  // the update's own launch, by its consumer
+    } pending_;
+    const bf16* xn_for_ = nullptr;
+
     // batched decode: the slots, their positions, the slot the single-sequence calls address, and while
     // decode_batch runs, per-token positions / slots [chunk] and the next ids
     int slots_ = 1;
@@ -294,122 +446,6 @@ class CudaModel {
     int cur_slot_ = 0;
     bool batch_ = false;
     int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
-    float* d_ones_ = nullptr;  // MoE: [chunk] weights of 1 for the combine of one summed expert vector
-    const ModelConfig& c_;
-    const Weights& w_;
-    int64_t ctx_;
-    int chunk_;
-    cudaStream_t stream_ = nullptr;
-    cublasHandle_t blas_ = nullptr;
-    cudaGraphExec_t graph_ = nullptr;
-    cudaGraphExec_t graph_short_ = nullptr;  // the step below attn_short_keys_ (clustered attention)
-    bool rec_short_ = false;                 // while the short-range step is recorded
-    std::vector<void*> allocs_;
-
-    // device state: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
-    int* d_state_ = nullptr;
-    int* h_state_ = nullptr;  // pinned
-    int* h_ids_ = nullptr;    // pinned [chunk]
-    int* d_ids_ = nullptr;    // [chunk]
-    int* d_out_ids_ = nullptr;
-    unsigned long long* d_argmax_ = nullptr;
-    // device-side top-k for sampling (decode_select): slices' winners, the k best, [n_finite, bad] and the
-    // penalty ids + counts; pinned host mirrors
-    unsigned long long *d_sel_slices_ = nullptr, *d_sel_top_ = nullptr, *h_sel_top_ = nullptr;
-    int *d_sel_info_ = nullptr, *h_sel_info_ = nullptr, *d_pen_ = nullptr, *h_pen_ = nullptr;
-
-    // A residual update waits as `pending_` for its consumer (prenorm_): the consumer launches it, and where
-    // that consumer is a GEMV with an input norm the update also writes xn_ = RMSNorm(x) * that norm's
-    // weight, the GEMV's input (one GPU, dense models: 31B -5.3%, E4B -5.6%, E2B -7.8%; sharded models keep
-    // their updates behind the ranks' sums). The MoE's updates run at once (its expert fork wants nothing
-    // pending): o_proj's writes the dense MLP's input, and with moe_prenorm_ also the router's (xr_) and the
-    // experts' (e_in_) inputs (-1.1%); the combine writes the next layer's q/k/v input (xn_for_: the norm
-    // weight xn_ holds, until the next x_input).
-    struct PendingResidual {
-        const float* y = nullptr;
-        const bf16* w = nullptr;
-        float scale = 1.0f;
-        const char* name = nullptr;  // the update's own launch, by its consumer
-    } pending_;
-    bool prenorm_ = false;
-    bool moe_prenorm_ = false;
-    float* xn_ = nullptr;  // [H]
-    const bf16* xn_for_ = nullptr;
-    float* xr_ = nullptr;                      // [H] RMSNorm(x) * router_scale / sqrt(H) (moe_prenorm_)
-    unsigned int* d_counter_ = nullptr;        // lm_head's finished blocks
-    unsigned int* d_attn_counters_ = nullptr;  // [nH] finished attention pieces per head
-    // The decode GEMVs (GemvInput): the kernel (Tuning::gemv), the split GeGLU and min_waves (one GPU),
-    // and the cp.async GeGLU's pieces and row counters for the launches on stream_ (a GEMV on stream2_ runs
-    // beside them and takes the warp-per-row kernel)
-    GemvKernel gemv_kernel_ = GemvKernel::kRows;
-    bool geglu_split_ = false;
-    int min_waves_ = 0;
-    GemvStreamScratch gemv_stream_;
-    AttnGemm attn_gemm_;  // prefill attention's scratch (attention_gemm.cu)
-
-    // activations, [chunk][width] row-major
-    float *x_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
-    float *g_ = nullptr, *u_ = nullptr, *m_ = nullptr, *ple_ctx_ = nullptr, *ple_ = nullptr;
-    float* logits_ = nullptr;      // [V]
-    float* all_logits_ = nullptr;  // [chunk][V], allocated on first use
-    bf16* hi_ = nullptr;           // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at)
-    // A GEMM over at most kGemmStackMaxN tokens (loading/memory_plan.h; batched decode, short prompts; per
-    // expert in the MoE prefill) reads its weights once, as one GEMM over [hi; lo] into a scratch whose
-    // halves are then summed, instead of one GEMM per half (31B batched decode of 16 -34%, 26B-A4B prefill of
-    // 512 +39%; a stacked 512-token chunk lost 3-4%).
-    float* y2_ = nullptr;  // [2 * min(chunk, kGemmStackMaxN)][y2_cols_] (dense GEMMs)
-    int64_t y2_cols_ = 0;
-    float* ey2_ = nullptr;  // [E][2 * min(moe_cap_, kGemmStackMaxN)][max(2 Ie, H)] (the experts')
-    float *part_o_ = nullptr, *part_ml_ = nullptr;
-    int64_t max_pieces_ = 0;  // attention pieces the scratch holds (tokens x heads x splits)
-
-    bool profile_gated_ = false;
-    // MoE: the decode graph runs the routed experts (router, route, gate/up, down) on stream2_ beside the
-    // dense MLP, forked after o_proj and joined before the combine (26B-A4B -3.9%, tp2 -3.1%)
-    cudaStream_t stream2_ = nullptr;
-    cudaEvent_t fork_ = nullptr, join_ = nullptr;
-    // MoE prefill as batched GEMMs: [E][cap][H] gathered inputs (bf16 hi + lo; reused as the fp32 down
-    // output), [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo
-    MoePrefillStats moe_stats_;
-    int moe_cap_ = 0;
-    void* mx_ = nullptr;
-    float *mg_ = nullptr, *mu_ = nullptr;
-    bf16* mh_ = nullptr;
-    int* h_goff_ = nullptr;  // pinned [E + 1]
-    // The compact pass (prefill.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
-    // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
-    // rows its scratch holds
-    void* h_mplan_ = nullptr;
-    void* d_mplan_ = nullptr;
-    int64_t moe_compact_rows_ = 0;
-    std::vector<int> moe_order_;  // the active experts by padded rows
-    // The compact pass's GEMMs spread over kMoeCompactStreams streams, stream_ and these (each with its own
-    // cuBLAS handle, so its own workspace); events: the fork, then one join per extra stream
-    std::vector<cudaStream_t> moe_streams_;
-    std::vector<cublasHandle_t> moe_blas_;
-    std::vector<cudaEvent_t> moe_events_;
-
-    // MoE scratch
-    float *rlogits_ = nullptr, *sel_w_ = nullptr, *e_in_ = nullptr, *eh_ = nullptr, *eslots_ = nullptr;
-    int *sel_id_ = nullptr, *gexp_ = nullptr, *goff_ = nullptr, *gent_ = nullptr;
-
-    struct LayerCache {
-        float* k = nullptr;  // [slots][cap][nKV][d]
-        float* v = nullptr;
-        int64_t cap = 0;
-        int64_t slot_stride = 0;  // cap * nKV * d: one sequence slot's cache
-    };
-    std::vector<LayerCache> cache_;  // [L]; KV-shared layers point at their source's
-    uint64_t cache_bytes_ = 0;
-    float *inv_sliding_ = nullptr, *inv_full_ = nullptr;
-    std::vector<int> decode_splits_;  // [L] attention pieces per head at decode
-
-    // Decode attention: pieces of at least kAttnMinKeys keys, at most ~2 waves of blocks per layer, only
-    // the pieces holding keys run, the last one merges. While a step's position is below attn_short_keys_
-    // (16 pieces of kAttnMinKeys keys; Tuning::attn_cluster) it runs a second graph whose pieces (<= 16
-    // per head) are one thread-block cluster per head, merging through distributed shared memory
-    // (attention.cu). 0 = one graph.
-    int64_t attn_short_keys_ = 0;
 };
 
 }  // namespace markbase::cuda
