@@ -46,7 +46,7 @@ TEST(GemvRowsPlan, NarrowProductsRunTheLeanKernelAtFourChunks) {
 #ifndef MARKBASE_HAS_CUDA
     GTEST_SKIP() << "built without CUDA";
 #else
-    // E2B: K = 1536 and 2048 are at most 2048 (gemv_rows.cu's kU4MaxK)
+    // E2B: K = 1536 and 2048 are at most 2048 (gemv_rows_plan.cu's kU4MaxK)
     expect_plan(plan(RowsProduct::kPlain, 2560, 1536), 2, 4, true, false, "E2B q/k/v");
     expect_plan(plan(RowsProduct::kPlain, 1536, 2048), 2, 4, true, false, "E2B o_proj (sliding)");
     expect_plan(plan(RowsProduct::kGeluMul, 256, 1536), 2, 4, true, false, "E2B PLE gate");
