@@ -2,19 +2,19 @@
 // products, kept for the lab (attn_lab.cu): TF32 products (+2..+11% prefill, error ~1e-4 of the logits'
 // range), bf16 tensor cores over hi/lo halves (bf16x3: +4.5..+9.9% at 512 tokens with fp32's error, but E2B
 // -42% at 4096 tokens, not yet explained) and causal row blocks (R = 128: 31B +1.4%, E2B -11.5%). With none
-// of them set this is the product's src/cuda/attention_gemm.cu. On bf16x3: q.k = qh.kh + ql.kh + qh.kl as one
-// GEMM over three times the head dim ([qh | ql | qh] against [kh | kh | kl]), and p.v = ph.vh + ph.vl + pl.vh
-// over three times the keys ([ph | ph | pl] against [vh; vl; vh]); the dropped lo.lo term is ~2^-16 of the
-// product.
+// of them set this is the product's src/cuda/kernels/attention_gemm.cu. On bf16x3: q.k = qh.kh + ql.kh +
+// qh.kl as one GEMM over three times the head dim ([qh | ql | qh] against [kh | kh | kl]), and p.v = ph.vh +
+// ph.vl + pl.vh over three times the keys ([ph | ph | pl] against [vh; vl; vh]); the dropped lo.lo term is
+// ~2^-16 of the product.
 #pragma once
 
 #include <algorithm>
 #include <cfloat>
 
 #include "cuda/check.h"
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
-#include "cuda/launch.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
 
 namespace attn_lab {
 

@@ -1,14 +1,14 @@
 // Kernel lab for the prefill attention: the production launchers on each Gemma 4 variant's sliding and full
 // layer shapes, at every chunk of a long prompt (pos0 = 0, 512, ..., as a prefill of chunks x 512 tokens runs
 // them), in four modes:
-//   fp32    the product's attention_gemm() (src/cuda/attention_gemm.cu), fp32 products
+//   fp32    the product's attention_gemm() (src/cuda/kernels/attention_gemm.cu), fp32 products
 //   tf32    attn_gemm_variants.cuh, TF32 products
 //   bf16x3  attn_gemm_variants.cuh, bf16 tensor cores over hi/lo halves (key ranges over 2048 slots: fp32)
 //   blk128  attn_gemm_variants.cuh, fp32, causal row blocks of 128 queries while the ring has not wrapped
 // Correctness gate: each mode's output against fp32's, max |diff| / max |fp32| (blk128 should be ~1e-6,
 // bf16x3 a few 1e-6, tf32 ~1e-4). Timing: CUDA events around one call, median of 10. Written to find why
-// bf16x3 lost 42% on E2B's 4096-token prefill while winning at 512 tokens (docs/performance.md). (The CUDA-core
-// pieces the GEMMs replaced at prefill were a fifth mode; their prefill form is in the history.)
+// bf16x3 lost 42% on E2B's 4096-token prefill while winning at 512 tokens (docs/performance.md). (The
+// CUDA-core pieces the GEMMs replaced at prefill were a fifth mode; their prefill form is in the history.)
 //   markbase_attn_lab [--only SUBSTRING] [--chunks N]
 // Q, K and V are drawn on the GPU from a counter hash (uniform [-1, 1)): the cache holds random rows, and
 // only the masks depend on pos0.
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "attn_gemm_variants.cuh"
-#include "cuda/kernels.h"
+#include "cuda/kernels/kernels.h"
 #include "lab_common.cuh"
 
 namespace {

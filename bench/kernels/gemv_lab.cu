@@ -6,9 +6,9 @@
 // the baseline. Two timings per (shape, variant): "solo" (CUDA events around one launch, median of 20) and
 // "graph" (>= 20 launches on rotating copies, >= 256 MB of distinct weights, captured as one CUDA graph;
 // per-launch time, median of 5 replays: what a decode graph sees, launch gaps included). The per-shape winner
-// table and the per-model totals use "graph". The decode step runs v11's layout (src/cuda/gemv_rows.cu, the
-// p rows); src/cuda/gemv.cu keeps v2 for lm_head. v6..v10 were product variants once (their names in the
-// legend printed first); they lost to v11 and live here only.
+// table and the per-model totals use "graph". The decode step runs v11's layout
+// (src/cuda/kernels/gemv_rows.cu, the p rows); src/cuda/kernels/gemv.cu keeps v2 for lm_head. v6..v10 were
+// product variants once (their names in the legend printed first); they lost to v11 and live here only.
 //   markbase_gemv_lab [--quick] [--only SUBSTRING]
 // Weights and x are drawn on the GPU from a counter hash (uniform [-1, 1)), so a full sweep takes seconds.
 #include <cublas_v2.h>
@@ -24,8 +24,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
 #include "lab_common.cuh"
 
 #define CB(call)                                                                                    \
@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(256) v11_kernel(const uint16_t* W, const float
 // flight, streaming loads, grid-stride over units. A unit is a group of NW*R rows times one of S slices of
 // the K range (S = 1: whole rows; S > 1: split-K, y zeroed first and the partial sums added with atomicAdd).
 // EARLY: the block's first batch of weights is loaded into registers before x is staged, so the staging
-// latency (x load, barrier) overlaps the first weight loads. The production layout of src/cuda/gemv.cu is
-// <2, 4, 8, false> with S = 1 and the legacy grid (v2).
+// latency (x load, barrier) overlaps the first weight loads. The production layout of
+// src/cuda/kernels/gemv.cu is <2, 4, 8, false> with S = 1 and the legacy grid (v2).
 template <int R, int U, int NW, bool EARLY>
 __global__ void __launch_bounds__(NW * 32)
     staged_kernel(const uint16_t* W, const float* x, float* y, int N, int K, int S) {
@@ -228,9 +228,9 @@ int resident(const void* fn, int threads, size_t smem) {
     return nb;
 }
 
-// K slices per row group for a balanced split-K (v9, v10, v13; once src/cuda/gemv.cu's rule): the fewest
-// slices whose units (groups x slices) spread over `blocks` with little tail, each slice still a few full
-// batches of U chunks per lane.
+// K slices per row group for a balanced split-K (v9, v10, v13; once src/cuda/kernels/gemv.cu's rule): the
+// fewest slices whose units (groups x slices) spread over `blocks` with little tail, each slice still a few
+// full batches of U chunks per lane.
 int choose_ksplit(int groups, int blocks, int nchunk, int U) {
     int best = 1;
     double best_score = -1.0;
@@ -275,9 +275,9 @@ void launch_staged(const uint16_t* W, const float* x, float* y, int N, int K, cu
     staged_kernel<R, U, NW, EARLY><<<blocks, NW * 32, smem, s>>>(W, x, y, N, K, S);
 }
 
-// The production warp-per-row GEMV itself (src/cuda/gemv_rows.cu through markbase::cuda::gemv, PDL as the
-// model launches it), with the one-GPU settings (min_waves 3, 4 chunks per lane up to K = 2048) or a forced
-// number of warps per row W, with or without the input RMSNorm folded into every warp (Norm: the norm
+// The production warp-per-row GEMV itself (src/cuda/kernels/gemv_rows.cu through markbase::cuda::gemv, PDL as
+// the model launches it), with the one-GPU settings (min_waves 3, 4 chunks per lane up to K = 2048) or a
+// forced number of warps per row W, with or without the input RMSNorm folded into every warp (Norm: the norm
 // weights are ones, so y = rsqrt(mean(x^2) + eps) * W x; the gate checks it against the reference times that
 // factor; without it the launch runs the lean kernel, more blocks per SM at 4 chunks per lane). What a
 // model's launch pays for its norm, and which W suits each shape.
@@ -706,7 +706,8 @@ int main(int argc, char** argv) {
     // bf16).
     auto vname = [&](int v) { return v == kNumVariants ? "cuBLAS" : kVariants[v].name; };
     std::printf(
-        "\nwinners (graph timing per launch; prod = src/cuda/gemv.cu's default v2; best sel = best of the "
+        "\nwinners (graph timing per launch; prod = src/cuda/kernels/gemv.cu's default v2; best sel = best "
+        "of the "
         "variants that were product variants):\n");
     std::printf("%-4s %-20s %7s %6s | %8s %6s | %-24s %8s %6s | %-8s %8s | %8s\n", "mdl", "shape", "N", "K",
                 "v2 us", "%roof", "winner", "us", "%roof", "best sel", "us", "cuBLAS");

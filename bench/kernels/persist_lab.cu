@@ -36,9 +36,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
-#include "cuda/launch.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
 #include "lab_common.cuh"
 
 namespace {

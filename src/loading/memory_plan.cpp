@@ -7,7 +7,7 @@ namespace markbase {
 
 namespace {
 
-// cuda_model.cu's decode attention split: pieces of >= 32 keys, at most 512 blocks per layer.
+// model.cu's decode attention split: pieces of >= 32 keys, at most 512 blocks per layer.
 constexpr int kDecodeMinSplit = 32;
 constexpr int kMaxDecodePieces = 512;
 

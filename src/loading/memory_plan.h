@@ -1,7 +1,7 @@
 // Memory honesty for the CUDA backend (issue 5): before any weight moves, add up what the device must hold
 // (weights, the KV cache for the requested context, activations and scratch) and compare it with the free
 // memory, so a model that cannot fit is refused with the numbers and the largest context that would fit,
-// instead of failing half-way through the upload. The sizes mirror cuda/cuda_model.cu's constructor (fp32 K
+// instead of failing half-way through the upload. The sizes mirror cuda/model.cu's constructor (fp32 K
 // and V per layer with its own cache; sliding layers hold a ring of min(ctx, window + chunk) positions);
 // a change there must be mirrored here (tests/loading/test_memory_plan.cpp pins the arithmetic).
 #pragma once
@@ -50,7 +50,7 @@ inline uint64_t moe_prefill_scratch_bytes(const ModelConfig& c, int chunk) {
            stacked;
 }
 
-// Prefill attention as GEMMs (cuda/attention_gemm.cu): fp32 scores for every query
+// Prefill attention as GEMMs (cuda/kernels/attention_gemm.cu): fp32 scores for every query
 // head of a chunk over up to this many key slots, or the sliding layers' whole ring where that is longer
 // (never past the context); longer key ranges (full layers deep into a long prompt) run in head and row
 // batches of the same scratch.

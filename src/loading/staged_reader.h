@@ -2,7 +2,7 @@
 // Several reader threads pread large aligned chunks of the shards (the union of the wanted tensors' byte
 // ranges, coalesced) into a small ring of staging buffers; each filled buffer goes to a sink with the map of
 // which bytes belong to which tensor, and comes back to the ring when the sink is done with it. The GPU is
-// just one sink (cuda/cuda_staged_load.cu: pinned buffers, async copies on their own stream); the host-arena
+// just one sink (cuda/staged_load.cu: pinned buffers, async copies on their own stream); the host-arena
 // sink here serves tests and `markbase bench load --device cpu`. The CPU backend does not use this: it reads
 // the mapped files in place.
 //

@@ -1,7 +1,7 @@
 // A timeline of the decode step inside its CUDA-graph replay (`markbase bench --timeline`): CUPTI's kernel
 // records of a few replays, each charged to the CudaModel::run() launch (name, layer) that created its graph
 // node. This header is plain C++ (no CUDA): the arithmetic, the summary and its output are built and tested
-// on machines without a GPU; the CUPTI side is src/cuda/graph_timeline_cupti.cu.
+// on machines without a GPU; the CUPTI side is src/cuda/profiling/graph_timeline_cupti.cu.
 //
 // Why not the events profile (bench --profile): events around each launch serialise the step and stop
 // programmatic dependent launch, so small kernels read high (E2B: 3.92 ms of events against a 2.02 ms graph

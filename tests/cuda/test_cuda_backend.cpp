@@ -30,7 +30,7 @@
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #endif
 
 namespace markbase {
@@ -331,8 +331,8 @@ void check_synthetic(const std::string& v, const std::string& label, const Tunin
         auto host = copy_weights_to_host(*gpu);
         auto cpu = make_cpu_backend(host->checkpoint, o);
         // MoE: a prompt whose every routing decision (prompt and decode steps) is clear of a tie between
-        // the 8th and 9th expert by kRouterMargin, so that rounding cannot flip a choice and the logits can be
-        // held to the dense models' bound.
+        // the 8th and 9th expert by kRouterMargin, so that rounding cannot flip a choice and the logits can
+        // be held to the dense models' bound.
         SyntheticRef r;
         for (uint32_t seed = 5; seed < 5 + 64; ++seed) {
             r = SyntheticRef{};
@@ -406,8 +406,9 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
 #ifdef MARKBASE_HAS_CUDA
 // A synthetic model at real widths (two layers) under the tuning `setting`: its logits after a prompt of
 // random ids, then after each greedy decode step, one after another.
-std::vector<float> synthetic_chain(const char* variant, BackendOptions o, uint64_t seed, const std::string& setting,
-                                   int prompt, int steps, int layers = 2, uint32_t prompt_seed = 5) {
+std::vector<float> synthetic_chain(const char* variant, BackendOptions o, uint64_t seed,
+                                   const std::string& setting, int prompt, int steps, int layers = 2,
+                                   uint32_t prompt_seed = 5) {
     o.tuning = parse_tuning(setting);
     auto gpu = make_synthetic_cuda_backend(variant, layers, o, seed);
     const int64_t V = gpu->config().vocab_size;
@@ -426,8 +427,8 @@ std::vector<float> synthetic_chain(const char* variant, BackendOptions o, uint64
 // The first prompt seed (from 5) whose chain on synthetic_chain's weights the CPU routes clear of any tie
 // between the 8th and 9th expert by `margin` (relative), prompt and greedy steps alike: two GPU variants that
 // agree to ~1e-6 then choose the same experts, and their logits can be held to the dense models' bound.
-uint32_t clear_routing_seed(const char* variant, const BackendOptions& o, uint64_t seed, int prompt, int steps,
-                            int layers, float margin) {
+uint32_t clear_routing_seed(const char* variant, const BackendOptions& o, uint64_t seed, int prompt,
+                            int steps, int layers, float margin) {
     auto gpu = make_synthetic_cuda_backend(variant, layers, o, seed);
     auto host = copy_weights_to_host(*gpu);
     auto cpu = make_cpu_backend(host->checkpoint, o);
@@ -448,7 +449,8 @@ uint32_t clear_routing_seed(const char* variant, const BackendOptions& o, uint64
             return ps;
         }
     }
-    ADD_FAILURE() << variant << ": no prompt in 16 routes clear of a tie by " << margin << " (best " << best << ")";
+    ADD_FAILURE() << variant << ": no prompt in 16 routes clear of a tie by " << margin << " (best " << best
+                  << ")";
     return 5;
 }
 

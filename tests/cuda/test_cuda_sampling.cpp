@@ -16,7 +16,7 @@
 #include "support/tiny_models.h"
 
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #endif
 
 namespace markbase {

@@ -22,7 +22,7 @@
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #include "parallel/nccl_comm.h"
 #endif
 

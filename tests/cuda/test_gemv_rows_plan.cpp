@@ -1,12 +1,12 @@
 // Which warp-per-row kernel each decode product of the four models launches on one H200 (132 SMs) with the
-// one-GPU defaults (cuda_step.cu's gemv_input): the rules the H200 A/Bs chose, checked on the host, so a
+// one-GPU defaults (step.cu's gemv_input): the rules the H200 A/Bs chose, checked on the host, so a
 // change that moves a product to another kernel fails here before any GPU run. No device is needed.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/kernels.h"
+#include "cuda/kernels/kernels.h"
 #endif
 
 namespace markbase {
@@ -46,7 +46,7 @@ TEST(GemvRowsPlan, NarrowProductsRunTheLeanKernelAtFourChunks) {
 #ifndef MARKBASE_HAS_CUDA
     GTEST_SKIP() << "built without CUDA";
 #else
-    // E2B: K = 1536 and 2048 are at most 2048 (gemv_rows.cu's kU4MaxK)
+    // E2B: K = 1536 and 2048 are at most 2048 (gemv_rows_plan.cu's kU4MaxK)
     expect_plan(plan(RowsProduct::kPlain, 2560, 1536), 2, 4, true, false, "E2B q/k/v");
     expect_plan(plan(RowsProduct::kPlain, 1536, 2048), 2, 4, true, false, "E2B o_proj (sliding)");
     expect_plan(plan(RowsProduct::kGeluMul, 256, 1536), 2, 4, true, false, "E2B PLE gate");

@@ -17,7 +17,7 @@
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"

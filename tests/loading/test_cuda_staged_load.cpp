@@ -1,4 +1,4 @@
-// The staged loader's CUDA sink (cuda/cuda_staged_load.cu) on a real device: the weights the backend holds
+// The staged loader's CUDA sink (cuda/staged_load.cu) on a real device: the weights the backend holds
 // after the staged load (the default; one device allocation) are byte-identical to the mapped checkpoint, the
 // one-shot bench load moves every bound byte, and the free-memory query answers. Skips without a device
 // (compiled everywhere CUDA is).
@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_loader.h"
+#include "cuda/backend.h"
+#include "cuda/loader.h"
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "model/error.h"

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #define REQUIRE_CUDA()                                                             \
     do {                                                                           \
         const ::markbase::CudaDeviceInfo info_ = ::markbase::cuda_device_info();   \

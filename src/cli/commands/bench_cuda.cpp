@@ -1,13 +1,12 @@
-// markbase bench --device cuda [-m DIR | --synthetic VARIANT [--layers N] [--seed S]] [-p 128] [-n 256] [-r
-// 3]
-//                [--prefill-tokens 512] [--profile] [--timeline] [--json-out FILE]
+// markbase bench --device cuda [-m DIR | --synthetic VARIANT [--layers N] [--seed S]] [-p 128] [-n 256]
+//     [-r 3] [--prefill-tokens 512] [-np N] [--profile] [--timeline] [--json-out FILE]
 // Decode at batch 1: prefill a seeded random prompt of -p tokens, then -n greedy tokens decoded on the device
 // (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the
 // bytes each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a
-// separate
-// --prefill-tokens prompt. --profile times one decode step kernel by kernel. --timeline: where the graph
-// step's time goes inside its replay (CUPTI kernel records, graph_timeline.h); without CUPTI it says why and
-// the bench goes on. Prints a receipt with a logits hash.
+// separate --prefill-tokens prompt. -np N: N sequences decoded together (batched decode). --profile times one
+// decode step kernel by kernel. --timeline: where the graph step's time goes inside its replay (CUPTI kernel
+// records, graph_timeline.h); without CUPTI it says why and the bench goes on. Prints a receipt with a
+// logits hash.
 #include "cli/commands/bench_cuda.h"
 
 #include "runtime/timing.h"
@@ -22,12 +21,13 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cli/commands/model_options.h"
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 
@@ -54,6 +54,275 @@ std::vector<int> random_prompt(int n, const ModelConfig& c, uint32_t seed) {
     return p;
 }
 
+// The bench's own options (the model's are read by load_backend).
+struct BenchArgs {
+    std::optional<std::string> synthetic;
+    int layers = 0;
+    uint64_t seed = 1234;
+    int n_prompt = 128, n_gen = 256, reps = 3, n_prefill = 512;
+    bool profile = false, timeline = false;
+    std::string json_out;
+    int64_t need = 0;  // positions the runs need (the context is at least this)
+};
+
+BenchArgs parse_bench(ArgReader& a) {
+    BenchArgs b;
+    b.synthetic = a.value({"--synthetic"});
+    b.layers = a.integer({"--layers"}, 0, 0, kIntMax);
+    b.seed = static_cast<uint64_t>(a.integer<int64_t>({"--seed"}, 1234, 0, INT64_MAX));
+    b.n_prompt = a.integer({"-p", "--n-prompt"}, 128, 1, kMaxTokens);
+    b.n_gen = a.integer({"-n", "--n-gen"}, 256, 1, kMaxTokens);
+    b.reps = a.integer({"-r", "--repetitions"}, 3, 1, kIntMax);
+    b.n_prefill = a.integer({"--prefill-tokens"}, 512, 0, kMaxTokens);
+    b.profile = a.flag({"--profile"});
+    b.timeline = a.flag({"--timeline"});
+    b.json_out = a.value_or({"--json-out"}, "");
+    b.need = std::max<int64_t>(int64_t{b.n_prompt} + b.n_gen + 8, b.n_prefill);
+    // the timeline's replays are decode steps after the prompt and one token
+    if (b.timeline)
+        b.need =
+            std::max<int64_t>(b.need, int64_t{b.n_prompt} + 1 + timeline_positions(kTimelineReplays) + 8);
+    return b;
+}
+
+// The backend under test: random weights (--synthetic) or a checkpoint, and what the receipt says of it.
+struct BenchModel {
+    std::unique_ptr<Backend> owner;
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::string label;
+    BackendOptions bo;
+    Tuning tuning;  // --tuning / $MARKBASE_TUNING, for the receipt
+    double load_s = 0;
+    int checkpoint_tp = 1;
+    int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
+    int slots = 1;
+};
+
+BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
+    BenchModel m;
+    // -np/--parallel N (llama.cpp's name): N sequences decoded together, one token each per step (batched
+    // decode, docs/batched-decode.md), timed after the one-sequence receipt
+    m.slots = a.integer({"-np", "--parallel"}, 1, 1, 4096);
+    if (b.synthetic) {
+        if (a.value({"-m", "--model"}))
+            throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
+        const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
+        if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
+        BackendOptions& bo = m.bo;
+        bo.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, b.need, 1, kMaxTokens);
+        bo.chunk = m.chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
+        bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
+        bo.slots = m.slots;
+        bo.tuning = read_tuning(a);
+        m.tuning = bo.tuning;
+        a.finish();
+        bo.ctx_size = std::max<int64_t>(bo.ctx_size, b.need);
+        const double t0 = now_s();
+        m.owner = make_synthetic_cuda_backend(*b.synthetic, b.layers, bo, b.seed);
+        m.load_s = now_s() - t0;
+        m.label = "synthetic:" + *b.synthetic + (b.layers ? "/" + std::to_string(b.layers) + "L" : "");
+        return m;
+    }
+    ModelOptions mo = ModelOptions::read(a);
+    mo.device = "cuda";
+    mo.backend.ctx_size =
+        std::max<int64_t>(a.integer<int64_t>({"-c", "--ctx-size"}, b.need, 1, kMaxTokens), b.need);
+    mo.backend.chunk = m.chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
+    mo.backend.slots = m.slots;
+    a.finish();
+    m.checkpoint_tp = mo.backend.tensor_parallel;
+    m.tuning = mo.backend.tuning;
+    LoadedModel lm = load_model(mo);
+    m.checkpoint = std::move(lm.checkpoint);
+    m.owner = std::move(lm.backend);
+    m.load_s = lm.load_s;
+    m.label = mo.model_dir;
+    return m;
+}
+
+// The timed runs at batch 1: prefill of the long prompt, greedy decode after the prompt, and sampled decode.
+struct DecodeRuns {
+    std::vector<double> prefill, decode;  // s per prefill; s per token
+    std::vector<float> logits;            // the last decode's final logits
+    std::vector<int> ids;                 // the last decode's ids
+    double sampled_dev_ms = 0, sampled_host_ms = 0;
+    double pf = 0, dc = 0;     // medians
+    std::string prefill_note;  // how the prefill ran (CudaBackend::prefill_note), after these runs
+};
+
+// What `markbase run` pays per token with Gemma's default sampling (top_k 64, top_p 0.95, T 1): the
+// generation loop, selecting on the device (k candidates cross the bus), or with the whole row copied to the
+// host sampler.
+double sampled_ms(CudaBackend* be, const std::vector<int>& prompt, const BenchArgs& b, bool device) {
+    GenerateOptions go;
+    go.max_new_tokens = b.n_gen;
+    go.ignore_eos = true;
+    go.sampling.top_k = 64;
+    go.sampling.top_p = 0.95f;
+    go.sampling.temperature = 1.0f;
+    go.sampling.seed = 5;
+    go.device_select = device;
+    std::vector<double> per;
+    for (int r = 0; r < b.reps; ++r) {
+        be->reset();
+        const GenerateStats st = generate(*be, prompt, go, [](int) { return true; });
+        per.push_back(st.generated > 1 ? st.decode_s / (st.generated - 1) : 0.0);
+    }
+    return median(per) * 1e3;
+}
+
+DecodeRuns bench_decode(CudaBackend* be, const BenchArgs& b, const std::vector<int>& prompt,
+                        const std::vector<int>& long_prompt, int64_t V) {
+    DecodeRuns d;
+    // warm-up: module load, cuBLAS handles, graph capture
+    be->reset();
+    be->eval(prompt.data(), b.n_prompt, nullptr, false);
+    be->decode_greedy(4, nullptr);
+
+    for (int r = 0; r < b.reps && b.n_prefill > 0; ++r) {
+        be->reset();
+        const double t0 = now_s();
+        be->eval(long_prompt.data(), b.n_prefill, nullptr, false);
+        d.prefill.push_back(now_s() - t0);
+    }
+    d.logits.resize(V);
+    for (int r = 0; r < b.reps; ++r) {
+        be->reset();
+        be->eval(prompt.data(), b.n_prompt, nullptr, false);
+        const double t0 = now_s();
+        d.ids = be->decode_greedy(b.n_gen, r + 1 == b.reps ? d.logits.data() : nullptr);
+        d.decode.push_back((now_s() - t0) / b.n_gen);
+    }
+    d.sampled_dev_ms = sampled_ms(be, prompt, b, true);
+    d.sampled_host_ms = sampled_ms(be, prompt, b, false);
+    d.pf = median(d.prefill);
+    d.dc = median(d.decode);
+    d.prefill_note = be->prefill_note();
+    return d;
+}
+
+// Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
+// tokens/s over all slots against the one-sequence step. The median step (s) and the last run's ids hash.
+double bench_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, double dc,
+                     std::string* batch_ids_hash) {
+    std::vector<int> slot_ids(static_cast<size_t>(slots)), next(static_cast<size_t>(slots));
+    std::vector<double> per;
+    for (int r = 0; r < b.reps; ++r) {
+        for (int sl = 0; sl < slots; ++sl) {
+            slot_ids[static_cast<size_t>(sl)] = sl;
+            be->slot_reset(sl);
+            const std::vector<int> pr = random_prompt(b.n_prompt, c, 1000 + sl);
+            be->slot_eval(sl, pr.data(), b.n_prompt);
+            next[static_cast<size_t>(sl)] = pr.back();
+        }
+        std::vector<int> all;
+        // warm-up step (it feeds each prompt's last token again; the timed steps feed the greedy ids)
+        next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
+        const double t0 = now_s();
+        for (int g = 0; g < b.n_gen; ++g) {
+            next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
+            all.insert(all.end(), next.begin(), next.end());
+        }
+        per.push_back((now_s() - t0) / b.n_gen);
+        if (r + 1 == b.reps) *batch_ids_hash = hash_hex(all.data(), all.size() * sizeof(int));
+    }
+    const double batch_step = median(per);
+    std::printf(
+        "batched   %d sequences x %d steps: %.3f ms/step, %.1f tok/s = %.2fx the one-sequence decode's "
+        "tokens/s "
+        "(ids hash %s)\n",
+        slots, b.n_gen, batch_step * 1e3, slots / batch_step, slots * dc / batch_step,
+        batch_ids_hash->c_str());
+    return batch_step;
+}
+
+// bench --profile: one decode step kernel by kernel, then the prefill's last chunk phase by phase.
+struct ProfileRuns {
+    nlohmann::json steps = nlohmann::json::array();
+    nlohmann::json by_kernel = nlohmann::json::object();
+    double total = 0, prefill_total = 0;
+    int prefill_at = 0;  // the profiled prefill chunk's first position
+    nlohmann::json prefill_by_phase = nlohmann::json::object();
+};
+struct Agg {
+    int calls = 0;
+    double ms = 0, bytes = 0;
+};
+
+void profile_decode(CudaBackend* be, const BenchArgs& b, const std::vector<int>& prompt, double dc,
+                    ProfileRuns* p) {
+    be->reset();
+    be->eval(prompt.data(), b.n_prompt, nullptr, false);
+    be->decode_greedy(1, nullptr);
+    const std::vector<CudaProfileEntry> entries = be->profile_step();
+    std::map<std::string, Agg> by_kernel;
+    std::map<int, double> by_layer;
+    for (const auto& e : entries) {
+        Agg& k = by_kernel[e.kernel];
+        ++k.calls;
+        k.ms += e.ms;
+        k.bytes += e.bytes;
+        by_layer[e.layer] += e.ms;
+        p->total += e.ms;
+        p->steps.push_back({{"kernel", e.kernel}, {"layer", e.layer}, {"ms", e.ms}, {"bytes", e.bytes}});
+    }
+    std::vector<std::pair<std::string, Agg>> rows(by_kernel.begin(), by_kernel.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+    std::printf(
+        "profile   one decode step, kernel by kernel (events around each launch, no graph, %s): %.3f ms "
+        "in "
+        "%zu launches; graph step %.3f ms\n",
+        be->profile_gated() ? "enqueued whole behind a gate" : "NOT gated: small kernels read high", p->total,
+        entries.size(), dc * 1e3);
+    std::printf("  %-18s %6s %10s %7s %10s %8s\n", "kernel", "calls", "total ms", "%", "MB", "GB/s");
+    for (const auto& [name, k] : rows) {
+        std::printf("  %-18s %6d %10.4f %6.1f%% %10.2f %8.1f\n", name.c_str(), k.calls, k.ms,
+                    100.0 * k.ms / p->total, k.bytes / 1e6, k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0.0);
+        p->by_kernel[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
+    }
+    std::printf("  per layer (ms):");
+    for (const auto& [layer, ms] : by_layer) {
+        if (layer < 0)
+            std::printf(" outside=%.3f", ms);
+        else
+            std::printf(" %d=%.3f", layer, ms);
+    }
+    std::printf("\n");
+}
+
+// The prefill the same way, phase by phase (a phase is one or a few launches: GEMMs with their input
+// splits, attention, the MoE's router / route / experts / combine): the prompt's last chunk, after its other
+// tokens, so a long --prefill-tokens shows the cost deep into the context.
+void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>& long_prompt, int chunk,
+                     ProfileRuns* p) {
+    const int n_pp = std::min(b.n_prefill, chunk);
+    if (n_pp <= 0) return;
+    be->reset();
+    p->prefill_at = b.n_prefill - n_pp;
+    if (p->prefill_at > 0) be->eval(long_prompt.data(), p->prefill_at, nullptr, false);
+    const std::vector<CudaProfileEntry> pp = be->profile_prefill(long_prompt.data() + p->prefill_at, n_pp);
+    std::map<std::string, Agg> by_phase;
+    for (const auto& e : pp) {
+        Agg& k = by_phase[e.kernel];
+        ++k.calls;
+        k.ms += e.ms;
+        k.bytes += e.bytes;
+        p->prefill_total += e.ms;
+    }
+    std::vector<std::pair<std::string, Agg>> prow(by_phase.begin(), by_phase.end());
+    std::sort(prow.begin(), prow.end(),
+              [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+    std::printf("profile   prefill of %d tokens at position %d, phase by phase (events, no graph): %.3f ms\n",
+                n_pp, p->prefill_at, p->prefill_total);
+    std::printf("  %-18s %6s %10s %7s\n", "phase", "calls", "total ms", "%");
+    for (const auto& [name, k] : prow) {
+        std::printf("  %-18s %6d %10.3f %6.1f%%\n", name.c_str(), k.calls, k.ms,
+                    100.0 * k.ms / p->prefill_total);
+        p->prefill_by_phase[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
+    }
+}
+
 }  // namespace
 
 bool bench_wants_cuda(ArgReader& a) {
@@ -61,273 +330,146 @@ bool bench_wants_cuda(ArgReader& a) {
     return resolve_device(a.value_or({"--device", "-dev"}, "auto")) == "cuda";
 }
 
-int cmd_bench_cuda(ArgReader& a) {
-    const auto synthetic = a.value({"--synthetic"});
-    const int layers = a.integer({"--layers"}, 0, 0, kIntMax);
-    const uint64_t seed = static_cast<uint64_t>(a.integer<int64_t>({"--seed"}, 1234, 0, INT64_MAX));
-    const int n_prompt = a.integer({"-p", "--n-prompt"}, 128, 1, kMaxTokens);
-    const int n_gen = a.integer({"-n", "--n-gen"}, 256, 1, kMaxTokens);
-    const int reps = a.integer({"-r", "--repetitions"}, 3, 1, kIntMax);
-    const int n_prefill = a.integer({"--prefill-tokens"}, 512, 0, kMaxTokens);
-    const bool profile = a.flag({"--profile"});
-    const bool timeline = a.flag({"--timeline"});
-    const std::string json_out = a.value_or({"--json-out"}, "");
+namespace {
 
-    std::unique_ptr<Backend> owner;
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::string model_label;
-    BackendOptions bo;
-    Tuning tuning;  // --tuning / $MARKBASE_TUNING, for the receipt
-    int64_t need = std::max<int64_t>(int64_t{n_prompt} + n_gen + 8, n_prefill);
-    // the timeline's replays are decode steps after the prompt and one token
-    if (timeline)
-        need = std::max<int64_t>(need, int64_t{n_prompt} + 1 + timeline_positions(kTimelineReplays) + 8);
-    double load_s = 0;
-    int checkpoint_tp = 1;
-    int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
-    // -np/--parallel N (llama.cpp's name): N sequences decoded together, one token each per step (batched
-    // decode, docs/batched-decode.md), timed after the one-sequence receipt
-    const int slots = a.integer({"-np", "--parallel"}, 1, 1, 4096);
-    if (synthetic) {
-        if (a.value({"-m", "--model"}))
-            throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
-        const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
-        if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
-        bo.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, need, 1, kMaxTokens);
-        bo.chunk = chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
-        bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
-        bo.slots = slots;
-        bo.tuning = read_tuning(a);
-        tuning = bo.tuning;
-        a.finish();
-        bo.ctx_size = std::max<int64_t>(bo.ctx_size, need);
-        const double t0 = now_s();
-        owner = make_synthetic_cuda_backend(*synthetic, layers, bo, seed);
-        load_s = now_s() - t0;
-        model_label = "synthetic:" + *synthetic + (layers ? "/" + std::to_string(layers) + "L" : "");
-    } else {
-        ModelOptions mo = ModelOptions::read(a);
-        mo.device = "cuda";
-        mo.backend.ctx_size =
-            std::max<int64_t>(a.integer<int64_t>({"-c", "--ctx-size"}, need, 1, kMaxTokens), need);
-        mo.backend.chunk = chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
-        mo.backend.slots = slots;
-        a.finish();
-        checkpoint_tp = mo.backend.tensor_parallel;
-        tuning = mo.backend.tuning;
-        LoadedModel lm = load_model(mo);
-        checkpoint = std::move(lm.checkpoint);
-        owner = std::move(lm.backend);
-        load_s = lm.load_s;
-        model_label = mo.model_dir;
-    }
-    auto* be = dynamic_cast<CudaBackend*>(owner.get());
-    if (!be) throw Error("internal: the CUDA bench got a non-CUDA backend");
+// The one-sequence receipt on stdout.
+void print_decode(const BenchModel& m, CudaBackend* be, const BenchArgs& b, const DecodeRuns& d, double gbs,
+                  double roofline, int tp, const std::string& logits_hash, const std::string& ids_hash) {
     const ModelConfig& c = be->config();
     const ModelCounts counts = count_params(c);
-    const int64_t V = c.vocab_size;
     const CudaDeviceInfo dev = be->device();
-
-    const std::vector<int> prompt = random_prompt(n_prompt, c, 1234);
-    const std::vector<int> long_prompt = random_prompt(n_prefill, c, 4321);
-
-    // warm-up: module load, cuBLAS handles, graph capture
-    be->reset();
-    be->eval(prompt.data(), n_prompt, nullptr, false);
-    be->decode_greedy(4, nullptr);
-
-    std::vector<double> prefill, decode;
-    for (int r = 0; r < reps && n_prefill > 0; ++r) {
-        be->reset();
-        const double t0 = now_s();
-        be->eval(long_prompt.data(), n_prefill, nullptr, false);
-        prefill.push_back(now_s() - t0);
-    }
-    std::vector<float> logits(V);
-    std::vector<int> ids;
-    for (int r = 0; r < reps; ++r) {
-        be->reset();
-        be->eval(prompt.data(), n_prompt, nullptr, false);
-        const double t0 = now_s();
-        ids = be->decode_greedy(n_gen, r + 1 == reps ? logits.data() : nullptr);
-        decode.push_back((now_s() - t0) / n_gen);
-    }
-    // What `markbase run` pays per token with Gemma's default sampling (top_k 64, top_p 0.95, T 1): the
-    // generation loop, selecting on the device (k candidates cross the bus), and with the whole row copied
-    // to the host sampler.
-    auto sampled_ms = [&](bool device) {
-        GenerateOptions go;
-        go.max_new_tokens = n_gen;
-        go.ignore_eos = true;
-        go.sampling.top_k = 64;
-        go.sampling.top_p = 0.95f;
-        go.sampling.temperature = 1.0f;
-        go.sampling.seed = 5;
-        go.device_select = device;
-        std::vector<double> per;
-        for (int r = 0; r < reps; ++r) {
-            be->reset();
-            const GenerateStats st = generate(*be, prompt, go, [](int) { return true; });
-            per.push_back(st.generated > 1 ? st.decode_s / (st.generated - 1) : 0.0);
-        }
-        return median(per) * 1e3;
-    };
-    const double sampled_dev_ms = sampled_ms(true), sampled_host_ms = sampled_ms(false);
-    const double pf = median(prefill), dc = median(decode);
-    // With tensor parallelism the roofline is the GPUs' together (each streams its share of the weights).
-    const int tp = bo.tensor_parallel > 1 ? bo.tensor_parallel : std::max(1, checkpoint_tp);
-    const double roofline = kRooflineGBs * tp;
-    const double gbs = counts.bytes_per_token / dc / 1e9;
-    const std::string logits_hash = hash_hex(logits.data(), logits.size() * sizeof(float));
-    const std::string ids_hash = hash_hex(ids.data(), ids.size() * sizeof(int));
-
     std::printf(
         "model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token, %.1f GB on the GPU)\n",
-        model_label.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9,
+        m.label.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9,
         be->weight_bytes() / 1e9);
     std::printf("device    %s, %d SMs, %.1f GiB; weights ready in %.1f s; KV cache fp32 %.1f MB\n",
-                dev.name.c_str(), dev.sm_count, dev.memory_gib, load_s, be->cache_bytes() / 1e6);
-    if (n_prefill > 0)
-        std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", n_prefill, pf * 1e3,
-                    n_prefill / pf, reps);
-    const std::string prefill_note = be->prefill_note();
-    if (!prefill_note.empty()) std::printf("prefill   %s\n", prefill_note.c_str());
+                dev.name.c_str(), dev.sm_count, dev.memory_gib, m.load_s, be->cache_bytes() / 1e6);
+    if (b.n_prefill > 0)
+        std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", b.n_prefill, d.pf * 1e3,
+                    b.n_prefill / d.pf, b.reps);
+    if (!d.prefill_note.empty()) std::printf("prefill   %s\n", d.prefill_note.c_str());
     std::printf(
         "decode    %d tok after %d: %.3f ms/tok, %.1f tok/s, %.1f GB/s = %.1f%% of the %.2f TB/s roofline\n",
-        n_gen, n_prompt, dc * 1e3, 1.0 / dc, gbs, 100.0 * gbs / roofline, roofline / 1e3);
-    if (const std::string t = tuning_string(tuning); !t.empty()) std::printf("tuning    %s\n", t.c_str());
+        b.n_gen, b.n_prompt, d.dc * 1e3, 1.0 / d.dc, gbs, 100.0 * gbs / roofline, roofline / 1e3);
+    if (const std::string t = tuning_string(m.tuning); !t.empty()) std::printf("tuning    %s\n", t.c_str());
     if (tp > 1)
         std::printf("parallel  tensor parallel over %d GPUs (roofline %d x %.2f TB/s)\n", tp, tp,
                     kRooflineGBs / 1e3);
     std::printf(
         "sampled   top_k 64, top_p 0.95, T 1 through the generation loop: %.3f ms/tok selecting on the "
         "device, %.3f ms/tok with the row copied to the host sampler\n",
-        sampled_dev_ms, sampled_host_ms);
+        d.sampled_dev_ms, d.sampled_host_ms);
     std::printf("logits    hash %s, ids hash %s (greedy chain from a seeded random prompt)\n",
                 logits_hash.c_str(), ids_hash.c_str());
+}
 
-    // Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
-    // tokens/s over all slots against the one-sequence step above.
-    double batch_step = 0;
-    std::string batch_ids_hash;
-    if (slots > 1) {
-        std::vector<int> slot_ids(static_cast<size_t>(slots)), next(static_cast<size_t>(slots));
-        std::vector<double> per;
-        for (int r = 0; r < reps; ++r) {
-            for (int sl = 0; sl < slots; ++sl) {
-                slot_ids[static_cast<size_t>(sl)] = sl;
-                be->slot_reset(sl);
-                const std::vector<int> pr = random_prompt(n_prompt, c, 1000 + sl);
-                be->slot_eval(sl, pr.data(), n_prompt);
-                next[static_cast<size_t>(sl)] = pr.back();
-            }
-            std::vector<int> all;
-            // warm-up step (it feeds each prompt's last token again; the timed steps feed the greedy ids)
-            next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
-            const double t0 = now_s();
-            for (int g = 0; g < n_gen; ++g) {
-                next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
-                all.insert(all.end(), next.begin(), next.end());
-            }
-            per.push_back((now_s() - t0) / n_gen);
-            if (r + 1 == reps) batch_ids_hash = hash_hex(all.data(), all.size() * sizeof(int));
-        }
-        batch_step = median(per);
-        std::printf(
-            "batched   %d sequences x %d steps: %.3f ms/step, %.1f tok/s = %.2fx the one-sequence decode's "
-            "tokens/s "
-            "(ids hash %s)\n",
-            slots, n_gen, batch_step * 1e3, slots / batch_step, slots * dc / batch_step,
-            batch_ids_hash.c_str());
+// --json-out: the receipt's fields.
+struct Receipt {
+    double gbs = 0, roofline = 0, batch_step = 0;
+    int tp = 1;
+    std::string logits_hash, ids_hash, batch_ids_hash;
+};
+
+void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be, const BenchArgs& b,
+                   const DecodeRuns& d, const Receipt& r, const ProfileRuns& p, const GraphTimeline* tl) {
+    const ModelConfig& c = be->config();
+    const ModelCounts counts = count_params(c);
+    const CudaDeviceInfo dev = be->device();
+    const double pf = d.pf, dc = d.dc, batch_step = r.batch_step;
+    const int slots = m.slots;
+    std::time_t t = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    const char* commit = std::getenv("MARKBASE_COMMIT");
+    nlohmann::json j = {{"kind", "cuda-bench"},
+                        {"model", m.label},
+                        {"device", dev.name},
+                        {"sm_count", dev.sm_count},
+                        {"date", date},
+                        {"commit", commit ? commit : "unknown"},
+                        {"tuning", tuning_string(m.tuning)},
+                        {"dtype", "bf16 weights, fp32 activations and KV cache"},
+                        {"batch", 1},
+                        {"layers", c.n_layers},
+                        {"hidden", c.hidden},
+                        {"active_params", counts.active_params},
+                        {"bytes_per_token", counts.bytes_per_token},
+                        {"weight_bytes_on_gpu", be->weight_bytes()},
+                        {"kv_cache_bytes", be->cache_bytes()},
+                        {"ctx_size", be->ctx_size()},
+                        {"load_s", m.load_s},
+                        {"n_prompt", b.n_prompt},
+                        {"n_gen", b.n_gen},
+                        {"repetitions", b.reps},
+                        {"prefill_tokens", b.n_prefill},
+                        {"prefill_s_median", pf},
+                        {"prefill_tok_s", pf > 0 ? b.n_prefill / pf : 0.0},
+                        {"prefill_s_all", d.prefill},
+                        {"prefill_note", d.prefill_note},
+                        {"decode_ms_per_tok_median", dc * 1e3},
+                        {"decode_s_per_tok_all", d.decode},
+                        {"decode_tok_s", 1.0 / dc},
+                        {"sampled_ms_per_tok_device_select", d.sampled_dev_ms},
+                        {"sampled_ms_per_tok_host_sampler", d.sampled_host_ms},
+                        {"decode_gb_s", r.gbs},
+                        {"tensor_parallel", r.tp},
+                        {"batch_slots", slots},
+                        {"batch_ms_per_step", batch_step * 1e3},
+                        {"batch_tok_s", batch_step > 0 ? slots / batch_step : 0.0},
+                        {"batch_speedup_vs_one_sequence", batch_step > 0 ? slots * dc / batch_step : 0.0},
+                        {"batch_ids_hash", r.batch_ids_hash},
+                        {"roofline_gb_s", r.roofline},
+                        {"decode_pct_of_roofline", 100.0 * r.gbs / r.roofline},
+                        {"logits_hash", r.logits_hash},
+                        {"ids_hash", r.ids_hash},
+                        {"profile_total_ms", p.total},
+                        {"profile_gated", b.profile && be->profile_gated()},
+                        {"profile_by_kernel", p.by_kernel},
+                        {"profile_prefill_total_ms", p.prefill_total},
+                        {"profile_prefill_at", p.prefill_at},
+                        {"profile_prefill_by_phase", p.prefill_by_phase},
+                        {"profile", p.steps}};
+    if (tl) {
+        j["timeline"] = timeline_json(*tl);
+        j["timeline_gap"] = gap_json(timeline_gap(*tl, kRooflineGBs, c.n_layers));
     }
+    std::ofstream f(path);
+    f << j.dump(1) << "\n";
+    if (!f) throw Error(path + ": cannot write");
+}
 
-    nlohmann::json prof_json = nlohmann::json::array();
-    nlohmann::json by_kernel_json = nlohmann::json::object();
-    double prof_total = 0, prof_prefill_total = 0;
-    int prof_prefill_at = 0;  // the profiled prefill chunk's first position
-    nlohmann::json prefill_by_phase_json = nlohmann::json::object();
-    if (profile) {
-        be->reset();
-        be->eval(prompt.data(), n_prompt, nullptr, false);
-        be->decode_greedy(1, nullptr);
-        const std::vector<CudaProfileEntry> entries = be->profile_step();
-        struct Agg {
-            int calls = 0;
-            double ms = 0, bytes = 0;
-        };
-        std::map<std::string, Agg> by_kernel;
-        std::map<int, double> by_layer;
-        for (const auto& e : entries) {
-            Agg& k = by_kernel[e.kernel];
-            ++k.calls;
-            k.ms += e.ms;
-            k.bytes += e.bytes;
-            by_layer[e.layer] += e.ms;
-            prof_total += e.ms;
-            prof_json.push_back({{"kernel", e.kernel}, {"layer", e.layer}, {"ms", e.ms}, {"bytes", e.bytes}});
-        }
-        std::vector<std::pair<std::string, Agg>> rows(by_kernel.begin(), by_kernel.end());
-        std::sort(rows.begin(), rows.end(),
-                  [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-        std::printf(
-            "profile   one decode step, kernel by kernel (events around each launch, no graph, %s): %.3f ms "
-            "in "
-            "%zu launches; graph step %.3f ms\n",
-            be->profile_gated() ? "enqueued whole behind a gate" : "NOT gated: small kernels read high",
-            prof_total, entries.size(), dc * 1e3);
-        std::printf("  %-18s %6s %10s %7s %10s %8s\n", "kernel", "calls", "total ms", "%", "MB", "GB/s");
-        for (const auto& [name, k] : rows) {
-            std::printf("  %-18s %6d %10.4f %6.1f%% %10.2f %8.1f\n", name.c_str(), k.calls, k.ms,
-                        100.0 * k.ms / prof_total, k.bytes / 1e6,
-                        k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0.0);
-            by_kernel_json[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
-        }
-        std::printf("  per layer (ms):");
-        for (const auto& [layer, ms] : by_layer) {
-            if (layer < 0)
-                std::printf(" outside=%.3f", ms);
-            else
-                std::printf(" %d=%.3f", layer, ms);
-        }
-        std::printf("\n");
-        // the prefill the same way, phase by phase (a phase is one or a few launches: GEMMs with their input
-        // splits, attention, the MoE's router / route / experts / combine): the prompt's last chunk, after
-        // its other tokens, so a long --prefill-tokens shows the cost deep into the context
-        const int n_pp = std::min(n_prefill, chunk);
-        if (n_pp > 0) {
-            be->reset();
-            prof_prefill_at = n_prefill - n_pp;
-            if (prof_prefill_at > 0) be->eval(long_prompt.data(), prof_prefill_at, nullptr, false);
-            const std::vector<CudaProfileEntry> pp =
-                be->profile_prefill(long_prompt.data() + prof_prefill_at, n_pp);
-            std::map<std::string, Agg> by_phase;
-            for (const auto& e : pp) {
-                Agg& k = by_phase[e.kernel];
-                ++k.calls;
-                k.ms += e.ms;
-                k.bytes += e.bytes;
-                prof_prefill_total += e.ms;
-            }
-            std::vector<std::pair<std::string, Agg>> prow(by_phase.begin(), by_phase.end());
-            std::sort(prow.begin(), prow.end(),
-                      [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-            std::printf(
-                "profile   prefill of %d tokens at position %d, phase by phase (events, no graph): %.3f ms\n",
-                n_pp, prof_prefill_at, prof_prefill_total);
-            std::printf("  %-18s %6s %10s %7s\n", "phase", "calls", "total ms", "%");
-            for (const auto& [name, k] : prow) {
-                std::printf("  %-18s %6d %10.3f %6.1f%%\n", name.c_str(), k.calls, k.ms,
-                            100.0 * k.ms / prof_prefill_total);
-                prefill_by_phase_json[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
-            }
-        }
+}  // namespace
+
+int cmd_bench_cuda(ArgReader& a) {
+    const BenchArgs b = parse_bench(a);
+    BenchModel m = load_backend(a, b);
+    auto* be = dynamic_cast<CudaBackend*>(m.owner.get());
+    if (!be) throw Error("internal: the CUDA bench got a non-CUDA backend");
+    const ModelConfig& c = be->config();
+    const std::vector<int> prompt = random_prompt(b.n_prompt, c, 1234);
+    const std::vector<int> long_prompt = random_prompt(b.n_prefill, c, 4321);
+
+    const DecodeRuns d = bench_decode(be, b, prompt, long_prompt, c.vocab_size);
+    Receipt r;
+    // With tensor parallelism the roofline is the GPUs' together (each streams its share of the weights).
+    r.tp = m.bo.tensor_parallel > 1 ? m.bo.tensor_parallel : std::max(1, m.checkpoint_tp);
+    r.roofline = kRooflineGBs * r.tp;
+    r.gbs = count_params(c).bytes_per_token / d.dc / 1e9;
+    r.logits_hash = hash_hex(d.logits.data(), d.logits.size() * sizeof(float));
+    r.ids_hash = hash_hex(d.ids.data(), d.ids.size() * sizeof(int));
+    print_decode(m, be, b, d, r.gbs, r.roofline, r.tp, r.logits_hash, r.ids_hash);
+    if (m.slots > 1) r.batch_step = bench_batched(be, c, b, m.slots, d.dc, &r.batch_ids_hash);
+
+    ProfileRuns p;
+    if (b.profile) {
+        profile_decode(be, b, prompt, d.dc, &p);
+        profile_prefill(be, b, long_prompt, m.chunk, &p);
     }
-
     // The graph step from the inside: after the prompt and one token, as the profile starts
     GraphTimeline tl;
-    if (timeline) {
+    if (b.timeline) {
         be->reset();
-        be->eval(prompt.data(), n_prompt, nullptr, false);
+        be->eval(prompt.data(), b.n_prompt, nullptr, false);
         be->decode_greedy(1, nullptr);
         tl = be->decode_timeline(kTimelineReplays);
         print_timeline(stdout, tl);
@@ -335,68 +477,7 @@ int cmd_bench_cuda(ArgReader& a) {
         // (one GPU's timeline, so one GPU's roofline)
         print_gap(stdout, timeline_gap(tl, kRooflineGBs, c.n_layers));
     }
-
-    if (!json_out.empty()) {
-        std::time_t t = std::time(nullptr);
-        char date[32];
-        std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-        const char* commit = std::getenv("MARKBASE_COMMIT");
-        nlohmann::json j = {{"kind", "cuda-bench"},
-                            {"model", model_label},
-                            {"device", dev.name},
-                            {"sm_count", dev.sm_count},
-                            {"date", date},
-                            {"commit", commit ? commit : "unknown"},
-                            {"tuning", tuning_string(tuning)},
-                            {"dtype", "bf16 weights, fp32 activations and KV cache"},
-                            {"batch", 1},
-                            {"layers", c.n_layers},
-                            {"hidden", c.hidden},
-                            {"active_params", counts.active_params},
-                            {"bytes_per_token", counts.bytes_per_token},
-                            {"weight_bytes_on_gpu", be->weight_bytes()},
-                            {"kv_cache_bytes", be->cache_bytes()},
-                            {"ctx_size", be->ctx_size()},
-                            {"load_s", load_s},
-                            {"n_prompt", n_prompt},
-                            {"n_gen", n_gen},
-                            {"repetitions", reps},
-                            {"prefill_tokens", n_prefill},
-                            {"prefill_s_median", pf},
-                            {"prefill_tok_s", pf > 0 ? n_prefill / pf : 0.0},
-                            {"prefill_s_all", prefill},
-                            {"prefill_note", prefill_note},
-                            {"decode_ms_per_tok_median", dc * 1e3},
-                            {"decode_s_per_tok_all", decode},
-                            {"decode_tok_s", 1.0 / dc},
-                            {"sampled_ms_per_tok_device_select", sampled_dev_ms},
-                            {"sampled_ms_per_tok_host_sampler", sampled_host_ms},
-                            {"decode_gb_s", gbs},
-                            {"tensor_parallel", tp},
-                            {"batch_slots", slots},
-                            {"batch_ms_per_step", batch_step * 1e3},
-                            {"batch_tok_s", batch_step > 0 ? slots / batch_step : 0.0},
-                            {"batch_speedup_vs_one_sequence", batch_step > 0 ? slots * dc / batch_step : 0.0},
-                            {"batch_ids_hash", batch_ids_hash},
-                            {"roofline_gb_s", roofline},
-                            {"decode_pct_of_roofline", 100.0 * gbs / roofline},
-                            {"logits_hash", logits_hash},
-                            {"ids_hash", ids_hash},
-                            {"profile_total_ms", prof_total},
-                            {"profile_gated", profile && be->profile_gated()},
-                            {"profile_by_kernel", by_kernel_json},
-                            {"profile_prefill_total_ms", prof_prefill_total},
-                            {"profile_prefill_at", prof_prefill_at},
-                            {"profile_prefill_by_phase", prefill_by_phase_json},
-                            {"profile", prof_json}};
-        if (timeline) {
-            j["timeline"] = timeline_json(tl);
-            j["timeline_gap"] = gap_json(timeline_gap(tl, kRooflineGBs, c.n_layers));
-        }
-        std::ofstream f(json_out);
-        f << j.dump(1) << "\n";
-        if (!f) throw Error(json_out + ": cannot write");
-    }
+    if (!b.json_out.empty()) write_receipt(b.json_out, m, be, b, d, r, p, b.timeline ? &tl : nullptr);
     return 0;
 }
 

@@ -34,8 +34,8 @@
 #include "runtime/progress.h"
 #include "runtime/timing.h"
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_loader.h"
+#include "cuda/backend.h"
+#include "cuda/loader.h"
 #endif
 
 namespace markbase::cli {

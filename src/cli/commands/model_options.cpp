@@ -9,8 +9,8 @@
 #include "loading/generation_config.h"
 #include "model/error.h"
 #ifdef MARKBASE_HAS_CUDA
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_loader.h"
+#include "cuda/backend.h"
+#include "cuda/loader.h"
 #include "loading/memory_plan.h"
 #endif
 

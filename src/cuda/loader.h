@@ -1,6 +1,6 @@
 // The staged checkpoint loader's CUDA side (issue 5), callable from plain C++ (no CUDA headers):
 // free-memory query for the fit check, and a one-shot timed load for `markbase bench load --device cuda`.
-// The implementation is cuda_staged_load.cu: pinned staging ring, async copies on their own stream, one
+// The implementation is staged_load.cu: pinned staging ring, async copies on their own stream, one
 // event per staging buffer. Built only when MARKBASE_HAS_CUDA is defined.
 #pragma once
 

@@ -7,9 +7,9 @@
 #include <cfloat>
 
 #include "cuda/check.h"
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
-#include "cuda/launch.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
 
 namespace markbase::cuda {
 
@@ -20,33 +20,24 @@ constexpr int kTile = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
-// grid (nsplit, nKV, ceil(n / T)); dynamic shared memory G T d floats (the queries). Rows r < G T: token
-// t0 + r / G, head h0 + r % G. (T > 1, tiles of one sequence's tokens sharing their pieces, was the
-// prefill's form before prefill attention moved to GEMMs; only T = 1 is launched.)
-template <int G, int T, bool Batched>
-__global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel(const AttnArgs a, int n) {
-    static_assert(T == 1 || !Batched, "token tiles need one sequence's cache");
-    constexpr int R = G * T;
+// grid (nsplit, nKV, n); dynamic shared memory G d floats (the queries). Row r < G: token blockIdx.z, head
+// h0 + r, at the token's own position (tok_pos) in its own sequence slot's cache (tok_slot).
+template <int G>
+__global__ void __launch_bounds__(kThreads, G <= 2 ? 5 : 4) attn_group_kernel(const AttnArgs a, int n) {
+    constexpr int R = G;
     extern __shared__ float4 smem4[];
     float* qs = reinterpret_cast<float*>(smem4);  // [R][d]
     __shared__ float sc[R][kTile];
     __shared__ float tm[R];  // the tile's running max per row
     pdl_begin();
-    const int sp = blockIdx.x, g = blockIdx.y, t = blockIdx.z * T;
+    const int sp = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int d = a.d, d4 = d / 4, h0 = g * G;
-    const int64_t pos =
-        Batched ? static_cast<int64_t>(a.tok_pos[t]) : static_cast<int64_t>(a.pos_base[0]) + t;
+    const int64_t pos = static_cast<int64_t>(a.tok_pos[t]);
     const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
-    int64_t end = min(pos + 1, start + a.split_len);
-    if constexpr (T > 1) {  // the pieces of [lo(t), pos(last token)]
-        const int64_t hi = pos + min(T, n - t) - 1;
-        const int64_t len = (hi - lo + 1 + a.nsplit - 1) / a.nsplit;
-        start = lo + static_cast<int64_t>(sp) * len;
-        end = min(hi + 1, start + len);
-    }
-    const int64_t slot_off = Batched ? static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride : 0;
+    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
+    const int64_t end = min(pos + 1, start + a.split_len);
+    const int64_t slot_off = static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride;
     const float* k_cache = a.k_cache + slot_off;
     const float* v_cache = a.v_cache + slot_off;
     float m[R], l[R], acc[R][kMaxDimsPerThread];
@@ -97,13 +88,7 @@ __global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel
                 for (int hh = 0; hh < R; ++hh)
 #pragma unroll
                     for (int u = 0; u < 4; ++u) {
-                        float v = warp_sum(s[hh][u]);
-                        if constexpr (T > 1) {  // outside this row's token's range: no weight
-                            const int64_t key = ts + j0 + u, pr = pos + hh / G;
-                            const int64_t lr =
-                                a.window > 0 ? max(static_cast<int64_t>(0), pr - a.window + 1) : 0;
-                            if (key < lr || key > pr) v = -INFINITY;
-                        }
+                        const float v = warp_sum(s[hh][u]);
                         if (lane == 0 && j0 + u < cnt) sc[hh][j0 + u] = v;
                     }
             }
@@ -160,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel
         }
 #pragma unroll
         for (int hh = 0; hh < R; ++hh) {
-            if (t + hh / G >= n) continue;
+            if (t + hh / G >= n) continue;  // row hh: token t + hh / G (= t), head h0 + hh % G (= h0 + hh)
             float* po =
                 a.part_o + ((static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp) * d;
 #pragma unroll
@@ -184,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, G* T <= 2 ? 5 : 4) attn_group_kernel
 template <int G>
 void launch_group(const AttnArgs& a, int n, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(G) * a.d * sizeof(float);
-    launch_kernel(attn_group_kernel<G, 1, true>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a, n);
+    launch_kernel(attn_group_kernel<G>, dim3(a.nsplit, a.nKV, n), dim3(kThreads), smem, s, a, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,13 +1,13 @@
 // The tensor-parallel CUDA backend (issue 7, --tensor-parallel-size N): one process, one host thread and one
 // CudaModel per GPU. Rank r holds plan_partition(c, N, r)'s shard (its query heads and KV heads, dense-MLP
 // rows, experts and vocabulary rows), runs the same decode step as one GPU with NCCL collectives on its
-// stream (cuda_step.cu: after the embedding, o_proj and the FFN, and a max over the argmax keys), and
+// stream (step.cu: after the embedding, o_proj and the FFN, and a max over the argmax keys), and
 // captures that step as its own CUDA graph, so a decoded token is still one graph launch per GPU with no host
 // round trip. Every rank ends a step with the same token; the ids are checked to agree.
 #include <algorithm>
 #include <numeric>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/partition.h"
 #include "parallel/rank_threads.h"

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <mutex>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "loading/config_json.h"
 #include "model/tensor_plan.h"
 #include "model/variants.h"

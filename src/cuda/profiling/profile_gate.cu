@@ -2,7 +2,7 @@
 // passes), so the events around each kernel time the GPU's work and the gaps between kernels, not how fast
 // the host enqueues them. Without it, a kernel shorter than its host-side launch cost reads as that cost.
 #include "cuda/check.h"
-#include "cuda/kernels.h"
+#include "cuda/kernels/kernels.h"
 
 namespace markbase::cuda {
 

@@ -16,9 +16,9 @@
 #include <unordered_map>
 
 #include "cuda/check.h"
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
-#include "cuda/launch.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
 
 namespace markbase::cuda {
 

@@ -2,8 +2,8 @@
 // and the sum in rank order. See peer_sum.cu for the protocol and why two slots suffice.
 #pragma once
 
-#include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
 
 namespace markbase::cuda {
 

@@ -3,7 +3,7 @@
 // Synthetic: each tensor's block is drawn in place with fill_random_bf16_block, so a rank holds exactly the
 // values that synthetic_weights gives the whole model there; world 1 and world N then compute the same model,
 // which is what the tensor-parallel tests and benchmarks compare.
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "model/tensor_plan.h"
 #include "parallel/partition.h"
 #include "parallel/shard.h"

@@ -4,7 +4,7 @@
 // take per-token positions and slots (their Batched instantiations). Not captured as a graph yet.
 #include <algorithm>
 
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 
 namespace markbase::cuda {
 
@@ -68,8 +68,8 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
     const float eps = c_.rms_eps;
 
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned ids and the positions are free
-    std::copy(ids, ids + n, h_ids_);
-    CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_ids_, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    std::copy(ids, ids + n, st_.h_ids);
+    CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bslot_, slot.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
 
@@ -78,25 +78,25 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
         explicit BatchScope(bool& f) : flag(f) { flag = true; }
         ~BatchScope() { flag = false; }
     } scope(batch_);
-    embed_rows(d_ids_, n, w_.embed, H, c_.embed_scale(), x_, d_argmax_, stream_);
+    embed_rows(st_.d_ids, n, w_.embed, H, c_.embed_scale(), act_.x, st_.d_argmax, stream_);
     if (P) {
-        split_rows(x_, H, H, n, false, nullptr, eps, hi_, lo_at(n, H), stream_);
-        gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, ple_ctx_, LP);
-        ple_mix(ple_ctx_, d_ids_, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, ple_, stream_);
+        split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, act_.ple_ctx, LP);
+        ple_mix(act_.ple_ctx, st_.d_ids, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, act_.ple, stream_);
     }
     // prefill_layer sizes the attention pieces from pos0 + n: here the furthest token's range
     const int64_t pos0 = max_pos + 1 - n;
     for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
 
-    if (!all_logits_) all_logits_ = alloc<float>(static_cast<size_t>(chunk_) * V);
-    split_rows(x_, H, H, n, true, w_.final_norm, eps, hi_, lo_at(n, H), stream_);
-    gemm(w_.embed, static_cast<int>(V), H, n, all_logits_, V);
-    if (c_.final_softcap > 0.0f) softcap_inplace(all_logits_, int64_t{n} * V, c_.final_softcap, stream_);
-    argmax_rows(all_logits_, n, V, d_bnext_, stream_);
+    if (!act_.all_logits) act_.all_logits = alloc<float>(static_cast<size_t>(chunk_) * V);
+    split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
+    gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
+    if (c_.final_softcap > 0.0f) softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);
+    argmax_rows(act_.all_logits, n, V, d_bnext_, stream_);
     std::vector<int> next(static_cast<size_t>(n));
     CUDA_CHECK(cudaMemcpyAsync(next.data(), d_bnext_, n * sizeof(int), cudaMemcpyDeviceToHost, stream_));
     if (logits)
-        CUDA_CHECK(cudaMemcpyAsync(logits, all_logits_, static_cast<size_t>(n) * V * sizeof(float),
+        CUDA_CHECK(cudaMemcpyAsync(logits, act_.all_logits, static_cast<size_t>(n) * V * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (int t = 0; t < n; ++t) ++slot_pos_[static_cast<size_t>(slot[static_cast<size_t>(t)])];

@@ -9,8 +9,8 @@
 // peer (it waits for that peer's flag of the call before), so a slot is never rewritten while being read.
 // With a residual, the block also applies the sandwich-norm update x = (x + RMSNorm(sum) * w) * scale.
 #include "cuda/check.h"
-#include "cuda/launch.h"
-#include "cuda/peer_sum.cuh"
+#include "cuda/kernels/launch.h"
+#include "cuda/kernels/peer_sum.cuh"
 
 namespace markbase::cuda {
 

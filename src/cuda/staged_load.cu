@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "cuda/check.h"
-#include "cuda/cuda_loader.h"
-#include "cuda/cuda_model.h"
+#include "cuda/loader.h"
+#include "cuda/model.h"
 #include "loading/memory_plan.h"
 #include "model/tensor_plan.h"
 #include "runtime/progress.h"

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "cuda/check.h"
-#include "cuda/cuda_loader.h"
-#include "cuda/cuda_model.h"
+#include "cuda/loader.h"
+#include "cuda/model.h"
 #include "model/tensor_plan.h"
 
 namespace markbase::cuda {
@@ -79,7 +79,7 @@ DeviceWeights::~DeviceWeights() {
 }
 
 std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning& tuning) {
-    // The staged pipeline (cuda_staged_load.cu): one device allocation, reader threads and async copies
+    // The staged pipeline (staged_load.cu): one device allocation, reader threads and async copies
     // (26B-A4B warm: 24.8 GB/s on the H200).
     return upload_weights_staged(ck, cuda_staged_options(tuning));
 }

@@ -1,7 +1,7 @@
 // A tensor-parallel rank's side of the collectives (issue 7): NCCL sums and the argmax max, the NVLink peer
 // sums of the decode step (peer_sum.cu) and their buffers, and host logits rows of the whole vocabulary of
 // which the rank writes its columns. On a model that is not sharded the collectives do nothing.
-#include "cuda/cuda_model.h"
+#include "cuda/model.h"
 #include "parallel/nccl_comm.h"
 
 namespace markbase::cuda {
@@ -20,7 +20,7 @@ void CudaModel::logits_to_host(float* host, const float* dev, int rows) {
 
 void CudaModel::connect() {
     if (!sharded()) return;
-    all_reduce(nullptr, -1, x_, static_cast<size_t>(c_.hidden));
+    all_reduce(nullptr, -1, act_.x, static_cast<size_t>(c_.hidden));
     all_reduce_argmax(nullptr);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -73,7 +73,7 @@ void CudaModel::all_reduce(Profiler* pf, int layer, float* buf, size_t n) {
 void CudaModel::all_reduce_argmax(Profiler* pf) {
     if (!sharded()) return;
     run(pf, "argmax_all_reduce", -1, 0.0,
-        [&] { shard_.group->all_reduce_max_u64(shard_.rank, d_argmax_, 1, stream_); });
+        [&] { shard_.group->all_reduce_max_u64(shard_.rank, st_.d_argmax, 1, stream_); });
 }
 
 }  // namespace markbase::cuda

@@ -1,0 +1,257 @@
+// CudaModel's construction and entry points: what the tuning and the shape decide for the decode step, the
+// decode graphs (captured on first use, replayed per token), one token (its logits to the host, or the
+// device's top-k for sampling) and greedy decoding that never leaves the device. The buffers are
+// buffers.cu's; the step itself step.cu's.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/model.h"
+#include "model/sliding_ring.h"
+
+namespace markbase::cuda {
+
+CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
+                     const ShardContext* shard, int slots)
+    : dw_(std::move(dw)), c_(dw_->config), w_(dw_->w), ctx_(ctx), chunk_(chunk) {
+    if (shard) shard_ = *shard;
+    if (slots < 1) throw Error("--parallel: at least one sequence slot, found " + std::to_string(slots));
+    if (slots > 1 && sharded())
+        throw Error("batched decode (--parallel) does not combine with tensor parallelism yet");
+    slots_ = slots;
+    slot_pos_.assign(static_cast<size_t>(slots), 0);
+    if (sharded() && !shard_.group) throw Error("internal: a sharded model without its NCCL group");
+    try {
+        const Widths wd = widths();
+        plan_decode(tuning);
+        gemv_prepare(std::max({c_.hidden, wd.q, wd.mlp, c_.ple_dim, c_.moe ? c_.expert_width : 0}));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUBLAS_CHECK(cublasCreate(&blas_));
+        CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+        alloc_step(wd, tuning);
+        if (c_.moe) alloc_moe(tuning);
+        alloc_cache(wd);
+        CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (...) {
+        release();
+        throw;
+    }
+}
+
+// What the tuning and the model's shape decide for the decode step: the GEMV kernels, the attention pieces
+// per layer, the short-range cluster graph, and the updates' prenorm.
+void CudaModel::plan_decode(const Tuning& tuning) {
+    const int nH = c_.n_heads, L = c_.n_layers;
+    // The 26B-A4B on one GPU runs its GeGLU launches through the cp.async ring (-3.5% per token: its dense
+    // GeGLU runs beside the experts, and the ring's 264 blocks leave them room); the dense models measured
+    // +0.8..+3.6% with it.
+    const bool async_geglu = tuning.gemv == Tuning::Gemv::kAsyncGeglu ||
+                             (tuning.gemv == Tuning::Gemv::kAuto && c_.moe && !sharded());
+    plan_.gemv_kernel = async_geglu ? GemvKernel::kRowsAsyncGeglu : GemvKernel::kRows;
+    // One GPU (both at 8 chunks per lane only): 31B -3.5..-5.2% together, E4B -1.1..-1.2%. Not yet run with
+    // tensor parallelism, so a sharded model keeps them off.
+    plan_.geglu_split = !sharded();
+    plan_.min_waves = sharded() ? 0 : 3;
+    plan_.prenorm = !sharded();
+    plan_.moe_prenorm = plan_.prenorm && c_.moe;
+    hooks_.skip = tuning.skip;
+    if (!hooks_.skip.empty()) {
+        std::string names;
+        for (const std::string& k : hooks_.skip) names += (names.empty() ? "" : "+") + k;
+        std::fprintf(stderr,
+                     "tuning skip=%s: those kernels are not launched (a timing experiment; every output is "
+                     "wrong)\n",
+                     names.c_str());
+    }
+    int sms = 0, dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the current
+    // range (split_len 0): pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks over the SMs.
+    int64_t max_pieces = int64_t{chunk_} * nH * 4;
+    plan_.decode_splits.resize(L);
+    int widest = 1, dmax = 0;
+    for (int i = 0; i < L; ++i) {
+        const LayerSpec& s = c_.layers[i];
+        const int64_t range =
+            s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx_) : ctx_;
+        const int64_t cap_pieces = std::max(1, 2 * std::max(sms, 1) / nH);
+        plan_.decode_splits[i] =
+            static_cast<int>(std::clamp<int64_t>((range + kAttnMinKeys - 1) / kAttnMinKeys, 1, cap_pieces));
+        max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * plan_.decode_splits[i]);
+        widest = std::max(widest, std::min(plan_.decode_splits[i], kMaxAttnCluster));
+        dmax = std::max(dmax, s.head_dim);
+    }
+    act_.max_pieces = max_pieces;
+    // The short-range graph with clustered attention: the dense models on one GPU (E2B -2.3%, E4B -2.1%, 31B
+    // -1.0% below 256 keys, unchanged at 2000; the 26B-A4B read +1.6%, so it keeps one graph). Where clusters
+    // cannot run (before sm_90) the default falls back to one graph; asked for, it is an error.
+    const bool cluster = tuning.attn_cluster == Tuning::Choice::kOn ||
+                         (tuning.attn_cluster == Tuning::Choice::kAuto && !c_.moe);
+    if (cluster && !sharded()) {
+        if (attention_cluster_fits(widest, nH, dmax))
+            plan_.attn_short_keys = int64_t{kMaxAttnCluster} * kAttnMinKeys;
+        else if (tuning.attn_cluster == Tuning::Choice::kOn)
+            throw Error("--tuning attn_cluster=1: clusters of " + std::to_string(widest) +
+                        " attention pieces cannot be scheduled on this GPU");
+    }
+}
+CudaModel::~CudaModel() {
+    release();
+}
+void CudaModel::attention_args(int i, AttnArgs& a) const {
+    const LayerSpec& s = c_.layers[i];
+    a.q = act_.q;
+    bind_cache(i, a);
+    a.nH = c_.n_heads;
+    a.nKV = s.n_kv_heads;
+    a.d = s.head_dim;
+    a.window = s.kind == AttentionKind::Sliding ? c_.sliding_window : 0;
+    a.pos_base = st_.d_state + 1;
+    a.part_o = act_.part_o;
+    a.part_ml = act_.part_ml;
+    a.out = act_.attn;
+}
+
+cudaGraph_t CudaModel::capture_step(bool short_range) {
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    rec_short_ = short_range;
+    try {
+        record_step(nullptr);
+    } catch (...) {
+        rec_short_ = false;
+        cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+    }
+    rec_short_ = false;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    return g;
+}
+
+void CudaModel::ensure_graph(bool short_range) {
+    cudaGraphExec_t& exec = short_range ? graph_short_ : graph_;
+    if (exec) return;
+    cudaGraph_t g = capture_step(short_range);
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(e);
+}
+
+cudaGraphExec_t CudaModel::step_graph(int64_t pos) {
+    const bool sh = short_step(pos);
+    ensure_graph(sh);
+    return sh ? graph_short_ : graph_;
+}
+
+bool CudaModel::truncate(int64_t n) {
+    if (n < 0 || n > n_past) return false;
+    // full layers hold every position (cap == ctx_) and never wrap
+    for (int i = 0; i < c_.n_layers; ++i)
+        if (c_.layers[i].has_own_kv() && kv_.layers[i].cap < ctx_ &&
+            !ring_can_roll_back(n_past, n, kv_.layers[i].cap, c_.sliding_window))
+            return false;
+    n_past = n;
+    return true;
+}
+
+void CudaModel::launch_step(int id) {
+    if (n_past >= ctx_)
+        throw Error("context full: " + std::to_string(n_past) +
+                    " tokens fill the context (raise --ctx-size)");
+    cudaGraphExec_t exec = step_graph(n_past);
+    st_.h_state[0] = id;
+    st_.h_state[1] = static_cast<int>(n_past);
+    CUDA_CHECK(cudaMemcpyAsync(st_.d_state, st_.h_state, 2 * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
+void CudaModel::decode(int id, float* logits) {
+    launch_step(id);
+    if (logits) logits_to_host(logits, act_.logits, 1);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ++n_past;
+}
+
+bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
+                              std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits) {
+    if (!st_.d_sel_top || k < 1 || k > kTopKMax || n_pen < 0 || n_pen > kMaxPenaltyIds)
+        throw Error("internal: decode_select cannot serve k = " + std::to_string(k) + " with " +
+                    std::to_string(n_pen) + " penalty ids");
+    launch_step(id);
+    if (sharded()) {  // this rank's vocabulary columns only, as local ids (st_.h_pen is free: see below)
+        const int64_t vb = shard_.vocab_begin, V = c_.vocab_size;
+        int m = 0;
+        for (int i = 0; i < n_pen; ++i)
+            if (pen[i] >= vb && pen[i] < vb + V) {
+                st_.h_pen[m] = static_cast<int>(pen[i] - vb);
+                st_.h_pen[kMaxPenaltyIds + m] = pen[n_pen + i];
+                ++m;
+            }
+        std::copy(st_.h_pen + kMaxPenaltyIds, st_.h_pen + kMaxPenaltyIds + m,
+                  st_.h_pen + m);  // ids, then counts
+        n_pen = m;
+        if (n_pen)
+            CUDA_CHECK(cudaMemcpyAsync(st_.d_pen, st_.h_pen, 2 * n_pen * sizeof(int), cudaMemcpyHostToDevice,
+                                       stream_));
+    } else if (n_pen) {  // st_.h_pen is free: the previous call synchronised before returning
+        std::copy(pen, pen + 2 * n_pen, st_.h_pen);
+        CUDA_CHECK(
+            cudaMemcpyAsync(st_.d_pen, st_.h_pen, 2 * n_pen * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    }
+    topk_select(act_.logits, static_cast<int>(c_.vocab_size), st_.d_pen, n_pen, rp, pp, fp, k,
+                st_.d_sel_slices, st_.d_sel_top, st_.d_sel_info, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(st_.h_sel_top, st_.d_sel_top, k * sizeof(unsigned long long),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(st_.h_sel_info, st_.d_sel_info, 2 * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ++n_past;
+    if (st_.h_sel_info[1]) {  // NaN or +inf: the host sampler names the id from the full row
+        if (logits) copy_logits(logits);
+        return false;
+    }
+    *n_finite = st_.h_sel_info[0];
+    top->clear();
+    for (int i = 0; i < k; ++i) {
+        const unsigned long long key = st_.h_sel_top[i];
+        if (!key) break;
+        // argmax_key inverted: the high word is the float's bits made order-preserving, the low word ~id
+        const uint32_t hi = static_cast<uint32_t>(key >> 32);
+        const uint32_t bits = (hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi;
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        const int local = static_cast<int>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull));
+        top->push_back({v, static_cast<int>(local + shard_.vocab_begin)});
+    }
+    return true;
+}
+
+std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {
+    if (steps <= 0) return {};
+    if (n_past + steps > ctx_)
+        throw Error("context full: " + std::to_string(n_past) + " + " + std::to_string(steps) +
+                    " tokens exceed the context of " + std::to_string(ctx_) + " (raise --ctx-size)");
+    // both graphs captured before any step is queued (a capture is not made between queued launches)
+    ensure_graph(short_step(n_past));
+    ensure_graph(short_step(n_past + steps - 1));
+    CUDA_CHECK(cudaMemsetAsync(st_.d_state + 2, 0, sizeof(int), stream_));
+    for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(step_graph(n_past + i), stream_));
+    std::vector<int> ids(steps);
+    CUDA_CHECK(
+        cudaMemcpyAsync(ids.data(), st_.d_out_ids, steps * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    if (last_logits) logits_to_host(last_logits, act_.logits, 1);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    n_past += steps;
+    return ids;
+}
+
+void CudaModel::copy_logits(float* host) {
+    logits_to_host(host, act_.logits, 1);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace markbase::cuda

@@ -1,0 +1,451 @@
+// The Gemma 4 decoder on one CUDA device: weights resident in GPU memory (DeviceWeights), fp32 activations
+// and an fp32 KV cache, a decode step captured once as a CUDA graph and replayed per token, and batched
+// prefill through cuBLAS. The model's math follows cpu/forward.cpp step by step; step.cu holds the
+// decode step, prefill.cu the prefill, weights.cu the weights.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/kernels/kernels.h"
+#include "cuda/profiling/profiler.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "runtime/graph_timeline.h"
+#include "runtime/sampler.h"
+#include "runtime/tuning.h"
+
+namespace markbase {
+class NcclGroup;
+struct PartitionPlan;
+}  // namespace markbase
+
+namespace markbase::cuda {
+
+class CudaModel;
+
+// Weights in device memory, in the checkpoint's layout; Weights' pointers are device pointers here.
+struct DeviceWeights {
+    ModelConfig config;
+    Weights w;
+    struct Tensor {
+        std::string name;
+        std::vector<int64_t> shape;
+        const bf16* ptr = nullptr;
+        uint64_t bytes = 0;
+    };
+    std::vector<Tensor> tensors;  // plan order
+    uint64_t bytes = 0;
+    void* arena = nullptr;  // when set, one allocation holds every tensor (the staged loader); else one each
+    DeviceWeights() = default;
+    DeviceWeights(const DeviceWeights&) = delete;
+    DeviceWeights& operator=(const DeviceWeights&) = delete;
+    ~DeviceWeights();
+};
+
+// cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
+bf16* device_alloc(uint64_t bytes, const std::string& what);
+// The checkpoint's weights through the staged loader (staged_load.cu; its threads and chunk from the
+// tuning).
+std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning& tuning);
+std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
+// shard.cu: one tensor-parallel rank's weights on the current device, its config rank_config's: the
+// checkpoint's shard_weights, or synthetic_weights' very values (element for element) cut the same way.
+std::unique_ptr<DeviceWeights> upload_shard(const Checkpoint& ck, const PartitionPlan& plan);
+std::unique_ptr<DeviceWeights> synthetic_shard(const ModelConfig& c, const PartitionPlan& plan,
+                                               uint64_t seed);
+
+// Backend helpers shared by the one-GPU and the tensor-parallel backends (backend.cu).
+// Ids the embedding (and, with PLE, the per-layer table) can look up; a bad one is named, not read.
+void check_token_ids(const ModelConfig& c, const int* ids, int64_t n);
+// Backend::eval on one model: the context and id checks, then one decode step or prefill chunks. whole: the
+// model's config (a rank's model has its own widths; host logits rows are the whole vocabulary wide and a
+// rank writes its columns of them).
+void eval_model(CudaModel& m, const ModelConfig& whole, const int* ids, int64_t n, float* logits,
+                bool all_logits);
+// tp_backend.cu: the backend over opt.tensor_parallel GPUs, from a checkpoint (ck) or random weights.
+std::unique_ptr<CudaBackend> make_tp_backend(const ModelConfig& c, const Checkpoint* ck, uint64_t seed,
+                                             const BackendOptions& opt);
+
+// Tensor parallelism (issue 7): the model is rank `rank` of `world`, its weights that rank's shard and its
+// config rank_config's widths. Each collective runs on the model's stream, inside the decode graph: a sum
+// after the embedding (only the owner of the token's vocabulary row writes it), after o_proj and after the
+// FFN (the MoE's dense partial and its experts' weighted sum together), and a max over the ranks' argmax
+// keys.
+struct ShardContext {
+    NcclGroup* group = nullptr;
+    int rank = 0, world = 1;
+    int64_t vocab_begin = 0;  // this rank's first vocabulary row
+    int64_t vocab_total = 0;  // the model's vocabulary (host logits rows are this wide)
+    int expert_begin = 0, expert_count = -1;
+};
+// The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
+struct MoePrefillStats {
+    int gemm_layers = 0, passes = 0, gemv_layers = 0;
+    int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
+    int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
+};
+
+// CudaModel's state, plain data (model.cu decides the plan, buffers.cu allocates the rest). Shapes: n = the
+// chunk (prefill tokens, or batched decode's sequences), H = hidden, V = vocabulary (a rank's columns when
+// sharded), L = layers, P = PLE width, E = experts, K = experts per token, Ie = expert width, nH = query
+// heads; q, kv, mlp = the widest layer's q, k/v and MLP widths.
+
+// What the tuning and the model's shape decide for the decode step (plan_decode).
+struct DecodePlan {
+    // The decode GEMVs (GemvInput): the kernel (Tuning::gemv), the split GeGLU and min_waves (one GPU),
+    // and the cp.async GeGLU's pieces and row counters for the launches on stream_ (a GEMV on moe_.stream2
+    // runs beside them and takes the warp-per-row kernel)
+    GemvKernel gemv_kernel = GemvKernel::kRows;
+    bool geglu_split = false;
+    int min_waves = 0;
+    GemvStreamScratch gemv_stream;
+    bool prenorm = false;  // residual updates write the next GEMV's normalised input (CudaModel::pending_)
+    bool moe_prenorm = false;        // ... and on the MoE, the router's and the experts' inputs
+    std::vector<int> decode_splits;  // [L] attention pieces per head at decode
+    // Decode attention: pieces of at least kAttnMinKeys keys, at most ~2 waves of blocks per layer, only
+    // the pieces holding keys run, the last one merges. While a step's position is below attn_short_keys
+    // (16 pieces of kAttnMinKeys keys; Tuning::attn_cluster) it runs a second graph whose pieces (<= 16
+    // per head) are one thread-block cluster per head, merging through distributed shared memory
+    // (attention.cu). 0 = one graph.
+    int64_t attn_short_keys = 0;
+};
+
+// The decode step's device state: what the graph reads and writes between tokens, and the device-side top-k
+// for sampling (decode_select) with its pinned host mirrors.
+struct StepState {
+    int* d_state =
+        nullptr;  // [4]: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
+    int* h_state = nullptr;                   // pinned [4]
+    int* h_ids = nullptr;                     // pinned [n]
+    int* d_ids = nullptr;                     // [n]
+    int* d_out_ids = nullptr;                 // [ctx] decode_greedy's ids
+    unsigned long long* d_argmax = nullptr;   // [1] the step's argmax key (sampling.cu)
+    unsigned int* d_counter = nullptr;        // [1] lm_head's finished blocks
+    unsigned int* d_attn_counters = nullptr;  // [nH] finished attention pieces per head
+    // top-k: slices' winners [ceil(V / kTopKSlice) * kTopKMax], the k best [kTopKMax], [n_finite, bad], the
+    // penalty ids then counts [2 kMaxPenaltyIds]; null when V is too wide for it
+    unsigned long long *d_sel_slices = nullptr, *d_sel_top = nullptr, *h_sel_top = nullptr;
+    int *d_sel_info = nullptr, *h_sel_info = nullptr, *d_pen = nullptr, *h_pen = nullptr;
+};
+
+// Activations, [n][width] row-major, and the scratch of the GEMMs and of decode attention.
+struct Activations {
+    float* x = nullptr;                // [n][H] the residual stream
+    float* q = nullptr;                // [n][q]
+    float *k = nullptr, *v = nullptr;  // [n][kv] raw k, v projections
+    float* attn = nullptr;             // [n][q] attention output
+    float* o = nullptr;                // [n][H] o_proj (and ple_proj) output
+    float *g = nullptr, *u = nullptr;  // [n][max(mlp, P)] gate, up (and the PLE gate)
+    float* m = nullptr;  // [n][H] the MLP's output (sharded MoE: [2][n][H], dense then experts' partials)
+    float *ple_ctx = nullptr, *ple = nullptr;  // [n][L P] per-layer inputs: projection, mixed
+    float* logits = nullptr;                   // [V]
+    float* all_logits = nullptr;               // [n][V], allocated on first use
+    float* xn = nullptr;                       // [H] RMSNorm(x) * the next GEMV's norm weight (plan.prenorm)
+    float* xr = nullptr;                       // [H] RMSNorm(x) * router_scale / sqrt(H) (plan.moe_prenorm)
+    bf16* hi = nullptr;  // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at), K <= max(H, q, mlp, P)
+    // A GEMM over at most kGemmStackMaxN tokens (loading/memory_plan.h; batched decode, short prompts; per
+    // expert in the MoE prefill) reads its weights once, as one GEMM over [hi; lo] into a scratch whose
+    // halves are then summed, instead of one GEMM per half (31B batched decode of 16 -34%, 26B-A4B prefill of
+    // 512 +39%; a stacked 512-token chunk lost 3-4%).
+    float* y2 = nullptr;  // [2 * min(n, kGemmStackMaxN)][y2_cols] (dense GEMMs)
+    int64_t y2_cols = 0;
+    float *part_o = nullptr, *part_ml = nullptr;  // [max_pieces][head dim], [max_pieces][2]: attention pieces
+    int64_t max_pieces = 0;  // attention pieces the scratch holds (tokens x heads x splits)
+};
+
+// The 26B's routing and experts.
+struct MoeScratch {
+    // routing: router logits [n][E], the selected experts' weights and ids [n][K]; the entries grouped by
+    // expert (ids, offsets [max(E, K) + 1], entries [n K]); the experts' input [n][H], GeGLU [n K][Ie] and
+    // output slots [n K][H]
+    float *rlogits = nullptr, *sel_w = nullptr, *e_in = nullptr, *eh = nullptr, *eslots = nullptr;
+    int *sel_id = nullptr, *gexp = nullptr, *goff = nullptr, *gent = nullptr;
+    float* ones = nullptr;  // [n] weights of 1 for the combine of one summed expert vector
+    // The decode graph runs the routed experts (router, route, gate/up, down) on stream2 beside the dense
+    // MLP, forked after o_proj and joined before the combine (26B-A4B -3.9%, tp2 -3.1%)
+    cudaStream_t stream2 = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    // Prefill as batched GEMMs: [E][cap][H] gathered inputs (bf16 hi + lo; reused as the fp32 down output),
+    // [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo, the stacked GEMMs' output
+    // [E][2 * min(cap, kGemmStackMaxN)][max(2 Ie, H)]
+    MoePrefillStats stats;
+    int cap = 0;
+    void* mx = nullptr;
+    float *mg = nullptr, *mu = nullptr;
+    bf16* mh = nullptr;
+    float* ey2 = nullptr;
+    int* h_goff = nullptr;  // pinned [E + 1]
+    // The compact pass (prefill_moe.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
+    // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
+    // rows its scratch holds
+    void* h_mplan = nullptr;
+    void* d_mplan = nullptr;
+    int64_t compact_rows = 0;
+    std::vector<int> order;  // the active experts by padded rows
+    // The compact pass's GEMMs spread over kMoeCompactStreams streams, stream_ and these (each with its own
+    // cuBLAS handle, so its own workspace); events: the fork, then one join per extra stream
+    std::vector<cudaStream_t> streams;
+    std::vector<cublasHandle_t> blas;
+    std::vector<cudaEvent_t> events;
+};
+
+// The KV cache, fp32: one K and one V per layer with its own cache (sliding layers: a ring of
+// min(ctx, window + chunk) positions; position p at p % cap), each slots deep.
+struct LayerCache {
+    float* k = nullptr;  // [slots][cap][nKV][d]
+    float* v = nullptr;
+    int64_t cap = 0;
+    int64_t slot_stride = 0;  // cap * nKV * d: one sequence slot's cache
+};
+struct KvCache {
+    std::vector<LayerCache> layers;  // [L]; KV-shared layers point at their source's
+    uint64_t bytes = 0;
+    float *inv_sliding = nullptr, *inv_full = nullptr;  // RoPE inverse frequencies [head dim / 2]
+};
+
+class CudaModel {
+  public:
+    // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
+    CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
+              const ShardContext* shard = nullptr, int slots = 1);
+    ~CudaModel();
+    CudaModel(const CudaModel&) = delete;
+    CudaModel& operator=(const CudaModel&) = delete;
+
+    const ModelConfig& config() const { return c_; }
+    const DeviceWeights& weights() const { return *dw_; }
+    int64_t ctx() const { return ctx_; }
+    int chunk() const { return chunk_; }
+    uint64_t cache_bytes() const { return kv_.bytes; }
+    int64_t n_past = 0;
+
+    bool sharded() const { return shard_.world > 1; }
+    // Sharded: one collective of each kind, so that NCCL connects now rather than inside a graph capture.
+    // Every rank's thread calls it together, once every rank's model exists.
+    void connect();
+    // Sharded, with peer access between the GPUs: this rank's inbox and flags for peer_sum (allocated here),
+    // then every rank's, after which the decode step's sums run as peer_sum instead of NCCL (before the first
+    // decode: the graph is captured with whichever is set).
+    struct PeerEndpoint {
+        float* inbox = nullptr;
+        unsigned long long* flags = nullptr;
+    };
+    PeerEndpoint peer_endpoint();
+    void use_peers(const std::vector<PeerEndpoint>& ranks);
+    bool peer_timed_out();  // a peer_sum waited 2 s for a peer (a bug or a dead GPU): the results are wrong
+    // n <= chunk tokens at position n_past; logits [n][V] (all_logits) or [V] for the last token, or none.
+    // Sharded, V is the whole vocabulary and the rank writes only its columns.
+    void prefill(const int* ids, int n, float* logits, bool all_logits);
+    // Drops positions >= n (false, nothing changed, when a sliding ring already overwrote what n needs).
+    bool truncate(int64_t n);
+    // One token through the captured graph.
+    void decode(int id, float* logits);
+    std::vector<int> decode_greedy(int steps, float* last_logits);
+    // One token through the graph, then topk_select over its logits: the k best (logit, id) of the penalised
+    // row into top, n_finite, and whether a NaN/+inf was seen (then the row is copied to logits instead).
+    // pen: n_pen ids then n_pen counts, n_pen <= kMaxPenaltyIds. Returns false when the row was bad.
+    // Sharded: over this rank's vocabulary columns (global ids in, global ids out); the caller merges the
+    // ranks' candidates.
+    static constexpr int kMaxPenaltyIds = 1024;
+    bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
+                       std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
+    bool can_select() const { return st_.d_sel_top != nullptr; }
+
+    // Batched decode (batch.cu, docs/batched-decode.md): slots() sequences, each with its own cache and
+    // position. The single-sequence API above is slot 0's when nothing else is used; do not mix the two.
+    int slots() const { return slots_; }
+    int64_t slot_past(int slot) const { return slot_pos_.at(static_cast<size_t>(slot)); }
+    void reset_slot(int slot);
+    // Appends n <= chunk ids to the slot's sequence (a prefill into its cache).
+    void prefill_slot(int slot, const int* ids, int n);
+    // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
+    // of each; logits [n][V] when given. Each slot's position advances by one.
+    std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
+    using MoePrefillStats = cuda::MoePrefillStats;
+    const MoePrefillStats& moe_prefill_stats() const { return moe_.stats; }
+    void copy_logits(float* host);  // the last step's logits row (sharded: this rank's columns of it)
+    std::vector<CudaProfileEntry> profile_step();
+    // A prefill of n <= chunk tokens at n_past with events around each phase of each layer (the prompt
+    // advances, logits are not copied): where a prefill's time goes.
+    std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n);
+    bool profile_gated() const { return profile_gated_; }  // the last profile ran behind the gate
+    // graph_timeline_cupti.cu: the decode graph captured again with each launch's nodes noted, replayed
+    // between events, then `replays` times under CUPTI (graph_timeline.h). Every replay is a real step (up to
+    // timeline_positions(replays) tokens). Never throws: a failure, or no CUPTI, comes back as why_not.
+    GraphTimeline decode_timeline(int replays);
+
+  private:
+    // q/k norms + RoPE + cache write arguments for layer i (decode and prefill build the same ones)
+    QkvPost qkv_post_args(int i) const;
+    // Every launch of the decode step and the prefill goes through run(): with a Profiler (a step or a
+    // prefill run without a graph) between events, else launched (and, while the timeline captures, its
+    // graph nodes noted); the hooks' skip list leaves launches out (profiling/profiler.h).
+    template <class F>
+    void run(Profiler* pf, const char* name, int layer, double bytes, F&& launch) {
+        if (hooks_.skips(name)) return;
+        if (!pf) {
+            launch();
+            if (hooks_.capture) timeline_note(name, layer, bytes);
+            return;
+        }
+        pf->time(name, layer, bytes, stream_, launch);
+    }
+    LaunchHooks hooks_;
+    void record_step(Profiler* pf);  // step.cu: the decode step's kernels, n = 1
+    // step.cu: one layer at one token, in the named blocks of cpu/forward.cpp's layer
+    void record_layer(int i, Profiler* pf);
+    void record_attention(int i, Profiler* pf);
+    bool record_ffn(int i, Profiler* pf);  // whether the MoE's experts were forked to moe_.stream2
+    void record_moe_combine(int i, Profiler* pf, bool overlap);
+    void record_ple(int i, Profiler* pf);
+    // the FFN's last update's scale: layer_scalar goes on the layer's last update (the PLE's, where present)
+    float ffn_scale(int i) const { return c_.ple_dim ? 1.0f : w_.layers[i].layer_scalar; }
+    void record_experts(int i, Profiler* pf, cudaStream_t st);  // step.cu: router .. experts_down
+    GemvInput gemv_input(const float* x, int K) const;          // step.cu: this model's GEMV settings
+    // step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
+    GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
+    void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
+                  const bf16* next_w = nullptr);
+    void flush_residual(Profiler* pf, int layer);
+    // y[rows] = W @ xin (K wide) at one token, then (res_w not null) x = (x + RMSNorm(y) * res_w) * scale:
+    // an update that waits as pending_ for its consumer (plan_.prenorm) or runs as its own kernel at once.
+    // reduce (tensor parallel): y is this rank's partial sum; it is summed over the ranks before the update.
+    // next_w: the input norm of the GEMV that reads x next, for an update launched at once (plan_.prenorm).
+    void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
+                          int rows, const float* xin, int K, float* y, const bf16* res_w, float scale,
+                          bool reduce = false, const bf16* next_w = nullptr);
+    // Sharded only (no-ops otherwise): in-place sum of n floats over the ranks; max of the argmax key.
+    void all_reduce(Profiler* pf, int layer, float* buf, size_t n);
+    void all_reduce_argmax(Profiler* pf);
+    // rows x (this rank's vocabulary columns) of device logits into host rows of the whole vocabulary
+    void logits_to_host(float* host, const float* dev, int rows);
+    ExpertRange held_experts() const { return {shard_.expert_begin, shard_.expert_count}; }
+    bool peer_ready(size_t n) const {
+        return in_decode_ && ps_.world > 1 && n <= static_cast<size_t>(ps_.max_n);
+    }
+    // prefill.cu: one layer over n tokens at pos0.., in the named blocks of cpu/forward.cpp's layer
+    void prefill_layer(int i, int n, int64_t pos0);
+    void prefill_attention(int i, int n, int64_t pos0);
+    void prefill_ffn(int i, int n);
+    void prefill_moe(int i, int n);
+    void prefill_ple(int i, int n);
+    void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
+    // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
+    bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
+    // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
+    void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
+                      const bf16* lo, float* Y);
+    // The same as one GEMM per entry over its stacked [hi; lo] rows (x: [batch][2 rows][K]), each W_b read
+    // once: Y2[batch][2 rows][N], the halves' sums left to the caller
+    void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                              const bf16* x, float* y2);
+    // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
+    // each expert's own rows, else batched GEMMs in passes (a tensor-parallel rank: the compact pass over
+    // its experts, else the grouped GEMV kernels). Writes moe_.eslots.
+    void prefill_experts(int i, int n);
+    bool prefill_experts_compact(int i);   // false: the layer does not fit the compact layout's scratch
+    bool compact_plan(int i, int* max_r);  // prefill_moe.cu: the compact pass's plan in moe_.h_mplan
+    void compact_buckets(int which, int N, int Kd, const int* roff);  // its GEMMs (0: gate/up, 1: down)
+    // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
+    // positions below plan_.attn_short_keys (Tuning::attn_cluster)
+    cudaGraph_t capture_step(bool short_range = false);
+    void ensure_graph(bool short_range = false);
+    // The graph for a step at position pos (captured on first use): the short-range one while every layer's
+    // range fits its clusters, else the general one. Both are correct at any position; this is speed only.
+    bool short_step(int64_t pos) const {
+        return plan_.attn_short_keys > 0 && pos + 1 <= plan_.attn_short_keys;
+    }
+    cudaGraphExec_t step_graph(int64_t pos);
+    void timeline_note(const char* name, int layer, double bytes);
+    GraphTimeline timeline_run(int replays, int64_t* launched);
+    void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
+    void release();            // frees everything this object allocated (destructor, failed constructor)
+    // The constructor's parts (model.cu): the widest per-layer shapes; what the tuning and the shape
+    // decide for the decode step; the step's state and activations; the MoE's scratch; the KV cache.
+    struct Widths {
+        int q = 0, kv = 0, mlp = 0;           // nH * d, nKV * d, the MLP's width: the widest layer's
+        int head = 0;                         // the largest head dim
+        int head_sliding = 0, head_full = 0;  // the sliding and full layers' head dims (0: none)
+    };
+    Widths widths() const;
+    void plan_decode(const Tuning& tuning);
+    void alloc_step(const Widths& wd, const Tuning& tuning);
+    void alloc_moe(const Tuning& tuning);
+    void alloc_cache(const Widths& wd);
+    template <class T>
+    T* alloc(size_t count);
+    void attention_args(int i, AttnArgs& a) const;
+    // Layer i's cache in QkvPost / AttnArgs: the current slot's (cur_slot_), or while decode_batch runs the
+    // slots' base with each token's position and slot.
+    template <class Args>
+    void bind_cache(int i, Args& a) const {
+        const LayerCache& lc = kv_.layers[i];
+        a.cap = lc.cap;
+        a.k_cache = lc.k + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
+        a.v_cache = lc.v + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
+        if (batch_) {
+            a.tok_pos = d_bpos_;
+            a.tok_slot = d_bslot_;
+            a.slot_stride = lc.slot_stride;
+        }
+    }
+
+    std::unique_ptr<DeviceWeights> dw_;
+    const ModelConfig& c_;
+    const Weights& w_;
+    int64_t ctx_;
+    int chunk_;
+    ShardContext shard_;
+    PeerSum ps_;  // set by use_peers: the decode step's sums over NVLink
+
+    DecodePlan plan_;            // what the tuning and the shape decide for the decode step
+    StepState st_;               // the decode step's device state and sampling scratch
+    Activations act_;            // activations and the GEMMs' / attention's scratch
+    MoeScratch moe_;             // the 26B's routing, experts and their streams
+    KvCache kv_;                 // the KV cache and the RoPE tables
+    AttnGemm attn_gemm_;         // prefill attention's scratch (attention_gemm.cu)
+    std::vector<void*> allocs_;  // every cudaMalloc of the above (release() frees them)
+
+    // streams and graphs
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t blas_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;
+    cudaGraphExec_t graph_short_ = nullptr;  // the step below plan_.attn_short_keys (clustered attention)
+
+    // while a step is recorded
+    bool rec_short_ = false;          // the short-range step
+    bool in_decode_ = false;          // record_step runs (prefill keeps NCCL: its sums are large)
+    Profiler* prefill_pf_ = nullptr;  // profile_prefill runs a prefill
+    bool profile_gated_ = false;      // the last profile_step ran behind the gate
+    // A residual update waits as `pending_` for its consumer (plan_.prenorm): the consumer launches it, and
+    // where that consumer is a GEMV with an input norm the update also writes act_.xn = RMSNorm(x) * that
+    // norm's weight, the GEMV's input (one GPU, dense models: 31B -5.3%, E4B -5.6%, E2B -7.8%; sharded models
+    // keep their updates behind the ranks' sums). The MoE's updates run at once (its expert fork wants
+    // nothing pending): o_proj's writes the dense MLP's input, and with plan_.moe_prenorm also the router's
+    // (act_.xr) and the experts' (moe_.e_in) inputs (-1.1%); the combine writes the next layer's q/k/v input
+    // (xn_for_: the norm weight act_.xn holds, until the next x_input).
+    struct PendingResidual {
+        const float* y = nullptr;
+        const bf16* w = nullptr;
+        float scale = 1.0f;
+        const char* name = nullptr;  // the update's own launch, by its consumer
+    } pending_;
+    const bf16* xn_for_ = nullptr;
+
+    // batched decode: the slots, their positions, the slot the single-sequence calls address, and while
+    // decode_batch runs, per-token positions / slots [chunk] and the next ids
+    int slots_ = 1;
+    std::vector<int64_t> slot_pos_;
+    int cur_slot_ = 0;
+    bool batch_ = false;
+    int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
+};
+
+}  // namespace markbase::cuda

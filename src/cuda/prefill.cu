@@ -1,0 +1,271 @@
+// Batched prefill: the prompt chunk goes through every layer at once. Projections are cuBLAS GEMMs with bf16
+// weights and fp32 accumulation; the fp32 activations enter them as two bf16 halves (hi + lo), which keeps
+// the result within ~2^-16 of an fp32 product, so prefill and the fp32 decode path compute the same function.
+// Attention runs as GEMMs (attention_gemm.cu); batched decode, which runs these layers over one token of each
+// sequence, takes the decode pieces. Norms, routing and the experts reuse the decode kernels with n tokens.
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/model.h"
+#include "loading/memory_plan.h"
+
+namespace markbase::cuda {
+
+void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
+    if (n <= 0) return;
+    if (n > chunk_)
+        throw Error("internal: prefill of " + std::to_string(n) + " tokens exceeds the chunk size");
+    if (n_past + n > ctx_)
+        throw Error("context full: " + std::to_string(n_past + n) + " tokens do not fit in the context of " +
+                    std::to_string(ctx_) + " (raise --ctx-size)");
+    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
+    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const float eps = c_.rms_eps;
+    const int64_t pos0 = n_past;
+
+    std::copy(ids, ids + n, st_.h_ids);
+    st_.h_state[1] = static_cast<int>(pos0);
+    CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(st_.d_state + 1, st_.h_state + 1, sizeof(int), cudaMemcpyHostToDevice, stream_));
+
+    Profiler* pf = prefill_pf_;  // profile_prefill: events around each phase
+    run(pf, "embed", -1, 0.0, [&] {
+        embed_rows(st_.d_ids, n, w_.embed, H, c_.embed_scale(), act_.x, st_.d_argmax, stream_,
+                   shard_.vocab_begin, sharded() ? V : -1);
+        all_reduce(nullptr, -1, act_.x, static_cast<size_t>(n) * H);
+    });
+    if (P) {
+        run(pf, "ple_inputs", -1, 2.0 * LP * H, [&] {
+            split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
+            gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, act_.ple_ctx, LP);
+            ple_mix(act_.ple_ctx, st_.d_ids, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, act_.ple,
+                    stream_);
+        });
+    }
+    for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
+
+    // logits of the last token (its argmax becomes the next token on the device)
+    GemvInput in;
+    in.x = act_.x + int64_t{n - 1} * H;
+    in.K = H;
+    in.norm = true;
+    in.norm_w = w_.final_norm;
+    in.eps = eps;
+    run(pf, "lm_head", -1, 2.0 * V * H, [&] {
+        gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, act_.logits, st_.d_argmax, stream_,
+                    nullptr, shard_.vocab_begin);
+        all_reduce_argmax(nullptr);
+    });
+    if (logits && all_logits) {
+        if (!act_.all_logits) act_.all_logits = alloc<float>(static_cast<size_t>(chunk_) * V);
+        split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
+        if (c_.final_softcap > 0.0f)
+            softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);
+        logits_to_host(logits, act_.all_logits, n);
+    } else if (logits) {
+        logits_to_host(logits, act_.logits, 1);
+    }
+    finish_step(st_.d_argmax, st_.d_state, n, nullptr, 0, stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    n_past += n;
+}
+
+QkvPost CudaModel::qkv_post_args(int i) const {
+    const LayerWeights& lw = w_.layers[i];
+    const LayerSpec& s = c_.layers[i];
+    QkvPost p;
+    p.q = act_.q;
+    p.kraw = s.has_own_kv() ? act_.k : nullptr;
+    p.vraw = lw.v_proj ? act_.v : act_.k;  // k_eq_v: V is the raw k projection
+    p.q_norm = lw.q_norm;
+    p.k_norm = lw.k_norm;
+    bind_cache(i, p);
+    p.nH = c_.n_heads;
+    p.nKV = s.n_kv_heads;
+    p.d = s.head_dim;
+    p.inv_freq = s.kind == AttentionKind::Sliding ? kv_.inv_sliding : kv_.inv_full;
+    p.pos_base = st_.d_state + 1;
+    p.eps = c_.rms_eps;
+    return p;
+}
+
+// One layer over the chunk's n tokens at positions pos0.., as cpu/forward.cpp's layer: attention, the FFN
+// (the MoE's routed experts beside the dense MLP), the per-layer input.
+void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
+    prefill_attention(i, n, pos0);      // 2.5
+    prefill_ffn(i, n);                  // FFN; 2.6 on the MoE
+    if (c_.ple_dim) prefill_ple(i, n);  // 2.4
+}
+
+// 2.5: q, k, v from input_layernorm(x), q/k norms + RoPE + the cache write, attention, then x += o_proj's
+// update.
+void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
+    const LayerWeights& lw = w_.layers[i];
+    const LayerSpec& s = c_.layers[i];
+    const int H = c_.hidden, nH = c_.n_heads, d = s.head_dim, nKV = s.n_kv_heads;
+    const int qw = nH * d, kvw = nKV * d;
+    const float eps = c_.rms_eps;
+    const bool own = s.has_own_kv(), sliding = s.kind == AttentionKind::Sliding;
+    Profiler* pf = prefill_pf_;
+    const double wb = 2.0 * H;  // bytes per weight row of H
+
+    run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
+        split_rows(act_.x, H, H, n, true, lw.input_norm, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(lw.q_proj, qw, H, n, act_.q, qw);
+        if (own) {
+            gemm(lw.k_proj, kvw, H, n, act_.k, kvw);
+            if (lw.v_proj) gemm(lw.v_proj, kvw, H, n, act_.v, kvw);
+        }
+    });
+    const QkvPost p = qkv_post_args(i);
+    run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(p, n, stream_); });
+
+    AttnArgs a;
+    attention_args(i, a);
+    const int64_t range = sliding ? std::min<int64_t>(c_.sliding_window, pos0 + n) : pos0 + n;
+    const int64_t want = (range + 255) / 256;
+    const int64_t room = std::max<int64_t>(1, act_.max_pieces / (int64_t{n} * nH));
+    a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
+    a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
+    run(pf, "attention", i, 0.0, [&] {
+        if (batch_)
+            attention(a, n, stream_);
+        else
+            attention_gemm(a, n, pos0, attn_gemm_, stream_);
+    });
+
+    run(pf, "o_proj", i, 2.0 * qw * H, [&] {
+        split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
+        gemm(lw.o_proj, H, qw, n, act_.o, H);
+        all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);
+        residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
+    });
+}
+
+// FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x), then x's update; the MoE
+// combines m with its experts' weighted sum first.
+void CudaModel::prefill_ffn(int i, int n) {
+    const LayerWeights& lw = w_.layers[i];
+    const int H = c_.hidden, I = c_.layers[i].mlp_width;
+    const float eps = c_.rms_eps;
+    Profiler* pf = prefill_pf_;
+    const double wb = 2.0 * H;  // bytes per weight row of H
+
+    run(pf, "mlp", i, 3.0 * wb * I, [&] {
+        split_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(lw.gate_proj, I, H, n, act_.g, I);
+        gemm(lw.up_proj, I, H, n, act_.u, I);
+        geglu_split(act_.g, act_.u, I, I, n, act_.hi, lo_at(n, I), stream_);
+        gemm(lw.down_proj, H, I, n, act_.m, H);
+    });
+
+    if (c_.moe) {
+        prefill_moe(i, n);
+    } else {
+        run(pf, "ffn_residual", i, 0.0, [&] {
+            all_reduce(nullptr, i, act_.m, static_cast<size_t>(n) * H);
+            residual_add_norm(act_.x, act_.m, lw.post_ffn_norm, H, n, eps, ffn_scale(i), stream_);
+        });
+    }
+}
+
+// 2.6: router logits (input norm per token), softmax / top-k / the experts' input norm, the entries bucketed
+// by expert, the experts, then x's update from the dense MLP's m and the experts' weighted sum.
+void CudaModel::prefill_moe(int i, int n) {
+    const LayerWeights& lw = w_.layers[i];
+    const float scale = ffn_scale(i);
+    const int H = c_.hidden, E = c_.n_experts, K = c_.top_k;
+    const float eps = c_.rms_eps;
+    Profiler* pf = prefill_pf_;
+    const double wb = 2.0 * H;  // bytes per weight row of H
+
+    GemvInput in;
+    in.x = act_.x;
+    in.K = H;
+    in.ldx = H;
+    in.norm = true;
+    in.norm_w = lw.router_scale;
+    in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
+    in.eps = eps;
+    GemvSeg seg{lw.router_proj, moe_.rlogits, E, E};
+    run(pf, "router", i, wb * E, [&] { gemv(in, &seg, 1, n, stream_); });
+    run(pf, "route", i, 0.0, [&] {
+        moe_route(moe_.rlogits, n, E, K, lw.per_expert_scale, moe_.sel_id, moe_.sel_w, false, moe_.gexp,
+                  moe_.goff, moe_.gent, act_.x, lw.pre_ffn_norm_2, H, eps, moe_.e_in, stream_);
+        moe_bucket(moe_.sel_id, n, E, K, moe_.gexp, moe_.goff, moe_.gent, stream_, held_experts());
+    });
+    run(pf, "experts", i, 0.0, [&] { prefill_experts(i, n); });
+    if (sharded()) {  // [n][H] dense partials, then [n][H] experts' partials: one sum over the ranks
+        float* e = act_.m + int64_t{n} * H;
+        moe_weighted_sum(moe_.eslots, moe_.sel_w, K, H, n, e, stream_);
+        all_reduce(nullptr, i, act_.m, 2 * static_cast<size_t>(n) * H);
+        residual_moe_combine(act_.x, act_.m, e, moe_.ones, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
+                             lw.post_ffn_norm, H, n, eps, scale, stream_);
+    } else {
+        run(pf, "ffn_combine", i, 0.0, [&] {
+            residual_moe_combine(act_.x, act_.m, moe_.eslots, moe_.sel_w, K, lw.post_ffn_norm_1,
+                                 lw.post_ffn_norm_2, lw.post_ffn_norm, H, n, eps, scale, stream_);
+        });
+    }
+}
+
+// 2.4: x += post_per_layer_input_norm(proj(gelu(gate(x)) * PLE_i)), then * layer_scalar.
+void CudaModel::prefill_ple(int i, int n) {
+    const LayerWeights& lw = w_.layers[i];
+    const int H = c_.hidden, P = c_.ple_dim;
+    const int64_t LP = int64_t{c_.n_layers} * P;
+    const float eps = c_.rms_eps;
+    const double wb = 2.0 * H;  // bytes per weight row of H
+    run(prefill_pf_, "ple", i, 2.0 * wb * P, [&] {
+        split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(lw.ple_gate, P, H, n, act_.g, P);
+        geglu_split(act_.g, act_.ple + int64_t{i} * P, LP, P, n, act_.hi, lo_at(n, P), stream_);
+        gemm(lw.ple_proj, H, P, n, act_.o, H);
+        residual_add_norm(act_.x, act_.o, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
+    });
+}
+
+// The prefill's GEMMs (and batched decode's): fp32 activations as two bf16 halves through cuBLAS.
+void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
+    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 halves).
+    const float one = 1.0f, zero = 0.0f;
+    if (n <= kGemmStackMaxN && N <= act_.y2_cols) {  // one pass over W: [hi; lo] as 2n columns, then the sum
+        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * n, K, &one, W, CUDA_R_16BF, K,
+                                  act_.hi, CUDA_R_16BF, K, &zero, act_.y2, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+        sum_halves(act_.y2, n, N, Y, ldy, stream_);
+        return;
+    }
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, act_.hi,
+                              CUDA_R_16BF, K, &zero, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_at(n, K),
+                              CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                                     const bf16* x, float* y2) {
+    const float one = 1.0f, zero = 0.0f;
+    const long long sx = 2LL * rows * K, sy = 2LL * rows * N;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * rows, K, &one, W, CUDA_R_16BF, K, w_stride, x, CUDA_R_16BF, K,
+        sx, &zero, y2, CUDA_R_32F, N, sy, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
+                             const bf16* hi, const bf16* lo, float* Y) {
+    // gemm() per batch entry, as one strided-batched call per half
+    const float one = 1.0f, zero = 0.0f;
+    const long long sx = static_cast<long long>(rows) * K, sy = static_cast<long long>(rows) * N;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, W, CUDA_R_16BF,
+                                            K, w_stride, hi, CUDA_R_16BF, K, sx, &zero, Y, CUDA_R_32F, N, sy,
+                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, W, CUDA_R_16BF,
+                                            K, w_stride, lo, CUDA_R_16BF, K, sx, &one, Y, CUDA_R_32F, N, sy,
+                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace markbase::cuda
