@@ -1,6 +1,6 @@
 // The engine's tuning: the few settings that measurements say differ by model or machine, the two that let
 // tests force the fallbacks of product paths, and one timing experiment. Plain data with the product's
-// defaults (the measured winners, bench/NOTES.md), built once by the CLI from `--tuning` (else
+// defaults (the measured winners, docs/performance.md), built once by the CLI from `--tuning` (else
 // $MARKBASE_TUNING) and handed down in BackendOptions. Everything else the backends once switched on is
 // settled: the winner is the only code path (docs/cuda-backend.md has the measurements).
 //

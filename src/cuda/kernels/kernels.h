@@ -233,7 +233,7 @@ struct AttnArgs {
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 constexpr int kMaxAttnCluster = 16;
 // Decode attention: pieces of at least kAttnMinKeys keys (attention.cu's split_len 0 rule), at most ~2 waves
-// of blocks per layer, only the pieces holding keys run and merge. Measured on the H200 (bench/NOTES.md): 64
+// of blocks per layer, only the pieces holding keys run and merge. Measured on the H200 (docs/performance.md): 64
 // keys beat pieces of >= 32 keys with up to 512 blocks per layer (every piece reporting) by 0.2-0.6 ms per
 // token on all four variants, 32 beat 64 by another 2-5% (also at a 2000-token context), 128/256 lost; 16
 // beat 32 by 0.2-1.9% in two runs of all four. It only matters below the ~2-wave cap: on the sliding layers

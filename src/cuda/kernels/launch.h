@@ -3,7 +3,7 @@
 // (device_common.cuh), which returns only once the previous kernel has completed and its writes are
 // visible, so correctness never depends on the attribute; what overlaps is launch latency and, in the GEMVs,
 // the first batch of the next weights (H200: E2B -0.17 ms and 26B-A4B -0.18 ms per token with the
-// warp-per-row GEMVs, bench/NOTES.md).
+// warp-per-row GEMVs, docs/performance.md).
 #pragma once
 
 #include <cuda_runtime.h>
