@@ -65,11 +65,13 @@ struct EngineLimits {
     int64_t ctx_size = 4096;      // per sequence: prompt + generated
     int max_queue = 64;           // requests waiting beyond max_sequences; more are refused (503)
     int step_token_budget = 512;  // prompt + decode tokens one step may run (chunked prefill)
+    int64_t kv_blocks = 0;        // KV pool, blocks of 16 positions; 0: room for max_sequences full contexts
 };
 
 struct EngineMetrics {
     uint64_t requests_ok = 0, requests_error = 0, requests_cancelled = 0;
     uint64_t prompt_tokens = 0, generated_tokens = 0;
+    uint64_t preemptions = 0;  // running sequences sent back to the queue for lack of KV blocks
     int running = 0, queued = 0;
     int64_t kv_blocks_used = 0, kv_blocks_free = 0;
     // histograms: cumulative counts per upper bound (seconds), Prometheus style

@@ -1,0 +1,59 @@
+// What the serving engine needs from a backend: several independent sequences ("slots"), each with its own
+// KV cache, advanced together one step at a time. A step lists, per slot, the ids to append (a prompt chunk
+// or one decode token) and whether the logits of its last position are wanted; a slot appears at most once
+// per step.
+//
+// CPU (make_cpu_slot_backend, src/cpu/cpu_slots.cpp): one KV cache per slot over one shared CpuModel; a
+// step runs each slot's ids through the same forward() as Backend::eval, one slot after another, so every
+// slot's logits are bit-identical to that sequence run alone through make_cpu_backend with the same chunk
+// size. The change that makes it faster is a batched matmul over the step's decode rows (every weight read
+// once per step, not once per slot), with attention still per slot; the math stays in forward.cpp.
+//
+// CUDA: CudaBackend (src/cuda/cuda_backend.h) already keeps BackendOptions::slots caches for `bench -np`.
+// Its SlotBackend maps reset_slot to slot_reset, and runs a step as slot_eval(slot, ids, n) for each prompt
+// chunk followed by one decode_batch(slots, ids, n, logits) over every 1-token work item (the weights read
+// once for all the decodes), copying the wanted rows into `logits` in work order. A chunk that ends a prompt
+// needs its last row's logits, which slot_eval does not return today: it gains a logits output, or the
+// chunk's last id joins the decode batch. The paged cache (runtime/kv_blocks.h) then replaces the per-slot
+// [slots][cap] caches, so that the block pool, not max_sequences * ctx, bounds the memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "runtime/backend.h"
+
+namespace markbase {
+
+struct SlotWork {
+    int slot = 0;
+    std::span<const int> ids;  // appended at the slot's n_past(); not empty
+    bool logits = false;       // the last id's logits are wanted
+};
+
+class SlotBackend {
+  public:
+    virtual ~SlotBackend() = default;
+    virtual const ModelConfig& config() const = 0;
+    virtual std::string name() const = 0;
+    virtual int slots() const = 0;
+    virtual int64_t ctx_size() const = 0;  // positions each slot holds
+    virtual int64_t n_past(int slot) const = 0;
+    virtual void reset_slot(int slot) = 0;  // empty the slot's cache
+    // Runs one step. logits: [k][V], one row per work item with logits set, in work order (nullptr when no
+    // item wants any). Throws markbase::Error for a slot out of range, a slot listed twice, empty ids or a
+    // slot whose context would overflow; nothing is evaluated then.
+    virtual void eval_slots(const std::vector<SlotWork>& work, float* logits) = 0;
+};
+
+// BackendOptions::slots caches of ctx_size positions each (slots >= 1).
+std::unique_ptr<SlotBackend> make_cpu_slot_backend(const Checkpoint& ck, const BackendOptions& opt);
+
+// Throws markbase::Error unless `work` is a valid step for `be` (the checks eval_slots promises).
+void check_slot_work(const SlotBackend& be, const std::vector<SlotWork>& work);
+
+}  // namespace markbase

@@ -1,0 +1,323 @@
+#include "server/engine_impl.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/error.h"
+#include "runtime/scheduler.h"
+#include "runtime/timing.h"
+#include "server/engine_metrics.h"
+#include "server/logprobs.h"
+#include "server/reply_text.h"
+
+namespace markbase::server {
+
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr int kMaxTopLogprobs = 20;
+
+SchedulerLimits scheduler_limits(const EngineLimits& l) {
+    SchedulerLimits s;
+    s.max_sequences = l.max_sequences;
+    s.max_queue = l.max_queue;
+    s.step_token_budget = l.step_token_budget;
+    s.ctx_size = l.ctx_size;
+    return s;
+}
+
+KvBlockOptions kv_options(const ModelConfig& c, const EngineLimits& l) {
+    KvBlockOptions o = KvBlockOptions::for_model(c, l.kv_blocks, kBlockSize);
+    if (l.kv_blocks == 0) {
+        const KvBlockAllocator probe(o);
+        o.n_blocks = int64_t{l.max_sequences} * probe.blocks_for(l.ctx_size, l.step_token_budget);
+    }
+    return o;
+}
+
+class EngineImpl final : public Engine {
+  public:
+    EngineImpl(SlotBackend& be, const Tokenizer& tok, const ModelConfig& c, EngineLimits lim)
+        : be_(be), tok_(tok), cfg_(c), lim_(lim), sched_(scheduler_limits(lim), kv_options(c, lim)) {
+        if (lim.max_sequences > be.slots())
+            throw Error("max_sequences " + std::to_string(lim.max_sequences) + " exceeds the backend's " +
+                        std::to_string(be.slots()) + " slots");
+        if (lim.ctx_size > be.ctx_size())
+            throw Error("ctx_size " + std::to_string(lim.ctx_size) + " exceeds the backend's " +
+                        std::to_string(be.ctx_size()) + " positions per slot");
+        publish_counts();
+        thread_ = std::thread([this] { loop(); });
+    }
+    ~EngineImpl() override { shutdown(); }
+
+    uint64_t submit(GenerationRequest req, std::shared_ptr<RequestSink> sink) override;
+    void cancel(uint64_t id) override {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            cancels_.push_back(id);
+        }
+        cv_.notify_one();
+    }
+    EngineMetrics metrics() const override { return book_.snapshot(); }
+    const EngineLimits& limits() const override { return lim_; }
+    int vocab_size() const override { return static_cast<int>(cfg_.vocab_size); }
+    void shutdown() override {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            stopping_ = true;
+        }
+        cv_.notify_one();
+        std::lock_guard<std::mutex> lk(join_mu_);
+        if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+    }
+
+  private:
+    struct Pending {
+        uint64_t id;
+        GenerationRequest req;
+        std::shared_ptr<RequestSink> sink;
+        double t_submit;
+    };
+    // One accepted request, owned by the scheduler thread.
+    struct Live {
+        Live(Pending&& p, const Tokenizer& tok)
+            : id(p.id),
+              req(std::move(p.req)),
+              sink(std::move(p.sink)),
+              sampler(req.sampling),
+              text(tok, req.stop),
+              history(req.prompt),
+              t_submit(p.t_submit) {}
+        uint64_t id;
+        GenerationRequest req;
+        std::shared_ptr<RequestSink> sink;
+        Sampler sampler;
+        ReplyText text;
+        std::vector<int> history;  // prompt + generated: the penalties' window
+        int generated = 0;
+        double t_submit, t_first = 0, t_last = 0;
+    };
+
+    void validate(const GenerationRequest& req, const RequestSink* sink) const;
+    void loop();
+    bool drain();  // false when shutting down
+    void step();
+    void on_logits(Live& r, const float* row);
+    void finish(Live& r, FinishReason why, const std::string& text, const std::string& error = "");
+    void fail_all(const std::string& error);
+    void publish_counts();  // the scheduler's counts to submit() and the gauges
+
+    SlotBackend& be_;
+    const Tokenizer& tok_;
+    const ModelConfig& cfg_;
+    const EngineLimits lim_;
+    MetricsBook book_;
+
+    // scheduler thread only
+    Scheduler sched_;
+    std::map<uint64_t, Live> live_;
+    std::vector<float> logits_;
+
+    // shared with the callers, under mu_
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Pending> inbox_;
+    std::vector<uint64_t> cancels_;
+    bool stopping_ = false;
+    uint64_t next_id_ = 1;
+    int64_t waiting_ = 0, running_ = 0;  // the scheduler's, as of its last publish_counts()
+
+    std::mutex join_mu_;
+    std::thread thread_;
+};
+
+void EngineImpl::validate(const GenerationRequest& req, const RequestSink* sink) const {
+    if (sink == nullptr) throw Error("submit: no sink for the results");
+    if (req.prompt.empty()) throw Error("the prompt is empty: give at least one token");
+    if (static_cast<int64_t>(req.prompt.size()) >= lim_.ctx_size)
+        throw Error("the prompt has " + std::to_string(req.prompt.size()) + " tokens; the context holds " +
+                    std::to_string(lim_.ctx_size) + " with at least one generated");
+    for (size_t i = 0; i < req.prompt.size(); ++i)
+        if (req.prompt[i] < 0 || req.prompt[i] >= cfg_.vocab_size)
+            throw Error("prompt token " + std::to_string(i) + ": id " + std::to_string(req.prompt[i]) +
+                        " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+    req.sampling.validate();
+    if (req.max_tokens < 1)
+        throw Error("max_tokens must be at least 1, found " + std::to_string(req.max_tokens));
+    if (req.top_logprobs < -1 || req.top_logprobs > kMaxTopLogprobs)
+        throw Error("top_logprobs must be in [0, 20] (or -1: none), found " +
+                    std::to_string(req.top_logprobs));
+}
+
+uint64_t EngineImpl::submit(GenerationRequest req, std::shared_ptr<RequestSink> sink) {
+    validate(req, sink.get());
+    uint64_t id = 0;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopping_) throw Error("server shutting down");
+        const int64_t waiting = waiting_ + static_cast<int64_t>(inbox_.size());
+        if (Scheduler::queue_full(waiting, running_, sched_.limits()))
+            throw QueueFull("the queue is full: " + std::to_string(waiting) + " requests wait for " +
+                            std::to_string(lim_.max_sequences) + " sequences");
+        id = next_id_++;
+        inbox_.push_back(Pending{id, std::move(req), std::move(sink), now_s()});
+    }
+    cv_.notify_one();
+    return id;
+}
+
+void EngineImpl::loop() {
+    while (drain())
+        if (!sched_.idle()) step();
+    fail_all("server shutting down");
+}
+
+bool EngineImpl::drain() {
+    std::deque<Pending> in;
+    std::vector<uint64_t> cancels;
+    bool stop = false;
+    {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !sched_.idle(); });
+        in.swap(inbox_);
+        cancels.swap(cancels_);
+        stop = stopping_;
+        waiting_ += static_cast<int64_t>(in.size());  // still counted by submit() until they are queued
+    }
+    // sinks are called with no lock held: one may call cancel() or submit()
+    for (Pending& p : in) {
+        const uint64_t id = p.id;
+        Live& r = live_.emplace(id, Live(std::move(p), tok_)).first->second;
+        book_.accepted(static_cast<int>(r.req.prompt.size()));
+        if (!sched_.add(id, r.req.prompt)) finish(r, FinishReason::Error, "", "the queue is full");
+    }
+    for (uint64_t id : cancels) {
+        auto it = live_.find(id);
+        if (it != live_.end()) finish(it->second, FinishReason::Cancelled, "");
+    }
+    publish_counts();
+    return !stop;
+}
+
+void EngineImpl::step() {
+    const Step st = sched_.schedule();
+    if (!st.preempted.empty()) book_.preempted(st.preempted.size());
+    std::vector<SlotWork> work;
+    int64_t rows = 0;
+    for (const StepWork& w : st.work) {
+        if (w.pos0 == 0) be_.reset_slot(w.slot);
+        work.push_back(SlotWork{w.slot, w.ids, w.wants_logits});
+        rows += w.wants_logits ? 1 : 0;
+    }
+    const int64_t V = cfg_.vocab_size;
+    logits_.resize(static_cast<size_t>(rows * V));
+    try {
+        if (!work.empty()) be_.eval_slots(work, rows ? logits_.data() : nullptr);
+    } catch (const std::exception& e) {  // the caches of this step's slots are unknown now: fail them all
+        for (const StepWork& w : st.work) finish(live_.at(w.seq), FinishReason::Error, "", e.what());
+        return;
+    }
+    int64_t row = 0;
+    for (const StepWork& w : st.work) {
+        if (!w.wants_logits) continue;
+        Live& r = live_.at(w.seq);
+        try {
+            on_logits(r, logits_.data() + row * V);
+        } catch (const std::exception& e) {
+            if (live_.count(w.seq)) finish(r, FinishReason::Error, "", e.what());
+        }
+        ++row;
+    }
+    publish_counts();
+}
+
+void EngineImpl::on_logits(Live& r, const float* row) {
+    const int64_t V = cfg_.vocab_size;
+    const int id = r.sampler.sample(row, V, r.history);
+    const double now = now_s();
+    if (r.generated == 0) {
+        r.t_first = now;
+        book_.ttft(now - r.t_submit);
+    }
+    r.t_last = now;
+    ++r.generated;
+    r.history.push_back(id);
+    book_.token();
+    const auto& stops = r.req.stop_ids;
+    if (!r.req.ignore_eos && std::find(stops.begin(), stops.end(), id) != stops.end()) {
+        finish(r, FinishReason::Stop, r.text.finish());  // the stop id itself is not shown
+        return;
+    }
+    TokenEvent ev;
+    ev.id = id;
+    bool stopped = false;
+    ev.text = r.text.push(id, &stopped);
+    if (r.req.top_logprobs >= 0) {
+        Logprobs lp = compute_logprobs(row, V, r.req.sampling.temperature, id, r.req.top_logprobs);
+        ev.logprob = lp.chosen;
+        ev.top = std::move(lp.top);
+        for (const auto& [alt, p] : ev.top)
+            ev.top_text.emplace_back(tok_.decode(std::span<const int>(&alt, 1)), p);
+    }
+    r.sink->on_token(ev);
+    if (stopped) {
+        finish(r, FinishReason::Stop, "");
+        return;
+    }
+    // generate()'s ends: the budget, or a token the context cannot take (it would sit at position ctx_size)
+    if (r.generated >= r.req.max_tokens || static_cast<int64_t>(r.history.size()) > lim_.ctx_size) {
+        bool stop_at_end = false;
+        const std::string tail = r.text.finish(&stop_at_end);
+        finish(r, stop_at_end ? FinishReason::Stop : FinishReason::Length, tail);
+        return;
+    }
+    sched_.append(r.id, id);
+}
+
+void EngineImpl::finish(Live& r, FinishReason why, const std::string& text, const std::string& error) {
+    sched_.finish(r.id);
+    Usage u;
+    u.prompt_tokens = static_cast<int>(r.req.prompt.size());
+    u.completion_tokens = r.generated;
+    u.ttft_s = r.generated > 0 ? r.t_first - r.t_submit : 0.0;
+    if (r.generated > 1 && r.t_last > r.t_first) {
+        u.decode_tok_s = (r.generated - 1) / (r.t_last - r.t_first);
+        book_.tpot((r.t_last - r.t_first) / (r.generated - 1));
+    }
+    book_.finished(why);
+    try {
+        r.sink->on_finish(why, text, u, error);
+    } catch (...) {  // a sink must not throw; if one does, the engine goes on
+    }
+    live_.erase(r.id);
+}
+
+void EngineImpl::fail_all(const std::string& error) {
+    while (!live_.empty()) finish(live_.begin()->second, FinishReason::Error, "", error);
+    publish_counts();
+}
+
+void EngineImpl::publish_counts() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        waiting_ = sched_.waiting();
+        running_ = sched_.running();
+    }
+    book_.gauges(static_cast<int>(sched_.running()), static_cast<int>(sched_.waiting()),
+                 sched_.blocks().used(), sched_.blocks().free_blocks());
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_engine(SlotBackend& be, const Tokenizer& tok, const ModelConfig& config,
+                                    EngineLimits limits) {
+    return std::make_unique<EngineImpl>(be, tok, config, limits);
+}
+
+}  // namespace markbase::server
