@@ -197,6 +197,7 @@ int HttpServer::start() {
     if (port < 0)
         throw Error("serve: cannot listen on " + s.opt.host + ":" + std::to_string(s.opt.port) +
                     " (in use, or not an address of this machine)");
+    if (!s.http.widen_backlog(SOMAXCONN)) throw Error("serve: cannot listen on the bound socket");
     s.thread = std::thread([&s] { s.http.listen_after_bind(); });
     while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return port;

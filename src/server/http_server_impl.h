@@ -16,11 +16,18 @@
 
 namespace markbase::server {
 
+// httplib::Server listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's library):
+// a burst of clients overflows it and some connections fail. Listening again on the bound socket widens it.
+class Listener : public httplib::Server {
+  public:
+    bool widen_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
+};
+
 struct HttpServer::Impl {
     Engine& engine;
     ServedModel model;
     ServerOptions opt;
-    httplib::Server http;
+    Listener http;
     StatusCounts statuses;
     std::atomic<bool> draining{false};
     std::thread thread;

@@ -119,15 +119,24 @@ TEST_F(HttpServerTest, SixteenConcurrentStreams) {
     for (int i = 0; i < 16; ++i)
         clients.emplace_back([&, i] {
             const auto r = post("/v1/chat/completions", stream_chat(20 + i));
-            if (!r || r->status != 200) return;
+            if (!r || r->status != 200) {
+                ADD_FAILURE() << "stream " << i << ": " << (r ? r->body : httplib::to_string(r.error()));
+                return;
+            }
             const auto data = sse_data(r->body);
             std::string finish, want;
             for (int k = 0; k < 20 + i; ++k) want += " w" + std::to_string(k);
-            if (joined_content(data, &finish) == want && finish == "length" && data.back() == "[DONE]") ++ok;
+            const std::string got = joined_content(data, &finish);
+            if (got == want && finish == "length" && data.back() == "[DONE]")
+                ++ok;
+            else
+                ADD_FAILURE() << "stream " << i << ": " << r->body;
         });
     for (auto& t : clients) t.join();
     EXPECT_EQ(ok.load(), 16);
     EXPECT_EQ(engine_->cancel_calls().size(), 0u);
+    if (ok.load() != 16)
+        for (const auto& l : log()) ADD_FAILURE() << l;
 }
 
 TEST_F(HttpServerTest, ShutdownEndsStreamsWithAnErrorEvent) {
