@@ -52,9 +52,9 @@ class HttpServer {
     std::unique_ptr<Impl> impl_;
 };
 
-// Blocks SIGINT and SIGTERM in the calling thread and in every thread it starts afterwards, so that only
-// serve_until_signal() sees them. Call before the model loads (before any thread starts).
-void block_stop_signals();
+// SIGINT and SIGTERM set a flag serve_until_signal() polls (a second one exits at once); SIGPIPE is ignored.
+// Installed once the model is loaded: until then the signals end the process as usual.
+void install_stop_handlers();
 
 // markbase serve's main loop, on a started server: waits for SIGINT or SIGTERM (or for the server to stop
 // otherwise), then stops accepting, shuts the engine down (in-flight streams end with an error event), waits

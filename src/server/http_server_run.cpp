@@ -1,8 +1,10 @@
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
-#include <ctime>
+#include <thread>
 
 #include "server/http_server.h"
 
@@ -10,33 +12,30 @@ namespace markbase::server {
 
 namespace {
 
-sigset_t stop_signals() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    return set;
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+    if (g_stop_signal) _exit(1);  // a second signal while stopping: give up waiting
+    g_stop_signal = sig;
 }
 
 }  // namespace
 
-void block_stop_signals() {
-    const sigset_t set = stop_signals();
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not the end of the server
+void install_stop_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not the end of the server
 }
 
 int serve_until_signal(HttpServer& server, Engine& engine) {
-    const sigset_t set = stop_signals();
-    const timespec poll{0, 200 * 1000 * 1000};
-    while (server.running()) {
-        const int sig = sigtimedwait(&set, nullptr, &poll);
-        if (sig == SIGINT || sig == SIGTERM) {
-            std::fprintf(stderr, "serve: %s: stopping (in-flight requests end with an error)\n",
-                         sig == SIGINT ? "SIGINT" : "SIGTERM");
-            break;
-        }
-    }
+    while (server.running() && !g_stop_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (g_stop_signal)
+        std::fprintf(stderr, "serve: %s: stopping (in-flight requests end with an error)\n",
+                     g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
     server.stop_accepting();
     engine.shutdown();
     server.wait();

@@ -15,7 +15,6 @@
 
 int main(int argc, char** argv) {
     using namespace markbase;
-    server::block_stop_signals();
     try {
         cli::ArgReader a("markbase_fake_server", std::vector<std::string>(argv + 1, argv + argc));
         const std::string dir = a.value_or({"-m", "--model"}, "");
@@ -37,6 +36,7 @@ int main(int argc, char** argv) {
             "fake", static_cast<int64_t>(std::time(nullptr)), tok, SamplingParams{}, {1}};
         server::HttpServer http(engine, std::move(model), so);
         const int port = http.start();
+        server::install_stop_handlers();
         std::printf("listening on http://%s:%d\n", so.host.c_str(), port);
         std::fflush(stdout);
         return server::serve_until_signal(http, engine);

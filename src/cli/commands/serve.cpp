@@ -45,7 +45,6 @@ int cmd_serve(const Args& args) {
         "serve: this build has no HTTP server: cpp-httplib was not found when it was configured "
         "(apt-get install libcpp-httplib-dev, then configure and build again)");
 #else
-    server::block_stop_signals();  // before any thread starts: only serve_until_signal sees them
     ArgReader a("serve", args);
     ModelOptions mo = ModelOptions::read(a);
     server::ServerOptions so;
@@ -71,6 +70,7 @@ int cmd_serve(const Args& args) {
     std::unique_ptr<server::Engine> engine = make_serve_engine(std::move(lm), limits);
     server::HttpServer http(*engine, std::move(model), so);
     const int port = http.start();
+    server::install_stop_handlers();
     std::fprintf(stderr,
                  "serve: %s on %s, listening on http://%s:%d (%d sequences of %lld tokens, queue %d%s)\n",
                  mo.model_dir.c_str(), backend.c_str(), so.host.c_str(), port, limits.max_sequences,
