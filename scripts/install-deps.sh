@@ -6,9 +6,15 @@
 #   xz-utils                             unpacks the compressed tokenizer fixtures under tests/data
 #   python3                              the test scripts' small helpers (no third-party modules)
 #   clang, libclang-rt-14-dev            the fuzzers (fuzz/, scripts/fuzz.sh): clang's libFuzzer and sanitizer runtimes
+#   libcpp-httplib-dev, pkg-config       cpp-httplib (llama-server's HTTP library), markbase serve's HTTP server, and
+#                                        what finds it for CMake
+#   nodejs, npm                          the openai npm client's tests of markbase serve (tests/server/js); npm is
+#                                        left out where the installed nodejs already bundles it (NodeSource's does)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev xz-utils python3 clang libclang-rt-14-dev)
+pkgs=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev xz-utils python3 clang libclang-rt-14-dev
+  libcpp-httplib-dev pkg-config nodejs)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

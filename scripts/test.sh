@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies (Debian 12, as root), builds MarkBase and runs the whole test suite:
-# a Release build (what users run), an AddressSanitizer + UBSan build of the tests, and a short run of every
-# fuzzer (docs/testing.md).
+# a Release build (what users run), the openai npm client against a live server, an AddressSanitizer + UBSan
+# build of the tests, and a short run of every fuzzer (docs/testing.md).
 # GPU tests skip, with their reason printed, on machines without a CUDA device.
 # Either pass fails when it runs no test: a build folder configured without the tests (scripts/run-default.sh
 # configures `build` with MARKBASE_TESTS=OFF) is reconfigured with them, and a count of zero is an error.
@@ -20,6 +20,10 @@ if [ "$release_total" -eq 0 ]; then
   echo "error: the Release pass ran no test" >&2
   exit 1
 fi
+
+# the official openai npm client against a live server (skipped, saying why, in a build without cpp-httplib)
+bash scripts/openai-client-test.sh build | tee build/openai-client.log
+openai_client=$(grep -q '^openai client tests: SKIPPED' build/openai-client.log && echo skipped || echo passed)
 
 asan_total=0 asan_skipped=0
 if [ "${MARKBASE_SKIP_SANITIZERS:-0}" != 1 ]; then
@@ -50,7 +54,7 @@ if [ "${MARKBASE_SKIP_FUZZ:-0}" != 1 ]; then
   bash scripts/fuzz.sh "${MARKBASE_FUZZ_SECONDS:-30}"
   fuzz_total=$(ls fuzz/corpus | wc -l)
 fi
-echo "Release: $release_total tests ($skipped skipped); sanitizers: $asan_total tests ($asan_skipped skipped);" \
-  "fuzzers: $fuzz_total"
+echo "Release: $release_total tests ($skipped skipped); openai client: $openai_client;" \
+  "sanitizers: $asan_total tests ($asan_skipped skipped); fuzzers: $fuzz_total"
 passed=$((release_total - skipped - release_failed + asan_total - asan_skipped + fuzz_total))
 echo "markbase: $passed passed, $release_failed failed, $((skipped + asan_skipped)) skipped"

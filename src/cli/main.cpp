@@ -30,6 +30,10 @@ const char* kUsage =
     "  bench load -m DIR [--device cpu|cuda] [-t N] [--chunk-mib 64] [--direct] [--no-cold]\n"
     "                                          load speed (cold, warm) vs the raw read speed\n"
     "  perplexity -m DIR -f FILE [--window 512]  perplexity of a text file\n"
+    "  serve      -m DIR [--host 127.0.0.1] [--port 8080] [-np N] [--max-queue N] [--api-key KEY]\n"
+    "                                          OpenAI-compatible server: /v1/chat/completions,\n"
+    "                                          /v1/completions, /v1/models, /health, /metrics\n"
+    "                                          (-c: context per sequence; key also $MARKBASE_API_KEY)\n"
     "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
@@ -50,6 +54,7 @@ const Command kCommands[] = {
     {"logits", markbase::cli::cmd_logits},     {"inspect", markbase::cli::cmd_inspect},
     {"bench", markbase::cli::cmd_bench},       {"perplexity", markbase::cli::cmd_perplexity},
     {"tokenize", markbase::cli::cmd_tokenize}, {"detokenize", markbase::cli::cmd_detokenize},
+    {"serve", markbase::cli::cmd_serve},
 };
 
 const Command* find_command(const std::string& name) {

@@ -16,6 +16,7 @@ int cmd_inspect(const Args& args);     // inspect.cpp: variant, layer plan, para
 int cmd_bench(const Args& args);       // bench.cpp: prefill / decode receipt
 int cmd_bench_load(const Args& args);  // bench_load.cpp: checkpoint load speed vs raw read speed
 int cmd_perplexity(const Args& args);  // perplexity.cpp: perplexity of a text file
+int cmd_serve(const Args& args);       // serve.cpp: OpenAI-compatible HTTP server
 int cmd_tokenize(const Args& args);    // tokenize.cpp: text -> JSON array of ids
 int cmd_detokenize(const Args& args);  // tokenize.cpp: JSON array of ids -> text
 

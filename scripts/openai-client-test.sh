@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The official openai npm client (tests/server/js) against a live server: starts it in the background on a
+# free port with an API key, waits for /health, runs `npm ci && node --test`, stops it with SIGTERM (which
+# must end it with exit 0) and fails when any of that fails. Usage: scripts/openai-client-test.sh BUILD_DIR
+# Skips, saying why, when BUILD_DIR was configured without cpp-httplib (no HTTP server in that build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+if ! grep -q '^MARKBASE_HTTPLIB_FOUND:INTERNAL=1' "$build/CMakeCache.txt" 2>/dev/null; then
+  echo "openai client tests: SKIPPED: $build has no HTTP server (cpp-httplib was not found at configure time)"
+  exit 0
+fi
+# The server under test: the HTTP layer over the fake engine (tests/server/fake_engine.h) until the serving
+# engine is part of the build; then `"$build/markbase" serve` on the bundled model.
+server=("$build/markbase_fake_server")
+key="test-key-$RANDOM$RANDOM"
+log=$(mktemp)
+"${server[@]}" --host 127.0.0.1 --port 0 --api-key "$key" >"$log" 2>&1 &
+pid=$!
+stop_server() { kill -TERM "$pid" 2>/dev/null || true; }
+trap stop_server EXIT
+url=
+for _ in $(seq 1200); do  # the model loads first: up to two minutes
+  url=$(sed -n 's/.*listening on \(http:\/\/[^ ]*\).*/\1/p' "$log" | head -n 1)
+  [ -n "$url" ] && break
+  if ! kill -0 "$pid" 2>/dev/null; then
+    echo "error: the server under test exited before listening:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+if [ -z "$url" ] || ! python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=10)' "$url"; then
+  echo "error: the server under test did not answer /health:" >&2
+  cat "$log" >&2
+  exit 1
+fi
+echo "openai client tests against ${server[*]} at $url"
+status=0
+(cd tests/server/js && npm ci --no-audit --no-fund --loglevel=error &&
+  MARKBASE_URL="$url" MARKBASE_API_KEY="$key" node --test openai.test.js) || status=$?
+trap - EXIT
+kill -TERM "$pid"
+server_status=0
+wait "$pid" || server_status=$?
+if [ "$status" -ne 0 ] || [ "$server_status" -ne 0 ]; then
+  echo "error: openai client tests exit $status, server exit $server_status on SIGTERM; its log:" >&2
+  tail -n 50 "$log" >&2
+  exit 1
+fi
+rm -f "$log"
