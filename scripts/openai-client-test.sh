@@ -10,9 +10,8 @@ if ! grep -q '^MARKBASE_HTTPLIB_FOUND:INTERNAL=1' "$build/CMakeCache.txt" 2>/dev
   echo "openai client tests: SKIPPED: $build has no HTTP server (cpp-httplib was not found at configure time)"
   exit 0
 fi
-# The server under test: the HTTP layer over the fake engine (tests/server/fake_engine.h) until the serving
-# engine is part of the build; then `"$build/markbase" serve` on the bundled model.
-server=("$build/markbase_fake_server")
+# The server under test: `markbase serve` on the bundled model (the CPU backend's sequence slots).
+server=("$build/markbase" serve --device cpu)
 key="test-key-$RANDOM$RANDOM"
 log=$(mktemp)
 "${server[@]}" --host 127.0.0.1 --port 0 --api-key "$key" >"$log" 2>&1 &

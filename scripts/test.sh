@@ -24,6 +24,7 @@ fi
 # the official openai npm client against a live server (skipped, saying why, in a build without cpp-httplib)
 bash scripts/openai-client-test.sh build | tee build/openai-client.log
 openai_client=$(grep -q '^openai client tests: SKIPPED' build/openai-client.log && echo skipped || echo passed)
+js_passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/openai-client.log | tail -n 1)
 
 asan_total=0 asan_skipped=0
 if [ "${MARKBASE_SKIP_SANITIZERS:-0}" != 1 ]; then
@@ -54,7 +55,7 @@ if [ "${MARKBASE_SKIP_FUZZ:-0}" != 1 ]; then
   bash scripts/fuzz.sh "${MARKBASE_FUZZ_SECONDS:-30}"
   fuzz_total=$(ls fuzz/corpus | wc -l)
 fi
-echo "Release: $release_total tests ($skipped skipped); openai client: $openai_client;" \
+echo "Release: $release_total tests ($skipped skipped); openai client: $openai_client (${js_passed:-0} tests);" \
   "sanitizers: $asan_total tests ($asan_skipped skipped); fuzzers: $fuzz_total"
-passed=$((release_total - skipped - release_failed + asan_total - asan_skipped + fuzz_total))
+passed=$((release_total - skipped - release_failed + ${js_passed:-0} + asan_total - asan_skipped + fuzz_total))
 echo "markbase: $passed passed, $release_failed failed, $((skipped + asan_skipped)) skipped"

@@ -9,7 +9,7 @@
 // size. The change that makes it faster is a batched matmul over the step's decode rows (every weight read
 // once per step, not once per slot), with attention still per slot; the math stays in forward.cpp.
 //
-// CUDA: CudaBackend (src/cuda/cuda_backend.h) already keeps BackendOptions::slots caches for `bench -np`.
+// CUDA: CudaBackend (src/cuda/backend.h) already keeps BackendOptions::slots caches for `bench -np`.
 // Its SlotBackend maps reset_slot to slot_reset, and runs a step as slot_eval(slot, ids, n) for each prompt
 // chunk followed by one decode_batch(slots, ids, n, logits) over every 1-token work item (the weights read
 // once for all the decodes), copying the wanted rows into `logits` in work order. A chunk that ends a prompt

@@ -99,11 +99,15 @@ std::string default_model_dir() {
                 "): pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
 }
 
-std::vector<int> stop_ids_for(const LoadedModel& lm) {
-    std::vector<int> ids = lm.backend->config().stop_ids;
-    for (int id : read_generation_config(lm.checkpoint->dir).stop_ids)
+std::vector<int> stop_ids_for(const Checkpoint& ck) {
+    std::vector<int> ids = ck.config.stop_ids;
+    for (int id : read_generation_config(ck.dir).stop_ids)
         if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     return ids;
+}
+
+std::vector<int> stop_ids_for(const LoadedModel& lm) {
+    return stop_ids_for(*lm.checkpoint);
 }
 
 SamplingParams read_sampling(ArgReader& a, const std::string& model_dir) {

@@ -48,5 +48,6 @@ std::string default_model_dir();
 
 // Stop ids: config.json's eos ids plus generation_config.json's.
 std::vector<int> stop_ids_for(const LoadedModel& lm);
+std::vector<int> stop_ids_for(const Checkpoint& ck);
 
 }  // namespace markbase::cli

@@ -2,6 +2,7 @@
 // An OpenAI-compatible server (src/server/http_server.h) in front of the serving engine
 // (src/server/engine.h): loads the model as the other commands do, serves until SIGINT/SIGTERM, logs one line
 // per request on stderr. The sampling flags of `run` set the defaults a request's own fields override.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -12,7 +13,9 @@
 #include "cli/commands/model_options.h"
 #include "loading/tokenizer_fit.h"
 #include "model/error.h"
+#include "runtime/slot_backend.h"
 #include "server/engine.h"
+#include "server/engine_impl.h"
 #ifdef MARKBASE_HAS_HTTP
 #include "server/http_server.h"
 #endif
@@ -21,12 +24,39 @@ namespace markbase::cli {
 
 namespace {
 
-// The serving engine over a loaded model: scheduler, multi-sequence backend, KV blocks. It is built in
-// src/server/engine_impl.h (make_engine), which this branch does not have yet; the merge replaces the body
-// with `return server::make_engine(std::move(lm), limits);`.
-[[maybe_unused]] std::unique_ptr<server::Engine> make_serve_engine(LoadedModel lm,
-                                                                   const server::EngineLimits& limits) {
-    throw Error("serve: this build has no serving engine (src/server/engine_impl.h is not part of it yet)");
+// What serves: the checkpoint, its sequence slots (one KV cache each over one copy of the weights) and the
+// engine over them. The CPU backend serves; the CUDA backend has no slots for the engine yet
+// (runtime/slot_backend.h says how bench -np's slots will map onto them), so a GPU build serves on the CPU
+// unless --device cuda is asked for, which is refused rather than silently run elsewhere.
+struct Serving {
+    std::unique_ptr<Checkpoint> checkpoint;
+    std::unique_ptr<SlotBackend> slots;
+    std::unique_ptr<server::Engine> engine;
+};
+
+// limits.ctx_size comes back capped at the model's positions, as -c is for the other commands.
+[[maybe_unused]] Serving make_serving(const ModelOptions& mo, const Tokenizer& tok,
+                                      server::EngineLimits& limits, bool device_given) {
+    if (mo.device != "cpu" && device_given)
+        throw Error(
+            "serve: --device " + mo.device +
+            " cannot serve yet (the serving engine runs on the CPU backend's sequence slots; the CUDA "
+            "backend's are not written); use --device cpu");
+    if (mo.device != "cpu")
+        std::fprintf(stderr, "serve: serving on the CPU (the CUDA backend does not serve yet)\n");
+    if (mo.backend.tensor_parallel > 1)
+        throw Error("serve: --tensor-parallel-size needs the CUDA backend, which does not serve yet");
+    Serving s;
+    LoadOptions lo;
+    lo.check_weights = mo.check_weights;
+    s.checkpoint = load_checkpoint(mo.model_dir, lo);
+    check_tokenizer_fits(tok, *s.checkpoint);
+    BackendOptions bo = mo.backend;
+    bo.slots = limits.max_sequences;
+    s.slots = make_cpu_slot_backend(*s.checkpoint, bo);
+    limits.ctx_size = std::min(limits.ctx_size, s.slots->ctx_size());
+    s.engine = server::make_engine(*s.slots, tok, s.checkpoint->config, limits);
+    return s;
 }
 
 // The id /v1/models reports: the checkpoint folder's name.
@@ -46,6 +76,7 @@ int cmd_serve(const Args& args) {
         "(apt-get install libcpp-httplib-dev, then configure and build again)");
 #else
     ArgReader a("serve", args);
+    const bool device_given = a.value({"--device", "-dev"}).has_value() || std::getenv("MARKBASE_DEVICE");
     ModelOptions mo = ModelOptions::read(a);
     server::ServerOptions so;
     so.host = a.value_or({"--host"}, "127.0.0.1");
@@ -57,17 +88,15 @@ int cmd_serve(const Args& args) {
     limits.max_sequences = a.integer({"-np", "--parallel"}, limits.max_sequences, 1, 4096);
     limits.max_queue = a.integer({"--max-queue"}, limits.max_queue, 0, 1 << 20);
     limits.ctx_size = mo.backend.ctx_size;
-    mo.backend.slots = limits.max_sequences;
     const SamplingParams defaults = read_sampling(a, mo.model_dir);
     a.finish();
 
-    Tokenizer tok = Tokenizer::load(mo.model_dir);
-    LoadedModel lm = load_model(mo);
-    check_tokenizer_fits(tok, *lm.checkpoint);
+    const Tokenizer tok = Tokenizer::load(mo.model_dir);
+    Serving serving = make_serving(mo, tok, limits, device_given);
     server::ServedModel model{model_id(mo.model_dir), static_cast<int64_t>(std::time(nullptr)), tok, defaults,
-                              stop_ids_for(lm)};
-    const std::string backend = lm.backend->name();
-    std::unique_ptr<server::Engine> engine = make_serve_engine(std::move(lm), limits);
+                              stop_ids_for(*serving.checkpoint)};
+    const std::string backend = serving.slots->name();
+    server::Engine* engine = serving.engine.get();
     server::HttpServer http(*engine, std::move(model), so);
     const int port = http.start();
     server::install_stop_handlers();

@@ -122,3 +122,37 @@ test('an invalid field gets 400 naming it', async () => {
     },
   );
 });
+
+test('chat: the same seed samples the same reply', async () => {
+  const request = { model: await modelId(), messages, max_tokens: 16, temperature: 1, top_p: 0.95, seed: 1234 };
+  const a = await client.chat.completions.create(request);
+  const b = await client.chat.completions.create(request);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.deepEqual(a.usage, b.usage);
+});
+
+// Continuous batching changes nothing: 16 greedy streams at once (more than the server's slots, so some
+// wait in its queue) each give exactly the reply their prompt gets alone; a prompt longer than the context,
+// sent among them, gets a 400 while they keep streaming.
+test('16 concurrent streams give what each gets alone; an over-long prompt among them gets 400', async () => {
+  const id = await modelId();
+  const prompts = Array.from({ length: 16 }, (_, i) => `Story ${i}: once upon a time, ${'there was '.repeat(i % 5)}`);
+  const alone = [];
+  for (const p of prompts) {
+    const r = await client.completions.create({ model: id, prompt: p, max_tokens: 10, temperature: 0 });
+    alone.push(r.choices[0].text);
+  }
+  const streamed = prompts.map(async (p) => {
+    const stream = await client.completions.create({ model: id, prompt: p, max_tokens: 10, temperature: 0, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+    return text;
+  });
+  const tooLong = client.completions.create({ model: id, prompt: Array(100000).fill(5), max_tokens: 1 });
+  await assert.rejects(tooLong, (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.equal(e.status, 400);
+    return true;
+  });
+  assert.deepEqual(await Promise.all(streamed), alone);
+});
