@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The official openai npm client (tests/server/js) against a live server: starts it in the background on a
-# free port with an API key, waits for /health, runs `npm ci && node --test`, stops it with SIGTERM (which
-# must end it with exit 0) and fails when any of that fails. Usage: scripts/openai-client-test.sh BUILD_DIR
+# The official openai npm client (tests/server/js) and a tools/bench_serve.py smoke run against a live server:
+# starts it in the background on a free port with an API key, waits for /health, runs `npm ci && node --test`,
+# then 8 benchmark requests (all must succeed), stops it with SIGTERM (which must end it with exit 0) and fails
+# when any of that fails. Usage: scripts/openai-client-test.sh BUILD_DIR
 # Skips, saying why, when BUILD_DIR was configured without cpp-httplib (no HTTP server in that build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,13 @@ echo "openai client tests against ${server[*]} at $url"
 status=0
 (cd tests/server/js && npm ci --no-audit --no-fund --loglevel=error &&
   MARKBASE_URL="$url" MARKBASE_API_KEY="$key" node --test openai.test.js) || status=$?
+# A smoke run of the load generator (tools/bench_serve.py): every request must succeed.
+if [ "$status" -eq 0 ]; then
+  python3 tools/bench_serve.py --base-url "$url" --api-key "$key" --input-len 16 --output-len 8 --num-prompts 8 \
+    --max-concurrency 4 --request-rate 50 --json-out "$build/bench-serve-smoke.json" &&
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert d["successful_requests"] == 8 and d["failed_requests"] == 0, d' "$build/bench-serve-smoke.json" || status=$?
+fi
 trap - EXIT
 kill -TERM "$pid"
 server_status=0
