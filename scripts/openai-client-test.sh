@@ -39,12 +39,14 @@ echo "openai client tests against ${server[*]} at $url"
 status=0
 (cd tests/server/js && npm ci --no-audit --no-fund --loglevel=error &&
   MARKBASE_URL="$url" MARKBASE_API_KEY="$key" node --test openai.test.js) || status=$?
-# A smoke run of the load generator (tools/bench_serve.py): every request must succeed.
+# A smoke run of the load generator (tools/bench_serve.py): every request must succeed, and with ignore_eos
+# every reply has exactly --output-len tokens.
 if [ "$status" -eq 0 ]; then
   python3 tools/bench_serve.py --base-url "$url" --api-key "$key" --input-len 16 --output-len 8 --num-prompts 8 \
-    --max-concurrency 4 --request-rate 50 --json-out "$build/bench-serve-smoke.json" &&
+    --max-concurrency 4 --request-rate 50 --ignore-eos --json-out "$build/bench-serve-smoke.json" &&
     python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
-assert d["successful_requests"] == 8 and d["failed_requests"] == 0, d' "$build/bench-serve-smoke.json" || status=$?
+assert d["successful_requests"] == 8 and d["failed_requests"] == 0, d
+assert d["total_output_tokens"] == 64, d' "$build/bench-serve-smoke.json" || status=$?
 fi
 trap - EXIT
 kill -TERM "$pid"

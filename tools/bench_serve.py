@@ -152,6 +152,8 @@ def benchmark(args, client, model, prompts, rng):
                 active[1] = max(active[1], active[0])
             payload = {"model": model, "prompt": prompt, "max_tokens": args.output_len,
                        "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
+            if args.ignore_eos:  # vLLM's extension (markbase serve, vLLM, SGLang take it): exact output lengths
+                payload["ignore_eos"] = True
             results[i] = run_request(client, payload)
             with lock:
                 active[0] -= 1
@@ -241,6 +243,8 @@ def parse_args(argv):
     p.add_argument("--id-low", type=int, default=100, help="lowest random token id")
     p.add_argument("--id-high", type=int, default=8000, help="random token ids are below this (keep it <= vocab)")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="ask the server to ignore end-of-sequence ids, so every reply has --output-len tokens")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request socket operation")
     p.add_argument("--json-out", help="also write the settings and results to this JSON file")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even when requests failed")

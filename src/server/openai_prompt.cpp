@@ -81,6 +81,7 @@ GenerationRequest build_generation(const ApiRequest& r, const ServedModel& m, in
         for (int id : default_stop_ids())
             if (std::find(g.stop_ids.begin(), g.stop_ids.end(), id) == g.stop_ids.end())
                 g.stop_ids.push_back(id);
+    g.ignore_eos = r.ignore_eos;
     g.top_logprobs = r.top_logprobs;
     return g;
 }

@@ -82,6 +82,7 @@ void read_common(const FieldReader& f, ApiRequest& r) {
             f.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()))
         r.seed = static_cast<uint64_t>(*seed);
     r.stop = read_stop(f);
+    r.ignore_eos = f.boolean("ignore_eos").value_or(false);
     if (auto n = f.integer("n", 1, kIntMax); n && *n != 1)
         throw ApiError(400, "n: only 1 choice per request is supported, found " + std::to_string(*n), "n");
 }

@@ -55,6 +55,7 @@ TEST(OpenAiRequest, ParsesEveryChatField) {
               {"n", 1},
               {"logprobs", true},
               {"top_logprobs", 3},
+              {"ignore_eos", true},
               {"user", "u"}});
     const ApiRequest r = parse_chat_request(b);
     ASSERT_EQ(r.messages.size(), 4u);
@@ -68,6 +69,8 @@ TEST(OpenAiRequest, ParsesEveryChatField) {
     EXPECT_EQ(r.seed, 42u);
     EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "y"}));
     EXPECT_EQ(r.top_logprobs, 3);
+    EXPECT_TRUE(r.ignore_eos);
+    EXPECT_FALSE(parse_chat_request(chat_body()).ignore_eos);
 }
 
 TEST(OpenAiRequest, EveryBadFieldIsNamed) {
@@ -105,6 +108,7 @@ TEST(OpenAiRequest, EveryBadFieldIsNamed) {
         {"n", 0, "an integer in [1,"},
         {"logprobs", 1, "a boolean"},
         {"top_logprobs", 21, "an integer in [0, 20]"},
+        {"ignore_eos", 1, "a boolean"},
     };
     for (const Case& c : cases) {
         const ApiError e = chat_error(c.field, c.value);
