@@ -16,6 +16,7 @@
 #include "loading/npy.h"
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "support/goldens.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -25,22 +26,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> golden_models() {
-    std::vector<std::string> out;
-    const fs::path dir = fs::path(MARKBASE_TEST_DATA) / "models";
-    if (fs::is_directory(dir))
-        for (const auto& e : fs::directory_iterator(dir))
-            if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-}
+using testing::golden_models;
 
 class CudaGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGolden, LogitsAndGreedyIdsMatchTransformers) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    const fs::path dir = fs::path(MARKBASE_TEST_DATA) / "models" / GetParam();
+    const fs::path dir = testing::golden_models_dir() / GetParam();
     const nlohmann::json g = nlohmann::json::parse(std::ifstream(dir / "golden.json"));
     const std::vector<int> prompt = g.at("prompt_ids").get<std::vector<int>>();
     const std::vector<int> greedy = g.at("greedy_ids").get<std::vector<int>>();

@@ -18,6 +18,7 @@
 #include "loading/npy.h"
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "support/goldens.h"
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
 
@@ -27,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path models_dir() {
-    return fs::path(MARKBASE_TEST_DATA) / "models";
+    return testing::golden_models_dir();
 }
 
 // max |logit - ref| <= 1e-4 * max |ref|, every logit finite; on failure, where the worst one is.
@@ -49,14 +50,7 @@ void expect_logits_match(const std::vector<float>& ours, const NpyArray& ref, in
     ::testing::Test::RecordProperty(what + "_max_abs_err_rel", std::to_string(max_err / max_ref));
 }
 
-std::vector<std::string> golden_models() {
-    std::vector<std::string> out;
-    if (fs::is_directory(models_dir()))
-        for (const auto& e : fs::directory_iterator(models_dir()))
-            if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-}
+using testing::golden_models;
 
 TEST(Golden, EveryFamilyInBothLayoutsIsPresent) {
     const auto names = golden_models();
