@@ -38,7 +38,10 @@ class FakeEngine : public server::Engine {
         if (static_cast<int64_t>(req.prompt.size()) >= opt_.limits.ctx_size)
             throw Error("prompt of " + std::to_string(req.prompt.size()) +
                         " tokens does not fit the context");
-        if (static_cast<int>(queued_.size()) >= opt_.limits.max_queue)
+        // The real scheduler's rule: waiting requests may fill the free slots plus max_queue. A request not yet
+        // moved to running_ by the loop thread still has its slot, so back-to-back submissions never race.
+        const int free_slots = std::max(0, opt_.limits.max_sequences - static_cast<int>(running_.size()));
+        if (static_cast<int>(queued_.size()) >= opt_.limits.max_queue + free_slots)
             throw server::QueueFull(std::to_string(queued_.size()) + " requests wait");
         Seq s;
         s.id = ++next_id_;

@@ -200,15 +200,24 @@ TEST_F(HttpServerTest, QueueFullIs503) {
     start(fo);
     engine_->hold(true);
     std::vector<std::thread> waiting;
-    for (int i = 0; i < 2; ++i)
+    // Released and joined however the test ends: a failed assertion must not leave a joinable thread behind.
+    struct Release {
+        FakeEngine* engine;
+        std::vector<std::thread>* threads;
+        ~Release() {
+            engine->hold(false);
+            for (auto& t : *threads) t.join();
+        }
+    } release{engine_.get(), &waiting};
+    // One request at a time, so the second finds the first admitted rather than racing it into the queue.
+    for (int i = 1; i <= 2; ++i) {
         waiting.emplace_back([this] { EXPECT_EQ(post("/v1/chat/completions", chat(2))->status, 200); });
-    ASSERT_TRUE(eventually([&] { return engine_->active() == 2; }));
+        ASSERT_TRUE(eventually([&] { return engine_->active() == i; })) << "request " << i << " not admitted";
+    }
     const auto r = post("/v1/chat/completions", chat(2));
     EXPECT_EQ(r->status, 503);
     EXPECT_EQ(error_of(r)["code"], "queue_full");
     EXPECT_EQ(r->get_header_value("Retry-After"), "1");
-    engine_->hold(false);
-    for (auto& t : waiting) t.join();
 }
 
 TEST_F(HttpServerTest, FiftyMalformedRequestsEachGet4xx) {
