@@ -81,6 +81,7 @@ class CudaBackendImpl final : public CudaBackend {
         cuda::check_token_ids(config(), ids, n);
         return model_.decode_batch(slots, ids, n, logits);
     }
+    int batch_rows() const override { return model_.chunk(); }
     std::string prefill_note() const override {
         if (!config().moe) return {};
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();

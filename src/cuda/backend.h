@@ -12,6 +12,7 @@
 #include "runtime/graph_timeline.h"
 #include "loading/checkpoint.h"
 #include "runtime/backend.h"
+#include "runtime/slot_backend.h"
 
 namespace markbase {
 
@@ -68,12 +69,19 @@ class CudaBackend : public Backend {
     // One token for each of n distinct slots in one pass; returns each slot's greedy next id; logits [n][V]
     // when given.
     virtual std::vector<int> decode_batch(const int* slots, const int* ids, int n, float* logits) = 0;
+    // The most sequences one decode_batch takes besides the slots: the prefill chunk (-b) bounds its rows.
+    virtual int batch_rows() const { return 1; }
     // How the prefill ran where it has choices (the 26B's experts: GEMM passes or GEMV kernels); "" if none.
     virtual std::string prefill_note() const { return {}; }
     virtual uint64_t weight_bytes() const = 0;  // bytes of weights resident on the GPU
 };
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt);
+
+// The serving engine's view of a CUDA backend built with max(2, slots) slots (cuda_slots.cpp): prompt chunks
+// through slot_eval, every wanted logits row through one decode_batch per step. The backend's own
+// single-sequence calls are not used alongside.
+std::unique_ptr<SlotBackend> make_cuda_slot_backend(std::unique_ptr<CudaBackend> be, int slots);
 
 // Random bf16 weights for a released variant ("e2b", "e4b", "26b-a4b", "31b"; layers 0 = real depth), drawn
 // on the GPU with loading/random_checkpoint.cpp's distributions (uniform, variance 1/fan_in for matrices;

@@ -131,6 +131,11 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
              {"frobnicate", "unknown command"},
              {"run " + model() + " --ids 2,3 --device cpu -tp 2", "use --device cuda"},
              {"run " + model() + " --ids 2,3 --tensor-parallel-size 0", "--tensor-parallel-size"},
+#ifdef MARKBASE_HAS_HTTP
+             {"serve --device cpu --synthetic e2b", "draws its weights on the GPU"},
+             {"serve --device cpu -tp 2", "--tensor-parallel-size needs --device cuda"},
+             {"serve --device cpu -np 0", "-np"},
+#endif
          }) {
         Result r = run(c.args);
         EXPECT_NE(r.code, 0) << c.args;

@@ -1,0 +1,177 @@
+// The CUDA SlotBackend (cuda/cuda_slots.cpp), what `markbase serve --device cuda` steps: on every golden
+// checkpoint, four sequences admitted at different steps, one prompt fed in two chunks (the first without
+// logits), listed in shifting orders and decoded together in groups smaller than the step (chunk 2 bounds
+// decode_batch's rows); every logits row must match that sequence run alone on the CPU to 1e-3 of its largest
+// magnitude (the decode rows run as GEMMs, as in test_cuda_batch.cpp). Then the serving engine over the CUDA
+// slots gives the CPU engine's greedy ids on the bundled model. Without a GPU every test skips with the
+// reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "model/error.h"
+#include "runtime/backend.h"
+#include "runtime/generate.h"
+#include "runtime/slot_backend.h"
+#include "server/engine_fixture.h"
+#include "support/goldens.h"
+#include "support/logits_compare.h"
+#include "support/require_cuda.h"
+#include "support/tiny_models.h"
+
+namespace markbase {
+namespace {
+
+[[maybe_unused]] BackendOptions options(int slots) {
+    BackendOptions o;
+    o.threads = 2;
+    o.ctx_size = 64;
+    o.chunk = 2;
+    o.slots = slots;
+    return o;
+}
+
+// The logits rows of one sequence alone on the CPU: after its prompt, then after each greedy token.
+struct Alone {
+    std::vector<int> next;
+    std::vector<std::vector<float>> rows;
+};
+
+[[maybe_unused]] Alone run_alone(const Checkpoint& ck, const std::vector<int>& prompt, int decodes) {
+    auto be = make_cpu_backend(ck, options(1));
+    const int64_t V = ck.config.vocab_size;
+    Alone a;
+    std::vector<float> row(static_cast<size_t>(V));
+    be->eval(prompt.data(), static_cast<int64_t>(prompt.size()), row.data(), false);
+    for (int i = 0;; ++i) {
+        a.rows.push_back(row);
+        a.next.push_back(static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin()));
+        if (i == decodes) break;
+        be->eval(&a.next.back(), 1, row.data(), false);
+    }
+    return a;
+}
+
+class CudaSlots : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    auto ck = load_checkpoint(testing::golden_models_dir() / GetParam());
+    const int V = ck->config.vocab_size;
+    const std::vector<std::vector<int>> prompts = {
+        testing::random_ids(5, V, 1), testing::random_ids(11, V, 2), testing::random_ids(1, V, 3),
+        testing::random_ids(7, V, 4)};
+    const int decodes = 5;
+    std::vector<Alone> alone;
+    for (const auto& p : prompts) alone.push_back(run_alone(*ck, p, decodes));
+
+    auto sb = make_cuda_slot_backend(make_cuda_backend(*ck, options(4)), 4);
+    ASSERT_EQ(sb->slots(), 4);
+    // sequence s enters at step s in slot 3 - s; sequence 1's prompt comes in two steps, the first without
+    // logits
+    std::vector<int> fed(prompts.size(), -1);  // decode tokens fed; -1: the prompt is not all in
+    bool half = false;                         // sequence 1's first chunk is in
+    for (int step = 0; step < 12; ++step) {
+        std::vector<SlotWork> work;
+        std::vector<int> seq_of, token(prompts.size());
+        for (int k = 0; k < 4; ++k) {
+            const int s = (k + step) % 4;
+            if (s > step || fed[s] >= decodes) continue;
+            SlotWork w{3 - s, {}, true};
+            const std::vector<int>& p = prompts[static_cast<size_t>(s)];
+            if (fed[s] >= 0) {
+                token[s] = alone[s].next[static_cast<size_t>(fed[s])];
+                w.ids = std::span<const int>(&token[s], 1);
+            } else if (s != 1) {
+                w.ids = p;
+            } else if (!half) {
+                w.ids = std::span<const int>(p.data(), 6);
+                w.logits = false;
+            } else {
+                w.ids = std::span<const int>(p.data() + 6, p.size() - 6);
+            }
+            work.push_back(w);
+            seq_of.push_back(s);
+        }
+        if (work.empty()) break;
+        const size_t rows =
+            static_cast<size_t>(std::count_if(work.begin(), work.end(), [](auto& w) { return w.logits; }));
+        std::vector<float> logits(rows * static_cast<size_t>(V));
+        sb->eval_slots(work, logits.data());
+        size_t r = 0;
+        for (size_t i = 0; i < work.size(); ++i) {
+            const int s = seq_of[i];
+            if (!work[i].logits) {
+                half = true;
+                continue;
+            }
+            ++fed[s];
+            const std::vector<float>& want = alone[s].rows[static_cast<size_t>(fed[s])];
+            const std::vector<float> got(logits.begin() + static_cast<std::ptrdiff_t>(r) * V,
+                                         logits.begin() + static_cast<std::ptrdiff_t>(r + 1) * V);
+            EXPECT_LT(testing::rel_err(want, got), 1e-3) << GetParam() << ": sequence " << s << " after "
+                                                         << fed[s] << " decode tokens (step " << step << ")";
+            ++r;
+        }
+    }
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(fed[s], decodes) << "sequence " << s;
+    EXPECT_EQ(sb->n_past(3), static_cast<int64_t>(prompts[0].size()) + decodes);
+    EXPECT_EQ(sb->n_past(2), static_cast<int64_t>(prompts[1].size()) + decodes);
+
+    // a reset slot starts over; a refused step evaluates nothing
+    sb->reset_slot(0);
+    EXPECT_EQ(sb->n_past(0), 0);
+    const std::vector<int> too_long(65, 2);
+    EXPECT_THROW(sb->eval_slots({SlotWork{0, prompts[0], false}, SlotWork{1, too_long, false}}, nullptr),
+                 Error);
+    EXPECT_EQ(sb->n_past(0), 0);
+    std::vector<float> row(static_cast<size_t>(V));
+    sb->eval_slots({SlotWork{0, prompts[0], true}}, row.data());
+    EXPECT_LT(testing::rel_err(alone[0].rows[0], row), 1e-3);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, CudaSlots, ::testing::ValuesIn(testing::golden_models()),
+                         [](const auto& p) { return testing::test_name(p.param); });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaSlots);
+
+}  // namespace
+
+namespace server {
+namespace {
+
+using CudaEngine = EngineTest;
+
+// Five greedy requests on three CUDA slots (two wait, prompts and decodes share steps): each reply is the
+// CPU's generate() alone.
+TEST_F(CudaEngine, ServesTheCpusGreedyIds) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    BackendOptions o = options(3);  // the fixture's: its context is the engine's
+    o.chunk = 64;
+    auto sb = make_cuda_slot_backend(make_cuda_backend(*ck_, o), 3);
+    auto engine = make_engine(*sb, *tok_, ck_->config, limits(3));
+    const std::vector<std::string> texts = {"And God said", "In the beginning", "The LORD is my shepherd",
+                                            "Blessed are the", "Jesus answered and said"};
+    std::vector<std::shared_ptr<Collect>> sinks;
+    for (const auto& t : texts) {
+        sinks.push_back(std::make_shared<Collect>());
+        engine->submit(request(prompt(t), greedy(), 24), sinks.back());
+    }
+    for (size_t i = 0; i < texts.size(); ++i) {
+        ASSERT_TRUE(sinks[i]->wait_done());
+        EXPECT_EQ(sinks[i]->reason(), FinishReason::Length) << sinks[i]->error();
+        EXPECT_EQ(sinks[i]->ids(), alone(prompt(texts[i]), greedy(), 24)) << texts[i];
+    }
+#endif
+}
+
+}  // namespace
+}  // namespace server
+}  // namespace markbase
