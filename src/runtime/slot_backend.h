@@ -9,13 +9,11 @@
 // size. The change that makes it faster is a batched matmul over the step's decode rows (every weight read
 // once per step, not once per slot), with attention still per slot; the math stays in forward.cpp.
 //
-// CUDA: CudaBackend (src/cuda/backend.h) already keeps BackendOptions::slots caches for `bench -np`.
-// Its SlotBackend maps reset_slot to slot_reset, and runs a step as slot_eval(slot, ids, n) for each prompt
-// chunk followed by one decode_batch(slots, ids, n, logits) over every 1-token work item (the weights read
-// once for all the decodes), copying the wanted rows into `logits` in work order. A chunk that ends a prompt
-// needs its last row's logits, which slot_eval does not return today: it gains a logits output, or the
-// chunk's last id joins the decode batch. The paged cache (runtime/kv_blocks.h) then replaces the per-slot
-// [slots][cap] caches, so that the block pool, not max_sequences * ctx, bounds the memory.
+// CUDA (make_cuda_slot_backend, src/cuda/cuda_slots.cpp): BackendOptions::slots caches of CudaBackend (the
+// ones `bench -np` decodes together). A step runs every prompt chunk through slot_eval, less its last id where
+// logits are wanted, then every wanted row (decode tokens and those held-back last ids) through decode_batch:
+// the weights read once for all of them. The paged cache (runtime/kv_blocks.h) is the engine's accounting
+// today; on the GPU each slot still holds ctx positions, so max_sequences * ctx bounds the memory.
 #pragma once
 
 #include <cstdint>

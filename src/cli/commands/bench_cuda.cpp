@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands/bench_cuda_setup.h"
 #include "cli/commands/model_options.h"
 #include "cuda/backend.h"
 #include "model/error.h"
@@ -36,7 +37,6 @@ namespace markbase::cli {
 namespace {
 
 constexpr double kRooflineGBs = 4160.0;  // PERFORMANCE.md: measured H200 HBM read
-constexpr int kTimelineReplays = 20;     // --timeline: traced replays of the decode graph
 
 std::string hash_hex(const void* p, size_t bytes) {
     uint64_t h = 1469598103934665603ull;
@@ -52,92 +52,6 @@ std::vector<int> random_prompt(int n, const ModelConfig& c, uint32_t seed) {
     if (n > 0) p[0] = c.bos_id;
     for (int i = 1; i < n; ++i) p[i] = static_cast<int>(rng() % static_cast<uint32_t>(c.vocab_size));
     return p;
-}
-
-// The bench's own options (the model's are read by load_backend).
-struct BenchArgs {
-    std::optional<std::string> synthetic;
-    int layers = 0;
-    uint64_t seed = 1234;
-    int n_prompt = 128, n_gen = 256, reps = 3, n_prefill = 512;
-    bool profile = false, timeline = false;
-    std::string json_out;
-    int64_t need = 0;  // positions the runs need (the context is at least this)
-};
-
-BenchArgs parse_bench(ArgReader& a) {
-    BenchArgs b;
-    b.synthetic = a.value({"--synthetic"});
-    b.layers = a.integer({"--layers"}, 0, 0, kIntMax);
-    b.seed = static_cast<uint64_t>(a.integer<int64_t>({"--seed"}, 1234, 0, INT64_MAX));
-    b.n_prompt = a.integer({"-p", "--n-prompt"}, 128, 1, kMaxTokens);
-    b.n_gen = a.integer({"-n", "--n-gen"}, 256, 1, kMaxTokens);
-    b.reps = a.integer({"-r", "--repetitions"}, 3, 1, kIntMax);
-    b.n_prefill = a.integer({"--prefill-tokens"}, 512, 0, kMaxTokens);
-    b.profile = a.flag({"--profile"});
-    b.timeline = a.flag({"--timeline"});
-    b.json_out = a.value_or({"--json-out"}, "");
-    b.need = std::max<int64_t>(int64_t{b.n_prompt} + b.n_gen + 8, b.n_prefill);
-    // the timeline's replays are decode steps after the prompt and one token
-    if (b.timeline)
-        b.need =
-            std::max<int64_t>(b.need, int64_t{b.n_prompt} + 1 + timeline_positions(kTimelineReplays) + 8);
-    return b;
-}
-
-// The backend under test: random weights (--synthetic) or a checkpoint, and what the receipt says of it.
-struct BenchModel {
-    std::unique_ptr<Backend> owner;
-    std::unique_ptr<Checkpoint> checkpoint;
-    std::string label;
-    BackendOptions bo;
-    Tuning tuning;  // --tuning / $MARKBASE_TUNING, for the receipt
-    double load_s = 0;
-    int checkpoint_tp = 1;
-    int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
-    int slots = 1;
-};
-
-BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
-    BenchModel m;
-    // -np/--parallel N (llama.cpp's name): N sequences decoded together, one token each per step (batched
-    // decode, docs/batched-decode.md), timed after the one-sequence receipt
-    m.slots = a.integer({"-np", "--parallel"}, 1, 1, 4096);
-    if (b.synthetic) {
-        if (a.value({"-m", "--model"}))
-            throw Error("bench: give either -m DIR or --synthetic VARIANT, not both");
-        const std::string dev = a.value_or({"--device", "-dev"}, "cuda");
-        if (dev != "cuda" && dev != "auto") throw Error("bench --synthetic runs on --device cuda only");
-        BackendOptions& bo = m.bo;
-        bo.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, b.need, 1, kMaxTokens);
-        bo.chunk = m.chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
-        bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
-        bo.slots = m.slots;
-        bo.tuning = read_tuning(a);
-        m.tuning = bo.tuning;
-        a.finish();
-        bo.ctx_size = std::max<int64_t>(bo.ctx_size, b.need);
-        const double t0 = now_s();
-        m.owner = make_synthetic_cuda_backend(*b.synthetic, b.layers, bo, b.seed);
-        m.load_s = now_s() - t0;
-        m.label = "synthetic:" + *b.synthetic + (b.layers ? "/" + std::to_string(b.layers) + "L" : "");
-        return m;
-    }
-    ModelOptions mo = ModelOptions::read(a);
-    mo.device = "cuda";
-    mo.backend.ctx_size =
-        std::max<int64_t>(a.integer<int64_t>({"-c", "--ctx-size"}, b.need, 1, kMaxTokens), b.need);
-    mo.backend.chunk = m.chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
-    mo.backend.slots = m.slots;
-    a.finish();
-    m.checkpoint_tp = mo.backend.tensor_parallel;
-    m.tuning = mo.backend.tuning;
-    LoadedModel lm = load_model(mo);
-    m.checkpoint = std::move(lm.checkpoint);
-    m.owner = std::move(lm.backend);
-    m.load_s = lm.load_s;
-    m.label = mo.model_dir;
-    return m;
 }
 
 // The timed runs at batch 1: prefill of the long prompt, greedy decode after the prompt, and sampled decode.
