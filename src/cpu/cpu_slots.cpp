@@ -33,20 +33,22 @@ class CpuSlotBackend final : public SlotBackend {
     int64_t n_past(int slot) const override { return caches_.at(static_cast<size_t>(slot)).n_past; }
     void reset_slot(int slot) override { caches_.at(static_cast<size_t>(slot)).clear(); }
 
-    void eval_slots(const std::vector<SlotWork>& work, float* logits) override {
+    void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next) override {
         check_slot_work(*this, work);
         const int64_t V = config().vocab_size;
         int64_t row = 0;
         for (const SlotWork& w : work) {
             cpu::KvCache& cache = caches_[static_cast<size_t>(w.slot)];
             const int64_t n = static_cast<int64_t>(w.ids.size());
-            float* out = w.logits && logits ? logits + row * V : nullptr;
-            if (w.logits) ++row;
+            if (w.logits && !logits && next) row_.resize(static_cast<size_t>(V));  // argmax without a row
+            float* out = !w.logits ? nullptr : logits ? logits + row * V : next ? row_.data() : nullptr;
             // the chunking of CpuBackend::eval, so that a slot's logits are the lone sequence's exactly
             for (int64_t b = 0; b < n; b += chunk_) {
                 const int m = static_cast<int>(std::min<int64_t>(chunk_, n - b));
                 model_.forward(w.ids.data() + b, m, cache, b + m == n ? out : nullptr, false);
             }
+            if (w.logits && next) next[row] = static_cast<int>(std::max_element(out, out + V) - out);
+            if (w.logits) ++row;
         }
     }
 
@@ -55,6 +57,7 @@ class CpuSlotBackend final : public SlotBackend {
     int chunk_;
     cpu::CpuModel model_;
     std::vector<cpu::KvCache> caches_;
+    std::vector<float> row_;  // a wanted row's logits when the caller takes only its argmax
 };
 
 }  // namespace

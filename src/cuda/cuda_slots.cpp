@@ -2,9 +2,11 @@
 // (the caches `bench -np` decodes together). A step runs in two phases:
 //   1. every prompt chunk through slot_eval (the prefill path, one slot at a time), less its last id when the
 //      chunk's logits are wanted;
-//   2. every item that wants logits, now one id each (a decode token, or a chunk's held-back last id),
-//   through
+//   2. every item that wants logits, now one id each (a decode token, or a chunk's held-back last id), in
 //      decode_batch: one pass over the weights for all of them, their logits rows in work order.
+// Each row's argmax is taken on the device; a group whose items all want only that copies no logits (a
+// 262,144-float row is 1 MB: at 64 sequences a copy and a host pass per row would cost more than the step's
+// own weight reads).
 // The engine asks logits only of an item's last id, so phase 2 covers every wanted row and a prompt's last
 // position is computed exactly as a decode token at that position would be.
 #include <algorithm>
@@ -39,9 +41,10 @@ class CudaSlotBackend final : public SlotBackend {
         past_.at(static_cast<size_t>(slot)) = 0;
     }
 
-    void eval_slots(const std::vector<SlotWork>& work, float* logits) override {
+    void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next) override {
         check_slot_work(*this, work);
         std::vector<int> dslots, dids;  // phase 2's items, in work order
+        std::vector<char> copy;         // whether the item's logits row is wanted on the host
         for (const SlotWork& w : work) {
             const int64_t n = static_cast<int64_t>(w.ids.size());
             const int64_t prefill = w.logits ? n - 1 : n;
@@ -52,14 +55,18 @@ class CudaSlotBackend final : public SlotBackend {
             if (w.logits) {
                 dslots.push_back(w.slot);
                 dids.push_back(w.ids.back());
+                copy.push_back(logits && !w.argmax_only);
             }
         }
         const int64_t V = config().vocab_size;
         const int group = std::max(1, std::min(be_->slots(), be_->batch_rows()));
         for (size_t b = 0; b < dslots.size(); b += static_cast<size_t>(group)) {
             const int n = static_cast<int>(std::min(dslots.size() - b, static_cast<size_t>(group)));
-            be_->decode_batch(dslots.data() + b, dids.data() + b, n,
-                              logits ? logits + static_cast<int64_t>(b) * V : nullptr);
+            const auto first = copy.begin() + static_cast<std::ptrdiff_t>(b);
+            const bool rows = std::any_of(first, first + n, [](char c) { return c != 0; });
+            const std::vector<int> ids = be_->decode_batch(
+                dslots.data() + b, dids.data() + b, n, rows ? logits + static_cast<int64_t>(b) * V : nullptr);
+            if (next) std::copy(ids.begin(), ids.end(), next + b);
             for (int t = 0; t < n; ++t) ++past_[static_cast<size_t>(dslots[b + static_cast<size_t>(t)])];
         }
     }

@@ -10,10 +10,10 @@
 // once per step, not once per slot), with attention still per slot; the math stays in forward.cpp.
 //
 // CUDA (make_cuda_slot_backend, src/cuda/cuda_slots.cpp): BackendOptions::slots caches of CudaBackend (the
-// ones `bench -np` decodes together). A step runs every prompt chunk through slot_eval, less its last id where
-// logits are wanted, then every wanted row (decode tokens and those held-back last ids) through decode_batch:
-// the weights read once for all of them. The paged cache (runtime/kv_blocks.h) is the engine's accounting
-// today; on the GPU each slot still holds ctx positions, so max_sequences * ctx bounds the memory.
+// ones `bench -np` decodes together). A step runs every prompt chunk through slot_eval, less its last id
+// where logits are wanted, then every wanted row (decode tokens and those held-back last ids) through
+// decode_batch: the weights read once for all of them. The paged cache (runtime/kv_blocks.h) is the engine's
+// accounting today; on the GPU each slot still holds ctx positions, so max_sequences * ctx bounds the memory.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,9 @@ namespace markbase {
 struct SlotWork {
     int slot = 0;
     std::span<const int> ids;  // appended at the slot's n_past(); not empty
-    bool logits = false;       // the last id's logits are wanted
+    bool logits = false;       // the last id's row is wanted: its logits, and its argmax in `next`
+    bool argmax_only = false;  // (with logits) only the argmax is read: a GPU backend leaves the row's logits
+                               // on the device (no copy) and takes the argmax there
 };
 
 class SlotBackend {
@@ -43,9 +45,11 @@ class SlotBackend {
     virtual int64_t n_past(int slot) const = 0;
     virtual void reset_slot(int slot) = 0;  // empty the slot's cache
     // Runs one step. logits: [k][V], one row per work item with logits set, in work order (nullptr when no
-    // item wants any). Throws markbase::Error for a slot out of range, a slot listed twice, empty ids or a
-    // slot whose context would overflow; nothing is evaluated then.
-    virtual void eval_slots(const std::vector<SlotWork>& work, float* logits) = 0;
+    // item wants any; an argmax_only item's row may be left unwritten). next: [k], each wanted row's argmax
+    // (ties: the lowest id, as the greedy sampler), or nullptr. Throws markbase::Error for a slot out of
+    // range, a slot listed twice, empty ids or a slot whose context would overflow; nothing is evaluated
+    // then.
+    virtual void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next = nullptr) = 0;
 };
 
 // BackendOptions::slots caches of ctx_size positions each (slots >= 1).

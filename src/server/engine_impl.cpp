@@ -108,7 +108,8 @@ class EngineImpl final : public Engine {
     void loop();
     bool drain();  // false when shutting down
     void step();
-    void on_logits(Live& r, const float* row);
+    void on_logits(Live& r, const float* row, int argmax);
+    static bool argmax_only(const GenerationRequest& req);
     void finish(Live& r, FinishReason why, const std::string& text, const std::string& error = "");
     void fail_all(const std::string& error);
     void publish_counts();  // the scheduler's counts to submit() and the gauges
@@ -123,6 +124,7 @@ class EngineImpl final : public Engine {
     Scheduler sched_;
     std::map<uint64_t, Live> live_;
     std::vector<float> logits_;
+    std::vector<int> next_;  // each wanted row's argmax
 
     // shared with the callers, under mu_
     std::mutex mu_;
@@ -212,13 +214,15 @@ void EngineImpl::step() {
     int64_t rows = 0;
     for (const StepWork& w : st.work) {
         if (w.pos0 == 0) be_.reset_slot(w.slot);
-        work.push_back(SlotWork{w.slot, w.ids, w.wants_logits});
+        work.push_back(
+            SlotWork{w.slot, w.ids, w.wants_logits, w.wants_logits && argmax_only(live_.at(w.seq).req)});
         rows += w.wants_logits ? 1 : 0;
     }
     const int64_t V = cfg_.vocab_size;
     logits_.resize(static_cast<size_t>(rows * V));
+    next_.resize(static_cast<size_t>(rows));
     try {
-        if (!work.empty()) be_.eval_slots(work, rows ? logits_.data() : nullptr);
+        if (!work.empty()) be_.eval_slots(work, rows ? logits_.data() : nullptr, next_.data());
     } catch (const std::exception& e) {  // the caches of this step's slots are unknown now: fail them all
         for (const StepWork& w : st.work) finish(live_.at(w.seq), FinishReason::Error, "", e.what());
         return;
@@ -228,7 +232,7 @@ void EngineImpl::step() {
         if (!w.wants_logits) continue;
         Live& r = live_.at(w.seq);
         try {
-            on_logits(r, logits_.data() + row * V);
+            on_logits(r, logits_.data() + row * V, next_[static_cast<size_t>(row)]);
         } catch (const std::exception& e) {
             if (live_.count(w.seq)) finish(r, FinishReason::Error, "", e.what());
         }
@@ -237,9 +241,18 @@ void EngineImpl::step() {
     publish_counts();
 }
 
-void EngineImpl::on_logits(Live& r, const float* row) {
+// Greedy with nothing that reads the row: no penalty (it would change the argmax) and no logprobs. The
+// backend's argmax is then the sampler's choice (ties: the lowest id) and the row need not reach the host.
+bool EngineImpl::argmax_only(const GenerationRequest& req) {
+    const SamplingParams& s = req.sampling;
+    const bool penalised = s.repeat_last_n != 0 && (s.repeat_penalty != 1.0f || s.presence_penalty != 0.0f ||
+                                                    s.frequency_penalty != 0.0f);
+    return s.temperature == 0.0f && !penalised && req.top_logprobs < 0;
+}
+
+void EngineImpl::on_logits(Live& r, const float* row, int argmax) {
     const int64_t V = cfg_.vocab_size;
-    const int id = r.sampler.sample(row, V, r.history);
+    const int id = argmax_only(r.req) ? argmax : r.sampler.sample(row, V, r.history);
     const double now = now_s();
     if (r.generated == 0) {
         r.t_first = now;

@@ -85,13 +85,15 @@ TEST(CpuSlots, InterleavedSequencesMatchEachRunAlone) {
         }
         if (work.empty()) break;
         std::vector<float> logits(work.size() * static_cast<size_t>(V));
-        sb->eval_slots(work, logits.data());
+        std::vector<int> next(work.size(), -1);
+        sb->eval_slots(work, logits.data(), next.data());
         for (size_t r = 0; r < work.size(); ++r) {
             const int s = seq_of[r];
             ++fed[s];
             const std::vector<float>& want = alone[s].rows[static_cast<size_t>(fed[s])];
             ASSERT_EQ(std::memcmp(want.data(), logits.data() + r * V, sizeof(float) * V), 0)
                 << "sequence " << s << " after " << fed[s] << " decode tokens (step " << step << ")";
+            EXPECT_EQ(next[r], alone[s].next[static_cast<size_t>(fed[s])]) << "the row's argmax";
         }
     }
     for (int s = 0; s < 4; ++s) EXPECT_EQ(fed[s], decodes);
@@ -102,6 +104,12 @@ TEST(CpuSlots, InterleavedSequencesMatchEachRunAlone) {
     std::vector<float> row(static_cast<size_t>(V));
     sb->eval_slots({SlotWork{0, prompts[0], true}}, row.data());
     EXPECT_EQ(std::memcmp(row.data(), alone[0].rows[0].data(), sizeof(float) * V), 0);
+
+    // only the argmax, no logits buffer at all
+    sb->reset_slot(1);
+    int next = -1;
+    sb->eval_slots({SlotWork{1, prompts[0], true, true}}, nullptr, &next);
+    EXPECT_EQ(next, alone[0].next[0]);
 }
 
 TEST(CpuSlots, RejectsInvalidSteps) {

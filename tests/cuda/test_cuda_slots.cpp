@@ -103,7 +103,8 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
         const size_t rows =
             static_cast<size_t>(std::count_if(work.begin(), work.end(), [](auto& w) { return w.logits; }));
         std::vector<float> logits(rows * static_cast<size_t>(V));
-        sb->eval_slots(work, logits.data());
+        std::vector<int> next(rows, -1);
+        sb->eval_slots(work, logits.data(), next.data());
         size_t r = 0;
         for (size_t i = 0; i < work.size(); ++i) {
             const int s = seq_of[i];
@@ -115,6 +116,8 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
             const std::vector<float>& want = alone[s].rows[static_cast<size_t>(fed[s])];
             const std::vector<float> got(logits.begin() + static_cast<std::ptrdiff_t>(r) * V,
                                          logits.begin() + static_cast<std::ptrdiff_t>(r + 1) * V);
+            EXPECT_EQ(next[r], std::max_element(got.begin(), got.end()) - got.begin())
+                << "the device's argmax";
             EXPECT_LT(testing::rel_err(want, got), 1e-3) << GetParam() << ": sequence " << s << " after "
                                                          << fed[s] << " decode tokens (step " << step << ")";
             ++r;
