@@ -114,6 +114,247 @@ size_t cluster_smem(int d, int C) {
     return (static_cast<size_t>(1 + kWarpsAttn + C) * d + 2 * C) * sizeof(float);
 }
 
+// A piece of at most 16 keys: this warp's 4 keys (kv) and 4 values (vv; key j to warp j % 4), clamped into
+// the piece, all requested before the PDL wait and q's staging; the current position's key and value (just
+// written by qkv_post, where the loads above may have seen the slot's old ones) again from L2 after it.
+__device__ __forceinline__ void batch_load(const AttnArgs& a, const PieceGeometry& geo, int64_t start,
+                                           int64_t end, int g, int cnt, int lane, int warp, int d, int d4,
+                                           float4 (&kv)[4][kMaxDimsPerThread],
+                                           float4 (&vv)[4][kMaxDimsPerThread]) {
+    // this warp's keys u (4 consecutive) and values u (key j to warp j % 4), clamped into the piece
+    auto key_j = [&](int u) { return min(warp * 4 + u, cnt - 1); };
+    auto val_j = [&](int u) { return min(warp + u * kWarpsAttn, cnt - 1); };
+    auto row = [&](const float* cache, int j) {
+        return reinterpret_cast<const float4*>(cache + (((start + j) % a.cap) * a.nKV + g) * d);
+    };
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int c = lane + 32 * i;
+            kv[u][i] = c < d4 ? __ldg(kp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    pdl_begin_after_loads(cnt);  // (cnt >= 1) the loads above stay above the wait
+    if (end == geo.pos + 1) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
+            const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                const int c = lane + 32 * i;
+                if (c < d4 && nk) kv[u][i] = __ldcg(kp + c);
+                if (c < d4 && nv) vv[u][i] = __ldcg(vp + c);
+            }
+        }
+    }
+}
+
+// The one-batch piece after its loads: q staged, the keys' scores, their softmax (m, l), and the values
+// into acc. The same operations in the same order as the tile loop.
+__device__ __forceinline__ void batch_compute(const float* q, float* qs, const float4* q4, float* sc,
+                                              const float4 (&kv)[4][kMaxDimsPerThread],
+                                              const float4 (&vv)[4][kMaxDimsPerThread], int cnt, int tid,
+                                              int lane, int warp, int d, int d4, float& m, float& l,
+                                              float4 (&acc)[kMaxDimsPerThread]) {
+    for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
+    __syncthreads();
+    float sk[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        sk[u] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int c = lane + 32 * i;
+            if (c < d4) {
+                const float4 qv = q4[c];
+                sk[u] = fmaf(kv[u][i].x, qv.x, sk[u]);
+                sk[u] = fmaf(kv[u][i].y, qv.y, sk[u]);
+                sk[u] = fmaf(kv[u][i].z, qv.z, sk[u]);
+                sk[u] = fmaf(kv[u][i].w, qv.w, sk[u]);
+            }
+        }
+        sk[u] = warp_sum(sk[u]);
+        if (lane == 0 && warp * 4 + u < cnt) sc[warp * 4 + u] = sk[u];
+    }
+    __syncthreads();
+    float tmax = -FLT_MAX;
+    for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
+    __syncthreads();
+    if (tid < cnt) sc[tid] = expf(sc[tid] - tmax);
+    __syncthreads();
+    float lsum = 0.0f;
+    for (int j = 0; j < cnt; ++j) lsum += sc[j];
+    if (warp < cnt) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = warp + u * kWarpsAttn;
+            const float pu = j < cnt ? sc[j] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                acc[i].x = fmaf(pu, vv[u][i].x, acc[i].x);
+                acc[i].y = fmaf(pu, vv[u][i].y, acc[i].y);
+                acc[i].z = fmaf(pu, vv[u][i].z, acc[i].z);
+                acc[i].w = fmaf(pu, vv[u][i].w, acc[i].w);
+            }
+        }
+    }
+    l = lsum;
+    m = tmax;
+}
+
+// One tile's scores (keys ts .. ts + cnt - 1) into sc: each warp takes 4 consecutive keys at a time, their
+// loads in flight together.
+__device__ __forceinline__ void tile_scores(const AttnArgs& a, const float4* q4, float* sc, int64_t ts,
+                                            int cnt, int g, int lane, int warp, int d, int d4) {
+    for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
+        const float4* kp[4];
+        float s[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = min(j0 + u, cnt - 1);
+            kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+            s[u] = 0.0f;
+        }
+        dot4_keys(kp, q4, lane, d4, s);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            s[u] = warp_sum(s[u]);
+            if (lane == 0 && j0 + u < cnt) sc[j0 + u] = s[u];
+        }
+    }
+}
+
+// One tile's values into acc (already rescaled): key j to warp j % 4, 4 keys per warp in flight, lane
+// columns lane + 32 i; sc holds the tile's exponentiated scores.
+__device__ __forceinline__ void tile_values(const AttnArgs& a, const float* sc, int64_t ts, int cnt, int g,
+                                            int lane, int warp, int d, int d4,
+                                            float4 (&acc)[kMaxDimsPerThread]) {
+    for (int j0 = warp; j0 < cnt; j0 += kWarpsAttn * 4) {
+        float4 vv[4][kMaxDimsPerThread];
+        float p[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = j0 + u * kWarpsAttn;
+            p[u] = j < cnt ? sc[j] : 0.0f;
+            const float4* vp = reinterpret_cast<const float4*>(
+                a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                const int c = lane + 32 * i;
+                vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) {
+                acc[i].x = fmaf(p[u], vv[u][i].x, acc[i].x);
+                acc[i].y = fmaf(p[u], vv[u][i].y, acc[i].y);
+                acc[i].z = fmaf(p[u], vv[u][i].z, acc[i].z);
+                acc[i].w = fmaf(p[u], vv[u][i].w, acc[i].w);
+            }
+    }
+}
+
+// Cluster: this piece's partial (o: the warps' outputs in red, summed; m, l) into piece 0's shared memory
+// (rank sp: the cluster spans grid x, = nsplit), then the arrive that makes the stores visible to piece 0.
+__device__ __forceinline__ void cluster_give(const float* red, float* go, float* gml, int sp, int tid, int d,
+                                             float m, float l) {
+    float* go0 = cluster_map(go, 0);
+    float* gml0 = cluster_map(gml, 0);
+    cluster_wait_acquire();  // phase 1 (every block has started; long since)
+    for (int dim = tid; dim < d; dim += kThreads) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
+        go0[sp * d + dim] = v;
+    }
+    if (tid == 0) {
+        gml0[2 * sp] = m;
+        gml0[2 * sp + 1] = l;
+    }
+    cluster_arrive_release();  // phase 2: this piece's stores are visible to piece 0 after its wait
+}
+
+// Cluster, piece 0 (after its wait): out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M), over the n
+// pieces that hold keys (all l_s > 0); thread tid owns float4 column tid of the output.
+__device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* go, const float* gml, int n,
+                                                int h, int t, int tid, int d, int d4) {
+    float M = -FLT_MAX;
+    for (int s2 = 0; s2 < n; ++s2) M = fmaxf(M, gml[2 * s2]);
+    if (tid >= d4) return;
+    const float4* go4 = reinterpret_cast<const float4*>(go) + tid;
+    float L = 0.0f;
+    float4 acc4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s2 = 0; s2 < n; ++s2) {
+        const float f = __expf(gml[2 * s2] - M);
+        L = fmaf(gml[2 * s2 + 1], f, L);
+        const float4 v = go4[s2 * d4];
+        acc4.x = fmaf(v.x, f, acc4.x);
+        acc4.y = fmaf(v.y, f, acc4.y);
+        acc4.z = fmaf(v.z, f, acc4.z);
+        acc4.w = fmaf(v.w, f, acc4.w);
+    }
+    const float inv = 1.0f / L;
+    float* out = a.out + (static_cast<int64_t>(t) * a.nH + h) * d;
+    reinterpret_cast<float4*>(out)[tid] = make_float4(acc4.x * inv, acc4.y * inv, acc4.z * inv, acc4.w * inv);
+}
+
+// One tile's online-softmax step, after its scores: the running max m becomes new_m (corr rescales what was
+// summed before), the scores become weights exp(s - new_m) in place, lsum is their sum, acc is rescaled.
+__device__ __forceinline__ void tile_softmax(float* sc, int cnt, int tid, float m, float& new_m, float& corr,
+                                             float& lsum, float4 (&acc)[kMaxDimsPerThread]) {
+    float tmax = -FLT_MAX;
+    for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
+    new_m = fmaxf(m, tmax);
+    corr = __expf(m - new_m);
+    __syncthreads();
+    if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
+    __syncthreads();
+    lsum = 0.0f;
+    for (int j = 0; j < cnt; ++j) lsum += sc[j];
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        acc[i].x *= corr;
+        acc[i].y *= corr;
+        acc[i].z *= corr;
+        acc[i].w *= corr;
+    }
+}
+
+// Without a cluster: this piece's partial (o summed from red; m, l) to global memory, then a ticket per head:
+// the last piece to finish merges them all (merge_pieces_v2) and resets the ticket.
+__device__ __forceinline__ void ticket_merge(const AttnArgs& a, const PieceGeometry& geo, const float* red,
+                                             float* fs, float* scratch, bool& last_piece, int64_t idx, int sp,
+                                             int h, int t, int tid, int d, float m, float l) {
+    float* po = a.part_o + idx * d;
+    for (int dim = tid; dim < d; dim += kThreads) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
+        po[dim] = v;
+    }
+    if (tid == 0) {
+        a.part_ml[2 * idx] = m;
+        a.part_ml[2 * idx + 1] = l;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned int ticket = atomicAdd(a.merge_counters + static_cast<int64_t>(t) * a.nH + h, 1u);
+        last_piece = ticket == static_cast<unsigned int>(geo.active) - 1;
+    }
+    __syncthreads();
+    if (!last_piece) return;
+    __threadfence();
+    merge_pieces_v2(a, idx - sp, geo.active, a.out + (static_cast<int64_t>(t) * a.nH + h) * d, fs, scratch);
+    if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
+}
+
 template <bool Cluster>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
@@ -156,81 +397,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     if (one_batch) {
         const int cnt = static_cast<int>(end - start);
         float4 kv[4][kMaxDimsPerThread], vv[4][kMaxDimsPerThread];
-        // this warp's keys u (4 consecutive) and values u (key j to warp j % 4), clamped into the piece
-        auto key_j = [&](int u) { return min(warp * 4 + u, cnt - 1); };
-        auto val_j = [&](int u) { return min(warp + u * kWarpsAttn, cnt - 1); };
-        auto row = [&](const float* cache, int j) {
-            return reinterpret_cast<const float4*>(cache + (((start + j) % a.cap) * a.nKV + g) * d);
-        };
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
-#pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                const int c = lane + 32 * i;
-                kv[u][i] = c < d4 ? __ldg(kp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-        }
-        pdl_begin_after_loads(cnt);  // (cnt >= 1) the loads above stay above the wait
-        if (end == geo.pos + 1) {    // the current position's key and value: just written by qkv_post, and
-                                     // the loads above may have seen the slot's old ones; again from L2
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
-                const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    const int c = lane + 32 * i;
-                    if (c < d4 && nk) kv[u][i] = __ldcg(kp + c);
-                    if (c < d4 && nv) vv[u][i] = __ldcg(vp + c);
-                }
-            }
-        }
-        for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
-        __syncthreads();
-        float sk[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            sk[u] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                const int c = lane + 32 * i;
-                if (c < d4) {
-                    const float4 qv = smem4[c];
-                    sk[u] = fmaf(kv[u][i].x, qv.x, sk[u]);
-                    sk[u] = fmaf(kv[u][i].y, qv.y, sk[u]);
-                    sk[u] = fmaf(kv[u][i].z, qv.z, sk[u]);
-                    sk[u] = fmaf(kv[u][i].w, qv.w, sk[u]);
-                }
-            }
-            sk[u] = warp_sum(sk[u]);
-            if (lane == 0 && warp * 4 + u < cnt) sc[warp * 4 + u] = sk[u];
-        }
-        __syncthreads();
-        float tmax = -FLT_MAX;
-        for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
-        __syncthreads();
-        if (tid < cnt) sc[tid] = expf(sc[tid] - tmax);
-        __syncthreads();
-        float lsum = 0.0f;
-        for (int j = 0; j < cnt; ++j) lsum += sc[j];
-        if (warp < cnt) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int j = warp + u * kWarpsAttn;
-                const float pu = j < cnt ? sc[j] : 0.0f;
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    acc[i].x = fmaf(pu, vv[u][i].x, acc[i].x);
-                    acc[i].y = fmaf(pu, vv[u][i].y, acc[i].y);
-                    acc[i].z = fmaf(pu, vv[u][i].z, acc[i].z);
-                    acc[i].w = fmaf(pu, vv[u][i].w, acc[i].w);
-                }
-            }
-        }
-        l = lsum;
-        m = tmax;
+        batch_load(a, geo, start, end, g, cnt, lane, warp, d, d4, kv, vv);
+        batch_compute(q, qs, smem4, sc, kv, vv, cnt, tid, lane, warp, d, d4, m, l, acc);
     } else {
         pdl_begin();
         for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
@@ -238,76 +406,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     }
     for (int64_t ts = one_batch ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
-        // scores: each warp takes 4 consecutive keys at a time, their loads in flight together
-        for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
-            const float4* kp[4];
-            float s[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int j = min(j0 + u, cnt - 1);
-                kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
-                s[u] = 0.0f;
-            }
-            for (int c = lane; c < d4; c += 32) {
-                const float4 qv = smem4[c];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const float4 kv = __ldg(kp[u] + c);
-                    s[u] = fmaf(kv.x, qv.x, s[u]);
-                    s[u] = fmaf(kv.y, qv.y, s[u]);
-                    s[u] = fmaf(kv.z, qv.z, s[u]);
-                    s[u] = fmaf(kv.w, qv.w, s[u]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                s[u] = warp_sum(s[u]);
-                if (lane == 0 && j0 + u < cnt) sc[j0 + u] = s[u];
-            }
-        }
+        tile_scores(a, smem4, sc, ts, cnt, g, lane, warp, d, d4);
         __syncthreads();
-        float tmax = -FLT_MAX;
-        for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
-        const float new_m = fmaxf(m, tmax);
-        const float corr = __expf(m - new_m);
-        __syncthreads();
-        if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
-        __syncthreads();
-        float lsum = 0.0f;
-        for (int j = 0; j < cnt; ++j) lsum += sc[j];
-#pragma unroll
-        for (int i = 0; i < kMaxDimsPerThread; ++i) {
-            acc[i].x *= corr;
-            acc[i].y *= corr;
-            acc[i].z *= corr;
-            acc[i].w *= corr;
-        }
-        // V: key j to warp j % 4, 4 keys per warp in flight, lane columns lane + 32 i
-        for (int j0 = warp; j0 < cnt; j0 += kWarpsAttn * 4) {
-            float4 vv[4][kMaxDimsPerThread];
-            float p[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int j = j0 + u * kWarpsAttn;
-                p[u] = j < cnt ? sc[j] : 0.0f;
-                const float4* vp = reinterpret_cast<const float4*>(
-                    a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    const int c = lane + 32 * i;
-                    vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    acc[i].x = fmaf(p[u], vv[u][i].x, acc[i].x);
-                    acc[i].y = fmaf(p[u], vv[u][i].y, acc[i].y);
-                    acc[i].z = fmaf(p[u], vv[u][i].z, acc[i].z);
-                    acc[i].w = fmaf(p[u], vv[u][i].w, acc[i].w);
-                }
-        }
+        float new_m, corr, lsum;
+        tile_softmax(sc, cnt, tid, m, new_m, corr, lsum, acc);
+        tile_values(a, sc, ts, cnt, g, lane, warp, d, d4, acc);
         l = l * corr + lsum;
         m = new_m;
         __syncthreads();
@@ -321,67 +424,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     }
     __syncthreads();
     if constexpr (Cluster) {
-        float* go0 = cluster_map(go, 0);  // (rank sp: the cluster spans grid x, = nsplit)
-        float* gml0 = cluster_map(gml, 0);
-        cluster_wait_acquire();  // phase 1 (every block has started; long since)
-        for (int dim = tid; dim < d; dim += kThreads) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
-            go0[sp * d + dim] = v;
-        }
-        if (tid == 0) {
-            gml0[2 * sp] = m;
-            gml0[2 * sp + 1] = l;
-        }
-        cluster_arrive_release();  // phase 2: this piece's stores are visible to piece 0 after its wait
+        cluster_give(red, go, gml, sp, tid, d, m, l);
         if (sp != 0) return;
         cluster_wait_acquire();
-        // out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M), over the pieces that hold keys (all l_s > 0)
-        const int n = geo.active;
-        float M = -FLT_MAX;
-        for (int s2 = 0; s2 < n; ++s2) M = fmaxf(M, gml[2 * s2]);
-        if (tid >= d4) return;
-        const float4* go4 = reinterpret_cast<const float4*>(go) + tid;
-        float L = 0.0f;
-        float4 acc4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s2 = 0; s2 < n; ++s2) {
-            const float f = __expf(gml[2 * s2] - M);
-            L = fmaf(gml[2 * s2 + 1], f, L);
-            const float4 v = go4[s2 * d4];
-            acc4.x = fmaf(v.x, f, acc4.x);
-            acc4.y = fmaf(v.y, f, acc4.y);
-            acc4.z = fmaf(v.z, f, acc4.z);
-            acc4.w = fmaf(v.w, f, acc4.w);
-        }
-        const float inv = 1.0f / L;
-        float* out = a.out + (static_cast<int64_t>(t) * a.nH + h) * d;
-        reinterpret_cast<float4*>(out)[tid] =
-            make_float4(acc4.x * inv, acc4.y * inv, acc4.z * inv, acc4.w * inv);
+        cluster_combine(a, go, gml, geo.active, h, t, tid, d, d4);
         return;
     }
-    float* po = a.part_o + idx * d;
-    for (int dim = tid; dim < d; dim += kThreads) {
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarpsAttn; ++w) v += red[w * d + dim];
-        po[dim] = v;
-    }
-    if (tid == 0) {
-        a.part_ml[2 * idx] = m;
-        a.part_ml[2 * idx + 1] = l;
-    }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned int ticket = atomicAdd(a.merge_counters + static_cast<int64_t>(t) * a.nH + h, 1u);
-        last_piece = ticket == static_cast<unsigned int>(geo.active) - 1;
-    }
-    __syncthreads();
-    if (!last_piece) return;
-    __threadfence();
-    merge_pieces_v2(a, idx - sp, geo.active, a.out + (static_cast<int64_t>(t) * a.nH + h) * d, fs, scratch);
-    if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
+    ticket_merge(a, geo, red, fs, scratch, last_piece, idx, sp, h, t, tid, d, m, l);
 }
 
 }  // namespace

@@ -30,6 +30,22 @@ __device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t
     return g;
 }
 
+// The dot products of 4 keys with the staged query, a lane's float4 columns c = lane, lane + 32, ...
+__device__ __forceinline__ void dot4_keys(const float4* (&kp)[4], const float4* q4, int lane, int d4,
+                                          float (&s)[4]) {
+    for (int c = lane; c < d4; c += 32) {
+        const float4 qv = q4[c];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const float4 kv = __ldg(kp[u] + c);
+            s[u] = fmaf(kv.x, qv.x, s[u]);
+            s[u] = fmaf(kv.y, qv.y, s[u]);
+            s[u] = fmaf(kv.z, qv.z, s[u]);
+            s[u] = fmaf(kv.w, qv.w, s[u]);
+        }
+    }
+}
+
 // Batched decode's pieces (attn_partial_kernel, n tokens), launched by attention_pieces
 // (attention_batched.cu).
 void attention_batched_pieces(const AttnArgs& a, int n, cudaStream_t s);

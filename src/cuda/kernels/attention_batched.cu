@@ -44,6 +44,37 @@ __device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, float* out)
     }
 }
 
+// The online softmax over one scored tile: the running max and sum (m, l) move to the tile's, the output
+// accumulator is rescaled, and the tile's values are added key by key (thread tid owns dims tid + i
+// kThreads).
+__device__ __forceinline__ void partial_tile_values(const AttnArgs& a, const float* v_cache, int g,
+                                                    int64_t ts, int cnt, float* sc, float& m, float& l,
+                                                    float (&acc)[kMaxDimsPerThread], int tid, int d) {
+    float tmax = -FLT_MAX;
+    for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
+    const float new_m = fmaxf(m, tmax);
+    const float corr = __expf(m - new_m);
+    __syncthreads();
+    if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
+    __syncthreads();
+    float lsum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] *= corr;
+#pragma unroll 4
+    for (int j = 0; j < cnt; ++j) {
+        const float p = sc[j];
+        lsum += p;
+        const float* vp = v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int dim = tid + i * kThreads;
+            if (dim < d) acc[i] = fmaf(p, __ldg(vp + dim), acc[i]);
+        }
+    }
+    l = l * corr + lsum;
+    m = new_m;
+}
+
 // Batched decode's pieces (AttnArgs.tok_pos: each query reads its own sequence slot's cache; fixed pieces,
 // merged by attn_combine_kernel).
 __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a) {
@@ -88,17 +119,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
                     kp[u] = reinterpret_cast<const float4*>(k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
                     s[u] = 0.0f;
                 }
-                for (int c = lane; c < d4; c += 32) {
-                    const float4 qv = smem4[c];
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        const float4 kv = __ldg(kp[u] + c);
-                        s[u] = fmaf(kv.x, qv.x, s[u]);
-                        s[u] = fmaf(kv.y, qv.y, s[u]);
-                        s[u] = fmaf(kv.z, qv.z, s[u]);
-                        s[u] = fmaf(kv.w, qv.w, s[u]);
-                    }
-                }
+                dot4_keys(kp, smem4, lane, d4, s);
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     s[u] = warp_sum(s[u]);
@@ -106,29 +127,7 @@ __global__ void __launch_bounds__(kThreads) attn_partial_kernel(const AttnArgs a
                 }
             }
             __syncthreads();
-            float tmax = -FLT_MAX;
-            for (int j = 0; j < cnt; ++j) tmax = fmaxf(tmax, sc[j]);
-            const float new_m = fmaxf(m, tmax);
-            const float corr = __expf(m - new_m);
-            __syncthreads();
-            if (tid < cnt) sc[tid] = expf(sc[tid] - new_m);
-            __syncthreads();
-            float lsum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] *= corr;
-#pragma unroll 4
-            for (int j = 0; j < cnt; ++j) {
-                const float p = sc[j];
-                lsum += p;
-                const float* vp = v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    const int dim = tid + i * kThreads;
-                    if (dim < d) acc[i] = fmaf(p, __ldg(vp + dim), acc[i]);
-                }
-            }
-            l = l * corr + lsum;
-            m = new_m;
+            partial_tile_values(a, v_cache, g, ts, cnt, sc, m, l, acc, tid, d);
             __syncthreads();
         }
         float* po = a.part_o + idx * d;

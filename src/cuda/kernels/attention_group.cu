@@ -20,6 +20,94 @@ constexpr int kTile = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDimsPerThread = 4;  // head dim <= 512
 
+// The online softmax over one scored tile: each row's new running max (warp w takes rows w, w + 4, ...; a
+// masked score, -inf, never wins), the rescale of its sums (corr), and its scores exponentiated in place.
+template <int R>
+__device__ __forceinline__ void group_tile_softmax(float (&sc)[R][kTile], float (&tm)[R], int cnt, int tid,
+                                                   int lane, int warp, float (&m)[R], float (&corr)[R]) {
+#pragma unroll
+    for (int hh = 0; hh < R; ++hh) {
+        if (hh % kWarps != warp) continue;
+        float v = -FLT_MAX;
+        for (int j = lane; j < cnt; j += 32) v = fmaxf(v, sc[hh][j]);
+        v = warp_max(v);
+        if (lane == 0) tm[hh] = fmaxf(m[hh], v);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hh = 0; hh < R; ++hh) {
+        corr[hh] = __expf(m[hh] - tm[hh]);
+        m[hh] = tm[hh];
+    }
+    for (int i = tid; i < R * kTile; i += kThreads) {
+        const int hh = i / kTile, j = i - hh * kTile;
+        if (j < cnt) sc[hh][j] = expf(sc[hh][j] - tm[hh]);
+    }
+}
+
+// The tile's values into the R rows' accumulators (thread tid owns dims tid + i kThreads), each value row
+// read once for the R heads; lsum: the rows' sums of the tile's weights.
+template <int R>
+__device__ __forceinline__ void group_tile_values(const AttnArgs& a, const float* v_cache, int g, int64_t ts,
+                                                  int cnt, const float (&sc)[R][kTile], int tid, int d,
+                                                  const float (&corr)[R], float (&lsum)[R],
+                                                  float (&acc)[R][kMaxDimsPerThread]) {
+#pragma unroll
+    for (int hh = 0; hh < R; ++hh) {
+        lsum[hh] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] *= corr[hh];
+    }
+#pragma unroll 2
+    for (int j = 0; j < cnt; ++j) {
+        const float* vp = v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
+        float v[kMaxDimsPerThread];
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int dim = tid + i * kThreads;
+            v[i] = dim < d ? __ldg(vp + dim) : 0.0f;
+        }
+#pragma unroll
+        for (int hh = 0; hh < R; ++hh) {
+            const float p = sc[hh][j];
+            lsum[hh] += p;
+#pragma unroll
+            for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] = fmaf(p, v[i], acc[hh][i]);
+        }
+    }
+}
+
+// The R rows' partial outputs (row hh: token t + hh / G (= t), head h0 + hh % G (= h0 + hh)).
+template <int G>
+__device__ __forceinline__ void group_store_o(const AttnArgs& a, const float (&acc)[G][kMaxDimsPerThread],
+                                              int n, int t, int h0, int sp, int tid, int d) {
+    constexpr int R = G;
+#pragma unroll
+    for (int hh = 0; hh < R; ++hh) {
+        if (t + hh / G >= n) continue;
+        float* po = a.part_o + ((static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp) * d;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int dim = tid + i * kThreads;
+            if (dim < d) po[dim] = acc[hh][i];
+        }
+    }
+}
+
+// The R rows' (m, l) (l = 0: an empty piece), by thread 0.
+template <int G>
+__device__ __forceinline__ void group_store_ml(const AttnArgs& a, const float (&m)[G], const float (&l)[G],
+                                               int n, int t, int h0, int sp) {
+    constexpr int R = G;
+#pragma unroll
+    for (int hh = 0; hh < R; ++hh) {
+        if (t + hh / G >= n) continue;
+        const int64_t idx = (static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp;
+        a.part_ml[2 * idx] = m[hh];
+        a.part_ml[2 * idx + 1] = l[hh];
+    }
+}
+
 // grid (nsplit, nKV, n); dynamic shared memory G d floats (the queries). Row r < G: token blockIdx.z, head
 // h0 + r, at the token's own position (tok_pos) in its own sequence slot's cache (tok_slot).
 template <int G>
@@ -38,8 +126,7 @@ __global__ void __launch_bounds__(kThreads, G <= 2 ? 5 : 4) attn_group_kernel(co
     const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
     const int64_t end = min(pos + 1, start + a.split_len);
     const int64_t slot_off = static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride;
-    const float* k_cache = a.k_cache + slot_off;
-    const float* v_cache = a.v_cache + slot_off;
+    const float *k_cache = a.k_cache + slot_off, *v_cache = a.v_cache + slot_off;
     float m[R], l[R], acc[R][kMaxDimsPerThread];
 #pragma unroll
     for (int hh = 0; hh < R; ++hh) {
@@ -48,7 +135,6 @@ __global__ void __launch_bounds__(kThreads, G <= 2 ? 5 : 4) attn_group_kernel(co
 #pragma unroll
         for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] = 0.0f;
     }
-
     if (start < end) {
         for (int j = tid; j < R * d; j += kThreads) {  // a token's G heads are contiguous
             const int r = j / d, tr = t + r / G;
@@ -93,77 +179,17 @@ __global__ void __launch_bounds__(kThreads, G <= 2 ? 5 : 4) attn_group_kernel(co
                     }
             }
             __syncthreads();
-            // each row's new running max: warp w takes rows w, w + 4, ... (a masked score, -inf, never wins)
-#pragma unroll
-            for (int hh = 0; hh < R; ++hh) {
-                if (hh % kWarps != warp) continue;
-                float v = -FLT_MAX;
-                for (int j = lane; j < cnt; j += 32) v = fmaxf(v, sc[hh][j]);
-                v = warp_max(v);
-                if (lane == 0) tm[hh] = fmaxf(m[hh], v);
-            }
+            float corr[R], lsum[R];
+            group_tile_softmax<R>(sc, tm, cnt, tid, lane, warp, m, corr);
             __syncthreads();
-            float corr[R];
-#pragma unroll
-            for (int hh = 0; hh < R; ++hh) {
-                corr[hh] = __expf(m[hh] - tm[hh]);
-                m[hh] = tm[hh];
-            }
-            for (int i = tid; i < R * kTile; i += kThreads) {
-                const int hh = i / kTile, j = i - hh * kTile;
-                if (j < cnt) sc[hh][j] = expf(sc[hh][j] - tm[hh]);
-            }
-            __syncthreads();
-            float lsum[R];
-#pragma unroll
-            for (int hh = 0; hh < R; ++hh) {
-                lsum[hh] = 0.0f;
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] *= corr[hh];
-            }
-            // values: each row read once for the G heads
-#pragma unroll 2
-            for (int j = 0; j < cnt; ++j) {
-                const float* vp = v_cache + (((ts + j) % a.cap) * a.nKV + g) * d;
-                float v[kMaxDimsPerThread];
-#pragma unroll
-                for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                    const int dim = tid + i * kThreads;
-                    v[i] = dim < d ? __ldg(vp + dim) : 0.0f;
-                }
-#pragma unroll
-                for (int hh = 0; hh < R; ++hh) {
-                    const float p = sc[hh][j];
-                    lsum[hh] += p;
-#pragma unroll
-                    for (int i = 0; i < kMaxDimsPerThread; ++i) acc[hh][i] = fmaf(p, v[i], acc[hh][i]);
-                }
-            }
+            group_tile_values<R>(a, v_cache, g, ts, cnt, sc, tid, d, corr, lsum, acc);
 #pragma unroll
             for (int hh = 0; hh < R; ++hh) l[hh] = l[hh] * corr[hh] + lsum[hh];
             __syncthreads();
         }
-#pragma unroll
-        for (int hh = 0; hh < R; ++hh) {
-            if (t + hh / G >= n) continue;  // row hh: token t + hh / G (= t), head h0 + hh % G (= h0 + hh)
-            float* po =
-                a.part_o + ((static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp) * d;
-#pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                const int dim = tid + i * kThreads;
-                if (dim < d) po[dim] = acc[hh][i];
-            }
-        }
+        group_store_o<G>(a, acc, n, t, h0, sp, tid, d);
     }
-    if (tid == 0) {
-#pragma unroll
-        for (int hh = 0; hh < R; ++hh) {
-            if (t + hh / G >= n) continue;
-            const int64_t idx = (static_cast<int64_t>(t + hh / G) * a.nH + h0 + hh % G) * a.nsplit + sp;
-            a.part_ml[2 * idx] = m[hh];
-            a.part_ml[2 * idx + 1] = l[hh];  // 0 for an empty piece
-        }
-    }
+    if (tid == 0) group_store_ml<G>(a, m, l, n, t, h0, sp);
 }
 
 template <int G>

@@ -66,35 +66,147 @@ __device__ void stage_input(const GemvInput& in, const float* x, float* xs, floa
     }
 }
 
+// Weights never depend on the previous kernel: before waiting for it, pull this block's first row group
+// toward L2, so the streaming loop starts on lines already in flight.
+template <int M>
+__device__ __forceinline__ void prefetch_first_group(const Params& p) {
+    constexpr int R = kR;
+    const int lane = threadIdx.x & 31, row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+    const int64_t row_bytes = 2 * static_cast<int64_t>(p.in.K);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+        if (row >= p.total_rows) break;
+        int s = 0;
+        while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+        const int local = row - (s ? p.seg_end[s - 1] : 0);
+        const char* a = reinterpret_cast<const char*>(p.seg[s].w) + local * row_bytes;
+        const char* b = M == kGeglu ? reinterpret_cast<const char*>(p.w2) + local * row_bytes : nullptr;
+        for (int64_t off = lane * 128; off < row_bytes; off += 32 * 128) {
+            prefetch_l2(a + off);
+            if (b) prefetch_l2(b + off);
+        }
+    }
+}
+
+// A warp's R rows of a group (from row0): their weight rows (wu: kGeglu's up rows), outputs, and whether
+// they exist (a row past the end reads row 0 and stores nothing).
+template <int M>
+__device__ __forceinline__ void group_rows(const Params& p, int tok, int row0, const uint4* (&wr)[kR],
+                                           const uint4* (&wu)[kR], float* (&yp)[kR], bool (&valid)[kR]) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+        const int row = row0 + r;
+        valid[r] = row < p.total_rows;
+        int s = 0;
+        while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+        const int local = row - (s ? p.seg_end[s - 1] : 0);
+        const int lr = valid[r] ? local : 0;
+        wr[r] = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(lr) * p.in.K);
+        wu[r] =
+            M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(lr) * p.in.K) : wr[r];
+        yp[r] = p.seg[s].y + tok * p.seg[s].ldy + lr;
+    }
+}
+
+// The R rows' dot products with the staged input over chunks [c_lo, c_hi) (this lane's chunks base + u 32 +
+// lane), U chunks per row requested before the first use; not yet reduced over the warp.
+template <int M>
+__device__ __forceinline__ void group_dots(const float4* xs4, const uint4* const (&wr)[kR],
+                                           const uint4* const (&wu)[kR], const bool (&valid)[kR], int c_lo,
+                                           int c_hi, int lane, float (&acc_out)[kR], float (&acc2_out)[kR]) {
+    constexpr int R = kR, U = kU;
+    float acc[R], acc2[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = acc2[r] = 0.0f;
+    for (int base = c_lo; base < c_hi; base += 32 * U) {
+        uint4 wv[R][U], wv2[R][U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = base + u * 32 + lane;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const bool ok = valid[r] && c < c_hi;
+                wv[r][u] = ok ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
+                if constexpr (M == kGeglu) wv2[r][u] = ok ? ld_stream(wu[r] + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = base + u * 32 + lane;
+            if (c < c_hi) {
+                const float4 a = xs4[2 * c], b = xs4[2 * c + 1];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    acc[r] += dot8(wv[r][u], a, b);
+                    if constexpr (M == kGeglu) acc2[r] += dot8(wv2[r][u], a, b);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        acc_out[r] = acc[r];
+        acc2_out[r] = acc2[r];
+    }
+}
+
+// The rows' outputs (lane 0), by mode; kLogits also keeps the largest argmax key in `best`.
+template <int M>
+__device__ __forceinline__ void group_store(const Params& p, int row0, float* const (&yp)[kR],
+                                            const bool (&valid)[kR], const float (&acc)[kR],
+                                            const float (&acc2)[kR], unsigned long long& best) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+        if (!valid[r]) continue;
+        if constexpr (M == kStore) {
+            *yp[r] = acc[r];
+        } else if constexpr (M == kGeglu) {
+            *yp[r] = gelu_tanh(acc[r]) * acc2[r];
+        } else if constexpr (M == kGeluMul) {
+            *yp[r] = gelu_tanh(acc[r]) * p.aux[row0 + r];
+        } else {
+            const float v = p.softcap > 0.0f ? p.softcap * tanhf(acc[r] / p.softcap) : acc[r];
+            *yp[r] = v;
+            const unsigned long long key = argmax_key(v, p.id_base + static_cast<uint32_t>(row0 + r));
+            best = key > best ? key : best;
+        }
+    }
+}
+
+// kLogits: the block's largest key into the global argmax; with a StepFinish, the last block to finish turns
+// the argmax into the next token.
+__device__ __forceinline__ void logits_finish(const Params& p, unsigned long long (&best_s)[kWarps],
+                                              unsigned long long best, int lane, int warp) {
+    if (lane == 0) best_s[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long b = 0;
+        for (int w = 0; w < kWarps; ++w) b = best_s[w] > b ? best_s[w] : b;
+        if (b) atomicMax(p.argmax, b);
+        if (p.finish.state) {
+            __threadfence();
+            const unsigned int ticket = atomicAdd(p.finish.counter, 1u);
+            if (ticket == gridDim.x * gridDim.y - 1) {
+                __threadfence();
+                const unsigned long long key = atomicAdd(p.argmax, 0ull);
+                finish_token(key, p.finish.state, p.finish.advance, p.finish.out_ids, p.finish.out_cap);
+                *p.finish.counter = 0u;
+            }
+        }
+    }
+}
+
 template <int M>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
-    constexpr int R = kR, U = kU;
+    constexpr int R = kR;
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     __shared__ float red[32];
     __shared__ unsigned long long best_s[kWarps];
 
     const int tok = blockIdx.y;
-    // Weights never depend on the previous kernel: before waiting for it, pull this block's first row group
-    // toward L2, so the streaming loop below starts on lines already in flight.
-    if (tok == 0 && blockIdx.x * kWarps * R < p.total_rows) {
-        const int lane = threadIdx.x & 31, row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
-        const int64_t row_bytes = 2 * static_cast<int64_t>(p.in.K);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = row0 + r;
-            if (row >= p.total_rows) break;
-            int s = 0;
-            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
-            const int local = row - (s ? p.seg_end[s - 1] : 0);
-            const char* a = reinterpret_cast<const char*>(p.seg[s].w) + local * row_bytes;
-            const char* b = M == kGeglu ? reinterpret_cast<const char*>(p.w2) + local * row_bytes : nullptr;
-            for (int64_t off = lane * 128; off < row_bytes; off += 32 * 128) {
-                prefetch_l2(a + off);
-                if (b) prefetch_l2(b + off);
-            }
-        }
-    }
+    if (tok == 0 && blockIdx.x * kWarps * R < p.total_rows) prefetch_first_group<M>(p);
     pdl_begin();
     stage_input(p.in, p.in.x + tok * p.in.ldx, xs, red);
 
@@ -110,91 +222,17 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Params p) {
         const uint4* wu[R];
         float* yp[R];
         bool valid[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = row0 + r;
-            valid[r] = row < p.total_rows;
-            int s = 0;
-            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
-            const int local = row - (s ? p.seg_end[s - 1] : 0);
-            const int lr = valid[r] ? local : 0;
-            wr[r] = reinterpret_cast<const uint4*>(p.seg[s].w + static_cast<int64_t>(lr) * p.in.K);
-            wu[r] = M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(lr) * p.in.K)
-                                : wr[r];
-            yp[r] = p.seg[s].y + tok * p.seg[s].ldy + lr;
-        }
+        group_rows<M>(p, tok, row0, wr, wu, yp, valid);
         float acc[R], acc2[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = acc2[r] = 0.0f;
-
-        for (int base = c_lo; base < c_hi; base += 32 * U) {
-            uint4 wv[R][U], wv2[R][U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = base + u * 32 + lane;
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const bool ok = valid[r] && c < c_hi;
-                    wv[r][u] = ok ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
-                    if constexpr (M == kGeglu) wv2[r][u] = ok ? ld_stream(wu[r] + c) : make_uint4(0, 0, 0, 0);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = base + u * 32 + lane;
-                if (c < c_hi) {
-                    const float4 a = smem4[2 * c], b = smem4[2 * c + 1];
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        acc[r] += dot8(wv[r][u], a, b);
-                        if constexpr (M == kGeglu) acc2[r] += dot8(wv2[r][u], a, b);
-                    }
-                }
-            }
-        }
+        group_dots<M>(smem4, wr, wu, valid, c_lo, c_hi, lane, acc, acc2);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             acc[r] = warp_sum(acc[r]);
             if constexpr (M == kGeglu) acc2[r] = warp_sum(acc2[r]);
         }
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                if (!valid[r]) continue;
-                if constexpr (M == kStore) {
-                    *yp[r] = acc[r];
-                } else if constexpr (M == kGeglu) {
-                    *yp[r] = gelu_tanh(acc[r]) * acc2[r];
-                } else if constexpr (M == kGeluMul) {
-                    *yp[r] = gelu_tanh(acc[r]) * p.aux[row0 + r];
-                } else {
-                    const float v = p.softcap > 0.0f ? p.softcap * tanhf(acc[r] / p.softcap) : acc[r];
-                    *yp[r] = v;
-                    const unsigned long long key = argmax_key(v, p.id_base + static_cast<uint32_t>(row0 + r));
-                    best = key > best ? key : best;
-                }
-            }
-        }
+        if (lane == 0) group_store<M>(p, row0, yp, valid, acc, acc2, best);
     }
-    if constexpr (M == kLogits) {
-        if (lane == 0) best_s[warp] = best;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned long long b = 0;
-            for (int w = 0; w < kWarps; ++w) b = best_s[w] > b ? best_s[w] : b;
-            if (b) atomicMax(p.argmax, b);
-            if (p.finish.state) {  // the last block to finish turns the argmax into the next token
-                __threadfence();
-                const unsigned int ticket = atomicAdd(p.finish.counter, 1u);
-                if (ticket == gridDim.x * gridDim.y - 1) {
-                    __threadfence();
-                    const unsigned long long key = atomicAdd(p.argmax, 0ull);
-                    finish_token(key, p.finish.state, p.finish.advance, p.finish.out_ids, p.finish.out_cap);
-                    *p.finish.counter = 0u;
-                }
-            }
-        }
-    }
+    if constexpr (M == kLogits) logits_finish(p, best_s, best, lane, warp);
 }
 
 int sm_count() {

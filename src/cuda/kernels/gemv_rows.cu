@@ -46,6 +46,34 @@ __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bo
     if constexpr (Two) acc2 += dot8(w2, a, b);
 }
 
+// A row's warps (more than one) meet in shared memory: each stores its sums (acc, acc2, ss), and the row's
+// first warp adds the parts in a fixed order (deterministic).
+template <int W, bool kSplit>
+__device__ __forceinline__ void sum_row_warps(float (&partial)[kWarps][3], int lane, int warp, float& acc,
+                                              float& acc2, float& ss) {
+    constexpr int kRowWarps = kSplit ? 2 * W : W;
+    if (lane == 0) {
+        partial[warp][0] = acc;
+        partial[warp][1] = acc2;
+        partial[warp][2] = ss;
+    }
+    __syncthreads();
+    if (warp % kRowWarps == 0) {
+        acc = acc2 = ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+            acc += partial[warp + j][0];
+            acc2 += partial[warp + j][kSplit ? 0 : 1];
+            ss += partial[warp + j][2];
+        }
+        if constexpr (kSplit) {  // the up parts' sums, in the same order as kGeglu's acc2
+            acc2 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < W; ++j) acc2 += partial[warp + W + j][0];
+        }
+    }
+}
+
 // W warps share a row (W = 1: the lab's v11), each streaming a contiguous 1/W of K; their partial sums (and
 // partial sums of x^2) meet in shared memory. W > 1 cuts a row's dependent load rounds by W and makes the
 // work units W times finer, so rows with a long K (31B down and o_proj: 5376 rows, one unit per warp = 672
@@ -122,28 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     acc = warp_sum(acc);
     if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
     if (norm) ss = warp_sum(ss);
-    if constexpr (kRowWarps > 1) {
-        if (lane == 0) {
-            partial[warp][0] = acc;
-            partial[warp][1] = acc2;
-            partial[warp][2] = ss;
-        }
-        __syncthreads();
-        if (warp % kRowWarps == 0) {  // the row's first warp adds its parts in a fixed order (deterministic)
-            acc = acc2 = ss = 0.0f;
-#pragma unroll
-            for (int j = 0; j < W; ++j) {
-                acc += partial[warp + j][0];
-                acc2 += partial[warp + j][kSplit ? 0 : 1];
-                ss += partial[warp + j][2];
-            }
-            if constexpr (kSplit) {  // the up parts' sums, in the same order as kGeglu's acc2
-                acc2 = 0.0f;
-#pragma unroll
-                for (int j = 0; j < W; ++j) acc2 += partial[warp + W + j][0];
-            }
-        }
-    }
+    if constexpr (kRowWarps > 1) sum_row_warps<W, kSplit>(partial, lane, warp, acc, acc2, ss);
     if (norm) {
         const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
         acc *= inv;
@@ -196,6 +203,104 @@ __device__ __forceinline__ int64_t async_warp_of(int64_t t, int64_t N, int64_t G
     return ((t + 1) * G - 1) / N;  // the largest g with async_round_lo(g) <= t
 }
 
+// A warp's issue of its run into its ring (the kernel's state, by reference): round `issued` ((lrow, lj): its
+// row and its round within the row, advanced here) into ring stage `stage`, as one cp.async group; past the
+// run an empty group keeps the group count uniform.
+template <int M, int kUnit, int kStageChunks>
+struct AsyncIssue {
+    int64_t& issued;
+    const int64_t& t_hi;
+    const RowsParams& p;
+    int& lrow;
+    const int& K;
+    uint4* const& ring;
+    int& lj;
+    const int& lane;
+    const int& nchunk;
+    const int& R;
+    __device__ __forceinline__ void operator()(int stage) const {
+        constexpr int kRound = 32 * kUnit;  // chunks of a row per round
+        if (issued < t_hi) {
+            int s = 0;
+            while (s + 1 < p.nseg && lrow >= p.seg_end[s]) ++s;
+            const int64_t off = static_cast<int64_t>(lrow - (s ? p.seg_end[s - 1] : 0)) * K;
+            const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + off);
+            const uint4* w2 = reinterpret_cast<const uint4*>((M == kGeglu ? p.w2 : p.seg[s].w) + off);
+            uint4* dst = ring + stage * kStageChunks;
+            const int c0 = lj * kRound;
+#pragma unroll
+            for (int u = 0; u < kUnit; ++u) {
+                const int c = c0 + u * 32 + lane;
+                if (c < nchunk) {
+                    cp_async16(dst + u * 32 + lane, w + c);
+                    if constexpr (M == kGeglu) cp_async16(dst + (kUnit + u) * 32 + lane, w2 + c);
+                }
+            }
+            if (++lj == R) {
+                lj = 0;
+                ++lrow;
+            }
+        }
+        ++issued;
+        cp_async_commit();
+    }
+};
+
+// The end of warp g's part of `row`: a row cut between warps meets in the scratch (each warp stores its
+// piece; the last to arrive, by a counter per row, adds all in warp order, so the sum does not depend on
+// timing). Returns whether this warp now holds the row's total (for lane 0; other lanes: true).
+__device__ __forceinline__ bool async_sum_shared_row(const GemvStreamScratch& sc, int64_t g, int64_t t_lo,
+                                                     int64_t t_hi, int row, int R, int64_t N, int64_t G,
+                                                     int lane, float& acc, float& acc2, float& ss) {
+    const int64_t r0 = static_cast<int64_t>(row) * R, r1 = r0 + R - 1;
+    bool last = true;
+    if (r0 < t_lo || r1 >= t_hi) {  // shared with other warps
+        const int64_t g0 = async_warp_of(r0, N, G), g1 = async_warp_of(r1, N, G);
+        if (lane == 0) {
+            // slot 0: this warp's first row; 1: its last (a warp inside one row has only slot 0)
+            float* mine = sc.part + (g * 2 + (t_lo / R == row ? 0 : 1)) * 3;
+            mine[0] = acc;
+            mine[1] = acc2;
+            mine[2] = ss;
+            __threadfence();
+            const unsigned int ticket = atomicAdd(sc.count + row, 1u);
+            last = ticket == static_cast<unsigned int>(g1 - g0);
+            if (last) {
+                __threadfence();
+                acc = acc2 = ss = 0.0f;
+                for (int64_t q = g0; q <= g1; ++q) {  // warp order: the same sum whoever finishes
+                    const float* pq = sc.part + (q * 2 + (async_round_lo(q, N, G) / R == row ? 0 : 1)) * 3;
+                    acc += __ldcg(pq);
+                    acc2 += __ldcg(pq + 1);
+                    ss += __ldcg(pq + 2);
+                }
+                sc.count[row] = 0u;  // ready for the next launch (the stream orders them)
+            }
+        }
+    }
+    return last;
+}
+
+// A row's output, from the warp lane that holds its total: the input norm's scale, then the epilogue.
+template <int M>
+__device__ __forceinline__ void async_store_row(const RowsParams& p, const int& row, int K, bool norm,
+                                                float acc, float acc2, float ss) {
+    if (norm) {
+        const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
+        acc *= inv;
+        acc2 *= inv;
+    }
+    int s = 0;
+    while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
+    float* y = p.seg[s].y + (row - (s ? p.seg_end[s - 1] : 0));
+    if constexpr (M == kStore)
+        *y = acc;
+    else if constexpr (M == kGeglu)
+        *y = gelu_tanh(acc) * acc2;
+    else
+        *y = gelu_tanh(acc) * p.aux[row];
+}
+
 template <int M, int kLaneChunks, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, kAsyncBlocksPerSm)
     async_kernel(const RowsParams p, int R, int64_t N) {
@@ -216,31 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32, kAsyncBlocksPerSm)
     // the next round to issue, as (row, round within the row), advanced one round at a time
     int64_t issued = t_lo;
     int lrow = static_cast<int>(t_lo / R), lj = static_cast<int>(t_lo % R);
-    auto issue = [&](int stage) {  // round `issued` into `stage` (nothing past this warp's run), one group
-        if (issued < t_hi) {
-            int s = 0;
-            while (s + 1 < p.nseg && lrow >= p.seg_end[s]) ++s;
-            const int64_t off = static_cast<int64_t>(lrow - (s ? p.seg_end[s - 1] : 0)) * K;
-            const uint4* w = reinterpret_cast<const uint4*>(p.seg[s].w + off);
-            const uint4* w2 = reinterpret_cast<const uint4*>((M == kGeglu ? p.w2 : p.seg[s].w) + off);
-            uint4* dst = ring + stage * kAsyncRoundChunks;
-            const int c0 = lj * kRound;
-#pragma unroll
-            for (int u = 0; u < kUnit; ++u) {
-                const int c = c0 + u * 32 + lane;
-                if (c < nchunk) {
-                    cp_async16(dst + u * 32 + lane, w + c);
-                    if constexpr (M == kGeglu) cp_async16(dst + (kUnit + u) * 32 + lane, w2 + c);
-                }
-            }
-            if (++lj == R) {
-                lj = 0;
-                ++lrow;
-            }
-        }
-        ++issued;
-        cp_async_commit();  // an empty group past the run keeps the group count uniform
-    };
+    const AsyncIssue<M, kUnit, kAsyncRoundChunks> issue{issued, t_hi, p, lrow, K, ring, lj, lane, nchunk, R};
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);  // weights only: safe before the previous kernel ends
     pdl_begin();
@@ -277,49 +358,8 @@ __global__ void __launch_bounds__(kWarps * 32, kAsyncBlocksPerSm)
         acc = warp_sum(acc);
         if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
         if (norm) ss = warp_sum(ss);
-        const int64_t r0 = static_cast<int64_t>(row) * R, r1 = r0 + R - 1;
-        bool last = true;
-        if (r0 < t_lo || r1 >= t_hi) {  // shared with other warps
-            const int64_t g0 = async_warp_of(r0, N, G), g1 = async_warp_of(r1, N, G);
-            if (lane == 0) {
-                // slot 0: this warp's first row; 1: its last (a warp inside one row has only slot 0)
-                float* mine = sc.part + (g * 2 + (t_lo / R == row ? 0 : 1)) * 3;
-                mine[0] = acc;
-                mine[1] = acc2;
-                mine[2] = ss;
-                __threadfence();
-                const unsigned int ticket = atomicAdd(sc.count + row, 1u);
-                last = ticket == static_cast<unsigned int>(g1 - g0);
-                if (last) {
-                    __threadfence();
-                    acc = acc2 = ss = 0.0f;
-                    for (int64_t q = g0; q <= g1; ++q) {  // warp order: the same sum whoever finishes
-                        const float* pq =
-                            sc.part + (q * 2 + (async_round_lo(q, N, G) / R == row ? 0 : 1)) * 3;
-                        acc += __ldcg(pq);
-                        acc2 += __ldcg(pq + 1);
-                        ss += __ldcg(pq + 2);
-                    }
-                    sc.count[row] = 0u;  // ready for the next launch (the stream orders them)
-                }
-            }
-        }
-        if (lane == 0 && last) {
-            if (norm) {
-                const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
-                acc *= inv;
-                acc2 *= inv;
-            }
-            int s = 0;
-            while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
-            float* y = p.seg[s].y + (row - (s ? p.seg_end[s - 1] : 0));
-            if constexpr (M == kStore)
-                *y = acc;
-            else if constexpr (M == kGeglu)
-                *y = gelu_tanh(acc) * acc2;
-            else
-                *y = gelu_tanh(acc) * p.aux[row];
-        }
+        const bool last = async_sum_shared_row(sc, g, t_lo, t_hi, row, R, N, G, lane, acc, acc2, ss);
+        if (lane == 0 && last) async_store_row<M>(p, row, K, norm, acc, acc2, ss);
         acc = acc2 = ss = 0.0f;
     }
     cp_async_wait<0>();  // no copy outlives the block
