@@ -88,7 +88,7 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
     const int64_t pos0 = max_pos + 1 - n;
     for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
 
-    if (!act_.all_logits) act_.all_logits = alloc<float>(static_cast<size_t>(chunk_) * V);
+    ensure_all_logits();
     split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
     gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
     if (c_.final_softcap > 0.0f) softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);

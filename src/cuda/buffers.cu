@@ -1,6 +1,7 @@
 // CudaModel's device memory, sized once for the chunk, the context and the slots: the decode step's state and
-// the activations, the MoE's scratch, the KV cache, and the RoPE tables. loading/memory_plan.h adds up the
-// same sizes before any weight moves (a change here is mirrored there; tests/loading/test_memory_plan.cpp).
+// the activations, the MoE's scratch, the KV cache, and the RoPE tables. Every size is
+// loading/memory_plan.h's cuda_buffers(), the list the fit check adds up before any weight moves; a buffer is
+// added or resized there, and check_layout() refuses a model whose allocations differ from it.
 #include <algorithm>
 #include <vector>
 
@@ -17,6 +18,12 @@ constexpr int kMoeCompactStreams = 2;
 
 }  // namespace
 
+// Every device buffer's bytes come from loading/memory_plan.h's cuda_buffers(), which the fit check sums
+// before any weight moves; its mirrored constants must be these.
+static_assert(CudaBuffers::kTopKMax == kTopKMax && CudaBuffers::kTopKSlice == kTopKSlice);
+static_assert(CudaBuffers::kAttnMinKeys == kAttnMinKeys);
+static_assert(CudaBuffers::kMaxPenaltyIds == CudaModel::kMaxPenaltyIds);
+
 template <class T>
 T* CudaModel::alloc(size_t count) {
     void* p = nullptr;
@@ -28,7 +35,37 @@ T* CudaModel::alloc(size_t count) {
                     " MiB of activations or KV cache (lower --ctx-size or --batch-size)");
     }
     allocs_.push_back(p);
+    alloc_bytes_ += bytes;
     return static_cast<T*>(p);
+}
+
+// The layout's buffer b, once (null where the layout has none): its element type must be the layout's.
+template <class T>
+T* CudaModel::take(CudaBuf b) {
+    const size_t i = static_cast<size_t>(b);
+    if (sizeof(T) != static_cast<size_t>(kCudaBufInfo[i].elem_bytes) || taken_[i])
+        throw Error(std::string("internal: memory plan buffer ") + CudaBuffers::name(b) +
+                    (taken_[i] ? " allocated twice" : " allocated with another element size"));
+    taken_[i] = true;
+    return layout_[b] > 0 ? alloc<T>(static_cast<size_t>(layout_[b])) : nullptr;
+}
+
+// After construction: what was allocated must be what the memory plan counts (a buffer added or resized here
+// without cuda_buffers() knowing would make the fit check wrong).
+void CudaModel::check_layout() const {
+    const uint64_t want = layout_.eager_bytes() + layout_.kv_bytes();
+    std::string missing;
+    for (size_t i = 0; i < taken_.size(); ++i) {
+        const CudaBuf b = static_cast<CudaBuf>(i);
+        if (layout_.eager(b) && layout_[b] > 0 && !taken_[i])
+            missing += std::string(missing.empty() ? "" : ", ") + CudaBuffers::name(b);
+    }
+    if (alloc_bytes_ == want && missing.empty()) return;
+    const int64_t diff = static_cast<int64_t>(alloc_bytes_) - static_cast<int64_t>(want);
+    throw Error("internal: CudaModel allocated " + std::to_string(alloc_bytes_) +
+                " bytes of buffers where the memory plan (loading/memory_plan.h cuda_buffers) counts " +
+                std::to_string(want) + " (" + (diff > 0 ? "+" : "") + std::to_string(diff) + " bytes)" +
+                (missing.empty() ? "" : "; not allocated: " + missing));
 }
 
 CudaModel::Widths CudaModel::widths() const {
@@ -45,99 +82,96 @@ CudaModel::Widths CudaModel::widths() const {
 
 // The decode step's state and the activations, sized for the chunk (and the prefill's GEMM inputs and
 // attention scratch).
-void CudaModel::alloc_step(const Widths& wd, const Tuning& tuning) {
-    const int H = c_.hidden, nH = c_.n_heads, L = c_.n_layers, P = c_.ple_dim;
-    const int64_t LP = int64_t{L} * P, V = c_.vocab_size, n = chunk_;
-    st_.d_state = alloc<int>(4);
+void CudaModel::alloc_step() {
+    const int nH = c_.n_heads;
+    const int64_t n = chunk_;
+    st_.d_state = take<int>(CudaBuf::kState);
     CUDA_CHECK(cudaMemset(st_.d_state, 0, 4 * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&st_.h_state, 4 * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&st_.h_ids, static_cast<size_t>(n) * sizeof(int)));
-    st_.d_ids = alloc<int>(n);
-    st_.d_out_ids = alloc<int>(ctx_);
-    st_.d_argmax = alloc<unsigned long long>(1);
-    act_.x = alloc<float>(n * H);
-    st_.d_counter = alloc<unsigned int>(1);
+    st_.d_ids = take<int>(CudaBuf::kIds);
+    st_.d_out_ids = take<int>(CudaBuf::kOutIds);
+    st_.d_argmax = take<unsigned long long>(CudaBuf::kArgmax);
+    act_.x = take<float>(CudaBuf::kX);
+    st_.d_counter = take<unsigned int>(CudaBuf::kCounter);
     CUDA_CHECK(cudaMemset(st_.d_counter, 0, sizeof(unsigned int)));
-    act_.xn = alloc<float>(H);
-    st_.d_attn_counters = alloc<unsigned int>(nH);
+    act_.xn = take<float>(CudaBuf::kXn);
+    st_.d_attn_counters = take<unsigned int>(CudaBuf::kAttnCounters);
     CUDA_CHECK(cudaMemset(st_.d_attn_counters, 0, nH * sizeof(unsigned int)));
-    if (plan_.gemv_kernel == GemvKernel::kRowsAsyncGeglu) {
-        // rows of the widest one-token GEMV: q + k + v, the MLP, the PLE projections, the router
-        int rows = std::max({H, wd.mlp, P, c_.moe ? c_.n_experts : 0, static_cast<int>(LP)});
-        for (const LayerSpec& s : c_.layers) rows = std::max(rows, (nH + 2 * s.n_kv_heads) * s.head_dim);
-        plan_.gemv_stream.warps = gemv_async_prepare();
-        plan_.gemv_stream.rows = rows;
-        plan_.gemv_stream.part = alloc<float>(plan_.gemv_stream.warps * 2 * 3);
-        plan_.gemv_stream.count = alloc<unsigned int>(rows);
-        CUDA_CHECK(cudaMemset(plan_.gemv_stream.count, 0, rows * sizeof(unsigned int)));
+    plan_.gemv_stream.part = take<float>(CudaBuf::kRingPart);
+    plan_.gemv_stream.count = take<unsigned int>(CudaBuf::kRingCount);
+    if (plan_.gemv_stream.part) {  // the ring's partial sums for the layout's warps (a bigger GPU falls back)
+        gemv_async_prepare();
+        plan_.gemv_stream.warps = layout_[CudaBuf::kRingPart] / (2 * 3);
+        plan_.gemv_stream.rows = static_cast<int>(layout_[CudaBuf::kRingCount]);
+        CUDA_CHECK(cudaMemset(plan_.gemv_stream.count, 0, layout_.bytes(CudaBuf::kRingCount)));
     }
-    act_.q = alloc<float>(n * wd.q);
-    act_.k = alloc<float>(n * std::max(wd.kv, 1));
-    act_.v = alloc<float>(n * std::max(wd.kv, 1));
-    act_.attn = alloc<float>(n * wd.q);
-    act_.o = alloc<float>(n * H);
-    act_.g = alloc<float>(n * std::max(wd.mlp, P));
-    act_.u = alloc<float>(n * std::max(wd.mlp, P));
+    act_.q = take<float>(CudaBuf::kQ);
+    act_.k = take<float>(CudaBuf::kK);
+    act_.v = take<float>(CudaBuf::kV);
+    act_.attn = take<float>(CudaBuf::kAttn);
+    act_.o = take<float>(CudaBuf::kO);
+    act_.g = take<float>(CudaBuf::kG);
+    act_.u = take<float>(CudaBuf::kU);
     // sharded MoE: [n][H] dense partial, then [n][H] this rank's experts' weighted sum: one all-reduce
-    act_.m = alloc<float>((sharded() && c_.moe ? 2 : 1) * n * H);
-    if (c_.moe) {  // the combine's weights for one already summed expert vector (the down-sum, ranks)
+    act_.m = take<float>(CudaBuf::kM);
+    // the combine's weights for one already summed expert vector (the down-sum, ranks)
+    if ((moe_.ones = take<float>(CudaBuf::kOnes))) {
         const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
-        moe_.ones = alloc<float>(n);
         CUDA_CHECK(cudaMemcpy(moe_.ones, ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     }
-    if (P) {
-        act_.ple_ctx = alloc<float>(n * LP);
-        act_.ple = alloc<float>(n * LP);
-    }
-    act_.logits = alloc<float>(V);
-    if (V <= int64_t{kTopKSlice} / kTopKMax * kTopKSlice) {
-        st_.d_sel_slices = alloc<unsigned long long>((V + kTopKSlice - 1) / kTopKSlice * kTopKMax);
-        st_.d_sel_top = alloc<unsigned long long>(kTopKMax);
-        st_.d_sel_info = alloc<int>(2);
-        st_.d_pen = alloc<int>(2 * kMaxPenaltyIds);
+    act_.ple_ctx = take<float>(CudaBuf::kPleCtx);
+    act_.ple = take<float>(CudaBuf::kPle);
+    act_.logits = take<float>(CudaBuf::kLogits);
+    st_.d_sel_slices = take<unsigned long long>(CudaBuf::kSelSlices);
+    st_.d_sel_top = take<unsigned long long>(CudaBuf::kSelTop);
+    st_.d_sel_info = take<int>(CudaBuf::kSelInfo);
+    st_.d_pen = take<int>(CudaBuf::kPen);
+    if (st_.d_sel_top) {
         CUDA_CHECK(cudaMallocHost(&st_.h_sel_top, kTopKMax * sizeof(unsigned long long)));
         CUDA_CHECK(cudaMallocHost(&st_.h_sel_info, 2 * sizeof(int)));
         CUDA_CHECK(cudaMallocHost(&st_.h_pen, 2 * kMaxPenaltyIds * sizeof(int)));
     }
-    act_.hi = alloc<bf16>(2 * n * std::max({H, wd.q, wd.mlp, P}));
-    if (const int64_t rows = std::min<int64_t>(n, kGemmStackMaxN); rows > 0) {
-        // the dense GEMMs' widest output (lm_head's vocabulary, for all logits, keeps the two GEMMs)
-        act_.y2_cols = std::max<int64_t>({LP, wd.q, wd.kv, H, wd.mlp, P});
-        act_.y2 = alloc<float>(2 * rows * act_.y2_cols);
-    }
-    act_.part_o = alloc<float>(act_.max_pieces * wd.head);
-    act_.part_ml = alloc<float>(2 * act_.max_pieces);
+    act_.hi = take<bf16>(CudaBuf::kHi);
+    // the dense GEMMs' widest output (lm_head's vocabulary, for all logits, keeps the two GEMMs)
+    act_.y2_cols = layout_.y2_cols;
+    act_.y2 = take<float>(CudaBuf::kY2);
+    // the layout's pieces hold any GPU's (plan_decode caps them at kMaxDecodePieces per layer)
+    if (act_.max_pieces > layout_.max_pieces)
+        throw Error("internal: " + std::to_string(act_.max_pieces) +
+                    " attention pieces, the memory plan holds " + std::to_string(layout_.max_pieces));
+    act_.part_o = take<float>(CudaBuf::kPartO);
+    act_.part_ml = take<float>(CudaBuf::kPartMl);
     // Prefill attention as GEMMs: the score rows of the longest key range the scratch holds, every head of a
     // chunk unless the tuning asks for fewer (tests: head and row batches)
-    const int64_t rows =
-        tuning.attn_gemm_rows > 0 ? tuning.attn_gemm_rows : std::min<int64_t>(n * nH, 1 << 24);
     attn_gemm_.blas = blas_;
-    attn_gemm_.s_floats = rows * attn_gemm_keys(c_, ctx_, static_cast<int>(n));
-    attn_gemm_.s = alloc<float>(static_cast<size_t>(attn_gemm_.s_floats));
-    attn_gemm_.ptrs = alloc<void*>(6 * static_cast<size_t>(nH));
+    attn_gemm_.s_floats = layout_[CudaBuf::kScores];
+    attn_gemm_.s = take<float>(CudaBuf::kScores);
+    attn_gemm_.ptrs = take<void*>(CudaBuf::kScorePtrs);
 }
 
 // The 26B's routing and experts: decode's second stream, the prefill's expert scratch and the compact
 // pass's plan and streams.
 void CudaModel::alloc_moe(const Tuning& tuning) {
-    const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    const int64_t n = chunk_;
-    moe_.rlogits = alloc<float>(n * E);
-    moe_.sel_w = alloc<float>(n * K);
-    moe_.sel_id = alloc<int>(n * K);
-    if (plan_.moe_prenorm) act_.xr = alloc<float>(H);
+    const int E = c_.n_experts;
+    moe_.rlogits = take<float>(CudaBuf::kRouterLogits);
+    moe_.sel_w = take<float>(CudaBuf::kSelW);
+    moe_.sel_id = take<int>(CudaBuf::kSelId);
+    act_.xr = take<float>(CudaBuf::kXr);
+    if (plan_.moe_prenorm != (act_.xr != nullptr))
+        throw Error("internal: the memory plan's prenormed router input disagrees with the decode plan");
     CUDA_CHECK(cudaStreamCreateWithFlags(&moe_.stream2, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&moe_.fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&moe_.join, cudaEventDisableTiming));
-    moe_.cap = moe_prefill_rows_cap(static_cast<int>(n), E, K);
+    moe_.cap = layout_.moe_cap;
     const int64_t rows = int64_t{E} * moe_.cap;  // the memory plan's; a pass may use less
     if (tuning.moe_prefill_cap > 0) moe_.cap = std::clamp(tuning.moe_prefill_cap, 1, moe_.cap);
-    moe_.mx = alloc<float>(rows * H);  // = 2 x bf16 [rows][H] (hi, lo), later the fp32 [rows][H] output
-    moe_.mg = alloc<float>(rows * Ie);
-    moe_.mu = alloc<float>(rows * Ie);
-    moe_.mh = alloc<bf16>(2 * rows * Ie);
+    moe_.mx = take<float>(CudaBuf::kMx);  // = 2 x bf16 [rows][H] (hi, lo), later the fp32 [rows][H] output
+    moe_.mg = take<float>(CudaBuf::kMg);
+    moe_.mu = take<float>(CudaBuf::kMu);
+    moe_.mh = take<bf16>(CudaBuf::kMh);
     const int srows = std::min(moe_.cap, kGemmStackMaxN);
-    moe_.ey2 = alloc<float>(int64_t{E} * 2 * srows * std::max(2 * Ie, H));
+    moe_.ey2 = take<float>(CudaBuf::kEy2);  // [E][2 srows][max(2 Ie, H)] for the plan's cap (or more)
     // the compact pass reuses the scratch: [2 R][H] bf16 in moe_.mx, [2 R][Ie] in moe_.mh, moe_.ey2 for both
     // GEMMs' outputs
     moe_.compact_rows = std::min<int64_t>(rows, int64_t{E} * srows);
@@ -155,31 +189,27 @@ void CudaModel::alloc_moe(const Tuning& tuning) {
         moe_.blas.push_back(hb);
         CUBLAS_CHECK(cublasSetStream(hb, st));
     }
-    const size_t plan = 6 * static_cast<size_t>(E) * sizeof(void*) + (E + 1) * sizeof(int);
-    CUDA_CHECK(cudaMallocHost(&moe_.h_mplan, plan));
-    moe_.d_mplan = alloc<char>(plan);
+    CUDA_CHECK(cudaMallocHost(&moe_.h_mplan, layout_.bytes(CudaBuf::kMoePlan)));
+    moe_.d_mplan = take<char>(CudaBuf::kMoePlan);
     CUDA_CHECK(cudaMallocHost(&moe_.h_goff, (E + 1) * sizeof(int)));
-    moe_.gexp = alloc<int>(std::max(E, K) + 1);
-    moe_.goff = alloc<int>(std::max(E, K) + 1);
-    moe_.gent = alloc<int>(n * K);
-    moe_.e_in = alloc<float>(n * H);
-    moe_.eh = alloc<float>(n * K * Ie);
-    moe_.eslots = alloc<float>(n * K * H);
+    moe_.gexp = take<int>(CudaBuf::kGroupExperts);
+    moe_.goff = take<int>(CudaBuf::kGroupOffsets);
+    moe_.gent = take<int>(CudaBuf::kGroupEntries);
+    moe_.e_in = take<float>(CudaBuf::kExpertIn);
+    moe_.eh = take<float>(CudaBuf::kExpertHidden);
+    moe_.eslots = take<float>(CudaBuf::kExpertSlots);
 }
 
-// The KV cache (KV-shared layers point at their source's), batched decode's per-token arrays, and the RoPE
-// frequencies.
+// The KV cache (KV-shared layers point at their source's), batched decode's per-token arrays, all rows'
+// logits where slots decode together, and the RoPE frequencies.
 void CudaModel::alloc_cache(const Widths& wd) {
     const int L = c_.n_layers;
-    const int64_t n = chunk_;
     kv_.layers.resize(L);
     for (int i = 0; i < L; ++i) {
-        const LayerSpec& s = c_.layers[i];
-        if (!s.has_own_kv()) continue;
+        if (!c_.layers[i].has_own_kv()) continue;
         LayerCache& lc = kv_.layers[i];
-        lc.cap =
-            s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx_, c_.sliding_window + chunk_) : ctx_;
-        lc.slot_stride = lc.cap * s.n_kv_heads * s.head_dim;
+        lc.cap = layout_.kv_cap[i];  // sliding layers: a ring of min(ctx, window + chunk) positions
+        lc.slot_stride = layout_.kv_slot_stride[i];
         const size_t elems = static_cast<size_t>(lc.slot_stride) * slots_;
         lc.k = alloc<float>(elems);
         lc.v = alloc<float>(elems);
@@ -189,18 +219,27 @@ void CudaModel::alloc_cache(const Widths& wd) {
     }
     for (int i = 0; i < L; ++i)
         if (!c_.layers[i].has_own_kv()) kv_.layers[i] = kv_.layers[c_.layers[i].kv_source];
-    if (slots_ > 1) {
-        d_bpos_ = alloc<int>(n);
-        d_bslot_ = alloc<int>(n);
-        d_bnext_ = alloc<int>(n);
-    }
-    auto upload = [&](const std::vector<float>& v) {
-        float* d = alloc<float>(v.size());
-        CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    d_bpos_ = take<int>(CudaBuf::kBatchPos);
+    d_bslot_ = take<int>(CudaBuf::kBatchSlot);
+    d_bnext_ = take<int>(CudaBuf::kBatchNext);
+    if (layout_.eager(CudaBuf::kAllLogits)) act_.all_logits = take<float>(CudaBuf::kAllLogits);
+    auto upload = [&](CudaBuf b, const std::vector<float>& v) {
+        if (static_cast<int64_t>(v.size()) != layout_[b])
+            throw Error(std::string("internal: memory plan buffer ") + CudaBuffers::name(b) + " holds " +
+                        std::to_string(layout_[b]) + " floats, the RoPE table " + std::to_string(v.size()));
+        float* d = take<float>(b);
+        if (d) CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
         return d;
     };
-    if (wd.head_sliding) kv_.inv_sliding = upload(c_.rope_sliding.inverse_frequencies(wd.head_sliding));
-    if (wd.head_full) kv_.inv_full = upload(c_.rope_full.inverse_frequencies(wd.head_full));
+    if (wd.head_sliding)
+        kv_.inv_sliding = upload(CudaBuf::kRopeSliding, c_.rope_sliding.inverse_frequencies(wd.head_sliding));
+    if (wd.head_full)
+        kv_.inv_full = upload(CudaBuf::kRopeFull, c_.rope_full.inverse_frequencies(wd.head_full));
+}
+
+// All rows' logits [chunk][V] (prefill's all_logits, batched decode): allocated on first use by one sequence.
+void CudaModel::ensure_all_logits() {
+    if (!act_.all_logits) act_.all_logits = take<float>(CudaBuf::kAllLogits);
 }
 void CudaModel::release() {
     if (graph_) cudaGraphExecDestroy(graph_);

@@ -30,9 +30,18 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUBLAS_CHECK(cublasCreate(&blas_));
         CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-        alloc_step(wd, tuning);
+        CudaBufferSpec spec;
+        spec.ctx = ctx_;
+        spec.chunk = chunk_;
+        spec.slots = slots_;
+        spec.sharded = sharded();
+        spec.gemv_ring = plan_.gemv_kernel == GemvKernel::kRowsAsyncGeglu;
+        spec.attn_gemm_rows = tuning.attn_gemm_rows;
+        layout_ = cuda_buffers(c_, spec);
+        alloc_step();
         if (c_.moe) alloc_moe(tuning);
         alloc_cache(wd);
+        check_layout();
         CUDA_CHECK(cudaDeviceSynchronize());
     } catch (...) {
         release();
@@ -69,7 +78,8 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the current
-    // range (split_len 0): pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks over the SMs.
+    // range (split_len 0): pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks over the SMs (and never
+    // more than the memory plan's kMaxDecodePieces, which sizes their scratch).
     int64_t max_pieces = int64_t{chunk_} * nH * 4;
     plan_.decode_splits.resize(L);
     int widest = 1, dmax = 0;
@@ -77,7 +87,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
         const LayerSpec& s = c_.layers[i];
         const int64_t range =
             s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx_) : ctx_;
-        const int64_t cap_pieces = std::max(1, 2 * std::max(sms, 1) / nH);
+        const int64_t cap_pieces = std::max(1, std::min(2 * std::max(sms, 1), kMaxDecodePieces) / nH);
         plan_.decode_splits[i] =
             static_cast<int>(std::clamp<int64_t>((range + kAttnMinKeys - 1) / kAttnMinKeys, 1, cap_pieces));
         max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * plan_.decode_splits[i]);

@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "cuda/check.h"
 #include "cuda/kernels/kernels.h"
 #include "cuda/profiling/profiler.h"
+#include "loading/memory_plan.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "runtime/graph_timeline.h"
@@ -146,7 +148,7 @@ struct Activations {
     float* m = nullptr;  // [n][H] the MLP's output (sharded MoE: [2][n][H], dense then experts' partials)
     float *ple_ctx = nullptr, *ple = nullptr;  // [n][L P] per-layer inputs: projection, mixed
     float* logits = nullptr;                   // [V]
-    float* all_logits = nullptr;               // [n][V], allocated on first use
+    float* all_logits = nullptr;               // [n][V], on first use (at construction with slots)
     float* xn = nullptr;                       // [H] RMSNorm(x) * the next GEMV's norm weight (plan.prenorm)
     float* xr = nullptr;                       // [H] RMSNorm(x) * router_scale / sqrt(H) (plan.moe_prenorm)
     bf16* hi = nullptr;  // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at), K <= max(H, q, mlp, P)
@@ -376,11 +378,17 @@ class CudaModel {
     };
     Widths widths() const;
     void plan_decode(const Tuning& tuning);
-    void alloc_step(const Widths& wd, const Tuning& tuning);
+    void alloc_step();
     void alloc_moe(const Tuning& tuning);
     void alloc_cache(const Widths& wd);
     template <class T>
     T* alloc(size_t count);
+    // buffers.cu: the memory plan's buffer b (layout_), allocated once; after construction, check_layout()
+    // throws an internal error unless the bytes allocated are exactly the plan's
+    template <class T>
+    T* take(CudaBuf b);
+    void check_layout() const;
+    void ensure_all_logits();  // act_.all_logits: on first use by one sequence (eagerly with slots)
     void attention_args(int i, AttnArgs& a) const;
     // Layer i's cache in QkvPost / AttnArgs: the current slot's (cur_slot_), or while decode_batch runs the
     // slots' base with each token's position and slot.
@@ -412,6 +420,11 @@ class CudaModel {
     KvCache kv_;                 // the KV cache and the RoPE tables
     AttnGemm attn_gemm_;         // prefill attention's scratch (attention_gemm.cu)
     std::vector<void*> allocs_;  // every cudaMalloc of the above (release() frees them)
+    // Every buffer's size (loading/memory_plan.h, the list the fit check adds up), which of them are taken,
+    // and the bytes alloc() has handed out
+    CudaBuffers layout_;
+    std::array<bool, static_cast<size_t>(CudaBuf::kCount)> taken_{};
+    uint64_t alloc_bytes_ = 0;
 
     // streams and graphs
     cudaStream_t stream_ = nullptr;

@@ -58,7 +58,7 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
         all_reduce_argmax(nullptr);
     });
     if (logits && all_logits) {
-        if (!act_.all_logits) act_.all_logits = alloc<float>(static_cast<size_t>(chunk_) * V);
+        ensure_all_logits();
         split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
         gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
         if (c_.final_softcap > 0.0f)

@@ -5,11 +5,28 @@
 
 namespace markbase {
 
-namespace {
+// Names for the CUDA side's drift message; element sizes (float, int, uint: 4; u64, pointers: 8; bf16: 2;
+// the compact plan in bytes).
+// clang-format off
+const std::array<CudaBufInfo, static_cast<size_t>(CudaBuf::kCount)> kCudaBufInfo = {{
+    {"state", 4},          {"ids", 4},          {"out_ids", 4},       {"argmax", 8},
+    {"x", 4},              {"counter", 4},      {"xn", 4},            {"attn_counters", 4},
+    {"ring_part", 4},      {"ring_count", 4},   {"q", 4},             {"k", 4},
+    {"v", 4},              {"attn", 4},         {"o", 4},             {"g", 4},
+    {"u", 4},              {"m", 4},            {"ones", 4},          {"ple_ctx", 4},
+    {"ple", 4},            {"logits", 4},       {"sel_slices", 8},    {"sel_top", 8},
+    {"sel_info", 4},       {"pen", 4},          {"hi", 2},            {"y2", 4},
+    {"part_o", 4},         {"part_ml", 4},      {"scores", 4},        {"score_ptrs", 8},
+    {"router_logits", 4},  {"sel_w", 4},        {"sel_id", 4},        {"xr", 4},
+    {"moe_mx", 4},         {"moe_mg", 4},       {"moe_mu", 4},        {"moe_mh", 2},
+    {"moe_ey2", 4},        {"moe_plan", 1},     {"group_experts", 4}, {"group_offsets", 4},
+    {"group_entries", 4},  {"expert_in", 4},    {"expert_hidden", 4}, {"expert_slots", 4},
+    {"batch_pos", 4},      {"batch_slot", 4},   {"batch_next", 4},    {"rope_sliding", 4},
+    {"rope_full", 4},      {"all_logits", 4},
+}};
+// clang-format on
 
-// model.cu's decode attention split: pieces of >= 32 keys, at most 512 blocks per layer.
-constexpr int kDecodeMinSplit = 32;
-constexpr int kMaxDecodePieces = 512;
+namespace {
 
 int64_t clamp_ctx(const ModelConfig& c, int64_t ctx) {
     return std::max<int64_t>(1, std::min<int64_t>(ctx, c.max_positions));
@@ -18,7 +35,162 @@ int clamp_chunk(int64_t ctx, int chunk) {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(chunk, ctx)));
 }
 
+// The widest layer's shapes, as CudaModel::widths() takes them.
+struct Widths {
+    int64_t q = 0, kv = 0, mlp = 0, head = 0, head_sliding = 0, head_full = 0;
+};
+Widths widths(const ModelConfig& c) {
+    Widths w;
+    for (const LayerSpec& s : c.layers) {
+        w.q = std::max<int64_t>(w.q, int64_t{c.n_heads} * s.head_dim);
+        w.kv = std::max<int64_t>(w.kv, int64_t{s.n_kv_heads} * s.head_dim);
+        w.mlp = std::max<int64_t>(w.mlp, s.mlp_width);
+        w.head = std::max<int64_t>(w.head, s.head_dim);
+        (s.kind == AttentionKind::Sliding ? w.head_sliding : w.head_full) = s.head_dim;
+    }
+    return w;
+}
+
+// Decode attention's pieces: per head, pieces of >= kAttnMinKeys keys, at most kMaxDecodePieces blocks per
+// layer (the model's own cap, ~2 waves of its SMs, is never larger); prefill attention takes 4 per row.
+int64_t attention_pieces(const ModelConfig& c, int64_t ctx, int chunk) {
+    const int64_t nH = std::max(c.n_heads, 1), min_keys = CudaBuffers::kAttnMinKeys;
+    int64_t pieces = int64_t{chunk} * nH * 4;
+    for (const LayerSpec& s : c.layers) {
+        const int64_t range =
+            s.kind == AttentionKind::Sliding ? std::min<int64_t>(c.sliding_window, ctx) : ctx;
+        const int64_t cap = std::max<int64_t>(1, kMaxDecodePieces / nH);
+        pieces = std::max(pieces, nH * std::clamp<int64_t>((range + min_keys - 1) / min_keys, 1, cap));
+    }
+    return pieces;
+}
+
+// The decode step's state, the activations and the dense GEMMs' and attention's scratch (alloc_step).
+void step_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
+    const CudaBufferSpec& s = b.spec;
+    const int64_t H = c.hidden, nH = c.n_heads, P = c.ple_dim, LP = int64_t{c.n_layers} * P, n = s.chunk;
+    auto set = [&](CudaBuf k, int64_t v) { b.count[static_cast<size_t>(k)] = v; };
+    set(CudaBuf::kState, 4);
+    set(CudaBuf::kIds, n);
+    set(CudaBuf::kOutIds, s.ctx);
+    set(CudaBuf::kArgmax, 1);
+    set(CudaBuf::kX, n * H);
+    set(CudaBuf::kCounter, 1);
+    set(CudaBuf::kXn, H);
+    set(CudaBuf::kAttnCounters, nH);
+    if (s.gemv_ring) {  // rows of the widest one-token GEMV: q + k + v, the MLP, the PLE projections, router
+        int64_t rows = std::max({H, wd.mlp, P, c.moe ? int64_t{c.n_experts} : 0, LP});
+        for (const LayerSpec& l : c.layers)
+            rows = std::max<int64_t>(rows, (nH + 2 * l.n_kv_heads) * int64_t{l.head_dim});
+        set(CudaBuf::kRingPart, CudaBuffers::kGemvRingWarps * 2 * 3);
+        set(CudaBuf::kRingCount, rows);
+    }
+    for (CudaBuf k : {CudaBuf::kQ, CudaBuf::kAttn}) set(k, n * wd.q);
+    for (CudaBuf k : {CudaBuf::kK, CudaBuf::kV}) set(k, n * std::max<int64_t>(wd.kv, 1));
+    set(CudaBuf::kO, n * H);
+    for (CudaBuf k : {CudaBuf::kG, CudaBuf::kU}) set(k, n * std::max(wd.mlp, P));
+    set(CudaBuf::kM, (s.sharded && c.moe ? 2 : 1) * n * H);  // sharded MoE: dense and experts' partials
+    if (c.moe) set(CudaBuf::kOnes, n);
+    if (P) {
+        set(CudaBuf::kPleCtx, n * LP);
+        set(CudaBuf::kPle, n * LP);
+    }
+    const int64_t V = c.vocab_size, slice = CudaBuffers::kTopKSlice, top = CudaBuffers::kTopKMax;
+    set(CudaBuf::kLogits, V);
+    if (V <= slice / top * slice) {  // the device-side top-k; a wider vocabulary samples on the host
+        set(CudaBuf::kSelSlices, (V + slice - 1) / slice * top);
+        set(CudaBuf::kSelTop, top);
+        set(CudaBuf::kSelInfo, 2);
+        set(CudaBuf::kPen, 2 * CudaBuffers::kMaxPenaltyIds);
+    }
+    set(CudaBuf::kHi, 2 * n * std::max({H, wd.q, wd.mlp, P}));  // bf16 hi, then lo
+    b.y2_cols = std::max({LP, wd.q, wd.kv, H, wd.mlp, P});
+    set(CudaBuf::kY2, 2 * std::min<int64_t>(n, kGemmStackMaxN) * b.y2_cols);
+    b.max_pieces = attention_pieces(c, s.ctx, s.chunk);
+    set(CudaBuf::kPartO, b.max_pieces * wd.head);
+    set(CudaBuf::kPartMl, 2 * b.max_pieces);
+    const int64_t rows = s.attn_gemm_rows > 0 ? s.attn_gemm_rows : std::min<int64_t>(n * nH, 1 << 24);
+    set(CudaBuf::kScores, rows * attn_gemm_keys(c, s.ctx, s.chunk));
+    set(CudaBuf::kScorePtrs, 6 * nH);
+}
+
+// The MoE's routing, its prefill's batched-GEMM scratch and the compact pass's plan (alloc_moe). The prefill
+// scratch: gathered inputs (bf16 hi + lo, reused for the fp32 down output), gate and up outputs (fp32), the
+// GeGLU result (bf16 hi + lo), and the stacked GEMMs' output ([E][2 rows][max(2 Ie, H)] fp32, for the passes
+// of at most kGemmStackMaxN rows per expert).
+void moe_buffers(const ModelConfig& c, CudaBuffers& b) {
+    const int64_t H = c.hidden, E = c.n_experts, K = c.top_k, Ie = c.expert_width, n = b.spec.chunk;
+    auto set = [&](CudaBuf k, int64_t v) { b.count[static_cast<size_t>(k)] = v; };
+    set(CudaBuf::kRouterLogits, n * E);
+    set(CudaBuf::kSelW, n * K);
+    set(CudaBuf::kSelId, n * K);
+    if (!b.spec.sharded) set(CudaBuf::kXr, H);  // the prenormed router input (one GPU only)
+    b.moe_cap = moe_prefill_rows_cap(b.spec.chunk, c.n_experts, c.top_k);
+    const int64_t rows = E * b.moe_cap;
+    set(CudaBuf::kMx, rows * H);
+    set(CudaBuf::kMg, rows * Ie);
+    set(CudaBuf::kMu, rows * Ie);
+    set(CudaBuf::kMh, 2 * rows * Ie);
+    set(CudaBuf::kEy2, E * 2 * std::min(b.moe_cap, kGemmStackMaxN) * std::max(2 * Ie, H));
+    set(CudaBuf::kMoePlan, 6 * E * 8 + (E + 1) * 4);  // 6 pointer arrays of E, row offsets [E + 1]
+    set(CudaBuf::kGroupExperts, std::max(E, K) + 1);
+    set(CudaBuf::kGroupOffsets, std::max(E, K) + 1);
+    set(CudaBuf::kGroupEntries, n * K);
+    set(CudaBuf::kExpertIn, n * H);
+    set(CudaBuf::kExpertHidden, n * K * Ie);
+    set(CudaBuf::kExpertSlots, n * K * H);
+}
+
+// The KV cache (fp32 K and V per layer with its own cache, slots deep; sliding layers hold a ring of
+// min(ctx, window + chunk) positions), batched decode's arrays and the RoPE tables (alloc_cache).
+void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
+    const CudaBufferSpec& s = b.spec;
+    auto set = [&](CudaBuf k, int64_t v) { b.count[static_cast<size_t>(k)] = v; };
+    b.kv_cap.assign(c.layers.size(), 0);
+    b.kv_slot_stride.assign(c.layers.size(), 0);
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+        const LayerSpec& l = c.layers[i];
+        if (!l.has_own_kv()) continue;  // KV-shared layers read their source's cache
+        b.kv_cap[i] = l.kind == AttentionKind::Sliding
+                          ? std::min<int64_t>(s.ctx, int64_t{c.sliding_window} + s.chunk)
+                          : s.ctx;
+        b.kv_slot_stride[i] = b.kv_cap[i] * l.n_kv_heads * l.head_dim;
+    }
+    if (s.slots > 1)
+        for (CudaBuf k : {CudaBuf::kBatchPos, CudaBuf::kBatchSlot, CudaBuf::kBatchNext}) set(k, s.chunk);
+    set(CudaBuf::kRopeSliding, wd.head_sliding / 2);  // RopeParams::inverse_frequencies: d / 2
+    set(CudaBuf::kRopeFull, wd.head_full / 2);
+    set(CudaBuf::kAllLogits, int64_t{s.chunk} * c.vocab_size);
+}
+
 }  // namespace
+
+uint64_t CudaBuffers::eager_bytes() const {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < count.size(); ++i)
+        if (eager(static_cast<CudaBuf>(i))) sum += bytes(static_cast<CudaBuf>(i));
+    return sum;
+}
+
+uint64_t CudaBuffers::kv_bytes() const {
+    uint64_t sum = 0;
+    for (int64_t stride : kv_slot_stride)
+        sum += 2 * static_cast<uint64_t>(stride) * static_cast<uint64_t>(spec.slots) * sizeof(float);
+    return sum;
+}
+
+CudaBuffers cuda_buffers(const ModelConfig& c, const CudaBufferSpec& spec) {
+    CudaBuffers b;
+    b.spec = spec;
+    b.spec.ctx = std::max<int64_t>(1, spec.ctx);
+    b.spec.chunk = std::max(1, spec.chunk);
+    b.spec.slots = std::max(1, spec.slots);
+    const Widths wd = widths(c);
+    step_buffers(c, wd, b);
+    if (c.moe) moe_buffers(c, b);
+    cache_buffers(c, wd, b);
+    return b;
+}
 
 std::string format_gb(uint64_t bytes) {
     char s[32];
@@ -26,75 +198,39 @@ std::string format_gb(uint64_t bytes) {
     return s;
 }
 
-uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
-    ctx = clamp_ctx(c, ctx);
-    chunk = clamp_chunk(ctx, chunk);
-    uint64_t bytes = 0;
-    for (const LayerSpec& s : c.layers) {
-        if (!s.has_own_kv()) continue;  // KV-shared layers read their source's cache
-        const int64_t cap = s.kind == AttentionKind::Sliding
-                                ? std::min<int64_t>(ctx, int64_t{c.sliding_window} + chunk)
-                                : ctx;
-        bytes += 2 * static_cast<uint64_t>(cap) * static_cast<uint64_t>(s.n_kv_heads) *
-                 static_cast<uint64_t>(s.head_dim) * sizeof(float);
-    }
-    return bytes;
-}
-
-uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk) {
-    ctx = clamp_ctx(c, ctx);
-    chunk = clamp_chunk(ctx, chunk);
-    const int64_t H = c.hidden, nH = c.n_heads, L = c.n_layers, P = c.ple_dim, V = c.vocab_size, n = chunk;
-    int64_t max_q = 0, max_kv = 1, max_I = 0, dmax = 0, max_pieces = n * nH * 4;
-    for (const LayerSpec& s : c.layers) {
-        max_q = std::max<int64_t>(max_q, nH * s.head_dim);
-        max_kv = std::max<int64_t>(max_kv, int64_t{s.n_kv_heads} * s.head_dim);
-        max_I = std::max<int64_t>(max_I, s.mlp_width);
-        dmax = std::max<int64_t>(dmax, s.head_dim);
-        const int64_t range =
-            s.kind == AttentionKind::Sliding ? std::min<int64_t>(c.sliding_window, ctx) : ctx;
-        const int64_t cap_pieces = std::max<int64_t>(1, kMaxDecodePieces / std::max<int64_t>(nH, 1));
-        const int64_t splits =
-            std::clamp<int64_t>((range + kDecodeMinSplit - 1) / kDecodeMinSplit, 1, cap_pieces);
-        max_pieces = std::max(max_pieces, nH * splits);
-    }
-    const int64_t E = c.moe ? c.n_experts : 0, K = c.moe ? c.top_k : 0, Ie = c.moe ? c.expert_width : 0;
-    const int64_t split_w = std::max({H, max_q, max_I, P});
-    // Element counts of CudaModel's buffers, 4-byte (fp32/int) unless noted.
-    int64_t f32 = 4 + n + ctx + 2 /* argmax u64 */ + n * H + H + 1 + nH + n * max_q + 2 * n * max_kv +
-                  n * max_q + n * H + 2 * n * std::max(max_I, P) + n * H + V + max_pieces * dmax +
-                  2 * max_pieces;
-    if (P) f32 += 2 * n * L * P;
-    // the scores, 6 pointer arrays of nH
-    f32 += n * nH * attn_gemm_keys(c, ctx, chunk) + 2 * 6 * nH;
-    if (c.moe) f32 += n * E + 2 * n * K + 2 * (std::max(E, K) + 1) + n * K + n * H + n * K * Ie + n * K * H;
-    if (c.moe) f32 += 2 * 6 * E + E + 1;  // the compact experts pass's plan (6 pointer arrays, row offsets)
-    int64_t rope = 0;
-    for (const LayerSpec& s : c.layers) rope = std::max<int64_t>(rope, s.head_dim);  // two small tables
-    // the dense GEMMs' stacked output (kGemmStackMaxN): [2 min(n, max)][widest dense output] fp32
-    f32 += 2 * std::min<int64_t>(n, kGemmStackMaxN) * std::max({L * P, max_q, max_kv, H, max_I});
-    const uint64_t bytes = static_cast<uint64_t>(f32) * 4 +
-                           static_cast<uint64_t>(2 * n * split_w) * 2 /* hi, lo bf16 */ +
-                           static_cast<uint64_t>(rope) * 4;
-    return bytes + moe_prefill_scratch_bytes(c, static_cast<int>(chunk)) + kCudaRuntimeReserve;
-}
-
-CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk) {
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
+                                int slots) {
     CudaMemoryPlan p;
     p.ctx = clamp_ctx(c, ctx);
     p.chunk = clamp_chunk(p.ctx, chunk);
+    p.slots = std::max(1, slots);
     p.weights = weight_bytes;
-    p.kv_cache = cuda_kv_cache_bytes(c, p.ctx, p.chunk);
-    p.workspace = cuda_workspace_bytes(c, p.ctx, p.chunk);
+    // one GPU with the default tuning: the cp.async GeGLU ring runs the MoE's decode GEMVs
+    CudaBufferSpec spec;
+    spec.ctx = p.ctx;
+    spec.chunk = p.chunk;
+    spec.slots = p.slots;
+    spec.gemv_ring = c.moe;
+    const CudaBuffers b = cuda_buffers(c, spec);
+    p.kv_cache = b.kv_bytes();
+    p.workspace = b.eager_bytes() + kCudaRuntimeReserve;
     return p;
 }
 
-FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots) {
+    return plan_cuda_memory(c, 0, ctx, chunk, slots).kv_cache;
+}
+
+uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots) {
+    return plan_cuda_memory(c, 0, ctx, chunk, slots).workspace;
+}
+
+FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
                         uint64_t free_bytes, const std::string& device) {
     FitCheck f;
-    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk);
+    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk, slots);
     auto fits_at = [&](int64_t x) {
-        return plan_cuda_memory(c, weight_bytes, x, chunk).total() <= free_bytes;
+        return plan_cuda_memory(c, weight_bytes, x, chunk, slots).total() <= free_bytes;
     };
     // Every term grows with the context, so the largest context that fits is found by bisection.
     if (fits_at(1)) {
@@ -110,14 +246,23 @@ FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx
         f.max_ctx = lo;
     }
     f.fits = p.total() <= free_bytes;
-    f.message = "model " + format_gb(p.weights) + " + KV cache for " + std::to_string(p.ctx) + " tokens " +
+    const std::string cache_for =
+        p.slots > 1 ? std::to_string(p.slots) + " sequences of " + std::to_string(p.ctx) + " positions"
+                    : std::to_string(p.ctx) + " tokens";
+    f.message = "model " + format_gb(p.weights) + " + KV cache for " + cache_for + " " +
                 format_gb(p.kv_cache) + " + workspace " + format_gb(p.workspace) + " = " +
                 format_gb(p.total()) + (f.fits ? " <= " : " > ") + format_gb(free_bytes) + " free on " +
                 device;
     if (f.fits) return f;
     if (f.max_ctx > 0) {
         f.message += "; lower --ctx-size to at most " + std::to_string(f.max_ctx);
-        if (p.chunk > 1) f.message += " (or --batch-size, which sizes the workspace)";
+        if (p.slots > 1)
+            f.message += " (or run fewer sequences with --parallel, or a smaller --batch-size)";
+        else if (p.chunk > 1)
+            f.message += " (or --batch-size, which sizes the workspace)";
+    } else if (p.slots > 1 && plan_cuda_memory(c, weight_bytes, 1, chunk, 1).total() <= free_bytes) {
+        f.message += "; not even one position fits for each of " + std::to_string(p.slots) +
+                     " sequences: run fewer with --parallel";
     } else {
         f.message +=
             "; the weights and workspace alone do not fit: use a smaller model, a larger GPU, or "

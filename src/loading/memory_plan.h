@@ -1,27 +1,23 @@
 // Memory honesty for the CUDA backend (issue 5): before any weight moves, add up what the device must hold
-// (weights, the KV cache for the requested context, activations and scratch) and compare it with the free
-// memory, so a model that cannot fit is refused with the numbers and the largest context that would fit,
-// instead of failing half-way through the upload. The sizes mirror cuda/model.cu's constructor (fp32 K
-// and V per layer with its own cache; sliding layers hold a ring of min(ctx, window + chunk) positions);
-// a change there must be mirrored here (tests/loading/test_memory_plan.cpp pins the arithmetic).
+// (weights, the KV cache of every sequence slot for the requested context, activations and scratch) and
+// compare it with the free memory, so a model that cannot fit is refused with the numbers and the largest
+// context that would fit, instead of failing half-way through the upload.
+//
+// The sizes have one source: cuda_buffers() lists every device buffer CudaModel allocates. cuda/buffers.cu
+// allocates exactly those counts, and after construction compares the bytes it allocated with the list's
+// (an internal error naming the difference, so the GPU tests catch drift); plan_cuda_memory sums the same
+// list. Plain C++ (no CUDA headers), so the fit check and its tests build and run without a GPU.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 
 namespace markbase {
-
-struct CudaMemoryPlan {
-    int64_t ctx = 0;  // after clamping to max_positions, as the backend does
-    int chunk = 0;    // after clamping to ctx
-    uint64_t weights = 0;
-    uint64_t kv_cache = 0;
-    uint64_t workspace = 0;  // activations, scratch, decode state, RoPE tables + a fixed runtime reserve
-    uint64_t total() const { return weights + kv_cache + workspace; }
-};
 
 // Headroom for what is not a cudaMalloc of ours: cuBLAS workspaces, the CUDA graph, allocation rounding.
 constexpr uint64_t kCudaRuntimeReserve = uint64_t{256} << 20;
@@ -37,18 +33,6 @@ inline int moe_prefill_rows_cap(int chunk, int n_experts, int top_k) {
 // one bf16 GEMM over the stacked [hi; lo] halves, which reads the weights once, into an fp32 scratch of
 // twice the output rows whose halves are then summed.
 constexpr int kGemmStackMaxN = 128;
-// Bytes of that scratch: gathered inputs (bf16 hi + lo, reused for the fp32 down output), gate and up
-// outputs (fp32), the GeGLU result (bf16 hi + lo), and the stacked GEMMs' output ([E][2 rows][max(2 Ie,
-// H)] fp32, for the passes of at most kGemmStackMaxN rows per expert).
-inline uint64_t moe_prefill_scratch_bytes(const ModelConfig& c, int chunk) {
-    if (!c.moe) return 0;
-    const int cap = moe_prefill_rows_cap(chunk, c.n_experts, c.top_k);
-    const uint64_t rows = static_cast<uint64_t>(c.n_experts) * cap;
-    const uint64_t stacked = static_cast<uint64_t>(c.n_experts) * 2 * std::min(cap, kGemmStackMaxN) *
-                             std::max<uint64_t>(2 * static_cast<uint64_t>(c.expert_width), c.hidden) * 4;
-    return rows * (4 * static_cast<uint64_t>(c.hidden) + 12 * static_cast<uint64_t>(c.expert_width)) +
-           stacked;
-}
 
 // Prefill attention as GEMMs (cuda/kernels/attention_gemm.cu): fp32 scores for every query
 // head of a chunk over up to this many key slots, or the sliding layers' whole ring where that is longer
@@ -59,17 +43,93 @@ inline int64_t attn_gemm_keys(const ModelConfig& c, int64_t ctx, int chunk) {
     return std::min<int64_t>(ctx, std::max<int64_t>(kAttnGemmKeys, int64_t{c.sliding_window} + chunk));
 }
 
-uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk);
-uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk);  // reserve included
-CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk);
+// Decode attention's pieces per layer: at most this many blocks (the model takes ~2 waves of its SMs, never
+// more than this, so the scratch sized here holds any GPU's pieces).
+constexpr int kMaxDecodePieces = 512;
+
+// What besides the config decides CudaModel's buffers. plan_cuda_memory uses the one-GPU defaults.
+struct CudaBufferSpec {
+    int64_t ctx = 1;  // as the model holds it (plan_cuda_memory clamps first, as the backend does)
+    int chunk = 1;
+    int slots = 1;               // sequences with a KV cache each (batched decode)
+    bool sharded = false;        // a tensor-parallel rank: MoE partials doubled, no prenormed router input
+    bool gemv_ring = false;      // the cp.async GeGLU ring (Tuning::gemv; by default the MoE on one GPU)
+    int64_t attn_gemm_rows = 0;  // Tuning::attn_gemm_rows (tests); 0: every query head of a chunk
+};
+
+// Every device buffer of CudaModel but the KV cache (CudaBuffers::kv_*), in the order buffers.cu takes them.
+// clang-format off
+enum class CudaBuf : int {
+    // the decode step's state and the device-side top-k (int, u64 or uint as named in kCudaBufInfo)
+    kState, kIds, kOutIds, kArgmax, kX, kCounter, kXn, kAttnCounters, kRingPart, kRingCount,
+    // activations and the GEMMs' / attention's scratch
+    kQ, kK, kV, kAttn, kO, kG, kU, kM, kOnes, kPleCtx, kPle, kLogits, kSelSlices, kSelTop, kSelInfo, kPen,
+    kHi, kY2, kPartO, kPartMl, kScores, kScorePtrs,
+    // the MoE's routing, prefill scratch and compact plan
+    kRouterLogits, kSelW, kSelId, kXr, kMx, kMg, kMu, kMh, kEy2, kMoePlan, kGroupExperts, kGroupOffsets,
+    kGroupEntries, kExpertIn, kExpertHidden, kExpertSlots,
+    // batched decode's per-token arrays, the RoPE tables, all rows' logits
+    kBatchPos, kBatchSlot, kBatchNext, kRopeSliding, kRopeFull, kAllLogits,
+    kCount
+};
+// clang-format on
+struct CudaBufInfo {
+    const char* name;
+    int elem_bytes;
+};
+extern const std::array<CudaBufInfo, static_cast<size_t>(CudaBuf::kCount)> kCudaBufInfo;
+
+struct CudaBuffers {
+    // Mirrors of cuda/kernels/kernels.h's and CudaModel's constants (buffers.cu static_asserts they agree).
+    static constexpr int kTopKMax = 64, kTopKSlice = 4096, kMaxPenaltyIds = 1024, kAttnMinKeys = 16;
+    // The cp.async GeGLU ring's partial sums: 2 blocks of 8 warps per SM on up to 256 SMs (a larger GPU's
+    // launch falls back to the warp-per-row kernel, which needs none).
+    static constexpr int64_t kGemvRingWarps = 2 * 8 * 256;
+
+    CudaBufferSpec spec;
+    std::array<int64_t, static_cast<size_t>(CudaBuf::kCount)> count{};  // elements; 0: not allocated
+    // shapes buffers.cu needs beyond the counts
+    int64_t y2_cols = 0;                  // the dense GEMMs' stacked output width
+    int64_t max_pieces = 0;               // attention pieces part_o / part_ml hold
+    int moe_cap = 0;                      // MoE prefill rows per expert
+    std::vector<int64_t> kv_cap;          // [L] positions per slot (sliding: a ring); 0: KV-shared layer
+    std::vector<int64_t> kv_slot_stride;  // [L] floats of one slot's K (or V)
+
+    int64_t operator[](CudaBuf b) const { return count[static_cast<size_t>(b)]; }
+    static const char* name(CudaBuf b) { return kCudaBufInfo[static_cast<size_t>(b)].name; }
+    uint64_t bytes(CudaBuf b) const {
+        return static_cast<uint64_t>((*this)[b]) * kCudaBufInfo[static_cast<size_t>(b)].elem_bytes;
+    }
+    // All rows' logits are allocated on first use by one sequence (perplexity's all_logits; not counted, as
+    // docs/loading.md says) and at construction with slots, whose batched decode always needs them.
+    bool eager(CudaBuf b) const { return b != CudaBuf::kAllLogits || spec.slots > 1; }
+    uint64_t eager_bytes() const;  // what the constructor allocates besides the KV cache
+    uint64_t kv_bytes() const;     // K and V of every slot of every layer with its own cache
+};
+CudaBuffers cuda_buffers(const ModelConfig& c, const CudaBufferSpec& spec);
+
+struct CudaMemoryPlan {
+    int64_t ctx = 0;  // after clamping to max_positions, as the backend does
+    int chunk = 0;    // after clamping to ctx
+    int slots = 1;
+    uint64_t weights = 0;
+    uint64_t kv_cache = 0;   // every slot's
+    uint64_t workspace = 0;  // CudaBuffers::eager_bytes() + kCudaRuntimeReserve
+    uint64_t total() const { return weights + kv_cache + workspace; }
+};
+
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots);
+uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots);  // reserve included
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
+                                int slots);
 
 struct FitCheck {
     bool fits = true;
-    int64_t max_ctx = 0;  // the largest context that fits with this chunk (0: not even the weights fit)
+    int64_t max_ctx = 0;  // the largest context that fits with this chunk and slots (0: not even 1 fits)
     std::string message;  // one line: the sum, what it exceeds, and what to change
 };
 // `device` names the GPU in the message ("NVIDIA H200").
-FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
+FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
                         uint64_t free_bytes, const std::string& device);
 
 std::string format_gb(uint64_t bytes);  // "50.5 GB" (decimal, as the issue's receipts)

@@ -1,5 +1,6 @@
-// Memory honesty (loading/memory_plan.h): the KV-cache arithmetic against hand-computed numbers, and the
-// fit check's verdict, message and largest-fitting context against fake free-memory figures.
+// Memory honesty (loading/memory_plan.h): the buffer list and the KV-cache arithmetic against hand-computed
+// numbers (one sequence and several slots), and the fit check's verdict, message and largest-fitting context
+// against fake free-memory figures.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -46,16 +47,16 @@ TEST(MemoryPlan, KvCacheBytesByHand) {
     const ModelConfig c = hand_config();
     // sliding ring: min(4096, 512 + 256) = 768 positions x 1 head x 256 x fp32, K and V;
     // full: 4096 x 2 heads x 512 x fp32, K and V; the shared layer holds nothing.
-    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256), 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1), 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4);
     // short context: the ring is the whole context
-    EXPECT_EQ(cuda_kv_cache_bytes(c, 100, 256), 2ull * 100 * 256 * 4 + 2ull * 100 * 2 * 512 * 4);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 100, 256, 1), 2ull * 100 * 256 * 4 + 2ull * 100 * 2 * 512 * 4);
     // the context is clamped to max_positions as the backend clamps it
-    EXPECT_EQ(cuda_kv_cache_bytes(c, 1 << 30, 256), cuda_kv_cache_bytes(c, 131072, 256));
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 1 << 30, 256, 1), cuda_kv_cache_bytes(c, 131072, 256, 1));
 }
 
 TEST(MemoryPlan, WorkspaceGrowsWithChunkAndIncludesTheReserve) {
     const ModelConfig c = variant("e2b");
-    const uint64_t w1 = cuda_workspace_bytes(c, 4096, 1), w512 = cuda_workspace_bytes(c, 4096, 512);
+    const uint64_t w1 = cuda_workspace_bytes(c, 4096, 1, 1), w512 = cuda_workspace_bytes(c, 4096, 512, 1);
     EXPECT_GE(w1, kCudaRuntimeReserve);
     EXPECT_GT(w512, w1);
     EXPECT_LT(w512, kCudaRuntimeReserve + (uint64_t{2} << 30));  // activations, not gigabytes of them
@@ -71,13 +72,13 @@ TEST(MemoryPlan, TwentySixBAtFullContextMatchesTheCudaLayout) {
             s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c.sliding_window + 512) : ctx;
         expect += 2ull * static_cast<uint64_t>(cap) * s.n_kv_heads * s.head_dim * 4;
     }
-    EXPECT_EQ(cuda_kv_cache_bytes(c, ctx, 512), expect);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, ctx, 512, 1), expect);
 }
 
 TEST(MemoryPlan, FitsWhenThereIsRoom) {
     const ModelConfig c = variant("26b-a4b");
     const uint64_t weights = 50'500'000'000ull;
-    const FitCheck f = check_cuda_fit(c, weights, 4096, 512, 140'000'000'000ull, "NVIDIA H200");
+    const FitCheck f = check_cuda_fit(c, weights, 4096, 512, 1, 140'000'000'000ull, "NVIDIA H200");
     EXPECT_TRUE(f.fits) << f.message;
     EXPECT_EQ(f.max_ctx, 4096);
 }
@@ -86,9 +87,9 @@ TEST(MemoryPlan, SaysWhatDoesNotFitAndTheLargestContextThatDoes) {
     const ModelConfig c = variant("26b-a4b");
     const uint64_t weights = 50'500'000'000ull, free_b = 55'000'000'000ull;  // KV at full ctx is ~12 GB
     const int64_t ctx = c.max_positions;
-    const CudaMemoryPlan p = plan_cuda_memory(c, weights, ctx, 512);
+    const CudaMemoryPlan p = plan_cuda_memory(c, weights, ctx, 512, 1);
     ASSERT_GT(p.total(), free_b) << "pick a context that does not fit";
-    const FitCheck f = check_cuda_fit(c, weights, ctx, 512, free_b, "NVIDIA H200");
+    const FitCheck f = check_cuda_fit(c, weights, ctx, 512, 1, free_b, "NVIDIA H200");
     EXPECT_FALSE(f.fits);
     EXPECT_NE(f.message.find("model 50.5 GB + KV cache for " + std::to_string(ctx) + " tokens"),
               std::string::npos)
@@ -97,18 +98,123 @@ TEST(MemoryPlan, SaysWhatDoesNotFitAndTheLargestContextThatDoes) {
     EXPECT_NE(f.message.find("lower --ctx-size to at most " + std::to_string(f.max_ctx)), std::string::npos)
         << f.message;
     ASSERT_GT(f.max_ctx, 0);
-    EXPECT_LE(plan_cuda_memory(c, weights, f.max_ctx, 512).total(), free_b);
-    EXPECT_GT(plan_cuda_memory(c, weights, f.max_ctx + 1, 512).total(), free_b);
-    EXPECT_TRUE(check_cuda_fit(c, weights, f.max_ctx, 512, free_b, "x").fits);
+    EXPECT_LE(plan_cuda_memory(c, weights, f.max_ctx, 512, 1).total(), free_b);
+    EXPECT_GT(plan_cuda_memory(c, weights, f.max_ctx + 1, 512, 1).total(), free_b);
+    EXPECT_TRUE(check_cuda_fit(c, weights, f.max_ctx, 512, 1, free_b, "x").fits);
 }
 
 TEST(MemoryPlan, WeightsAloneTooBig) {
     const ModelConfig c = variant("e2b");
-    const FitCheck f = check_cuda_fit(c, 10'000'000'000ull, 4096, 256, 8'000'000'000ull, "small GPU");
+    const FitCheck f = check_cuda_fit(c, 10'000'000'000ull, 4096, 256, 1, 8'000'000'000ull, "small GPU");
     EXPECT_FALSE(f.fits);
     EXPECT_EQ(f.max_ctx, 0);
     EXPECT_NE(f.message.find("alone do not fit"), std::string::npos) << f.message;
     EXPECT_EQ(f.message.find("--ctx-size"), std::string::npos) << f.message;
+    // with slots the weights are still what does not fit, not the sequences
+    const FitCheck g = check_cuda_fit(c, 10'000'000'000ull, 4096, 256, 64, 8'000'000'000ull, "small GPU");
+    EXPECT_NE(g.message.find("alone do not fit"), std::string::npos) << g.message;
+}
+
+TEST(MemoryPlan, BufferTableNamesEveryBuffer) {
+    // a buffer added to CudaBuf without its row in kCudaBufInfo would be summed as 0 bytes
+    for (size_t i = 0; i < kCudaBufInfo.size(); ++i) {
+        ASSERT_NE(kCudaBufInfo[i].name, nullptr) << "buffer " << i;
+        EXPECT_TRUE(kCudaBufInfo[i].elem_bytes == 1 || kCudaBufInfo[i].elem_bytes == 2 ||
+                    kCudaBufInfo[i].elem_bytes == 4 || kCudaBufInfo[i].elem_bytes == 8)
+            << kCudaBufInfo[i].name;
+        for (size_t j = 0; j < i; ++j) EXPECT_STRNE(kCudaBufInfo[i].name, kCudaBufInfo[j].name);
+    }
+    // the rows follow the enum (buffers.cu refuses a buffer taken with another element size)
+    EXPECT_STREQ(CudaBuffers::name(CudaBuf::kState), "state");
+    EXPECT_STREQ(CudaBuffers::name(CudaBuf::kScorePtrs), "score_ptrs");
+    EXPECT_STREQ(CudaBuffers::name(CudaBuf::kExpertSlots), "expert_slots");
+    EXPECT_STREQ(CudaBuffers::name(CudaBuf::kAllLogits), "all_logits");
+    CudaBuffers b;
+    for (CudaBuf k : {CudaBuf::kArgmax, CudaBuf::kSelSlices, CudaBuf::kSelTop, CudaBuf::kScorePtrs}) {
+        b.count[static_cast<size_t>(k)] = 1;
+        EXPECT_EQ(b.bytes(k), 8u) << CudaBuffers::name(k);  // u64 and pointers
+    }
+    b.count[static_cast<size_t>(CudaBuf::kHi)] = b.count[static_cast<size_t>(CudaBuf::kMh)] = 1;
+    EXPECT_EQ(b.bytes(CudaBuf::kHi) + b.bytes(CudaBuf::kMh), 4u);  // bf16
+}
+
+TEST(MemoryPlan, WorkspaceBuffersByHand) {
+    const ModelConfig c = hand_config();  // q = 2 x 512, kv = 2 x 512, mlp 128, H 64, V 1000, dense
+    CudaBufferSpec spec;
+    spec.ctx = 4096;
+    spec.chunk = 256;
+    const CudaBuffers b = cuda_buffers(c, spec);
+    const uint64_t n = 256, f = 4;
+    const uint64_t state =
+        4 * 4 + n * 4 + 4096 * 4 + 8 + n * 64 * f + 4 + 64 * f + 2 * 4;  // .. attn_counters
+    const uint64_t act = n * 1024 * f * 4 /* q, k, v, attn */ + n * 64 * f * 2 /* o, m */ +
+                         n * 128 * f * 2 /* g, u */ + 1000 * f /* logits */;
+    const uint64_t topk = 64 * 8 + 64 * 8 + 2 * 4 + 2 * 1024 * 4;  // slices of one 4096 slice, top, info, pen
+    const uint64_t gemm = 2 * n * 1024 * 2 /* bf16 hi, lo */ + 2 * 128 * 1024 * f /* stacked y2 */;
+    // pieces: max(n x 2 heads x 4, decode's 2 heads x min(4096 / 16, 512 / 2)) = 2048, of the 512-wide head
+    const uint64_t attn = 2048 * 512 * f + 2 * 2048 * f + n * 2 * 2048 * f /* scores */ + 6 * 2 * 8;
+    const uint64_t rope = (256 / 2 + 512 / 2) * f;
+    EXPECT_EQ(b.max_pieces, 2048);
+    EXPECT_EQ(b.eager_bytes(), state + act + topk + gemm + attn + rope);
+    EXPECT_EQ(b.eager_bytes(), 15'187'756u);
+    EXPECT_EQ(b.bytes(CudaBuf::kAllLogits), n * 1000 * f);  // lazy with one sequence: not in eager_bytes
+    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 1), b.eager_bytes() + kCudaRuntimeReserve);
+    EXPECT_EQ(b.kv_bytes(), cuda_kv_cache_bytes(c, 4096, 256, 1));
+}
+
+TEST(MemoryPlan, KvCacheScalesWithSlots) {
+    const ModelConfig c = hand_config();
+    const uint64_t one = 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4;
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1), one);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 2), 2 * one);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 64), 64 * one);
+    // 26B-A4B at ctx 4096, chunk 512: 0.8 GB for one sequence, 51.0 GB for 64
+    const ModelConfig big = variant("26b-a4b");
+    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 1), 796'917'760ull);
+    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 64), 64 * 796'917'760ull);
+}
+
+TEST(MemoryPlan, SlotsAddBatchArraysAndAllRowsLogits) {
+    // batched decode's positions, slots and next ids [chunk] ints, and the [chunk][V] logits it always needs
+    const ModelConfig c = hand_config();
+    const uint64_t w1 = cuda_workspace_bytes(c, 4096, 256, 1);
+    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 2), w1 + 3 * 256 * 4 + 256ull * 1000 * 4);
+    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 64), cuda_workspace_bytes(c, 4096, 256, 2));
+    const ModelConfig big = variant("26b-a4b");
+    EXPECT_EQ(cuda_workspace_bytes(big, 4096, 512, 64) - cuda_workspace_bytes(big, 4096, 512, 1),
+              3 * 512 * 4 + 512ull * 262144 * 4);
+}
+
+TEST(MemoryPlan, ShardedRankDoublesTheMoePartials) {
+    const ModelConfig c = variant("26b-a4b");
+    CudaBufferSpec one;
+    one.ctx = 4096;
+    one.chunk = 512;
+    CudaBufferSpec rank = one;
+    rank.sharded = true;
+    const CudaBuffers a = cuda_buffers(c, one), b = cuda_buffers(c, rank);
+    EXPECT_EQ(b[CudaBuf::kM], 2 * a[CudaBuf::kM]);
+    EXPECT_GT(a[CudaBuf::kXr], 0);
+    EXPECT_EQ(b[CudaBuf::kXr], 0);  // a rank keeps its updates behind the sums: no prenormed router input
+}
+
+TEST(MemoryPlan, FitsAtOneSlotButNotAtSixtyFour) {
+    const ModelConfig c = variant("26b-a4b");
+    const uint64_t weights = 50'500'000'000ull, free_b = 80'000'000'000ull;
+    const FitCheck f1 = check_cuda_fit(c, weights, 4096, 512, 1, free_b, "NVIDIA H200");
+    EXPECT_TRUE(f1.fits) << f1.message;
+    const FitCheck f = check_cuda_fit(c, weights, 4096, 512, 64, free_b, "NVIDIA H200");
+    EXPECT_FALSE(f.fits) << f.message;
+    EXPECT_NE(f.message.find("KV cache for 64 sequences of 4096 positions 51.0 GB"), std::string::npos)
+        << f.message;
+    EXPECT_NE(f.message.find("--parallel"), std::string::npos) << f.message;
+    // the largest context for 64 sequences, not for one
+    ASSERT_GT(f.max_ctx, 0);
+    EXPECT_LT(f.max_ctx, 4096);
+    EXPECT_LE(plan_cuda_memory(c, weights, f.max_ctx, 512, 64).total(), free_b);
+    EXPECT_GT(plan_cuda_memory(c, weights, f.max_ctx + 1, 512, 64).total(), free_b);
+    EXPECT_NE(f.message.find("lower --ctx-size to at most " + std::to_string(f.max_ctx)), std::string::npos)
+        << f.message;
 }
 
 TEST(MemoryPlan, FormatGb) {

@@ -63,10 +63,11 @@ LoadedModel load_model(const ModelOptions& o) {
         // Refuse before any weight moves when weights + KV cache + workspace exceed the free memory.
         uint64_t free_b = 0, total_b = 0;
         if (cuda_memory_info(&free_b, &total_b)) {
-            // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole)
-            const FitCheck f =
-                check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
-                               o.backend.ctx_size, o.backend.chunk, free_b, cuda_device_info().name);
+            // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole);
+            // batched decode (bench -np): a KV cache for each of the slots
+            const FitCheck f = check_cuda_fit(
+                lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
+                o.backend.ctx_size, o.backend.chunk, o.backend.slots, free_b, cuda_device_info().name);
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
