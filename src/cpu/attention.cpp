@@ -1,16 +1,48 @@
 // 2.5: Gemma 4 attention on the CPU: q/k norms, RoPE (default or proportional), k_eq_v, weightless v_norm,
-// GQA, sliding-window and full causal masks, KV sharing, scale 1.0, no softcap.
+// GQA, sliding-window and full causal masks, KV sharing, scale 1.0, no softcap. The projections take every
+// row of the pass at once; RoPE, the cache writes and the scores go row by row, each against its own cache
+// and position (RowCaches), so one code path serves a prompt chunk and a batched decode step.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "cpu/forward.h"
-#include "cpu/matmul.h"
 #include "cpu/ops.h"
 
 namespace markbase::cpu {
 
-void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
+namespace {
+
+// One query head against the keys lo..pos of its KV group g: scores q.k * 1.0, fp32 softmax (sum in double),
+// weighted sum of V into out[d].
+void attend(const float* q, LayerCache& src, int g, int d, int64_t lo, int64_t pos,
+            std::vector<float>& scores, float* out) {
+    scores.resize(pos - lo + 1);
+    float mx = -INFINITY;
+    for (int64_t j = lo; j <= pos; ++j) {
+        const float* k = src.k_at(j) + g * d;
+        float acc = 0.0f;
+        for (int u = 0; u < d; ++u) acc += q[u] * k[u];
+        scores[j - lo] = acc;
+        mx = std::max(mx, acc);
+    }
+    double sum = 0.0;
+    for (float& sc : scores) {
+        sc = std::exp(sc - mx);
+        sum += sc;
+    }
+    const float inv_sum = static_cast<float>(1.0 / sum);
+    std::fill(out, out + d, 0.0f);
+    for (int64_t j = lo; j <= pos; ++j) {
+        const float p = scores[j - lo] * inv_sum;
+        const float* v = src.v_at(j) + g * d;
+        for (int u = 0; u < d; ++u) out[u] += p * v[u];
+    }
+}
+
+}  // namespace
+
+void CpuModel::attention(int i, int n, const RowCaches& rows) {
     const LayerWeights& w = w_.layers[i];
     const LayerSpec& s = c_.layers[i];
     const int H = c_.hidden, d = s.head_dim, nH = c_.n_heads, nKV = s.n_kv_heads;
@@ -20,10 +52,10 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
     const std::vector<float> inv = (sliding ? c_.rope_sliding : c_.rope_full).inverse_frequencies(d);
     const int half = d / 2;
 
-    // cos/sin per token of this chunk, [n][d/2], fp32 as HF computes them
+    // cos/sin per row at its position, [n][d/2], fp32 as HF computes them
     std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
     for (int t = 0; t < n; ++t) {
-        const float pos = static_cast<float>(pos0 + t);
+        const float pos = static_cast<float>(rows.pos(t));
         for (int j = 0; j < half; ++j) {
             const float ang = pos * inv[j];
             cos_t[t * half + j] = std::cos(ang);
@@ -32,7 +64,7 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
     }
 
     // q = RoPE(q_norm(q_proj(a)))
-    matmul_bf16(pool_, a_.data(), n, H, w.q_proj, qw, q_.data());
+    matmul(a_.data(), n, H, w.q_proj, qw, q_.data());
     parallel_if(pool_, int64_t{n} * nH, 8 * d, [&](int64_t b, int64_t e) {
         for (int64_t th = b; th < e; ++th) {
             const int64_t t = th / nH;
@@ -42,71 +74,55 @@ void CpuModel::attention(int i, int n, int64_t pos0, KvCache& cache) {
         }
     });
 
-    // Own K/V: k = RoPE(k_norm(kraw)); v = v_norm(V) with V = kraw on k_eq_v layers, written into the cache.
+    // Own K/V: k = RoPE(k_norm(kraw)); v = v_norm(V) with V = kraw on k_eq_v layers, written into each row's
+    // cache at its position.
     if (s.has_own_kv()) {
-        matmul_bf16(pool_, a_.data(), n, H, w.k_proj, kvw, k_.data());
+        matmul(a_.data(), n, H, w.k_proj, kvw, k_.data());
         if (w.v_proj)
-            matmul_bf16(pool_, a_.data(), n, H, w.v_proj, kvw, v_.data());
+            matmul(a_.data(), n, H, w.v_proj, kvw, v_.data());
         else
             std::copy(k_.begin(), k_.begin() + int64_t{n} * kvw,
                       v_.begin());  // raw k, before k_norm and RoPE
-        LayerCache& lc = cache.layers[i];
         parallel_if(pool_, int64_t{n} * nKV, 16 * d, [&](int64_t b, int64_t e) {
             for (int64_t th = b; th < e; ++th) {
-                const int64_t t = th / nKV, g = th % nKV;
+                const int t = static_cast<int>(th / nKV), g = static_cast<int>(th % nKV);
                 float* k = k_.data() + th * d;
                 rmsnorm(k, w.k_norm, d, eps, k);
-                rope_neox(k, d, cos_t.data() + t * half, sin_t.data() + t * half);
+                rope_neox(k, d, cos_t.data() + int64_t{t} * half, sin_t.data() + int64_t{t} * half);
                 float* v = v_.data() + th * d;
                 rmsnorm(v, nullptr, d, eps, v);
-                std::copy(k, k + d, lc.k_at(pos0 + t) + g * d);
-                std::copy(v, v + d, lc.v_at(pos0 + t) + g * d);
+                LayerCache& lc = rows.cache(t).layers[i];
+                std::copy(k, k + d, lc.k_at(rows.pos(t)) + g * d);
+                std::copy(v, v + d, lc.v_at(rows.pos(t)) + g * d);
             }
         });
     }
 
-    // Scores q.k * 1.0 over the visible keys, fp32 softmax, weighted sum of V. KV-shared layers read their
-    // source layer's (already updated) cache and apply their own layer type's mask.
-    LayerCache& src = cache.layers[s.has_own_kv() ? i : s.kv_source];
+    // Every query over its visible keys. KV-shared layers read their source layer's (already updated) cache
+    // and apply their own layer type's mask.
+    const int src_layer = s.has_own_kv() ? i : s.kv_source;
     const int group = nH / nKV;
     const int64_t W = c_.sliding_window;
-    const int64_t visible = sliding ? std::min<int64_t>(W, pos0 + n) : pos0 + n;  // keys per query, at most
+    int64_t visible = 0;  // keys per query, at most: what a row's work costs
+    for (int t = 0; t < n; ++t) {
+        const int64_t keys = rows.pos(t) + 1;
+        visible = std::max(visible, sliding ? std::min<int64_t>(W, keys) : keys);
+    }
     parallel_if(pool_, int64_t{n} * nH, 4 * visible * d, [&](int64_t b, int64_t e) {
         std::vector<float> scores;
         for (int64_t th = b; th < e; ++th) {
-            const int64_t t = th / nH;
-            const int h = static_cast<int>(th % nH), g = h / group;
-            const int64_t pos = pos0 + t;
+            const int t = static_cast<int>(th / nH);
+            const int h = static_cast<int>(th % nH);
+            const int64_t pos = rows.pos(t);
             const int64_t lo =
                 sliding ? std::max<int64_t>(0, pos - W + 1) : 0;  // last W positions incl. itself
-            const float* q = q_.data() + th * d;
-            scores.resize(pos - lo + 1);
-            float mx = -INFINITY;
-            for (int64_t j = lo; j <= pos; ++j) {
-                const float* k = src.k_at(j) + g * d;
-                float acc = 0.0f;
-                for (int u = 0; u < d; ++u) acc += q[u] * k[u];
-                scores[j - lo] = acc;
-                mx = std::max(mx, acc);
-            }
-            double sum = 0.0;
-            for (float& sc : scores) {
-                sc = std::exp(sc - mx);
-                sum += sc;
-            }
-            const float inv_sum = static_cast<float>(1.0 / sum);
-            float* out = attn_.data() + th * d;
-            std::fill(out, out + d, 0.0f);
-            for (int64_t j = lo; j <= pos; ++j) {
-                const float p = scores[j - lo] * inv_sum;
-                const float* v = src.v_at(j) + g * d;
-                for (int u = 0; u < d; ++u) out[u] += p * v[u];
-            }
+            attend(q_.data() + th * d, rows.cache(t).layers[src_layer], h / group, d, lo, pos, scores,
+                   attn_.data() + th * d);
         }
     });
 
     // o_proj(concat heads)
-    matmul_bf16(pool_, attn_.data(), n, qw, w.o_proj, H, o_.data());
+    matmul(attn_.data(), n, qw, w.o_proj, H, o_.data());
 }
 
 }  // namespace markbase::cpu

@@ -53,6 +53,13 @@ CpuModel::CpuModel(const Checkpoint& ck, ThreadPool& pool, int max_chunk)
     logits_rows_.resize(n * H);
 }
 
+void CpuModel::matmul(const float* x, int n, int64_t in, const bf16* w, int64_t out, float* y) {
+    if (rowwise_)
+        matmul_bf16_rowwise(pool_, x, n, in, w, out, y);
+    else
+        matmul_bf16(pool_, x, n, in, w, out, y);
+}
+
 // 2.2: h0 = embed_tokens[ids] * bf16(sqrt(H))
 void CpuModel::embed(const int* ids, int n) {
     const int H = c_.hidden;
@@ -72,7 +79,7 @@ void CpuModel::embed(const int* ids, int n) {
 void CpuModel::per_layer_inputs(const int* ids, int n) {
     const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
     const int64_t LP = int64_t{L} * P;
-    matmul_bf16(pool_, x_.data(), n, H, w_.ple_model_proj, LP, ple_tmp_.data());
+    matmul(x_.data(), n, H, w_.ple_model_proj, LP, ple_tmp_.data());
     const float proj_scale = 1.0f / std::sqrt(static_cast<float>(H));
     const float tok_scale = round_to_bf16(std::sqrt(static_cast<float>(P)));
     const float mix = 1.0f / std::sqrt(2.0f);
@@ -92,15 +99,15 @@ void CpuModel::per_layer_inputs(const int* ids, int n) {
 // GeGLU: down( gelu_tanh(gate(in)) * up(in) )
 void CpuModel::mlp(const LayerWeights& w, int I, const float* in, int n, float* out) {
     const int H = c_.hidden;
-    matmul_bf16(pool_, in, n, H, w.gate_proj, I, gate_.data());
-    matmul_bf16(pool_, in, n, H, w.up_proj, I, up_.data());
+    matmul(in, n, H, w.gate_proj, I, gate_.data());
+    matmul(in, n, H, w.up_proj, I, up_.data());
     const int64_t total = int64_t{n} * I;
     for (int64_t j = 0; j < total; ++j) gate_[j] = gelu_tanh(gate_[j]) * up_[j];
-    matmul_bf16(pool_, gate_.data(), n, I, w.down_proj, H, out);
+    matmul(gate_.data(), n, I, w.down_proj, H, out);
 }
 
 // 2.4: one decoder layer on the residual stream x_.
-void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
+void CpuModel::layer(int i, int n, const RowCaches& rows) {
     const LayerWeights& w = w_.layers[i];
     const LayerSpec& s = c_.layers[i];
     const int H = c_.hidden;
@@ -109,7 +116,7 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
 
     // a = input_layernorm(x); a = Attention(a); x = x + post_attention_layernorm(a)
     for_rows(pool_, n, H, [&](int t) { rmsnorm(x + t * H, w.input_norm, H, eps, a_.data() + t * H); });
-    attention(i, n, pos0, cache);  // a_ -> o_
+    attention(i, n, rows);  // a_ -> o_
     for_rows(pool_, n, H, [&](int t) {
         float* xt = x + t * H;
         float* ot = o_.data() + t * H;
@@ -146,12 +153,12 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
         const int P = c_.ple_dim;
         const int64_t LP = int64_t{c_.n_layers} * P;
         float* g = ple_tmp_.data();  // [n][P]
-        matmul_bf16(pool_, x, n, H, w.ple_gate, P, g);
+        matmul(x, n, H, w.ple_gate, P, g);
         for (int t = 0; t < n; ++t) {
             const float* pl = ple_.data() + t * LP + int64_t{i} * P;
             for (int j = 0; j < P; ++j) g[t * P + j] = gelu_tanh(g[t * P + j]) * pl[j];
         }
-        matmul_bf16(pool_, g, n, P, w.ple_proj, H, o_.data());
+        matmul(g, n, P, w.ple_proj, H, o_.data());
         for_rows(pool_, n, H, [&](int t) {
             float* ot = o_.data() + t * H;
             rmsnorm(ot, w.ple_post_norm, H, eps, ot);
@@ -165,31 +172,56 @@ void CpuModel::layer(int i, int n, int64_t pos0, KvCache& cache) {
     for (int64_t j = 0; j < total; ++j) x[j] *= w.layer_scalar;
 }
 
-void CpuModel::forward(const int* ids, int n, KvCache& cache, float* logits, bool all_logits) {
-    if (n <= 0) return;
+void CpuModel::check_room(const KvCache& cache, int n) const {
     if (n > max_chunk_ || n > cache.max_chunk)
         throw Error("internal: forward() got " + std::to_string(n) + " tokens, more than the chunk size " +
                     std::to_string(std::min(max_chunk_, cache.max_chunk)));
-    const int64_t pos0 = cache.n_past;
-    if (pos0 + n > cache.max_ctx)
-        throw Error("context full: " + std::to_string(pos0 + n) + " tokens do not fit in the context of " +
-                    std::to_string(cache.max_ctx) + " (raise --ctx-size, at most " +
-                    std::to_string(c_.max_positions) + ")");
-    const int H = c_.hidden;
+    if (cache.n_past + n > cache.max_ctx)
+        throw Error("context full: " + std::to_string(cache.n_past + n) +
+                    " tokens do not fit in the context of " + std::to_string(cache.max_ctx) +
+                    " (raise --ctx-size, at most " + std::to_string(c_.max_positions) + ")");
+}
 
+void CpuModel::run_layers(const int* ids, int n, const RowCaches& rows) {
     embed(ids, n);
     if (c_.ple_dim) per_layer_inputs(ids, n);
-    for (int i = 0; i < c_.n_layers; ++i) layer(i, n, pos0, cache);
-    cache.n_past = pos0 + n;
-    if (!logits) return;
+    for (int i = 0; i < c_.n_layers; ++i) layer(i, n, rows);
+}
 
-    // 2.7: logits = softcap(norm(x) @ embed_tokens^T)
+void CpuModel::forward(const int* ids, int n, KvCache& cache, float* logits, bool all_logits) {
+    if (n <= 0) return;
+    check_room(cache, n);
+    rowwise_ = false;  // a chunk's rows are one sequence's: the fastest kernel for n rows
+    run_layers(ids, n, RowCaches(cache));
+    cache.n_past += n;
+    if (!logits) return;
     const int first_row = all_logits ? 0 : n - 1;
-    const int rows = n - first_row;
+    final_logits(first_row, n - first_row, logits);
+}
+
+void CpuModel::forward_decode(const int* ids, int n, KvCache* const* caches, float* logits, int n_logits) {
+    if (n <= 0) return;
+    if (n > max_chunk_)
+        throw Error("internal: forward_decode() got " + std::to_string(n) +
+                    " rows, more than the chunk size " + std::to_string(max_chunk_));
+    for (int t = 0; t < n; ++t) {
+        check_room(*caches[t], 1);
+        for (int u = 0; u < t; ++u)  // two rows writing one cache at one position would race
+            if (caches[u] == caches[t]) throw Error("internal: forward_decode() got one cache twice");
+    }
+    rowwise_ = true;
+    run_layers(ids, n, RowCaches(caches));
+    for (int t = 0; t < n; ++t) ++caches[t]->n_past;
+    if (logits && n_logits > 0) final_logits(0, std::min(n_logits, n), logits);
+}
+
+// 2.7: logits = softcap(norm(x) @ embed_tokens^T)
+void CpuModel::final_logits(int first_row, int rows, float* logits) {
+    const int H = c_.hidden;
     for (int r = 0; r < rows; ++r)
         rmsnorm(x_.data() + int64_t{first_row + r} * H, w_.final_norm, H, c_.rms_eps,
                 logits_rows_.data() + int64_t{r} * H);
-    matmul_bf16(pool_, logits_rows_.data(), rows, H, w_.embed, c_.vocab_size, logits);
+    matmul(logits_rows_.data(), rows, H, w_.embed, c_.vocab_size, logits);
     if (c_.final_softcap > 0.0f) {
         const float cap = c_.final_softcap;
         const int64_t total = int64_t{rows} * c_.vocab_size;

@@ -14,6 +14,23 @@
 
 namespace markbase::cpu {
 
+// Where the rows of one pass come from and go to: n consecutive positions of one sequence (a prompt chunk,
+// from cache.n_past on), or one token per row of n different sequences, each at its own cache's n_past (a
+// batched decode step). The matmuls take every row at once; attention and the cache writes go row by row.
+class RowCaches {
+  public:
+    explicit RowCaches(KvCache& cache) : one_(&cache), pos0_(cache.n_past) {}
+    explicit RowCaches(KvCache* const* caches) : many_(caches) {}
+    KvCache& cache(int t) const { return many_ ? *many_[t] : *one_; }
+    // n_past is advanced only after the pass, so during it this is the row's own position
+    int64_t pos(int t) const { return many_ ? many_[t]->n_past : pos0_ + t; }
+
+  private:
+    KvCache* one_ = nullptr;
+    KvCache* const* many_ = nullptr;
+    int64_t pos0_ = 0;
+};
+
 class CpuModel {
   public:
     // max_chunk: the most tokens one forward() may take (prompts are fed in chunks of this size).
@@ -26,6 +43,12 @@ class CpuModel {
     // logits: [n][V] when all_logits, else [V] for the last token only (nullptr: none computed).
     void forward(const int* ids, int n, KvCache& cache, float* logits, bool all_logits);
 
+    // One decode token for each of n (<= max_chunk) sequences: ids[t] is appended to caches[t] (n distinct
+    // caches) at its n_past. Every weight is read once for all n rows. logits: [n_logits][V] for rows
+    // [0, n_logits) (nullptr: none). Each row's results are bit-identical to forward(&ids[t], 1, *caches[t])
+    // alone: every product is matmul_bf16_rowwise, and everything else is per row.
+    void forward_decode(const int* ids, int n, KvCache* const* caches, float* logits, int n_logits);
+
     // MoE: the smallest gap between the K-th and (K+1)-th router logit (= their log-probability gap),
     // relative to that token's largest |router logit|, over every token routed since the last
     // reset_router_margin(); infinity before any. A comparison with another backend reads it to know whether
@@ -34,12 +57,16 @@ class CpuModel {
     void reset_router_margin() { router_margin_ = INFINITY; }
 
   private:
-    struct Scratch;
+    void check_room(const KvCache& cache, int n) const;
+    void run_layers(const int* ids, int n, const RowCaches& rows);  // embeddings and every layer
+    void final_logits(int first_row, int rows, float* logits);      // 2.7 on x_'s rows from first_row
+    // y = x w^T over n rows; in a batched decode pass (rowwise_) each row's bits are those of the row alone
+    void matmul(const float* x, int n, int64_t in, const bf16* w, int64_t out, float* y);
     void embed(const int* ids, int n);
     void per_layer_inputs(const int* ids, int n);
-    void layer(int i, int n, int64_t pos0, KvCache& cache);
-    void attention(int i, int n, int64_t pos0, KvCache& cache);  // attention.cpp: a_ -> attn_
-    void moe(int i, int n);                                      // moe.cpp: x_ -> moe_out_
+    void layer(int i, int n, const RowCaches& rows);
+    void attention(int i, int n, const RowCaches& rows);  // attention.cpp: a_ -> o_
+    void moe(int i, int n);                               // moe.cpp: x_ -> moe_out_
     void mlp(const LayerWeights& w, int I, const float* in, int n, float* out);
 
     const ModelConfig& c_;
@@ -47,6 +74,7 @@ class CpuModel {
     ThreadPool& pool_;
     int max_chunk_;
     float router_margin_ = INFINITY;
+    bool rowwise_ = false;  // set by forward_decode for its pass, cleared by forward
     std::vector<float> rope_inv_freq_sliding_, rope_inv_freq_full_;  // [d/2] each; 0 = pair not rotated
 
     // activations for one chunk, [n][width] row-major

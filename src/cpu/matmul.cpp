@@ -102,15 +102,17 @@ RowsKernel<WT> rows_kernel(const MatmulKernels& k, bool direct) {
     }
 }
 
+// rowwise: the direct kernel whatever the shape (matmul_bf16_rowwise).
 template <class WT>
 void matmul_impl(const MatmulKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, const WT* w,
-                 int64_t out, float* y) {
+                 int64_t out, float* y, bool rowwise = false) {
     if (n <= 0 || out <= 0) return;
     if (in <= 0) {
         std::fill(y, y + n * out, 0.0f);
         return;
     }
-    const bool direct = n <= kDirectMaxTokens || n * in * int64_t{sizeof(float)} <= kDirectMaxXBytes;
+    const bool direct =
+        rowwise || n <= kDirectMaxTokens || n * in * int64_t{sizeof(float)} <= kDirectMaxXBytes;
     const bool needs_panel = !direct && !std::is_same_v<WT, float>;
     const RowsKernel<WT> rows = rows_kernel<WT>(k, direct);
     // Work is handed out in contiguous runs of whole row tiles, so each run streams one contiguous slice of
@@ -178,6 +180,11 @@ void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const 
     matmul_impl(best_kernels(), pool, x, n, in, w, out, y);
 }
 
+void matmul_bf16_rowwise(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
+                         float* y) {
+    matmul_impl(best_kernels(), pool, x, n, in, w, out, y, true);
+}
+
 void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w, int64_t out,
                 float* y) {
     matmul_impl(best_kernels(), pool, x, n, in, w, out, y);
@@ -190,6 +197,11 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 void matmul_bf16_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w,
                     int64_t out, float* y) {
     matmul_impl(kernels_on(path), pool, x, n, in, w, out, y);
+}
+
+void matmul_bf16_rowwise_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in,
+                            const bf16* w, int64_t out, float* y) {
+    matmul_impl(kernels_on(path), pool, x, n, in, w, out, y, true);
 }
 
 void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w,

@@ -23,6 +23,14 @@ namespace markbase::cpu {
 void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
                  float* y);
 
+// The same product with every row of y bit-identical to that row computed alone (n = 1), whatever n is: the
+// direct kernel at every n, whose arithmetic per output does not depend on the tile it falls in (the blocked
+// one sums k in blocks, so a row's bits would change with n). The CPU slots' batched decode runs on it, so
+// that a sequence's logits do not depend on its neighbours in the step. Past ~32 rows the blocked kernel
+// would be faster (matmul.cpp).
+void matmul_bf16_rowwise(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
+                         float* y);
+
 // The same for an fp32 weight [out][in].
 void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w, int64_t out,
                 float* y);
@@ -46,10 +54,12 @@ SimdPath best_simd_path();
 // The name of the path matmul_bf16 / matmul_f32 / dot_f32 run, as the kernels' own TU spells it.
 const char* matmul_simd_path();
 
-// matmul_bf16 / matmul_f32 / dot_f32 on the given path (the tests run every supported path). Throw
-// markbase::Error when the path is not compiled into this build or this CPU cannot run it.
+// matmul_bf16 / matmul_bf16_rowwise / matmul_f32 / dot_f32 on the given path (the tests run every supported
+// path). Throw markbase::Error when the path is not compiled into this build or this CPU cannot run it.
 void matmul_bf16_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w,
                     int64_t out, float* y);
+void matmul_bf16_rowwise_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in,
+                            const bf16* w, int64_t out, float* y);
 void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w,
                    int64_t out, float* y);
 float dot_f32_on(SimdPath path, const float* a, const float* b, int64_t n);

@@ -53,7 +53,8 @@ inline int64_t min_i64(int64_t a, int64_t b) {
 // Vector backends. Every kernel below is a template over one of these, so the scalar backend runs the very
 // same blocking and tail logic as the SIMD ones. A backend offers:
 //   V, W (lanes), zero, load / load_n (fp32 or bf16 source; load_n reads only n < W elements, the rest is 0),
-//   fma(a, b, acc) = a * b + acc, hsum, hsum4, pin, store / store_n; and its tile shapes.
+//   fma(a, b, acc) = a * b + acc, hsum, hsum4 (out[j] the sum of the j-th vector's lanes, by one addition
+//   tree for every j), pin, store / store_n; and its tile shapes.
 // -----------------------------------------------------------------------------------------------------------
 
 struct ScalarOps {
@@ -116,13 +117,18 @@ inline void tile(const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t 
             for (int r = 0; r < R; ++r) acc[r][t] = O::fma(wv[r], xv, acc[r][t]);
         }
     }
+    // Every output is reduced by hsum4, a partial group of rows repeating its last accumulator (hsum's tree
+    // differs from hsum4's). An output's arithmetic is then the same whatever its tile's shape, so a row of y
+    // does not depend on how many tokens share the call (matmul_bf16_rowwise, the batched decode, needs it).
+    constexpr int kLast = R - 1;
     for (int t = 0; t < T; ++t) {
-        float s[R];
-        int r = 0;
-        for (; r + 4 <= R; r += 4) O::hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t], s + r);
-        for (; r < R; ++r) s[r] = O::hsum(acc[r][t]);
+        float s[(R + 3) / 4 * 4];
+        for (int r = 0; r < R; r += 4) {
+            O::hsum4(acc[r][t], acc[r + 1 < R ? r + 1 : kLast][t], acc[r + 2 < R ? r + 2 : kLast][t],
+                     acc[r + 3 < R ? r + 3 : kLast][t], s + r);
+        }
         float* d = y + t * ldy;
-        for (r = 0; r < R; ++r) d[r] = accumulate ? d[r] + s[r] : s[r];
+        for (int r = 0; r < R; ++r) d[r] = accumulate ? d[r] + s[r] : s[r];
     }
 }
 

@@ -1,13 +1,14 @@
 // 2.6: the 26B-A4B experts branch on the CPU. The router reads the raw residual r (= x_ here); the experts
 // read pre_feedforward_layernorm_2(r); the weighted sum goes through post_feedforward_layernorm_2.
-// Tokens are grouped by expert so each selected expert's weights are read once per chunk.
+// Rows are grouped by expert so each selected expert's weights are read once per pass (a prompt chunk, or a
+// batched decode step's rows, whose router logits and expert products are then each row's alone: see
+// CpuModel::matmul).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
 #include "cpu/forward.h"
-#include "cpu/matmul.h"
 #include "cpu/ops.h"
 
 namespace markbase::cpu {
@@ -27,7 +28,7 @@ void CpuModel::moe(int i, int n) {
         rmsnorm(x + int64_t{t} * H, nullptr, H, eps, zt);
         for (int j = 0; j < H; ++j) zt[j] = zt[j] * bf16_to_float(w.router_scale[j]) * hs;
     }
-    matmul_bf16(pool_, z.data(), n, H, w.router_proj, E, router_logits.data());
+    matmul(z.data(), n, H, w.router_proj, E, router_logits.data());
 
     std::vector<std::vector<std::pair<int, float>>> by_expert(E);  // expert -> (token, weight)
     std::vector<int> order(E);
@@ -71,15 +72,14 @@ void CpuModel::moe(int i, int n) {
         for (int r = 0; r < m; ++r)
             std::copy_n(moe_in_.data() + int64_t{toks[r].first} * H, H, gathered.data() + int64_t{r} * H);
         gu.resize(static_cast<size_t>(m) * 2 * Ie);
-        matmul_bf16(pool_, gathered.data(), m, H, w.experts_gate_up + int64_t{e} * 2 * Ie * H, 2 * Ie,
-                    gu.data());
+        matmul(gathered.data(), m, H, w.experts_gate_up + int64_t{e} * 2 * Ie * H, 2 * Ie, gu.data());
         h.resize(static_cast<size_t>(m) * Ie);
         for (int r = 0; r < m; ++r) {
             const float* g = gu.data() + int64_t{r} * 2 * Ie;  // rows [0, Ie) gate, [Ie, 2Ie) up
             for (int j = 0; j < Ie; ++j) h[int64_t{r} * Ie + j] = gelu_tanh(g[j]) * g[Ie + j];
         }
         down.resize(static_cast<size_t>(m) * H);
-        matmul_bf16(pool_, h.data(), m, Ie, w.experts_down + int64_t{e} * H * Ie, H, down.data());
+        matmul(h.data(), m, Ie, w.experts_down + int64_t{e} * H * Ie, H, down.data());
         for (int r = 0; r < m; ++r) {
             float* out = moe_out_.data() + int64_t{toks[r].first} * H;
             const float wt = toks[r].second;

@@ -3,11 +3,12 @@
 // or one decode token) and whether the logits of its last position are wanted; a slot appears at most once
 // per step.
 //
-// CPU (make_cpu_slot_backend, src/cpu/cpu_slots.cpp): one KV cache per slot over one shared CpuModel; a
-// step runs each slot's ids through the same forward() as Backend::eval, one slot after another, so every
-// slot's logits are bit-identical to that sequence run alone through make_cpu_backend with the same chunk
-// size. The change that makes it faster is a batched matmul over the step's decode rows (every weight read
-// once per step, not once per slot), with attention still per slot; the math stays in forward.cpp.
+// CPU (make_cpu_slot_backend, src/cpu/cpu_slots.cpp): one KV cache per slot over one shared CpuModel. A
+// step runs each prompt chunk through the same forward() as Backend::eval, one slot after another, and all
+// its one-token items as one forward_decode pass over those rows (every weight read once per step, attention
+// per row against its slot's cache). Every slot's logits are bit-identical to that sequence run alone through
+// make_cpu_backend with the same chunk size: the decode pass's products give each row the bits of that row
+// alone (matmul_bf16_rowwise).
 //
 // CUDA (make_cuda_slot_backend, src/cuda/cuda_slots.cpp): BackendOptions::slots caches of CudaBackend (the
 // ones `bench -np` decodes together). A step runs every prompt chunk through slot_eval, less its last id

@@ -1,6 +1,9 @@
-// The CPU SlotBackend on the bundled model: four sequences with different prompts, admitted at different
-// steps and listed in shifting orders, each decoding its own greedy continuation; every logits row must be
-// bit-identical to that sequence run alone through make_cpu_backend.
+// The CPU SlotBackend: sequences with different prompts, admitted at different steps and listed in shifting
+// orders, each decoding its own greedy continuation; every logits row must be bit-identical to that sequence
+// run alone through make_cpu_backend. A step's one-token items run as one batched pass (CpuModel::
+// forward_decode), so these check that a row's bits do not depend on its neighbours in the batch: on the
+// bundled model and on tiny random checkpoints of every family (the MoE's routing, KV sharing, wrapping
+// sliding rings).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,9 +11,12 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
+#include "loading/random_checkpoint.h"
 #include "model/error.h"
 #include "runtime/backend.h"
 #include "runtime/slot_backend.h"
+#include "support/logits_compare.h"
+#include "support/tiny_models.h"
 
 namespace markbase {
 namespace {
@@ -26,7 +32,8 @@ struct Alone {
     std::vector<std::vector<float>> rows;  // the logits that chose each
 };
 
-// chunk 4: the prompts span several forward() calls, so the slot backend must split them the same way
+// chunk 4: the prompts span several forward() calls, so the slot backend must split them the same way; and
+// more than 4 slots decode in several batches of at most 4 rows
 BackendOptions options(int slots) {
     BackendOptions o;
     o.threads = 2;
@@ -51,29 +58,33 @@ Alone run_alone(const Checkpoint& ck, const std::vector<int>& prompt, int decode
     return a;
 }
 
-TEST(CpuSlots, InterleavedSequencesMatchEachRunAlone) {
-    auto ck = load_checkpoint(kModel);
-    const int64_t V = ck->config.vocab_size;
-    const std::vector<std::vector<int>> prompts = {
-        {2, 651, 4130, 1176}, {2, 17, 300, 41, 99, 1000, 7, 7, 12, 5, 801}, {2, 5000}, {2, 9, 8, 7, 6, 5, 4}};
-    const int decodes = 6;
-    std::vector<Alone> alone;
-    for (const auto& p : prompts) alone.push_back(run_alone(*ck, p, decodes));
+// How run_steps feeds the sequences: sequence s enters at step enter[s] (its prompt beside the others'
+// decode tokens) into slot slot[s]. With vary, on step k sequence k % S asks for no logits, and every odd
+// step passes no logits buffer at all (only the argmax in next).
+struct Plan {
+    std::vector<int> enter, slot;
+    bool vary = false;
+};
 
-    auto sb = make_cpu_slot_backend(*ck, options(4));
-    ASSERT_EQ(sb->slots(), 4);
-    // sequence s enters at step s (its prompt beside the others' decodes) and lives in slot 3 - s
+// Runs every sequence's prompt and `decodes` greedy tokens through sb, listing the items in a different order
+// every step, and checks every row it gets against the sequence alone.
+void run_steps(SlotBackend& sb, const Checkpoint& ck, const std::vector<std::vector<int>>& prompts,
+               int decodes, const Plan& plan) {
+    const int64_t V = ck.config.vocab_size;
+    const int S = static_cast<int>(prompts.size());
+    std::vector<Alone> alone;
+    for (const auto& p : prompts) alone.push_back(run_alone(ck, p, decodes));
     std::vector<int> fed(prompts.size(), -1);  // decode tokens fed so far; -1: prompt not fed
-    for (int step = 0; step < static_cast<int>(prompts.size()) + decodes; ++step) {
+    std::vector<int> token(prompts.size());
+    for (int step = 0;; ++step) {
         std::vector<SlotWork> work;
         std::vector<int> seq_of;
-        std::vector<int> token(prompts.size());
-        for (int k = 0; k < static_cast<int>(prompts.size()); ++k) {
-            const int s = (k + step) % static_cast<int>(prompts.size());  // a different order every step
-            if (s > step || fed[s] >= decodes) continue;
+        for (int k = 0; k < S; ++k) {
+            const int s = (k + step) % S;
+            if (step < plan.enter[s] || fed[s] >= decodes) continue;
             SlotWork w;
-            w.slot = 3 - s;
-            w.logits = true;
+            w.slot = plan.slot[s];
+            w.logits = !(plan.vary && step % S == s);
             if (fed[s] < 0) {
                 w.ids = prompts[s];
             } else {
@@ -84,33 +95,85 @@ TEST(CpuSlots, InterleavedSequencesMatchEachRunAlone) {
             seq_of.push_back(s);
         }
         if (work.empty()) break;
-        std::vector<float> logits(work.size() * static_cast<size_t>(V));
+        const bool no_buffer = plan.vary && step % 2 == 1;
+        std::vector<float> logits(work.size() * static_cast<size_t>(V), NAN);
         std::vector<int> next(work.size(), -1);
-        sb->eval_slots(work, logits.data(), next.data());
-        for (size_t r = 0; r < work.size(); ++r) {
-            const int s = seq_of[r];
+        sb.eval_slots(work, no_buffer ? nullptr : logits.data(), next.data());
+        size_t r = 0;
+        for (size_t k = 0; k < work.size(); ++k) {
+            const int s = seq_of[k];
             ++fed[s];
+            if (!work[k].logits) continue;
             const std::vector<float>& want = alone[s].rows[static_cast<size_t>(fed[s])];
-            ASSERT_EQ(std::memcmp(want.data(), logits.data() + r * V, sizeof(float) * V), 0)
-                << "sequence " << s << " after " << fed[s] << " decode tokens (step " << step << ")";
-            EXPECT_EQ(next[r], alone[s].next[static_cast<size_t>(fed[s])]) << "the row's argmax";
+            if (!no_buffer) {
+                ASSERT_EQ(std::memcmp(want.data(), logits.data() + r * V, sizeof(float) * V), 0)
+                    << "sequence " << s << " after " << fed[s] << " decode tokens (step " << step << ")";
+            }
+            EXPECT_EQ(next[r], alone[s].next[static_cast<size_t>(fed[s])])
+                << "the row's argmax, sequence " << s << " step " << step;
+            ++r;
         }
     }
-    for (int s = 0; s < 4; ++s) EXPECT_EQ(fed[s], decodes);
-    EXPECT_EQ(sb->n_past(3), static_cast<int64_t>(prompts[0].size()) + decodes);
+    for (int s = 0; s < S; ++s) {
+        EXPECT_EQ(fed[s], decodes);
+        EXPECT_EQ(sb.n_past(plan.slot[s]), static_cast<int64_t>(prompts[s].size()) + decodes);
+    }
+}
+
+TEST(CpuSlots, InterleavedSequencesMatchEachRunAlone) {
+    auto ck = load_checkpoint(kModel);
+    const int64_t V = ck->config.vocab_size;
+    const std::vector<std::vector<int>> prompts = {
+        {2, 651, 4130, 1176}, {2, 17, 300, 41, 99, 1000, 7, 7, 12, 5, 801}, {2, 5000}, {2, 9, 8, 7, 6, 5, 4}};
+    auto sb = make_cpu_slot_backend(*ck, options(4));
+    ASSERT_EQ(sb->slots(), 4);
+    // sequence s enters at step s (so the decode batches grow from 1 to 3 rows beside a prompt, then 4 rows)
+    // and lives in slot 3 - s
+    run_steps(*sb, *ck, prompts, 6, Plan{{0, 1, 2, 3}, {3, 2, 1, 0}, false});
 
     // a reset slot starts over: the first prompt again gives its first row
+    const Alone first = run_alone(*ck, prompts[0], 0);
     sb->reset_slot(0);
     std::vector<float> row(static_cast<size_t>(V));
     sb->eval_slots({SlotWork{0, prompts[0], true}}, row.data());
-    EXPECT_EQ(std::memcmp(row.data(), alone[0].rows[0].data(), sizeof(float) * V), 0);
+    EXPECT_EQ(std::memcmp(row.data(), first.rows[0].data(), sizeof(float) * V), 0);
 
     // only the argmax, no logits buffer at all
     sb->reset_slot(1);
     int next = -1;
     sb->eval_slots({SlotWork{1, prompts[0], true, true}}, nullptr, &next);
-    EXPECT_EQ(next, alone[0].next[0]);
+    EXPECT_EQ(next, first.next[0]);
 }
+
+// Six sequences decoding in the same steps: batches of 4 and 2 rows (chunk 4), a one-token prompt that goes
+// through the batched pass, rows that want no logits (they still advance their caches) and steps that take
+// only the argmax.
+TEST(CpuSlots, SequencesDecodingTogetherMatchEachRunAlone) {
+    auto ck = load_checkpoint(kModel);
+    const std::vector<std::vector<int>> prompts = {
+        {2, 651, 4130, 1176}, {2}, {2, 17, 300, 41, 99}, {2, 5000}, {2, 9, 8, 7, 6, 5, 4}, {2, 33}};
+    auto sb = make_cpu_slot_backend(*ck, options(6));
+    run_steps(*sb, *ck, prompts, 7, Plan{{0, 0, 0, 0, 0, 0}, {0, 1, 2, 3, 4, 5}, true});
+}
+
+// The same on tiny random checkpoints of every family: the 26B-A4B's per-row routing, E2B's KV sharing, the
+// 31B's k_eq_v layers, and sliding rings (window 4, 8 slots) that wrap while decoding.
+class CpuSlotsFamilies : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuSlotsFamilies, BatchedDecodeMatchesEachRunAlone) {
+    testing::TempDir dir("slots-" + GetParam());
+    write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 13);
+    auto ck = load_checkpoint(dir.path());
+    const int vocab = ck->config.vocab_size;
+    const std::vector<std::vector<int>> prompts = {
+        testing::random_ids(9, vocab, 1), testing::random_ids(3, vocab, 2), testing::random_ids(6, vocab, 3),
+        testing::random_ids(1, vocab, 4), testing::random_ids(5, vocab, 5)};
+    auto sb = make_cpu_slot_backend(*ck, options(5));
+    run_steps(*sb, *ck, prompts, 12, Plan{{0, 0, 1, 3, 3}, {4, 0, 2, 1, 3}, true});
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CpuSlotsFamilies, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                         [](const auto& p) { return testing::test_name(p.param); });
 
 TEST(CpuSlots, RejectsInvalidSteps) {
     auto ck = load_checkpoint(kModel);

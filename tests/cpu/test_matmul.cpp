@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ostream>
 #include <random>
 #include <string>
@@ -202,6 +203,29 @@ TEST_P(MatmulOnPath, Bf16LongInput) {
         std::vector<float> y(static_cast<size_t>(n * out), NAN);
         matmul_bf16_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
         expect_matches_reference(x, n, in, w, out, y, simd_path_name(GetParam()));
+    }
+}
+
+// matmul_bf16_rowwise: each row of y has the bits of that row computed alone (n = 1, a lone sequence's
+// decode) at every n, direct or past the blocked kernel's threshold, and whatever tile a row falls in (out
+// not a multiple of the tile or GEMV rows).
+TEST_P(MatmulOnPath, RowwiseRowsAreEachRowAlone) {
+    ThreadPool pool(2);
+    uint32_t seed = 900;
+    for (int64_t in : {17, 256, 2816}) {
+        for (int64_t out : {1, 7, 35, 129, 256}) {
+            for (int64_t n : {1, 2, 3, 5, 8, 33}) {
+                const auto x = random_floats(static_cast<size_t>(n * in), seed++);
+                const auto w = random_bf16(static_cast<size_t>(out * in), seed++);
+                std::vector<float> y(static_cast<size_t>(n * out), NAN), alone(static_cast<size_t>(out), NAN);
+                matmul_bf16_rowwise_on(GetParam(), pool, x.data(), n, in, w.data(), out, y.data());
+                for (int64_t t = 0; t < n; ++t) {
+                    matmul_bf16_on(GetParam(), pool, x.data() + t * in, 1, in, w.data(), out, alone.data());
+                    ASSERT_EQ(std::memcmp(alone.data(), y.data() + t * out, sizeof(float) * out), 0)
+                        << "n=" << n << " in=" << in << " out=" << out << " row " << t;
+                }
+            }
+        }
     }
 }
 
