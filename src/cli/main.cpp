@@ -36,6 +36,7 @@ const char* kUsage =
     "                                          (-c: context per sequence; key also $MARKBASE_API_KEY)\n"
     "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
+    "  version    (also --version)             version, commit, build type, CUDA, CPU paths, HTTP server\n"
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "        --check-weights (scan every weight for NaN/Inf while loading)\n"
@@ -54,7 +55,7 @@ const Command kCommands[] = {
     {"logits", markbase::cli::cmd_logits},     {"inspect", markbase::cli::cmd_inspect},
     {"bench", markbase::cli::cmd_bench},       {"perplexity", markbase::cli::cmd_perplexity},
     {"tokenize", markbase::cli::cmd_tokenize}, {"detokenize", markbase::cli::cmd_detokenize},
-    {"serve", markbase::cli::cmd_serve},
+    {"serve", markbase::cli::cmd_serve},       {"version", markbase::cli::cmd_version},
 };
 
 const Command* find_command(const std::string& name) {
@@ -102,7 +103,8 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, argc < 2 ? stderr : stdout);
         return with_output_checked(argc < 2 ? 2 : 0);
     }
-    const Command* cmd = find_command(argv[1]);
+    // --version is the conventional spelling; it takes no arguments of its own, as `version` does
+    const Command* cmd = find_command(std::strcmp(argv[1], "--version") ? argv[1] : "version");
     if (cmd == nullptr) {  // also with --help: a misspelt command is never a success
         std::fprintf(stderr, "markbase: unknown command '%s'\n%s", argv[1], kUsage);
         return 2;
