@@ -83,20 +83,23 @@ LoadedModel load_model(const ModelOptions& o) {
     return lm;
 }
 
+// An installed binary (bin/markbase) finds the model that `cmake --install` put beside it first, so a
+// package works wherever it is installed; the source tree it was built from comes second, for build/markbase.
 std::string default_model_dir() {
     namespace fs = std::filesystem;
     if (const char* env = std::getenv("MARKBASE_MODEL")) return env;
-    std::vector<fs::path> candidates{fs::path(MARKBASE_SOURCE_DIR) / "models" / "default"};
+    std::vector<fs::path> candidates;
     std::error_code ec;
     const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    if (!ec) {
-        candidates.push_back(exe.parent_path() / "models" / "default");
-        candidates.push_back(exe.parent_path().parent_path() / "models" / "default");
+    if (!ec)
         candidates.push_back(exe.parent_path().parent_path() / "share" / "markbase" / "models" / "default");
-    }
-    for (const auto& c : candidates)
+    candidates.push_back(fs::path(MARKBASE_SOURCE_DIR) / "models" / "default");
+    std::string looked;
+    for (const auto& c : candidates) {
         if (fs::exists(c / "config.json")) return c.string();
-    throw Error("no model given and no bundled model found (looked in " + candidates.front().string() +
+        looked += (looked.empty() ? "" : ", ") + c.string();
+    }
+    throw Error("no model given and no bundled model found (looked in " + looked +
                 "): pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
 }
 
