@@ -19,7 +19,8 @@ namespace markbase::cli {
 ModelOptions ModelOptions::read(ArgReader& a) {
     ModelOptions o;
     auto m = a.value({"-m", "--model"});
-    o.model_dir = m ? *m : default_model_dir();
+    // --help lists the flags even where no model is found (the folder is read only for sampling defaults)
+    o.model_dir = m ? *m : a.help() ? default_model_dir_or_empty() : default_model_dir();
     o.device = resolve_device(a.value_or({"--device", "-dev"}, "auto"));
     o.backend.threads = a.integer({"-t", "--threads"}, 0, 0, kMaxThreads);
     o.backend.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, kMaxTokens);
@@ -101,6 +102,14 @@ std::string default_model_dir() {
     }
     throw Error("no model given and no bundled model found (looked in " + looked +
                 "): pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
+}
+
+std::string default_model_dir_or_empty() {
+    try {
+        return default_model_dir();
+    } catch (const Error&) {
+        return "";
+    }
 }
 
 std::vector<int> stop_ids_for(const Checkpoint& ck) {

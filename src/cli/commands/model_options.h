@@ -46,6 +46,8 @@ SamplingParams read_sampling(ArgReader& a, const std::string& model_dir);
 // (../share/markbase/models/default from the binary's folder), else models/default of the source tree it was
 // built from; throws markbase::Error saying to pass -m DIR or set MARKBASE_MODEL when neither exists.
 std::string default_model_dir();
+// The same, "" where it would throw.
+std::string default_model_dir_or_empty();
 
 // Stop ids: config.json's eos ids plus generation_config.json's.
 std::vector<int> stop_ids_for(const LoadedModel& lm);
