@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies (Debian 12, as root), builds MarkBase and runs the whole test suite:
-# a Release build (what users run), the openai npm client against a live server, an AddressSanitizer + UBSan
+# a Release build (what users run), the openai npm client against a live server, the Debian package built from
+# that build (installed, run and removed: scripts/package-test.sh), an AddressSanitizer + UBSan
 # build of the tests, and a short run of every fuzzer (docs/testing.md).
 # GPU tests skip, with their reason printed, on machines without a CUDA device.
 # Either pass fails when it runs no test: a build folder configured without the tests (scripts/run-default.sh
@@ -25,6 +26,12 @@ fi
 bash scripts/openai-client-test.sh build | tee build/openai-client.log
 openai_client=$(grep -q '^openai client tests: SKIPPED' build/openai-client.log && echo skipped || echo passed)
 js_passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' build/openai-client.log | tail -n 1)
+
+# the Debian package from this build: cpack, dpkg -i, the installed binary's commands, dpkg -r (skipped,
+# saying why, when not root or without dpkg)
+bash scripts/package-test.sh build | tee build/package-test.log
+package=$(grep -q '^package test: SKIPPED' build/package-test.log && echo skipped || echo passed)
+package_passed=$([ "$package" = passed ] && echo 1 || echo 0)
 
 asan_total=0 asan_skipped=0
 if [ "${MARKBASE_SKIP_SANITIZERS:-0}" != 1 ]; then
@@ -56,6 +63,7 @@ if [ "${MARKBASE_SKIP_FUZZ:-0}" != 1 ]; then
   fuzz_total=$(ls fuzz/corpus | wc -l)
 fi
 echo "Release: $release_total tests ($skipped skipped); openai client: $openai_client (${js_passed:-0} tests);" \
-  "sanitizers: $asan_total tests ($asan_skipped skipped); fuzzers: $fuzz_total"
-passed=$((release_total - skipped - release_failed + ${js_passed:-0} + asan_total - asan_skipped + fuzz_total))
+  "package: $package; sanitizers: $asan_total tests ($asan_skipped skipped); fuzzers: $fuzz_total"
+passed=$((release_total - skipped - release_failed + ${js_passed:-0} + package_passed + asan_total - asan_skipped +
+  fuzz_total))
 echo "markbase: $passed passed, $release_failed failed, $((skipped + asan_skipped)) skipped"

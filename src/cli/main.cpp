@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include "cli/commands/args.h"
 #include "cli/commands/commands.h"
 #include "cli/commands/output.h"
 #include "model/error.h"
@@ -36,25 +37,34 @@ const char* kUsage =
     "                                          (-c: context per sequence; key also $MARKBASE_API_KEY)\n"
     "  tokenize   --tokenizer PATH [--file F]  text (stdin) -> JSON array of ids\n"
     "  detokenize --tokenizer PATH             JSON array of ids (stdin) -> text\n"
+    "  version    (also --version)             version, commit, build type, CUDA, CPU paths, HTTP server\n"
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "        --check-weights (scan every weight for NaN/Inf while loading)\n"
     "VARIANT (random weights at real widths): e2b, e4b, 12b, 26b-a4b, 26b-standard, 31b\n"
-    "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n";
+    "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n"
+    "markbase COMMAND --help: that command's flags and their defaults\n";
 
 using markbase::cli::Args;
 
 struct Command {
     const char* name;
     int (*run)(const Args&);
+    // reads its flags through ArgReader, which answers --help with the flags it read; the others get kUsage
+    bool own_help = true;
 };
 
 const Command kCommands[] = {
-    {"run", markbase::cli::cmd_run},           {"chat", markbase::cli::cmd_chat},
-    {"logits", markbase::cli::cmd_logits},     {"inspect", markbase::cli::cmd_inspect},
-    {"bench", markbase::cli::cmd_bench},       {"perplexity", markbase::cli::cmd_perplexity},
-    {"tokenize", markbase::cli::cmd_tokenize}, {"detokenize", markbase::cli::cmd_detokenize},
+    {"run", markbase::cli::cmd_run},
+    {"chat", markbase::cli::cmd_chat},
+    {"logits", markbase::cli::cmd_logits},
+    {"inspect", markbase::cli::cmd_inspect},
+    {"bench", markbase::cli::cmd_bench},
+    {"perplexity", markbase::cli::cmd_perplexity},
+    {"tokenize", markbase::cli::cmd_tokenize, false},
+    {"detokenize", markbase::cli::cmd_detokenize, false},
     {"serve", markbase::cli::cmd_serve},
+    {"version", markbase::cli::cmd_version},
 };
 
 const Command* find_command(const std::string& name) {
@@ -67,6 +77,9 @@ const Command* find_command(const std::string& name) {
 int dispatch(const Command& cmd, const Args& args) {
     try {
         return cmd.run(args);
+    } catch (const markbase::cli::HelpRequested& h) {
+        std::fputs(h.text.c_str(), stdout);
+        return 0;
     } catch (const markbase::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
     } catch (const std::bad_alloc&) {
@@ -102,14 +115,15 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, argc < 2 ? stderr : stdout);
         return with_output_checked(argc < 2 ? 2 : 0);
     }
-    const Command* cmd = find_command(argv[1]);
+    // --version is the conventional spelling; it takes no arguments of its own, as `version` does
+    const Command* cmd = find_command(std::strcmp(argv[1], "--version") ? argv[1] : "version");
     if (cmd == nullptr) {  // also with --help: a misspelt command is never a success
         std::fprintf(stderr, "markbase: unknown command '%s'\n%s", argv[1], kUsage);
         return 2;
     }
     Args args(argv + 2, argv + argc);
     for (const auto& s : args)
-        if (s == "-h" || s == "--help") {
+        if (!cmd->own_help && (s == "-h" || s == "--help")) {
             std::fputs(kUsage, stdout);
             return with_output_checked(0);
         }

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "model/error.h"
@@ -10,7 +11,33 @@
 namespace markbase::cli {
 
 ArgReader::ArgReader(std::string command, std::vector<std::string> args)
-    : command_(std::move(command)), args_(std::move(args)), used_(args_.size(), false) {}
+    : command_(std::move(command)), args_(std::move(args)), used_(args_.size(), false) {
+    for (size_t i = 0; i < args_.size(); ++i)
+        if (args_[i] == "-h" || args_[i] == "--help") used_[i] = help_ = true;
+}
+
+// A flag read twice (bench reads --device to choose its path, then again) is listed once, with the default
+// of the read that gave one.
+void ArgReader::note(std::initializer_list<const char*> names, std::string placeholder, std::string def) {
+    std::string joined;
+    for (const char* n : names) joined += (joined.empty() ? "" : ", ") + std::string(n);
+    for (FlagDoc& d : docs_)
+        if (d.names == joined) {
+            if (!def.empty()) d = {joined, std::move(placeholder), std::move(def)};
+            return;
+        }
+    docs_.push_back({joined, std::move(placeholder), std::move(def)});
+}
+
+std::string ArgReader::help_text() const {
+    std::string out = "usage: markbase " + command_ + " [options]  (markbase --help lists the commands)\n";
+    for (const FlagDoc& d : docs_) {
+        std::string line = "  " + d.names + (d.placeholder.empty() ? "" : " " + d.placeholder);
+        if (!d.def.empty()) line += std::string(line.size() < 40 ? 40 - line.size() : 1, ' ') + d.def;
+        out += line + "\n";
+    }
+    return out;
+}
 
 std::optional<std::pair<std::string, std::string>> ArgReader::find(std::initializer_list<const char*> names) {
     std::optional<std::pair<std::string, std::string>> found;
@@ -35,6 +62,7 @@ std::optional<std::pair<std::string, std::string>> ArgReader::find(std::initiali
 }
 
 std::optional<std::string> ArgReader::value(std::initializer_list<const char*> names) {
+    note(names, "VALUE", "");
     auto f = find(names);
     if (!f) return std::nullopt;
     return std::move(f->second);
@@ -42,10 +70,12 @@ std::optional<std::string> ArgReader::value(std::initializer_list<const char*> n
 
 std::string ArgReader::value_or(std::initializer_list<const char*> names, const std::string& def) {
     auto v = value(names);
+    note(names, "VALUE", "default " + (def.empty() ? std::string("\"\"") : def));
     return v ? *v : def;
 }
 
 int64_t ArgReader::integer_in(std::initializer_list<const char*> names, int64_t def, int64_t lo, int64_t hi) {
+    note(names, "N", "default " + std::to_string(def));
     auto f = find(names);
     if (!f) return def;
     const auto& [name, text] = *f;
@@ -63,6 +93,9 @@ int64_t ArgReader::integer_in(std::initializer_list<const char*> names, int64_t 
 }
 
 double ArgReader::number(std::initializer_list<const char*> names, double def) {
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "default %g", def);
+    note(names, "X", shown);
     auto f = find(names);
     if (!f) return def;
     const auto& [name, text] = *f;
@@ -78,6 +111,7 @@ double ArgReader::number(std::initializer_list<const char*> names, double def) {
 }
 
 bool ArgReader::flag(std::initializer_list<const char*> names) {
+    note(names, "", "");
     bool found = false;
     for (size_t i = 0; i < args_.size(); ++i)
         for (const char* n : names)
@@ -87,11 +121,14 @@ bool ArgReader::flag(std::initializer_list<const char*> names) {
 
 std::string ArgReader::required(std::initializer_list<const char*> names, const char* what) {
     auto v = value(names);
+    note(names, what, "required");
+    if (!v && help_) return "";
     if (!v) throw Error(command_ + ": " + *names.begin() + " " + what + " is required");
     return *v;
 }
 
 void ArgReader::finish() {
+    if (help_) throw HelpRequested{help_text()};
     for (size_t i = 0; i < args_.size(); ++i)
         if (!used_[i])
             throw Error(command_ + ": unknown or misplaced argument '" + args_[i] + "' (see --help)");

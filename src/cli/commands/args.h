@@ -21,9 +21,19 @@ inline constexpr int kMaxTokens = kIntMax;  // -c and token counts
 inline constexpr int kMaxThreads = 4096;    // -t
 inline constexpr int kMaxGpus = 1024;       // -tp
 
+// What finish() throws when the arguments held -h/--help: the command's usage, listing every flag it read on
+// the way there with its default (main prints it, exit 0). The list comes from the reads themselves, so it
+// cannot drift from what the command accepts.
+struct HelpRequested {
+    std::string text;
+};
+
 class ArgReader {
   public:
+    // -h/--help anywhere in args turns on help mode: every read still returns what was given (else its
+    // default; required() returns "" instead of throwing), and finish() throws HelpRequested.
     ArgReader(std::string command, std::vector<std::string> args);
+    bool help() const { return help_; }
 
     std::optional<std::string> value(std::initializer_list<const char*> names);
     std::string value_or(std::initializer_list<const char*> names, const std::string& def);
@@ -43,16 +53,26 @@ class ArgReader {
     double number(std::initializer_list<const char*> names, double def);
     bool flag(std::initializer_list<const char*> names);  // present or not; takes no value
     std::string required(std::initializer_list<const char*> names, const char* what);
-    void finish();  // throws markbase::Error for any argument nothing read
+    // throws markbase::Error for any argument nothing read; in help mode HelpRequested instead
+    void finish();
 
   private:
     // The last occurrence of any of `names`: the name as given and its value.
     std::optional<std::pair<std::string, std::string>> find(std::initializer_list<const char*> names);
     int64_t integer_in(std::initializer_list<const char*> names, int64_t def, int64_t lo, int64_t hi);
 
+    // one flag as the help lists it: "-n, --n-predict", "N", "128"
+    struct FlagDoc {
+        std::string names, placeholder, def;
+    };
+    void note(std::initializer_list<const char*> names, std::string placeholder, std::string def);
+    std::string help_text() const;
+
     std::string command_;
     std::vector<std::string> args_;
     std::vector<bool> used_;
+    bool help_ = false;
+    std::vector<FlagDoc> docs_;  // in the order read
 };
 
 // "2,17,300" or "[2, 17, 300]" -> ids; throws naming the bad element.

@@ -19,5 +19,6 @@ int cmd_perplexity(const Args& args);  // perplexity.cpp: perplexity of a text f
 int cmd_serve(const Args& args);       // serve.cpp: OpenAI-compatible HTTP server
 int cmd_tokenize(const Args& args);    // tokenize.cpp: text -> JSON array of ids
 int cmd_detokenize(const Args& args);  // tokenize.cpp: JSON array of ids -> text
+int cmd_version(const Args& args);     // version.cpp: version, commit and build settings
 
 }  // namespace markbase::cli

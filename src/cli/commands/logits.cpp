@@ -13,9 +13,10 @@ namespace markbase::cli {
 int cmd_logits(const Args& args) {
     ArgReader a("logits", args);
     ModelOptions mo = ModelOptions::read(a);
-    std::vector<int> ids = parse_id_list(a.required({"--ids"}, "ID,ID,..."), "--ids");
+    const std::string ids_text = a.required({"--ids"}, "ID,ID,...");
     std::string out = a.required({"-o", "--output"}, "FILE.npy");
-    a.finish();
+    a.finish();  // before the ids are parsed: with --help they may be absent
+    std::vector<int> ids = parse_id_list(ids_text, "--ids");
     if (mo.backend.ctx_size < static_cast<int64_t>(ids.size()))
         mo.backend.ctx_size = static_cast<int64_t>(ids.size());
     LoadedModel lm = load_model(mo);

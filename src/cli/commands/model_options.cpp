@@ -19,7 +19,8 @@ namespace markbase::cli {
 ModelOptions ModelOptions::read(ArgReader& a) {
     ModelOptions o;
     auto m = a.value({"-m", "--model"});
-    o.model_dir = m ? *m : default_model_dir();
+    // --help lists the flags even where no model is found (the folder is read only for sampling defaults)
+    o.model_dir = m ? *m : a.help() ? default_model_dir_or_empty() : default_model_dir();
     o.device = resolve_device(a.value_or({"--device", "-dev"}, "auto"));
     o.backend.threads = a.integer({"-t", "--threads"}, 0, 0, kMaxThreads);
     o.backend.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, kMaxTokens);
@@ -83,21 +84,32 @@ LoadedModel load_model(const ModelOptions& o) {
     return lm;
 }
 
+// An installed binary (bin/markbase) finds the model that `cmake --install` put beside it first, so a
+// package works wherever it is installed; the source tree it was built from comes second, for build/markbase.
 std::string default_model_dir() {
     namespace fs = std::filesystem;
     if (const char* env = std::getenv("MARKBASE_MODEL")) return env;
-    std::vector<fs::path> candidates{fs::path(MARKBASE_SOURCE_DIR) / "models" / "default"};
+    std::vector<fs::path> candidates;
     std::error_code ec;
     const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    if (!ec) {
-        candidates.push_back(exe.parent_path() / "models" / "default");
-        candidates.push_back(exe.parent_path().parent_path() / "models" / "default");
+    if (!ec)
         candidates.push_back(exe.parent_path().parent_path() / "share" / "markbase" / "models" / "default");
-    }
-    for (const auto& c : candidates)
+    candidates.push_back(fs::path(MARKBASE_SOURCE_DIR) / "models" / "default");
+    std::string looked;
+    for (const auto& c : candidates) {
         if (fs::exists(c / "config.json")) return c.string();
-    throw Error("no model given and no bundled model found (looked in " + candidates.front().string() +
+        looked += (looked.empty() ? "" : ", ") + c.string();
+    }
+    throw Error("no model given and no bundled model found (looked in " + looked +
                 "): pass -m DIR (a Gemma 4 checkpoint folder) or set MARKBASE_MODEL");
+}
+
+std::string default_model_dir_or_empty() {
+    try {
+        return default_model_dir();
+    } catch (const Error&) {
+        return "";
+    }
 }
 
 std::vector<int> stop_ids_for(const Checkpoint& ck) {

@@ -42,9 +42,12 @@ std::string resolve_device(const std::string& requested);
 // generation_config.json values, else Gemma 4's (temperature 1.0, top_k 64, top_p 0.95).
 SamplingParams read_sampling(ArgReader& a, const std::string& model_dir);
 
-// The folder `markbase` uses without -m: $MARKBASE_MODEL, else models/default beside the sources or the
-// binary.
+// The folder `markbase` uses without -m: $MARKBASE_MODEL, else the installed bundled model
+// (../share/markbase/models/default from the binary's folder), else models/default of the source tree it was
+// built from; throws markbase::Error saying to pass -m DIR or set MARKBASE_MODEL when neither exists.
 std::string default_model_dir();
+// The same, "" where it would throw.
+std::string default_model_dir_or_empty();
 
 // Stop ids: config.json's eos ids plus generation_config.json's.
 std::vector<int> stop_ids_for(const LoadedModel& lm);

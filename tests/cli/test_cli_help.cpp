@@ -1,0 +1,96 @@
+// `markbase COMMAND --help`: the flags the command reads, each with its default, listed by ArgReader from the
+// reads themselves. Every flag of the CLI's sources that a command accepts (given on its own, with the
+// command's required arguments) must appear in its --help.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "support/cli_run.h"
+
+namespace markbase {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The names of every {"-x", "--xx"} list in src/cli/commands/*.cpp: what ArgReader's reads are given.
+std::set<std::string> source_flags() {
+    const std::regex list(R"(\{\s*("-[^"]*"(\s*,\s*"-[^"]*")*)\s*\})");
+    const std::regex name(R"xx("(-[^"]*)")xx");
+    std::set<std::string> flags;
+    for (const auto& e : fs::directory_iterator(fs::path(MARKBASE_SOURCE_DIR) / "src" / "cli" / "commands")) {
+        if (e.path().extension() != ".cpp") continue;
+        std::ifstream f(e.path());
+        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        for (std::sregex_iterator m(text.begin(), text.end(), list), end; m != end; ++m) {
+            const std::string names = (*m)[1];
+            for (std::sregex_iterator n(names.begin(), names.end(), name); n != end; ++n)
+                flags.insert((*n)[1]);
+        }
+    }
+    flags.erase("-h");
+    flags.erase("--help");
+    return flags;
+}
+
+struct Command {
+    const char* name;
+    const char* required;  // the arguments it cannot run without
+};
+const Command kCommands[] = {
+    {"run", ""},        {"chat", ""},  {"logits", "--ids 1 -o x.npy"}, {"inspect", ""}, {"bench", ""},
+    {"bench load", ""}, {"serve", ""}, {"perplexity", "-f x.txt"},     {"version", ""},
+};
+
+// Whether `command` takes `flag` when given alone: every command reads all its flags before finish() refuses
+// the first unread argument, so the probe's last argument makes it stop there, having run nothing.
+bool accepts(const Command& c, const std::string& flag) {
+    const testing::CliResult r =
+        testing::run_cli(std::string(c.name) + " " + c.required + " " + flag + " 1 --markbase-help-probe");
+    EXPECT_NE(r.code, 0) << c.name << " " << flag << " ran: " << r.all();
+    return r.err.find("unknown or misplaced argument '" + flag + "'") == std::string::npos;
+}
+
+bool lists(const std::string& help, const std::string& flag) {
+    for (const char* after : {", ", " ", "\n"})
+        if (help.find(" " + flag + after) != std::string::npos) return true;
+    return false;
+}
+
+TEST(CliHelp, EachCommandListsItsFlags) {
+    for (const Command& c : kCommands) {
+        const testing::CliResult r = testing::run_cli(std::string(c.name) + " --help");
+        ASSERT_EQ(r.code, 0) << c.name << ": " << r.all();
+        EXPECT_EQ(r.out.rfind(std::string("usage: markbase ") + c.name + " [options]", 0), 0u) << r.out;
+    }
+    const std::string run = testing::run_cli("run --help").out;
+    EXPECT_NE(run.find("-n, --n-predict N"), std::string::npos) << run;
+    EXPECT_NE(run.find("default 128"), std::string::npos) << run;
+    EXPECT_NE(run.find("  --json\n"), std::string::npos) << run;
+    EXPECT_NE(testing::run_cli("logits --help").out.find("required"), std::string::npos);
+}
+
+TEST(CliHelp, EveryAcceptedFlagIsListed) {
+    const std::set<std::string> flags = source_flags();
+    ASSERT_GT(flags.size(), 30u);
+    for (const Command& c : kCommands) {
+        const std::string help = testing::run_cli(std::string(c.name) + " --help").out;
+        int accepted = 0;
+        for (const std::string& f : flags) {
+            if (!accepts(c, f)) continue;
+            ++accepted;
+            EXPECT_TRUE(lists(help, f)) << c.name << " accepts " << f << " but its --help omits it:\n"
+                                        << help;
+        }
+        if (std::string(c.name) != "version") {  // version takes none
+            EXPECT_GT(accepted, 0) << c.name;
+        }
+    }
+}
+
+}  // namespace
+}  // namespace markbase
