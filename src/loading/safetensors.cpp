@@ -67,16 +67,16 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
     return !__builtin_mul_overflow(a, b, out);
 }
 
-// One shard's tensors, validated. `file` is the path used in every message.
+// One shard's tensors and metadata, validated.
 struct ParsedShard {
     std::vector<TensorInfo> tensors;
     std::map<std::string, std::string> metadata;
 };
 
-ParsedShard parse_shard(const MappedFile& m) {
+// The 8-byte little-endian header length, checked against the file's size.
+uint64_t header_length(const MappedFile& m) {
     const std::string& file = m.path();
     auto fail = [&](const std::string& msg) -> Error { return Error(file + ": " + msg); };
-
     if (m.size() < 8)
         throw fail("file is " + std::to_string(m.size()) +
                    " bytes, too short for a safetensors file (expected at least the 8-byte header length)");
@@ -89,125 +89,163 @@ ParsedShard parse_shard(const MappedFile& m) {
         throw fail("header length is " + std::to_string(n) + " bytes but only " +
                    std::to_string(m.size() - 8) + " bytes follow the length field (file truncated?)");
     if (n < 2) throw fail("header length is " + std::to_string(n) + " bytes, too short for a JSON object");
+    return n;
+}
 
-    const char* hdr = reinterpret_cast<const char*>(m.data() + 8);
-    const uint8_t* data_start = m.data() + 8 + n;
-    const uint64_t data_size = m.size() - 8 - n;
-
-    // nlohmann keeps the last of duplicate keys silently; a callback sees every top-level key so a duplicate
-    // tensor name (two definitions, one silently lost) is reported instead.
+// The header: a JSON object with distinct keys. nlohmann keeps the last of duplicate keys silently; a
+// callback sees every top-level key so a duplicate tensor name (two definitions, one silently lost) is
+// reported instead.
+json parse_header(std::string_view hdr, const std::string& file) {
     std::set<std::string> seen;
     std::string duplicate;
-    const json j = parse_json(std::string_view(hdr, n), file, "header", "",
-                              [&](int depth, json::parse_event_t ev, const json& parsed) {
-                                  if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-                                      const auto& k = parsed.get_ref<const std::string&>();
-                                      if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
-                                  }
-                              });
-    if (!j.is_object()) throw fail("header must be a JSON object, found " + std::string(j.type_name()));
+    json j = parse_json(hdr, file, "header", "", [&](int depth, json::parse_event_t ev, const json& parsed) {
+        if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+            const auto& k = parsed.get_ref<const std::string&>();
+            if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+        }
+    });
+    if (!j.is_object())
+        throw Error(file + ": header must be a JSON object, found " + std::string(j.type_name()));
     if (!duplicate.empty())
-        throw fail("tensor '" + text_excerpt(duplicate) + "' appears more than once in the header");
+        throw Error(file + ": tensor '" + text_excerpt(duplicate) + "' appears more than once in the header");
+    return j;
+}
 
-    ParsedShard out;
-    struct Range {
-        uint64_t begin, end;
-        const std::string* name;
-    };
-    std::vector<Range> ranges;
-    for (auto it = j.begin(); it != j.end(); ++it) {
-        const std::string& name = it.key();
-        const json& e = it.value();
-        if (name == "__metadata__") {
-            if (!e.is_object())
-                throw fail("__metadata__ must be an object of strings, found " + std::string(e.type_name()));
-            for (auto mi = e.begin(); mi != e.end(); ++mi) {
-                if (!mi.value().is_string())
-                    throw fail("__metadata__ key '" + text_excerpt(mi.key()) + "' must be a string, found " +
-                               json_excerpt(mi.value()));
-                out.metadata[mi.key()] = mi.value().get<std::string>();
-            }
-            continue;
-        }
-        auto tfail = [&](const std::string& msg) {
-            return fail("tensor '" + text_excerpt(name) + "': " + msg);
-        };
-        if (!e.is_object()) throw tfail("entry must be an object, found " + json_excerpt(e));
-
-        TensorInfo t;
-        t.name = name;
-        t.file = file;
-
-        auto dt = e.find("dtype");
-        if (dt == e.end()) throw tfail("missing \"dtype\"");
-        if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + json_excerpt(*dt));
-        const auto& dts = dt->get_ref<const std::string&>();
-        const DTypeEntry* de = nullptr;
-        for (const auto& d : kDTypes)
-            if (dts == d.name) de = &d;
-        if (!de)
-            throw tfail("unknown dtype \"" + text_excerpt(dts) + "\" (expected one of " + known_dtypes() +
-                        ")");
-        t.dtype = de->t;
-
-        auto sh = e.find("shape");
-        if (sh == e.end()) throw tfail("missing \"shape\"");
-        if (!sh->is_array())
-            throw tfail("\"shape\" must be an array of non-negative integers, found " + json_excerpt(*sh));
-        uint64_t numel = 1;
-        bool numel_overflow = false;
-        for (const json& d : *sh) {
-            // Non-negative integers parse as number_unsigned; negatives, floats and huge values do not.
-            if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-                throw tfail("\"shape\" must be an array of non-negative integers, found " +
-                            json_excerpt(*sh));
-            uint64_t dim = d.get<uint64_t>();
-            t.shape.push_back(int64_t(dim));
-            if (!checked_mul(numel, dim, &numel)) numel_overflow = true;
-        }
-
-        auto off = e.find("data_offsets");
-        if (off == e.end()) throw tfail("missing \"data_offsets\"");
-        if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-            !(*off)[1].is_number_unsigned())
-            throw tfail("\"data_offsets\" must be two non-negative integers [begin, end], found " +
-                        json_excerpt(*off));
-        uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
-        if (begin > end)
-            throw tfail("data_offsets begin " + std::to_string(begin) + " is greater than end " +
-                        std::to_string(end));
-        if (end > data_size)
-            throw tfail("data_offsets end " + std::to_string(end) + " is beyond the data section, which is " +
-                        std::to_string(data_size) + " bytes (file truncated?)");
-
-        uint64_t expect = 0;
-        if (numel_overflow || !checked_mul(numel, uint64_t(de->size), &expect))
-            throw tfail("shape " + t.shape_str() + " x " + de->name +
-                        " overflows 64 bits, but data_offsets span " + std::to_string(end - begin) +
-                        " bytes");
-        if (expect != end - begin)
-            throw tfail("shape " + t.shape_str() + " of " + de->name + " needs " + std::to_string(expect) +
-                        " bytes, but data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                        "] span " + std::to_string(end - begin) + " bytes");
-
-        t.nbytes = end - begin;
-        t.data = data_start + begin;
-        t.file_offset = 8 + n + begin;
-        out.tensors.push_back(std::move(t));
-        ranges.push_back({begin, end, nullptr});
+void read_metadata(const json& e, const std::string& file, std::map<std::string, std::string>& out) {
+    if (!e.is_object())
+        throw Error(file + ": __metadata__ must be an object of strings, found " +
+                    std::string(e.type_name()));
+    for (auto mi = e.begin(); mi != e.end(); ++mi) {
+        if (!mi.value().is_string())
+            throw Error(file + ": __metadata__ key '" + text_excerpt(mi.key()) +
+                        "' must be a string, found " + json_excerpt(mi.value()));
+        out[mi.key()] = mi.value().get<std::string>();
     }
-    for (size_t i = 0; i < ranges.size(); ++i) ranges[i].name = &out.tensors[i].name;
+}
 
-    // Overlap would let a write through one tensor (or a quantizer's in-place view) corrupt another; empty
-    // tensors hold no bytes and cannot overlap anything.
+// Errors about one tensor of a shard: "<file>: tensor '<name>': <msg>".
+struct TensorErrors {
+    const std::string& file;
+    const std::string& name;
+    Error operator()(const std::string& msg) const {
+        return Error(file + ": tensor '" + text_excerpt(name) + "': " + msg);
+    }
+};
+
+const DTypeEntry& read_dtype(const json& e, const TensorErrors& tfail) {
+    auto dt = e.find("dtype");
+    if (dt == e.end()) throw tfail("missing \"dtype\"");
+    if (!dt->is_string()) throw tfail("\"dtype\" must be a string, found " + json_excerpt(*dt));
+    const auto& dts = dt->get_ref<const std::string&>();
+    const DTypeEntry* de = nullptr;
+    for (const auto& d : kDTypes)
+        if (dts == d.name) de = &d;
+    if (!de)
+        throw tfail("unknown dtype \"" + text_excerpt(dts) + "\" (expected one of " + known_dtypes() + ")");
+    return *de;
+}
+
+// Fills t.shape and `numel`; false when the element count overflows 64 bits (every dimension still checked).
+bool read_shape(const json& e, TensorInfo& t, uint64_t& numel, const TensorErrors& tfail) {
+    auto sh = e.find("shape");
+    if (sh == e.end()) throw tfail("missing \"shape\"");
+    if (!sh->is_array())
+        throw tfail("\"shape\" must be an array of non-negative integers, found " + json_excerpt(*sh));
+    numel = 1;
+    bool fits = true;
+    for (const json& d : *sh) {
+        // Non-negative integers parse as number_unsigned; negatives, floats and huge values do not.
+        if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+            throw tfail("\"shape\" must be an array of non-negative integers, found " + json_excerpt(*sh));
+        uint64_t dim = d.get<uint64_t>();
+        t.shape.push_back(int64_t(dim));
+        if (!checked_mul(numel, dim, &numel)) fits = false;
+    }
+    return fits;
+}
+
+// A tensor's bytes [begin, end) in the data section.
+struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+};
+
+Range read_offsets(const json& e, uint64_t data_size, const TensorErrors& tfail) {
+    auto off = e.find("data_offsets");
+    if (off == e.end()) throw tfail("missing \"data_offsets\"");
+    if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned())
+        throw tfail("\"data_offsets\" must be two non-negative integers [begin, end], found " +
+                    json_excerpt(*off));
+    uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
+    if (begin > end)
+        throw tfail("data_offsets begin " + std::to_string(begin) + " is greater than end " +
+                    std::to_string(end));
+    if (end > data_size)
+        throw tfail("data_offsets end " + std::to_string(end) + " is beyond the data section, which is " +
+                    std::to_string(data_size) + " bytes (file truncated?)");
+    return {begin, end, nullptr};
+}
+
+// One tensor's header entry, checked against the data section that follows the n-byte header; `range`
+// receives its bytes.
+TensorInfo parse_tensor(const std::string& name, const json& e, const MappedFile& m, uint64_t n,
+                        Range& range) {
+    const TensorErrors tfail{m.path(), name};
+    if (!e.is_object()) throw tfail("entry must be an object, found " + json_excerpt(e));
+    TensorInfo t;
+    t.name = name;
+    t.file = m.path();
+    const DTypeEntry& de = read_dtype(e, tfail);
+    t.dtype = de.t;
+    uint64_t numel = 1;
+    const bool numel_fits = read_shape(e, t, numel, tfail);
+    range = read_offsets(e, m.size() - 8 - n, tfail);
+    const uint64_t begin = range.begin, end = range.end;
+    uint64_t expect = 0;
+    if (!numel_fits || !checked_mul(numel, uint64_t(de.size), &expect))
+        throw tfail("shape " + t.shape_str() + " x " + de.name +
+                    " overflows 64 bits, but data_offsets span " + std::to_string(end - begin) + " bytes");
+    if (expect != end - begin)
+        throw tfail("shape " + t.shape_str() + " of " + de.name + " needs " + std::to_string(expect) +
+                    " bytes, but data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                    "] span " + std::to_string(end - begin) + " bytes");
+    t.nbytes = end - begin;
+    t.data = m.data() + 8 + n + begin;
+    t.file_offset = 8 + n + begin;
+    return t;
+}
+
+// Overlap would let a write through one tensor (or a quantizer's in-place view) corrupt another; empty
+// tensors hold no bytes and cannot overlap anything.
+void check_no_overlap(std::vector<Range>& ranges, const std::string& file) {
     std::erase_if(ranges, [](const Range& r) { return r.begin == r.end; });
     std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
     for (size_t i = 1; i < ranges.size(); ++i)
         if (ranges[i].begin < ranges[i - 1].end)
-            throw fail("tensor '" + *ranges[i].name + "' bytes [" + std::to_string(ranges[i].begin) + ", " +
-                       std::to_string(ranges[i].end) + ") overlap tensor '" + *ranges[i - 1].name +
-                       "' bytes [" + std::to_string(ranges[i - 1].begin) + ", " +
-                       std::to_string(ranges[i - 1].end) + ")");
+            throw Error(file + ": tensor '" + *ranges[i].name + "' bytes [" +
+                        std::to_string(ranges[i].begin) + ", " + std::to_string(ranges[i].end) +
+                        ") overlap tensor '" + *ranges[i - 1].name + "' bytes [" +
+                        std::to_string(ranges[i - 1].begin) + ", " + std::to_string(ranges[i - 1].end) + ")");
+}
+
+ParsedShard parse_shard(const MappedFile& m) {
+    const std::string& file = m.path();
+    const uint64_t n = header_length(m);
+    const json j = parse_header(std::string_view(reinterpret_cast<const char*>(m.data() + 8), n), file);
+    ParsedShard out;
+    std::vector<Range> ranges;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        if (it.key() == "__metadata__") {
+            read_metadata(it.value(), file, out.metadata);
+            continue;
+        }
+        Range range{};
+        out.tensors.push_back(parse_tensor(it.key(), it.value(), m, n, range));
+        ranges.push_back(range);
+    }
+    for (size_t i = 0; i < ranges.size(); ++i) ranges[i].name = &out.tensors[i].name;
+    check_no_overlap(ranges, file);
     return out;
 }
 
@@ -276,79 +314,51 @@ MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-SafetensorsSet SafetensorsSet::open(const fs::path& path) {
-    SafetensorsSet set;
+namespace {
+
+// The index's shard files, each once in first-mention order (stable, readable errors) and checked.
+std::vector<std::string> index_shards(const fs::path& path, const std::string& iname, const json& wm) {
+    std::vector<std::string> shards;
+    std::set<std::string> shard_set;
+    for (auto it = wm.begin(); it != wm.end(); ++it) {
+        if (!it.value().is_string())
+            throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
+                        "' must be a file name, found " + json_excerpt(it.value()));
+        const auto& f = it.value().get_ref<const std::string&>();
+        // The index is untrusted too: a shard must be a plain file name inside the model folder.
+        if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+            throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
+                        "' names shard \"" + text_excerpt(f) + "\", expected a file name in " +
+                        path.string());
+        if (shard_set.insert(f).second) shards.push_back(f);
+    }
+    for (const auto& f : shards)
+        if (const std::string why = path_problem(path / f); !why.empty())
+            throw Error(iname + ": shard " + f + " is listed in the index but " + (path / f).string() + " " +
+                        why);
+    return shards;
+}
+
+// Every tensor the index names is in the shard it names.
+void check_index(const SafetensorsSet& set, const fs::path& path, const std::string& iname, const json& wm) {
+    for (auto it = wm.begin(); it != wm.end(); ++it) {
+        const std::string want = (path / it.value().get<std::string>()).string();
+        const TensorInfo* t = set.find(it.key());
+        if (!t || t->file != want)
+            throw Error(iname + ": index says tensor '" + it.key() + "' is in shard " + want + ", but " +
+                        want + " has no such tensor" + (t ? " (it is in " + t->file + ")" : ""));
+    }
+}
+
+// A folder without an index: its model.safetensors, else its one *.safetensors file.
+fs::path lone_shard(const fs::path& path) {
+    if (!path_missing(path / "model.safetensors")) return path / "model.safetensors";
     std::error_code ec;
-    if (path_missing(path)) throw Error("safetensors path " + path.string() + " does not exist");
-
-    // Maps one shard and adds its tensors; duplicates across shards would make which copy wins arbitrary.
-    auto add_shard = [&set](const fs::path& file) {
-        auto m = std::make_shared<MappedFile>(file);
-        ParsedShard shard = parse_shard(*m);
-        for (auto& t : shard.tensors) {
-            if (auto it = set.tensors_.find(t.name); it != set.tensors_.end())
-                throw Error("tensor '" + t.name + "' appears in both " + it->second.file + " and " + t.file);
-            std::string name = t.name;
-            set.tensors_.emplace(std::move(name), std::move(t));
-        }
-        for (auto& [k, v] : shard.metadata) set.metadata_[k] = v;
-        set.maps_.push_back(std::move(m));
-    };
-
-    if (!path_problem(path, true).empty()) {  // a file, or something MappedFile refuses by name
-        add_shard(path);
-        return set;
-    }
-
-    const fs::path index = path / "model.safetensors.index.json";
-    if (!path_missing(index)) {
-        const std::string iname = index.string();
-        const json j = parse_json(read_regular_file(index), iname);
-        if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-            throw Error(iname +
-                        ": expected an object with a \"weight_map\" object (tensor name -> shard file)");
-        const json& wm = j["weight_map"];
-        std::vector<std::string> shards;  // each once, in first-mention order (stable, readable errors)
-        std::set<std::string> shard_set;
-        for (auto it = wm.begin(); it != wm.end(); ++it) {
-            if (!it.value().is_string())
-                throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
-                            "' must be a file name, found " + json_excerpt(it.value()));
-            const auto& f = it.value().get_ref<const std::string&>();
-            // The index is untrusted too: a shard must be a plain file name inside the model folder.
-            if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-                throw Error(iname + ": weight_map entry for tensor '" + text_excerpt(it.key()) +
-                            "' names shard \"" + text_excerpt(f) + "\", expected a file name in " +
-                            path.string());
-            if (shard_set.insert(f).second) shards.push_back(f);
-        }
-        for (const auto& f : shards)
-            if (const std::string why = path_problem(path / f); !why.empty())
-                throw Error(iname + ": shard " + f + " is listed in the index but " + (path / f).string() +
-                            " " + why);
-        for (const auto& f : shards) add_shard(path / f);
-        for (auto it = wm.begin(); it != wm.end(); ++it) {
-            const std::string want = (path / it.value().get<std::string>()).string();
-            const TensorInfo* t = set.find(it.key());
-            if (!t || t->file != want)
-                throw Error(iname + ": index says tensor '" + it.key() + "' is in shard " + want + ", but " +
-                            want + " has no such tensor" + (t ? " (it is in " + t->file + ")" : ""));
-        }
-        return set;
-    }
-
-    if (!path_missing(path / "model.safetensors")) {
-        add_shard(path / "model.safetensors");
-        return set;
-    }
     std::vector<fs::path> found;
     for (const auto& de : fs::directory_iterator(path, ec))
         if (de.path().extension() == ".safetensors") found.push_back(de.path());
     if (ec) throw Error("cannot list " + path.string() + ": " + ec.message());
-    if (found.size() == 1) {
-        add_shard(found[0]);
-        return set;
-    }
+    if (found.size() == 1) return found[0];
     if (found.empty())
         throw Error(
             "no safetensors checkpoint in " + path.string() +
@@ -358,6 +368,44 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
     for (const auto& f : found) names += (names.empty() ? "" : ", ") + f.filename().string();
     throw Error(path.string() + " has " + std::to_string(found.size()) + " .safetensors files (" + names +
                 ") but no model.safetensors.index.json to say which tensors are where");
+}
+
+}  // namespace
+
+// Maps one shard and adds its tensors; duplicates across shards would make which copy wins arbitrary.
+void SafetensorsSet::add_shard(const fs::path& file) {
+    auto m = std::make_shared<MappedFile>(file);
+    ParsedShard shard = parse_shard(*m);
+    for (auto& t : shard.tensors) {
+        if (auto it = tensors_.find(t.name); it != tensors_.end())
+            throw Error("tensor '" + t.name + "' appears in both " + it->second.file + " and " + t.file);
+        std::string name = t.name;
+        tensors_.emplace(std::move(name), std::move(t));
+    }
+    for (auto& [k, v] : shard.metadata) metadata_[k] = v;
+    maps_.push_back(std::move(m));
+}
+
+SafetensorsSet SafetensorsSet::open(const fs::path& path) {
+    SafetensorsSet set;
+    if (path_missing(path)) throw Error("safetensors path " + path.string() + " does not exist");
+    if (!path_problem(path, true).empty()) {  // a file, or something MappedFile refuses by name
+        set.add_shard(path);
+        return set;
+    }
+    const fs::path index = path / "model.safetensors.index.json";
+    if (path_missing(index)) {
+        set.add_shard(lone_shard(path));
+        return set;
+    }
+    const std::string iname = index.string();
+    const json j = parse_json(read_regular_file(index), iname);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw Error(iname + ": expected an object with a \"weight_map\" object (tensor name -> shard file)");
+    const json& wm = j["weight_map"];
+    for (const auto& f : index_shards(path, iname, wm)) set.add_shard(path / f);
+    check_index(set, path, iname, wm);
+    return set;
 }
 
 const TensorInfo* SafetensorsSet::find(std::string_view name) const {

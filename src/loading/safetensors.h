@@ -70,6 +70,8 @@ class SafetensorsSet {
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   private:
+    void add_shard(const std::filesystem::path& file);
+
     std::vector<std::shared_ptr<MappedFile>> maps_;
     std::map<std::string, TensorInfo, std::less<>> tensors_;
     std::map<std::string, std::string> metadata_;

@@ -213,6 +213,185 @@ LoadPlan plan_checkpoint_load(const Checkpoint& ck, uint64_t align) {
     return plan_load(ck.files, names, align);
 }
 
+namespace {
+
+// One staged load in flight: reader threads fill ring slots with chunks, and the sink consumes them, on the
+// readers when it is concurrent, else on the thread that called run(). The threads are declared last, so
+// they are gone before the ring is freed and the files are closed.
+class StagedRun {
+  public:
+    StagedRun(const LoadPlan& plan, const std::vector<PlannedChunk>& chunks, StagingAllocator& alloc,
+              StagedSink& sink, const StagedOptions& opt, const StagedStats& st)
+        : plan_(plan),
+          chunks_(chunks),
+          sink_(sink),
+          opt_(opt),
+          n_threads_(st.threads),
+          payload_bytes_(st.payload_bytes),
+          files_(plan.files, opt.direct_io),
+          // A chunk reads [begin, align_up(end)): at most chunk_bytes plus one block (begin aligned down).
+          ring_(alloc, st.chunk_bytes + kAlign, st.buffers),
+          concurrent_(sink.concurrent()) {
+        for (int s = 0; s < st.buffers; ++s) free_slots_.push_back(s);
+    }
+
+    bool direct_io() const { return files_.all_direct; }
+
+    // Reads every chunk into the sink, then finishes it; on any error (or cancellation) stops the readers,
+    // aborts the sink and rethrows. Returns the bytes read.
+    uint64_t run() {
+        try {
+            for (int t = 0; t < n_threads_; ++t) threads_.emplace_back([this] { reader(); });
+            wait_done();
+            join_all();
+            sink_.finish();
+        } catch (...) {
+            join_all();
+            sink_.abort();  // before `ring_` frees the buffers an async copy may still read
+            throw;
+        }
+        return read_bytes_;
+    }
+
+  private:
+    void fail(std::exception_ptr e) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!error_) error_ = e;
+        stop_ = true;
+        cv_.notify_all();
+    }
+
+    bool cancelled() const { return opt_.cancel && opt_.cancel->load(std::memory_order_relaxed); }
+
+    StagedChunk chunk_view(int slot, size_t ci) const {
+        const PlannedChunk& pc = chunks_[ci];
+        StagedChunk c;
+        c.slot = slot;
+        c.data = static_cast<const uint8_t*>(ring_.bufs[static_cast<size_t>(slot)]);
+        c.file = pc.file;
+        c.file_offset = pc.begin;
+        c.payload = pc.payload;
+        c.pieces = pc.pieces;
+        return c;
+    }
+
+    // Takes the next chunk and a free slot for it; false when stopped or every chunk is taken.
+    bool claim(int& slot, size_t& ci) {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] {
+            return stop_ || (!free_slots_.empty() && next_ < chunks_.size()) || next_ >= chunks_.size();
+        });
+        if (stop_ || next_ >= chunks_.size()) return false;
+        ci = next_++;
+        slot = free_slots_.front();
+        free_slots_.pop_front();
+        return true;
+    }
+
+    // Reads chunk ci into the slot, and hands it to a concurrent sink.
+    void read_chunk(int slot, size_t ci) {
+        sink_.wait_reusable(slot);
+        if (cancelled()) throw Error("loading cancelled");
+        const PlannedChunk& pc = chunks_[ci];
+        const uint64_t want = align_up(pc.end, kAlign) - pc.begin;
+        read_range(files_.fds[pc.file], plan_.files[pc.file],
+                   static_cast<uint8_t*>(ring_.bufs[static_cast<size_t>(slot)]), pc.begin, pc.end - pc.begin,
+                   want);
+        if (concurrent_) sink_.consume(chunk_view(slot, ci));
+    }
+
+    void reader() {
+        int slot = -1;
+        size_t ci = 0;
+        while (claim(slot, ci)) {
+            try {
+                read_chunk(slot, ci);
+            } catch (...) {
+                fail(std::current_exception());
+                return;
+            }
+            std::lock_guard<std::mutex> lk(mu_);
+            read_bytes_ += chunks_[ci].end - chunks_[ci].begin;
+            if (concurrent_) {
+                free_slots_.push_back(slot);
+                ++done_;
+                done_payload_ += chunks_[ci].payload;
+            } else {
+                filled_.emplace_back(slot, ci);
+            }
+            cv_.notify_all();
+        }
+    }
+
+    // A non-concurrent sink's turn: consumes the filled slots (lock released meanwhile) and frees them.
+    void consume_filled(std::unique_lock<std::mutex>& lk) {
+        while (!concurrent_ && !filled_.empty()) {
+            const auto [slot, ci] = filled_.front();
+            filled_.pop_front();
+            lk.unlock();
+            sink_.consume(chunk_view(slot, ci));  // the sink fences the slot before it is refilled
+            lk.lock();
+            free_slots_.push_back(slot);
+            ++done_;
+            done_payload_ += chunks_[ci].payload;
+            cv_.notify_all();
+        }
+    }
+
+    // Waits for every chunk to be consumed, reporting progress and rethrowing a reader's error.
+    void wait_done() {
+        uint64_t reported = ~uint64_t{0};
+        for (;;) {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait_for(lk, std::chrono::milliseconds(100),
+                         [&] { return stop_ || !filled_.empty() || done_ == chunks_.size(); });
+            if (error_) std::rethrow_exception(error_);
+            if (cancelled()) throw Error("loading cancelled");
+            consume_filled(lk);
+            const bool all = done_ == chunks_.size();
+            const uint64_t dp = done_payload_;
+            lk.unlock();
+            if (opt_.progress && dp != reported) {
+                opt_.progress(dp, payload_bytes_);
+                reported = dp;
+            }
+            if (all) break;
+        }
+    }
+
+    void join_all() {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (done_ < chunks_.size()) stop_ = true;
+        }
+        cv_.notify_all();
+        for (std::thread& t : threads_)
+            if (t.joinable()) t.join();
+    }
+
+    const LoadPlan& plan_;
+    const std::vector<PlannedChunk>& chunks_;
+    StagedSink& sink_;
+    const StagedOptions& opt_;
+    const int n_threads_;
+    const uint64_t payload_bytes_;
+    Files files_;
+    Ring ring_;
+    const bool concurrent_;
+
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<int> free_slots_;
+    std::deque<std::pair<int, size_t>> filled_;  // (slot, chunk) waiting for a non-concurrent sink
+    size_t next_ = 0, done_ = 0;
+    uint64_t done_payload_ = 0, read_bytes_ = 0;
+    bool stop_ = false;
+    std::exception_ptr error_;
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
 StagedStats run_staged_load(const LoadPlan& plan, StagingAllocator& alloc, StagedSink& sink,
                             const StagedOptions& opt) {
     const double t0 = now_s();
@@ -229,129 +408,9 @@ StagedStats run_staged_load(const LoadPlan& plan, StagingAllocator& alloc, Stage
         st.seconds = now_s() - t0;
         return st;
     }
-
-    Files files(plan.files, opt.direct_io);
-    st.direct_io = opt.direct_io && files.all_direct;
-    // A chunk reads [begin, align_up(end)), at most chunk_bytes + one block when begin was aligned down.
-    Ring ring(alloc, st.chunk_bytes + kAlign, st.buffers);
-
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<int> free_slots;
-    for (int s = 0; s < st.buffers; ++s) free_slots.push_back(s);
-    std::deque<std::pair<int, size_t>> filled;  // (slot, chunk) waiting for a non-concurrent sink
-    size_t next = 0, done = 0;
-    uint64_t done_payload = 0, read_bytes = 0;
-    bool stop = false;
-    std::exception_ptr error;
-    const bool concurrent = sink.concurrent();
-
-    auto fail = [&](std::exception_ptr e) {
-        std::lock_guard<std::mutex> lk(mu);
-        if (!error) error = e;
-        stop = true;
-        cv.notify_all();
-    };
-    auto cancelled = [&] { return opt.cancel && opt.cancel->load(std::memory_order_relaxed); };
-    auto chunk_view = [&](int slot, size_t ci) {
-        const PlannedChunk& pc = chunks[ci];
-        StagedChunk c;
-        c.slot = slot;
-        c.data = static_cast<const uint8_t*>(ring.bufs[static_cast<size_t>(slot)]);
-        c.file = pc.file;
-        c.file_offset = pc.begin;
-        c.payload = pc.payload;
-        c.pieces = pc.pieces;
-        return c;
-    };
-
-    auto reader = [&] {
-        for (;;) {
-            int slot = -1;
-            size_t ci = 0;
-            {
-                std::unique_lock<std::mutex> lk(mu);
-                cv.wait(lk, [&] {
-                    return stop || (!free_slots.empty() && next < chunks.size()) || next >= chunks.size();
-                });
-                if (stop || next >= chunks.size()) return;
-                ci = next++;
-                slot = free_slots.front();
-                free_slots.pop_front();
-            }
-            try {
-                sink.wait_reusable(slot);
-                if (cancelled()) throw Error("loading cancelled");
-                const PlannedChunk& pc = chunks[ci];
-                const uint64_t want = align_up(pc.end, kAlign) - pc.begin;
-                read_range(files.fds[pc.file], plan.files[pc.file],
-                           static_cast<uint8_t*>(ring.bufs[static_cast<size_t>(slot)]), pc.begin,
-                           pc.end - pc.begin, want);
-                if (concurrent) sink.consume(chunk_view(slot, ci));
-            } catch (...) {
-                fail(std::current_exception());
-                return;
-            }
-            std::lock_guard<std::mutex> lk(mu);
-            read_bytes += chunks[ci].end - chunks[ci].begin;
-            if (concurrent) {
-                free_slots.push_back(slot);
-                ++done;
-                done_payload += chunks[ci].payload;
-            } else {
-                filled.emplace_back(slot, ci);
-            }
-            cv.notify_all();
-        }
-    };
-
-    std::vector<std::thread> threads;
-    auto join_all = [&] {
-        {
-            std::lock_guard<std::mutex> lk(mu);
-            if (done < chunks.size()) stop = true;
-        }
-        cv.notify_all();
-        for (std::thread& t : threads)
-            if (t.joinable()) t.join();
-    };
-    try {
-        for (int t = 0; t < st.threads; ++t) threads.emplace_back(reader);
-        uint64_t reported = ~uint64_t{0};
-        for (;;) {
-            std::unique_lock<std::mutex> lk(mu);
-            cv.wait_for(lk, std::chrono::milliseconds(100),
-                        [&] { return stop || !filled.empty() || done == chunks.size(); });
-            if (error) std::rethrow_exception(error);
-            if (cancelled()) throw Error("loading cancelled");
-            while (!concurrent && !filled.empty()) {
-                const auto [slot, ci] = filled.front();
-                filled.pop_front();
-                lk.unlock();
-                sink.consume(chunk_view(slot, ci));  // the sink fences the slot before it is refilled
-                lk.lock();
-                free_slots.push_back(slot);
-                ++done;
-                done_payload += chunks[ci].payload;
-                cv.notify_all();
-            }
-            const bool all = done == chunks.size();
-            const uint64_t dp = done_payload;
-            lk.unlock();
-            if (opt.progress && dp != reported) {
-                opt.progress(dp, st.payload_bytes);
-                reported = dp;
-            }
-            if (all) break;
-        }
-        join_all();
-        sink.finish();
-    } catch (...) {
-        join_all();
-        sink.abort();  // before `ring` frees the buffers an async copy may still read
-        throw;
-    }
-    st.read_bytes = read_bytes;
+    StagedRun run(plan, chunks, alloc, sink, opt, st);
+    st.direct_io = opt.direct_io && run.direct_io();
+    st.read_bytes = run.run();
     st.seconds = now_s() - t0;
     return st;
 }

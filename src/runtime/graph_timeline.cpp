@@ -52,20 +52,21 @@ ReplayTimes replay_times(const std::vector<TimelineSpan>& spans) {
     return r;
 }
 
-GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
-                                 const std::vector<std::vector<TimelineSpan>>& replays,
-                                 const std::vector<double>& untraced_ms) {
-    GraphTimeline t;
-    t.replays = static_cast<int>(replays.size());
-    t.step_ms_untraced = median(untraced_ms);
-    if (replays.empty()) return t;
-    const size_t L = labels.size();
+namespace {
 
-    // per replay: marginal and busy per label, and the first start / last end of each label
-    std::vector<std::vector<double>> marg(L), busy(L);
-    std::vector<double> steps, idles;
-    std::vector<ReplayTimes> times;
-    std::vector<size_t> spans_per_label(L, 0);
+// Per replay: marginal and busy time per label, the step and idle time, and each span's times.
+struct ReplayStats {
+    std::vector<std::vector<double>> marg, busy;  // [label][replay]
+    std::vector<double> steps, idles;             // [replay]
+    std::vector<ReplayTimes> times;               // [replay]
+    std::vector<size_t> spans_per_label;          // over all replays
+};
+
+ReplayStats replay_stats(size_t L, const std::vector<std::vector<TimelineSpan>>& replays) {
+    ReplayStats r;
+    r.marg.resize(L);
+    r.busy.resize(L);
+    r.spans_per_label.assign(L, 0);
     for (const auto& spans : replays) {
         ReplayTimes rt = replay_times(spans);
         std::vector<double> m(L, 0.0), b(L, 0.0);
@@ -76,41 +77,47 @@ GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
                             std::to_string(L) + " labels");
             m[static_cast<size_t>(lb)] += rt.spans[i].marginal_ns;
             b[static_cast<size_t>(lb)] += rt.spans[i].busy_ns;
-            ++spans_per_label[static_cast<size_t>(lb)];
+            ++r.spans_per_label[static_cast<size_t>(lb)];
         }
         for (size_t l = 0; l < L; ++l) {
-            marg[l].push_back(m[l]);
-            busy[l].push_back(b[l]);
+            r.marg[l].push_back(m[l]);
+            r.busy[l].push_back(b[l]);
         }
-        steps.push_back(rt.step_ns);
-        idles.push_back(rt.idle_ns);
-        times.push_back(std::move(rt));
+        r.steps.push_back(rt.step_ns);
+        r.idles.push_back(rt.idle_ns);
+        r.times.push_back(std::move(rt));
     }
-    t.step_ms = median(steps) * 1e-6;
-    t.idle_ms = median(idles) * 1e-6;
+    return r;
+}
 
-    // per name: the (name, layer) labels' medians summed, in first-appearance order before sorting
+// Per name: the (name, layer) labels' medians summed, in first-appearance order, then by marginal time.
+void fill_by_kernel(GraphTimeline& t, const std::vector<TimelineLabel>& labels, const ReplayStats& st,
+                    size_t n_replays) {
     std::map<std::string, size_t> at;
-    for (size_t l = 0; l < L; ++l) {
+    for (size_t l = 0; l < labels.size(); ++l) {
         const TimelineLabel& lb = labels[l];
         auto [it, fresh] = at.emplace(lb.name, t.by_kernel.size());
         if (fresh) t.by_kernel.push_back({lb.name, 0, 0, 0.0, 0.0, 0.0});
         TimelineKernel& k = t.by_kernel[it->second];
         k.calls += lb.calls;
-        k.kernels += static_cast<int>(spans_per_label[l] / replays.size());
-        k.marginal_ms += median(marg[l]) * 1e-6;
-        k.busy_ms += median(busy[l]) * 1e-6;
+        k.kernels += static_cast<int>(st.spans_per_label[l] / n_replays);
+        k.marginal_ms += median(st.marg[l]) * 1e-6;
+        k.busy_ms += median(st.busy[l]) * 1e-6;
         k.bytes += lb.bytes;
     }
     std::stable_sort(
         t.by_kernel.begin(), t.by_kernel.end(),
         [](const TimelineKernel& a, const TimelineKernel& b) { return a.marginal_ms > b.marginal_ms; });
     for (const TimelineKernel& k : t.by_kernel) t.marginal_sum_ms += k.marginal_ms;
+}
 
-    // the median replay (median() takes the upper middle for an even count; the same one here)
+// The labels of the median replay (median() takes the upper middle for an even count; the same one here).
+void fill_per_launch(GraphTimeline& t, const std::vector<TimelineLabel>& labels,
+                     const std::vector<std::vector<TimelineSpan>>& replays, const ReplayStats& st) {
+    const size_t L = labels.size();
     std::vector<size_t> order(replays.size());
     std::iota(order.begin(), order.end(), size_t{0});
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return steps[a] < steps[b]; });
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return st.steps[a] < st.steps[b]; });
     const size_t r = order[order.size() / 2];
     const auto& spans = replays[r];
     uint64_t t0 = spans.empty() ? 0 : spans[0].start;
@@ -124,8 +131,8 @@ GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
         const double e = static_cast<double>(spans[i].end - t0) * 1e-6;
         p.start_ms = seen[l] ? std::min(p.start_ms, s) : s;
         p.end_ms = seen[l] ? std::max(p.end_ms, e) : e;
-        p.marginal_ms += times[r].spans[i].marginal_ns * 1e-6;
-        p.busy_ms += times[r].spans[i].busy_ns * 1e-6;
+        p.marginal_ms += st.times[r].spans[i].marginal_ns * 1e-6;
+        p.busy_ms += st.times[r].spans[i].busy_ns * 1e-6;
         seen[l] = true;
     }
     for (size_t l = 0; l < L; ++l) {
@@ -134,6 +141,22 @@ GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
         per[l].layer = labels[l].layer;
         t.per_launch.push_back(per[l]);
     }
+}
+
+}  // namespace
+
+GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
+                                 const std::vector<std::vector<TimelineSpan>>& replays,
+                                 const std::vector<double>& untraced_ms) {
+    GraphTimeline t;
+    t.replays = static_cast<int>(replays.size());
+    t.step_ms_untraced = median(untraced_ms);
+    if (replays.empty()) return t;
+    const ReplayStats st = replay_stats(labels.size(), replays);
+    t.step_ms = median(st.steps) * 1e-6;
+    t.idle_ms = median(st.idles) * 1e-6;
+    fill_by_kernel(t, labels, st, replays.size());
+    fill_per_launch(t, labels, replays, st);
     return t;
 }
 

@@ -149,6 +149,83 @@ const BpeModel::MergeSlot* BpeModel::find_merge(int left, int right) const {
     }
 }
 
+namespace {
+
+using MergeList = std::vector<std::pair<std::string_view, std::string_view>>;
+
+// A merge as (left, right, result) ids; an id is -1 where that token is not in the vocabulary.
+struct ResolvedMerge {
+    int a, b, c;
+};
+
+// Resolves merges[begin, end) into `resolved`; returns the first rank that does not resolve, or npos. The
+// lookups miss the cache almost every time, so this hashes a few merges ahead and prefetches their slots to
+// overlap the misses.
+std::size_t resolve_range(const Vocab& vocab, const MergeList& merges, std::vector<ResolvedMerge>& resolved,
+                          std::size_t begin, std::size_t end) {
+    constexpr std::size_t kAhead = 16;
+    struct Hashes {
+        uint64_t l, r, joined;
+    };
+    std::array<Hashes, kAhead> ahead{};
+    std::string joined;
+    auto prepare = [&](std::size_t k) {
+        const auto& [l, r] = merges[k];
+        joined.assign(l);
+        joined.append(r);
+        Hashes h{hash_bytes(l), hash_bytes(r), hash_bytes(joined)};
+        vocab.prefetch(h.l);
+        vocab.prefetch(h.r);
+        vocab.prefetch(h.joined);
+        ahead[k % kAhead] = h;
+    };
+    for (std::size_t k = begin; k < std::min(begin + kAhead, end); ++k) prepare(k);
+    for (std::size_t rank = begin; rank < end; ++rank) {
+        const Hashes h = ahead[rank % kAhead];
+        if (rank + kAhead < end) prepare(rank + kAhead);
+        const auto& [l, r] = merges[rank];
+        joined.assign(l);
+        joined.append(r);
+        resolved[rank] = {vocab.find(l, h.l), vocab.find(r, h.r), vocab.find(joined, h.joined)};
+        if (resolved[rank].a < 0 || resolved[rank].b < 0 || resolved[rank].c < 0) return rank;
+    }
+    return std::string::npos;
+}
+
+// Every merge resolved to ids, the ranks split over a few threads (read-only on the vocabulary). Throws
+// naming the lowest rank that does not resolve.
+std::vector<ResolvedMerge> resolve_merges(const Vocab& vocab, const MergeList& merges,
+                                          const std::string& origin) {
+    std::vector<ResolvedMerge> resolved(merges.size());
+    const std::size_t n_threads =
+        merges.size() < 100000 ? 1 : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
+    std::vector<std::size_t> bad(n_threads, std::string::npos);
+    {
+        std::vector<std::thread> workers;
+        const std::size_t chunk = (merges.size() + n_threads - 1) / n_threads;
+        for (std::size_t t = 1; t < n_threads; ++t)
+            workers.emplace_back([&, t] {
+                bad[t] = resolve_range(vocab, merges, resolved, std::min(t * chunk, merges.size()),
+                                       std::min((t + 1) * chunk, merges.size()));
+            });
+        bad[0] = resolve_range(vocab, merges, resolved, 0, std::min(chunk, merges.size()));
+        for (auto& w : workers) w.join();
+    }
+    for (std::size_t rank : bad) {
+        if (rank == std::string::npos) continue;
+        const auto& [l, r] = merges[rank];
+        const std::string joined = std::string(l) + std::string(r);
+        const ResolvedMerge& x = resolved[rank];
+        const char* missing = x.a < 0 ? "its left token" : x.b < 0 ? "its right token" : "its result";
+        const std::string_view which = x.a < 0 ? l : x.b < 0 ? r : std::string_view(joined);
+        throw Error(origin + ": model.merges[" + std::to_string(rank) + "] (" + quoted(l) + " + " +
+                    quoted(r) + "): " + missing + " " + quoted(which) + " is not in model.vocab");
+    }
+    return resolved;
+}
+
+}  // namespace
+
 void BpeModel::build(const std::vector<Vocab::Entry>& vocab,
                      const std::vector<std::pair<std::string_view, std::string_view>>& merges,
                      const BpeOptions& options, const std::string& origin) {
@@ -167,79 +244,60 @@ void BpeModel::build(const std::vector<Vocab::Entry>& vocab,
     }
     for (int c = 0; c < 128; ++c) ascii_ids_[c] = vocab_.find(std::string(1, static_cast<char>(c)));
 
-    // Resolve every merge to (left, right, result) ids. The lookups miss the cache almost every time, so each
-    // thread hashes a few merges ahead and prefetches their slots to overlap the misses, and the ranks are
-    // split over a few threads (read-only on the vocabulary).
-    struct Resolved {
-        int a, b, c;
-    };
-    std::vector<Resolved> resolved(merges.size());
-    auto resolve_range = [&](std::size_t begin, std::size_t end) -> std::size_t {  // first bad rank or npos
-        constexpr std::size_t kAhead = 16;
-        struct Hashes {
-            uint64_t l, r, joined;
-        };
-        std::array<Hashes, kAhead> ahead{};
-        std::string joined;
-        auto prepare = [&](std::size_t k) {
-            const auto& [l, r] = merges[k];
-            joined.assign(l);
-            joined.append(r);
-            Hashes h{hash_bytes(l), hash_bytes(r), hash_bytes(joined)};
-            vocab_.prefetch(h.l);
-            vocab_.prefetch(h.r);
-            vocab_.prefetch(h.joined);
-            ahead[k % kAhead] = h;
-        };
-        for (std::size_t k = begin; k < std::min(begin + kAhead, end); ++k) prepare(k);
-        for (std::size_t rank = begin; rank < end; ++rank) {
-            const Hashes h = ahead[rank % kAhead];
-            if (rank + kAhead < end) prepare(rank + kAhead);
-            const auto& [l, r] = merges[rank];
-            joined.assign(l);
-            joined.append(r);
-            resolved[rank] = {vocab_.find(l, h.l), vocab_.find(r, h.r), vocab_.find(joined, h.joined)};
-            if (resolved[rank].a < 0 || resolved[rank].b < 0 || resolved[rank].c < 0) return rank;
-        }
-        return std::string::npos;
-    };
-    const std::size_t n_threads =
-        merges.size() < 100000 ? 1 : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
-    std::vector<std::size_t> bad(n_threads, std::string::npos);
-    {
-        std::vector<std::thread> workers;
-        const std::size_t chunk = (merges.size() + n_threads - 1) / n_threads;
-        for (std::size_t t = 1; t < n_threads; ++t)
-            workers.emplace_back([&, t] {
-                bad[t] = resolve_range(std::min(t * chunk, merges.size()),
-                                       std::min((t + 1) * chunk, merges.size()));
-            });
-        bad[0] = resolve_range(0, std::min(chunk, merges.size()));
-        for (auto& w : workers) w.join();
-    }
-    for (std::size_t rank : bad) {
-        if (rank == std::string::npos) continue;
-        const auto& [l, r] = merges[rank];
-        const std::string joined = std::string(l) + std::string(r);
-        const Resolved& x = resolved[rank];
-        const char* missing = x.a < 0 ? "its left token" : x.b < 0 ? "its right token" : "its result";
-        const std::string_view which = x.a < 0 ? l : x.b < 0 ? r : std::string_view(joined);
-        throw Error(origin + ": model.merges[" + std::to_string(rank) + "] (" + quoted(l) + " + " +
-                    quoted(r) + "): " + missing + " " + quoted(which) + " is not in model.vocab");
-    }
-
+    const std::vector<ResolvedMerge> resolved = resolve_merges(vocab_, merges, origin);
     merge_count_ = 0;
     const std::size_t cap = table_capacity(merges.size());
     merge_mask_ = cap - 1;
     merges_.assign(cap, MergeSlot{kEmpty, 0, 0});
     for (std::size_t rank = 0; rank < resolved.size(); ++rank) {
         if (rank + 16 < resolved.size()) {
-            const Resolved& f = resolved[rank + 16];
+            const ResolvedMerge& f = resolved[rank + 16];
             const uint64_t key =
                 (static_cast<uint64_t>(static_cast<uint32_t>(f.a)) << 32) | static_cast<uint32_t>(f.b);
             __builtin_prefetch(&merges_[mix(key) & merge_mask_], 1);
         }
         insert_merge(resolved[rank].a, resolved[rank].b, static_cast<uint32_t>(rank), resolved[rank].c);
+    }
+}
+
+// Applies merges to count >= 2 symbols until none applies. A min-heap of (rank << 32 | pos): HF's Merge
+// ordering, lowest rank first and leftmost on ties, packed in one integer so that heap moves compare 8 bytes.
+// An entry is stale when the pair at pos no longer has that rank; ranks identify pairs, so this is HF's "same
+// new_id" check. The symbols come as a plain array: the list no longer grows here, and the compiler keeps the
+// pointer in a register instead of reloading it from the vector.
+void BpeModel::merge_symbols(Symbol* syms, std::size_t count) const {
+    // thread_local scratch, as in encode_word.
+    thread_local std::vector<uint64_t> heap;
+    thread_local std::vector<uint8_t> alive;
+    heap.clear();
+    auto push = [&](uint32_t rank, int pos) {
+        heap.push_back((static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos));
+        std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    };
+    alive.assign(count, 1);
+    for (std::size_t i = 0; i + 1 < count; ++i)
+        if (const MergeSlot* m = find_merge(syms[i].id, syms[i + 1].id))
+            heap.push_back((static_cast<uint64_t>(m->rank) << 32) | i);
+    std::make_heap(heap.begin(), heap.end(), std::greater<>());
+    while (!heap.empty()) {
+        std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+        const uint64_t top = heap.back();
+        heap.pop_back();
+        const int pos = static_cast<int>(top & 0xFFFFFFFFu);
+        const auto rank = static_cast<uint32_t>(top >> 32);
+        Symbol& cur = syms[pos];
+        if (!alive[pos] || cur.next < 0) continue;
+        const MergeSlot* m = find_merge(cur.id, syms[cur.next].id);
+        if (!m || m->rank != rank) continue;
+        const int right = cur.next;
+        cur.id = m->new_id;
+        cur.next = syms[right].next;
+        alive[right] = 0;
+        if (cur.next >= 0) syms[cur.next].prev = pos;
+        if (cur.prev >= 0)
+            if (const MergeSlot* p = find_merge(syms[cur.prev].id, cur.id)) push(p->rank, cur.prev);
+        if (cur.next >= 0)
+            if (const MergeSlot* n = find_merge(cur.id, syms[cur.next].id)) push(n->rank, pos);
     }
 }
 
@@ -252,23 +310,16 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
             return;
         }
     }
-
-    struct Symbol {
-        int id;
-        int prev;
-        int next;
-    };
     // thread_local scratch: encode is const and may run on several threads; this avoids an allocation per
-    // word.
+    // word. (The character loop stays here, adding through a lambda on the thread_local itself: moved into a
+    // helper that takes the vector by reference, it measured ~1.5% more instructions per word.)
     thread_local std::vector<Symbol> syms;
-    thread_local std::vector<uint8_t> alive;
     syms.clear();
     auto add = [&](int id) {
         const int i = static_cast<int>(syms.size());
         syms.push_back({id, i - 1, -1});
         if (i > 0) syms[i - 1].next = i;
     };
-
     // Characters to initial symbols, as HF BPE::merge_word. Quirk kept on purpose: a byte-fallback character
     // does not flush a pending <unk>, so the <unk> lands after it.
     bool pending_unk = false;
@@ -301,43 +352,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& out) const {
     }
     if (pending_unk) add(unk_id_);
     if (syms.empty()) return;
-
-    if (syms.size() > 1) {
-        // Min-heap of (rank << 32 | pos): HF's Merge ordering, lowest rank first and leftmost on ties, packed
-        // in one integer so that heap moves compare 8 bytes. An entry is stale when the pair at pos no longer
-        // has that rank; ranks identify pairs, so this is HF's "same new_id" check.
-        thread_local std::vector<uint64_t> heap;
-        heap.clear();
-        auto push = [&](uint32_t rank, int pos) {
-            heap.push_back((static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos));
-            std::push_heap(heap.begin(), heap.end(), std::greater<>());
-        };
-        alive.assign(syms.size(), 1);
-        for (std::size_t i = 0; i + 1 < syms.size(); ++i)
-            if (const MergeSlot* m = find_merge(syms[i].id, syms[i + 1].id))
-                heap.push_back((static_cast<uint64_t>(m->rank) << 32) | i);
-        std::make_heap(heap.begin(), heap.end(), std::greater<>());
-        while (!heap.empty()) {
-            std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-            const uint64_t top = heap.back();
-            heap.pop_back();
-            const int pos = static_cast<int>(top & 0xFFFFFFFFu);
-            const auto rank = static_cast<uint32_t>(top >> 32);
-            Symbol& cur = syms[pos];
-            if (!alive[pos] || cur.next < 0) continue;
-            const MergeSlot* m = find_merge(cur.id, syms[cur.next].id);
-            if (!m || m->rank != rank) continue;
-            const int right = cur.next;
-            cur.id = m->new_id;
-            cur.next = syms[right].next;
-            alive[right] = 0;
-            if (cur.next >= 0) syms[cur.next].prev = pos;
-            if (cur.prev >= 0)
-                if (const MergeSlot* p = find_merge(syms[cur.prev].id, cur.id)) push(p->rank, cur.prev);
-            if (cur.next >= 0)
-                if (const MergeSlot* n = find_merge(cur.id, syms[cur.next].id)) push(n->rank, pos);
-        }
-    }
+    if (syms.size() > 1) merge_symbols(syms.data(), syms.size());
     for (int i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
 }
 

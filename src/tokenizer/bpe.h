@@ -82,6 +82,15 @@ class BpeModel {
     const MergeSlot* find_merge(int left, int right) const;
     void insert_merge(int left, int right, uint32_t rank, int new_id);
 
+    // A word's symbols in encode_word: a linked list in one array (indices, -1 at the ends).
+    struct Symbol {
+        int id;
+        int prev;
+        int next;
+    };
+    // encode_word's merge loop, forced inline into it (defined in bpe.cpp): the per-word hot path.
+    [[gnu::always_inline]] inline void merge_symbols(Symbol* syms, std::size_t count) const;
+
     Vocab vocab_;
     BpeOptions options_;
     int unk_id_ = -1;

@@ -69,6 +69,11 @@ std::string_view JsonCursor::read_string(std::string& scratch) {
         ++pos_;
     }
     scratch.assign(text_.substr(start, pos_ - start));
+    return read_escaped_rest(scratch);
+}
+
+// The rest of a string from its first escape on, unescaped onto `scratch`.
+std::string_view JsonCursor::read_escaped_rest(std::string& scratch) {
     while (true) {
         if (pos_ >= text_.size()) fail("unterminated string");
         const auto c = static_cast<unsigned char>(text_[pos_]);
@@ -85,60 +90,70 @@ std::string_view JsonCursor::read_string(std::string& scratch) {
         if (pos_ + 1 >= text_.size()) fail("unterminated escape");
         const char e = text_[pos_ + 1];
         pos_ += 2;
-        switch (e) {
-            case '"':
-                scratch.push_back('"');
-                break;
-            case '\\':
-                scratch.push_back('\\');
-                break;
-            case '/':
-                scratch.push_back('/');
-                break;
-            case 'b':
-                scratch.push_back('\b');
-                break;
-            case 'f':
-                scratch.push_back('\f');
-                break;
-            case 'n':
-                scratch.push_back('\n');
-                break;
-            case 'r':
-                scratch.push_back('\r');
-                break;
-            case 't':
-                scratch.push_back('\t');
-                break;
-            case 'u': {
-                auto read4 = [&]() -> char32_t {
-                    if (pos_ + 4 > text_.size()) fail("truncated \\u escape");
-                    char32_t v = 0;
-                    for (int k = 0; k < 4; ++k) {
-                        const int h = hex_value(text_[pos_ + k]);
-                        if (h < 0) fail("bad hex digit in \\u escape");
-                        v = (v << 4) | static_cast<char32_t>(h);
-                    }
-                    pos_ += 4;
-                    return v;
-                };
-                char32_t cp = read4();
-                if (cp >= 0xDC00 && cp <= 0xDFFF) fail("lone low surrogate in \\u escape");
-                if (cp >= 0xD800 && cp <= 0xDBFF) {
-                    if (pos_ + 2 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u')
-                        fail("high surrogate not followed by a low surrogate");
-                    pos_ += 2;
-                    const char32_t low = read4();
-                    if (low < 0xDC00 || low > 0xDFFF) fail("high surrogate not followed by a low surrogate");
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-                }
-                append_utf8(scratch, cp);
-                break;
-            }
-            default:
-                fail(std::string("invalid escape '\\") + e + "'");
-        }
+        read_escape(e, scratch);
     }
+}
+
+// Appends what the escape \e stands for; pos_ is past the 'e'.
+void JsonCursor::read_escape(char e, std::string& scratch) {
+    switch (e) {
+        case '"':
+            scratch.push_back('"');
+            break;
+        case '\\':
+            scratch.push_back('\\');
+            break;
+        case '/':
+            scratch.push_back('/');
+            break;
+        case 'b':
+            scratch.push_back('\b');
+            break;
+        case 'f':
+            scratch.push_back('\f');
+            break;
+        case 'n':
+            scratch.push_back('\n');
+            break;
+        case 'r':
+            scratch.push_back('\r');
+            break;
+        case 't':
+            scratch.push_back('\t');
+            break;
+        case 'u':
+            append_utf8(scratch, read_unicode_escape());
+            break;
+        default:
+            fail(std::string("invalid escape '\\") + e + "'");
+    }
+}
+
+// The code point of a \u escape (pos_ past the 'u'), joining a surrogate pair written as two escapes.
+char32_t JsonCursor::read_unicode_escape() {
+    char32_t cp = read_hex4();
+    if (cp >= 0xDC00 && cp <= 0xDFFF) fail("lone low surrogate in \\u escape");
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+        if (pos_ + 2 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u')
+            fail("high surrogate not followed by a low surrogate");
+        pos_ += 2;
+        const char32_t low = read_hex4();
+        if (low < 0xDC00 || low > 0xDFFF) fail("high surrogate not followed by a low surrogate");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+    }
+    return cp;
+}
+
+char32_t JsonCursor::read_hex4() {
+    if (pos_ + 4 > text_.size()) fail("truncated \\u escape");
+    char32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+        const int h = hex_value(text_[pos_ + k]);
+        if (h < 0) fail("bad hex digit in \\u escape");
+        v = (v << 4) | static_cast<char32_t>(h);
+    }
+    pos_ += 4;
+    return v;
 }
 
 int64_t JsonCursor::read_integer() {

@@ -32,6 +32,11 @@ class JsonCursor {
   private:
     void skip_ws();
     void skip_string();
+    // read_string's slow path, for strings with escapes.
+    std::string_view read_escaped_rest(std::string& scratch);
+    void read_escape(char e, std::string& scratch);
+    char32_t read_unicode_escape();
+    char32_t read_hex4();
     std::string_view text_;
     std::string origin_;
     std::size_t pos_ = 0;

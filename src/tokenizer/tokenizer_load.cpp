@@ -83,6 +83,28 @@ void read_merges(JsonCursor& cur, RawFile& f) {
     cur.expect(']');
 }
 
+// The "model" object: vocab and merges through the cursor, every other key through nlohmann.
+void read_model(JsonCursor& cur, RawFile& f, const std::string& origin) {
+    std::string scratch;
+    f.have_model = true;
+    cur.expect('{');
+    if (cur.consume('}')) return;
+    do {
+        const std::string mkey(cur.read_string(scratch));
+        cur.expect(':');
+        if (mkey == "vocab" && cur.peek() == '{') {
+            read_vocab(cur, f);
+            f.have_vocab = true;
+        } else if (mkey == "merges" && cur.peek() == '[') {
+            read_merges(cur, f);
+            f.have_merges = true;
+        } else {
+            f.model[mkey] = parse_section(cur.skip_value(), origin, "model." + mkey);
+        }
+    } while (cur.consume(','));
+    cur.expect('}');
+}
+
 RawFile read_raw(std::string_view text, const std::string& origin) {
     if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
         throw Error(origin + ": the file is empty, not a tokenizer.json");
@@ -99,28 +121,10 @@ RawFile read_raw(std::string_view text, const std::string& origin) {
         do {
             const std::string key(cur.read_string(scratch));
             cur.expect(':');
-            if (key == "model" && cur.peek() == '{') {
-                f.have_model = true;
-                cur.expect('{');
-                if (!cur.consume('}')) {
-                    do {
-                        const std::string mkey(cur.read_string(scratch));
-                        cur.expect(':');
-                        if (mkey == "vocab" && cur.peek() == '{') {
-                            read_vocab(cur, f);
-                            f.have_vocab = true;
-                        } else if (mkey == "merges" && cur.peek() == '[') {
-                            read_merges(cur, f);
-                            f.have_merges = true;
-                        } else {
-                            f.model[mkey] = parse_section(cur.skip_value(), origin, "model." + mkey);
-                        }
-                    } while (cur.consume(','));
-                    cur.expect('}');
-                }
-            } else {
+            if (key == "model" && cur.peek() == '{')
+                read_model(cur, f, origin);
+            else
                 f.top[key] = parse_section(cur.skip_value(), origin, key);
-            }
         } while (cur.consume(','));
     }
     cur.expect('}');
