@@ -3,7 +3,7 @@
 // it), numbered variants (cpu_gemv_variants.h), a correctness gate and a GB/s sweep over the matrices of one
 // Gemma 4 E2B decode step at 1 and 2 threads, each shown as a share of the read bandwidth that
 // cpu::measure_read_bandwidth measures with the same pool.
-//   markbase_cpu_gemv_lab [--gate] [--quick] [--only SUBSTRING] [--sweeps N] [--rotate-mb MB]
+//   markbase_cpu_gemv_lab [--gate] [--quick] [--pin] [--only SUBSTRING] [--sweeps N] [--rotate-mb MB]
 // A cell is GB/s and the share of "rd", the same bytes read (summed as integers) with the same split in the
 // same rounds; the E2B step line adds, in parentheses, the share of cpu::measure_read_bandwidth taken before
 // the sweep, which is printed again after it (on a shared host the two can differ by 2x).
@@ -22,6 +22,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "cpu/matmul.h"
 #include "cpu/matmul_kernels.h"
@@ -275,20 +279,55 @@ double bytes_of(const Shape& s) {
     return static_cast<double>(s.out * s.in) * 2 + static_cast<double>(s.in + s.out) * 4;
 }
 
-// Median seconds of an empty parallel_for over every thread: the floor of one matmul's split.
-double pool_call_cost(ThreadPool& pool) {
+// An empty parallel_for over every thread: the floor of one matmul's split. Its cost depends on where the OS
+// puts the workers: a worker on the caller's CPU runs only when the caller yields, and each call then costs a
+// time slice instead of a cache line's round trip.
+struct PoolCost {
+    double p50_s = 0, p90_s = 0;
+    int on_callers_cpu = 0, chunks = 0;  // chunks run by a worker on the CPU the caller ran on
+};
+
+PoolCost pool_call_cost(ThreadPool& pool) {
     std::vector<double> t;
+    std::atomic<int> same{0}, chunks{0};
     for (int i = 0; i < 2000; ++i) {
+#if defined(__linux__)
+        const int caller = sched_getcpu();
+#else
+        const int caller = -1;
+#endif
         const auto t0 = Clock::now();
-        pool.parallel_for(pool.size(), [](int64_t, int64_t) {});
+        pool.parallel_for(pool.size(), [&](int64_t b, int64_t) {
+            if (b == 0) return;
+            chunks.fetch_add(1, std::memory_order_relaxed);
+#if defined(__linux__)
+            if (sched_getcpu() == caller) same.fetch_add(1, std::memory_order_relaxed);
+#endif
+        });
         t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return {t[t.size() / 2], t[t.size() * 9 / 10], same.load(), chunks.load()};
+}
+
+// --pin: thread i of the pool (0 = the caller) is bound to CPU i. Chunk i of a parallel_for always runs on
+// worker i, so binding inside one call binds the workers for good. The product does not pin; this shows what
+// a worker sharing the caller's CPU costs.
+void pin_pool(ThreadPool& pool) {
+#if defined(__linux__)
+    pool.parallel_for(pool.size(), [](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(static_cast<int>(i), &set);
+            if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
+        }
+    });
+#endif
 }
 
 struct Options {
-    bool gate_only = false, quick = false;
+    bool gate_only = false, quick = false, pin = false;
     std::string only;
     int sweeps = 1;
     int64_t rotate_mb = 1024;
@@ -300,6 +339,8 @@ Options parse(int argc, char** argv) {
         const std::string_view a = argv[i];
         if (a == "--gate") {
             o.gate_only = true;
+        } else if (a == "--pin") {
+            o.pin = true;
         } else if (a == "--quick") {
             o.quick = true;
         } else if (a == "--only" && i + 1 < argc) {
@@ -310,8 +351,8 @@ Options parse(int argc, char** argv) {
             o.rotate_mb = std::max<int64_t>(1, std::atoll(argv[++i]));
         } else {
             std::fprintf(stderr,
-                         "usage: markbase_cpu_gemv_lab [--gate] [--quick] [--only SUBSTRING] [--sweeps N] "
-                         "[--rotate-mb MB]\n");
+                         "usage: markbase_cpu_gemv_lab [--gate] [--quick] [--pin] [--only SUBSTRING] "
+                         "[--sweeps N] [--rotate-mb MB]\n");
             std::exit(2);
         }
     }
@@ -332,10 +373,11 @@ void print_header(ThreadPool* pools[2], const double bw[2]) {
 #endif
     );
     for (int k = 0; k < 2; ++k) {
+        const PoolCost c = pool_call_cost(*pools[k]);
         std::printf(
-            "threads %d: read bandwidth %.2f GB/s (cpu::measure_read_bandwidth, 1 GiB), empty "
-            "parallel_for %.2f us\n",
-            pools[k]->size(), bw[k], pool_call_cost(*pools[k]) * 1e6);
+            "threads %d: read bandwidth %.2f GB/s (cpu::measure_read_bandwidth, 1 GiB); empty "
+            "parallel_for p50 %.2f us, p90 %.2f us; worker chunks on the caller's CPU: %d of %d\n",
+            pools[k]->size(), bw[k], c.p50_s * 1e6, c.p90_s * 1e6, c.on_callers_cpu, c.chunks);
     }
     for (const Variant& v : kVariants)
         std::printf("%s%s: %s%s\n", v.name, runs_here(v) ? "" : " (not on this CPU)", v.what,
@@ -391,6 +433,10 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     ThreadPool pool1(1), pool2(2);
     ThreadPool* pools[2] = {&pool1, &pool2};
+    if (o.pin) {
+        pin_pool(pool1);
+        pin_pool(pool2);
+    }
     bool ok = true;
     for (const Shape& s : kShapes) {
         if (!selected(o, s)) continue;
