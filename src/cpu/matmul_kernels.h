@@ -54,13 +54,16 @@ inline int64_t min_i64(int64_t a, int64_t b) {
 // same blocking and tail logic as the SIMD ones. A backend offers:
 //   V, W (lanes), zero, load / load_n (fp32 or bf16 source; load_n reads only n < W elements, the rest is 0),
 //   fma(a, b, acc) = a * b + acc, hsum, hsum4 (out[j] the sum of the j-th vector's lanes, by one addition
-//   tree for every j), pin, store / store_n; and its tile shapes.
+//   tree for every j), pin, store / store_n, prefetch; its tile shapes; and kGemvPrefetchBytes, how far ahead
+//   a one-token tile prefetches each weight row (0: not at all). A prefetch never changes a result.
 // -----------------------------------------------------------------------------------------------------------
 
 struct ScalarOps {
     using V = float;
     static constexpr int W = 1;
     static constexpr int kTileRows = 4, kTileTokens = 4, kGemvRows = 4;
+    static constexpr int kGemvPrefetchBytes = 0;
+    static void prefetch(const void*) {}
     static V zero() { return 0.0f; }
     static V load(const float* p) { return *p; }
     static V load(const bf16* p) { return bf16_to_float(*p); }
@@ -97,6 +100,14 @@ inline void tile(const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t 
         for (int t = 0; t < T; ++t) acc[r][t] = O::zero();
     int64_t i = 0;
     for (; i + O::W <= k; i += O::W) {
+        if constexpr (T == 1 && O::kGemvPrefetchBytes > 0) {
+            // GEMV streams R rows side by side, more streams than the hardware prefetchers keep far enough
+            // ahead on some cores: one software prefetch per row per cache line, kGemvPrefetchBytes ahead.
+            constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(WT));
+            if (i % kLine == 0) {
+                for (int r = 0; r < R; ++r) O::prefetch(w + r * ldw + i + O::kGemvPrefetchBytes / sizeof(WT));
+            }
+        }
         V wv[R];
         for (int r = 0; r < R; ++r) {
             wv[r] = O::load(w + r * ldw + i);
