@@ -80,6 +80,9 @@ int dispatch(const Command& cmd, const Args& args) {
     } catch (const markbase::cli::HelpRequested& h) {
         std::fputs(h.text.c_str(), stdout);
         return 0;
+    } catch (const markbase::cli::UsageError& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
     } catch (const markbase::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
     } catch (const std::bad_alloc&) {

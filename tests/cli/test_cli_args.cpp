@@ -103,7 +103,7 @@ TEST_F(CliArgs, OutOfRangeIntegersAreRefusedNamingTheFlag) {
               "bench load: -t must be in [1, 4096], got 4294967297"},
          }) {
         const testing::CliResult r = testing::run_cli(c.args);
-        EXPECT_EQ(r.code, 1) << c.args << "\n" << r.all();
+        EXPECT_EQ(r.code, 2) << c.args << "\n" << r.all();
         EXPECT_NE(r.err.find("error: " + c.expect), std::string::npos) << c.args << "\n" << r.all();
     }
 }
@@ -117,9 +117,21 @@ TEST_F(CliArgs, NonFiniteNumbersAreRefusedNamingTheFlag) {
              {"--top-p 0.5x", "run: --top-p expects a number, got '0.5x'"},
          }) {
         const testing::CliResult r = testing::run_cli(run + args);
-        EXPECT_EQ(r.code, 1) << args << "\n" << r.all();
+        EXPECT_EQ(r.code, 2) << args << "\n" << r.all();
         EXPECT_NE(r.err.find("error: " + expect), std::string::npos) << args << "\n" << r.all();
     }
+}
+
+// The README's exit codes: 0 success (--help too), 2 a command line the command cannot take, 1 an error while
+// running.
+TEST_F(CliArgs, ExitCodesSeparateUsageFromFailure) {
+    EXPECT_EQ(testing::run_cli("run --help").code, 0);
+    EXPECT_EQ(testing::run_cli("run --device cpu --bogus 1").code, 2);
+    EXPECT_EQ(testing::run_cli("run --device cpu -n x").code, 2);
+    EXPECT_EQ(testing::run_cli("frobnicate").code, 2);
+    const testing::CliResult r = testing::run_cli("run -m /nonexistent --device cpu --ids 2");
+    EXPECT_EQ(r.code, 1) << r.all();
+    EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.all();
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ TEST(CliVersion, CommandAndFlagAgree) {
 
 TEST(CliVersion, RefusesArguments) {
     const testing::CliResult r = testing::run_cli("version --bogus");
-    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.err.find("--bogus"), std::string::npos) << r.err;
 }
 

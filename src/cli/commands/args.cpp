@@ -45,7 +45,7 @@ std::optional<std::pair<std::string, std::string>> ArgReader::find(std::initiali
         for (const char* n : names) {
             const std::string name = n;
             if (args_[i] == name) {
-                if (i + 1 >= args_.size()) throw Error(command_ + ": " + name + " needs a value");
+                if (i + 1 >= args_.size()) throw UsageError(command_ + ": " + name + " needs a value");
                 used_[i] = used_[i + 1] = true;
                 found.emplace(name, args_[i + 1]);
                 ++i;
@@ -85,10 +85,10 @@ int64_t ArgReader::integer_in(std::initializer_list<const char*> names, int64_t 
     const char* last = text.data() + text.size();
     const auto [end, ec] = std::from_chars(first, last, x);
     if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == last && (x < lo || x > hi)))
-        throw Error(command_ + ": " + name + " must be in [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "], got " + text);
+        throw UsageError(command_ + ": " + name + " must be in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "], got " + text);
     if (ec != std::errc() || end != last || first == last)
-        throw Error(command_ + ": " + name + " expects an integer, got '" + text + "'");
+        throw UsageError(command_ + ": " + name + " expects an integer, got '" + text + "'");
     return x;
 }
 
@@ -105,8 +105,8 @@ double ArgReader::number(std::initializer_list<const char*> names, double def) {
     const double x = std::strtod(text.c_str(), &end);
     if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' ||
         text.find_first_of("xX") != std::string::npos)
-        throw Error(command_ + ": " + name + " expects a number, got '" + text + "'");
-    if (!std::isfinite(x)) throw Error(command_ + ": " + name + " must be a finite number, got " + text);
+        throw UsageError(command_ + ": " + name + " expects a number, got '" + text + "'");
+    if (!std::isfinite(x)) throw UsageError(command_ + ": " + name + " must be a finite number, got " + text);
     return x;
 }
 
@@ -123,7 +123,7 @@ std::string ArgReader::required(std::initializer_list<const char*> names, const 
     auto v = value(names);
     note(names, what, "required");
     if (!v && help_) return "";
-    if (!v) throw Error(command_ + ": " + *names.begin() + " " + what + " is required");
+    if (!v) throw UsageError(command_ + ": " + *names.begin() + " " + what + " is required");
     return *v;
 }
 
@@ -131,7 +131,7 @@ void ArgReader::finish() {
     if (help_) throw HelpRequested{help_text()};
     for (size_t i = 0; i < args_.size(); ++i)
         if (!used_[i])
-            throw Error(command_ + ": unknown or misplaced argument '" + args_[i] + "' (see --help)");
+            throw UsageError(command_ + ": unknown or misplaced argument '" + args_[i] + "' (see --help)");
 }
 
 std::vector<int> parse_id_list(const std::string& text, const char* flag) {
@@ -142,7 +142,7 @@ std::vector<int> parse_id_list(const std::string& text, const char* flag) {
         char* end = nullptr;
         long v = std::strtol(cur.c_str(), &end, 10);
         if (*end || v < 0 || v > 0x7fffffff)
-            throw Error(std::string(flag) + ": '" + cur + "' is not a token id");
+            throw UsageError(std::string(flag) + ": '" + cur + "' is not a token id");
         ids.push_back(static_cast<int>(v));
         cur.clear();
     };
@@ -153,7 +153,7 @@ std::vector<int> parse_id_list(const std::string& text, const char* flag) {
             cur += ch;
     }
     push();
-    if (ids.empty()) throw Error(std::string(flag) + ": no token ids given");
+    if (ids.empty()) throw UsageError(std::string(flag) + ": no token ids given");
     return ids;
 }
 

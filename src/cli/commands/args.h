@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/error.h"
+
 namespace markbase::cli {
 
 // Upper bounds of the integer flags that have none of their own.
@@ -26,6 +28,13 @@ inline constexpr int kMaxGpus = 1024;       // -tp
 // cannot drift from what the command accepts.
 struct HelpRequested {
     std::string text;
+};
+
+// A command line the command cannot take (an unknown flag, a missing or malformed value, a number out of
+// range): main exits 2 for it, 1 for an error while running, as the README's exit codes say.
+class UsageError : public Error {
+  public:
+    using Error::Error;
 };
 
 class ArgReader {
