@@ -29,6 +29,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (auto ids = a.value({"--ids"})) (void)markbase::cli::parse_id_list(*ids, "--ids");
         a.finish();
     } catch (const markbase::Error&) {
+    } catch (const markbase::cli::HelpRequested& h) {  // -h/--help among the arguments: the usage text
+        if (h.text.empty()) __builtin_trap();
     }
     return 0;
 }
