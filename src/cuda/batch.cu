@@ -1,8 +1,12 @@
 // Batched decode (docs/batched-decode.md): several sequences, each with its own cache slot and position,
 // decode one token each in one pass. Everything but attention and the cache write is the prefill's work over
 // the batch's rows (GEMMs: the weights are read once per step, not once per sequence); qkv_post and attention
-// take per-token positions and slots (their Batched instantiations). Not captured as a graph yet.
+// take per-token positions and slots (their Batched instantiations). A step is one graph launch: the graph of
+// n sequences whose furthest position lies below a range class (batch_range), captured on first use, reads
+// the ids, positions and slots from device memory; the MoE's experts run as the grouped GEMV kernels, whose
+// grid does not depend on the routing, so no step waits on the host.
 #include <algorithm>
+#include <utility>
 
 #include "cuda/model.h"
 
@@ -63,17 +67,63 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
         slot[static_cast<size_t>(t)] = s;
         max_pos = std::max(max_pos, p);
     }
-    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
-    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
-    const float eps = c_.rms_eps;
-
+    const int64_t V = c_.vocab_size;
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned ids and the positions are free
     std::copy(ids, ids + n, st_.h_ids);
     CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bslot_, slot.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaGraphLaunch(batch_graph(n, batch_range(max_pos)), stream_));
+    std::vector<int> next(static_cast<size_t>(n));
+    CUDA_CHECK(cudaMemcpyAsync(next.data(), d_bnext_, n * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    if (logits)
+        CUDA_CHECK(cudaMemcpyAsync(logits, act_.all_logits, static_cast<size_t>(n) * V * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int t = 0; t < n; ++t) ++slot_pos_[static_cast<size_t>(slot[static_cast<size_t>(t)])];
+    return next;
+}
 
-    struct BatchScope {  // batch_ while the step is enqueued, also when it throws
+// The range class of a step whose furthest position is max_pos: a power of two of at least 256 keys, at most
+// the context. The attention pieces are laid out for the class, so one graph serves every step in it (the
+// pieces past a sequence's own range hold no keys and drop out of the merge).
+int64_t CudaModel::batch_range(int64_t max_pos) const {
+    int64_t r = 256;
+    while (r < max_pos + 1) r *= 2;
+    return std::max<int64_t>(std::min(r, ctx_), max_pos + 1);
+}
+
+cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
+    const auto key = std::make_pair(n, range);
+    const auto it = batch_graphs_.find(key);
+    if (it != batch_graphs_.end()) return it->second;
+    ensure_all_logits();
+    cudaGraph_t g = nullptr;
+    // relaxed: cuBLAS may set up its workspace on its first call inside the capture
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    try {
+        record_batch(n, range);
+    } catch (...) {
+        cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(e);
+    batch_graphs_.emplace(key, exec);
+    return exec;
+}
+
+// The batched step's launches: n tokens (st_.d_ids) at positions d_bpos_ of slots d_bslot_, every position
+// below `range`; the greedy next ids into d_bnext_, every row's logits in act_.all_logits.
+void CudaModel::record_batch(int n, int64_t range) {
+    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
+    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const float eps = c_.rms_eps;
+    struct BatchScope {  // batch_ while the step is recorded, also when it throws
         bool& flag;
         explicit BatchScope(bool& f) : flag(f) { flag = true; }
         ~BatchScope() { flag = false; }
@@ -84,23 +134,12 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
         gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, act_.ple_ctx, LP);
         ple_mix(act_.ple_ctx, st_.d_ids, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, act_.ple, stream_);
     }
-    // prefill_layer sizes the attention pieces from pos0 + n: here the furthest token's range
-    const int64_t pos0 = max_pos + 1 - n;
-    for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
-
-    ensure_all_logits();
+    // prefill_layer sizes the attention pieces from pos0 + n: here the class's range
+    for (int i = 0; i < L; ++i) prefill_layer(i, n, range - n);
     split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
     gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
     if (c_.final_softcap > 0.0f) softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);
     argmax_rows(act_.all_logits, n, V, d_bnext_, stream_);
-    std::vector<int> next(static_cast<size_t>(n));
-    CUDA_CHECK(cudaMemcpyAsync(next.data(), d_bnext_, n * sizeof(int), cudaMemcpyDeviceToHost, stream_));
-    if (logits)
-        CUDA_CHECK(cudaMemcpyAsync(logits, act_.all_logits, static_cast<size_t>(n) * V * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (int t = 0; t < n; ++t) ++slot_pos_[static_cast<size_t>(slot[static_cast<size_t>(t)])];
-    return next;
 }
 
 }  // namespace markbase::cuda

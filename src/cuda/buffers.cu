@@ -246,6 +246,8 @@ void CudaModel::release() {
     graph_ = nullptr;
     if (graph_short_) cudaGraphExecDestroy(graph_short_);
     graph_short_ = nullptr;
+    for (auto& kv : batch_graphs_) cudaGraphExecDestroy(kv.second);
+    batch_graphs_.clear();
     if (blas_) cublasDestroy(blas_);
     blas_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_);

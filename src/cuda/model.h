@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -459,6 +461,11 @@ class CudaModel {
     int cur_slot_ = 0;
     bool batch_ = false;
     int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
+    // batch.cu: the batched step's graphs by (sequences, range class), captured on first use
+    std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
+    int64_t batch_range(int64_t max_pos) const;
+    cudaGraphExec_t batch_graph(int n, int64_t range);
+    void record_batch(int n, int64_t range);
 };
 
 }  // namespace markbase::cuda

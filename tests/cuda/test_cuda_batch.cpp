@@ -1,8 +1,9 @@
 // Batched decode (docs/batched-decode.md): sequences of different lengths, each in its own cache slot,
 // decoded together one token each per step must give what each gives decoded alone on the one-sequence path
 // (itself checked against the CPU in test_cuda_backend.cpp): logits within 1e-3 of the logit range, the same
-// greedy ids. Lengths pass the tiny models' sliding window (4) so ring slots wrap per sequence; one step
-// takes a subset of the slots in another order. Skips, saying why, without a GPU.
+// greedy ids. Lengths pass the tiny models' sliding window (4) so ring slots wrap per sequence; one sequence
+// crosses position 256 while the steps run, so the step's graph changes range class (batch.cu) under it, and
+// another sits in the next class from the start; one step takes a subset of the slots in another order. Skips, saying why, without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,7 +38,7 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
     auto ck = load_checkpoint(dir.path());
     const int64_t V = ck->config.vocab_size;
     BackendOptions o;
-    o.ctx_size = 128;
+    o.ctx_size = 640;
     o.chunk = 8;  // prompts longer than a chunk go in several prefill passes
     auto alone = make_cuda_backend(*ck, o);
     BackendOptions ob = o;
@@ -46,7 +47,7 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
     ASSERT_EQ(batch->slots(), 3);
 
     const std::vector<std::vector<int> > prompts = {
-        testing::random_ids(5, 256, 1), testing::random_ids(9, 256, 2), testing::random_ids(14, 256, 3)};
+        testing::random_ids(5, 256, 1), testing::random_ids(254, 256, 2), testing::random_ids(300, 256, 3)};
     constexpr int kSteps = 6;
     // alone: each prompt, then kSteps greedy tokens fed one by one, with every step's logits
     std::vector<std::vector<int> > ids_alone(3);
@@ -98,7 +99,8 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
     EXPECT_THROW(batch->decode_batch(dup.data(), in2.data(), 2, nullptr), Error)
         << "a slot twice in one step";
     EXPECT_THROW(batch->decode_batch(bad.data(), in2.data(), 1, nullptr), Error) << "a slot past the last";
-    EXPECT_THROW(batch->slot_eval(0, prompts[0].data(), 200), Error) << "more than the context";
+    const std::vector<int> long_prompt = testing::random_ids(700, 256, 4);
+    EXPECT_THROW(batch->slot_eval(0, long_prompt.data(), 700), Error) << "more than the context";
 #endif
 }
 
