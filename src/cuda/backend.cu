@@ -81,6 +81,10 @@ class CudaBackendImpl final : public CudaBackend {
         cuda::check_token_ids(config(), ids, n);
         return model_.decode_batch(slots, ids, n, logits);
     }
+    std::vector<CudaProfileEntry> profile_batch(const int* slots, const int* ids, int n) override {
+        cuda::check_token_ids(config(), ids, n);
+        return model_.profile_batch(slots, ids, n);
+    }
     int batch_rows() const override { return model_.chunk(); }
     std::string prefill_note() const override {
         if (!config().moe) return {};

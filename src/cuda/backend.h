@@ -69,6 +69,9 @@ class CudaBackend : public Backend {
     // One token for each of n distinct slots in one pass; returns each slot's greedy next id; logits [n][V]
     // when given.
     virtual std::vector<int> decode_batch(const int* slots, const int* ids, int n, float* logits) = 0;
+    // decode_batch's step without its graph, with events around each phase of each layer (the slots
+    // advance): where a batched step's time goes. One GPU only.
+    virtual std::vector<CudaProfileEntry> profile_batch(const int* slots, const int* ids, int n) = 0;
     // The most sequences one decode_batch takes besides the slots: the prefill chunk (-b) bounds its rows.
     virtual int batch_rows() const { return 1; }
     // How the prefill ran where it has choices (the 26B's experts: GEMM passes or GEMV kernels); "" if none.

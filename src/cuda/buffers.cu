@@ -242,10 +242,8 @@ void CudaModel::ensure_all_logits() {
     if (!act_.all_logits) act_.all_logits = take<float>(CudaBuf::kAllLogits);
 }
 void CudaModel::release() {
-    if (graph_) cudaGraphExecDestroy(graph_);
-    graph_ = nullptr;
-    if (graph_short_) cudaGraphExecDestroy(graph_short_);
-    graph_short_ = nullptr;
+    for (auto& kv : step_graphs_) cudaGraphExecDestroy(kv.second);
+    step_graphs_.clear();
     for (auto& kv : batch_graphs_) cudaGraphExecDestroy(kv.second);
     batch_graphs_.clear();
     if (blas_) cublasDestroy(blas_);

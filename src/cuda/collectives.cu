@@ -45,7 +45,7 @@ void CudaModel::use_peers(const std::vector<PeerEndpoint>& ranks) {
     if (static_cast<int>(ranks.size()) != shard_.world || shard_.world > kMaxPeers || !ps_.calls)
         throw Error("internal: use_peers needs every rank's endpoint (world " + std::to_string(shard_.world) +
                     ")");
-    if (graph_ || graph_short_) throw Error("internal: use_peers after the decode graph was captured");
+    if (!step_graphs_.empty()) throw Error("internal: use_peers after the decode graph was captured");
     for (size_t q = 0; q < ranks.size(); ++q) {
         ps_.inbox[q] = ranks[q].inbox;
         ps_.flags[q] = ranks[q].flags;

@@ -142,19 +142,21 @@ cudaGraph_t CudaModel::capture_step(bool short_range) {
     return g;
 }
 
-void CudaModel::ensure_graph(bool short_range) {
-    cudaGraphExec_t& exec = short_range ? graph_short_ : graph_;
-    if (exec) return;
+cudaGraphExec_t CudaModel::ensure_graph(bool short_range) {
+    const auto key = std::make_pair(cur_slot_, short_range);
+    const auto it = step_graphs_.find(key);
+    if (it != step_graphs_.end()) return it->second;
     cudaGraph_t g = capture_step(short_range);
+    cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
     CUDA_CHECK(e);
+    step_graphs_.emplace(key, exec);
+    return exec;
 }
 
 cudaGraphExec_t CudaModel::step_graph(int64_t pos) {
-    const bool sh = short_step(pos);
-    ensure_graph(sh);
-    return sh ? graph_short_ : graph_;
+    return ensure_graph(short_step(pos));
 }
 
 bool CudaModel::truncate(int64_t n) {

@@ -272,6 +272,8 @@ class CudaModel {
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
+    // decode_batch's step run eagerly with events around each phase of each layer (the positions advance).
+    std::vector<CudaProfileEntry> profile_batch(const int* slot_ids, const int* ids, int n);
     using MoePrefillStats = cuda::MoePrefillStats;
     const MoePrefillStats& moe_prefill_stats() const { return moe_.stats; }
     void copy_logits(float* host);  // the last step's logits row (sharded: this rank's columns of it)
@@ -360,7 +362,7 @@ class CudaModel {
     // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
     // positions below plan_.attn_short_keys (Tuning::attn_cluster)
     cudaGraph_t capture_step(bool short_range = false);
-    void ensure_graph(bool short_range = false);
+    cudaGraphExec_t ensure_graph(bool short_range = false);  // the current slot's
     // The graph for a step at position pos (captured on first use): the short-range one while every layer's
     // range fits its clusters, else the general one. Both are correct at any position; this is speed only.
     bool short_step(int64_t pos) const {
@@ -431,8 +433,9 @@ class CudaModel {
     // streams and graphs
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
-    cudaGraphExec_t graph_ = nullptr;
-    cudaGraphExec_t graph_short_ = nullptr;  // the step below plan_.attn_short_keys (clustered attention)
+    // the decode step's graphs by (sequence slot, short range: the step below plan_.attn_short_keys, with
+    // clustered attention); a slot's cache is bound at capture
+    std::map<std::pair<int, bool>, cudaGraphExec_t> step_graphs_;
 
     // while a step is recorded
     bool rec_short_ = false;          // the short-range step
@@ -466,6 +469,8 @@ class CudaModel {
     int64_t batch_range(int64_t max_pos) const;
     cudaGraphExec_t batch_graph(int n, int64_t range);
     void record_batch(int n, int64_t range);
+    int decode_slot(int slot, int id, float* logits);  // one sequence: its slot's decode graph
+    std::vector<int> batch_step(const int* slot_ids, const int* ids, int n, float* logits, Profiler* pf);
 };
 
 }  // namespace markbase::cuda

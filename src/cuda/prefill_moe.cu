@@ -1,6 +1,5 @@
-// The 26B's experts at prefill, after moe_route and moe_bucket grouped the chunk's entries by expert (in a
-// batched decode step's graph, the grouped GEMV kernels, which read an expert's rows once per 4 of its
-// tokens and need no host in the loop): the compact pass over each expert's own rows (batched GEMMs over pointer arrays, bucketed by padded row count),
+// The 26B's experts at prefill, after moe_route and moe_bucket grouped the chunk's entries by expert: the
+// compact pass over each expert's own rows (batched GEMMs over pointer arrays, bucketed by padded row count),
 // else batched GEMMs in passes of at most moe_.cap rows per expert, else (a layer whose busiest expert holds
 // more) the grouped GEMV kernels.
 #include <algorithm>
@@ -13,12 +12,6 @@ namespace markbase::cuda {
 void CudaModel::prefill_experts(int i, int n) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    if (batch_) {  // a batched decode step's graph: kernels whose grid does not depend on the routing
-        moe_gate_up(moe_.e_in, H, lw.experts_gate_up, Ie, K, moe_.gexp, moe_.goff, moe_.gent, E, moe_.eh,
-                    stream_);
-        moe_down(moe_.eh, Ie, lw.experts_down, H, moe_.gexp, moe_.goff, moe_.gent, E, moe_.eslots, stream_);
-        return;
-    }
     // the busiest expert sizes the batch: one small copy and a sync per MoE layer
     CUDA_CHECK(
         cudaMemcpyAsync(moe_.h_goff, moe_.goff, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));

@@ -172,6 +172,9 @@ class TpBackendImpl final : public CudaBackend {
     std::vector<CudaProfileEntry> profile_prefill(const int*, int) override {
         throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
     }
+    std::vector<CudaProfileEntry> profile_batch(const int*, const int*, int) override {
+        throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
+    }
     CudaDeviceInfo device() const override { return cuda_device_info(); }
     uint64_t weight_bytes() const override {
         uint64_t b = 0;

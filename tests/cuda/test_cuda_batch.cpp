@@ -76,7 +76,13 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
     for (int k = 0; k < kSteps; ++k) {
         std::vector<int> in = {next[2], next[0], next[1]};
         std::vector<float> lg(3 * V);
-        const std::vector<int> out = batch->decode_batch(order.data(), in.data(), 3, lg.data());
+        std::vector<int> out;
+        if (k + 1 < kSteps) {
+            out = batch->decode_batch(order.data(), in.data(), 3, lg.data());
+        } else {  // the last step one sequence at a time: each slot's own decode graph
+            for (int t = 0; t < 3; ++t)
+                out.push_back(batch->decode_batch(&order[t], &in[t], 1, lg.data() + t * V).at(0));
+        }
         ASSERT_EQ(out.size(), 3u);
         for (int t = 0; t < 3; ++t) {
             const int s = order[t];
@@ -94,6 +100,19 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
     {
         std::vector<int> two = {1, 0}, in = {next[1], next[0]};
         batch->decode_batch(two.data(), in.data(), 2, nullptr);
+    }
+    // the same step without its graph, phase by phase: every layer's attention, the logits, real times
+    {
+        std::vector<int> two = {0, 2}, in = {next[0], next[2]};
+        const std::vector<CudaProfileEntry> prof = batch->profile_batch(two.data(), in.data(), 2);
+        int attention = 0, lm_head = 0;
+        for (const CudaProfileEntry& e : prof) {
+            EXPECT_GE(e.ms, 0.0) << e.kernel;
+            attention += e.kernel == std::string("attention");
+            lm_head += e.kernel == std::string("lm_head");
+        }
+        EXPECT_EQ(attention, ck->config.n_layers);
+        EXPECT_EQ(lm_head, 1);
     }
     const std::vector<int> dup = {1, 1}, bad = {3}, in2 = {3, 4};
     EXPECT_THROW(batch->decode_batch(dup.data(), in2.data(), 2, nullptr), Error)

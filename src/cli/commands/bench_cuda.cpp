@@ -150,13 +150,15 @@ double bench_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, 
     return batch_step;
 }
 
-// bench --profile: one decode step kernel by kernel, then the prefill's last chunk phase by phase.
+// bench --profile: one decode step kernel by kernel, then the prefill's last chunk phase by phase, and with
+// -np one batched step phase by phase.
 struct ProfileRuns {
     nlohmann::json steps = nlohmann::json::array();
     nlohmann::json by_kernel = nlohmann::json::object();
-    double total = 0, prefill_total = 0;
+    double total = 0, prefill_total = 0, batch_total = 0;
     int prefill_at = 0;  // the profiled prefill chunk's first position
     nlohmann::json prefill_by_phase = nlohmann::json::object();
+    nlohmann::json batch_by_phase = nlohmann::json::object();
 };
 struct Agg {
     int calls = 0;
@@ -205,6 +207,29 @@ void profile_decode(CudaBackend* be, const BenchArgs& b, const std::vector<int>&
     std::printf("\n");
 }
 
+// Profile entries summed by phase over the layers, printed largest first and kept in *out; the total ms.
+double phase_table(const std::vector<CudaProfileEntry>& entries, const char* title, nlohmann::json* out) {
+    std::map<std::string, Agg> by_phase;
+    double total = 0;
+    for (const auto& e : entries) {
+        Agg& k = by_phase[e.kernel];
+        ++k.calls;
+        k.ms += e.ms;
+        k.bytes += e.bytes;
+        total += e.ms;
+    }
+    std::vector<std::pair<std::string, Agg>> rows(by_phase.begin(), by_phase.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+    std::printf("profile   %s, phase by phase (events, no graph): %.3f ms\n", title, total);
+    std::printf("  %-18s %6s %10s %7s %8s\n", "phase", "calls", "total ms", "%", "GB/s");
+    for (const auto& [name, k] : rows) {
+        std::printf("  %-18s %6d %10.3f %6.1f%% %8.0f\n", name.c_str(), k.calls, k.ms, 100.0 * k.ms / total,
+                    k.ms > 0 ? k.bytes / (k.ms * 1e6) : 0.0);
+        (*out)[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
+    }
+    return total;
+}
+
 // The prefill the same way, phase by phase (a phase is one or a few launches: GEMMs with their input
 // splits, attention, the MoE's router / route / experts / combine): the prompt's last chunk, after its other
 // tokens, so a long --prefill-tokens shows the cost deep into the context.
@@ -216,25 +241,25 @@ void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>
     p->prefill_at = b.n_prefill - n_pp;
     if (p->prefill_at > 0) be->eval(long_prompt.data(), p->prefill_at, nullptr, false);
     const std::vector<CudaProfileEntry> pp = be->profile_prefill(long_prompt.data() + p->prefill_at, n_pp);
-    std::map<std::string, Agg> by_phase;
-    for (const auto& e : pp) {
-        Agg& k = by_phase[e.kernel];
-        ++k.calls;
-        k.ms += e.ms;
-        k.bytes += e.bytes;
-        p->prefill_total += e.ms;
+    char title[128];
+    std::snprintf(title, sizeof title, "prefill of %d tokens at position %d", n_pp, p->prefill_at);
+    p->prefill_total = phase_table(pp, title, &p->prefill_by_phase);
+}
+
+// One batched step of every slot the same way (after each slot's prompt): where the step's time goes.
+void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, ProfileRuns* p) {
+    std::vector<int> slot_ids(static_cast<size_t>(slots)), next(static_cast<size_t>(slots));
+    for (int sl = 0; sl < slots; ++sl) {
+        slot_ids[static_cast<size_t>(sl)] = sl;
+        be->slot_reset(sl);
+        const std::vector<int> pr = random_prompt(b.n_prompt, c, 1000 + sl);
+        be->slot_eval(sl, pr.data(), b.n_prompt);
+        next[static_cast<size_t>(sl)] = pr.back();
     }
-    std::vector<std::pair<std::string, Agg>> prow(by_phase.begin(), by_phase.end());
-    std::sort(prow.begin(), prow.end(),
-              [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-    std::printf("profile   prefill of %d tokens at position %d, phase by phase (events, no graph): %.3f ms\n",
-                n_pp, p->prefill_at, p->prefill_total);
-    std::printf("  %-18s %6s %10s %7s\n", "phase", "calls", "total ms", "%");
-    for (const auto& [name, k] : prow) {
-        std::printf("  %-18s %6d %10.3f %6.1f%%\n", name.c_str(), k.calls, k.ms,
-                    100.0 * k.ms / p->prefill_total);
-        p->prefill_by_phase[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
-    }
+    const std::vector<CudaProfileEntry> pb = be->profile_batch(slot_ids.data(), next.data(), slots);
+    char title[128];
+    std::snprintf(title, sizeof title, "batched step of %d sequences after %d tokens", slots, b.n_prompt);
+    p->batch_total = phase_table(pb, title, &p->batch_by_phase);
 }
 
 }  // namespace
@@ -342,6 +367,8 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
                         {"profile_prefill_total_ms", p.prefill_total},
                         {"profile_prefill_at", p.prefill_at},
                         {"profile_prefill_by_phase", p.prefill_by_phase},
+                        {"profile_batch_total_ms", p.batch_total},
+                        {"profile_batch_by_phase", p.batch_by_phase},
                         {"profile", p.steps}};
     if (tl) {
         j["timeline"] = timeline_json(*tl);
@@ -378,6 +405,7 @@ int cmd_bench_cuda(ArgReader& a) {
     if (b.profile) {
         profile_decode(be, b, prompt, d.dc, &p);
         profile_prefill(be, b, long_prompt, m.chunk, &p);
+        if (m.slots > 1) profile_batched(be, c, b, m.slots, &p);
     }
     // The graph step from the inside: after the prompt and one token, as the profile starts
     GraphTimeline tl;

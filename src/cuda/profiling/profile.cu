@@ -46,6 +46,13 @@ std::vector<CudaProfileEntry> CudaModel::profile_prefill(const int* ids, int n) 
     return pf.collect();
 }
 
+std::vector<CudaProfileEntry> CudaModel::profile_batch(const int* slot_ids, const int* ids, int n) {
+    if (sharded()) throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
+    Profiler pf;  // (its destructor frees the events if the step throws)
+    batch_step(slot_ids, ids, n, nullptr, &pf);
+    return pf.collect();
+}
+
 std::vector<CudaProfileEntry> CudaModel::profile_step() {
     if (n_past >= ctx_) throw Error("context full: no room for a profiled step");
     if (sharded()) throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
