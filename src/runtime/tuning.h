@@ -55,6 +55,12 @@ struct Tuning {
     int64_t attn_gemm_rows = 0;
     int moe_prefill_cap = 0;
 
+    // Batched decode (bench -np, serve): batch_gemv_max=N, steps of up to N sequences run their projections
+    // as weight-streaming GEMVs (passes of 8 tokens, each weight row read once per pass; 0: always the
+    // cuBLAS GEMMs over bf16 halves); batch_attn_keys=N (>= 16), keys per attention piece.
+    int batch_gemv_max = 32;
+    int batch_attn_keys = 32;
+
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel
     // gives its true cost inside the graph. Every output is wrong; the model says so on stderr.
