@@ -185,14 +185,8 @@ void CudaModel::record_batch(int n, int64_t range) {
     // prefill_layer sizes the attention pieces from pos0 + n: here the range
     for (int i = 0; i < L; ++i) prefill_layer(i, n, range - n);
     run(pf, "lm_head", -1, 2.0 * V * H, [&] {
-        if (gemv_batch_rows(n)) {
-            rmsnorm_rows(act_.x, w_.final_norm, H, n, eps, batch_xn(), stream_);
-            const GemvSeg seg{w_.embed, act_.all_logits, static_cast<int>(V), V};
-            gemv_batch({batch_xn(), H, H, n}, &seg, 1, stream_);
-        } else {
-            split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
-            gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
-        }
+        split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
         if (c_.final_softcap > 0.0f)
             softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);
         argmax_rows(act_.all_logits, n, V, d_bnext_, stream_);

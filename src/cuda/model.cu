@@ -77,7 +77,6 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     int sms = 0, dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    plan_.gemv_batch_max = tuning.batch_gemv_max;
     plan_.batch_attn_keys = tuning.batch_attn_keys;
     // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the current
     // range (split_len 0): pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks over the SMs (and never

@@ -119,10 +119,8 @@ struct DecodePlan {
     // per head) are one thread-block cluster per head, merging through distributed shared memory
     // (attention.cu). 0 = one graph.
     int64_t attn_short_keys = 0;
-    // Batched decode (Tuning::batch_gemv_max, batch_attn_keys): steps of up to gemv_batch_max sequences run
-    // their projections through gemv_batch.cu; attention pieces of batch_attn_keys keys (at least the
-    // prefill's 256-key pieces' count, at most the scratch's).
-    int gemv_batch_max = 0;
+    // Batched decode (Tuning::batch_attn_keys): attention pieces of this many keys (at least the prefill's
+    // 256-key pieces' count, at most the scratch's)
     int batch_attn_keys = 32;
 };
 
@@ -347,8 +345,6 @@ class CudaModel {
     void prefill_ffn(int i, int n);
     void prefill_moe(int i, int n);
     void prefill_ple(int i, int n);
-    bool gemv_batch_rows(int n) const { return batch_ && n <= plan_.gemv_batch_max; }  // gemv_batch.cu
-    float* batch_xn() const { return reinterpret_cast<float*>(act_.hi); }  // [n][H] fp32 (hi + lo's bytes)
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }

@@ -112,18 +112,6 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     const double wb = 2.0 * H;  // bytes per weight row of H
 
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
-        if (gemv_batch_rows(n)) {
-            rmsnorm_rows(act_.x, lw.input_norm, H, n, eps, batch_xn(), stream_);
-            GemvSeg segs[3];
-            int ns = 0;
-            segs[ns++] = {lw.q_proj, act_.q, qw, qw};
-            if (own) {
-                segs[ns++] = {lw.k_proj, act_.k, kvw, kvw};
-                if (lw.v_proj) segs[ns++] = {lw.v_proj, act_.v, kvw, kvw};
-            }
-            gemv_batch({batch_xn(), H, H, n}, segs, ns, stream_);
-            return;
-        }
         split_rows(act_.x, H, H, n, true, lw.input_norm, eps, act_.hi, lo_at(n, H), stream_);
         gemm(lw.q_proj, qw, H, n, act_.q, qw);
         if (own) {
@@ -152,13 +140,8 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     });
 
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
-        if (gemv_batch_rows(n)) {
-            const GemvSeg seg{lw.o_proj, act_.o, H, H};
-            gemv_batch({act_.attn, qw, qw, n}, &seg, 1, stream_);
-        } else {
-            split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
-            gemm(lw.o_proj, H, qw, n, act_.o, H);
-        }
+        split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
+        gemm(lw.o_proj, H, qw, n, act_.o, H);
         all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);
         residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
     });
@@ -174,13 +157,6 @@ void CudaModel::prefill_ffn(int i, int n) {
     const double wb = 2.0 * H;  // bytes per weight row of H
 
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
-        if (gemv_batch_rows(n)) {
-            rmsnorm_rows(act_.x, lw.pre_ffn_norm, H, n, eps, batch_xn(), stream_);
-            gemv_batch_geglu({batch_xn(), H, H, n}, lw.gate_proj, lw.up_proj, I, act_.g, I, stream_);
-            const GemvSeg seg{lw.down_proj, act_.m, H, H};
-            gemv_batch({act_.g, I, I, n}, &seg, 1, stream_);
-            return;
-        }
         split_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, lo_at(n, H), stream_);
         gemm(lw.gate_proj, I, H, n, act_.g, I);
         gemm(lw.up_proj, I, H, n, act_.u, I);
@@ -246,17 +222,10 @@ void CudaModel::prefill_ple(int i, int n) {
     const float eps = c_.rms_eps;
     const double wb = 2.0 * H;  // bytes per weight row of H
     run(prefill_pf_, "ple", i, 2.0 * wb * P, [&] {
-        if (gemv_batch_rows(n)) {
-            gemv_batch_gelu_mul({act_.x, H, H, n}, lw.ple_gate, P, act_.ple + int64_t{i} * P, LP, act_.g, P,
-                                stream_);
-            const GemvSeg seg{lw.ple_proj, act_.o, H, H};
-            gemv_batch({act_.g, P, P, n}, &seg, 1, stream_);
-        } else {
-            split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
-            gemm(lw.ple_gate, P, H, n, act_.g, P);
-            geglu_split(act_.g, act_.ple + int64_t{i} * P, LP, P, n, act_.hi, lo_at(n, P), stream_);
-            gemm(lw.ple_proj, H, P, n, act_.o, H);
-        }
+        split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(lw.ple_gate, P, H, n, act_.g, P);
+        geglu_split(act_.g, act_.ple + int64_t{i} * P, LP, P, n, act_.hi, lo_at(n, P), stream_);
+        gemm(lw.ple_proj, H, P, n, act_.o, H);
         residual_add_norm(act_.x, act_.o, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
     });
 }

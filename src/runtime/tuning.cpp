@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_gemv_max, batch_attn_keys, skip";
+    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -69,8 +69,6 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "moe_prefill_cap") {
         t.moe_prefill_cap =
             static_cast<int>(parse_int(source, key, v, 0, 1 << 20, "0 (automatic) to 1048576"));
-    } else if (key == "batch_gemv_max") {
-        t.batch_gemv_max = static_cast<int>(parse_int(source, key, v, 0, 1 << 20, "0 (off) to 1048576"));
     } else if (key == "batch_attn_keys") {
         t.batch_attn_keys = static_cast<int>(parse_int(source, key, v, 16, 1 << 20, "16 to 1048576"));
     } else if (key == "skip") {
@@ -125,7 +123,6 @@ std::string tuning_string(const Tuning& t) {
     if (t.load_direct != d.load_direct) add(std::string("load_direct=") + (t.load_direct ? "1" : "0"));
     if (t.attn_gemm_rows != d.attn_gemm_rows) add("attn_gemm_rows=" + std::to_string(t.attn_gemm_rows));
     if (t.moe_prefill_cap != d.moe_prefill_cap) add("moe_prefill_cap=" + std::to_string(t.moe_prefill_cap));
-    if (t.batch_gemv_max != d.batch_gemv_max) add("batch_gemv_max=" + std::to_string(t.batch_gemv_max));
     if (t.batch_attn_keys != d.batch_attn_keys) add("batch_attn_keys=" + std::to_string(t.batch_attn_keys));
     if (!t.skip.empty()) {
         std::string names;

@@ -55,10 +55,10 @@ struct Tuning {
     int64_t attn_gemm_rows = 0;
     int moe_prefill_cap = 0;
 
-    // Batched decode (bench -np, serve): batch_gemv_max=N, steps of up to N sequences run their projections
-    // as weight-streaming GEMVs (passes of 8 tokens, each weight row read once per pass; 0: always the
-    // cuBLAS GEMMs over bf16 halves); batch_attn_keys=N (>= 16), keys per attention piece.
-    int batch_gemv_max = 32;
+    // batch_attn_keys=N (>= 16): keys per attention piece in a batched decode step (bench -np, serve). Pieces
+    // of 32 keys instead of the prefill's 256: E2B at 8 sequences 7.79 -> 5.04 ms per step, the 26B-A4B
+    // 14.02 -> 11.42 (docs/performance.md). 16 measured 1.8% faster than 32 in one E2B run of another build,
+    // 64 4.8% slower; not yet settled.
     int batch_attn_keys = 32;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,

@@ -84,25 +84,6 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr,
                  int64_t id_base = 0);
 
-// ---- gemv_batch.cu: batched decode's products at a few sequences, each weight row read once per pass ------
-// y[t] = W @ x[t] for the n tokens, in passes of kGemvBatchMax; fp32 inputs (already normalised), 16-byte
-// aligned rows (K a multiple of 8, ldx of 4).
-constexpr int kGemvBatchMax = 8;
-struct GemvRows {
-    const float* x = nullptr;  // [n][ldx]
-    int K = 0;
-    int64_t ldx = 0;
-    int n = 0;
-};
-// Up to 3 matrices sharing the inputs (q/k/v): segment i writes segs[i].y[t * segs[i].ldy + row].
-void gemv_batch(const GemvRows& in, const GemvSeg* segs, int nseg, cudaStream_t s);
-// y[t][j] = gelu_tanh(wg_j . x[t]) * (wu_j . x[t])
-void gemv_batch_geglu(const GemvRows& in, const bf16* wg, const bf16* wu, int rows, float* y, int64_t ldy,
-                      cudaStream_t s);
-// y[t][j] = gelu_tanh(w_j . x[t]) * aux[t * ld_aux + j]
-void gemv_batch_gelu_mul(const GemvRows& in, const bf16* w, int rows, const float* aux, int64_t ld_aux, float* y,
-                         int64_t ldy, cudaStream_t s);
-
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
 // GemvKernel::kRows routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 (lm_head keeps
 // gemv_logits). in.x, in.norm_w and the weights must be 16-byte aligned.
