@@ -287,6 +287,50 @@ void reject_unsupported(const Reader& r, const Family& fam) {
     }
 }
 
+// RoPE per layer type.
+void read_rope(const Reader& r, ModelConfig& c) {
+    if (!r.has("rope_parameters")) return;
+    const json& rp = r.j.at("rope_parameters");
+    if (!rp.is_object()) r.fail("rope_parameters", "must be an object");
+    if (rp.contains("sliding_attention"))
+        c.rope_sliding = parse_rope(r, rp.at("sliding_attention"), "sliding_attention");
+    if (rp.contains("full_attention")) c.rope_full = parse_rope(r, rp.at("full_attention"), "full_attention");
+}
+
+// c.layers from the per-layer kinds, head dims and KV heads. KV sharing: layers from `first` on read the last
+// non-shared layer of the same type, and (use_double_wide_mlp) have shared_mlp wide MLPs.
+void build_layers(const Reader& r, const std::vector<AttentionKind>& kinds, const std::vector<int>& layer_hd,
+                  const std::vector<int>& layer_kv, bool k_eq_v, int shared_mlp, int mlp, ModelConfig& c) {
+    const int first = c.n_layers - c.n_kv_shared;
+    c.layers.resize(c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) {
+        LayerSpec& l = c.layers[i];
+        const bool shared = c.n_kv_shared > 0 && i >= first;
+        l.kind = kinds[i];
+        l.head_dim = layer_hd[i];
+        l.n_kv_heads = layer_kv[i];
+        l.k_eq_v = k_eq_v && kinds[i] == AttentionKind::Full;
+        l.mlp_width = shared ? shared_mlp : mlp;
+        if (l.head_dim % 2) r.fail("head_dim", "must be even for RoPE (layer " + std::to_string(i) + ")");
+        if (c.n_heads % l.n_kv_heads)
+            r.fail("num_key_value_heads", "(" + std::to_string(l.n_kv_heads) + " on layer " +
+                                              std::to_string(i) + ") must divide num_attention_heads (" +
+                                              std::to_string(c.n_heads) + ")");
+        if (!shared) continue;
+        int src = first - 1;
+        while (src >= 0 && kinds[src] != kinds[i]) --src;
+        if (src < 0)
+            r.fail("num_kv_shared_layers",
+                   "leaves layer " + std::to_string(i) +
+                       " with no earlier non-shared layer of its type to share KV with");
+        if (layer_hd[src] != l.head_dim || layer_kv[src] != l.n_kv_heads)
+            r.fail("per_layer_config", "layer " + std::to_string(i) + " shares KV with layer " +
+                                           std::to_string(src) +
+                                           " but their head_dim/num_key_value_heads differ");
+        l.kv_source = src;
+    }
+}
+
 ModelConfig parse_text_config(const Reader& r, const Family& fam) {
     ModelConfig c;
     c.unified = fam.unified;
@@ -322,53 +366,10 @@ ModelConfig parse_text_config(const Reader& r, const Family& fam) {
 
     const std::vector<AttentionKind> kinds = read_layer_kinds(r, c.n_layers);
 
-    // RoPE per layer type.
-    if (r.has("rope_parameters")) {
-        const json& rp = r.j.at("rope_parameters");
-        if (!rp.is_object()) r.fail("rope_parameters", "must be an object");
-        if (rp.contains("sliding_attention"))
-            c.rope_sliding = parse_rope(r, rp.at("sliding_attention"), "sliding_attention");
-        if (rp.contains("full_attention"))
-            c.rope_full = parse_rope(r, rp.at("full_attention"), "full_attention");
-    }
-
+    read_rope(r, c);
     std::vector<int> layer_hd(c.n_layers, head_dim), layer_kv(c.n_layers, n_kv);
     read_overrides(r, kinds, k_eq_v, layer_hd, layer_kv);
-
-    // KV sharing: layers from `first` on read the last non-shared layer of the same type.
-    int first = c.n_layers - c.n_kv_shared;
-    c.layers.resize(c.n_layers);
-    for (int i = 0; i < c.n_layers; ++i) {
-        LayerSpec& l = c.layers[i];
-        l.kind = kinds[i];
-        l.head_dim = layer_hd[i];
-        l.n_kv_heads = layer_kv[i];
-        l.k_eq_v = k_eq_v && kinds[i] == AttentionKind::Full;
-        l.mlp_width = inter * ((double_wide && c.n_kv_shared > 0 && i >= first) ? 2 : 1);
-        if (l.head_dim % 2) r.fail("head_dim", "must be even for RoPE (layer " + std::to_string(i) + ")");
-        if (c.n_heads % l.n_kv_heads)
-            r.fail("num_key_value_heads", "(" + std::to_string(l.n_kv_heads) + " on layer " +
-                                              std::to_string(i) + ") must divide num_attention_heads (" +
-                                              std::to_string(c.n_heads) + ")");
-        if (c.n_kv_shared > 0 && i >= first) {
-            int src = -1;
-            for (int j = first - 1; j >= 0; --j) {
-                if (kinds[j] == kinds[i]) {
-                    src = j;
-                    break;
-                }
-            }
-            if (src < 0)
-                r.fail("num_kv_shared_layers",
-                       "leaves layer " + std::to_string(i) +
-                           " with no earlier non-shared layer of its type to share KV with");
-            if (layer_hd[src] != l.head_dim || layer_kv[src] != l.n_kv_heads)
-                r.fail("per_layer_config", "layer " + std::to_string(i) + " shares KV with layer " +
-                                               std::to_string(src) +
-                                               " but their head_dim/num_key_value_heads differ");
-            l.kv_source = src;
-        }
-    }
+    build_layers(r, kinds, layer_hd, layer_kv, k_eq_v, inter * (double_wide ? 2 : 1), inter, c);
 
     c.bos_id = token_id(r, "bos_token_id", 2, c.vocab_size);
     c.pad_id = token_id(r, "pad_token_id", 0, c.vocab_size);
