@@ -40,6 +40,22 @@ void attend(const float* q, LayerCache& src, int g, int d, int64_t lo, int64_t p
     }
 }
 
+// cos/sin per row at its position, [n][d/2], fp32 as HF computes them
+void rope_tables(const std::vector<float>& inv, const RowCaches& rows, int n, std::vector<float>& cos_t,
+                 std::vector<float>& sin_t) {
+    const size_t half = inv.size();
+    cos_t.resize(static_cast<size_t>(n) * half);
+    sin_t.resize(cos_t.size());
+    for (int t = 0; t < n; ++t) {
+        const float pos = static_cast<float>(rows.pos(t));
+        for (size_t j = 0; j < half; ++j) {
+            const float ang = pos * inv[j];
+            cos_t[t * half + j] = std::cos(ang);
+            sin_t[t * half + j] = std::sin(ang);
+        }
+    }
+}
+
 }  // namespace
 
 void CpuModel::attention(int i, int n, const RowCaches& rows) {
@@ -49,19 +65,9 @@ void CpuModel::attention(int i, int n, const RowCaches& rows) {
     const int qw = nH * d, kvw = nKV * d;
     const float eps = c_.rms_eps;
     const bool sliding = s.kind == AttentionKind::Sliding;
-    const std::vector<float> inv = (sliding ? c_.rope_sliding : c_.rope_full).inverse_frequencies(d);
     const int half = d / 2;
-
-    // cos/sin per row at its position, [n][d/2], fp32 as HF computes them
-    std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
-    for (int t = 0; t < n; ++t) {
-        const float pos = static_cast<float>(rows.pos(t));
-        for (int j = 0; j < half; ++j) {
-            const float ang = pos * inv[j];
-            cos_t[t * half + j] = std::cos(ang);
-            sin_t[t * half + j] = std::sin(ang);
-        }
-    }
+    std::vector<float> cos_t, sin_t;
+    rope_tables((sliding ? c_.rope_sliding : c_.rope_full).inverse_frequencies(d), rows, n, cos_t, sin_t);
 
     // q = RoPE(q_norm(q_proj(a)))
     matmul(a_.data(), n, H, w.q_proj, qw, q_.data());
