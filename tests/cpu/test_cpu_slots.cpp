@@ -15,6 +15,7 @@
 #include "model/error.h"
 #include "runtime/backend.h"
 #include "runtime/slot_backend.h"
+#include "support/cpu_alone.h"
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
 
@@ -22,15 +23,6 @@ namespace markbase {
 namespace {
 
 const std::string kModel = std::string(MARKBASE_TEST_DATA) + "/../../models/default";
-
-int argmax(const float* row, int64_t n) {
-    return static_cast<int>(std::max_element(row, row + n) - row);
-}
-
-struct Alone {
-    std::vector<int> next;                 // the greedy token after the prompt and after each decode
-    std::vector<std::vector<float>> rows;  // the logits that chose each
-};
 
 // chunk 4: the prompts span several forward() calls, so the slot backend must split them the same way; and
 // more than 4 slots decode in several batches of at most 4 rows
@@ -41,21 +33,6 @@ BackendOptions options(int slots) {
     o.chunk = 4;
     o.slots = slots;
     return o;
-}
-
-Alone run_alone(const Checkpoint& ck, const std::vector<int>& prompt, int decodes) {
-    auto be = make_cpu_backend(ck, options(1));
-    const int64_t V = ck.config.vocab_size;
-    Alone a;
-    std::vector<float> row(static_cast<size_t>(V));
-    be->eval(prompt.data(), static_cast<int64_t>(prompt.size()), row.data(), false);
-    for (int i = 0;; ++i) {
-        a.rows.push_back(row);
-        a.next.push_back(argmax(row.data(), V));
-        if (i == decodes) break;
-        be->eval(&a.next.back(), 1, row.data(), false);
-    }
-    return a;
 }
 
 // How run_steps feeds the sequences: sequence s enters at step enter[s] (its prompt beside the others'
@@ -72,8 +49,8 @@ void run_steps(SlotBackend& sb, const Checkpoint& ck, const std::vector<std::vec
                int decodes, const Plan& plan) {
     const int64_t V = ck.config.vocab_size;
     const int S = static_cast<int>(prompts.size());
-    std::vector<Alone> alone;
-    for (const auto& p : prompts) alone.push_back(run_alone(ck, p, decodes));
+    std::vector<testing::AloneRun> alone;
+    for (const auto& p : prompts) alone.push_back(testing::run_alone_on_cpu(ck, options(1), p, decodes));
     std::vector<int> fed(prompts.size(), -1);  // decode tokens fed so far; -1: prompt not fed
     std::vector<int> token(prompts.size());
     for (int step = 0;; ++step) {
@@ -132,7 +109,7 @@ TEST(CpuSlots, InterleavedSequencesMatchEachRunAlone) {
     run_steps(*sb, *ck, prompts, 6, Plan{{0, 1, 2, 3}, {3, 2, 1, 0}, false});
 
     // a reset slot starts over: the first prompt again gives its first row
-    const Alone first = run_alone(*ck, prompts[0], 0);
+    const testing::AloneRun first = testing::run_alone_on_cpu(*ck, options(1), prompts[0], 0);
     sb->reset_slot(0);
     std::vector<float> row(static_cast<size_t>(V));
     sb->eval_slots({SlotWork{0, prompts[0], true}}, row.data());

@@ -19,6 +19,7 @@
 #include "runtime/generate.h"
 #include "runtime/slot_backend.h"
 #include "server/engine_fixture.h"
+#include "support/cpu_alone.h"
 #include "support/goldens.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -36,27 +37,6 @@ namespace {
     return o;
 }
 
-// The logits rows of one sequence alone on the CPU: after its prompt, then after each greedy token.
-struct Alone {
-    std::vector<int> next;
-    std::vector<std::vector<float>> rows;
-};
-
-[[maybe_unused]] Alone run_alone(const Checkpoint& ck, const std::vector<int>& prompt, int decodes) {
-    auto be = make_cpu_backend(ck, options(1));
-    const int64_t V = ck.config.vocab_size;
-    Alone a;
-    std::vector<float> row(static_cast<size_t>(V));
-    be->eval(prompt.data(), static_cast<int64_t>(prompt.size()), row.data(), false);
-    for (int i = 0;; ++i) {
-        a.rows.push_back(row);
-        a.next.push_back(static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin()));
-        if (i == decodes) break;
-        be->eval(&a.next.back(), 1, row.data(), false);
-    }
-    return a;
-}
-
 class CudaSlots : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
@@ -68,8 +48,8 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
         testing::random_ids(5, V, 1), testing::random_ids(11, V, 2), testing::random_ids(1, V, 3),
         testing::random_ids(7, V, 4)};
     const int decodes = 5;
-    std::vector<Alone> alone;
-    for (const auto& p : prompts) alone.push_back(run_alone(*ck, p, decodes));
+    std::vector<testing::AloneRun> alone;
+    for (const auto& p : prompts) alone.push_back(testing::run_alone_on_cpu(*ck, options(1), p, decodes));
 
     auto sb = make_cuda_slot_backend(make_cuda_backend(*ck, options(4)), 4);
     ASSERT_EQ(sb->slots(), 4);
