@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/graph_timeline.h"
 #include "loading/checkpoint.h"
 #include "runtime/backend.h"
+#include "runtime/graph_timeline.h"
 #include "runtime/slot_backend.h"
 
 namespace markbase {

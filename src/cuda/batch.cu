@@ -160,8 +160,9 @@ cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
     return exec;
 }
 
-// The batched step's launches (captured, or run eagerly: the MoE, the profile): n tokens (st_.d_ids) at positions d_bpos_ of slots d_bslot_, every position
-// below `range`; the greedy next ids into d_bnext_, every row's logits in act_.all_logits.
+// The batched step's launches (captured, or run eagerly: the MoE, the profile): n tokens (st_.d_ids) at
+// positions d_bpos_ of slots d_bslot_, every position below `range`; the greedy next ids into d_bnext_, every
+// row's logits in act_.all_logits.
 void CudaModel::record_batch(int n, int64_t range) {
     const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
     const int64_t LP = int64_t{L} * P, V = c_.vocab_size;

@@ -9,9 +9,9 @@
 
 #include <array>
 #include <map>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/backend.h"

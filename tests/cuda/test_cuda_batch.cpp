@@ -3,7 +3,8 @@
 // (itself checked against the CPU in test_cuda_backend.cpp): logits within 1e-3 of the logit range, the same
 // greedy ids. Lengths pass the tiny models' sliding window (4) so ring slots wrap per sequence; one sequence
 // crosses position 256 while the steps run, so the step's graph changes range class (batch.cu) under it, and
-// another sits in the next class from the start; one step takes a subset of the slots in another order. Skips, saying why, without a GPU.
+// another sits in the next class from the start; one step takes a subset of the slots in another order.
+// Skips, saying why, without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,8 +94,8 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
                 next[s] = out[t];
             }
         }
-        std::printf("  %s: batched vs alone, worst rel err %.2e over %d steps of 3 sequences\n", family.c_str(),
-                    worst, kSteps);
+        std::printf("  %s: batched vs alone, worst rel err %.2e over %d steps of 3 sequences\n",
+                    family.c_str(), worst, kSteps);
         EXPECT_LT(worst, 1e-3);
 
         // a step with two of the slots
@@ -118,7 +119,8 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
         const std::vector<int> dup = {1, 1}, bad = {3}, in2 = {3, 4};
         EXPECT_THROW(batch->decode_batch(dup.data(), in2.data(), 2, nullptr), Error)
             << "a slot twice in one step";
-        EXPECT_THROW(batch->decode_batch(bad.data(), in2.data(), 1, nullptr), Error) << "a slot past the last";
+        EXPECT_THROW(batch->decode_batch(bad.data(), in2.data(), 1, nullptr), Error)
+            << "a slot past the last";
         const std::vector<int> long_prompt = testing::random_ids(700, 256, 4);
         EXPECT_THROW(batch->slot_eval(0, long_prompt.data(), 700), Error) << "more than the context";
     }
@@ -162,8 +164,8 @@ TEST(CudaBatchPasses, TenSequencesMatchEachAlone) {
             worst = std::max(worst, testing::rel_err(one, std::vector<float>(lg.begin() + s * V,
                                                                              lg.begin() + (s + 1) * V)));
         }
-        std::printf("  %s: %d sequences in one step vs each alone, worst rel err %.2e\n", family.c_str(), kSeq,
-                    worst);
+        std::printf("  %s: %d sequences in one step vs each alone, worst rel err %.2e\n", family.c_str(),
+                    kSeq, worst);
         EXPECT_LT(worst, 1e-3);
     }
 #endif

@@ -219,7 +219,8 @@ double phase_table(const std::vector<CudaProfileEntry>& entries, const char* tit
         total += e.ms;
     }
     std::vector<std::pair<std::string, Agg>> rows(by_phase.begin(), by_phase.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
     std::printf("profile   %s, phase by phase (events, no graph): %.3f ms\n", title, total);
     std::printf("  %-18s %6s %10s %7s %8s\n", "phase", "calls", "total ms", "%", "GB/s");
     for (const auto& [name, k] : rows) {
