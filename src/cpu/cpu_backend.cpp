@@ -13,7 +13,7 @@ namespace {
 class CpuBackend final : public Backend {
   public:
     CpuBackend(const Checkpoint& ck, const BackendOptions& opt)
-        : pool_(opt.threads),
+        : pool_(opt.threads, opt.tuning.cpu_pin),
           chunk_(std::max(1, opt.chunk)),
           model_(ck, pool_, chunk_),
           cache_(ck.config, clamp_ctx(ck.config, opt.ctx_size), chunk_) {}

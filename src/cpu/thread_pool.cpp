@@ -3,6 +3,10 @@
 #include <chrono>
 #include <memory>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -52,15 +56,46 @@ inline int64_t chunk_begin(int64_t n, int chunks, int i) {
     return n * i / chunks;
 }
 
+// The CPUs of this process's affinity mask, in order (empty where it cannot be read).
+std::vector<int> allowed_cpus() {
+    std::vector<int> out;
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) out.push_back(c);
+#endif
+    return out;
+}
+
+// Binds the calling thread to one CPU (best effort: a refused bind leaves it where it was).
+void bind_to(int cpu) {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    (void)sched_setaffinity(0, sizeof set, &set);
+#else
+    (void)cpu;
+#endif
+}
+
+thread_local bool t_bound = false;  // this thread was bound by a pinned pool's parallel_for
+
 std::mutex g_global_mutex;
 std::unique_ptr<ThreadPool> g_global;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
+ThreadPool::ThreadPool(int n_threads, bool pin) {
     if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
     n_threads_ = n_threads > 0 ? n_threads : 1;
     errors_.resize(n_threads_);
+    if (pin) {
+        cpus_ = allowed_cpus();
+        if (static_cast<int>(cpus_.size()) < n_threads_) cpus_.clear();
+    }
     workers_.reserve(n_threads_ - 1);
     for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
 }
@@ -86,6 +121,7 @@ void ThreadPool::run_chunk(int index) noexcept {
 }
 
 void ThreadPool::worker_main(int index) {
+    if (!cpus_.empty()) bind_to(cpus_[static_cast<size_t>(index)]);
     uint32_t seen = 0;
     for (;;) {
         uint32_t g = spin_while_equal(generation_, seen);
@@ -107,6 +143,10 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
         return;
     }
     std::lock_guard<std::mutex> lock(call_mutex_);
+    if (!cpus_.empty() && !t_bound) {
+        bind_to(cpus_[0]);
+        t_bound = true;
+    }
     job_ = &fn;
     job_n_ = n;
     for (auto& e : errors_) e = nullptr;

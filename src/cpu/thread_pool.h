@@ -18,7 +18,10 @@ namespace markbase::cpu {
 class ThreadPool {
   public:
     // n_threads counts the caller: a pool of 4 starts 3 workers. 0 means std::thread::hardware_concurrency().
-    explicit ThreadPool(int n_threads);
+    // pin (Tuning::cpu_pin): worker i is bound to the i-th CPU of the process's affinity mask, and a thread
+    // that calls parallel_for to the first, from its first call on (chunk i always runs on worker i, so
+    // chunks never share a CPU). Ignored when the mask holds fewer CPUs than the pool has threads.
+    explicit ThreadPool(int n_threads, bool pin = false);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
@@ -42,6 +45,7 @@ class ThreadPool {
     void run_chunk(int index) noexcept;
 
     int n_threads_ = 1;
+    std::vector<int> cpus_;  // pin: the CPU of chunk i; empty: unbound
     std::vector<std::thread> workers_;
     std::mutex call_mutex_;  // one parallel_for at a time per pool
 

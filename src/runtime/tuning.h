@@ -55,6 +55,12 @@ struct Tuning {
     int64_t attn_gemm_rows = 0;
     int moe_prefill_cap = 0;
 
+    // cpu_pin=0|1: the CPU backend's pool threads bound one per CPU (cpu/thread_pool.h). Off by default: on
+    // the shared 2-core VM, unbound, the pool's worker ran on its caller's CPU in 2000 of 2000 calls while
+    // other work held the other CPU (bench/results/cpu-gemv-lab.txt), and bound the small matrices streamed
+    // 2.4..3.8x faster; not yet measured on the 16-core host.
+    bool cpu_pin = false;
+
     // batch_attn_keys=N (>= 16): keys per attention piece in a batched decode step (bench -np, serve). Pieces
     // of 32 keys instead of the prefill's 256: E2B at 8 sequences 7.79 -> 5.04 ms per step, the 26B-A4B
     // 14.02 -> 11.42 (docs/performance.md). 16 measured 1.8% faster than 32 in one E2B run of another build,

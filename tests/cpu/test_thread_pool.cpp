@@ -7,6 +7,10 @@
 
 #include "cpu/thread_pool.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 namespace markbase::cpu {
 namespace {
 
@@ -97,6 +101,34 @@ TEST(ThreadPool, ConcurrentCallersTakeTurns) {
     }
     for (auto& t : callers) t.join();
     EXPECT_EQ(total.load(), 3 * 500 * 100);
+}
+
+// cpu_pin: chunk i runs on the i-th CPU of the affinity mask, every call (worker i takes chunk i); the
+// calling thread is bound too, so it is run on a thread of its own here.
+TEST(ThreadPool, PinnedChunksRunOnTheirOwnCpus) {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    if (cpus.size() < 2) GTEST_SKIP() << "one CPU in this process's affinity mask: nothing to pin apart";
+    std::thread caller([&] {
+        ThreadPool pool(2, true);
+        for (int call = 0; call < 50; ++call) {
+            std::vector<int> where(2, -1);
+            pool.parallel_for(2, [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) where[static_cast<size_t>(i)] = sched_getcpu();
+            });
+            EXPECT_EQ(where[0], cpus[0]) << "call " << call;
+            EXPECT_EQ(where[1], cpus[1]) << "call " << call;
+        }
+    });
+    caller.join();
+#else
+    GTEST_SKIP() << "thread binding is Linux only";
+#endif
 }
 
 TEST(ThreadPool, GlobalPool) {

@@ -31,6 +31,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.attn_gemm_rows, 0);
     EXPECT_EQ(t.moe_prefill_cap, 0);
     EXPECT_EQ(t.batch_attn_keys, 32);
+    EXPECT_FALSE(t.cpu_pin);
     EXPECT_TRUE(t.skip.empty());
     EXPECT_EQ(tuning_string(t), "");
 }
@@ -38,7 +39,8 @@ TEST(Tuning, EmptyIsTheDefaults) {
 TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
-        "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,skip=qkv+route_topk";
+        "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,cpu_pin=1,skip=qkv+"
+        "route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
     EXPECT_EQ(t.gemv, Tuning::Gemv::kAsyncGeglu);
@@ -50,6 +52,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_EQ(t.attn_gemm_rows, 40);
     EXPECT_EQ(t.moe_prefill_cap, 3);
     EXPECT_EQ(t.batch_attn_keys, 16);
+    EXPECT_TRUE(t.cpu_pin);
     ASSERT_EQ(t.skip.size(), 2u);
     EXPECT_EQ(t.skip[1], "route_topk");
     EXPECT_EQ(tuning_string(t), spec);
