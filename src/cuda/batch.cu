@@ -132,7 +132,7 @@ int CudaModel::decode_slot(int slot, int id, float* logits) {
 int64_t CudaModel::batch_range(int64_t max_pos) const {
     int64_t r = 256;
     while (r < max_pos + 1) r *= 2;
-    return std::max<int64_t>(std::min(r, ctx_), max_pos + 1);
+    return std::min(r, ctx_);  // max_pos < ctx_, so still above it
 }
 
 cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
@@ -152,20 +152,15 @@ cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
         throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    CUDA_CHECK(e);
-    batch_graphs_.emplace(key, exec);
-    return exec;
+    return batch_graphs_.emplace(key, instantiate_graph(g)).first->second;
 }
 
 // The batched step's launches (captured, or run eagerly: the MoE, the profile): n tokens (st_.d_ids) at
 // positions d_bpos_ of slots d_bslot_, every position below `range`; the greedy next ids into d_bnext_, every
 // row's logits in act_.all_logits.
 void CudaModel::record_batch(int n, int64_t range) {
-    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
-    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const int H = c_.hidden, L = c_.n_layers;
+    const int64_t V = c_.vocab_size;
     const float eps = c_.rms_eps;
     struct BatchScope {  // batch_ while the step is recorded, also when it throws
         bool& flag;
@@ -173,16 +168,7 @@ void CudaModel::record_batch(int n, int64_t range) {
         ~BatchScope() { flag = false; }
     } scope(batch_);
     Profiler* pf = prefill_pf_;  // profile_batch: events around each phase
-    run(pf, "embed", -1, 0.0,
-        [&] { embed_rows(st_.d_ids, n, w_.embed, H, c_.embed_scale(), act_.x, st_.d_argmax, stream_); });
-    if (P) {
-        run(pf, "ple_inputs", -1, 2.0 * LP * H, [&] {
-            split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
-            gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, act_.ple_ctx, LP);
-            ple_mix(act_.ple_ctx, st_.d_ids, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, act_.ple,
-                    stream_);
-        });
-    }
+    embed_chunk(pf, n);
     // prefill_layer sizes the attention pieces from pos0 + n: here the range
     for (int i = 0; i < L; ++i) prefill_layer(i, n, range - n);
     run(pf, "lm_head", -1, 2.0 * V * H, [&] {

@@ -143,17 +143,19 @@ cudaGraph_t CudaModel::capture_step(bool short_range) {
     return g;
 }
 
-cudaGraphExec_t CudaModel::ensure_graph(bool short_range) {
-    const auto key = std::make_pair(cur_slot_, short_range);
-    const auto it = step_graphs_.find(key);
-    if (it != step_graphs_.end()) return it->second;
-    cudaGraph_t g = capture_step(short_range);
+cudaGraphExec_t instantiate_graph(cudaGraph_t g) {
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
     CUDA_CHECK(e);
-    step_graphs_.emplace(key, exec);
     return exec;
+}
+
+cudaGraphExec_t CudaModel::ensure_graph(bool short_range) {
+    const auto key = std::make_pair(cur_slot_, short_range);
+    const auto it = step_graphs_.find(key);
+    if (it != step_graphs_.end()) return it->second;
+    return step_graphs_.emplace(key, instantiate_graph(capture_step(short_range))).first->second;
 }
 
 cudaGraphExec_t CudaModel::step_graph(int64_t pos) {

@@ -217,6 +217,9 @@ struct KvCache {
     float *inv_sliding = nullptr, *inv_full = nullptr;  // RoPE inverse frequencies [head dim / 2]
 };
 
+// model.cu: an executable graph from g (which it destroys), or an error naming the instantiation.
+cudaGraphExec_t instantiate_graph(cudaGraph_t g);
+
 class CudaModel {
   public:
     // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
@@ -339,6 +342,7 @@ class CudaModel {
     bool peer_ready(size_t n) const {
         return in_decode_ && ps_.world > 1 && n <= static_cast<size_t>(ps_.max_n);
     }
+    void embed_chunk(Profiler* pf, int n);  // prefill.cu: embeddings and per-layer inputs of n ids
     // prefill.cu: one layer over n tokens at pos0.., in the named blocks of cpu/forward.cpp's layer
     void prefill_layer(int i, int n, int64_t pos0);
     void prefill_attention(int i, int n, int64_t pos0);

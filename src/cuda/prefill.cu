@@ -18,8 +18,8 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     if (n_past + n > ctx_)
         throw Error("context full: " + std::to_string(n_past + n) + " tokens do not fit in the context of " +
                     std::to_string(ctx_) + " (raise --ctx-size)");
-    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
-    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const int H = c_.hidden, L = c_.n_layers;
+    const int64_t V = c_.vocab_size;
     const float eps = c_.rms_eps;
     const int64_t pos0 = n_past;
 
@@ -30,19 +30,7 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
         cudaMemcpyAsync(st_.d_state + 1, st_.h_state + 1, sizeof(int), cudaMemcpyHostToDevice, stream_));
 
     Profiler* pf = prefill_pf_;  // profile_prefill: events around each phase
-    run(pf, "embed", -1, 0.0, [&] {
-        embed_rows(st_.d_ids, n, w_.embed, H, c_.embed_scale(), act_.x, st_.d_argmax, stream_,
-                   shard_.vocab_begin, sharded() ? V : -1);
-        all_reduce(nullptr, -1, act_.x, static_cast<size_t>(n) * H);
-    });
-    if (P) {
-        run(pf, "ple_inputs", -1, 2.0 * LP * H, [&] {
-            split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
-            gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, act_.ple_ctx, LP);
-            ple_mix(act_.ple_ctx, st_.d_ids, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, act_.ple,
-                    stream_);
-        });
-    }
+    embed_chunk(pf, n);
     for (int i = 0; i < L; ++i) prefill_layer(i, n, pos0);
 
     // logits of the last token (its argmax becomes the next token on the device)
@@ -70,6 +58,25 @@ void CudaModel::prefill(const int* ids, int n, float* logits, bool all_logits) {
     finish_step(st_.d_argmax, st_.d_state, n, nullptr, 0, stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     n_past += n;
+}
+
+// 2.2 and 2.3 for the chunk's n ids (st_.d_ids): x = the scaled embeddings (sharded: the owners' rows
+// summed), and with PLE the per-layer inputs.
+void CudaModel::embed_chunk(Profiler* pf, int n) {
+    const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
+    const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
+    const float eps = c_.rms_eps;
+    run(pf, "embed", -1, 0.0, [&] {
+        embed_rows(st_.d_ids, n, w_.embed, H, c_.embed_scale(), act_.x, st_.d_argmax, stream_,
+                   shard_.vocab_begin, sharded() ? V : -1);
+        all_reduce(nullptr, -1, act_.x, static_cast<size_t>(n) * H);
+    });
+    if (!P) return;
+    run(pf, "ple_inputs", -1, 2.0 * LP * H, [&] {
+        split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
+        gemm(w_.ple_model_proj, static_cast<int>(LP), H, n, act_.ple_ctx, LP);
+        ple_mix(act_.ple_ctx, st_.d_ids, n, w_.ple_embed, w_.ple_proj_norm, L, P, H, eps, act_.ple, stream_);
+    });
 }
 
 QkvPost CudaModel::qkv_post_args(int i) const {

@@ -117,18 +117,26 @@ DecodeRuns bench_decode(CudaBackend* be, const BenchArgs& b, const std::vector<i
 
 // Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
 // tokens/s over all slots against the one-sequence step. The median step (s) and the last run's ids hash.
+// Every slot reset and given its own random prompt; slot_ids = 0.., next = each prompt's last token.
+void fill_slots(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots,
+                std::vector<int>* slot_ids, std::vector<int>* next) {
+    slot_ids->resize(static_cast<size_t>(slots));
+    next->resize(static_cast<size_t>(slots));
+    for (int sl = 0; sl < slots; ++sl) {
+        (*slot_ids)[static_cast<size_t>(sl)] = sl;
+        be->slot_reset(sl);
+        const std::vector<int> pr = random_prompt(b.n_prompt, c, 1000 + sl);
+        be->slot_eval(sl, pr.data(), b.n_prompt);
+        (*next)[static_cast<size_t>(sl)] = pr.back();
+    }
+}
+
 double bench_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, double dc,
                      std::string* batch_ids_hash) {
-    std::vector<int> slot_ids(static_cast<size_t>(slots)), next(static_cast<size_t>(slots));
+    std::vector<int> slot_ids, next;
     std::vector<double> per;
     for (int r = 0; r < b.reps; ++r) {
-        for (int sl = 0; sl < slots; ++sl) {
-            slot_ids[static_cast<size_t>(sl)] = sl;
-            be->slot_reset(sl);
-            const std::vector<int> pr = random_prompt(b.n_prompt, c, 1000 + sl);
-            be->slot_eval(sl, pr.data(), b.n_prompt);
-            next[static_cast<size_t>(sl)] = pr.back();
-        }
+        fill_slots(be, c, b, slots, &slot_ids, &next);
         std::vector<int> all;
         // warm-up step (it feeds each prompt's last token again; the timed steps feed the greedy ids)
         next = be->decode_batch(slot_ids.data(), next.data(), slots, nullptr);
@@ -249,14 +257,8 @@ void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>
 
 // One batched step of every slot the same way (after each slot's prompt): where the step's time goes.
 void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, ProfileRuns* p) {
-    std::vector<int> slot_ids(static_cast<size_t>(slots)), next(static_cast<size_t>(slots));
-    for (int sl = 0; sl < slots; ++sl) {
-        slot_ids[static_cast<size_t>(sl)] = sl;
-        be->slot_reset(sl);
-        const std::vector<int> pr = random_prompt(b.n_prompt, c, 1000 + sl);
-        be->slot_eval(sl, pr.data(), b.n_prompt);
-        next[static_cast<size_t>(sl)] = pr.back();
-    }
+    std::vector<int> slot_ids, next;
+    fill_slots(be, c, b, slots, &slot_ids, &next);
     const std::vector<CudaProfileEntry> pb = be->profile_batch(slot_ids.data(), next.data(), slots);
     char title[128];
     std::snprintf(title, sizeof title, "batched step of %d sequences after %d tokens", slots, b.n_prompt);
