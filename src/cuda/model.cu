@@ -78,6 +78,8 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     plan_.batch_attn_keys = tuning.batch_attn_keys;
+    plan_.stream_gemm_max = tuning.stream_gemm;
+    plan_.sms = sms;
     // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the current
     // range (split_len 0): pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks over the SMs (and never
     // more than the memory plan's kMaxDecodePieces, which sizes their scratch).

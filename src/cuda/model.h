@@ -122,6 +122,11 @@ struct DecodePlan {
     // Batched decode (Tuning::batch_attn_keys): attention pieces of this many keys (at least the prefill's
     // 256-key pieces' count, at most the scratch's)
     int batch_attn_keys = 32;
+    // The projections of at most stream_gemm_max tokens (a batched step, a short chunk) run stream_gemm
+    // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
+    // halves; sms sizes its K split.
+    int stream_gemm_max = kStreamGemmMaxN;
+    int sms = 0;
 };
 
 // The decode step's device state: what the graph reads and writes between tokens, and the device-side top-k
@@ -350,6 +355,8 @@ class CudaModel {
     void prefill_moe(int i, int n);
     void prefill_ple(int i, int n);
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
+    // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
+    void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)

@@ -120,11 +120,9 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
 
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
         split_rows(act_.x, H, H, n, true, lw.input_norm, eps, act_.hi, lo_at(n, H), stream_);
-        gemm(lw.q_proj, qw, H, n, act_.q, qw);
-        if (own) {
-            gemm(lw.k_proj, kvw, H, n, act_.k, kvw);
-            if (lw.v_proj) gemm(lw.v_proj, kvw, H, n, act_.v, kvw);
-        }
+        const GemvSeg segs[3] = {
+            {lw.q_proj, act_.q, qw, qw}, {lw.k_proj, act_.k, kvw, kvw}, {lw.v_proj, act_.v, kvw, kvw}};
+        gemm_many(segs, own ? (lw.v_proj ? 3 : 2) : 1, H, n);
     });
     const QkvPost p = qkv_post_args(i);
     run(pf, "qk_norm_rope", i, 0.0, [&] { qkv_post(p, n, stream_); });
@@ -165,8 +163,8 @@ void CudaModel::prefill_ffn(int i, int n) {
 
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
         split_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, lo_at(n, H), stream_);
-        gemm(lw.gate_proj, I, H, n, act_.g, I);
-        gemm(lw.up_proj, I, H, n, act_.u, I);
+        const GemvSeg segs[2] = {{lw.gate_proj, act_.g, I, I}, {lw.up_proj, act_.u, I, I}};
+        gemm_many(segs, 2, H, n);
         geglu_split(act_.g, act_.u, I, I, n, act_.hi, lo_at(n, I), stream_);
         gemm(lw.down_proj, H, I, n, act_.m, H);
     });
@@ -239,6 +237,12 @@ void CudaModel::prefill_ple(int i, int n) {
 
 // The prefill's GEMMs (and batched decode's): fp32 activations as two bf16 halves through cuBLAS.
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
+    const GemvSeg seg{W, Y, N, ldy};
+    if (n <= plan_.stream_gemm_max && stream_gemm_fits(N, K, n)) {
+        stream_gemm(&seg, 1, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(&seg, 1, K, n, plan_.sms),
+                    stream_);
+        return;
+    }
     // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 halves).
     const float one = 1.0f, zero = 0.0f;
     if (n <= kGemmStackMaxN && N <= act_.y2_cols) {  // one pass over W: [hi; lo] as 2n columns, then the sum
@@ -254,6 +258,17 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) 
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF, K, lo_at(n, K),
                               CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
+    bool one_launch = n <= plan_.stream_gemm_max;
+    for (int i = 0; i < nseg; ++i) one_launch = one_launch && stream_gemm_fits(segs[i].rows, K, n);
+    if (one_launch) {
+        stream_gemm(segs, nseg, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(segs, nseg, K, n, plan_.sms),
+                    stream_);
+        return;
+    }
+    for (int i = 0; i < nseg; ++i) gemm(segs[i].w, segs[i].rows, K, n, segs[i].y, segs[i].ldy);
 }
 
 void CudaModel::gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,

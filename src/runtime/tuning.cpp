@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, cpu_pin, skip";
+    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, stream_gemm, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -73,6 +73,8 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         t.cpu_pin = parse_flag(source, key, v);
     } else if (key == "batch_attn_keys") {
         t.batch_attn_keys = static_cast<int>(parse_int(source, key, v, 16, 1 << 20, "16 to 1048576"));
+    } else if (key == "stream_gemm") {
+        t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "skip") {
         t.skip.clear();
         for (std::string_view rest = v; !rest.empty();) {
@@ -126,6 +128,7 @@ std::string tuning_string(const Tuning& t) {
     if (t.attn_gemm_rows != d.attn_gemm_rows) add("attn_gemm_rows=" + std::to_string(t.attn_gemm_rows));
     if (t.moe_prefill_cap != d.moe_prefill_cap) add("moe_prefill_cap=" + std::to_string(t.moe_prefill_cap));
     if (t.batch_attn_keys != d.batch_attn_keys) add("batch_attn_keys=" + std::to_string(t.batch_attn_keys));
+    if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));
     if (!t.skip.empty()) {
         std::string names;

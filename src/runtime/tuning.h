@@ -67,6 +67,11 @@ struct Tuning {
     // 64 4.8% slower; not yet settled.
     int batch_attn_keys = 32;
 
+    // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
+    // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) instead of
+    // cuBLAS over the stacked bf16 halves; 0 = cuBLAS for every count.
+    int stream_gemm = 64;
+
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel
     // gives its true cost inside the graph. Every output is wrong; the model says so on stderr.

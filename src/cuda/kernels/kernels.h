@@ -177,6 +177,24 @@ void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n,
 // stride ldy): Y[t][j] = y2[t][j] + y2[n + t][j].
 void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream_t s);
 
+// ---- stream_gemm.cu: the projections of at most kStreamGemmMaxN tokens, each weight byte read once ------
+// Y[t][r] = sum_k (hi[t][k] + lo[t][k]) W[r][k] for each segment (up to kStreamGemmMaxSegs matrices of one
+// input: q/k/v, gate/up), on the tensor cores; hi, lo as split_rows writes them ([n][K] each).
+constexpr int kStreamGemmMaxN = 64;
+constexpr int kStreamGemmMaxSegs = 3;
+// How a launch is cut: mt tiles of 16 rows per block (1, 2, 4), the K range over a cluster of ks blocks (1,
+// 2, 4, 8).
+struct StreamGemmShape {
+    int mt = 1;
+    int ks = 1;
+};
+// Whether a matrix of N rows and K columns at n tokens is one stream_gemm takes (N % 16, K % 32).
+bool stream_gemm_fits(int N, int K, int n);
+// The shape for these matrices at n tokens on a GPU of `sms` SMs (the kernel lab's rule).
+StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms);
+void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, int n, int K,
+                 StreamGemmShape shape, cudaStream_t s);
+
 // Per token t at position pos_base[0] + t: q heads get q_norm + RoPE in place; own-KV layers write
 // k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the fp32 cache slot (pos % cap).
 struct QkvPost {

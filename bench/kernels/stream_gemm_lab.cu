@@ -1,0 +1,242 @@
+// Kernel lab for the projections of a few tokens (the batched decode step, short prompt chunks): Y[n][N] =
+// (hi + lo)[n][K] W[N][K]^T, the fp32 activations as two bf16 halves (split_rows). Variants:
+//   v0  cuBLAS, as the product ran it before stream_gemm: per matrix one GEMM over [hi; lo] (2n columns)
+//       into a scratch, then sum_halves
+//   v1  stream_gemm (src/cuda/kernels/stream_gemm.cu) with the product's shape rule (stream_gemm_shape)
+//   v2+ stream_gemm with each forced shape (mt row tiles per block x ks K splits per cluster)
+// Correctness gate: every output of v0, v1 and the forced shapes against an fp64 GPU reference of the same
+// hi + lo and weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing:
+// each variant's launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve
+// them) captured as one CUDA graph; per-launch time, median of 5 replays; GB/s = weight bytes / time.
+//   markbase_stream_gemm_lab [--quick] [--only SUBSTRING]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/kernels.h"
+#include "lab_common.cuh"
+
+using markbase::bf16;
+using namespace markbase::cuda;
+
+#define CB(call)                                                                                    \
+    do {                                                                                            \
+        cublasStatus_t s_ = (call);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+            std::fprintf(stderr, "%s failed: %d at %s:%d\n", #call, static_cast<int>(s_), __FILE__, \
+                         __LINE__);                                                                 \
+            std::exit(1);                                                                           \
+        }                                                                                           \
+    } while (0)
+
+namespace {
+
+struct Shape {
+    const char* name;
+    std::vector<int> rows;  // the segments of one launch
+    int K;
+};
+
+// Every projection a batched step runs, per variant (real widths; E2B's full layers have head dim 512).
+const std::vector<Shape> kShapes = {
+    {"e2b qkv", {2048, 256, 256}, 1536}, {"e2b qkv full", {4096, 512, 512}, 1536},
+    {"e2b o_proj", {1536}, 2048},        {"e2b gate+up", {12288, 12288}, 1536},
+    {"e2b down", {1536}, 12288},         {"e2b ple gate", {256}, 1536},
+    {"e2b ple proj", {1536}, 256},       {"e2b ple inputs", {8960}, 1536},
+    {"e2b lm_head", {262144}, 1536},     {"e4b qkv", {2048, 512, 512}, 2560},
+    {"e4b o_proj", {2560}, 2048},        {"e4b gate+up", {10240, 10240}, 2560},
+    {"e4b down", {2560}, 10240},         {"26b qkv", {4096, 2048, 2048}, 2816},
+    {"26b o_proj", {2816}, 4096},        {"26b gate+up", {2112, 2112}, 2816},
+    {"26b down", {2816}, 2112},          {"31b qkv", {8192, 4096, 4096}, 5376},
+    {"31b o_proj", {5376}, 8192},        {"31b gate+up", {21504, 21504}, 5376},
+    {"31b down", {5376}, 21504},
+};
+
+__global__ void fill_bf16(bf16* p, int64_t n, uint64_t seed, float scale) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        const float v = lab::uniform_pm1(seed, i) * scale;
+        p[i] = static_cast<bf16>(__float_as_uint(v) >> 16);
+    }
+}
+__global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        p[i] = lab::uniform_pm1(seed, i);
+}
+__device__ float bf(bf16 b) {
+    return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// ref[t][r] = sum_k (hi + lo)[t][k] w[r][k] in fp64; mag = sum |x| |w| (the error's scale)
+__global__ void reference(const bf16* w, const bf16* hi, const bf16* lo, int N, int K, int n, double* ref,
+                          double* mag) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (r >= N) return;
+    double s = 0.0, m = 0.0;
+    for (int k = 0; k < K; ++k) {
+        const double x = double(bf(hi[int64_t{t} * K + k])) + double(bf(lo[int64_t{t} * K + k]));
+        const double v = double(bf(w[int64_t{r} * K + k]));
+        s += x * v;
+        m += std::fabs(x * v);
+    }
+    ref[int64_t{t} * N + r] = s;
+    mag[int64_t{t} * N + r] = m;
+}
+
+struct Bench {
+    cudaStream_t s = nullptr;
+    cublasHandle_t blas = nullptr;
+    int sms = 0;
+    float* y2 = nullptr;  // cuBLAS's [2n][N] scratch
+};
+
+struct Variant {
+    std::string name;
+    int mt = 0, ks = 0;  // 0: cuBLAS (v0); -1: the shape rule (v1)
+};
+
+// One launch of variant v over weight copy `w` (one pointer per segment).
+void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector<const bf16*>& w,
+            const std::vector<float*>& y, const bf16* hi, const bf16* lo, int n) {
+    const int nseg = static_cast<int>(sh.rows.size());
+    if (v.mt == 0) {
+        const float one = 1.0f, zero = 0.0f;
+        for (int i = 0; i < nseg; ++i) {
+            CB(cublasGemmEx(b.blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.rows[i], 2 * n, sh.K, &one, w[i],
+                            CUDA_R_16BF, sh.K, hi, CUDA_R_16BF, sh.K, &zero, b.y2, CUDA_R_32F, sh.rows[i],
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            sum_halves(b.y2, n, sh.rows[i], y[i], sh.rows[i], b.s);
+        }
+        return;
+    }
+    GemvSeg segs[kStreamGemmMaxSegs];
+    for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
+    StreamGemmShape shape = stream_gemm_shape(segs, nseg, sh.K, n, b.sms);
+    if (v.mt > 0) shape = StreamGemmShape{v.mt, v.ks};
+    stream_gemm(segs, nseg, hi, lo, n, sh.K, shape, b.s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    bool quick = false;
+    std::string only;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+    }
+    Bench b;
+    CK(cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking));
+    CB(cublasCreate(&b.blas));
+    CB(cublasSetStream(b.blas, b.s));
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    b.sms = prop.multiProcessorCount;
+    std::printf("device %s, %d SMs\n", prop.name, b.sms);
+    const std::vector<int> ns = quick ? std::vector<int>{8, 32} : std::vector<int>{1, 4, 8, 16, 32, 64};
+    const int max_n = kStreamGemmMaxN;
+    int max_rows = 0, max_k = 0;
+    for (const Shape& sh : kShapes) {
+        for (int r : sh.rows) max_rows = std::max(max_rows, r);
+        max_k = std::max(max_k, sh.K);
+    }
+    CK(cudaMalloc(&b.y2, sizeof(float) * 2 * max_n * max_rows));
+    float* x = nullptr;
+    bf16* hl = nullptr;
+    CK(cudaMalloc(&x, sizeof(float) * max_n * max_k));
+    CK(cudaMalloc(&hl, sizeof(bf16) * 2 * max_n * max_k));
+    double *ref = nullptr, *mag = nullptr;
+    CK(cudaMalloc(&ref, sizeof(double) * max_n * max_rows));
+    CK(cudaMalloc(&mag, sizeof(double) * max_n * max_rows));
+    std::vector<Variant> variants = {{"v0 cublas", 0, 0}, {"v1 rule", -1, -1}};
+    for (int mt : {1, 2, 4})
+        for (int ks : {1, 2, 4, 8})
+            variants.push_back({"v2 mt" + std::to_string(mt) + " ks" + std::to_string(ks), mt, ks});
+    bool failed = false;
+    std::printf("%-16s %3s  %-12s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
+    for (const Shape& sh : kShapes) {
+        if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
+        const int nseg = static_cast<int>(sh.rows.size());
+        int64_t elems = 0;
+        for (int r : sh.rows) elems += int64_t{r} * sh.K;
+        const double bytes = 2.0 * elems;
+        const int copies = static_cast<int>(std::max<double>(1.0, std::ceil(256e6 / bytes)));
+        bf16* wall = nullptr;
+        CK(cudaMalloc(&wall, sizeof(bf16) * elems * copies));
+        fill_bf16<<<1024, 256, 0, b.s>>>(wall, elems * copies, 7, 0.05f);
+        std::vector<float*> y(static_cast<size_t>(nseg));
+        for (int i = 0; i < nseg; ++i)
+            CK(cudaMalloc(&y[static_cast<size_t>(i)],
+                          sizeof(float) * max_n * sh.rows[static_cast<size_t>(i)]));
+        auto weights = [&](int c) {
+            std::vector<const bf16*> w;
+            int64_t off = int64_t{c} * elems;
+            for (int r : sh.rows) {
+                w.push_back(wall + off);
+                off += int64_t{r} * sh.K;
+            }
+            return w;
+        };
+        for (int n : ns) {
+            fill_f32<<<256, 256, 0, b.s>>>(x, int64_t{n} * sh.K, 1000 + n);
+            split_rows(x, sh.K, sh.K, n, false, nullptr, 1e-6f, hl, hl + int64_t{n} * sh.K, b.s);
+            const bf16 *hi = hl, *lo = hl + int64_t{n} * sh.K;
+            for (const Variant& v : variants) {
+                if (v.mt > 0 && v.mt * ((n + 7) / 8) > 16) continue;
+                // correctness on copy 0, segment by segment
+                double worst = 0.0;
+                launch(b, v, sh, weights(0), y, hi, lo, n);
+                for (int i = 0; i < nseg; ++i) {
+                    const int N = sh.rows[static_cast<size_t>(i)];
+                    reference<<<dim3((N + 127) / 128, n), 128, 0, b.s>>>(weights(0)[static_cast<size_t>(i)],
+                                                                         hi, lo, N, sh.K, n, ref, mag);
+                    std::vector<float> got(static_cast<size_t>(n) * N);
+                    std::vector<double> want(got.size()), m(got.size());
+                    CK(cudaMemcpyAsync(got.data(), y[static_cast<size_t>(i)], sizeof(float) * got.size(),
+                                       cudaMemcpyDeviceToHost, b.s));
+                    CK(cudaMemcpyAsync(want.data(), ref, sizeof(double) * got.size(), cudaMemcpyDeviceToHost,
+                                       b.s));
+                    CK(cudaMemcpyAsync(m.data(), mag, sizeof(double) * got.size(), cudaMemcpyDeviceToHost,
+                                       b.s));
+                    CK(cudaStreamSynchronize(b.s));
+                    for (size_t j = 0; j < got.size(); ++j) {
+                        const double e = std::fabs(got[j] - want[j]) / std::max(m[j], 1e-30);
+                        worst = std::max(worst, std::isfinite(e) ? e : 1e30);
+                    }
+                    CK(cudaMemsetAsync(y[static_cast<size_t>(i)], 0xff, sizeof(float) * got.size(),
+                                       b.s));  // poison
+                }
+                // timing: a graph of launches over rotating copies
+                const int per_graph = std::max(20, copies);
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeRelaxed));
+                for (int r = 0; r < per_graph; ++r) launch(b, v, sh, weights(r % copies), y, hi, lo, n);
+                CK(cudaStreamEndCapture(b.s, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                const float ms = lab::time_ms(5, b.s, [&] { CK(cudaGraphLaunch(ge, b.s)); });
+                CK(cudaGraphExecDestroy(ge));
+                CK(cudaGraphDestroy(g));
+                const double us = 1e3 * ms / per_graph;
+                const bool bad = !(worst <= 1e-5);
+                failed |= bad;
+                std::printf("%-16s %3d  %-12s %9.2f %8.0f %10.2e%s\n", sh.name, n, v.name.c_str(), us,
+                            bytes / us * 1e-3, worst, bad ? "  FAIL" : "");
+            }
+        }
+        for (float* p : y) CK(cudaFree(p));
+        CK(cudaFree(wall));
+    }
+    std::printf(failed ? "correctness gate: FAILED\n" : "correctness gate: every variant within 1e-5\n");
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,283 @@
+// The projections of a few tokens (a batched decode step, a short prompt chunk): Y[t][r] = sum_k (hi[t][k] +
+// lo[t][k]) W[r][k] for t < n <= kStreamGemmMaxN, every weight byte read once, on the tensor cores. cuBLAS at
+// a few rows ran E2B's q/k/v at 393 GB/s and o_proj at 430 (docs/performance.md); this kernel streams the
+// weights like a GEMV and hands each 16 x 16 tile of them to mma.sync against 8 tokens at a time, both bf16
+// halves of the fp32 input (hi, lo: the prefill's split, ~2^-16 of an fp32 product), fp32 accumulation.
+//
+// Layout. A block holds MT tiles of 16 rows; its 4 warps split its K range, G chunks of 32 k at a time, each
+// quad of lanes reading 16 contiguous bytes of a row per chunk (the block reads 4 G 64 contiguous bytes of
+// each row per round). The k order inside a chunk is permuted, identically for the weights and the tokens:
+// lane (g, q) holds k = q*8 .. q*8+7 of rows g and g+8 and of token g, and the MMA's k-step j takes 4 of them
+// (the fragment's k = 2q, 2q+1, 2q+8, 2q+9 are physical q*8 + 4j + 0..3). A dot product does not depend on
+// the order of its terms, so the 16-byte loads feed the fragments with no shuffle.
+// K split. With few row tiles (q/k/v of E2B: 128 tiles of 16 rows), the K range is also cut across a cluster
+// of KS blocks (grid x); each block sums its warps in shared memory and the cluster sums its blocks through
+// distributed shared memory, every rank a share of the outputs, in rank order: deterministic, no atomics.
+#include <algorithm>
+#include <string>
+
+#include "cuda/kernels/cluster.cuh"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
+#include "model/error.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+
+struct StreamArgs {
+    GemvSeg seg[kStreamGemmMaxSegs];
+    int tiles_end[kStreamGemmMaxSegs];  // the segments' row tiles, prefix sums
+    int nseg = 0;
+    const uint16_t* hi = nullptr;  // [n][K]
+    const uint16_t* lo = nullptr;  // [n][K]
+    int n = 0, K = 0;
+    int split_chunks = 0;  // chunks of 32 k per rank of the K split
+};
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
+    return ok ? __ldg(p) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// One chunk of 32 k: the weights w[mt][h] (rows g + 8h of tile mt) against the NT token tiles.
+template <int MT, int NT>
+__device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (&w)[MT][2],
+                                          const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
+                                          const bool (&ok)[NT], int c) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint4 h = ld_x(xh[nt] + c * 4, ok[nt]), l = ld_x(xl[nt] + c * 4, ok[nt]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, h.x, h.y);
+            mma_bf16(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, l.x, l.y);
+            mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, h.z, h.w);
+            mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, l.z, l.w);
+        }
+    }
+}
+
+// Output element i of a block's [MT][NT][4][32] fragments (after the sums): its row within the block's rows
+// and its token.
+__device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
+    const int lane = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, mt = (i >> 7) / NT;
+    row = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+    tok = nt * 8 + 2 * (lane & 3) + (e & 1);
+}
+
+template <int MT, int NT, bool Cluster>
+__global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(StreamArgs a) {
+    constexpr int G = 4 / MT;            // chunks a warp loads per round
+    constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators
+    extern __shared__ float red[];       // [kWarps][E]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int tile = blockIdx.y;
+    int s = 0;
+    while (s + 1 < a.nseg && tile >= a.tiles_end[s]) ++s;
+    const GemvSeg sg = a.seg[s];
+    const int row0 = (tile - (s ? a.tiles_end[s - 1] : 0)) * 16 * MT;
+    const int K = a.K;
+    const int c_begin = blockIdx.x * a.split_chunks;
+    const int c_end = min(K / 32, c_begin + a.split_chunks);
+
+    const uint4* wr[MT][2];  // rows past N read the last row; their outputs are not stored
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = min(row0 + mt * 16 + g + 8 * h, sg.rows - 1);
+            wr[mt][h] = reinterpret_cast<const uint4*>(sg.w + int64_t{r} * K) + q;
+        }
+    const uint4* xh[NT];
+    const uint4* xl[NT];
+    bool ok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int t = nt * 8 + g;
+        ok[nt] = t < a.n;
+        const int64_t off = int64_t{ok[nt] ? t : 0} * K;
+        xh[nt] = reinterpret_cast<const uint4*>(a.hi + off) + q;
+        xl[nt] = reinterpret_cast<const uint4*>(a.lo + off) + q;
+    }
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+
+    bool waited = false;
+    for (int c0 = c_begin + warp * G; c0 < c_end; c0 += kWarps * G) {
+        uint4 w[G][MT][2];
+#pragma unroll
+        for (int u = 0; u < G; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    w[u][mt][h] =
+                        c0 + u < c_end ? ld_stream(wr[mt][h] + (c0 + u) * 4) : make_uint4(0, 0, 0, 0);
+        if (!waited) {  // the first weights stream during the previous kernel's tail; the tokens are its
+                        // output
+            pdl_begin_after_loads(K);
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < G; ++u)
+            if (c0 + u < c_end) chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+    }
+    if (!waited) pdl_begin();
+
+    // the block's warps summed in shared memory, in warp order
+    float* mine = red + warp * E;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = red[i];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
+        red[i] = v;
+    }
+    int begin = 0, end = E;
+    if constexpr (Cluster) {  // every rank's sums visible; rank r stores its share of the outputs
+        __syncthreads();
+        cluster_arrive_release();
+        cluster_wait_acquire();
+        const int share = E / static_cast<int>(gridDim.x);
+        begin = static_cast<int>(blockIdx.x) * share;
+        end = begin + share;
+    } else {
+        __syncthreads();
+    }
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        float v = red[i];
+        if constexpr (Cluster) {
+            v = cluster_map(red, 0)[i];
+            for (unsigned r = 1; r < gridDim.x; ++r) v += cluster_map(red, r)[i];
+        }
+        int row, tok;
+        fragment_at(i, NT, row, tok);
+        row += row0;
+        if (row < sg.rows && tok < a.n) sg.y[int64_t{tok} * sg.ldy + row] = v;
+    }
+    if constexpr (Cluster) {  // no block leaves while another still reads its shared memory
+        cluster_arrive_relaxed();
+        cluster_wait_acquire();
+    }
+}
+
+template <int MT, int NT>
+void launch_mt_nt(const StreamArgs& a, int tiles, int ks, cudaStream_t s) {
+    const size_t smem = sizeof(float) * kWarps * MT * NT * 4 * 32;
+    const dim3 grid(static_cast<unsigned>(ks), static_cast<unsigned>(tiles)), block(kWarps * 32);
+    if (ks > 1)
+        launch_kernel_cluster(stream_gemm_kernel<MT, NT, true>, grid, block, smem, s, ks, a);
+    else
+        launch_kernel_cluster(stream_gemm_kernel<MT, NT, false>, grid, block, smem, s, 0, a);
+}
+
+template <int MT>
+void launch_mt(const StreamArgs& a, int nt, int tiles, int ks, cudaStream_t s) {
+    switch (nt) {
+        case 1:
+            return launch_mt_nt<MT, 1>(a, tiles, ks, s);
+        case 2:
+            return launch_mt_nt<MT, 2>(a, tiles, ks, s);
+        case 3:
+            return launch_mt_nt<MT, 3>(a, tiles, ks, s);
+        case 4:
+            return launch_mt_nt<MT, 4>(a, tiles, ks, s);
+        default:
+            break;
+    }
+    if constexpr (MT <= 2) {
+        switch (nt) {
+            case 5:
+                return launch_mt_nt<MT, 5>(a, tiles, ks, s);
+            case 6:
+                return launch_mt_nt<MT, 6>(a, tiles, ks, s);
+            case 7:
+                return launch_mt_nt<MT, 7>(a, tiles, ks, s);
+            case 8:
+                return launch_mt_nt<MT, 8>(a, tiles, ks, s);
+            default:
+                break;
+        }
+    }
+    throw Error("internal: stream_gemm has no kernel for " + std::to_string(MT) + " row tiles and " +
+                std::to_string(nt) + " token tiles");
+}
+
+}  // namespace
+
+bool stream_gemm_fits(int N, int K, int n) {
+    return n >= 1 && n <= kStreamGemmMaxN && N >= 1 && N % 16 == 0 && K >= 32 && K % 32 == 0;
+}
+
+StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms) {
+    StreamGemmShape p;
+    const int nt = (n + 7) / 8;
+    p.mt = n <= 8 ? 1 : (n <= 16 || nt > 4) ? 2 : 4;
+    int tiles = 0;
+    for (int i = 0; i < nseg; ++i) tiles += (segs[i].rows + 16 * p.mt - 1) / (16 * p.mt);
+    // enough blocks for two per SM, each warp at least one round of chunks
+    const int chunks = K / 32, round = kWarps * (4 / p.mt);
+    p.ks = 1;
+    while (p.ks < 8 && tiles * p.ks < 2 * sms && chunks / (2 * p.ks) >= round) p.ks *= 2;
+    return p;
+}
+
+void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, int n, int K,
+                 StreamGemmShape shape, cudaStream_t s) {
+    if (nseg < 1 || nseg > kStreamGemmMaxSegs)
+        throw Error("internal: stream_gemm takes 1 to " + std::to_string(kStreamGemmMaxSegs) + " matrices");
+    StreamArgs a;
+    a.nseg = nseg;
+    a.hi = hi;
+    a.lo = lo;
+    a.n = n;
+    a.K = K;
+    const int mt = shape.mt, nt = (n + 7) / 8, ks = shape.ks;
+    if ((mt != 1 && mt != 2 && mt != 4) || (ks != 1 && ks != 2 && ks != 4 && ks != 8) || mt * nt > 16)
+        throw Error("internal: stream_gemm shape " + std::to_string(mt) + " row tiles x " +
+                    std::to_string(ks) + " K splits at " + std::to_string(n) + " tokens");
+    int tiles = 0;
+    for (int i = 0; i < nseg; ++i) {
+        if (!stream_gemm_fits(segs[i].rows, K, n))
+            throw Error("internal: stream_gemm cannot take " + std::to_string(segs[i].rows) + " x " +
+                        std::to_string(K) + " at " + std::to_string(n) + " tokens");
+        a.seg[i] = segs[i];
+        tiles += (segs[i].rows + 16 * mt - 1) / (16 * mt);
+        a.tiles_end[i] = tiles;
+    }
+    const int chunks = K / 32;
+    a.split_chunks = (chunks + ks - 1) / ks;
+    if (mt == 1) return launch_mt<1>(a, nt, tiles, ks, s);
+    if (mt == 2) return launch_mt<2>(a, nt, tiles, ks, s);
+    launch_mt<4>(a, nt, tiles, ks, s);
+}
+
+}  // namespace markbase::cuda

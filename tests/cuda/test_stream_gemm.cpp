@@ -1,0 +1,154 @@
+// stream_gemm (cuda/kernels/stream_gemm.cu), the batched step's projections: every output of every launch
+// shape (row tiles per block x K splits per cluster) against an fp64 host product of the same bf16 halves and
+// weights, with token counts that leave token tiles partly empty, matrices whose rows end inside a block's
+// tiles, and three matrices in one launch; the shape rule and the eligibility checks on the host (no device).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/require_cuda.h"
+
+#ifdef MARKBASE_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/kernels.h"
+#endif
+
+namespace markbase {
+namespace {
+
+#ifdef MARKBASE_HAS_CUDA
+uint16_t to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& v) {
+    T* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, sizeof(T) * v.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+}
+
+// Runs one launch over matrices of `rows` (K columns each) at n tokens with the given shape and checks every
+// output against the fp64 product; the largest error relative to the row's sum of |x| |w|.
+double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmShape shape, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<uint16_t> hl(2 * static_cast<size_t>(n) * K);  // [n][K] hi, then [n][K] lo
+    for (size_t i = 0; i < static_cast<size_t>(n) * K; ++i) {
+        const float x = u(rng);
+        hl[i] = to_bf16(x);
+        hl[static_cast<size_t>(n) * K + i] = to_bf16(x - from_bf16(hl[i]));
+    }
+    uint16_t* d_hl = to_device(hl);
+    std::vector<std::vector<uint16_t>> w(rows.size());
+    std::vector<uint16_t*> d_w(rows.size());
+    std::vector<float*> d_y(rows.size());
+    std::vector<cuda::GemvSeg> segs(rows.size());
+    const int64_t ldy = 4096;  // wider than any row count here: the stride is honoured
+    for (size_t s = 0; s < rows.size(); ++s) {
+        w[s].resize(static_cast<size_t>(rows[s]) * K);
+        for (uint16_t& v : w[s]) v = to_bf16(0.05f * u(rng));
+        d_w[s] = to_device(w[s]);
+        EXPECT_EQ(cudaMalloc(&d_y[s], sizeof(float) * ldy * n), cudaSuccess);
+        EXPECT_EQ(cudaMemset(d_y[s], 0xff, sizeof(float) * ldy * n),
+                  cudaSuccess);  // NaN: every output written
+        segs[s] = {d_w[s], d_y[s], rows[s], ldy};
+    }
+    cuda::stream_gemm(segs.data(), static_cast<int>(segs.size()), d_hl, d_hl + static_cast<size_t>(n) * K, n,
+                      K, shape, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    double worst = 0.0;
+    for (size_t s = 0; s < rows.size(); ++s) {
+        std::vector<float> y(static_cast<size_t>(ldy) * n);
+        EXPECT_EQ(cudaMemcpy(y.data(), d_y[s], sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (int t = 0; t < n; ++t)
+            for (int r = 0; r < rows[s]; ++r) {
+                double want = 0.0, mag = 0.0;
+                for (int k = 0; k < K; ++k) {
+                    const size_t xi = static_cast<size_t>(t) * K + k;
+                    const double x =
+                        double(from_bf16(hl[xi])) + double(from_bf16(hl[static_cast<size_t>(n) * K + xi]));
+                    const double p = x * double(from_bf16(w[s][static_cast<size_t>(r) * K + k]));
+                    want += p;
+                    mag += std::fabs(p);
+                }
+                const float got = y[static_cast<size_t>(t) * ldy + r];
+                const double e = std::isfinite(got) ? std::fabs(got - want) / mag : 1e30;
+                worst = std::max(worst, e);
+            }
+        cudaFree(d_w[s]);
+        cudaFree(d_y[s]);
+    }
+    cudaFree(d_hl);
+    return worst;
+}
+#endif
+
+TEST(StreamGemm, EveryShapeMatchesTheFp64Product) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    // q/k/v-like segments whose rows end inside a 64-row block (80 = 5 tiles of 16), K over several chunks
+    // per warp and an uneven split (K = 1056 = 33 chunks)
+    const std::vector<int> rows = {208, 80, 48};
+    for (int K : {256, 1056})
+        for (int n : {1, 5, 8, 13, 32, 64})
+            for (int mt : {1, 2, 4})
+                for (int ks : {1, 2, 4, 8}) {
+                    if (mt * ((n + 7) / 8) > 16) continue;
+                    const double e =
+                        max_error(rows, K, n, {mt, ks}, static_cast<uint32_t>(K + n * 7 + mt * 3 + ks));
+                    EXPECT_LT(e, 1e-5) << "K " << K << ", " << n << " tokens, mt " << mt << ", ks " << ks;
+                }
+#endif
+}
+
+TEST(StreamGemm, ShapeRuleAndEligibility) {
+#ifndef MARKBASE_HAS_CUDA
+    GTEST_SKIP() << "built without CUDA";
+#else
+    EXPECT_TRUE(cuda::stream_gemm_fits(2048, 1536, 8));
+    EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1536, cuda::kStreamGemmMaxN + 1)) << "too many tokens";
+    EXPECT_FALSE(cuda::stream_gemm_fits(2056, 1536, 8)) << "rows not a multiple of 16";
+    EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1520, 8)) << "K not a multiple of 32";
+    EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1536, 0));
+    // the rule on an H200 (132 SMs): few rows get a K split, many rows none; a block's accumulators stay
+    // within 16 tiles
+    const cuda::GemvSeg qkv[3] = {
+        {nullptr, nullptr, 2048, 0}, {nullptr, nullptr, 256, 0}, {nullptr, nullptr, 256, 0}};
+    const cuda::GemvSeg lm{nullptr, nullptr, 262144, 0};
+    for (int n : {1, 8, 16, 32, 64}) {
+        const cuda::StreamGemmShape a = cuda::stream_gemm_shape(qkv, 3, 1536, n, 132);
+        const cuda::StreamGemmShape b = cuda::stream_gemm_shape(&lm, 1, 1536, n, 132);
+        EXPECT_GT(a.ks, 1) << n;
+        EXPECT_EQ(b.ks, 1) << n;
+        EXPECT_LE(a.mt * ((n + 7) / 8), 16) << n;
+        EXPECT_LE(b.mt * ((n + 7) / 8), 16) << n;
+    }
+    // bad shapes are refused before any launch
+    try {
+        cuda::stream_gemm(qkv, 3, nullptr, nullptr, 8, 1536, {3, 1}, nullptr);
+        ADD_FAILURE() << "mt 3 accepted";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("stream_gemm shape"), std::string::npos) << e.what();
+    }
+#endif
+}
+
+}  // namespace
+}  // namespace markbase
