@@ -52,8 +52,9 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 #endif
 }
 
+// The tokens: the previous kernel's output, read after the PDL wait with plain loads.
 __device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
-    return ok ? __ldg(p) : make_uint4(0u, 0u, 0u, 0u);
+    return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // One chunk of 32 k: the weights w[mt][h] (rows g + 8h of tile mt) against the NT token tiles.
@@ -72,6 +73,19 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (
             mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, l.z, l.w);
         }
     }
+}
+
+// A warp's round: chunks c0 .. c0 + G - 1 of rows g and g + 8 of each tile (zeros past c_end).
+template <int G, int MT>
+__device__ __forceinline__ void load_round(uint4 (&w)[G][MT][2], const uint4* const (&wr)[MT][2], int c0,
+                                           int c_end) {
+#pragma unroll
+    for (int u = 0; u < G; ++u)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                w[u][mt][h] = c0 + u < c_end ? ld_stream(wr[mt][h] + (c0 + u) * 4) : make_uint4(0, 0, 0, 0);
 }
 
 // Output element i of a block's [MT][NT][4][32] fragments (after the sums): its row within the block's rows
@@ -124,27 +138,23 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(StreamArgs a) 
         for (int nt = 0; nt < NT; ++nt)
             acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
 
-    bool waited = false;
-    for (int c0 = c_begin + warp * G; c0 < c_end; c0 += kWarps * G) {
-        uint4 w[G][MT][2];
-#pragma unroll
-        for (int u = 0; u < G; ++u)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    w[u][mt][h] =
-                        c0 + u < c_end ? ld_stream(wr[mt][h] + (c0 + u) * 4) : make_uint4(0, 0, 0, 0);
-        if (!waited) {  // the first weights stream during the previous kernel's tail; the tokens are its
-                        // output
-            pdl_begin_after_loads(K);
-            waited = true;
-        }
+    // software-pipelined: the next round's weights are in flight while this round's MMAs run
+    const int step = kWarps * G;
+    int c0 = c_begin + warp * G;
+    uint4 w[G][MT][2];
+    load_round<G, MT>(w, wr, c0, c_end);
+    pdl_begin_after_loads(K);  // the first weights stream during the previous kernel's tail
+    for (; c0 < c_end; c0 += step) {
+        uint4 nw[G][MT][2];
+        load_round<G, MT>(nw, wr, c0 + step, c_end);
 #pragma unroll
         for (int u = 0; u < G; ++u)
             if (c0 + u < c_end) chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+#pragma unroll
+        for (int u = 0; u < G; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) w[u][mt][0] = nw[u][mt][0], w[u][mt][1] = nw[u][mt][1];
     }
-    if (!waited) pdl_begin();
 
     // the block's warps summed in shared memory, in warp order
     float* mine = red + warp * E;
@@ -238,15 +248,16 @@ bool stream_gemm_fits(int N, int K, int n) {
 }
 
 StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms) {
+    // the kernel lab's winners (bench/results/cuda-stream-gemm-lab.txt): two row tiles per block up to 16
+    // tokens, four beyond (two where the token tiles would not fit); a K split until ~4 blocks per SM
     StreamGemmShape p;
     const int nt = (n + 7) / 8;
-    p.mt = n <= 8 ? 1 : (n <= 16 || nt > 4) ? 2 : 4;
+    p.mt = (n <= 16 || nt > 4) ? 2 : 4;
     int tiles = 0;
     for (int i = 0; i < nseg; ++i) tiles += (segs[i].rows + 16 * p.mt - 1) / (16 * p.mt);
-    // enough blocks for two per SM, each warp at least one round of chunks
-    const int chunks = K / 32, round = kWarps * (4 / p.mt);
+    const int chunks = K / 32, G = 4 / p.mt;
     p.ks = 1;
-    while (p.ks < 8 && tiles * p.ks < 2 * sms && chunks / (2 * p.ks) >= round) p.ks *= 2;
+    while (p.ks < 8 && tiles * p.ks < 4 * sms && chunks / (2 * p.ks) >= G) p.ks *= 2;
     return p;
 }
 
