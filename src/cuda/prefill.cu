@@ -238,7 +238,8 @@ void CudaModel::prefill_ple(int i, int n) {
 // The prefill's GEMMs (and batched decode's): fp32 activations as two bf16 halves through cuBLAS.
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
     const GemvSeg seg{W, Y, N, ldy};
-    if (n <= plan_.stream_gemm_max && stream_gemm_fits(N, K, n)) {
+    if (n <= plan_.stream_gemm_max && stream_gemm_fits(N, K, n) &&
+        2 * int64_t{N} * K <= kStreamGemmMaxBytes) {
         stream_gemm(&seg, 1, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(&seg, 1, K, n, plan_.sms),
                     stream_);
         return;
@@ -262,7 +263,12 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) 
 
 void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
     bool one_launch = n <= plan_.stream_gemm_max;
-    for (int i = 0; i < nseg; ++i) one_launch = one_launch && stream_gemm_fits(segs[i].rows, K, n);
+    int64_t bytes = 0;
+    for (int i = 0; i < nseg; ++i) {
+        one_launch = one_launch && stream_gemm_fits(segs[i].rows, K, n);
+        bytes += 2 * int64_t{segs[i].rows} * K;
+    }
+    one_launch = one_launch && bytes <= kStreamGemmMaxBytes;
     if (one_launch) {
         stream_gemm(segs, nseg, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(segs, nseg, K, n, plan_.sms),
                     stream_);

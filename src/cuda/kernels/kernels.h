@@ -181,6 +181,10 @@ void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream
 // Y[t][r] = sum_k (hi[t][k] + lo[t][k]) W[r][k] for each segment (up to kStreamGemmMaxSegs matrices of one
 // input: q/k/v, gate/up), on the tensor cores; hi, lo as split_rows writes them ([n][K] each).
 constexpr int kStreamGemmMaxN = 64;
+// Above this many weight bytes per launch cuBLAS streams faster (the kernel lab at 8 tokens: E4B's gate+up,
+// 105 MB, 37.1 us against 34.6; the 31B's o_proj, 88 MB, 32.9 against 27.6; E2B's down, 38 MB, 14.2 against
+// 15.3): the product launches stream_gemm up to here.
+constexpr int64_t kStreamGemmMaxBytes = int64_t{48} << 20;
 constexpr int kStreamGemmMaxSegs = 3;
 // How a launch is cut: mt tiles of 16 rows per block (1, 2, 4), the K range over a cluster of ks blocks (1,
 // 2, 4, 8).
@@ -251,11 +255,11 @@ struct AttnArgs {
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 constexpr int kMaxAttnCluster = 16;
 // Decode attention: pieces of at least kAttnMinKeys keys (attention.cu's split_len 0 rule), at most ~2 waves
-// of blocks per layer, only the pieces holding keys run and merge. Measured on the H200 (docs/performance.md): 64
-// keys beat pieces of >= 32 keys with up to 512 blocks per layer (every piece reporting) by 0.2-0.6 ms per
-// token on all four variants, 32 beat 64 by another 2-5% (also at a 2000-token context), 128/256 lost; 16
-// beat 32 by 0.2-1.9% in two runs of all four. It only matters below the ~2-wave cap: on the sliding layers
-// (512 keys) at any context, on the full layers at short contexts.
+// of blocks per layer, only the pieces holding keys run and merge. Measured on the H200
+// (docs/performance.md): 64 keys beat pieces of >= 32 keys with up to 512 blocks per layer (every piece
+// reporting) by 0.2-0.6 ms per token on all four variants, 32 beat 64 by another 2-5% (also at a 2000-token
+// context), 128/256 lost; 16 beat 32 by 0.2-1.9% in two runs of all four. It only matters below the ~2-wave
+// cap: on the sliding layers (512 keys) at any context, on the full layers at short contexts.
 constexpr int kAttnMinKeys = 16;
 // Whether clusters of C decode pieces (nH heads of dim d) can be scheduled on this GPU (sm_90+).
 bool attention_cluster_fits(int C, int nH, int d);
