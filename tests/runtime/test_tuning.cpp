@@ -41,9 +41,8 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
         "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,stream_gemm=0,cpu_pin=1,"
-        "skip=qkv+
-        route_topk ";
-        const Tuning t = parse_tuning(spec);
+        "skip=qkv+route_topk";
+    const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
     EXPECT_EQ(t.gemv, Tuning::Gemv::kAsyncGeglu);
     EXPECT_EQ(t.attn_cluster, Tuning::Choice::kOn);
