@@ -239,7 +239,7 @@ void CudaModel::prefill_ple(int i, int n) {
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
     const GemvSeg seg{W, Y, N, ldy};
     if (n <= plan_.stream_gemm_max && stream_gemm_fits(N, K, n) &&
-        2 * int64_t{N} * K <= kStreamGemmMaxBytes) {
+        stream_gemm_pays(2 * int64_t{N} * K, 1, n)) {
         stream_gemm(&seg, 1, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(&seg, 1, K, n, plan_.sms),
                     stream_);
         return;
@@ -268,7 +268,7 @@ void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
         one_launch = one_launch && stream_gemm_fits(segs[i].rows, K, n);
         bytes += 2 * int64_t{segs[i].rows} * K;
     }
-    one_launch = one_launch && bytes <= kStreamGemmMaxBytes;
+    one_launch = one_launch && stream_gemm_pays(bytes, nseg, n);
     if (one_launch) {
         stream_gemm(segs, nseg, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(segs, nseg, K, n, plan_.sms),
                     stream_);

@@ -146,6 +146,16 @@ TEST(StreamGemm, ShapeRuleAndEligibility) {
         EXPECT_LE(a.mt * ((n + 7) / 8), 16) << n;
         EXPECT_LE(b.mt * ((n + 7) / 8), 16) << n;
     }
+    // where it pays, from the kernel lab's H200 timings at 8 and 16 tokens
+    const int64_t MB = int64_t{1} << 20;
+    EXPECT_TRUE(cuda::stream_gemm_pays(int64_t{2} * 12288 * 1536 * 2, 2, 8))
+        << "E2B gate+up at 8 (25.4 us against 28.5)";
+    EXPECT_FALSE(cuda::stream_gemm_pays(int64_t{2} * 12288 * 1536 * 2, 2, 16))
+        << "E2B gate+up at 16 (33.8 against 30.0)";
+    EXPECT_FALSE(cuda::stream_gemm_pays(int64_t{2} * 10240 * 2560 * 2, 2, 8))
+        << "E4B gate+up at 8 (37.1 against 34.6)";
+    EXPECT_FALSE(cuda::stream_gemm_pays(int64_t{5376} * 8192 * 2, 1, 8)) << "31B o_proj (32.9 against 27.6)";
+    EXPECT_TRUE(cuda::stream_gemm_pays(8 * MB, 3, 16)) << "E2B q/k/v at 16 (8.4 against 19.2)";
     // bad shapes are refused before any launch
     try {
         cuda::stream_gemm(qkv, 3, nullptr, nullptr, 8, 1536, {3, 1}, nullptr);

@@ -181,10 +181,6 @@ void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream
 // Y[t][r] = sum_k (hi[t][k] + lo[t][k]) W[r][k] for each segment (up to kStreamGemmMaxSegs matrices of one
 // input: q/k/v, gate/up), on the tensor cores; hi, lo as split_rows writes them ([n][K] each).
 constexpr int kStreamGemmMaxN = 64;
-// Above this many weight bytes per launch cuBLAS streams faster (the kernel lab at 8 tokens: E4B's gate+up,
-// 105 MB, 37.1 us against 34.6; the 31B's o_proj, 88 MB, 32.9 against 27.6; E2B's down, 38 MB, 14.2 against
-// 15.3): the product launches stream_gemm up to here.
-constexpr int64_t kStreamGemmMaxBytes = int64_t{48} << 20;
 constexpr int kStreamGemmMaxSegs = 3;
 // How a launch is cut: mt tiles of 16 rows per block (1, 2, 4), the K range over a cluster of ks blocks (1,
 // 2, 4, 8).
@@ -194,6 +190,9 @@ struct StreamGemmShape {
 };
 // Whether a matrix of N rows and K columns at n tokens is one stream_gemm takes (N % 16, K % 32).
 bool stream_gemm_fits(int N, int K, int n);
+// Whether stream_gemm beats cuBLAS over the stacked halves (a GEMM and a sum per matrix) for nseg matrices of
+// `bytes` weight bytes in all at n tokens: up to 48 MB per matrix at 8 tokens, less beyond (the kernel lab).
+bool stream_gemm_pays(int64_t bytes, int nseg, int n);
 // The shape for these matrices at n tokens on a GPU of `sms` SMs (the kernel lab's rule).
 StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms);
 void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, int n, int K,

@@ -247,6 +247,16 @@ bool stream_gemm_fits(int N, int K, int n) {
     return n >= 1 && n <= kStreamGemmMaxN && N >= 1 && N % 16 == 0 && K >= 32 && K % 32 == 0;
 }
 
+// cuBLAS pays a GEMM and a sum launch per matrix but streams large ones faster (~3.9 TB/s against ~3.3); the
+// kernel lab (bench/results/cuda-stream-gemm-lab.txt) at 8 tokens: E2B's gate+up (2 x 38 MB) 25.4 us against
+// 28.5, the 26B-Standard's (2 x 44 MB) ahead in the step, E4B's (2 x 52 MB) 37.1 against 34.6, E2B's down
+// (38 MB) 14.2 against 15.3, E4B's (52 MB) 22.2 against 19.4, the 31B's o_proj (88 MB) 32.9 against 27.6.
+// At 16 tokens the MMAs weigh more (E2B's gate+up 33.8 against 30.0): the allowance falls as 8 / n.
+bool stream_gemm_pays(int64_t bytes, int nseg, int n) {
+    const int64_t per_matrix = (int64_t{48} << 20) * 8 / std::max(n, 8);
+    return bytes <= nseg * per_matrix;
+}
+
 StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms) {
     // the kernel lab's winners (bench/results/cuda-stream-gemm-lab.txt): two row tiles per block up to 16
     // tokens, four beyond (two where the token tiles would not fit); a K split until ~4 blocks per SM
