@@ -239,7 +239,8 @@ void CudaModel::prefill_ple(int i, int n) {
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
     const GemvSeg seg{W, Y, N, ldy};
     if (n <= plan_.stream_gemm_max && stream_gemm_fits(N, K, n) &&
-        stream_gemm_pays(2 * int64_t{N} * K, 1, n)) {
+        (stream_gemm_pays(2 * int64_t{N} * K, 1, n) || N > act_.y2_cols)) {
+        // wider than the stacked scratch (lm_head), cuBLAS would read W twice, once per half
         stream_gemm(&seg, 1, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(&seg, 1, K, n, plan_.sms),
                     stream_);
         return;
