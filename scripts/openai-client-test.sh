@@ -46,7 +46,10 @@ if [ "$status" -eq 0 ]; then
     --max-concurrency 4 --request-rate 50 --ignore-eos --json-out "$build/bench-serve-smoke.json" &&
     python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 assert d["successful_requests"] == 8 and d["failed_requests"] == 0, d
-assert d["total_output_tokens"] == 64, d' "$build/bench-serve-smoke.json" || status=$?
+assert d["total_output_tokens"] == 64, d
+s = d["server_steps"]  # the scheduler-thread split from GET /metrics: 8 prompts of 16 ids, 7 decode rows each
+assert s and s["steps"] > 0 and s["prompt_tokens"] == 128, s
+assert round(s["decode_rows_per_step"] * s["steps"]) == 56 and s["decode_s"] > 0, s' "$build/bench-serve-smoke.json" || status=$?
 fi
 trap - EXIT
 kill -TERM "$pid"

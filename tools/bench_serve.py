@@ -174,6 +174,49 @@ def benchmark(args, client, model, prompts, rng):
     return results, time.perf_counter() - start, active[1]
 
 
+STEP_COUNTERS = ("markbase_step_seconds_total", "markbase_steps_total", "markbase_step_decode_rows_total",
+                 "markbase_step_prompt_tokens_total")
+
+
+def server_steps(client):
+    """MarkBase's step counters from GET /metrics ({name or name{labels}: value}); {} from any other server."""
+    try:
+        conn, resp = client.open("GET", "/metrics")
+        try:
+            text = resp.read().decode(errors="replace") if resp.status == 200 else ""
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException):
+        return {}
+    out = {}
+    for ln in text.splitlines():
+        if ln.startswith(STEP_COUNTERS):
+            key, _, value = ln.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def step_split(before, after, duration):
+    """Where the server's scheduler thread spent the run (the counters' differences), or None."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    steps = d.get("markbase_steps_total", 0.0)
+    if not steps:
+        return None
+    phase = {p: d.get(f'markbase_step_seconds_total{{phase="{p}"}}', 0.0) for p in ("prefill", "decode", "engine")}
+    busy = sum(phase.values())
+    return {
+        "steps": int(steps),
+        "prefill_s": phase["prefill"], "decode_s": phase["decode"], "engine_s": phase["engine"],
+        "idle_s": max(0.0, duration - busy),
+        "decode_rows_per_step": d.get("markbase_step_decode_rows_total", 0.0) / steps,
+        "prompt_tokens": int(d.get("markbase_step_prompt_tokens_total", 0.0)),
+        "decode_ms_per_step": 1e3 * phase["decode"] / steps,
+    }
+
+
 def summarize(args, results, duration, prompts, peak):
     ok = [r for r in results if r["success"]]
     inputs = sum(r["prompt_tokens"] if r["prompt_tokens"] is not None else n for r, (_, n) in zip(results, prompts)
@@ -218,6 +261,14 @@ def print_table(s, args):
         line(f"Mean {name} (ms):", f"{s[key]['mean']:.2f}")
         line(f"Median {name} (ms):", f"{s[key]['median']:.2f}")
         line(f"P99 {name} (ms):", f"{s[key]['p99']:.2f}")
+    if s.get("server_steps"):
+        st = s["server_steps"]
+        print("{s:{c}^{n}}".format(s="Server time (GET /metrics)", n=50, c="-"))
+        for k in ("prefill", "decode", "engine", "idle"):
+            line(f"{k.capitalize()} (s):", f"{st[k + '_s']:.2f} ({100 * st[k + '_s'] / s['benchmark_duration_s']:.1f}%)")
+        line("Steps:", st["steps"])
+        line("Decode rows per step (mean):", f"{st['decode_rows_per_step']:.1f}")
+        line("Decode ms per step (mean):", f"{st['decode_ms_per_step']:.2f}")
     print("=" * 50)
     for e in s["errors"][:5]:
         print(f"error: {e}", file=sys.stderr)
@@ -272,8 +323,10 @@ def main(argv=None):
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(f"{args.num_prompts} requests to {args.base_url} (model {model}), {args.input_len} "
           f"{'words' if args.prompt_text else 'token ids'} in, up to {args.output_len} out", file=sys.stderr)
+    before = server_steps(client)
     results, duration, peak = benchmark(args, client, model, prompts, rng)
     summary = summarize(args, results, duration, prompts, peak)
+    summary["server_steps"] = step_split(before, server_steps(client), duration) if before else None
     print_table(summary, args)
     if args.json_out:
         settings = {k: v for k, v in vars(args).items()

@@ -3,6 +3,7 @@
 // items together through CpuModel::forward_decode: one pass over those rows, each weight read once, attention
 // per row against its own cache. Either way every slot's logits are bit-identical to its sequence run alone.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -37,6 +38,7 @@ class CpuSlotBackend final : public SlotBackend {
 
     void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next) override {
         check_slot_work(*this, work);
+        const auto t0 = std::chrono::steady_clock::now();
         // A decode row wanting logits is listed first, so that each batch's wanted rows are its first ones.
         decode_.clear();
         int row = 0;  // the output row of a work item that wants logits, in work order
@@ -47,12 +49,17 @@ class CpuSlotBackend final : public SlotBackend {
             else
                 decode_.push_back({&caches_[static_cast<size_t>(w.slot)], w.ids[0], out});
         }
+        const auto t1 = std::chrono::steady_clock::now();
         std::stable_partition(decode_.begin(), decode_.end(), [](const DecodeRow& r) { return r.out >= 0; });
         for (size_t b = 0; b < decode_.size(); b += static_cast<size_t>(chunk_))
             run_decode(b, std::min(decode_.size(), b + static_cast<size_t>(chunk_)), logits, next);
+        last_.prefill = std::chrono::duration<double>(t1 - t0).count();
+        last_.decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     }
+    StepSeconds last_step_seconds() const override { return last_; }
 
   private:
+    StepSeconds last_;
     struct DecodeRow {
         cpu::KvCache* cache;
         int id;

@@ -10,6 +10,7 @@
 // The engine asks logits only of an item's last id, so phase 2 covers every wanted row and a prompt's last
 // position is computed exactly as a decode token at that position would be.
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ class CudaSlotBackend final : public SlotBackend {
 
     void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next) override {
         check_slot_work(*this, work);
+        const auto t0 = std::chrono::steady_clock::now();
         std::vector<int> dslots, dids;  // phase 2's items, in work order
         std::vector<char> copy;         // whether the item's logits row is wanted on the host
         for (const SlotWork& w : work) {
@@ -58,6 +60,7 @@ class CudaSlotBackend final : public SlotBackend {
                 copy.push_back(logits && !w.argmax_only);
             }
         }
+        const auto t1 = std::chrono::steady_clock::now();  // slot_eval returns once its chunk has run
         const int64_t V = config().vocab_size;
         const int group = std::max(1, std::min(be_->slots(), be_->batch_rows()));
         for (size_t b = 0; b < dslots.size(); b += static_cast<size_t>(group)) {
@@ -69,12 +72,17 @@ class CudaSlotBackend final : public SlotBackend {
             if (next) std::copy(ids.begin(), ids.end(), next + b);
             for (int t = 0; t < n; ++t) ++past_[static_cast<size_t>(dslots[b + static_cast<size_t>(t)])];
         }
+        const auto t2 = std::chrono::steady_clock::now();  // decode_batch returns with its ids on the host
+        last_.prefill = std::chrono::duration<double>(t1 - t0).count();
+        last_.decode = std::chrono::duration<double>(t2 - t1).count();
     }
+    StepSeconds last_step_seconds() const override { return last_; }
 
   private:
     std::unique_ptr<CudaBackend> be_;
     int slots_;
     std::vector<int64_t> past_;
+    StepSeconds last_;
 };
 
 }  // namespace

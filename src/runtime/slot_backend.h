@@ -36,6 +36,13 @@ struct SlotWork {
                                // on the device (no copy) and takes the argmax there
 };
 
+// Where the last eval_slots call's time went, in seconds of wall time: its prompt chunks (prefill) and its
+// rows of one id each (the batched decode). What a serving profile splits a step into (GET /metrics).
+struct StepSeconds {
+    double prefill = 0.0;
+    double decode = 0.0;
+};
+
 class SlotBackend {
   public:
     virtual ~SlotBackend() = default;
@@ -51,6 +58,7 @@ class SlotBackend {
     // range, a slot listed twice, empty ids or a slot whose context would overflow; nothing is evaluated
     // then.
     virtual void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next = nullptr) = 0;
+    virtual StepSeconds last_step_seconds() const = 0;
 };
 
 // BackendOptions::slots caches of ctx_size positions each (slots >= 1).

@@ -79,6 +79,11 @@ struct EngineMetrics {
     std::vector<uint64_t> ttft_counts, tpot_counts;
     double ttft_sum = 0, tpot_sum = 0;
     uint64_t ttft_n = 0, tpot_n = 0;
+    // The scheduler thread's time while it has work, in seconds: the steps' prompt chunks (prefill), their
+    // one-id rows (decode: the batched step), and the rest of each step and of the request intake between
+    // steps (engine: scheduling, sampling, the sinks, the queue). Idle waits for work are not counted.
+    double step_prefill_s = 0, step_decode_s = 0, step_engine_s = 0;
+    uint64_t steps = 0, step_decode_rows = 0, step_prompt_tokens = 0;
 };
 
 class Engine {

@@ -125,6 +125,7 @@ class EngineImpl final : public Engine {
     std::map<uint64_t, Live> live_;
     std::vector<float> logits_;
     std::vector<int> next_;  // each wanted row's argmax
+    double intake_s_ = 0;    // drain()'s busy time since the last step (its wait for work excluded)
 
     // shared with the callers, under mu_
     std::mutex mu_;
@@ -184,9 +185,11 @@ bool EngineImpl::drain() {
     std::deque<Pending> in;
     std::vector<uint64_t> cancels;
     bool stop = false;
+    double t0 = 0;
     {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !sched_.idle(); });
+        t0 = now_s();
         in.swap(inbox_);
         cancels.swap(cancels_);
         stop = stopping_;
@@ -204,19 +207,25 @@ bool EngineImpl::drain() {
         if (it != live_.end()) finish(it->second, FinishReason::Cancelled, "");
     }
     publish_counts();
+    intake_s_ += now_s() - t0;
     return !stop;
 }
 
 void EngineImpl::step() {
+    const double t0 = now_s();
     const Step st = sched_.schedule();
     if (!st.preempted.empty()) book_.preempted(st.preempted.size());
     std::vector<SlotWork> work;
-    int64_t rows = 0;
+    int64_t rows = 0, decode_rows = 0, prompt_tokens = 0;
     for (const StepWork& w : st.work) {
         if (w.pos0 == 0) be_.reset_slot(w.slot);
         work.push_back(
             SlotWork{w.slot, w.ids, w.wants_logits, w.wants_logits && argmax_only(live_.at(w.seq).req)});
         rows += w.wants_logits ? 1 : 0;
+        if (w.ids.size() == 1)
+            ++decode_rows;
+        else
+            prompt_tokens += static_cast<int64_t>(w.ids.size());
     }
     const int64_t V = cfg_.vocab_size;
     logits_.resize(static_cast<size_t>(rows * V));
@@ -239,6 +248,10 @@ void EngineImpl::step() {
         ++row;
     }
     publish_counts();
+    const StepSeconds be = work.empty() ? StepSeconds{} : be_.last_step_seconds();
+    book_.step(be.prefill, be.decode, now_s() - t0 - be.prefill - be.decode + intake_s_, decode_rows,
+               prompt_tokens);
+    intake_s_ = 0;
 }
 
 // Greedy with nothing that reads the row: no penalty (it would change the argmax) and no logprobs. The

@@ -33,8 +33,8 @@ struct ApiRequest {
     std::optional<float> repetition_penalty;                   // (0, 100]
     std::optional<uint64_t> seed;
     std::vector<std::string> stop;  // at most 4, none empty
-    bool ignore_eos = false;        // vLLM's extension: stop ids do not end the reply (fixed-length benchmarks)
-    int top_logprobs = -1;          // -1: no logprobs; else 0..20 alternatives per token
+    bool ignore_eos = false;  // vLLM's extension: stop ids do not end the reply (fixed-length benchmarks)
+    int top_logprobs = -1;    // -1: no logprobs; else 0..20 alternatives per token
 };
 
 // Largest request body parse_request_body is given (the HTTP layer refuses larger ones with 413).

@@ -51,6 +51,15 @@ TEST_F(EngineTest, BatchingChangesNoGreedyId) {
     EXPECT_EQ(m.generated_tokens, 5u * 24);
     EXPECT_EQ(m.kv_blocks_used, 0);
     EXPECT_EQ(m.preemptions, 0u);
+    // the steps' split: every prompt in one chunk, each reply's tokens after the first from a decode row
+    size_t prompt_tokens = 0;
+    for (const auto& t : kTexts) prompt_tokens += prompt(t).size();
+    EXPECT_EQ(m.step_prompt_tokens, prompt_tokens);
+    EXPECT_EQ(m.step_decode_rows, 5u * 23);
+    EXPECT_GE(m.steps, 24u);
+    EXPECT_GT(m.step_prefill_s, 0.0);
+    EXPECT_GT(m.step_decode_s, 0.0);
+    EXPECT_GT(m.step_engine_s, 0.0);
 }
 
 TEST_F(EngineTest, PreemptionRecomputesAndKeepsGreedyIds) {
