@@ -124,6 +124,79 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
     stream_gemm(segs, nseg, hi, lo, n, sh.K, shape, b.s);
 }
 
+// One shape's weights: `copies` rotating copies of its segments (>= 256 MB in all), and its outputs.
+struct ShapeRun {
+    const Shape& sh;
+    int64_t elems = 0;  // weights of one copy
+    int copies = 1;
+    bf16* wall = nullptr;
+    std::vector<float*> y;
+
+    ShapeRun(const Shape& s, const Bench& b, int max_n) : sh(s) {
+        for (int r : sh.rows) elems += int64_t{r} * sh.K;
+        copies = static_cast<int>(std::max<double>(1.0, std::ceil(256e6 / (2.0 * elems))));
+        CK(cudaMalloc(&wall, sizeof(bf16) * elems * copies));
+        fill_bf16<<<1024, 256, 0, b.s>>>(wall, elems * copies, 7, 0.05f);
+        for (int r : sh.rows) {
+            y.push_back(nullptr);
+            CK(cudaMalloc(&y.back(), sizeof(float) * max_n * r));
+        }
+    }
+    ~ShapeRun() {
+        for (float* p : y) CK(cudaFree(p));
+        CK(cudaFree(wall));
+    }
+    std::vector<const bf16*> weights(int c) const {
+        std::vector<const bf16*> w;
+        int64_t off = int64_t{c} * elems;
+        for (int r : sh.rows) {
+            w.push_back(wall + off);
+            off += int64_t{r} * sh.K;
+        }
+        return w;
+    }
+};
+
+// Variant v's largest error on copy 0 against the fp64 reference, segment by segment (outputs poisoned
+// after).
+double max_error(const Bench& b, const Variant& v, ShapeRun& run, const bf16* hi, const bf16* lo, int n,
+                 double* ref, double* mag) {
+    const Shape& sh = run.sh;
+    double worst = 0.0;
+    launch(b, v, sh, run.weights(0), run.y, hi, lo, n);
+    for (size_t i = 0; i < sh.rows.size(); ++i) {
+        const int N = sh.rows[i];
+        reference<<<dim3((N + 127) / 128, n), 128, 0, b.s>>>(run.weights(0)[i], hi, lo, N, sh.K, n, ref, mag);
+        std::vector<float> got(static_cast<size_t>(n) * N);
+        std::vector<double> want(got.size()), m(got.size());
+        CK(cudaMemcpyAsync(got.data(), run.y[i], sizeof(float) * got.size(), cudaMemcpyDeviceToHost, b.s));
+        CK(cudaMemcpyAsync(want.data(), ref, sizeof(double) * got.size(), cudaMemcpyDeviceToHost, b.s));
+        CK(cudaMemcpyAsync(m.data(), mag, sizeof(double) * got.size(), cudaMemcpyDeviceToHost, b.s));
+        CK(cudaStreamSynchronize(b.s));
+        for (size_t j = 0; j < got.size(); ++j) {
+            const double e = std::fabs(got[j] - want[j]) / std::max(m[j], 1e-30);
+            worst = std::max(worst, std::isfinite(e) ? e : 1e30);
+        }
+        CK(cudaMemsetAsync(run.y[i], 0xff, sizeof(float) * got.size(), b.s));  // poison
+    }
+    return worst;
+}
+
+// Variant v's time per launch (us): a graph of launches over the rotating copies, median of 5 replays.
+double time_us(const Bench& b, const Variant& v, const ShapeRun& run, const bf16* hi, const bf16* lo, int n) {
+    const int per_graph = std::max(20, run.copies);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeRelaxed));
+    for (int r = 0; r < per_graph; ++r) launch(b, v, run.sh, run.weights(r % run.copies), run.y, hi, lo, n);
+    CK(cudaStreamEndCapture(b.s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const float ms = lab::time_ms(5, b.s, [&] { CK(cudaGraphLaunch(ge, b.s)); });
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return 1e3 * ms / per_graph;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,76 +239,22 @@ int main(int argc, char** argv) {
     std::printf("%-16s %3s  %-12s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
     for (const Shape& sh : kShapes) {
         if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
-        const int nseg = static_cast<int>(sh.rows.size());
-        int64_t elems = 0;
-        for (int r : sh.rows) elems += int64_t{r} * sh.K;
-        const double bytes = 2.0 * elems;
-        const int copies = static_cast<int>(std::max<double>(1.0, std::ceil(256e6 / bytes)));
-        bf16* wall = nullptr;
-        CK(cudaMalloc(&wall, sizeof(bf16) * elems * copies));
-        fill_bf16<<<1024, 256, 0, b.s>>>(wall, elems * copies, 7, 0.05f);
-        std::vector<float*> y(static_cast<size_t>(nseg));
-        for (int i = 0; i < nseg; ++i)
-            CK(cudaMalloc(&y[static_cast<size_t>(i)],
-                          sizeof(float) * max_n * sh.rows[static_cast<size_t>(i)]));
-        auto weights = [&](int c) {
-            std::vector<const bf16*> w;
-            int64_t off = int64_t{c} * elems;
-            for (int r : sh.rows) {
-                w.push_back(wall + off);
-                off += int64_t{r} * sh.K;
-            }
-            return w;
-        };
+        ShapeRun run(sh, b, max_n);
+        const double bytes = 2.0 * run.elems;
         for (int n : ns) {
             fill_f32<<<256, 256, 0, b.s>>>(x, int64_t{n} * sh.K, 1000 + n);
             split_rows(x, sh.K, sh.K, n, false, nullptr, 1e-6f, hl, hl + int64_t{n} * sh.K, b.s);
             const bf16 *hi = hl, *lo = hl + int64_t{n} * sh.K;
             for (const Variant& v : variants) {
                 if (v.mt > 0 && v.mt * ((n + 7) / 8) > 16) continue;
-                // correctness on copy 0, segment by segment
-                double worst = 0.0;
-                launch(b, v, sh, weights(0), y, hi, lo, n);
-                for (int i = 0; i < nseg; ++i) {
-                    const int N = sh.rows[static_cast<size_t>(i)];
-                    reference<<<dim3((N + 127) / 128, n), 128, 0, b.s>>>(weights(0)[static_cast<size_t>(i)],
-                                                                         hi, lo, N, sh.K, n, ref, mag);
-                    std::vector<float> got(static_cast<size_t>(n) * N);
-                    std::vector<double> want(got.size()), m(got.size());
-                    CK(cudaMemcpyAsync(got.data(), y[static_cast<size_t>(i)], sizeof(float) * got.size(),
-                                       cudaMemcpyDeviceToHost, b.s));
-                    CK(cudaMemcpyAsync(want.data(), ref, sizeof(double) * got.size(), cudaMemcpyDeviceToHost,
-                                       b.s));
-                    CK(cudaMemcpyAsync(m.data(), mag, sizeof(double) * got.size(), cudaMemcpyDeviceToHost,
-                                       b.s));
-                    CK(cudaStreamSynchronize(b.s));
-                    for (size_t j = 0; j < got.size(); ++j) {
-                        const double e = std::fabs(got[j] - want[j]) / std::max(m[j], 1e-30);
-                        worst = std::max(worst, std::isfinite(e) ? e : 1e30);
-                    }
-                    CK(cudaMemsetAsync(y[static_cast<size_t>(i)], 0xff, sizeof(float) * got.size(),
-                                       b.s));  // poison
-                }
-                // timing: a graph of launches over rotating copies
-                const int per_graph = std::max(20, copies);
-                cudaGraph_t g;
-                cudaGraphExec_t ge;
-                CK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeRelaxed));
-                for (int r = 0; r < per_graph; ++r) launch(b, v, sh, weights(r % copies), y, hi, lo, n);
-                CK(cudaStreamEndCapture(b.s, &g));
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                const float ms = lab::time_ms(5, b.s, [&] { CK(cudaGraphLaunch(ge, b.s)); });
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
-                const double us = 1e3 * ms / per_graph;
+                const double worst = max_error(b, v, run, hi, lo, n, ref, mag);
+                const double us = time_us(b, v, run, hi, lo, n);
                 const bool bad = !(worst <= 1e-5);
                 failed |= bad;
                 std::printf("%-16s %3d  %-12s %9.2f %8.0f %10.2e%s\n", sh.name, n, v.name.c_str(), us,
                             bytes / us * 1e-3, worst, bad ? "  FAIL" : "");
             }
         }
-        for (float* p : y) CK(cudaFree(p));
-        CK(cudaFree(wall));
     }
     std::printf(failed ? "correctness gate: FAILED\n" : "correctness gate: every variant within 1e-5\n");
     return failed ? 1 : 0;

@@ -96,11 +96,60 @@ __device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
     tok = nt * 8 + 2 * (lane & 3) + (e & 1);
 }
 
+// The block's warps summed in shared memory, in warp order; with a K split the cluster's blocks summed
+// through distributed shared memory, in rank order, each rank storing its share; then the stores (rows past
+// the matrix and tokens past n dropped).
+template <int MT, int NT, bool Cluster>
+__device__ __forceinline__ void sum_and_store(const float (&acc)[MT][NT][4], float* red, const GemvSeg sg,
+                                              int row0, const StreamArgs& a) {
+    constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* mine = red + warp * E;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = red[i];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
+        red[i] = v;
+    }
+    int begin = 0, end = E;
+    if constexpr (Cluster) {  // every rank's sums visible; rank r stores its share of the outputs
+        __syncthreads();
+        cluster_arrive_release();
+        cluster_wait_acquire();
+        const int share = E / static_cast<int>(gridDim.x);
+        begin = static_cast<int>(blockIdx.x) * share;
+        end = begin + share;
+    } else {
+        __syncthreads();
+    }
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        float v = red[i];
+        if constexpr (Cluster) {
+            v = cluster_map(red, 0)[i];
+            for (unsigned r = 1; r < gridDim.x; ++r) v += cluster_map(red, r)[i];
+        }
+        int row, tok;
+        fragment_at(i, NT, row, tok);
+        row += row0;
+        if (row < sg.rows && tok < a.n) sg.y[int64_t{tok} * sg.ldy + row] = v;
+    }
+    if constexpr (Cluster) {  // no block leaves while another still reads its shared memory
+        cluster_arrive_relaxed();
+        cluster_wait_acquire();
+    }
+}
+
 template <int MT, int NT, bool Cluster>
 __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(StreamArgs a) {
-    constexpr int G = 4 / MT;            // chunks a warp loads per round
-    constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators
-    extern __shared__ float red[];       // [kWarps][E]
+    constexpr int G = 4 / MT;       // chunks a warp loads per round
+    extern __shared__ float red[];  // [kWarps][MT * NT * 4 * 32]: sum_and_store's
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int tile = blockIdx.y;
     int s = 0;
@@ -156,47 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(StreamArgs a) 
             for (int mt = 0; mt < MT; ++mt) w[u][mt][0] = nw[u][mt][0], w[u][mt][1] = nw[u][mt][1];
     }
 
-    // the block's warps summed in shared memory, in warp order
-    float* mine = red + warp * E;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        float v = red[i];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
-        red[i] = v;
-    }
-    int begin = 0, end = E;
-    if constexpr (Cluster) {  // every rank's sums visible; rank r stores its share of the outputs
-        __syncthreads();
-        cluster_arrive_release();
-        cluster_wait_acquire();
-        const int share = E / static_cast<int>(gridDim.x);
-        begin = static_cast<int>(blockIdx.x) * share;
-        end = begin + share;
-    } else {
-        __syncthreads();
-    }
-    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        float v = red[i];
-        if constexpr (Cluster) {
-            v = cluster_map(red, 0)[i];
-            for (unsigned r = 1; r < gridDim.x; ++r) v += cluster_map(red, r)[i];
-        }
-        int row, tok;
-        fragment_at(i, NT, row, tok);
-        row += row0;
-        if (row < sg.rows && tok < a.n) sg.y[int64_t{tok} * sg.ldy + row] = v;
-    }
-    if constexpr (Cluster) {  // no block leaves while another still reads its shared memory
-        cluster_arrive_relaxed();
-        cluster_wait_acquire();
-    }
+    sum_and_store<MT, NT, Cluster>(acc, red, sg, row0, a);
 }
 
 template <int MT, int NT>
