@@ -70,8 +70,8 @@ struct Tuning {
     // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
     // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) where it pays
     // (stream_gemm_pays: up to 48 MB per matrix at 8 tokens), instead of cuBLAS over the stacked bf16 halves;
-    // 0 = cuBLAS for every count. 16 on the H200 (docs/performance.md: E2B at 8 sequences 5.02 -> 3.99 ms per
-    // step, the 26B-A4B 11.72 -> 10.68, the 26B-Standard 5.33 -> 4.59; at 32 and 64 tokens it lost).
+    // 0 = cuBLAS for every count. 16 on the H200 (docs/performance.md: E2B at 8 sequences 5.03 -> 4.01 ms per
+    // step, the 26B-A4B 12.22 -> 10.95, the 26B-Standard 5.41 -> 4.61; at 32 and 64 tokens it lost).
     int stream_gemm = 16;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
