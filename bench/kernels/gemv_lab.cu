@@ -28,16 +28,6 @@
 #include "cuda/kernels/kernels.h"
 #include "lab_common.cuh"
 
-#define CB(call)                                                                                    \
-    do {                                                                                            \
-        cublasStatus_t s_ = (call);                                                                 \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
-            std::fprintf(stderr, "%s failed: %d at %s:%d\n", #call, static_cast<int>(s_), __FILE__, \
-                         __LINE__);                                                                 \
-            std::exit(1);                                                                           \
-        }                                                                                           \
-    } while (0)
-
 namespace {
 
 // The device helpers the production kernels use (dot8, warp sums), so lab and backend agree.

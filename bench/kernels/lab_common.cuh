@@ -1,7 +1,8 @@
-// What the kernel labs (gemv_lab.cu, persist_lab.cu, attn_lab.cu) share: the CUDA error check, the counter
-// hash their random data is drawn from, and event timing.
+// What the kernel labs (gemv_lab.cu, stream_gemm_lab.cu, persist_lab.cu, attn_lab.cu) share: the CUDA and
+// cuBLAS error checks, the counter hash their random data is drawn from, and event timing.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +19,16 @@
                          __LINE__);                                                                   \
             std::exit(1);                                                                             \
         }                                                                                             \
+    } while (0)
+
+#define CB(call)                                                                                    \
+    do {                                                                                            \
+        cublasStatus_t s_ = (call);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+            std::fprintf(stderr, "%s failed: %d at %s:%d\n", #call, static_cast<int>(s_), __FILE__, \
+                         __LINE__);                                                                 \
+            std::exit(1);                                                                           \
+        }                                                                                           \
     } while (0)
 
 namespace lab {

@@ -26,16 +26,6 @@
 using markbase::bf16;
 using namespace markbase::cuda;
 
-#define CB(call)                                                                                    \
-    do {                                                                                            \
-        cublasStatus_t s_ = (call);                                                                 \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
-            std::fprintf(stderr, "%s failed: %d at %s:%d\n", #call, static_cast<int>(s_), __FILE__, \
-                         __LINE__);                                                                 \
-            std::exit(1);                                                                           \
-        }                                                                                           \
-    } while (0)
-
 namespace {
 
 struct Shape {

@@ -357,6 +357,7 @@ class CudaModel {
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
+    bool streams(const GemvSeg* segs, int nseg, int K, int n) const;  // stream_gemm rather than cuBLAS
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)

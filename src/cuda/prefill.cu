@@ -238,9 +238,7 @@ void CudaModel::prefill_ple(int i, int n) {
 // The prefill's GEMMs (and batched decode's): fp32 activations as two bf16 halves through cuBLAS.
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) {
     const GemvSeg seg{W, Y, N, ldy};
-    if (n <= plan_.stream_gemm_max && stream_gemm_fits(N, K, n) &&
-        (stream_gemm_pays(2 * int64_t{N} * K, 1, n) || N > act_.y2_cols)) {
-        // wider than the stacked scratch (lm_head), cuBLAS would read W twice, once per half
+    if (streams(&seg, 1, K, n)) {
         stream_gemm(&seg, 1, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(&seg, 1, K, n, plan_.sms),
                     stream_);
         return;
@@ -262,15 +260,22 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy) 
                               CUBLAS_GEMM_DEFAULT));
 }
 
-void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
-    bool one_launch = n <= plan_.stream_gemm_max;
+// Whether these matrices of one input go to stream_gemm: it takes their shapes at n tokens and beats cuBLAS
+// (stream_gemm_pays), or cuBLAS would read a matrix twice (wider than the stacked scratch: lm_head).
+bool CudaModel::streams(const GemvSeg* segs, int nseg, int K, int n) const {
+    if (n > plan_.stream_gemm_max) return false;
     int64_t bytes = 0;
+    bool wide = false;
     for (int i = 0; i < nseg; ++i) {
-        one_launch = one_launch && stream_gemm_fits(segs[i].rows, K, n);
+        if (!stream_gemm_fits(segs[i].rows, K, n)) return false;
         bytes += 2 * int64_t{segs[i].rows} * K;
+        wide = wide || segs[i].rows > act_.y2_cols;
     }
-    one_launch = one_launch && stream_gemm_pays(bytes, nseg, n);
-    if (one_launch) {
+    return wide || stream_gemm_pays(bytes, nseg, n);
+}
+
+void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
+    if (streams(segs, nseg, K, n)) {
         stream_gemm(segs, nseg, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(segs, nseg, K, n, plan_.sms),
                     stream_);
         return;

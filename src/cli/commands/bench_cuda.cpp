@@ -115,8 +115,6 @@ DecodeRuns bench_decode(CudaBackend* be, const BenchArgs& b, const std::vector<i
     return d;
 }
 
-// Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
-// tokens/s over all slots against the one-sequence step. The median step (s) and the last run's ids hash.
 // Every slot reset and given its own random prompt; slot_ids = 0.., next = each prompt's last token.
 void fill_slots(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots,
                 std::vector<int>* slot_ids, std::vector<int>* next) {
@@ -131,6 +129,8 @@ void fill_slots(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int s
     }
 }
 
+// Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
+// tokens/s over all slots against the one-sequence step. The median step (s) and the last run's ids hash.
 double bench_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, double dc,
                      std::string* batch_ids_hash) {
     std::vector<int> slot_ids, next;
