@@ -443,8 +443,8 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
     if (a.tok_pos) {
-        if (attention_group_pieces(a, n, s)) return;
-        attention_batched_pieces(a, n, s);
+        attention_warp_pieces(a, n, s);
+        return;
     } else if (a.split_len == 0 && a.merge_counters) {
         if (a.cluster) {
             if (a.cluster != a.nsplit || a.nsplit > kMaxAttnCluster || n != 1)

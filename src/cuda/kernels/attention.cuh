@@ -1,4 +1,4 @@
-// What attention.cu (decode's pieces) and attention_batched.cu (batched decode's) share: the block shape
+// What attention.cu (decode's pieces) and attention_batched.cu (batched decode's merge) share: the block shape
 // and a piece's geometry over the current key range.
 #pragma once
 
@@ -46,8 +46,5 @@ __device__ __forceinline__ void dot4_keys(const float4* (&kp)[4], const float4* 
     }
 }
 
-// Batched decode's pieces (attn_partial_kernel, n tokens), launched by attention_pieces
-// (attention_batched.cu).
-void attention_batched_pieces(const AttnArgs& a, int n, cudaStream_t s);
 
 }  // namespace markbase::cuda::attn_kernels

@@ -262,9 +262,9 @@ constexpr int kMaxAttnCluster = 16;
 constexpr int kAttnMinKeys = 16;
 // Whether clusters of C decode pieces (nH heads of dim d) can be scheduled on this GPU (sm_90+).
 bool attention_cluster_fits(int C, int nH, int d);
-// attention_group.cu: batched decode's pieces with a KV group's query heads in one block (groups of 2, 4 or
-// 8 heads), where the grid keeps >= 2 blocks per SM (else false: the per-head pieces)
-bool attention_group_pieces(const AttnArgs& a, int n, cudaStream_t s);
+// attention_warp.cu: batched decode's pieces (tok_pos, split_len > 0), a warp per piece for the query heads
+// of a KV group
+void attention_warp_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 // Decode's pieces (split_len 0, merge_counters) and batched decode's (tok_pos, fixed pieces); prefill runs
 // attention_gemm.
