@@ -78,6 +78,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     plan_.batch_attn_keys = tuning.batch_attn_keys;
+    plan_.batch_attn_heads = tuning.batch_attn_heads;
     plan_.stream_gemm_max = tuning.stream_gemm;
     plan_.sms = sms;
     // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the current

@@ -137,6 +137,7 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     const int64_t room = std::max<int64_t>(1, act_.max_pieces / (int64_t{n} * nH));
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
+    a.max_heads = plan_.batch_attn_heads;
     run(pf, "attention", i, 0.0, [&] {
         if (batch_)
             attention(a, n, stream_);

@@ -36,10 +36,9 @@ Scheduler::Scheduler(const SchedulerLimits& limits, const KvBlockOptions& kv) : 
         throw Error("scheduler: max_queue must not be negative, found " + std::to_string(limits.max_queue));
     if (limits.ctx_size < 1)
         throw Error("scheduler: ctx_size must be positive, found " + std::to_string(limits.ctx_size));
-    if (limits.step_token_budget < limits.max_sequences)
-        throw Error("scheduler: the step token budget (" + std::to_string(limits.step_token_budget) +
-                    ") must cover one decode token per sequence (" + std::to_string(limits.max_sequences) +
-                    ")");
+    if (limits.step_token_budget < 1)
+        throw Error("scheduler: the step's prompt token budget must be positive, found " +
+                    std::to_string(limits.step_token_budget));
     const int64_t one = kv_.blocks_for(limits.ctx_size, limits.step_token_budget);
     if (one > kv_.total())
         throw Error("scheduler: a KV pool of " + std::to_string(kv_.total()) +
@@ -123,7 +122,7 @@ void Scheduler::add_work(Seq& s, int64_t n, Step& step) {
     step.work.push_back(std::move(w));
 }
 
-void Scheduler::schedule_decodes(Step& step, int64_t& budget) {
+void Scheduler::schedule_decodes(Step& step) {
     for (uint64_t id : running_in_admission_order(SeqState::Decoding)) {
         Seq* s = find_running(id);
         if (s == nullptr) continue;  // preempted by an older decode of this step
@@ -137,7 +136,6 @@ void Scheduler::schedule_decodes(Step& step, int64_t& budget) {
         }
         if (preempted_self) continue;
         add_work(*s, 1, step);
-        --budget;
     }
 }
 
@@ -167,7 +165,12 @@ void Scheduler::schedule_prompts(Step& step, int64_t& budget) {
         if (budget <= 0) break;
         Seq* s = find_running(id);
         if (s == nullptr) continue;  // preempted for an older prompt of this step
-        const int64_t want = std::min<int64_t>(static_cast<int64_t>(s->ids.size()) - s->n_cached, budget);
+        const int64_t left = static_cast<int64_t>(s->ids.size()) - s->n_cached;
+        // Only the step's first prompt is cut to the budget: every prompt chunk is a pass over the weights
+        // (on the MoE, nearly every expert's at ~100 tokens), so a second prompt that does not fit whole
+        // waits for the next step instead of starting with a sliver.
+        if (budget < limits_.step_token_budget && left > budget) break;
+        const int64_t want = std::min<int64_t>(left, budget);
         int64_t n = kv_.max_growable(id, s->n_cached + want) - s->n_cached;
         uint64_t victim = 0;
         while (n == 0 && newest_running(true, s->admitted_at, &victim)) {
@@ -188,7 +191,7 @@ Step Scheduler::schedule() {
     Step step;
     int64_t budget = limits_.step_token_budget;
     for (const auto& [id, s] : running_) kv_.trim(id);
-    schedule_decodes(step, budget);
+    schedule_decodes(step);
     admit(step);
     schedule_prompts(step, budget);
     return step;

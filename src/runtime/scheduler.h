@@ -41,10 +41,13 @@
 namespace markbase {
 
 struct SchedulerLimits {
-    int max_sequences = 4;        // running at once; slots are 0 .. max_sequences - 1
-    int max_queue = 64;           // waiting beyond the free slots; more are refused
-    int step_token_budget = 512;  // ids one step feeds, decodes included; >= max_sequences
-    int64_t ctx_size = 4096;      // positions one sequence may hold
+    int max_sequences = 4;  // running at once; slots are 0 .. max_sequences - 1
+    int max_queue = 64;     // waiting beyond the free slots; more are refused
+    // Prompt ids one step feeds (chunked prefill), beside one decode id of every decoding sequence: a prompt
+    // longer than this is fed in chunks of it, so a long prompt never holds the decodes up for more than
+    // one chunk's pass.
+    int step_token_budget = 512;
+    int64_t ctx_size = 4096;  // positions one sequence may hold
 };
 
 enum class SeqState { Waiting, Prefilling, Decoding, Finished };
@@ -112,7 +115,7 @@ class Scheduler {
     bool newest_running(bool prefilling_only, uint64_t after, uint64_t* seq) const;
     void preempt(uint64_t seq, Step& step);
     void release(Seq& s);
-    void schedule_decodes(Step& step, int64_t& budget);
+    void schedule_decodes(Step& step);
     void admit(Step& step);
     void schedule_prompts(Step& step, int64_t& budget);
     void add_work(Seq& s, int64_t n, Step& step);

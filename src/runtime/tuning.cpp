@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, stream_gemm, cpu_pin, skip";
+    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, stream_gemm, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -73,6 +73,9 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         t.cpu_pin = parse_flag(source, key, v);
     } else if (key == "batch_attn_keys") {
         t.batch_attn_keys = static_cast<int>(parse_int(source, key, v, 16, 1 << 20, "16 to 1048576"));
+    } else if (key == "batch_attn_heads") {
+        t.batch_attn_heads = static_cast<int>(parse_int(source, key, v, 1, 8, "1, 2, 4 or 8"));
+        if (t.batch_attn_heads & (t.batch_attn_heads - 1)) bad(source, key, v, "1, 2, 4 or 8");
     } else if (key == "stream_gemm") {
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "skip") {
@@ -128,6 +131,8 @@ std::string tuning_string(const Tuning& t) {
     if (t.attn_gemm_rows != d.attn_gemm_rows) add("attn_gemm_rows=" + std::to_string(t.attn_gemm_rows));
     if (t.moe_prefill_cap != d.moe_prefill_cap) add("moe_prefill_cap=" + std::to_string(t.moe_prefill_cap));
     if (t.batch_attn_keys != d.batch_attn_keys) add("batch_attn_keys=" + std::to_string(t.batch_attn_keys));
+    if (t.batch_attn_heads != d.batch_attn_heads)
+        add("batch_attn_heads=" + std::to_string(t.batch_attn_heads));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));
     if (!t.skip.empty()) {

@@ -64,7 +64,7 @@ struct EngineLimits {
     int max_sequences = 4;        // -np: sequences decoding at once
     int64_t ctx_size = 4096;      // per sequence: prompt + generated
     int max_queue = 64;           // requests waiting beyond max_sequences; more are refused (503)
-    int step_token_budget = 512;  // prompt + decode tokens one step may run (chunked prefill)
+    int step_token_budget = 512;  // prompt tokens one step may run (chunked prefill; serve -b)
     int64_t kv_blocks = 0;        // KV pool, blocks of 16 positions; 0: room for max_sequences full contexts
 };
 

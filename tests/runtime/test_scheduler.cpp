@@ -92,7 +92,7 @@ TEST(Scheduler, LongPromptIsChunkedBesideEveryDecode) {
     while (!done) {
         st = s.schedule();
         ++steps;
-        ASSERT_LE(st.tokens(), budget);
+        ASSERT_LE(st.tokens(), budget + 3);  // the budget is the prompt's; the 3 decodes come on top
         for (uint64_t id = 1; id <= 3; ++id) {
             const StepWork* w = work_of(st, id);
             ASSERT_NE(w, nullptr) << "step " << steps << " did not decode sequence " << id;
@@ -101,14 +101,41 @@ TEST(Scheduler, LongPromptIsChunkedBesideEveryDecode) {
         const StepWork* p = work_of(st, 9);
         ASSERT_NE(p, nullptr);
         EXPECT_EQ(p->pos0, fed);
-        EXPECT_EQ(static_cast<int64_t>(p->ids.size()), std::min<int64_t>(budget - 3, 2000 - fed));
+        EXPECT_EQ(static_cast<int64_t>(p->ids.size()), std::min<int64_t>(budget, 2000 - fed));
         fed += static_cast<int64_t>(p->ids.size());
         done = p->wants_logits;
         EXPECT_EQ(done, fed == 2000);
         sample_all(s, st);
     }
-    EXPECT_EQ(steps, (2000 + budget - 3 - 1) / (budget - 3));
+    EXPECT_EQ(steps, (2000 + budget - 1) / budget);
     EXPECT_EQ(s.state(9), SeqState::Decoding);
+}
+
+// Each prompt chunk is a pass over the weights, so a second prompt of a step starts only when it fits whole
+// in what the first left of the budget; the first prompt of a step is the only one cut.
+TEST(Scheduler, SecondPromptWaitsRatherThanStartingWithASliver) {
+    Scheduler s(lim(4, 8, 64, 4096), pool(1024));
+    ASSERT_TRUE(s.add(1, prompt(40, 1)));
+    ASSERT_TRUE(s.add(2, prompt(40, 2)));
+    ASSERT_TRUE(s.add(3, prompt(20, 3)));
+    Step st = s.schedule();
+    ASSERT_NE(work_of(st, 1), nullptr);
+    EXPECT_EQ(work_of(st, 1)->ids.size(), 40u);
+    EXPECT_EQ(work_of(st, 2), nullptr) << "40 ids do not fit the 24 left: no 24-id sliver";
+    EXPECT_EQ(work_of(st, 3), nullptr) << "admission order: 3 waits behind 2";
+    sample_all(s, st);
+    st = s.schedule();
+    ASSERT_NE(work_of(st, 2), nullptr);
+    ASSERT_NE(work_of(st, 3), nullptr);
+    EXPECT_EQ(work_of(st, 2)->ids.size(), 40u);
+    EXPECT_EQ(work_of(st, 3)->ids.size(), 20u) << "40 + 20 fit the 64 whole";
+    ASSERT_NE(work_of(st, 1), nullptr);
+    EXPECT_EQ(work_of(st, 1)->ids.size(), 1u);
+    sample_all(s, st);
+    ASSERT_TRUE(s.add(4, prompt(100, 4)));
+    st = s.schedule();
+    ASSERT_NE(work_of(st, 4), nullptr);
+    EXPECT_EQ(work_of(st, 4)->ids.size(), 64u) << "the step's first prompt is cut to the budget";
 }
 
 TEST(Scheduler, CancelFreesBlocksAndSlotWithinTheStep) {
@@ -190,7 +217,7 @@ TEST(Scheduler, RefusesBeyondMaxQueue) {
 
 TEST(Scheduler, RejectsAPoolTooSmallForOneContext) {
     EXPECT_THROW(Scheduler(lim(1, 1, 16, 64), pool(3)), Error);
-    EXPECT_THROW(Scheduler(lim(4, 1, 2, 64), pool(64)), Error);  // budget below one decode per sequence
+    EXPECT_THROW(Scheduler(lim(4, 1, 0, 64), pool(64)), Error);  // no prompt budget
 }
 
 // A seeded random walk of a driver: every step stays within the budget, decodes every decoding sequence,
@@ -216,7 +243,7 @@ TEST(Scheduler, RandomDriverKeepsInvariants) {
         for (const auto& [id, left] : budget_left)
             if (s.state(id) == SeqState::Decoding) decoding.push_back(id);
         Step st = s.schedule();
-        ASSERT_LE(st.tokens(), 12);
+        ASSERT_LE(st.tokens(), 12 + 3);  // the prompt budget and one decode of each of the 3 sequences
         for (uint64_t id : decoding) {
             if (std::find(st.preempted.begin(), st.preempted.end(), id) != st.preempted.end()) continue;
             ASSERT_NE(work_of(st, id), nullptr) << "step " << step << ": decoding " << id << " skipped";

@@ -31,6 +31,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.attn_gemm_rows, 0);
     EXPECT_EQ(t.moe_prefill_cap, 0);
     EXPECT_EQ(t.batch_attn_keys, 32);
+    EXPECT_EQ(t.batch_attn_heads, 8);
     EXPECT_EQ(t.stream_gemm, 16);
     EXPECT_FALSE(t.cpu_pin);
     EXPECT_TRUE(t.skip.empty());
@@ -40,7 +41,8 @@ TEST(Tuning, EmptyIsTheDefaults) {
 TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
-        "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,stream_gemm=0,cpu_pin=1,"
+        "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,batch_attn_heads=2,"
+        "stream_gemm=0,cpu_pin=1,"
         "skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
@@ -53,6 +55,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_EQ(t.attn_gemm_rows, 40);
     EXPECT_EQ(t.moe_prefill_cap, 3);
     EXPECT_EQ(t.batch_attn_keys, 16);
+    EXPECT_EQ(t.batch_attn_heads, 2);
     EXPECT_EQ(t.stream_gemm, 0);
     EXPECT_TRUE(t.cpu_pin);
     ASSERT_EQ(t.skip.size(), 2u);
@@ -77,6 +80,9 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
     EXPECT_NE(error_of("load_chunk_mib=2k").find("load_chunk_mib=2k"), std::string::npos);
     EXPECT_NE(error_of("attn_gemm_rows=8").find("attn_gemm_rows=8"), std::string::npos);
     EXPECT_NE(error_of("batch_attn_keys=8").find("batch_attn_keys=8: expected 16 to"), std::string::npos);
+    EXPECT_NE(error_of("batch_attn_heads=3").find("batch_attn_heads=3: expected 1, 2, 4 or 8"),
+              std::string::npos);
+    EXPECT_NE(error_of("batch_attn_heads=16").find("batch_attn_heads=16: expected"), std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);
     EXPECT_NE(error_of("skip=").find("skip=: expected"), std::string::npos);
     EXPECT_NE(error_of("skip=qkv++ffn").find("skip=qkv++ffn"), std::string::npos);

@@ -136,6 +136,7 @@ int cmd_serve(const Args& args) {
     limits.max_sequences = a.integer({"-np", "--parallel"}, limits.max_sequences, 1, 4096);
     limits.max_queue = a.integer({"--max-queue"}, limits.max_queue, 0, 1 << 20);
     limits.ctx_size = mo.backend.ctx_size;
+    limits.step_token_budget = mo.backend.chunk;  // -b: a step's prompt tokens, the backend's prefill chunk
     const SamplingParams defaults = read_sampling(a, mo.model_dir);
     a.finish();
 

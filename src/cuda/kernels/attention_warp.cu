@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
     const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
     const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
     const int64_t end = min(pos + 1, start + a.split_len);
-    const int64_t slot_off = static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride + static_cast<int64_t>(g) * d;
+    const int64_t slot_off =
+        static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride + static_cast<int64_t>(g) * d;
     const float* kc = a.k_cache + slot_off;
     const float* vc = a.v_cache + slot_off;
     const int64_t row_stride = static_cast<int64_t>(a.nKV) * d;
@@ -66,8 +67,10 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
         float4 kv[KU][NV], vv[KU][NV];
 #pragma unroll
         for (int u = 0; u < KU; ++u) {
-            const int64_t row = (min(j0 + u, end - 1) % a.cap) * row_stride;  // past the end: a repeat, weight 0
-            const float4 *kp = reinterpret_cast<const float4*>(kc + row), *vp = reinterpret_cast<const float4*>(vc + row);
+            const int64_t row =
+                (min(j0 + u, end - 1) % a.cap) * row_stride;  // past the end: a repeat, weight 0
+            const float4 *kp = reinterpret_cast<const float4*>(kc + row),
+                         *vp = reinterpret_cast<const float4*>(vc + row);
 #pragma unroll
             for (int i = 0; i < NV; ++i) {
                 const int c = lane + 32 * i;
@@ -131,7 +134,8 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
             }
         }
     }
-    // row r of the piece: part_o[(t nH + h0 + r) nsplit + sp]; an empty piece writes l = 0 (the merge skips it)
+    // row r of the piece: part_o[(t nH + h0 + r) nsplit + sp]; an empty piece writes l = 0 (the merge skips
+    // it)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int64_t idx = (static_cast<int64_t>(t) * a.nH + h0 + r) * a.nsplit + sp;
@@ -151,16 +155,17 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
 template <int NV, int R>
 void launch_warp(const AttnArgs& a, int n, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(R) * a.d * sizeof(float);
-    launch_kernel(attn_warp_kernel<NV, R>, dim3((a.nsplit + kWarps - 1) / kWarps, a.nH / R, n), dim3(kThreads),
-                  smem, s, a);
+    launch_kernel(attn_warp_kernel<NV, R>, dim3((a.nsplit + kWarps - 1) / kWarps, a.nH / R, n),
+                  dim3(kThreads), smem, s, a);
 }
 
-// R: the most heads of a group (G = nH / nKV, a power of two) that fit R NV <= 16, at most 8.
+// R: the most heads of a group (G = nH / nKV) that divide it, fit R NV <= 16 and AttnArgs.max_heads.
 template <int NV>
 void launch_heads(const AttnArgs& a, int n, cudaStream_t s) {
     constexpr int kMaxR = 16 / NV < 8 ? 16 / NV : 8;
     const int G = a.nH / a.nKV;
-    const int R = G % kMaxR == 0 ? kMaxR : G % 4 == 0 && kMaxR >= 4 ? 4 : G % 2 == 0 ? 2 : 1;
+    int R = 1;
+    while (R * 2 <= kMaxR && R * 2 <= a.max_heads && G % (R * 2) == 0) R *= 2;
     switch (R) {
         case 8:
             if constexpr (kMaxR >= 8) return launch_warp<NV, 8>(a, n, s);
@@ -181,9 +186,10 @@ void launch_heads(const AttnArgs& a, int n, cudaStream_t s) {
 void attention_warp_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (!a.tok_pos || a.split_len <= 0 || a.merge_counters || a.nKV <= 0 || a.nH % a.nKV || a.d % 4 ||
         a.d > 512)
-        throw Error("internal: warp attention takes batched decode's fixed pieces, whole KV groups and a head "
-                    "dim that is a multiple of 4, at most 512 (d = " +
-                    std::to_string(a.d) + ")");
+        throw Error(
+            "internal: warp attention takes batched decode's fixed pieces, whole KV groups and a head "
+            "dim that is a multiple of 4, at most 512 (d = " +
+            std::to_string(a.d) + ")");
     const int d4 = a.d / 4;
     if (d4 <= 32)
         launch_heads<1>(a, n, s);

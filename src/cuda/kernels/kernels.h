@@ -250,6 +250,7 @@ struct AttnArgs {
     // cluster merging through distributed shared memory, not the ticket (merge_counters then go unused);
     // 0 = the ticket (Tuning::attn_cluster).
     int cluster = 0;
+    int max_heads = 8;  // batched decode: at most this many query heads per warp (attention_warp.cu)
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 constexpr int kMaxAttnCluster = 16;
