@@ -1,4 +1,4 @@
-// Prefill attention as cuBLAS GEMMs. The pieces kernels (attention.cu, attention_group.cu) run on CUDA cores,
+// Prefill attention as cuBLAS GEMMs. The pieces kernels (attention.cu, attention_warp.cu) run on CUDA cores,
 // a block per (piece of keys, KV group, tile of tokens) walking its keys one at a time: at a 512-token chunk
 // that was 48 of the 31B's 139 ms of prefill for ~0.6 TFLOP of products. Here each query
 // head's scores are one GEMM over the chunk's tokens and the layer's key slots, S = Q K^T, then a softmax
