@@ -74,8 +74,8 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "batch_attn_keys") {
         t.batch_attn_keys = static_cast<int>(parse_int(source, key, v, 16, 1 << 20, "16 to 1048576"));
     } else if (key == "batch_attn_heads") {
-        t.batch_attn_heads = static_cast<int>(parse_int(source, key, v, 1, 8, "1, 2, 4 or 8"));
-        if (t.batch_attn_heads & (t.batch_attn_heads - 1)) bad(source, key, v, "1, 2, 4 or 8");
+        t.batch_attn_heads = static_cast<int>(parse_int(source, key, v, 0, 8, "0 (automatic), 1, 2, 4 or 8"));
+        if (t.batch_attn_heads & (t.batch_attn_heads - 1)) bad(source, key, v, "0 (automatic), 1, 2, 4 or 8");
     } else if (key == "stream_gemm") {
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "skip") {

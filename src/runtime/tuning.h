@@ -66,10 +66,11 @@ struct Tuning {
     // 14.02 -> 11.42 (docs/performance.md). 16 measured 1.8% faster than 32 in one E2B run of another build,
     // 64 4.8% slower; not yet settled.
     int batch_attn_keys = 32;
-    // batch_attn_heads=R (1, 2, 4 or 8): at most R query heads of a KV group per warp in a batched step's
-    // attention pieces (cuda/kernels/attention_warp.cu). More heads read each K/V row once for more queries;
-    // fewer give more warps where a step has few pieces (E2B: one KV head for 8 query heads).
-    int batch_attn_heads = 8;
+    // batch_attn_heads=R (0, 1, 2, 4 or 8): at most R query heads of a KV group per warp in a batched step's
+    // attention pieces (cuda/kernels/attention_warp.cu); 0 = automatic: the most that still give the step 16
+    // warps per SM. More heads read each K/V row once for more queries; fewer give more warps where a step
+    // has few pieces (E2B: one KV head for 8 query heads).
+    int batch_attn_heads = 0;
 
     // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
     // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) where it pays

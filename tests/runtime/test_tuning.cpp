@@ -31,7 +31,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.attn_gemm_rows, 0);
     EXPECT_EQ(t.moe_prefill_cap, 0);
     EXPECT_EQ(t.batch_attn_keys, 32);
-    EXPECT_EQ(t.batch_attn_heads, 8);
+    EXPECT_EQ(t.batch_attn_heads, 0);
     EXPECT_EQ(t.stream_gemm, 16);
     EXPECT_FALSE(t.cpu_pin);
     EXPECT_TRUE(t.skip.empty());
@@ -80,7 +80,7 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
     EXPECT_NE(error_of("load_chunk_mib=2k").find("load_chunk_mib=2k"), std::string::npos);
     EXPECT_NE(error_of("attn_gemm_rows=8").find("attn_gemm_rows=8"), std::string::npos);
     EXPECT_NE(error_of("batch_attn_keys=8").find("batch_attn_keys=8: expected 16 to"), std::string::npos);
-    EXPECT_NE(error_of("batch_attn_heads=3").find("batch_attn_heads=3: expected 1, 2, 4 or 8"),
+    EXPECT_NE(error_of("batch_attn_heads=3").find("batch_attn_heads=3: expected 0 (automatic), 1, 2, 4 or 8"),
               std::string::npos);
     EXPECT_NE(error_of("batch_attn_heads=16").find("batch_attn_heads=16: expected"), std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);

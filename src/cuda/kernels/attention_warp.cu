@@ -159,13 +159,30 @@ void launch_warp(const AttnArgs& a, int n, cudaStream_t s) {
                   dim3(kThreads), smem, s, a);
 }
 
-// R: the most heads of a group (G = nH / nKV) that divide it, fit R NV <= 16 and AttnArgs.max_heads.
+// R: the most heads of a group (G = nH / nKV) that divide it and fit R NV <= 16, at most AttnArgs.max_heads;
+// automatic (max_heads 0): halved while the step has fewer than kFillWarps warps per SM, since a K/V row
+// read for fewer heads is read again by the group's other warps, mostly from L2, while too few warps leave
+// HBM idle (E2B's one KV head at 8 sequences: 64 warps with all 8 heads in one).
+constexpr int kFillWarps = 16;
+
+int sm_count() {
+    static const int sms = [] {
+        int dev = 0, v = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+        return v;
+    }();
+    return sms;
+}
+
 template <int NV>
 void launch_heads(const AttnArgs& a, int n, cudaStream_t s) {
     constexpr int kMaxR = 16 / NV < 8 ? 16 / NV : 8;
     const int G = a.nH / a.nKV;
     int R = 1;
-    while (R * 2 <= kMaxR && R * 2 <= a.max_heads && G % (R * 2) == 0) R *= 2;
+    while (R * 2 <= kMaxR && (a.max_heads == 0 || R * 2 <= a.max_heads) && G % (R * 2) == 0) R *= 2;
+    if (a.max_heads == 0)
+        while (R > 1 && int64_t{a.nsplit} * (a.nH / R) * n < int64_t{kFillWarps} * sm_count()) R /= 2;
     switch (R) {
         case 8:
             if constexpr (kMaxR >= 8) return launch_warp<NV, 8>(a, n, s);
