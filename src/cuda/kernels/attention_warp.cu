@@ -29,6 +29,95 @@ constexpr int kThreads = kWarps * 32;
 // NV: float4 columns per lane (head dim <= 128 NV); R: query heads per warp (R NV <= 16 keeps the
 // accumulators at 64 registers); KU: keys per round, their K and V rows (8 float4 per lane each) in flight
 // together.
+// The R x KU scores of a round: each lane's columns against the staged queries, summed across the warp.
+template <int NV, int R, int KU>
+__device__ __forceinline__ void warp_scores(const float4* qs4, const float4 (&kv)[KU][NV], int lane, int d4,
+                                            float (&s)[R][KU]) {
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+            float x = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                const int c = lane + 32 * i;
+                const float4 qv = c < d4 ? qs4[r * d4 + c] : zero;
+                x = fmaf(kv[u][i].x, qv.x, x);
+                x = fmaf(kv[u][i].y, qv.y, x);
+                x = fmaf(kv[u][i].z, qv.z, x);
+                x = fmaf(kv[u][i].w, qv.w, x);
+            }
+            s[r][u] = x;
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < KU; ++u) s[r][u] += __shfl_xor_sync(0xffffffffu, s[r][u], o);
+}
+
+// The online softmax over a round's KU keys (those at or past `end` weigh 0) and their values into acc.
+template <int NV, int R, int KU>
+__device__ __forceinline__ void warp_fold(const float (&s)[R][KU], const float4 (&vv)[KU][NV], int64_t j0,
+                                          int64_t end, float (&m)[R], float (&l)[R], float4 (&acc)[R][NV]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float mn = m[r];
+#pragma unroll
+        for (int u = 0; u < KU; ++u)
+            if (j0 + u < end) mn = fmaxf(mn, s[r][u]);
+        const float corr = __expf(m[r] - mn);
+        float p[KU], ps = 0.0f;
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+            p[u] = j0 + u < end ? expf(s[r][u] - mn) : 0.0f;
+            ps += p[u];
+        }
+        l[r] = fmaf(l[r], corr, ps);
+        m[r] = mn;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            float4 y = acc[r][i];
+            y.x *= corr;
+            y.y *= corr;
+            y.z *= corr;
+            y.w *= corr;
+#pragma unroll
+            for (int u = 0; u < KU; ++u) {
+                y.x = fmaf(p[u], vv[u][i].x, y.x);
+                y.y = fmaf(p[u], vv[u][i].y, y.y);
+                y.z = fmaf(p[u], vv[u][i].z, y.z);
+                y.w = fmaf(p[u], vv[u][i].w, y.w);
+            }
+            acc[r][i] = y;
+        }
+    }
+}
+
+// Row r of the piece: part_o[(t nH + h0 + r) nsplit + sp]; an empty piece writes l = 0 (the merge skips it).
+template <int NV, int R>
+__device__ __forceinline__ void warp_store(const AttnArgs& a, const float (&m)[R], const float (&l)[R],
+                                           const float4 (&acc)[R][NV], int t, int h0, int sp, bool any,
+                                           int lane, int d) {
+    const int d4 = d / 4;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int64_t idx = (static_cast<int64_t>(t) * a.nH + h0 + r) * a.nsplit + sp;
+        if (any) {
+            float4* po = reinterpret_cast<float4*>(a.part_o + idx * d);
+#pragma unroll
+            for (int i = 0; i < NV; ++i)
+                if (lane + 32 * i < d4) po[lane + 32 * i] = acc[r][i];
+        }
+        if (lane == 0) {
+            a.part_ml[2 * idx] = m[r];
+            a.part_ml[2 * idx + 1] = l[r];
+        }
+    }
+}
+
 template <int NV, int R>
 __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
     constexpr int KU = 8 / NV;
@@ -67,8 +156,8 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
         float4 kv[KU][NV], vv[KU][NV];
 #pragma unroll
         for (int u = 0; u < KU; ++u) {
-            const int64_t row =
-                (min(j0 + u, end - 1) % a.cap) * row_stride;  // past the end: a repeat, weight 0
+            // past the end: a repeat of the last row, weight 0
+            const int64_t row = (min(j0 + u, end - 1) % a.cap) * row_stride;
             const float4 *kp = reinterpret_cast<const float4*>(kc + row),
                          *vp = reinterpret_cast<const float4*>(vc + row);
 #pragma unroll
@@ -79,77 +168,10 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
             }
         }
         float s[R][KU];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int u = 0; u < KU; ++u) {
-                float x = 0.0f;
-#pragma unroll
-                for (int i = 0; i < NV; ++i) {
-                    const int c = lane + 32 * i;
-                    const float4 qv = c < d4 ? qs4[r * d4 + c] : zero;
-                    x = fmaf(kv[u][i].x, qv.x, x);
-                    x = fmaf(kv[u][i].y, qv.y, x);
-                    x = fmaf(kv[u][i].z, qv.z, x);
-                    x = fmaf(kv[u][i].w, qv.w, x);
-                }
-                s[r][u] = x;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int u = 0; u < KU; ++u) s[r][u] += __shfl_xor_sync(0xffffffffu, s[r][u], o);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float mn = m[r];
-#pragma unroll
-            for (int u = 0; u < KU; ++u)
-                if (j0 + u < end) mn = fmaxf(mn, s[r][u]);
-            const float corr = __expf(m[r] - mn);
-            float p[KU], ps = 0.0f;
-#pragma unroll
-            for (int u = 0; u < KU; ++u) {
-                p[u] = j0 + u < end ? expf(s[r][u] - mn) : 0.0f;
-                ps += p[u];
-            }
-            l[r] = fmaf(l[r], corr, ps);
-            m[r] = mn;
-#pragma unroll
-            for (int i = 0; i < NV; ++i) {
-                float4 y = acc[r][i];
-                y.x *= corr;
-                y.y *= corr;
-                y.z *= corr;
-                y.w *= corr;
-#pragma unroll
-                for (int u = 0; u < KU; ++u) {
-                    y.x = fmaf(p[u], vv[u][i].x, y.x);
-                    y.y = fmaf(p[u], vv[u][i].y, y.y);
-                    y.z = fmaf(p[u], vv[u][i].z, y.z);
-                    y.w = fmaf(p[u], vv[u][i].w, y.w);
-                }
-                acc[r][i] = y;
-            }
-        }
+        warp_scores<NV, R, KU>(qs4, kv, lane, d4, s);
+        warp_fold<NV, R, KU>(s, vv, j0, end, m, l, acc);
     }
-    // row r of the piece: part_o[(t nH + h0 + r) nsplit + sp]; an empty piece writes l = 0 (the merge skips
-    // it)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int64_t idx = (static_cast<int64_t>(t) * a.nH + h0 + r) * a.nsplit + sp;
-        if (start < end) {
-            float4* po = reinterpret_cast<float4*>(a.part_o + idx * d);
-#pragma unroll
-            for (int i = 0; i < NV; ++i)
-                if (lane + 32 * i < d4) po[lane + 32 * i] = acc[r][i];
-        }
-        if (lane == 0) {
-            a.part_ml[2 * idx] = m[r];
-            a.part_ml[2 * idx + 1] = l[r];
-        }
-    }
+    warp_store<NV, R>(a, m, l, acc, t, h0, sp, start < end, lane, d);
 }
 
 template <int NV, int R>
