@@ -100,12 +100,23 @@ bool write_stream(Stream& st, const std::atomic<bool>& draining, httplib::DataSi
     return false;
 }
 
-// Waits for the whole reply. The client cannot be watched here (nothing is written until the end).
-Reply collect(QueueSink& sink, bool logprobs, SinkEvent& end) {
+// Waits for the whole reply. Nothing is written until the end, so the client is watched directly: once it has
+// closed its connection the engine is told to stop (and the request ends as cancelled).
+Reply collect(Engine& engine, uint64_t id, const ClientWatch& client, QueueSink& sink, bool logprobs,
+              SinkEvent& end) {
     Reply reply;
     std::deque<SinkEvent> events;
+    bool cancelled = false;
+    auto next_look = std::chrono::steady_clock::now() + kPoll;
     while (true) {
         sink.take(events, kPoll);
+        if (!cancelled && std::chrono::steady_clock::now() >= next_look) {  // tokens or not, every kPoll
+            next_look += kPoll;
+            if (client.gone()) {
+                cancelled = true;
+                engine.cancel(id);
+            }
+        }
         for (; !events.empty(); events.pop_front()) {
             SinkEvent& e = events.front();
             if (e.finished) {
@@ -123,7 +134,8 @@ Reply collect(QueueSink& sink, bool logprobs, SinkEvent& end) {
 
 }  // namespace
 
-void HttpServer::Impl::generate(ApiKind kind, const std::string& body, httplib::Response& res) {
+void HttpServer::Impl::generate(ApiKind kind, const std::string& body, const ClientWatch& client,
+                                httplib::Response& res) {
     const nlohmann::json j = parse_request_body(body);
     const ApiRequest r = kind == ApiKind::Chat ? parse_chat_request(j) : parse_completion_request(j);
     GenerationRequest g = build_generation(r, model, engine.vocab_size(), engine.limits().ctx_size);
@@ -147,7 +159,7 @@ void HttpServer::Impl::generate(ApiKind kind, const std::string& body, httplib::
     }
     if (!r.stream) {
         SinkEvent end;
-        const Reply reply = collect(*sink, meta.logprobs, end);
+        const Reply reply = collect(engine, id, client, *sink, meta.logprobs, end);
         trace_finish(end, 200);
         if (end.reason != FinishReason::Stop && end.reason != FinishReason::Length)
             throw finish_error(end, draining);

@@ -23,6 +23,17 @@ class Listener : public httplib::Server {
     bool widen_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
 };
 
+// Whether a request's client has closed its connection, for a handler that writes nothing while it waits (a
+// non-streaming request): http_server_client_watch.cpp. Only on the handler's thread, while it runs.
+class ClientWatch {
+  public:
+    explicit ClientWatch(const httplib::Request& req);
+    bool gone() const;  // closed or reset; false where the connection's socket was not found
+
+  private:
+    int fd_ = -1;
+};
+
 struct HttpServer::Impl {
     Engine& engine;
     ServedModel model;
@@ -36,7 +47,7 @@ struct HttpServer::Impl {
     void install_routes();
     bool authorized(const httplib::Request& req) const;
     // POST /v1/chat/completions and /v1/completions once the body is read.
-    void generate(ApiKind kind, const std::string& body, httplib::Response& res);
+    void generate(ApiKind kind, const std::string& body, const ClientWatch& client, httplib::Response& res);
 };
 
 // The request being served on this thread, for its log line: reset before routing, filled by the handler

@@ -1,5 +1,6 @@
-// Streaming over the in-process server (fake engine): the SSE sequence, a client hanging up mid-stream
-// (the engine is told to cancel), 16 streams at once, and shutdown ending a stream with an error event.
+// Streaming over the in-process server (fake engine): the SSE sequence, a client hanging up mid-stream or
+// during a non-streaming request (the engine is told to cancel), 16 streams at once, and shutdown ending a
+// stream with an error event.
 #include "server/http_fixture.h"
 
 #ifdef MARKBASE_HAS_HTTP
@@ -93,6 +94,35 @@ TEST_F(HttpServerTest, ClientHangingUpCancelsTheRequest) {
     EXPECT_EQ(engine_->cancel_calls().size(), 1u);
     EXPECT_TRUE(eventually([&] { return engine_->active() == 0; }));
     EXPECT_EQ(client().Get("/health")->status, 200);
+}
+
+// Without a stream nothing is written until the reply is complete, so no failed write shows the hang-up: the
+// server watches the connection itself.
+TEST_F(HttpServerTest, ClientHangingUpOnANonStreamingRequestCancelsIt) {
+    FakeEngineOptions fo;
+    fo.token_delay = std::chrono::milliseconds(20);
+    start(fo);
+    {
+        RawClient c(port_);
+        ASSERT_TRUE(c.connected());
+        json body = stream_chat(100000);
+        body["stream"] = false;
+        ASSERT_TRUE(c.send_all(http_post("/v1/chat/completions", body.dump())));
+        ASSERT_TRUE(eventually([&] { return engine_->active() == 1; })) << "never admitted";
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a few tokens in
+        EXPECT_TRUE(engine_->cancel_calls().empty());
+    }  // closed while the reply is being generated
+    ASSERT_TRUE(eventually([&] { return !engine_->cancel_calls().empty(); })) << "no cancel";
+    EXPECT_EQ(engine_->cancel_calls().size(), 1u);
+    EXPECT_TRUE(eventually([&] { return engine_->active() == 0; }));
+    EXPECT_EQ(client().Get("/health")->status, 200);
+    // a client that stays gets its whole reply
+    json stay = stream_chat(3);
+    stay["stream"] = false;
+    const auto r = post("/v1/chat/completions", stay);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(engine_->cancel_calls().size(), 1u);
 }
 
 TEST_F(HttpServerTest, ClientHangingUpWhileQueuedCancelsTheRequest) {
