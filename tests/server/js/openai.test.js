@@ -156,3 +156,44 @@ test('16 concurrent streams give what each gets alone; an over-long prompt among
   });
   assert.deepEqual(await Promise.all(streamed), alone);
 });
+
+// GET /metrics' value of a series (its name with labels, as printed).
+async function metric(name) {
+  const r = await fetch(`${url}/metrics`, { headers: { Authorization: `Bearer ${key}` } });
+  const esc = name.replace(/[{}"]/g, (c) => `\\${c}`);
+  const m = (await r.text()).match(new RegExp(`^${esc} (\\S+)$`, 'm'));
+  assert.ok(m, `${name} missing from /metrics`);
+  return Number(m[1]);
+}
+
+async function until(cond, ms = 20_000) {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) return false;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  return true;
+}
+
+// A client that hangs up mid-reply frees its sequence and its KV blocks, streaming or not (a non-streaming
+// reply writes nothing until the end, so the server watches the connection itself).
+test('a client that hangs up, streaming or not, frees its sequence and its KV blocks', async () => {
+  const id = await modelId();
+  for (const stream of [false, true]) {
+    const cancelled = await metric('markbase_requests_total{status="cancelled"}');
+    const ac = new AbortController();
+    const reply = client.completions.create(
+      { model: id, prompt: 'Once upon a time', max_tokens: 3000, temperature: 0, ignore_eos: true, stream },
+      { signal: ac.signal });
+    reply.catch(() => {});
+    assert.ok(await until(async () => (await metric('markbase_sequences_running')) === 1), `stream ${stream}: never ran`);
+    assert.ok((await metric('markbase_kv_blocks_used')) > 0);
+    ac.abort();
+    if (!stream) await assert.rejects(reply);  // (a stream's promise resolved with the headers)
+    assert.ok(await until(async () => (await metric('markbase_sequences_running')) === 0 &&
+                                      (await metric('markbase_kv_blocks_used')) === 0),
+              `stream ${stream}: the sequence or its KV blocks were not freed`);
+    // ended by the hang-up, not by running out its 3000 tokens
+    assert.equal(await metric('markbase_requests_total{status="cancelled"}'), cancelled + 1, `stream ${stream}`);
+  }
+});
