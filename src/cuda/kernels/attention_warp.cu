@@ -6,8 +6,8 @@
 // keys) and the work per key is a few dot products over a row that is read once. The block-per-piece kernels
 // it replaces (a block of 4 warps scoring a tile into shared memory, a block-wide softmax between barriers,
 // then every value row walked key by key by all 128 threads) spent the piece waiting on barriers and on one
-// key's loads at a time: the 26B-A4B's 64 sequences at ~900 positions read their 24.5 GB of fp32 K/V per
-// step at ~1.4 TB/s (17.3 of 37.1 ms). Here each warp keeps its own online softmax: per round it requests
+// key's loads at a time: the 26B-A4B's 64 sequences at ~900 positions read their 26.3 GB of fp32 K/V per
+// step at ~1.5 TB/s (17.3 of 37.0 ms). Here each warp keeps its own online softmax: per round it requests
 // KU keys' K and V rows together (lane c owns float4 columns c, c + 32, ...), scores them against the R
 // queries (staged once per block in shared memory), reduces each score across the warp with shuffles, and
 // folds the KU values into its R accumulators. No barrier after the staging; the 4 warps of a block are 4
