@@ -137,7 +137,7 @@ void HttpServer::Impl::install_routes() {
             guard([&](const httplib::Request&, httplib::Response&) {
                 if (too_large || res.status == 413) throw library_error(413, opt.max_body_bytes);
                 if (!ok) throw ApiError(400, "could not read the request body");
-                generate(kind, body, ClientWatch(req), res);
+                generate(kind, body, req, res);
             })(req, res);
             if (too_large || !ok) res.set_header("Connection", "close");
         });

@@ -134,7 +134,7 @@ Reply collect(Engine& engine, uint64_t id, const ClientWatch& client, QueueSink&
 
 }  // namespace
 
-void HttpServer::Impl::generate(ApiKind kind, const std::string& body, const ClientWatch& client,
+void HttpServer::Impl::generate(ApiKind kind, const std::string& body, const httplib::Request& req,
                                 httplib::Response& res) {
     const nlohmann::json j = parse_request_body(body);
     const ApiRequest r = kind == ApiKind::Chat ? parse_chat_request(j) : parse_completion_request(j);
@@ -159,7 +159,7 @@ void HttpServer::Impl::generate(ApiKind kind, const std::string& body, const Cli
     }
     if (!r.stream) {
         SinkEvent end;
-        const Reply reply = collect(engine, id, client, *sink, meta.logprobs, end);
+        const Reply reply = collect(engine, id, ClientWatch(req), *sink, meta.logprobs, end);
         trace_finish(end, 200);
         if (end.reason != FinishReason::Stop && end.reason != FinishReason::Length)
             throw finish_error(end, draining);

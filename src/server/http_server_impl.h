@@ -47,7 +47,7 @@ struct HttpServer::Impl {
     void install_routes();
     bool authorized(const httplib::Request& req) const;
     // POST /v1/chat/completions and /v1/completions once the body is read.
-    void generate(ApiKind kind, const std::string& body, const ClientWatch& client, httplib::Response& res);
+    void generate(ApiKind kind, const std::string& body, const httplib::Request& req, httplib::Response& res);
 };
 
 // The request being served on this thread, for its log line: reset before routing, filled by the handler

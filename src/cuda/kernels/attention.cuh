@@ -1,5 +1,5 @@
-// What attention.cu (decode's pieces) and attention_batched.cu (batched decode's merge) share: the block shape
-// and a piece's geometry over the current key range.
+// What attention.cu (decode's pieces) and attention_batched.cu (batched decode's merge) share: the block
+// shape and a piece's geometry over the current key range.
 #pragma once
 
 #include "cuda/kernels/device_common.cuh"
@@ -45,6 +45,5 @@ __device__ __forceinline__ void dot4_keys(const float4* (&kp)[4], const float4* 
         }
     }
 }
-
 
 }  // namespace markbase::cuda::attn_kernels

@@ -187,16 +187,6 @@ void launch_warp(const AttnArgs& a, int n, cudaStream_t s) {
 // HBM idle (E2B's one KV head at 8 sequences: 64 warps with all 8 heads in one).
 constexpr int kFillWarps = 16;
 
-int sm_count() {
-    static const int sms = [] {
-        int dev = 0, v = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-        return v;
-    }();
-    return sms;
-}
-
 template <int NV>
 void launch_heads(const AttnArgs& a, int n, cudaStream_t s) {
     constexpr int kMaxR = 16 / NV < 8 ? 16 / NV : 8;
@@ -204,7 +194,7 @@ void launch_heads(const AttnArgs& a, int n, cudaStream_t s) {
     int R = 1;
     while (R * 2 <= kMaxR && (a.max_heads == 0 || R * 2 <= a.max_heads) && G % (R * 2) == 0) R *= 2;
     if (a.max_heads == 0)
-        while (R > 1 && int64_t{a.nsplit} * (a.nH / R) * n < int64_t{kFillWarps} * sm_count()) R /= 2;
+        while (R > 1 && int64_t{a.nsplit} * (a.nH / R) * n < int64_t{kFillWarps} * device_sms()) R /= 2;
     switch (R) {
         case 8:
             if constexpr (kMaxR >= 8) return launch_warp<NV, 8>(a, n, s);

@@ -394,17 +394,6 @@ void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     }
 }
 
-int device_sms() {
-    thread_local int dev = -1, sms = 0;  // per thread: tensor-parallel ranks drive their devices from threads
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    if (d != dev) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
-        dev = d;
-    }
-    return sms;
-}
-
 // The async kernel when the launch has a scratch and at least kAsyncMinRounds rounds per warp on a full grid
 // (two blocks per SM); false leaves the launch to the warpk kernel.
 template <int M, int kLaneChunks, int kStages>

@@ -250,8 +250,8 @@ struct AttnArgs {
     // cluster merging through distributed shared memory, not the ticket (merge_counters then go unused);
     // 0 = the ticket (Tuning::attn_cluster).
     int cluster = 0;
-    int max_heads =
-        0;  // batched decode: at most this many query heads per warp; 0 = automatic (attention_warp.cu)
+    // batched decode: at most this many query heads per warp; 0 = automatic (attention_warp.cu)
+    int max_heads = 0;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 constexpr int kMaxAttnCluster = 16;

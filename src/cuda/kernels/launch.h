@@ -55,4 +55,16 @@ void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
     launch_kernel_cluster(kernel, grid, block, smem, s, 0, args...);
 }
 
+// The current device's SM count (per thread: tensor-parallel ranks drive their devices from threads).
+inline int device_sms() {
+    thread_local int dev = -1, sms = 0;
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d != dev) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+        dev = d;
+    }
+    return sms;
+}
+
 }  // namespace markbase::cuda
