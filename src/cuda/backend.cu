@@ -94,8 +94,9 @@ class CudaBackendImpl final : public CudaBackend {
                std::to_string(m.buckets) + " GEMMs of equal padded rows; " + std::to_string(m.passes) +
                " passes of <= " + std::to_string(m.cap) +
                " entries per expert in the others; busiest expert " + std::to_string(m.busiest) +
-               " entries), " + std::to_string(m.gemv_layers) +
-               " as grouped GEMVs (since the model was built)";
+               " entries), " + std::to_string(m.gemv_layers) + " as grouped GEMVs, " +
+               std::to_string(m.stream_layers) +
+               " in batched steps streamed on the device (since the model was built)";
     }
     uint64_t weight_bytes() const override { return model_.weights().bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }

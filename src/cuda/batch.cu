@@ -83,7 +83,7 @@ std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int 
     CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bslot_, slot.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    if (c_.moe || pf) {
+    if (pf || !batch_on_device(n)) {
         prefill_pf_ = pf;
         try {
             record_batch(n, max_pos + 1);
@@ -135,8 +135,16 @@ int64_t CudaModel::batch_range(int64_t max_pos) const {
     return std::min(r, ctx_);  // max_pos < ctx_, so still above it
 }
 
+// Whether the step of n sequences runs with no host in its loop: every dense model's, the MoE's up to
+// plan_.batch_experts_max sequences on one GPU where moe_stream takes its widths (its experts on the device,
+// not the host-planned pass).
+bool CudaModel::batch_on_device(int n) const {
+    return !c_.moe ||
+           (n <= plan_.batch_experts_max && !sharded() && moe_stream_fits(c_.hidden, c_.expert_width));
+}
+
 cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
-    if (c_.moe) throw Error("internal: the MoE's batched step waits on the host and is not captured");
+    if (!batch_on_device(n)) throw Error("internal: this batched step waits on the host and is not captured");
     const auto key = std::make_pair(n, range);
     const auto it = batch_graphs_.find(key);
     if (it != batch_graphs_.end()) return it->second;

@@ -93,6 +93,7 @@ struct ShardContext {
 struct MoePrefillStats {
     int gemm_layers = 0, passes = 0, gemv_layers = 0;
     int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
+    int stream_layers = 0;                // batched steps' layers through moe_stream (no host in the loop)
     int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
 };
 
@@ -127,6 +128,9 @@ struct DecodePlan {
     // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
     // halves; sms sizes its K split.
     int stream_gemm_max = kStreamGemmMaxN;
+    // A batched step of at most batch_experts_max sequences runs the MoE's experts on the device (moe_stream,
+    // Tuning::batch_experts) and is captured as one graph; more run the compact pass (a sync per layer).
+    int batch_experts_max = 0;
     int sms = 0;
 };
 
@@ -370,8 +374,10 @@ class CudaModel {
                               const bf16* x, float* y2);
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
     // each expert's own rows, else batched GEMMs in passes (a tensor-parallel rank: the compact pass over
-    // its experts, else the grouped GEMV kernels). Writes moe_.eslots.
+    // its experts, else the grouped GEMV kernels); a batched step that batch_on_device allows: moe_stream
+    // (batch_experts). Writes moe_.eslots.
     void prefill_experts(int i, int n);
+    void batch_experts(int i, int n);
     bool prefill_experts_compact(int i);   // false: the layer does not fit the compact layout's scratch
     bool compact_plan(int i, int* max_r);  // prefill_moe.cu: the compact pass's plan in moe_.h_mplan
     void compact_buckets(int which, int N, int Kd, const int* roff);  // its GEMMs (0: gate/up, 1: down)
@@ -484,6 +490,7 @@ class CudaModel {
     std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
     int64_t batch_range(int64_t max_pos) const;
     cudaGraphExec_t batch_graph(int n, int64_t range);
+    bool batch_on_device(int n) const;  // no host in the step's loop: it can be one graph
     void record_batch(int n, int64_t range);
     int decode_slot(int slot, int id, float* logits);  // one sequence: its slot's decode graph
     std::vector<int> batch_step(const int* slot_ids, const int* ids, int n, float* logits, Profiler* pf);

@@ -10,7 +10,9 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, stream_gemm, cpu_pin, skip";
+    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, stream_gemm, batch_experts, "
+    "cpu_pin, "
+    "skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -78,6 +80,8 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         if (t.batch_attn_heads & (t.batch_attn_heads - 1)) bad(source, key, v, "0 (automatic), 1, 2, 4 or 8");
     } else if (key == "stream_gemm") {
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
+    } else if (key == "batch_experts") {
+        t.batch_experts = static_cast<int>(parse_int(source, key, v, 0, 1024, "0 (off) to 1024"));
     } else if (key == "skip") {
         t.skip.clear();
         for (std::string_view rest = v; !rest.empty();) {
@@ -134,6 +138,7 @@ std::string tuning_string(const Tuning& t) {
     if (t.batch_attn_heads != d.batch_attn_heads)
         add("batch_attn_heads=" + std::to_string(t.batch_attn_heads));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
+    if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));
     if (!t.skip.empty()) {
         std::string names;

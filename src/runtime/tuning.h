@@ -78,6 +78,11 @@ struct Tuning {
     // 0 = cuBLAS for every count. 16 on the H200 (docs/performance.md: E2B at 8 sequences 5.03 -> 4.01 ms per
     // step, the 26B-A4B 12.22 -> 10.95, the 26B-Standard 5.41 -> 4.61; at 32 and 64 tokens it lost).
     int stream_gemm = 16;
+    // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
+    // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host
+    // in the loop, so the step is one graph); 0 = the compact cuBLAS pass planned on the host, one sync per
+    // layer, for every count (what prefill chunks take).
+    int batch_experts = 128;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel

@@ -315,6 +315,17 @@ void moe_gate_up(const float* x, int H, const bf16* gate_up, int Ie, int K, cons
 void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_expert, const int* group_off,
               const int* entries, int n_groups, float* slots, cudaStream_t s);
 
+// A batched step's experts with no host in the loop (moe_stream.cu; after moe_bucket, n tokens): every
+// touched expert's rows streamed once for all its entries on the tensor cores. gate/up: x_hi/x_lo [n][H] (the
+// experts' input as bf16 halves) -> h_hi/h_lo [n K][Ie], gelu(gate . x) * (up . x) as bf16 halves; down:
+// slots[entry][j] = down_e[j] . h[entry], fp32 [n K][H].
+bool moe_stream_fits(int H, int Ie);  // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704)
+void moe_stream_gate_up(const bf16* x_hi, const bf16* x_lo, int H, int K, const bf16* gate_up, int Ie,
+                        const int* group_off, const int* entries, int E, int n, bf16* h_hi, bf16* h_lo,
+                        cudaStream_t s);
+void moe_stream_down(const bf16* h_hi, const bf16* h_lo, int Ie, const bf16* down, int H, int K,
+                     const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s);
+
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the experts' gate/up rows, a warp
 // per row with 6 + 6 loads in flight per lane, registers capped for 3 blocks per SM.
 void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int K, const int* group_expert,

@@ -1,0 +1,213 @@
+// A batched step's experts with no host in the loop (after moe_bucket grouped the n x K (token, slot) entries
+// by expert on the device): each touched expert's rows are streamed once for all its entries, on the tensor
+// cores, by the weight-streaming loop of stream_gemm (stream_mma.cuh). The grid is (row tiles, E): a block
+// reads its expert's entry count, and an expert no token chose costs its blocks only that read, so the launch
+// needs nothing from the host and a step is one graph. An expert with more entries than a block's token
+// tiles hold takes further passes over its rows (each of 8 NT entries). The compact pass it replaces
+// (prefill_moe.cu) planned cuBLAS GEMMs over pointer arrays on the host, one sync per layer.
+//   gate/up: a block holds 16 gate rows j0.. and the matching 16 up rows Ie + j0.. of its expert, so GeGLU
+//            happens in the store: h[entry][j] = gelu(gate_j . x) * (up_j . x), as bf16 hi and lo halves
+//            (split_store), the down pass's input. The input row of entry i is token i / K.
+//   down:    32 rows of H per block; slots[entry][r] = down_r . h[entry], fp32.
+#include <cmath>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/kernels/launch.h"
+#include "cuda/kernels/stream_mma.cuh"
+#include "model/error.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+using namespace stream_mma;
+
+constexpr int kMT = 2;  // row tiles of 16 per block
+constexpr int kG = 2;   // chunks of 32 k a warp loads per round
+
+struct ExpertStreamArgs {
+    const uint16_t* w = nullptr;  // expert e's rows at w + e * expert_stride, K wide
+    int64_t expert_stride = 0;
+    int64_t second = 0;  // gate/up: the up rows' offset from the gate rows (elements); 0 for down
+    int K = 0;
+    int out_width = 0;             // gate/up: Ie (h's row); down: H
+    const uint16_t* hi = nullptr;  // the inputs, [rows][K] each
+    const uint16_t* lo = nullptr;
+    int in_div = 1;                  // entry i reads input row i / in_div
+    const int* group_off = nullptr;  // [E + 1] (moe_bucket)
+    const int* entries = nullptr;    // [n K]
+    uint16_t* h_hi = nullptr;        // gate/up's output, [n K][Ie] each
+    uint16_t* h_lo = nullptr;
+    float* y = nullptr;  // down's output, [n K][H]
+};
+
+// The block's warps summed in shared memory (in warp order), then the pass's stores: GeGLU of the gate
+// tile (mt 0) and the up tile (mt 1) as bf16 halves, or the 32 rows as fp32.
+template <int NT, bool Geglu>
+__device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], float* red,
+                                              const ExpertStreamArgs& a, int row0, const int* ent,
+                                              int count) {
+    constexpr int E = kMT * NT * 4 * 32;  // a warp's accumulators
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* mine = red + warp * E;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = red[i];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
+        red[i] = v;
+    }
+    __syncthreads();
+    constexpr int kStores = Geglu ? E / kMT : E;  // GeGLU: one output per gate and up pair
+    for (int i = threadIdx.x; i < kStores; i += blockDim.x) {
+        int row, tok;
+        fragment_at(i, NT, row, tok);
+        if (tok >= count) continue;
+        const int64_t o = int64_t{ent[tok]} * a.out_width + row0 + row;
+        if constexpr (Geglu)
+            split_store(gelu_tanh(red[i]) * red[i + E / kMT], a.h_hi, a.h_lo, o);
+        else
+            a.y[o] = red[i];
+    }
+    __syncthreads();  // red and ent are reused by the next pass
+}
+
+template <int NT, bool Geglu>
+__global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStreamArgs a) {
+    extern __shared__ float red[];  // [kWarps][kMT * NT * 4 * 32]
+    __shared__ int ent[NT * 8];     // the pass's entries
+    pdl_begin();                    // the entry counts come from moe_bucket
+    const int e = blockIdx.y;
+    const int o0 = a.group_off[e], ne = a.group_off[e + 1] - o0;
+    if (ne <= 0) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int K = a.K, c_end = K / 32;
+    // gate/up: output columns j0.. from gate rows j0.. (mt 0) and up rows (mt 1); down: rows row0..row0+31
+    const int row0 = blockIdx.x * (Geglu ? 16 : 16 * kMT);
+    const uint16_t* we = a.w + e * a.expert_stride;
+    const uint4* wr[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t r = Geglu ? int64_t{row0 + g + 8 * h} : int64_t{row0 + mt * 16 + g + 8 * h};
+            const uint16_t* row = we + (Geglu && mt == 1 ? a.second : 0) + r * K;
+            wr[mt][h] = reinterpret_cast<const uint4*>(row) + q;
+        }
+    for (int base = 0; base < ne; base += NT * 8) {
+        const int count = min(NT * 8, ne - base);
+        if (threadIdx.x < NT * 8) ent[threadIdx.x] = a.entries[o0 + base + min(int(threadIdx.x), count - 1)];
+        __syncthreads();
+        const uint4* xh[NT];
+        const uint4* xl[NT];
+        bool ok[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int t = nt * 8 + g;
+            ok[nt] = t < count;
+            const int64_t off = int64_t{ent[ok[nt] ? t : 0] / a.in_div} * K;
+            xh[nt] = reinterpret_cast<const uint4*>(a.hi + off) + q;
+            xl[nt] = reinterpret_cast<const uint4*>(a.lo + off) + q;
+        }
+        float acc[kMT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        // software-pipelined as stream_gemm: the next round's weights in flight during this round's MMAs
+        constexpr int step = kWarps * kG;
+        int c0 = warp * kG;
+        uint4 w[kG][kMT][2];
+        load_round<kG, kMT>(w, wr, c0, c_end);
+        for (; c0 < c_end; c0 += step) {
+            uint4 nw[kG][kMT][2];
+            load_round<kG, kMT>(nw, wr, c0 + step, c_end);
+#pragma unroll
+            for (int u = 0; u < kG; ++u)
+                if (c0 + u < c_end) chunk_mma<kMT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+#pragma unroll
+            for (int u = 0; u < kG; ++u)
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) w[u][mt][0] = nw[u][mt][0], w[u][mt][1] = nw[u][mt][1];
+        }
+        sum_and_store<NT, Geglu>(acc, red, a, row0, ent, count);
+    }
+}
+
+// Token tiles per block for n tokens: room for about the busiest expert's entries under uniform routing
+// (mean n K / E, plus three standard deviations), so that few experts take a second pass over their rows.
+int token_tiles(int n, int K, int E) {
+    const double mean = static_cast<double>(n) * K / E;
+    const double busiest = mean + 3.0 * std::sqrt(mean) + 1.0;
+    return busiest <= 8.0 ? 1 : busiest <= 16.0 ? 2 : 4;
+}
+
+template <bool Geglu>
+void launch(const ExpertStreamArgs& a, int tiles, int E, int nt, cudaStream_t s) {
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(E)), block(kWarps * 32);
+    const size_t smem = sizeof(float) * kWarps * kMT * nt * 4 * 32;
+    if (nt == 1) return launch_kernel(expert_stream_kernel<1, Geglu>, grid, block, smem, s, a);
+    if (nt == 2) return launch_kernel(expert_stream_kernel<2, Geglu>, grid, block, smem, s, a);
+    launch_kernel(expert_stream_kernel<4, Geglu>, grid, block, smem, s, a);
+}
+
+}  // namespace
+
+bool moe_stream_fits(int H, int Ie) {
+    return H > 0 && Ie > 0 && H % (16 * kMT) == 0 && Ie % 32 == 0;
+}
+
+void moe_stream_gate_up(const bf16* x_hi, const bf16* x_lo, int H, int K, const bf16* gate_up, int Ie,
+                        const int* group_off, const int* entries, int E, int n, bf16* h_hi, bf16* h_lo,
+                        cudaStream_t s) {
+    if (!moe_stream_fits(H, Ie))
+        throw Error("internal: moe_stream_gate_up needs H % 32 == 0 and Ie % 32 == 0, found H " +
+                    std::to_string(H) + ", Ie " + std::to_string(Ie));
+    ExpertStreamArgs a;
+    a.w = gate_up;
+    a.expert_stride = 2 * int64_t{Ie} * H;
+    a.second = int64_t{Ie} * H;
+    a.K = H;
+    a.out_width = Ie;
+    a.hi = x_hi;
+    a.lo = x_lo;
+    a.in_div = K;
+    a.group_off = group_off;
+    a.entries = entries;
+    a.h_hi = h_hi;
+    a.h_lo = h_lo;
+    launch<true>(a, Ie / 16, E, token_tiles(n, K, E), s);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_stream_down(const bf16* h_hi, const bf16* h_lo, int Ie, const bf16* down, int H, int K,
+                     const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s) {
+    if (!moe_stream_fits(H, Ie))
+        throw Error("internal: moe_stream_down needs Ie % 32 == 0 and H % 32 == 0, found Ie " +
+                    std::to_string(Ie) + ", H " + std::to_string(H));
+    ExpertStreamArgs a;
+    a.w = down;
+    a.expert_stride = int64_t{H} * Ie;
+    a.K = Ie;
+    a.out_width = H;
+    a.hi = h_hi;
+    a.lo = h_lo;
+    a.in_div = 1;
+    a.group_off = group_off;
+    a.entries = entries;
+    a.y = slots;
+    launch<false>(a, H / (16 * kMT), E, token_tiles(n, K, E), s);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace markbase::cuda

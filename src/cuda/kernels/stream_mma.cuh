@@ -1,0 +1,75 @@
+// The weight-streaming MMA loop that stream_gemm.cu (the projections of a few tokens) and moe_stream.cu (a
+// batched step's experts) share: 4 warps split a block's K range; each round a warp loads G chunks of 32 k of
+// MT tiles of 16 weight rows (16 contiguous bytes per lane: quad q of row g holds k = q*8 .. q*8+7) and hands
+// them to mma.sync m16n8k16 against NT tiles of 8 tokens, both bf16 halves (hi, lo) of each fp32 input. The k
+// order inside a chunk is permuted identically for the weights and the tokens (the fragment's k = 2q, 2q+1,
+// 2q+8, 2q+9 are physical q*8 + 4j + 0..3), so the 16-byte loads feed the fragments with no shuffle.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/kernels/device_common.cuh"
+
+namespace markbase::cuda::stream_mma {
+
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
+// The tokens: the previous kernel's output, read after the PDL wait with plain loads.
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
+    return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// One chunk of 32 k: the weights w[mt][h] (rows g + 8h of tile mt) against the NT token tiles.
+template <int MT, int NT>
+__device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (&w)[MT][2],
+                                          const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
+                                          const bool (&ok)[NT], int c) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint4 h = ld_x(xh[nt] + c * 4, ok[nt]), l = ld_x(xl[nt] + c * 4, ok[nt]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, h.x, h.y);
+            mma_bf16(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, l.x, l.y);
+            mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, h.z, h.w);
+            mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, l.z, l.w);
+        }
+    }
+}
+
+// A warp's round: chunks c0 .. c0 + G - 1 of rows g and g + 8 of each tile (zeros past c_end).
+template <int G, int MT>
+__device__ __forceinline__ void load_round(uint4 (&w)[G][MT][2], const uint4* const (&wr)[MT][2], int c0,
+                                           int c_end) {
+#pragma unroll
+    for (int u = 0; u < G; ++u)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                w[u][mt][h] = c0 + u < c_end ? ld_stream(wr[mt][h] + (c0 + u) * 4) : make_uint4(0, 0, 0, 0);
+}
+
+// Output element i of a block's [MT][NT][4][32] fragments (after the sums): its row within the block's rows
+// and its token.
+__device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
+    const int lane = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, mt = (i >> 7) / NT;
+    row = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+    tok = nt * 8 + 2 * (lane & 3) + (e & 1);
+}
+
+}  // namespace markbase::cuda::stream_mma
