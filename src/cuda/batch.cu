@@ -1,13 +1,13 @@
 // Batched decode (docs/batched-decode.md): several sequences, each with its own cache slot and position,
 // decode one token each in one pass. Everything but attention and the cache write is the prefill's work over
 // the batch's rows (GEMMs: the weights are read once per step, not once per sequence); qkv_post and attention
-// take per-token positions and slots (their Batched instantiations). On the dense models a step is one graph
-// launch: the graph of n sequences whose furthest position lies below a range class (batch_range), captured
-// on first use, reads the ids, positions and slots from device memory (E2B 8 sequences -5.4%, 32 -5.1%, the
-// 31B's 16 -2.9%). The MoE's step runs eagerly: its compact expert GEMMs are planned on the host from the
-// routing, one sync per layer; captured with the grouped GEMV kernels instead (no host in the loop), 8
-// sequences took 15.19 ms per step against 13.76 and 64 took 42.96 against 22.24. One sequence alone takes
-// its slot's decode graph, the one-sequence step.
+// take per-token positions and slots (their Batched instantiations). A step is one graph launch: the graph
+// of n sequences whose furthest position lies below a range class (batch_range), captured on first use,
+// reads the ids, positions and slots from device memory (E2B 8 sequences -5.4%, 32 -5.1%, the 31B's 16
+// -2.9%). The MoE's experts run on the device (moe_stream.cu) up to Tuning::batch_experts sequences (26B-A4B
+// 8 sequences 10.41 -> 9.28 ms per step, 64 19.85 -> 19.62, against the compact pass); beyond, the step runs
+// eagerly with the compact expert GEMMs planned on the host, one sync per layer. One sequence alone takes its
+// slot's decode graph, the one-sequence step.
 #include <algorithm>
 #include <utility>
 

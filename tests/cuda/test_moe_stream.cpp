@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "support/device_arrays.h"
 #include "support/require_cuda.h"
 
 #ifdef MARKBASE_HAS_CUDA
@@ -23,35 +24,14 @@ namespace markbase {
 namespace {
 
 #ifdef MARKBASE_HAS_CUDA
-uint16_t to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
+using testing::from_bf16;
+using testing::to_bf16;
+using testing::to_device;
+using testing::to_host;
+
 double gelu_tanh(double x) {
     return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
-
-template <class T>
-T* to_device(const std::vector<T>& v) {
-    T* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, sizeof(T) * v.size()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    return p;
-}
-template <class T>
-std::vector<T> to_host(const T* p, size_t n) {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-}
-
 // bf16 halves of random values in [-1, 1): [rows][width] hi, then lo
 std::vector<uint16_t> random_halves(std::mt19937& rng, size_t count) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -14,6 +14,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/device_arrays.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -29,26 +30,9 @@ namespace markbase {
 namespace {
 
 #ifdef MARKBASE_HAS_CUDA
-uint16_t to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-template <class T>
-T* to_device(const std::vector<T>& v) {
-    T* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, sizeof(T) * v.size()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    return p;
-}
-
+using testing::from_bf16;
+using testing::to_bf16;
+using testing::to_device;
 // Runs one launch over matrices of `rows` (K columns each) at n tokens with the given shape and checks every
 // output against the fp64 product; the largest error relative to the row's sum of |x| |w|.
 double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmShape shape, uint32_t seed) {

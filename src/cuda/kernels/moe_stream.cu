@@ -51,21 +51,7 @@ __device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], fl
                                               const ExpertStreamArgs& a, int row0, const int* ent,
                                               int count) {
     constexpr int E = kMT * NT * 4 * 32;  // a warp's accumulators
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float* mine = red + warp * E;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        float v = red[i];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
-        red[i] = v;
-    }
+    sum_warps<kMT, NT>(acc, red);
     __syncthreads();
     constexpr int kStores = Geglu ? E / kMT : E;  // GeGLU: one output per gate and up pair
     for (int i = threadIdx.x; i < kStores; i += blockDim.x) {
@@ -119,27 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
             xl[nt] = reinterpret_cast<const uint4*>(a.lo + off) + q;
         }
         float acc[kMT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-                acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-        // software-pipelined as stream_gemm: the next round's weights in flight during this round's MMAs
-        constexpr int step = kWarps * kG;
-        int c0 = warp * kG;
-        uint4 w[kG][kMT][2];
-        load_round<kG, kMT>(w, wr, c0, c_end);
-        for (; c0 < c_end; c0 += step) {
-            uint4 nw[kG][kMT][2];
-            load_round<kG, kMT>(nw, wr, c0 + step, c_end);
-#pragma unroll
-            for (int u = 0; u < kG; ++u)
-                if (c0 + u < c_end) chunk_mma<kMT, NT>(acc, w[u], xh, xl, ok, c0 + u);
-#pragma unroll
-            for (int u = 0; u < kG; ++u)
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) w[u][mt][0] = nw[u][mt][0], w[u][mt][1] = nw[u][mt][1];
-        }
+        stream_rounds<kG, kMT, NT>(acc, wr, xh, xl, ok, warp * kG, c_end, 0);  // waited above
         sum_and_store<NT, Geglu>(acc, red, a, row0, ent, count);
     }
 }

@@ -46,21 +46,7 @@ template <int MT, int NT, bool Cluster>
 __device__ __forceinline__ void sum_and_store(const float (&acc)[MT][NT][4], float* red, const GemvSeg sg,
                                               int row0, const StreamArgs& a) {
     constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float* mine = red + warp * E;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        float v = red[i];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
-        red[i] = v;
-    }
+    sum_warps<MT, NT>(acc, red);
     int begin = 0, end = E;
     if constexpr (Cluster) {  // every rank's sums visible; rank r stores its share of the outputs
         __syncthreads();
@@ -124,29 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(StreamArgs a) 
     }
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-
-    // software-pipelined: the next round's weights are in flight while this round's MMAs run
-    const int step = kWarps * G;
-    int c0 = c_begin + warp * G;
-    uint4 w[G][MT][2];
-    load_round<G, MT>(w, wr, c0, c_end);
-    pdl_begin_after_loads(K);  // the first weights stream during the previous kernel's tail
-    for (; c0 < c_end; c0 += step) {
-        uint4 nw[G][MT][2];
-        load_round<G, MT>(nw, wr, c0 + step, c_end);
-#pragma unroll
-        for (int u = 0; u < G; ++u)
-            if (c0 + u < c_end) chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
-#pragma unroll
-        for (int u = 0; u < G; ++u)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) w[u][mt][0] = nw[u][mt][0], w[u][mt][1] = nw[u][mt][1];
-    }
+    stream_rounds<G, MT, NT>(acc, wr, xh, xl, ok, c_begin + warp * G, c_end, K);
 
     sum_and_store<MT, NT, Cluster>(acc, red, sg, row0, a);
 }

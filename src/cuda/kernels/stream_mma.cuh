@@ -72,4 +72,56 @@ __device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
     tok = nt * 8 + 2 * (lane & 3) + (e & 1);
 }
 
+// A warp's whole K range [c0, c_end) in rounds of G chunks (c0 advancing by kWarps G), into acc (zeroed
+// here), software-pipelined: the next round's weights are in flight while this round's MMAs run. pdl_after:
+// nonzero, the PDL wait comes after the first round's loads (weights do not depend on the previous kernel, so
+// they stream during its tail: pdl_begin_after_loads); 0, the caller has waited.
+template <int G, int MT, int NT>
+__device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uint4* const (&wr)[MT][2],
+                                              const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
+                                              const bool (&ok)[NT], int c0, int c_end, int pdl_after) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    constexpr int step = kWarps * G;
+    uint4 w[G][MT][2];
+    load_round<G, MT>(w, wr, c0, c_end);
+    pdl_begin_after_loads(pdl_after);
+    for (; c0 < c_end; c0 += step) {
+        uint4 nw[G][MT][2];
+        load_round<G, MT>(nw, wr, c0 + step, c_end);
+#pragma unroll
+        for (int u = 0; u < G; ++u)
+            if (c0 + u < c_end) chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+#pragma unroll
+        for (int u = 0; u < G; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) w[u][mt][0] = nw[u][mt][0], w[u][mt][1] = nw[u][mt][1];
+    }
+}
+
+// The block's warps' accumulators summed in shared memory, in warp order: red[0 .. MT NT 128) holds the
+// sums on return (red: kWarps x that many floats). The caller syncs before reading another thread's sums.
+template <int MT, int NT>
+__device__ __forceinline__ void sum_warps(const float (&acc)[MT][NT][4], float* red) {
+    constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* mine = red + warp * E;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = red[i];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += red[w * E + i];
+        red[i] = v;
+    }
+}
+
 }  // namespace markbase::cuda::stream_mma
