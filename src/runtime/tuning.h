@@ -81,8 +81,10 @@ struct Tuning {
     // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
     // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host
     // in the loop, so the step is one graph); 0 = the compact cuBLAS pass planned on the host, one sync per
-    // layer, for every count (what prefill chunks take).
-    int batch_experts = 128;
+    // layer, for every count (what prefill chunks take). 96 on the H200 (bench/results/
+    // cuda-batched-moe-stream.json, 26B-A4B after 128 tokens): 8 sequences -10.8%, 16 -9.5%, 32 -4.9%, 64
+    // -1.2%, 128 +8.4% (its MMAs over 4 token tiles issue-bound); a server's ~98-row steps measured even.
+    int batch_experts = 96;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel
