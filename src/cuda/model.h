@@ -357,7 +357,8 @@ class CudaModel {
     void prefill_layer(int i, int n, int64_t pos0);
     void prefill_attention(int i, int n, int64_t pos0);
     void prefill_ffn(int i, int n);
-    void prefill_moe(int i, int n);
+    void prefill_experts_of(int i, int n, cudaStream_t s);  // router, routing, experts (2.6) on stream s
+    void prefill_moe_combine(int i, int n);
     void prefill_ple(int i, int n);
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
@@ -374,10 +375,10 @@ class CudaModel {
                               const bf16* x, float* y2);
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
     // each expert's own rows, else batched GEMMs in passes (a tensor-parallel rank: the compact pass over
-    // its experts, else the grouped GEMV kernels); a batched step that batch_on_device allows: moe_stream
-    // (batch_experts). Writes moe_.eslots.
+    // its experts, else the grouped GEMV kernels). Writes moe_.eslots. A batched step that batch_on_device
+    // allows runs batch_experts instead (moe_stream, no host in the loop; on any stream).
     void prefill_experts(int i, int n);
-    void batch_experts(int i, int n);
+    void batch_experts(int i, int n, cudaStream_t s);
     bool prefill_experts_compact(int i);   // false: the layer does not fit the compact layout's scratch
     bool compact_plan(int i, int* max_r);  // prefill_moe.cu: the compact pass's plan in moe_.h_mplan
     void compact_buckets(int which, int N, int Kd, const int* roff);  // its GEMMs (0: gate/up, 1: down)

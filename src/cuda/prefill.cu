@@ -154,13 +154,22 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
 }
 
 // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x), then x's update; the MoE
-// combines m with its experts' weighted sum first.
+// combines m with its experts' weighted sum first. A batched step whose experts run on the device (and is not
+// profiled) forks them onto moe_.stream2 beside the dense MLP, as the decode graph does (record_ffn): both
+// read x, which neither changes, and the combine joins them.
 void CudaModel::prefill_ffn(int i, int n) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, I = c_.layers[i].mlp_width;
     const float eps = c_.rms_eps;
     Profiler* pf = prefill_pf_;
     const double wb = 2.0 * H;  // bytes per weight row of H
+    const bool fork = c_.moe && batch_ && batch_on_device(n) && !pf;
+    if (fork) {
+        CUDA_CHECK(cudaEventRecord(moe_.fork, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(moe_.stream2, moe_.fork, 0));
+        prefill_experts_of(i, n, moe_.stream2);
+        CUDA_CHECK(cudaEventRecord(moe_.join, moe_.stream2));
+    }
 
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
         split_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, lo_at(n, H), stream_);
@@ -171,7 +180,11 @@ void CudaModel::prefill_ffn(int i, int n) {
     });
 
     if (c_.moe) {
-        prefill_moe(i, n);
+        if (fork)
+            CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_.join, 0));
+        else
+            prefill_experts_of(i, n, stream_);
+        prefill_moe_combine(i, n);
     } else {
         run(pf, "ffn_residual", i, 0.0, [&] {
             all_reduce(nullptr, i, act_.m, static_cast<size_t>(n) * H);
@@ -180,15 +193,17 @@ void CudaModel::prefill_ffn(int i, int n) {
     }
 }
 
-// 2.6: router logits (input norm per token), softmax / top-k / the experts' input norm, the entries bucketed
-// by expert, the experts, then x's update from the dense MLP's m and the experts' weighted sum.
-void CudaModel::prefill_moe(int i, int n) {
+// 2.6's experts on stream s: router logits (input norm per token), softmax / top-k / the experts' input norm,
+// the entries bucketed by expert, the experts into moe_.eslots (a batched step's on the device: moe_stream;
+// otherwise the host-planned passes, which run on stream_ only).
+void CudaModel::prefill_experts_of(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];
-    const float scale = ffn_scale(i);
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k;
     const float eps = c_.rms_eps;
     Profiler* pf = prefill_pf_;
     const double wb = 2.0 * H;  // bytes per weight row of H
+    const bool on_device = batch_ && batch_on_device(n);
+    if (!on_device && s != stream_) throw Error("internal: the host-planned experts run on the main stream");
 
     GemvInput in;
     in.x = act_.x;
@@ -199,13 +214,26 @@ void CudaModel::prefill_moe(int i, int n) {
     in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
     in.eps = eps;
     GemvSeg seg{lw.router_proj, moe_.rlogits, E, E};
-    run(pf, "router", i, wb * E, [&] { gemv(in, &seg, 1, n, stream_); });
+    run(pf, "router", i, wb * E, [&] { gemv(in, &seg, 1, n, s); });
     run(pf, "route", i, 0.0, [&] {
         moe_route(moe_.rlogits, n, E, K, lw.per_expert_scale, moe_.sel_id, moe_.sel_w, false, moe_.gexp,
-                  moe_.goff, moe_.gent, act_.x, lw.pre_ffn_norm_2, H, eps, moe_.e_in, stream_);
-        moe_bucket(moe_.sel_id, n, E, K, moe_.gexp, moe_.goff, moe_.gent, stream_, held_experts());
+                  moe_.goff, moe_.gent, act_.x, lw.pre_ffn_norm_2, H, eps, moe_.e_in, s);
+        moe_bucket(moe_.sel_id, n, E, K, moe_.gexp, moe_.goff, moe_.gent, s, held_experts());
     });
-    run(pf, "experts", i, 0.0, [&] { prefill_experts(i, n); });
+    run(pf, "experts", i, 0.0, [&] {
+        if (on_device)
+            batch_experts(i, n, s);
+        else
+            prefill_experts(i, n);
+    });
+}
+
+// 2.6's end: x's update from the dense MLP's m and the experts' weighted sum.
+void CudaModel::prefill_moe_combine(int i, int n) {
+    const LayerWeights& lw = w_.layers[i];
+    const float scale = ffn_scale(i);
+    const int H = c_.hidden, K = c_.top_k;
+    const float eps = c_.rms_eps;
     if (sharded()) {  // [n][H] dense partials, then [n][H] experts' partials: one sum over the ranks
         float* e = act_.m + int64_t{n} * H;
         moe_weighted_sum(moe_.eslots, moe_.sel_w, K, H, n, e, stream_);
@@ -213,7 +241,7 @@ void CudaModel::prefill_moe(int i, int n) {
         residual_moe_combine(act_.x, act_.m, e, moe_.ones, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
                              lw.post_ffn_norm, H, n, eps, scale, stream_);
     } else {
-        run(pf, "ffn_combine", i, 0.0, [&] {
+        run(prefill_pf_, "ffn_combine", i, 0.0, [&] {
             residual_moe_combine(act_.x, act_.m, moe_.eslots, moe_.sel_w, K, lw.post_ffn_norm_1,
                                  lw.post_ffn_norm_2, lw.post_ffn_norm, H, n, eps, scale, stream_);
         });

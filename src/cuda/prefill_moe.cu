@@ -10,7 +10,6 @@
 namespace markbase::cuda {
 
 void CudaModel::prefill_experts(int i, int n) {
-    if (batch_ && batch_on_device(n)) return batch_experts(i, n);
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
     // the busiest expert sizes the batch: one small copy and a sync per MoE layer
@@ -69,17 +68,16 @@ void CudaModel::prefill_experts(int i, int n) {
 // A batched step's experts on the device (moe_stream.cu): the experts' input split into bf16 halves, then the
 // gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The scratch is the
 // passes' (moe_.mx holds 2 x [n][H] bf16, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n K).
-void CudaModel::batch_experts(int i, int n) {
+void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
     bf16* x_hi = static_cast<bf16*>(moe_.mx);
     bf16* x_lo = x_hi + int64_t{n} * H;
-    split_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, stream_);
+    split_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
     bf16* h_hi = moe_.mh;
     bf16* h_lo = h_hi + int64_t{n} * K * Ie;
-    moe_stream_gate_up(x_hi, x_lo, H, K, lw.experts_gate_up, Ie, moe_.goff, moe_.gent, E, n, h_hi, h_lo,
-                       stream_);
-    moe_stream_down(h_hi, h_lo, Ie, lw.experts_down, H, K, moe_.goff, moe_.gent, E, n, moe_.eslots, stream_);
+    moe_stream_gate_up(x_hi, x_lo, H, K, lw.experts_gate_up, Ie, moe_.goff, moe_.gent, E, n, h_hi, h_lo, s);
+    moe_stream_down(h_hi, h_lo, Ie, lw.experts_down, H, K, moe_.goff, moe_.gent, E, n, moe_.eslots, s);
     ++moe_.stats.stream_layers;
 }
 
