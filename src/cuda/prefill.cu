@@ -154,16 +154,19 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
 }
 
 // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x), then x's update; the MoE
-// combines m with its experts' weighted sum first. A batched step whose experts run on the device (and is not
-// profiled) forks them onto moe_.stream2 beside the dense MLP, as the decode graph does (record_ffn): both
-// read x, which neither changes, and the combine joins them.
+// combines m with its experts' weighted sum first. A batched step of at most stream_gemm_max (16) sequences
+// whose experts run on the device (and is not profiled) forks them onto moe_.stream2 beside the dense MLP, as
+// the decode graph does (record_ffn): both read x, which neither changes, and the combine joins them. The
+// H200 (26B-A4B after 128 tokens, be5d937 against a0b7a3f): 8 sequences 9.25 -> 8.80 ms per step, 16 12.22
+// -> 11.60; but beside the dense MLP's cuBLAS GEMMs (more than 16 rows) 32 went 16.10 -> 18.07 and 64 19.62
+// -> 20.22, so those stay in one stream.
 void CudaModel::prefill_ffn(int i, int n) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, I = c_.layers[i].mlp_width;
     const float eps = c_.rms_eps;
     Profiler* pf = prefill_pf_;
     const double wb = 2.0 * H;  // bytes per weight row of H
-    const bool fork = c_.moe && batch_ && batch_on_device(n) && !pf;
+    const bool fork = c_.moe && batch_ && batch_on_device(n) && n <= plan_.stream_gemm_max && !pf;
     if (fork) {
         CUDA_CHECK(cudaEventRecord(moe_.fork, stream_));
         CUDA_CHECK(cudaStreamWaitEvent(moe_.stream2, moe_.fork, 0));
