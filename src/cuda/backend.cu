@@ -96,7 +96,8 @@ class CudaBackendImpl final : public CudaBackend {
                " entries per expert in the others; busiest expert " + std::to_string(m.busiest) +
                " entries), " + std::to_string(m.gemv_layers) + " as grouped GEMVs, " +
                std::to_string(m.stream_layers) +
-               " in batched steps streamed on the device (since the model was built)";
+               " batched-step layers recorded with their experts on the device (since the model was built; "
+               "a step's graph counts once, when captured)";
     }
     uint64_t weight_bytes() const override { return model_.weights().bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
