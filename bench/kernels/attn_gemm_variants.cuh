@@ -53,10 +53,10 @@ static __global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, i
     const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d;
     const int64_t kv = k0 * a.nKV * a.d + int64_t{g} * a.d;
     float* s = sc + int64_t{i} * nq * Ls;
-    p[i] = const_cast<float*>(a.k_cache + kv);
+    p[i] = const_cast<float*>(static_cast<const float*>(a.k_cache) + kv);
     p[hb + i] = const_cast<float*>(a.q + q0 * qrow + head);
     p[2 * hb + i] = s;
-    p[3 * hb + i] = const_cast<float*>(a.v_cache + kv);
+    p[3 * hb + i] = const_cast<float*>(static_cast<const float*>(a.v_cache) + kv);
     p[4 * hb + i] = s;
     p[5 * hb + i] = a.out + q0 * qrow + head;
 }
@@ -77,10 +77,10 @@ static __global__ void attn_split3_kernel(const AttnArgs a, int n, int64_t Ls, u
         } else {
             const int64_t j = i - nq, row = j / d, c = j - row * d;  // row = slot * nKV + g
             uint16_t* o = k3 + row * 3 * d + c;
-            split_store(a.k_cache[j], o, o + 2 * d, 0);
+            split_store(static_cast<const float*>(a.k_cache)[j], o, o + 2 * d, 0);
             o[d] = o[0];
             uint16_t* w = v3 + j;
-            split_store(a.v_cache[j], w, w + nkv, 0);
+            split_store(static_cast<const float*>(a.v_cache)[j], w, w + nkv, 0);
             w[2 * nkv] = w[0];
         }
     }

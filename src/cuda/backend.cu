@@ -14,7 +14,8 @@ namespace {
 class CudaBackendImpl final : public CudaBackend {
   public:
     CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
-        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), opt.tuning, nullptr, opt.slots),
+        : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), opt.tuning, opt.kv_dtype, nullptr,
+                 opt.slots),
           device_select_(opt.tuning.device_sampling) {}
 
     const ModelConfig& config() const override { return model_.config(); }

@@ -148,6 +148,9 @@ void CudaModel::alloc_step() {
     attn_gemm_.s_floats = layout_[CudaBuf::kScores];
     attn_gemm_.s = take<float>(CudaBuf::kScores);
     attn_gemm_.ptrs = take<void*>(CudaBuf::kScorePtrs);
+    // a bf16 cache's rounded queries: the GEMMs' hi half is free from the q/k/v projections to o_proj's split
+    // and holds n x max(H, q, mlp, P) bf16 (kHi)
+    attn_gemm_.q16 = act_.hi;
 }
 
 // The 26B's routing and experts: decode's second stream, the prefill's expert scratch and the compact
@@ -211,11 +214,12 @@ void CudaModel::alloc_cache(const Widths& wd) {
         lc.cap = layout_.kv_cap[i];  // sliding layers: a ring of min(ctx, window + chunk) positions
         lc.slot_stride = layout_.kv_slot_stride[i];
         const size_t elems = static_cast<size_t>(lc.slot_stride) * slots_;
-        lc.k = alloc<float>(elems);
-        lc.v = alloc<float>(elems);
-        CUDA_CHECK(cudaMemset(lc.k, 0, elems * sizeof(float)));
-        CUDA_CHECK(cudaMemset(lc.v, 0, elems * sizeof(float)));
-        kv_.bytes += 2 * elems * sizeof(float);
+        const size_t bytes = elems * static_cast<size_t>(layout_.spec.kv_elem_bytes);
+        lc.k = alloc<char>(bytes);
+        lc.v = alloc<char>(bytes);
+        CUDA_CHECK(cudaMemset(lc.k, 0, bytes));
+        CUDA_CHECK(cudaMemset(lc.v, 0, bytes));
+        kv_.bytes += 2 * bytes;
     }
     for (int i = 0; i < L; ++i)
         if (!c_.layers[i].has_own_kv()) kv_.layers[i] = kv_.layers[c_.layers[i].kv_source];
@@ -277,6 +281,7 @@ void CudaModel::release() {
     moe_.h_goff = nullptr;
     moe_.h_mplan = nullptr;
 }
+template char* CudaModel::alloc<char>(size_t);
 template float* CudaModel::alloc<float>(size_t);
 template int* CudaModel::alloc<int>(size_t);
 template unsigned long long* CudaModel::alloc<unsigned long long>(size_t);

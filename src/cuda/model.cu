@@ -14,7 +14,7 @@
 namespace markbase::cuda {
 
 CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
-                     const ShardContext* shard, int slots)
+                     KvDtype kv_dtype, const ShardContext* shard, int slots)
     : dw_(std::move(dw)), c_(dw_->config), w_(dw_->w), ctx_(ctx), chunk_(chunk) {
     if (shard) shard_ = *shard;
     if (slots < 1) throw Error("--parallel: at least one sequence slot, found " + std::to_string(slots));
@@ -37,6 +37,8 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         spec.sharded = sharded();
         spec.gemv_ring = plan_.gemv_kernel == GemvKernel::kRowsAsyncGeglu;
         spec.attn_gemm_rows = tuning.attn_gemm_rows;
+        spec.kv_elem_bytes = kv_dtype_bytes(kv_dtype);
+        kv_.bf16 = kv_dtype == KvDtype::kBf16;
         layout_ = cuda_buffers(c_, spec);
         alloc_step();
         if (c_.moe) alloc_moe(tuning);

@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "runtime/graph_timeline.h"
+#include "runtime/kv_dtype.h"
 #include "runtime/sampler.h"
 #include "runtime/tuning.h"
 
@@ -213,17 +214,18 @@ struct MoeScratch {
     std::vector<cudaEvent_t> events;
 };
 
-// The KV cache, fp32: one K and one V per layer with its own cache (sliding layers: a ring of
-// min(ctx, window + chunk) positions; position p at p % cap), each slots deep.
+// The KV cache, bf16 or fp32 (--kv-cache-dtype): one K and one V per layer with its own cache (sliding
+// layers: a ring of min(ctx, window + chunk) positions; position p at p % cap), each slots deep.
 struct LayerCache {
-    float* k = nullptr;  // [slots][cap][nKV][d]
-    float* v = nullptr;
+    void* k = nullptr;  // [slots][cap][nKV][d] of KvCache::elem_bytes each
+    void* v = nullptr;
     int64_t cap = 0;
-    int64_t slot_stride = 0;  // cap * nKV * d: one sequence slot's cache
+    int64_t slot_stride = 0;  // cap * nKV * d elements: one sequence slot's cache
 };
 struct KvCache {
     std::vector<LayerCache> layers;  // [L]; KV-shared layers point at their source's
     uint64_t bytes = 0;
+    bool bf16 = true;                                   // the elements: bf16, else fp32
     float *inv_sliding = nullptr, *inv_full = nullptr;  // RoPE inverse frequencies [head dim / 2]
 };
 
@@ -234,7 +236,7 @@ class CudaModel {
   public:
     // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
     CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
-              const ShardContext* shard = nullptr, int slots = 1);
+              KvDtype kv_dtype, const ShardContext* shard = nullptr, int slots = 1);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;
@@ -422,9 +424,11 @@ class CudaModel {
     template <class Args>
     void bind_cache(int i, Args& a) const {
         const LayerCache& lc = kv_.layers[i];
+        const int64_t off = batch_ ? 0 : cur_slot_ * lc.slot_stride * (kv_.bf16 ? 2 : 4);  // bytes
         a.cap = lc.cap;
-        a.k_cache = lc.k + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
-        a.v_cache = lc.v + (batch_ ? 0 : cur_slot_ * lc.slot_stride);
+        a.kv_bf16 = kv_.bf16;
+        a.k_cache = static_cast<char*>(lc.k) + off;
+        a.v_cache = static_cast<char*>(lc.v) + off;
         if (batch_) {
             a.tok_pos = d_bpos_;
             a.tok_slot = d_bslot_;

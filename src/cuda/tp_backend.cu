@@ -47,8 +47,8 @@ class TpBackendImpl final : public CudaBackend {
                 sc.expert_begin = static_cast<int>(p.layers[0].experts.begin);
                 sc.expert_count = static_cast<int>(p.layers[0].experts.size());
             }
-            models_[static_cast<size_t>(r)] =
-                std::make_unique<CudaModel>(std::move(dw), opt.ctx_size, chunk, opt.tuning, &sc);
+            models_[static_cast<size_t>(r)] = std::make_unique<CudaModel>(std::move(dw), opt.ctx_size, chunk,
+                                                                          opt.tuning, opt.kv_dtype, &sc);
         });
         on_ranks([&](int r) { model(r).connect(); });
         // the decode step's sums: NVLink peer sums where every pair of GPUs has peer access, unless the

@@ -141,7 +141,7 @@ void moe_buffers(const ModelConfig& c, CudaBuffers& b) {
     set(CudaBuf::kExpertSlots, n * K * H);
 }
 
-// The KV cache (fp32 K and V per layer with its own cache, slots deep; sliding layers hold a ring of
+// The KV cache (K and V per layer with its own cache, slots deep; sliding layers hold a ring of
 // min(ctx, window + chunk) positions), batched decode's arrays and the RoPE tables (alloc_cache).
 void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
     const CudaBufferSpec& s = b.spec;
@@ -175,7 +175,8 @@ uint64_t CudaBuffers::eager_bytes() const {
 uint64_t CudaBuffers::kv_bytes() const {
     uint64_t sum = 0;
     for (int64_t stride : kv_slot_stride)
-        sum += 2 * static_cast<uint64_t>(stride) * static_cast<uint64_t>(spec.slots) * sizeof(float);
+        sum += 2 * static_cast<uint64_t>(stride) * static_cast<uint64_t>(spec.slots) *
+               static_cast<uint64_t>(spec.kv_elem_bytes);
     return sum;
 }
 
@@ -199,7 +200,7 @@ std::string format_gb(uint64_t bytes) {
 }
 
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
-                                int slots) {
+                                int slots, int kv_elem_bytes) {
     CudaMemoryPlan p;
     p.ctx = clamp_ctx(c, ctx);
     p.chunk = clamp_chunk(p.ctx, chunk);
@@ -211,14 +212,15 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int
     spec.chunk = p.chunk;
     spec.slots = p.slots;
     spec.gemv_ring = c.moe;
+    spec.kv_elem_bytes = kv_elem_bytes;
     const CudaBuffers b = cuda_buffers(c, spec);
     p.kv_cache = b.kv_bytes();
     p.workspace = b.eager_bytes() + kCudaRuntimeReserve;
     return p;
 }
 
-uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots) {
-    return plan_cuda_memory(c, 0, ctx, chunk, slots).kv_cache;
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes) {
+    return plan_cuda_memory(c, 0, ctx, chunk, slots, kv_elem_bytes).kv_cache;
 }
 
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots) {
@@ -226,11 +228,11 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int 
 }
 
 FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
-                        uint64_t free_bytes, const std::string& device) {
+                        uint64_t free_bytes, const std::string& device, int kv_elem_bytes) {
     FitCheck f;
-    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk, slots);
+    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk, slots, kv_elem_bytes);
     auto fits_at = [&](int64_t x) {
-        return plan_cuda_memory(c, weight_bytes, x, chunk, slots).total() <= free_bytes;
+        return plan_cuda_memory(c, weight_bytes, x, chunk, slots, kv_elem_bytes).total() <= free_bytes;
     };
     // Every term grows with the context, so the largest context that fits is found by bisection.
     if (fits_at(1)) {
@@ -260,7 +262,8 @@ FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx
             f.message += " (or run fewer sequences with --parallel, or a smaller --batch-size)";
         else if (p.chunk > 1)
             f.message += " (or --batch-size, which sizes the workspace)";
-    } else if (p.slots > 1 && plan_cuda_memory(c, weight_bytes, 1, chunk, 1).total() <= free_bytes) {
+    } else if (p.slots > 1 &&
+               plan_cuda_memory(c, weight_bytes, 1, chunk, 1, kv_elem_bytes).total() <= free_bytes) {
         f.message += "; not even one position fits for each of " + std::to_string(p.slots) +
                      " sequences: run fewer with --parallel";
     } else {

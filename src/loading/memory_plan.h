@@ -55,6 +55,7 @@ struct CudaBufferSpec {
     bool sharded = false;        // a tensor-parallel rank: MoE partials doubled, no prenormed router input
     bool gemv_ring = false;      // the cp.async GeGLU ring (Tuning::gemv; by default the MoE on one GPU)
     int64_t attn_gemm_rows = 0;  // Tuning::attn_gemm_rows (tests); 0: every query head of a chunk
+    int kv_elem_bytes = 2;       // the KV cache's element: 2 bf16 (the default), 4 fp32 (runtime/kv_dtype.h)
 };
 
 // Every device buffer of CudaModel but the KV cache (CudaBuffers::kv_*), in the order buffers.cu takes them.
@@ -93,7 +94,7 @@ struct CudaBuffers {
     int64_t max_pieces = 0;               // attention pieces part_o / part_ml hold
     int moe_cap = 0;                      // MoE prefill rows per expert
     std::vector<int64_t> kv_cap;          // [L] positions per slot (sliding: a ring); 0: KV-shared layer
-    std::vector<int64_t> kv_slot_stride;  // [L] floats of one slot's K (or V)
+    std::vector<int64_t> kv_slot_stride;  // [L] elements of one slot's K (or V)
 
     int64_t operator[](CudaBuf b) const { return count[static_cast<size_t>(b)]; }
     static const char* name(CudaBuf b) { return kCudaBufInfo[static_cast<size_t>(b)].name; }
@@ -118,10 +119,11 @@ struct CudaMemoryPlan {
     uint64_t total() const { return weights + kv_cache + workspace; }
 };
 
-uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots);
+// kv_elem_bytes: the KV cache's element size, 2 (bf16, the backend's default) or 4 (fp32)
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes = 2);
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots);  // reserve included
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
-                                int slots);
+                                int slots, int kv_elem_bytes = 2);
 
 struct FitCheck {
     bool fits = true;
@@ -130,7 +132,7 @@ struct FitCheck {
 };
 // `device` names the GPU in the message ("NVIDIA H200").
 FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
-                        uint64_t free_bytes, const std::string& device);
+                        uint64_t free_bytes, const std::string& device, int kv_elem_bytes = 2);
 
 std::string format_gb(uint64_t bytes);  // "50.5 GB" (decimal, as the receipts)
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
+#include "runtime/kv_dtype.h"
 #include "runtime/sampler.h"
 #include "runtime/tuning.h"
 
@@ -32,7 +33,8 @@ struct BackendOptions {
     int chunk = 256;          // prompt tokens per batched forward pass
     int tensor_parallel = 1;  // GPUs one model is split over (CUDA; --tensor-parallel-size)
     int slots = 1;            // sequences with their own cache for batched decode (CUDA; --parallel)
-    Tuning tuning;            // runtime/tuning.h: --tuning / $MARKBASE_TUNING
+    KvDtype kv_dtype = KvDtype::kBf16;  // the GPU cache's element type (CUDA; --kv-cache-dtype)
+    Tuning tuning;                      // runtime/tuning.h: --tuning / $MARKBASE_TUNING
 };
 
 class Backend {

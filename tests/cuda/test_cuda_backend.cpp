@@ -111,6 +111,7 @@ void check_tiny(const std::string& family, const std::string& label, const Tunin
     o.chunk = 64;
     o.threads = 2;
     o.tuning = tuning;
+    o.kv_dtype = KvDtype::kF32;  // the exact cache: compared with the CPU backend's fp32 products
     auto cpu = make_cpu_backend(*ck, o);
     const std::vector<float> ref = all_logits(*cpu, ids, false);
     float mx = 0;
@@ -190,6 +191,7 @@ void check_long(const std::string& family, const std::string& label, const Tunin
     o.chunk = 160;  // two prefill chunks; the second one's queries see up to 300 keys
     o.threads = 2;
     o.tuning = tuning;
+    o.kv_dtype = KvDtype::kF32;  // the exact cache: compared with the CPU backend's fp32 products
     auto cpu = make_cpu_backend(*ck, o);
     auto gpu = make_cuda_backend(*ck, o);
     const int64_t V = ck->config.vocab_size;
@@ -324,6 +326,7 @@ void check_synthetic(const std::string& v, const std::string& label, const Tunin
     o.ctx_size = 64;
     o.chunk = 32;
     o.tuning = tuning;
+    o.kv_dtype = KvDtype::kF32;  // the exact cache: compared with the CPU backend's fp32 products
     auto gpu = make_synthetic_cuda_backend(v, layers, o, 99);
     const int64_t V = gpu->config().vocab_size;
     static std::map<std::string, SyntheticRef> refs;

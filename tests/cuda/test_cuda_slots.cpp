@@ -34,6 +34,7 @@ namespace {
     o.ctx_size = 64;
     o.chunk = 2;
     o.slots = slots;
+    o.kv_dtype = KvDtype::kF32;  // the exact cache: compared with the CPU backend's fp32 products
     return o;
 }
 

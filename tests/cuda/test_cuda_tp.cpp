@@ -85,6 +85,7 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     o.ctx_size = 512;
     o.chunk = 64;
     o.threads = 2;
+    o.kv_dtype = KvDtype::kF32;  // the exact cache: compared with the CPU backend's fp32 products
     auto cpu = make_cpu_backend(*ck, o);
     const std::vector<float> ref = all_logits(*cpu, ids, false);
     auto one = make_cuda_backend(*ck, o);

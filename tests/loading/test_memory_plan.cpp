@@ -45,11 +45,13 @@ ModelConfig variant(const char* v) {
 
 TEST(MemoryPlan, KvCacheBytesByHand) {
     const ModelConfig c = hand_config();
-    // sliding ring: min(4096, 512 + 256) = 768 positions x 1 head x 256 x fp32, K and V;
-    // full: 4096 x 2 heads x 512 x fp32, K and V; the shared layer holds nothing.
-    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1), 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4);
+    // sliding ring: min(4096, 512 + 256) = 768 positions x 1 head x 256 x bf16 (the default), K and V;
+    // full: 4096 x 2 heads x 512 x bf16, K and V; the shared layer holds nothing.
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1), 2ull * 768 * 256 * 2 + 2ull * 4096 * 2 * 512 * 2);
+    // an fp32 cache (--kv-cache-dtype f32): twice that
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1, 4), 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4);
     // short context: the ring is the whole context
-    EXPECT_EQ(cuda_kv_cache_bytes(c, 100, 256, 1), 2ull * 100 * 256 * 4 + 2ull * 100 * 2 * 512 * 4);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 100, 256, 1), 2ull * 100 * 256 * 2 + 2ull * 100 * 2 * 512 * 2);
     // the context is clamped to max_positions as the backend clamps it
     EXPECT_EQ(cuda_kv_cache_bytes(c, 1 << 30, 256, 1), cuda_kv_cache_bytes(c, 131072, 256, 1));
 }
@@ -70,7 +72,7 @@ TEST(MemoryPlan, TwentySixBAtFullContextMatchesTheCudaLayout) {
         if (!s.has_own_kv()) continue;
         const int64_t cap =
             s.kind == AttentionKind::Sliding ? std::min<int64_t>(ctx, c.sliding_window + 512) : ctx;
-        expect += 2ull * static_cast<uint64_t>(cap) * s.n_kv_heads * s.head_dim * 4;
+        expect += 2ull * static_cast<uint64_t>(cap) * s.n_kv_heads * s.head_dim * 2;
     }
     EXPECT_EQ(cuda_kv_cache_bytes(c, ctx, 512, 1), expect);
 }
@@ -164,14 +166,15 @@ TEST(MemoryPlan, WorkspaceBuffersByHand) {
 
 TEST(MemoryPlan, KvCacheScalesWithSlots) {
     const ModelConfig c = hand_config();
-    const uint64_t one = 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4;
+    const uint64_t one = 2ull * 768 * 256 * 2 + 2ull * 4096 * 2 * 512 * 2;
     EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1), one);
     EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 2), 2 * one);
     EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 64), 64 * one);
-    // 26B-A4B at ctx 4096, chunk 512: 0.8 GB for one sequence, 51.0 GB for 64
+    // 26B-A4B at ctx 4096, chunk 512: 0.4 GB for one sequence, 25.5 GB for 64 (fp32: twice)
     const ModelConfig big = variant("26b-a4b");
-    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 1), 796'917'760ull);
-    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 64), 64 * 796'917'760ull);
+    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 1), 398'458'880ull);
+    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 64), 64 * 398'458'880ull);
+    EXPECT_EQ(cuda_kv_cache_bytes(big, 4096, 512, 64, 4), 2 * 64 * 398'458'880ull);
 }
 
 TEST(MemoryPlan, SlotsAddBatchArraysAndAllRowsLogits) {
@@ -199,11 +202,14 @@ TEST(MemoryPlan, ShardedRankDoublesTheMoePartials) {
 }
 
 TEST(MemoryPlan, FitsAtOneSlotButNotAtSixtyFour) {
+    // an fp32 cache; the bf16 one (half) fits the 64 sequences
     const ModelConfig c = variant("26b-a4b");
     const uint64_t weights = 50'500'000'000ull, free_b = 80'000'000'000ull;
-    const FitCheck f1 = check_cuda_fit(c, weights, 4096, 512, 1, free_b, "NVIDIA H200");
+    const FitCheck f1 = check_cuda_fit(c, weights, 4096, 512, 1, free_b, "NVIDIA H200", 4);
     EXPECT_TRUE(f1.fits) << f1.message;
-    const FitCheck f = check_cuda_fit(c, weights, 4096, 512, 64, free_b, "NVIDIA H200");
+    const FitCheck h = check_cuda_fit(c, weights, 4096, 512, 64, free_b, "NVIDIA H200", 2);
+    EXPECT_TRUE(h.fits) << h.message;
+    const FitCheck f = check_cuda_fit(c, weights, 4096, 512, 64, free_b, "NVIDIA H200", 4);
     EXPECT_FALSE(f.fits) << f.message;
     EXPECT_NE(f.message.find("KV cache for 64 sequences of 4096 positions 51.0 GB"), std::string::npos)
         << f.message;
@@ -211,8 +217,8 @@ TEST(MemoryPlan, FitsAtOneSlotButNotAtSixtyFour) {
     // the largest context for 64 sequences, not for one
     ASSERT_GT(f.max_ctx, 0);
     EXPECT_LT(f.max_ctx, 4096);
-    EXPECT_LE(plan_cuda_memory(c, weights, f.max_ctx, 512, 64).total(), free_b);
-    EXPECT_GT(plan_cuda_memory(c, weights, f.max_ctx + 1, 512, 64).total(), free_b);
+    EXPECT_LE(plan_cuda_memory(c, weights, f.max_ctx, 512, 64, 4).total(), free_b);
+    EXPECT_GT(plan_cuda_memory(c, weights, f.max_ctx + 1, 512, 64, 4).total(), free_b);
     EXPECT_NE(f.message.find("lower --ctx-size to at most " + std::to_string(f.max_ctx)), std::string::npos)
         << f.message;
 }

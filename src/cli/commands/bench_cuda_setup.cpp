@@ -48,8 +48,10 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         bo.chunk = m.chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
         bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
         bo.slots = m.slots;
+        bo.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "bf16"), "--kv-cache-dtype");
         bo.tuning = read_tuning(a);
         m.tuning = bo.tuning;
+        m.kv_dtype = bo.kv_dtype;
         a.finish();
         bo.ctx_size = std::max<int64_t>(bo.ctx_size, b.need);
         const double t0 = now_s();
@@ -67,6 +69,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
     a.finish();
     m.checkpoint_tp = mo.backend.tensor_parallel;
     m.tuning = mo.backend.tuning;
+    m.kv_dtype = mo.backend.kv_dtype;
     LoadedModel lm = load_model(mo);
     m.checkpoint = std::move(lm.checkpoint);
     m.owner = std::move(lm.backend);

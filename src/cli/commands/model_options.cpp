@@ -26,6 +26,7 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, kMaxTokens);
     o.backend.chunk = a.integer({"-b", "--batch-size"}, 256, 1, 8192);
     o.backend.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
+    o.backend.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "bf16"), "--kv-cache-dtype");
     o.check_weights = a.flag({"--check-weights"});
     o.backend.tuning = read_tuning(a);
     return o;
@@ -66,9 +67,10 @@ LoadedModel load_model(const ModelOptions& o) {
         if (cuda_memory_info(&free_b, &total_b)) {
             // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole);
             // batched decode (bench -np): a KV cache for each of the slots
-            const FitCheck f = check_cuda_fit(
-                lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
-                o.backend.ctx_size, o.backend.chunk, o.backend.slots, free_b, cuda_device_info().name);
+            const FitCheck f =
+                check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
+                               o.backend.ctx_size, o.backend.chunk, o.backend.slots, free_b,
+                               cuda_device_info().name, kv_dtype_bytes(o.backend.kv_dtype));
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);

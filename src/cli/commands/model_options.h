@@ -18,7 +18,7 @@ struct LoadedModel {
 };
 
 // Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
-// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --check-weights, --tuning.
+// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --kv-cache-dtype, --check-weights, --tuning.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";

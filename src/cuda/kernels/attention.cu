@@ -1,11 +1,11 @@
-// Attention over the fp32 KV cache at decode (one token, or batched decode's one token per sequence),
-// flash-decoding style: the key range a query sees is cut into nsplit pieces; one block per (piece, head,
-// token) computes an unnormalised partial softmax-weighted sum with its running max and sum (online softmax
-// over tiles of 128 keys), and the last piece of each head (decode) or a combine kernel (batched decode)
-// merges the pieces. Prefill runs attention_gemm.cu. Positions come from device memory, so a captured graph
-// stays valid as the sequence grows: pieces past the current range just report an empty result. Ring slots:
-// position p lives at p % cap, as in the CPU cache. Scale 1.0, no softcap (GEMMA4.md 2.5.3); GQA maps head h
-// to KV head h / (nH/nKV).
+// Attention over the KV cache (bf16 or fp32, kv_elems.cuh) at decode (one token, or batched decode's one
+// token per sequence), flash-decoding style: the key range a query sees is cut into nsplit pieces; one block
+// per (piece, head, token) computes an unnormalised partial softmax-weighted sum with its running max and sum
+// (online softmax over tiles of 128 keys), and the last piece of each head (decode) or a combine kernel
+// (batched decode) merges the pieces. Prefill runs attention_gemm.cu. Positions come from device memory, so a
+// captured graph stays valid as the sequence grows: pieces past the current range just report an empty
+// result. Ring slots: position p lives at p % cap, as in the CPU cache. Scale 1.0, no softcap
+// (GEMMA4.md 2.5.3); GQA maps head h to KV head h / (nH/nKV).
 #include <algorithm>
 #include <cfloat>
 
@@ -14,6 +14,7 @@
 #include "cuda/kernels/cluster.cuh"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/kv_elems.cuh"
 #include "cuda/kernels/launch.h"
 
 namespace markbase::cuda {
@@ -117,6 +118,7 @@ size_t cluster_smem(int d, int C) {
 // A piece of at most 16 keys: this warp's 4 keys (kv) and 4 values (vv; key j to warp j % 4), clamped into
 // the piece, all requested before the PDL wait and q's staging; the current position's key and value (just
 // written by qkv_post, where the loads above may have seen the slot's old ones) again from L2 after it.
+template <class KvT>
 __device__ __forceinline__ void batch_load(const AttnArgs& a, const PieceGeometry& geo, int64_t start,
                                            int64_t end, int g, int cnt, int lane, int warp, int d, int d4,
                                            float4 (&kv)[4][kMaxDimsPerThread],
@@ -124,17 +126,17 @@ __device__ __forceinline__ void batch_load(const AttnArgs& a, const PieceGeometr
     // this warp's keys u (4 consecutive) and values u (key j to warp j % 4), clamped into the piece
     auto key_j = [&](int u) { return min(warp * 4 + u, cnt - 1); };
     auto val_j = [&](int u) { return min(warp + u * kWarpsAttn, cnt - 1); };
-    auto row = [&](const float* cache, int j) {
-        return reinterpret_cast<const float4*>(cache + (((start + j) % a.cap) * a.nKV + g) * d);
+    auto row = [&](const void* cache, int j) {
+        return static_cast<const KvT*>(cache) + (((start + j) % a.cap) * a.nKV + g) * d;
     };
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-        const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
+        const KvT *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
 #pragma unroll
         for (int i = 0; i < kMaxDimsPerThread; ++i) {
             const int c = lane + 32 * i;
-            kv[u][i] = c < d4 ? __ldg(kp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            kv[u][i] = c < d4 ? kv_load4(kp, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            vv[u][i] = c < d4 ? kv_load4(vp, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
     pdl_begin_after_loads(cnt);  // (cnt >= 1) the loads above stay above the wait
@@ -142,12 +144,12 @@ __device__ __forceinline__ void batch_load(const AttnArgs& a, const PieceGeometr
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
-            const float4 *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
+            const KvT *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
 #pragma unroll
             for (int i = 0; i < kMaxDimsPerThread; ++i) {
                 const int c = lane + 32 * i;
-                if (c < d4 && nk) kv[u][i] = __ldcg(kp + c);
-                if (c < d4 && nv) vv[u][i] = __ldcg(vp + c);
+                if (c < d4 && nk) kv[u][i] = kv_load4_cg(kp, c);
+                if (c < d4 && nv) vv[u][i] = kv_load4_cg(vp, c);
             }
         }
     }
@@ -208,15 +210,16 @@ __device__ __forceinline__ void batch_compute(const float* q, float* qs, const f
 
 // One tile's scores (keys ts .. ts + cnt - 1) into sc: each warp takes 4 consecutive keys at a time, their
 // loads in flight together.
+template <class KvT>
 __device__ __forceinline__ void tile_scores(const AttnArgs& a, const float4* q4, float* sc, int64_t ts,
                                             int cnt, int g, int lane, int warp, int d, int d4) {
     for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
-        const float4* kp[4];
+        const KvT* kp[4];
         float s[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int j = min(j0 + u, cnt - 1);
-            kp[u] = reinterpret_cast<const float4*>(a.k_cache + (((ts + j) % a.cap) * a.nKV + g) * d);
+            kp[u] = static_cast<const KvT*>(a.k_cache) + (((ts + j) % a.cap) * a.nKV + g) * d;
             s[u] = 0.0f;
         }
         dot4_keys(kp, q4, lane, d4, s);
@@ -230,6 +233,7 @@ __device__ __forceinline__ void tile_scores(const AttnArgs& a, const float4* q4,
 
 // One tile's values into acc (already rescaled): key j to warp j % 4, 4 keys per warp in flight, lane
 // columns lane + 32 i; sc holds the tile's exponentiated scores.
+template <class KvT>
 __device__ __forceinline__ void tile_values(const AttnArgs& a, const float* sc, int64_t ts, int cnt, int g,
                                             int lane, int warp, int d, int d4,
                                             float4 (&acc)[kMaxDimsPerThread]) {
@@ -240,12 +244,12 @@ __device__ __forceinline__ void tile_values(const AttnArgs& a, const float* sc, 
         for (int u = 0; u < 4; ++u) {
             const int j = j0 + u * kWarpsAttn;
             p[u] = j < cnt ? sc[j] : 0.0f;
-            const float4* vp = reinterpret_cast<const float4*>(
-                a.v_cache + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d);
+            const KvT* vp =
+                static_cast<const KvT*>(a.v_cache) + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d;
 #pragma unroll
             for (int i = 0; i < kMaxDimsPerThread; ++i) {
                 const int c = lane + 32 * i;
-                vv[u][i] = c < d4 ? __ldg(vp + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                vv[u][i] = c < d4 ? kv_load4(vp, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
 #pragma unroll
@@ -355,7 +359,7 @@ __device__ __forceinline__ void ticket_merge(const AttnArgs& a, const PieceGeome
     if (tid == 0) a.merge_counters[static_cast<int64_t>(t) * a.nH + h] = 0u;
 }
 
-template <bool Cluster>
+template <bool Cluster, class KvT>
 __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs a) {
     extern __shared__ float4 smem4[];
     const int d = a.d, d4 = d / 4;
@@ -397,7 +401,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     if (one_batch) {
         const int cnt = static_cast<int>(end - start);
         float4 kv[4][kMaxDimsPerThread], vv[4][kMaxDimsPerThread];
-        batch_load(a, geo, start, end, g, cnt, lane, warp, d, d4, kv, vv);
+        batch_load<KvT>(a, geo, start, end, g, cnt, lane, warp, d, d4, kv, vv);
         batch_compute(q, qs, smem4, sc, kv, vv, cnt, tid, lane, warp, d, d4, m, l, acc);
     } else {
         pdl_begin();
@@ -406,11 +410,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     }
     for (int64_t ts = one_batch ? end : start; ts < end; ts += kTile) {
         const int cnt = static_cast<int>(min(static_cast<int64_t>(kTile), end - ts));
-        tile_scores(a, smem4, sc, ts, cnt, g, lane, warp, d, d4);
+        tile_scores<KvT>(a, smem4, sc, ts, cnt, g, lane, warp, d, d4);
         __syncthreads();
         float new_m, corr, lsum;
         tile_softmax(sc, cnt, tid, m, new_m, corr, lsum, acc);
-        tile_values(a, sc, ts, cnt, g, lane, warp, d, d4, acc);
+        tile_values<KvT>(a, sc, ts, cnt, g, lane, warp, d, d4, acc);
         l = l * corr + lsum;
         m = new_m;
         __syncthreads();
@@ -452,12 +456,17 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
                             std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
             const size_t smem = cluster_smem(a.d, a.nsplit);
             if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
-            launch_kernel_cluster(attn_decode_v2_kernel<true>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem,
-                                  s, a.cluster, a);
+            kv_dispatch(a.kv_bf16, [&](auto e) {
+                launch_kernel_cluster(attn_decode_v2_kernel<true, decltype(e)>, dim3(a.nsplit, a.nH, n),
+                                      dim3(kThreads), smem, s, a.cluster, a);
+            });
         } else {
             const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
             if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-            launch_kernel(attn_decode_v2_kernel<false>, dim3(a.nsplit, a.nH, n), dim3(kThreads), smem, s, a);
+            kv_dispatch(a.kv_bf16, [&](auto e) {
+                launch_kernel(attn_decode_v2_kernel<false, decltype(e)>, dim3(a.nsplit, a.nH, n),
+                              dim3(kThreads), smem, s, a);
+            });
         }
     } else {
         throw Error(
@@ -472,18 +481,23 @@ bool attention_cluster_fits(int C, int nH, int d) {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     if (major < 9) return false;
-    if (C > 8)
-        CUDA_CHECK(cudaFuncSetAttribute(attn_decode_v2_kernel<true>,
-                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg =
         launch_config(dim3(C, nH), dim3(kThreads), cluster_smem(d, C), nullptr, C, false, attr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode_v2_kernel<true>, &cfg) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return clusters > 0;
+    bool fits = true;
+    auto check = [&](auto kernel) {  // both caches' instantiations
+        if (C > 8)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+            cudaGetLastError();
+            clusters = 0;
+        }
+        fits = fits && clusters > 0;
+    };
+    check(attn_decode_v2_kernel<true, float>);
+    check(attn_decode_v2_kernel<true, uint16_t>);
+    return fits;
 }
 
 void attention(const AttnArgs& a, int n, cudaStream_t s) {

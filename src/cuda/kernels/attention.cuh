@@ -4,6 +4,7 @@
 
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/kv_elems.cuh"
 
 namespace markbase::cuda::attn_kernels {
 
@@ -30,14 +31,16 @@ __device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t
     return g;
 }
 
-// The dot products of 4 keys with the staged query, a lane's float4 columns c = lane, lane + 32, ...
-__device__ __forceinline__ void dot4_keys(const float4* (&kp)[4], const float4* q4, int lane, int d4,
+// The dot products of 4 keys (cache rows of KvT) with the staged query, a lane's float4 columns c = lane,
+// lane + 32, ...
+template <class KvT>
+__device__ __forceinline__ void dot4_keys(const KvT* (&kp)[4], const float4* q4, int lane, int d4,
                                           float (&s)[4]) {
     for (int c = lane; c < d4; c += 32) {
         const float4 qv = q4[c];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const float4 kv = __ldg(kp[u] + c);
+            const float4 kv = kv_load4(kp[u], c);
             s[u] = fmaf(kv.x, qv.x, s[u]);
             s[u] = fmaf(kv.y, qv.y, s[u]);
             s[u] = fmaf(kv.z, qv.z, s[u]);

@@ -1,13 +1,14 @@
-// Prefill attention as cuBLAS GEMMs. The pieces kernels (attention.cu, attention_warp.cu) run on CUDA cores,
-// a block per (piece of keys, KV group, tile of tokens) walking its keys one at a time: at a 512-token chunk
-// that was 48 of the 31B's 139 ms of prefill for ~0.6 TFLOP of products. Here each query
-// head's scores are one GEMM over the chunk's tokens and the layer's key slots, S = Q K^T, then a softmax
-// over each row in place with the causal / sliding-window mask computed from the slot's position, then
-// O = P V straight into the attention output; all heads in one batched call each (pointer arrays: the G
-// heads of a KV group read the same K and V). Products accumulate in fp32 (CUBLAS_COMPUTE_32F). Against the
-// pieces: 512-token prefill E2B 26.8k -> 36.2k tok/s, E4B 18.4k -> 23.5k, 31B 3.6k -> 4.4k; 4096 tokens E2B
-// 15.5k -> 24.4k, 31B 1.8k -> 3.4k. TF32 products, bf16 tensor cores over hi/lo halves (bf16x3) and causal
-// row blocks were measured and lost or did not pay; they live in the attention lab
+// Prefill attention as cuBLAS GEMMs, over an fp32 cache in fp32, over a bf16 cache with bf16 operands (Q
+// rounded, P rounded after the softmax) and fp32 products. The pieces kernels (attention.cu,
+// attention_warp.cu) run on CUDA cores, a block per (piece of keys, KV group, tile of tokens) walking its
+// keys one at a time: at a 512-token chunk that was 48 of the 31B's 139 ms of prefill for ~0.6 TFLOP of
+// products. Here each query head's scores are one GEMM over the chunk's tokens and the layer's key slots, S =
+// Q K^T, then a softmax over each row in place with the causal / sliding-window mask computed from the slot's
+// position, then O = P V straight into the attention output; all heads in one batched call each (pointer
+// arrays: the G heads of a KV group read the same K and V). Products accumulate in fp32 (CUBLAS_COMPUTE_32F).
+// Against the pieces: 512-token prefill E2B 26.8k -> 36.2k tok/s, E4B 18.4k -> 23.5k, 31B 3.6k -> 4.4k; 4096
+// tokens E2B 15.5k -> 24.4k, 31B 1.8k -> 3.4k. TF32 products, bf16 tensor cores over hi/lo halves (bf16x3)
+// and causal row blocks were measured and lost or did not pay; they live in the attention lab
 // (bench/kernels/attn_gemm_variants.cuh).
 //
 // Key slots, not positions: the cache is a ring of `cap` slots (sliding layers: window + chunk), and after it
@@ -21,6 +22,7 @@
 #include "cuda/check.h"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/kv_elems.cuh"
 #include "cuda/kernels/launch.h"
 
 namespace markbase::cuda {
@@ -33,9 +35,10 @@ constexpr int kMinRows = 16;    // the scratch holds at least this many query ro
 
 // The six pointer arrays of one batch of heads [h0, h0 + hb) and query rows [q0, q0 + nq):
 // [0] K_g, [1] Q_h, [2] S_i for the scores; [3] V_g, [4] P_i (= S_i), [5] O_h for the output.
-// The scores' rows are Ls long.
-__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, int hb, int64_t Ls, float* sc,
-                                      void** p) {
+// The scores' rows are Ls long. A bf16 cache (KvT uint16_t): the queries are q16's, P_i is bf16 in place.
+template <class KvT>
+__global__ void attn_gemm_ptrs_kernel(const AttnArgs a, const uint16_t* q16, int q0, int nq, int h0, int hb,
+                                      int64_t Ls, float* sc, void** p) {
     pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hb) return;
@@ -43,12 +46,23 @@ __global__ void attn_gemm_ptrs_kernel(const AttnArgs a, int q0, int nq, int h0, 
     const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d;
     const int64_t kv = int64_t{g} * a.d;
     float* s = sc + int64_t{i} * nq * Ls;
-    p[i] = const_cast<float*>(a.k_cache + kv);
-    p[hb + i] = const_cast<float*>(a.q + q0 * qrow + head);
+    p[i] = const_cast<KvT*>(static_cast<const KvT*>(a.k_cache) + kv);
+    if constexpr (sizeof(KvT) == 2)
+        p[hb + i] = const_cast<uint16_t*>(q16 + q0 * qrow + head);
+    else
+        p[hb + i] = const_cast<float*>(a.q + q0 * qrow + head);
     p[2 * hb + i] = s;
-    p[3 * hb + i] = const_cast<float*>(a.v_cache + kv);
+    p[3 * hb + i] = const_cast<KvT*>(static_cast<const KvT*>(a.v_cache) + kv);
     p[4 * hb + i] = s;
     p[5 * hb + i] = a.out + q0 * qrow + head;
+}
+
+// A bf16 cache: the chunk's queries rounded to bf16, the scores GEMM's other operand.
+__global__ void round_queries_kernel(const float* q, int64_t count, uint16_t* q16) {
+    pdl_begin();
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+         i += int64_t{gridDim.x} * blockDim.x)
+        q16[i] = float_to_bf16_bits(q[i]);
 }
 
 // The position held by key slot j (the ring's latest write of j's residue class once it has wrapped), and
@@ -61,7 +75,9 @@ __device__ __forceinline__ bool slot_visible(int64_t j, int64_t p, int64_t top, 
 
 // grid hb * nq rows (head i = row / nq, token q0 + row % nq), kSoftmaxThreads threads; in place:
 // S row -> softmax over the visible slots, 0 elsewhere. Cached: the row in registers (Ls <= 2048).
-template <bool Cached>
+// P16 (a bf16 cache): P as bf16 over the first half of the row's bytes (P's row stride stays the row's
+// bytes, 2 Ls bf16), every read of the row before any store that could overlap it.
+template <bool Cached, bool P16>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     attn_gemm_softmax_kernel(float* sc, int64_t Ls, int nq, int q0, int64_t pos0, int n, int64_t cap,
                              int window) {
@@ -104,7 +120,11 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 #pragma unroll
         for (int k = 0; k < kSoftmaxPer; ++k) {
             const int64_t j = tid + int64_t{k} * kSoftmaxThreads;
-            if (j < Ls) x[j] = v[k] * inv;
+            if (j >= Ls) continue;
+            if constexpr (P16)
+                reinterpret_cast<uint16_t*>(x)[j] = float_to_bf16_bits(v[k] * inv);
+            else
+                x[j] = v[k] * inv;
         }
     } else {
         float m = -FLT_MAX;
@@ -118,7 +138,17 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
             l += e;
         }
         const float inv = 1.0f / block_reduce(l, false);
-        for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) x[j] = x[j] * inv;
+        if constexpr (P16) {
+            // round r's stores cover floats [r 128, r 128 + 128): all read in rounds <= r, before its barrier
+            for (int64_t j0 = 0; j0 < Ls; j0 += kSoftmaxThreads) {
+                const int64_t j = j0 + tid;
+                const float pj = j < Ls ? x[j] * inv : 0.0f;
+                __syncthreads();
+                if (j < Ls) reinterpret_cast<uint16_t*>(x)[j] = float_to_bf16_bits(pj);
+            }
+        } else {
+            for (int64_t j = tid; j < Ls; j += kSoftmaxThreads) x[j] = x[j] * inv;
+        }
     }
 }
 
@@ -127,6 +157,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
     if (a.tok_pos || a.nKV <= 0 || a.nH % a.nKV)
         throw Error("internal: prefill attention takes one sequence's cache and whole KV groups");
+    if (a.kv_bf16 && !g.q16) throw Error("internal: prefill attention over a bf16 cache without its q16");
     const int64_t Ls = std::min<int64_t>(a.cap, pos0 + n);
     const int64_t rows_fit = g.s_floats / Ls;  // query rows of one head the scratch holds
     if (rows_fit < std::min(n, kMinRows))
@@ -134,34 +165,49 @@ void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, c
                     " rows of " + std::to_string(Ls) + " keys");
     const int nq = static_cast<int>(std::min<int64_t>(n, rows_fit));
     const int hb = static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{nq} * Ls), 1, a.nH));
+    if (a.kv_bf16) {
+        const int64_t count = int64_t{n} * a.nH * a.d;
+        launch_kernel(round_queries_kernel,
+                      dim3(static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096))), dim3(256), 0,
+                      s, a.q, count, g.q16);
+        CUDA_CHECK_LAUNCH();
+    }
+    // fp32 cache: fp32 operands throughout; bf16: bf16 K, Q, V and P, fp32 S and O (products in fp32)
+    const cudaDataType kv_t = a.kv_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const float one = 1.0f, zero = 0.0f;
     const int ldq = a.nH * a.d, ldk = a.nKV * a.d, ldv = a.nKV * a.d, ldo = a.nH * a.d;
-    const int ls = static_cast<int>(Ls);
+    const int ls = static_cast<int>(Ls), ldp = a.kv_bf16 ? 2 * ls : ls;
     void** p = g.ptrs;
     for (int q0 = 0; q0 < n; q0 += nq) {
         const int rows = std::min(nq, n - q0);
         for (int h0 = 0; h0 < a.nH; h0 += hb) {
             const int heads = std::min(hb, a.nH - h0);
-            launch_kernel(attn_gemm_ptrs_kernel, dim3((heads + 63) / 64), dim3(64), 0, s, a, q0, rows, h0,
-                          heads, Ls, g.s, p);
+            kv_dispatch(a.kv_bf16, [&](auto e) {
+                launch_kernel(attn_gemm_ptrs_kernel<decltype(e)>, dim3((heads + 63) / 64), dim3(64), 0, s, a,
+                              g.q16, q0, rows, h0, heads, Ls, g.s, p);
+            });
             CUDA_CHECK_LAUNCH();
             // row-major S[t][j] = sum_c Q[t][c] K[j][c]: column-major S^T (Ls x rows) = K^T(op T) Q^T
-            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d, &one, p,
-                                             CUDA_R_32F, ldk, p + heads, CUDA_R_32F, ldq, &zero,
-                                             p + 2 * heads, CUDA_R_32F, ls, heads, CUBLAS_COMPUTE_32F,
-                                             CUBLAS_GEMM_DEFAULT));
+            CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d, &one, p, kv_t,
+                                             ldk, p + heads, kv_t, ldq, &zero, p + 2 * heads, CUDA_R_32F, ls,
+                                             heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             const dim3 grid(static_cast<unsigned>(int64_t{heads} * rows));
-            if (Ls <= int64_t{kSoftmaxThreads} * kSoftmaxPer)
-                launch_kernel(attn_gemm_softmax_kernel<true>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
-                              rows, q0, pos0, n, a.cap, a.window);
+            const bool cached = Ls <= int64_t{kSoftmaxThreads} * kSoftmaxPer;
+            auto softmax = [&](auto kernel) {
+                launch_kernel(kernel, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls, rows, q0, pos0, n, a.cap,
+                              a.window);
+            };
+            if (a.kv_bf16)
+                cached ? softmax(attn_gemm_softmax_kernel<true, true>)
+                       : softmax(attn_gemm_softmax_kernel<false, true>);
             else
-                launch_kernel(attn_gemm_softmax_kernel<false>, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls,
-                              rows, q0, pos0, n, a.cap, a.window);
+                cached ? softmax(attn_gemm_softmax_kernel<true, false>)
+                       : softmax(attn_gemm_softmax_kernel<false, false>);
             CUDA_CHECK_LAUNCH();
             // row-major O[t][c] = sum_j P[t][j] V[j][c]: column-major O^T (d x rows) = V^T P^T
             CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, a.d, rows, ls, &one,
-                                             p + 3 * heads, CUDA_R_32F, ldv, p + 4 * heads, CUDA_R_32F, ls,
-                                             &zero, p + 5 * heads, CUDA_R_32F, ldo, heads, CUBLAS_COMPUTE_32F,
+                                             p + 3 * heads, kv_t, ldv, p + 4 * heads, kv_t, ldp, &zero,
+                                             p + 5 * heads, CUDA_R_32F, ldo, heads, CUBLAS_COMPUTE_32F,
                                              CUBLAS_GEMM_DEFAULT));
         }
     }

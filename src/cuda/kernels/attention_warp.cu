@@ -8,15 +8,16 @@
 // then every value row walked key by key by all 128 threads) spent the piece waiting on barriers and on one
 // key's loads at a time: the 26B-A4B's 64 sequences at ~900 positions read their 26.3 GB of fp32 K/V per
 // step at ~1.5 TB/s (17.3 of 37.0 ms). Here each warp keeps its own online softmax: per round it requests
-// KU keys' K and V rows together (lane c owns float4 columns c, c + 32, ...), scores them against the R
-// queries (staged once per block in shared memory), reduces each score across the warp with shuffles, and
-// folds the KU values into its R accumulators. No barrier after the staging; the 4 warps of a block are 4
-// independent pieces of the same (token, heads).
+// KU keys' K and V rows together (lane c owns 4-value columns c, c + 32, ...; bf16 or fp32 rows), scores them
+// against the R queries (staged once per block in shared memory), reduces each score across the warp with
+// shuffles, and folds the KU values into its R accumulators. No barrier after the staging; the 4 warps of a
+// block are 4 independent pieces of the same (token, heads).
 #include <cfloat>
 
 #include "cuda/check.h"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/kv_elems.cuh"
 #include "cuda/kernels/launch.h"
 
 namespace markbase::cuda {
@@ -30,8 +31,8 @@ constexpr int kThreads = kWarps * 32;
 // accumulators at 64 registers); KU: keys per round, their K and V rows (8 float4 per lane each) in flight
 // together.
 // The R x KU scores of a round: each lane's columns against the staged queries, summed across the warp.
-template <int NV, int R, int KU>
-__device__ __forceinline__ void warp_scores(const float4* qs4, const float4 (&kv)[KU][NV], int lane, int d4,
+template <int NV, int R, int KU, class Vec>
+__device__ __forceinline__ void warp_scores(const float4* qs4, const Vec (&kvr)[KU][NV], int lane, int d4,
                                             float (&s)[R][KU]) {
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -43,10 +44,11 @@ __device__ __forceinline__ void warp_scores(const float4* qs4, const float4 (&kv
             for (int i = 0; i < NV; ++i) {
                 const int c = lane + 32 * i;
                 const float4 qv = c < d4 ? qs4[r * d4 + c] : zero;
-                x = fmaf(kv[u][i].x, qv.x, x);
-                x = fmaf(kv[u][i].y, qv.y, x);
-                x = fmaf(kv[u][i].z, qv.z, x);
-                x = fmaf(kv[u][i].w, qv.w, x);
+                const float4 kv = as_float4(kvr[u][i]);
+                x = fmaf(kv.x, qv.x, x);
+                x = fmaf(kv.y, qv.y, x);
+                x = fmaf(kv.z, qv.z, x);
+                x = fmaf(kv.w, qv.w, x);
             }
             s[r][u] = x;
         }
@@ -59,8 +61,8 @@ __device__ __forceinline__ void warp_scores(const float4* qs4, const float4 (&kv
 }
 
 // The online softmax over a round's KU keys (those at or past `end` weigh 0) and their values into acc.
-template <int NV, int R, int KU>
-__device__ __forceinline__ void warp_fold(const float (&s)[R][KU], const float4 (&vv)[KU][NV], int64_t j0,
+template <int NV, int R, int KU, class Vec>
+__device__ __forceinline__ void warp_fold(const float (&s)[R][KU], const Vec (&vvr)[KU][NV], int64_t j0,
                                           int64_t end, float (&m)[R], float (&l)[R], float4 (&acc)[R][NV]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -86,10 +88,11 @@ __device__ __forceinline__ void warp_fold(const float (&s)[R][KU], const float4 
             y.w *= corr;
 #pragma unroll
             for (int u = 0; u < KU; ++u) {
-                y.x = fmaf(p[u], vv[u][i].x, y.x);
-                y.y = fmaf(p[u], vv[u][i].y, y.y);
-                y.z = fmaf(p[u], vv[u][i].z, y.z);
-                y.w = fmaf(p[u], vv[u][i].w, y.w);
+                const float4 vv = as_float4(vvr[u][i]);
+                y.x = fmaf(p[u], vv.x, y.x);
+                y.y = fmaf(p[u], vv.y, y.y);
+                y.z = fmaf(p[u], vv.z, y.z);
+                y.w = fmaf(p[u], vv.w, y.w);
             }
             acc[r][i] = y;
         }
@@ -118,7 +121,7 @@ __device__ __forceinline__ void warp_store(const AttnArgs& a, const float (&m)[R
     }
 }
 
-template <int NV, int R>
+template <int NV, int R, class KvT>
 __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
     constexpr int KU = 8 / NV;
     extern __shared__ float4 qs4[];  // [R][d / 4]: the block's R query rows
@@ -138,8 +141,8 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
     const int64_t end = min(pos + 1, start + a.split_len);
     const int64_t slot_off =
         static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride + static_cast<int64_t>(g) * d;
-    const float* kc = a.k_cache + slot_off;
-    const float* vc = a.v_cache + slot_off;
+    const KvT* kc = static_cast<const KvT*>(a.k_cache) + slot_off;
+    const KvT* vc = static_cast<const KvT*>(a.v_cache) + slot_off;
     const int64_t row_stride = static_cast<int64_t>(a.nKV) * d;
 
     float m[R], l[R];
@@ -151,25 +154,25 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
 #pragma unroll
         for (int i = 0; i < NV; ++i) acc[r][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    using Vec = typename KvVec<KvT>::type;
+    const Vec zero = zero_vec<Vec>();
     for (int64_t j0 = start; j0 < end; j0 += KU) {
-        float4 kv[KU][NV], vv[KU][NV];
+        Vec kv[KU][NV], vv[KU][NV];
 #pragma unroll
         for (int u = 0; u < KU; ++u) {
             // past the end: a repeat of the last row, weight 0
             const int64_t row = (min(j0 + u, end - 1) % a.cap) * row_stride;
-            const float4 *kp = reinterpret_cast<const float4*>(kc + row),
-                         *vp = reinterpret_cast<const float4*>(vc + row);
+            const KvT *kp = kc + row, *vp = vc + row;
 #pragma unroll
             for (int i = 0; i < NV; ++i) {
                 const int c = lane + 32 * i;
-                kv[u][i] = c < d4 ? __ldg(kp + c) : zero;
-                vv[u][i] = c < d4 ? __ldg(vp + c) : zero;
+                kv[u][i] = c < d4 ? kv_raw4(kp, c) : zero;
+                vv[u][i] = c < d4 ? kv_raw4(vp, c) : zero;
             }
         }
         float s[R][KU];
-        warp_scores<NV, R, KU>(qs4, kv, lane, d4, s);
-        warp_fold<NV, R, KU>(s, vv, j0, end, m, l, acc);
+        warp_scores<NV, R, KU, Vec>(qs4, kv, lane, d4, s);
+        warp_fold<NV, R, KU, Vec>(s, vv, j0, end, m, l, acc);
     }
     warp_store<NV, R>(a, m, l, acc, t, h0, sp, start < end, lane, d);
 }
@@ -177,8 +180,10 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
 template <int NV, int R>
 void launch_warp(const AttnArgs& a, int n, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(R) * a.d * sizeof(float);
-    launch_kernel(attn_warp_kernel<NV, R>, dim3((a.nsplit + kWarps - 1) / kWarps, a.nH / R, n),
-                  dim3(kThreads), smem, s, a);
+    kv_dispatch(a.kv_bf16, [&](auto e) {
+        launch_kernel(attn_warp_kernel<NV, R, decltype(e)>,
+                      dim3((a.nsplit + kWarps - 1) / kWarps, a.nH / R, n), dim3(kThreads), smem, s, a);
+    });
 }
 
 // R: the most heads of a group (G = nH / nKV) that divide it and fit R NV <= 16, at most AttnArgs.max_heads;

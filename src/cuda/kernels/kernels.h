@@ -199,33 +199,36 @@ void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, 
                  StreamGemmShape shape, cudaStream_t s);
 
 // Per token t at position pos_base[0] + t: q heads get q_norm + RoPE in place; own-KV layers write
-// k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the fp32 cache slot (pos % cap).
+// k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the cache slot (pos % cap), rounded to bf16
+// (round to nearest even) where the cache is bf16.
 struct QkvPost {
     float* q = nullptr;           // [n][nH][d]
     const float* kraw = nullptr;  // [n][nKV][d]; null on KV-shared layers
     const float* vraw = nullptr;  // [n][nKV][d]; = kraw on k_eq_v layers
     const bf16* q_norm = nullptr;
     const bf16* k_norm = nullptr;
-    float* k_cache = nullptr;  // [cap][nKV][d]
-    float* v_cache = nullptr;
+    void* k_cache = nullptr;  // [cap][nKV][d] bf16 (kv_bf16) or fp32
+    void* v_cache = nullptr;
+    bool kv_bf16 = true;
     int64_t cap = 0;
     int nH = 0, nKV = 0, d = 0;
     const float* inv_freq = nullptr;  // [d/2]; 0 = the pair does not rotate
     const int* pos_base = nullptr;
     float eps = 1e-6f;
     // Batched decode (docs/batched-decode.md): token t sits at tok_pos[t] of sequence slot tok_slot[t], whose
-    // cache starts slot_stride floats after k_cache / v_cache. Null: pos_base[0] + t, one cache.
+    // cache starts slot_stride elements after k_cache / v_cache. Null: pos_base[0] + t, one cache.
     const int* tok_pos = nullptr;
     const int* tok_slot = nullptr;
     int64_t slot_stride = 0;
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 
-// ---- attention.cu: decode and prefill attention over the fp32 cache, split over the key range ------------
+// ---- attention.cu: decode and prefill attention over the cache, split over the key range -----------------
 struct AttnArgs {
-    const float* q = nullptr;        // [n][nH][d], normed and rotated
-    const float* k_cache = nullptr;  // [cap][nKV][d]
-    const float* v_cache = nullptr;
+    const float* q = nullptr;       // [n][nH][d], normed and rotated
+    const void* k_cache = nullptr;  // [cap][nKV][d] bf16 (kv_bf16) or fp32; products in fp32 either way
+    const void* v_cache = nullptr;
+    bool kv_bf16 = true;
     int64_t cap = 0;
     int nH = 0, nKV = 0, d = 0;
     int window = 0;                 // sliding: a query at p sees keys (p - window, p]; 0 = full causal
@@ -282,6 +285,8 @@ struct AttnGemm {
     float* s = nullptr;             // scores scratch [s_floats]
     int64_t s_floats = 0;
     void** ptrs = nullptr;  // device [6][nH] pointer arrays
+    // A bf16 cache: the chunk's queries rounded to bf16 [n][nH][d] (the GEMMs' operands share one type)
+    bf16* q16 = nullptr;
 };
 // Throws where it does not apply (batched decode) or the scratch cannot hold 16 rows of one head's scores.
 void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s);

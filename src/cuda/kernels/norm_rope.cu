@@ -7,6 +7,7 @@
 #include "cuda/check.h"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/kv_elems.cuh"
 #include "cuda/kernels/launch.h"
 #include "cuda/kernels/norm.cuh"
 
@@ -122,7 +123,7 @@ __device__ __forceinline__ void post_consts(const bf16* w, const float* inv_freq
         fv[i] = inv_freq && j < d / 2 ? inv_freq[j] : 0.0f;
     }
 }
-template <bool Batched>
+template <bool Batched, class KvT>
 __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p) {
     extern __shared__ float buf[];
     __shared__ float red[32];
@@ -139,18 +140,25 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
         Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
     const int64_t slot_off = Batched ? static_cast<int64_t>(p.tok_slot[t]) * p.slot_stride : 0;
     const float* in;
-    float* out;
+    float* outq = nullptr;  // a query head: in place, fp32
+    KvT* outkv = nullptr;   // a key or value head: its cache row
     if (b < p.nH) {
         in = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
-        out = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
+        outq = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
     } else if (kv < p.nKV) {
         in = p.kraw + (static_cast<int64_t>(t) * p.nKV + kv) * d;
-        out = p.k_cache + slot_off + ((pos % p.cap) * p.nKV + kv) * d;
+        outkv = static_cast<KvT*>(p.k_cache) + slot_off + ((pos % p.cap) * p.nKV + kv) * d;
     } else {
         const int g = kv - p.nKV;
         in = p.vraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
-        out = p.v_cache + slot_off + ((pos % p.cap) * p.nKV + g) * d;
+        outkv = static_cast<KvT*>(p.v_cache) + slot_off + ((pos % p.cap) * p.nKV + g) * d;
     }
+    auto put = [&](int j, float v) {
+        if (outq)
+            outq[j] = v;
+        else
+            kv_store(outkv + j, v);
+    };
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPostPer; ++i) {
@@ -178,12 +186,12 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
                 const float ang = fpos * fv[i];
                 const float c = cosf(ang), sn = sinf(ang);
                 const float a = buf[j], bb = buf[j + half];
-                out[j] = a * c - bb * sn;
-                out[j + half] = bb * c + a * sn;
+                put(j, a * c - bb * sn);
+                put(j + half, bb * c + a * sn);
             }
         }
     } else {
-        for (int j = threadIdx.x; j < d; j += kPostThreads) out[j] = buf[j];
+        for (int j = threadIdx.x; j < d; j += kPostThreads) put(j, buf[j]);
     }
 }
 
@@ -238,10 +246,13 @@ void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
                     std::to_string(kPostThreads * kPostPer));
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
     const size_t smem = static_cast<size_t>(p.d) * sizeof(float);
-    if (p.tok_pos)
-        launch_kernel(qkv_post_kernel<true>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
-    else
-        launch_kernel(qkv_post_kernel<false>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
+    kv_dispatch(p.kv_bf16, [&](auto e) {
+        using KvT = decltype(e);
+        if (p.tok_pos)
+            launch_kernel(qkv_post_kernel<true, KvT>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
+        else
+            launch_kernel(qkv_post_kernel<false, KvT>, dim3(heads, n), dim3(kPostThreads), smem, s, p);
+    });
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,75 @@
+// The KV cache's elements as the attention kernels see them (AttnArgs.kv_bf16): 4 consecutive values of a
+// row at a time as a float4, from an fp32 row (16 bytes) or a bf16 row (8 bytes, widened exactly), and
+// qkv_post's one store (bf16: round to nearest even, as torch casts). The kernels are templates over the
+// element type; kv_dispatch picks the instantiation at launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/device_common.cuh"
+
+namespace markbase::cuda {
+
+__device__ __forceinline__ float4 widen4(uint2 u) {
+    return make_float4(bf16_lo(u.x), bf16_hi(u.x), bf16_lo(u.y), bf16_hi(u.y));
+}
+// column c (in units of 4 values) of a row, through the read-only path or (cg) from L2
+__device__ __forceinline__ float4 kv_load4(const float* row, int c) {
+    return __ldg(reinterpret_cast<const float4*>(row) + c);
+}
+__device__ __forceinline__ float4 kv_load4(const uint16_t* row, int c) {
+    return widen4(__ldg(reinterpret_cast<const uint2*>(row) + c));
+}
+__device__ __forceinline__ float4 kv_load4_cg(const float* row, int c) {
+    return __ldcg(reinterpret_cast<const float4*>(row) + c);
+}
+__device__ __forceinline__ float4 kv_load4_cg(const uint16_t* row, int c) {
+    return widen4(__ldcg(reinterpret_cast<const uint2*>(row) + c));
+}
+// 4 values as loaded, widened where used (a bf16 row's stay 8 bytes in registers until then)
+template <class KvT>
+struct KvVec;
+template <>
+struct KvVec<float> {
+    using type = float4;
+};
+template <>
+struct KvVec<uint16_t> {
+    using type = uint2;
+};
+__device__ __forceinline__ float4 kv_raw4(const float* row, int c) {
+    return __ldg(reinterpret_cast<const float4*>(row) + c);
+}
+__device__ __forceinline__ uint2 kv_raw4(const uint16_t* row, int c) {
+    return __ldg(reinterpret_cast<const uint2*>(row) + c);
+}
+__device__ __forceinline__ float4 as_float4(float4 v) {
+    return v;
+}
+__device__ __forceinline__ float4 as_float4(uint2 u) {
+    return widen4(u);
+}
+template <class V>
+__device__ __forceinline__ V zero_vec() {
+    return V{};
+}
+
+__device__ __forceinline__ void kv_store(float* p, float v) {
+    *p = v;
+}
+__device__ __forceinline__ void kv_store(uint16_t* p, float v) {
+    *p = float_to_bf16_bits(v);
+}
+
+// f(T{}) with T the cache's element type: uint16_t (bf16) or float.
+template <class F>
+void kv_dispatch(bool bf16, F&& f) {
+    if (bf16)
+        f(uint16_t{});
+    else
+        f(float{});
+}
+
+}  // namespace markbase::cuda
