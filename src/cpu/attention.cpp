@@ -8,6 +8,7 @@
 
 #include "cpu/forward.h"
 #include "cpu/ops.h"
+#include "model/bf16.h"
 
 namespace markbase::cpu {
 
@@ -97,7 +98,14 @@ void CpuModel::attention(int i, int n, const RowCaches& rows) {
                 rope_neox(k, d, cos_t.data() + int64_t{t} * half, sin_t.data() + int64_t{t} * half);
                 float* v = v_.data() + th * d;
                 rmsnorm(v, nullptr, d, eps, v);
-                LayerCache& lc = rows.cache(t).layers[i];
+                KvCache& cache = rows.cache(t);
+                LayerCache& lc = cache.layers[i];
+                if (cache.bf16_values) {
+                    for (int c = 0; c < d; ++c) {
+                        k[c] = round_to_bf16(k[c]);
+                        v[c] = round_to_bf16(v[c]);
+                    }
+                }
                 std::copy(k, k + d, lc.k_at(rows.pos(t)) + g * d);
                 std::copy(v, v + d, lc.v_at(rows.pos(t)) + g * d);
             }

@@ -16,7 +16,9 @@ class CpuBackend final : public Backend {
         : pool_(opt.threads, opt.tuning.cpu_pin),
           chunk_(std::max(1, opt.chunk)),
           model_(ck, pool_, chunk_),
-          cache_(ck.config, clamp_ctx(ck.config, opt.ctx_size), chunk_) {}
+          cache_(ck.config, clamp_ctx(ck.config, opt.ctx_size), chunk_) {
+        cache_.bf16_values = opt.kv_dtype == KvDtype::kBf16;  // auto: fp32 on the CPU
+    }
 
     const ModelConfig& config() const override { return model_.config(); }
     std::string name() const override { return "cpu (" + std::to_string(pool_.size()) + " threads)"; }

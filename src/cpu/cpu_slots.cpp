@@ -24,7 +24,10 @@ class CpuSlotBackend final : public SlotBackend {
             throw Error("--ctx-size must be positive, found " + std::to_string(opt.ctx_size));
         const int64_t ctx = std::min<int64_t>(opt.ctx_size, ck.config.max_positions);
         caches_.reserve(static_cast<size_t>(opt.slots));
-        for (int s = 0; s < opt.slots; ++s) caches_.emplace_back(ck.config, ctx, chunk_);
+        for (int s = 0; s < opt.slots; ++s) {
+            caches_.emplace_back(ck.config, ctx, chunk_);
+            caches_.back().bf16_values = opt.kv_dtype == KvDtype::kBf16;  // auto: fp32 on the CPU
+        }
     }
 
     const ModelConfig& config() const override { return model_.config(); }

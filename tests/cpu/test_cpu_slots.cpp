@@ -168,3 +168,37 @@ TEST(CpuSlots, RejectsInvalidSteps) {
 
 }  // namespace
 }  // namespace markbase
+
+namespace markbase {
+namespace {
+
+// --kv-cache-dtype bf16 on the CPU: every key and value rounded to bf16 as the GPU's cache holds them (the
+// reference tests/cuda/test_cuda_kv_bf16.cpp holds the GPU to). Near the exact cache's logits, not equal to
+// them, and the slot backend rounds alike: its row is bit-identical to the single-sequence backend's.
+TEST(CpuBf16Cache, RoundsEveryKeyAndValueAsTheGpusCacheDoes) {
+    testing::TempDir dir("cpu-bf16-cache");
+    write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 5);
+    auto ck = load_checkpoint(dir.path());
+    const int64_t V = ck->config.vocab_size;
+    const std::vector<int> ids = testing::random_ids(30, 256, 5);
+    BackendOptions o = options(1);
+    auto exact = make_cpu_backend(*ck, o);
+    o.kv_dtype = KvDtype::kBf16;
+    auto b16 = make_cpu_backend(*ck, o);
+    const std::vector<float> a = testing::all_logits(*exact, ids, false);
+    const std::vector<float> b = testing::all_logits(*b16, ids, false);
+    const double e = testing::rel_err(a, b);
+    EXPECT_GT(e, 0.0) << "the bf16 cache changed nothing";
+    EXPECT_LT(e, 0.1);
+    auto sb = make_cpu_slot_backend(*ck, o);
+    SlotWork w;
+    w.slot = 0;
+    w.ids = ids;
+    w.logits = true;
+    std::vector<float> row(V);
+    sb->eval_slots({w}, row.data());
+    EXPECT_EQ(0, std::memcmp(row.data(), b.data() + (ids.size() - 1) * V, V * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace markbase

@@ -172,6 +172,7 @@ TEST(StreamGemm, ModelMatchesTheCublasProjections) {
             o.chunk = 8;
             o.slots = 3;
             o.tuning.stream_gemm = sg ? cuda::kStreamGemmMaxN : 0;
+            o.kv_dtype = KvDtype::kF32;  // the exact cache: the projections' difference, not bf16 rounding's
             auto b = make_cuda_backend(*ck, o);
             std::vector<int> last(3);
             for (int s = 0; s < 3; ++s) {

@@ -285,7 +285,7 @@ void print_decode(const BenchModel& m, CudaBackend* be, const BenchArgs& b, cons
         m.label.c_str(), c.n_layers, c.hidden, counts.active_params / 1e9, counts.bytes_per_token / 1e9,
         be->weight_bytes() / 1e9);
     std::printf("device    %s, %d SMs, %.1f GiB; weights ready in %.1f s; KV cache %s %.1f MB\n",
-                dev.name.c_str(), dev.sm_count, dev.memory_gib, m.load_s, kv_dtype_name(m.kv_dtype),
+                dev.name.c_str(), dev.sm_count, dev.memory_gib, m.load_s, gpu_kv_name(m.kv_dtype),
                 be->cache_bytes() / 1e6);
     if (b.n_prefill > 0)
         std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", b.n_prefill, d.pf * 1e3,
@@ -332,8 +332,8 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
         {"date", date},
         {"commit", commit ? commit : "unknown"},
         {"tuning", tuning_string(m.tuning)},
-        {"dtype", std::string("bf16 weights, fp32 activations, ") + kv_dtype_name(m.kv_dtype) + " KV cache"},
-        {"kv_cache_dtype", kv_dtype_name(m.kv_dtype)},
+        {"dtype", std::string("bf16 weights, fp32 activations, ") + gpu_kv_name(m.kv_dtype) + " KV cache"},
+        {"kv_cache_dtype", gpu_kv_name(m.kv_dtype)},
         {"batch", 1},
         {"layers", c.n_layers},
         {"hidden", c.hidden},

@@ -48,7 +48,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         bo.chunk = m.chunk = a.integer({"-b", "--batch-size"}, 512, 1, 8192);
         bo.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
         bo.slots = m.slots;
-        bo.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "bf16"), "--kv-cache-dtype");
+        bo.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "auto"), "--kv-cache-dtype");
         bo.tuning = read_tuning(a);
         m.tuning = bo.tuning;
         m.kv_dtype = bo.kv_dtype;

@@ -34,7 +34,7 @@ struct BenchModel {
     std::string label;
     BackendOptions bo;
     Tuning tuning;                      // --tuning / $MARKBASE_TUNING, for the receipt
-    KvDtype kv_dtype = KvDtype::kBf16;  // --kv-cache-dtype, for the receipt
+    KvDtype kv_dtype = KvDtype::kAuto;  // --kv-cache-dtype, for the receipt
     double load_s = 0;
     int checkpoint_tp = 1;
     int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take

@@ -26,7 +26,7 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.ctx_size = a.integer<int64_t>({"-c", "--ctx-size"}, 4096, 1, kMaxTokens);
     o.backend.chunk = a.integer({"-b", "--batch-size"}, 256, 1, 8192);
     o.backend.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
-    o.backend.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "bf16"), "--kv-cache-dtype");
+    o.backend.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "auto"), "--kv-cache-dtype");
     o.check_weights = a.flag({"--check-weights"});
     o.backend.tuning = read_tuning(a);
     return o;
@@ -70,7 +70,7 @@ LoadedModel load_model(const ModelOptions& o) {
             const FitCheck f =
                 check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
                                o.backend.ctx_size, o.backend.chunk, o.backend.slots, free_b,
-                               cuda_device_info().name, kv_dtype_bytes(o.backend.kv_dtype));
+                               cuda_device_info().name, gpu_kv_bytes(o.backend.kv_dtype));
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
