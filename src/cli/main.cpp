@@ -41,8 +41,8 @@ const char* kUsage =
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "        --check-weights (scan every weight for NaN/Inf while loading)\n"
-    "        --kv-cache-dtype auto|bf16|f32 (the KV cache; auto: bf16 on the GPU, half fp32's bytes,\n"
-    "        f32 on the CPU)\n"
+    "        --kv-cache-dtype auto|bf16|f32 (the KV cache; auto: bf16, half fp32's bytes, where sequences\n"
+    "        decode together on the GPU; f32 for one sequence and on the CPU)\n"
     "VARIANT (random weights at real widths): e2b, e4b, 12b, 26b-a4b, 26b-standard, 31b\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n"
     "markbase COMMAND --help: that command's flags and their defaults\n";

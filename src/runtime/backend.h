@@ -33,7 +33,7 @@ struct BackendOptions {
     int chunk = 256;          // prompt tokens per batched forward pass
     int tensor_parallel = 1;  // GPUs one model is split over (CUDA; --tensor-parallel-size)
     int slots = 1;            // sequences with their own cache for batched decode (CUDA; --parallel)
-    KvDtype kv_dtype = KvDtype::kAuto;  // the cache's element type (--kv-cache-dtype; auto: bf16 on the GPU)
+    KvDtype kv_dtype = KvDtype::kAuto;  // the cache's element type (--kv-cache-dtype; runtime/kv_dtype.h)
     Tuning tuning;                      // runtime/tuning.h: --tuning / $MARKBASE_TUNING
 };
 

@@ -41,7 +41,7 @@ TEST_P(CudaGolden, LogitsAndGreedyIdsMatchTransformers) {
     const NpyArray ref = read_npy_f32((dir / g.value("logits_file", "logits.npy")).string());
     auto ck = load_checkpoint(dir);
     for (const KvDtype kv : {KvDtype::kF32, KvDtype::kBf16}) {
-        const std::string label = GetParam() + ", " + gpu_kv_name(kv) + " KV cache";
+        const std::string label = GetParam() + ", " + gpu_kv_name(kv, 1) + " KV cache";
         BackendOptions o;
         o.ctx_size = static_cast<int64_t>(prompt.size() + greedy.size() + 1);
         o.chunk = 16;  // two prefill chunks: the sliding rings (window 8) wrap inside and between them

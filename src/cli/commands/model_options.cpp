@@ -70,7 +70,7 @@ LoadedModel load_model(const ModelOptions& o) {
             const FitCheck f =
                 check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
                                o.backend.ctx_size, o.backend.chunk, o.backend.slots, free_b,
-                               cuda_device_info().name, gpu_kv_bytes(o.backend.kv_dtype));
+                               cuda_device_info().name, gpu_kv_bytes(o.backend.kv_dtype, o.backend.slots));
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
