@@ -25,8 +25,8 @@ using namespace attn_kernels;
 
 // ---- decode pieces (split_len 0, merge by the last piece) ----
 // The same math as attn_partial_kernel, with more loads in flight for longer pieces: in the V phase the
-// keys of a tile are spread over the 4 warps (key j to warp j % 4), each lane owning float4 columns lane + 32
-// i of the head, 4 keys x up to 4 columns loaded before the first use; the warps' partial outputs are summed
+// keys of a tile are spread over the 4 warps (key j to warp j % 4), each lane owning up to 4 float4 columns
+// of the head (lane_col), 4 keys' columns loaded before the first use; the warps' partial outputs are summed
 // through shared memory at the end. The merge reads every piece's (m, l) in parallel and then the partial
 // outputs with independent loads (every merged piece holds keys, so l > 0 for each; merge_pieces_v2).
 constexpr int kWarpsAttn = kThreads / 32;
@@ -131,32 +131,24 @@ __device__ __forceinline__ void batch_load(const AttnArgs& a, const PieceGeometr
     };
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-        const KvT *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
-#pragma unroll
-        for (int i = 0; i < kMaxDimsPerThread; ++i) {
-            const int c = lane + 32 * i;
-            kv[u][i] = c < d4 ? kv_load4(kp, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            vv[u][i] = c < d4 ? kv_load4(vp, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        load_lane_row(row(a.k_cache, key_j(u)), lane, d4, kv[u]);
+        load_lane_row(row(a.v_cache, val_j(u)), lane, d4, vv[u]);
     }
     pdl_begin_after_loads(cnt);  // (cnt >= 1) the loads above stay above the wait
     if (end == geo.pos + 1) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const bool nk = start + key_j(u) == geo.pos, nv = start + val_j(u) == geo.pos;
-            const KvT *kp = row(a.k_cache, key_j(u)), *vp = row(a.v_cache, val_j(u));
-#pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                const int c = lane + 32 * i;
-                if (c < d4 && nk) kv[u][i] = kv_load4_cg(kp, c);
-                if (c < d4 && nv) vv[u][i] = kv_load4_cg(vp, c);
-            }
+            if (start + key_j(u) == geo.pos)
+                load_lane_row<KvT, true>(row(a.k_cache, key_j(u)), lane, d4, kv[u]);
+            if (start + val_j(u) == geo.pos)
+                load_lane_row<KvT, true>(row(a.v_cache, val_j(u)), lane, d4, vv[u]);
         }
     }
 }
 
 // The one-batch piece after its loads: q staged, the keys' scores, their softmax (m, l), and the values
 // into acc. The same operations in the same order as the tile loop.
+template <class KvT>
 __device__ __forceinline__ void batch_compute(const float* q, float* qs, const float4* q4, float* sc,
                                               const float4 (&kv)[4][kMaxDimsPerThread],
                                               const float4 (&vv)[4][kMaxDimsPerThread], int cnt, int tid,
@@ -167,19 +159,7 @@ __device__ __forceinline__ void batch_compute(const float* q, float* qs, const f
     float sk[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-        sk[u] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kMaxDimsPerThread; ++i) {
-            const int c = lane + 32 * i;
-            if (c < d4) {
-                const float4 qv = q4[c];
-                sk[u] = fmaf(kv[u][i].x, qv.x, sk[u]);
-                sk[u] = fmaf(kv[u][i].y, qv.y, sk[u]);
-                sk[u] = fmaf(kv[u][i].z, qv.z, sk[u]);
-                sk[u] = fmaf(kv[u][i].w, qv.w, sk[u]);
-            }
-        }
-        sk[u] = warp_sum(sk[u]);
+        sk[u] = warp_sum(lane_dot<KvT>(kv[u], q4, lane, d4));
         if (lane == 0 && warp * 4 + u < cnt) sc[warp * 4 + u] = sk[u];
     }
     __syncthreads();
@@ -214,25 +194,23 @@ template <class KvT>
 __device__ __forceinline__ void tile_scores(const AttnArgs& a, const float4* q4, float* sc, int64_t ts,
                                             int cnt, int g, int lane, int warp, int d, int d4) {
     for (int j0 = warp * 4; j0 < cnt; j0 += kWarpsAttn * 4) {
-        const KvT* kp[4];
-        float s[4];
+        float4 kv[4][kMaxDimsPerThread];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int j = min(j0 + u, cnt - 1);
-            kp[u] = static_cast<const KvT*>(a.k_cache) + (((ts + j) % a.cap) * a.nKV + g) * d;
-            s[u] = 0.0f;
+            load_lane_row(static_cast<const KvT*>(a.k_cache) + (((ts + j) % a.cap) * a.nKV + g) * d, lane, d4,
+                          kv[u]);
         }
-        dot4_keys(kp, q4, lane, d4, s);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            s[u] = warp_sum(s[u]);
-            if (lane == 0 && j0 + u < cnt) sc[j0 + u] = s[u];
+            const float s = warp_sum(lane_dot<KvT>(kv[u], q4, lane, d4));
+            if (lane == 0 && j0 + u < cnt) sc[j0 + u] = s;
         }
     }
 }
 
-// One tile's values into acc (already rescaled): key j to warp j % 4, 4 keys per warp in flight, lane
-// columns lane + 32 i; sc holds the tile's exponentiated scores.
+// One tile's values into acc (already rescaled): key j to warp j % 4, 4 keys per warp in flight, the lane's
+// columns (lane_col); sc holds the tile's exponentiated scores.
 template <class KvT>
 __device__ __forceinline__ void tile_values(const AttnArgs& a, const float* sc, int64_t ts, int cnt, int g,
                                             int lane, int warp, int d, int d4,
@@ -244,13 +222,9 @@ __device__ __forceinline__ void tile_values(const AttnArgs& a, const float* sc, 
         for (int u = 0; u < 4; ++u) {
             const int j = j0 + u * kWarpsAttn;
             p[u] = j < cnt ? sc[j] : 0.0f;
-            const KvT* vp =
-                static_cast<const KvT*>(a.v_cache) + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d;
-#pragma unroll
-            for (int i = 0; i < kMaxDimsPerThread; ++i) {
-                const int c = lane + 32 * i;
-                vv[u][i] = c < d4 ? kv_load4(vp, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            load_lane_row(
+                static_cast<const KvT*>(a.v_cache) + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d, lane,
+                d4, vv[u]);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u)
@@ -402,7 +376,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
         const int cnt = static_cast<int>(end - start);
         float4 kv[4][kMaxDimsPerThread], vv[4][kMaxDimsPerThread];
         batch_load<KvT>(a, geo, start, end, g, cnt, lane, warp, d, d4, kv, vv);
-        batch_compute(q, qs, smem4, sc, kv, vv, cnt, tid, lane, warp, d, d4, m, l, acc);
+        batch_compute<KvT>(q, qs, smem4, sc, kv, vv, cnt, tid, lane, warp, d, d4, m, l, acc);
     } else {
         pdl_begin();
         for (int j = tid; j < d; j += kThreads) qs[j] = q[j];
@@ -423,7 +397,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_v2_kernel(const AttnArgs
     float4* red4 = reinterpret_cast<float4*>(red + warp * d);
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) {
-        const int c = lane + 32 * i;
+        const int c = lane_col<KvT>(lane, i);
         if (c < d4) red4[c] = acc[i];
     }
     __syncthreads();
@@ -444,6 +418,9 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         throw Error("internal: attention head dim " + std::to_string(a.d) +
                     " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
+    if (a.kv_bf16 && a.d % 8 != 0)
+        throw Error("internal: attention over a bf16 cache reads 8 values per load: head dim " +
+                    std::to_string(a.d));
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
     if (a.tok_pos) {

@@ -31,22 +31,63 @@ __device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t
     return g;
 }
 
-// The dot products of 4 keys (cache rows of KvT) with the staged query, a lane's float4 columns c = lane,
-// lane + 32, ...
+// A lane's share of a cache row: kMaxDimsPerThread float4 columns (4 values each). An fp32 row gives lane its
+// columns lane + 32 i, one 16-byte load each; a bf16 row gives it columns 2 (lane + 32 j) and the one after,
+// both from one 16-byte load of 8 values, so the lane issues half the loads for half the bytes (with 8-byte
+// loads of 4 bf16 values the one-sequence decode measured 2-6% slower than fp32: docs/performance.md).
 template <class KvT>
-__device__ __forceinline__ void dot4_keys(const KvT* (&kp)[4], const float4* q4, int lane, int d4,
-                                          float (&s)[4]) {
-    for (int c = lane; c < d4; c += 32) {
-        const float4 qv = q4[c];
+__device__ __forceinline__ int lane_col(int lane, int i) {
+    if constexpr (sizeof(KvT) == 2)
+        return 2 * (lane + 32 * (i >> 1)) + (i & 1);
+    else
+        return lane + 32 * i;
+}
+// The lane's columns of row (zero past d4 = d / 4; a bf16 row needs d % 8 == 0), read-only or (CG) from L2.
+template <class KvT, bool CG = false>
+__device__ __forceinline__ void load_lane_row(const KvT* row, int lane, int d4,
+                                              float4 (&out)[kMaxDimsPerThread]) {
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (sizeof(KvT) == 2) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const float4 kv = kv_load4(kp[u], c);
-            s[u] = fmaf(kv.x, qv.x, s[u]);
-            s[u] = fmaf(kv.y, qv.y, s[u]);
-            s[u] = fmaf(kv.z, qv.z, s[u]);
-            s[u] = fmaf(kv.w, qv.w, s[u]);
+        for (int j = 0; j < kMaxDimsPerThread / 2; ++j) {
+            const int unit = lane + 32 * j;
+            if (2 * unit < d4) {
+                const uint4* p = reinterpret_cast<const uint4*>(row) + unit;
+                const uint4 w = CG ? __ldcg(p) : __ldg(p);
+                out[2 * j] = widen4(make_uint2(w.x, w.y));
+                out[2 * j + 1] = widen4(make_uint2(w.z, w.w));
+            } else {
+                out[2 * j] = zero;
+                out[2 * j + 1] = zero;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerThread; ++i) {
+            const int c = lane + 32 * i;
+            const float4* p = reinterpret_cast<const float4*>(row) + c;
+            out[i] = c < d4 ? (CG ? __ldcg(p) : __ldg(p)) : zero;
         }
     }
+}
+
+// sum over the lane's columns of k . q (q staged as float4 columns)
+template <class KvT>
+__device__ __forceinline__ float lane_dot(const float4 (&k)[kMaxDimsPerThread], const float4* q4, int lane,
+                                          int d4) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerThread; ++i) {
+        const int c = lane_col<KvT>(lane, i);
+        if (c < d4) {
+            const float4 qv = q4[c];
+            s = fmaf(k[i].x, qv.x, s);
+            s = fmaf(k[i].y, qv.y, s);
+            s = fmaf(k[i].z, qv.z, s);
+            s = fmaf(k[i].w, qv.w, s);
+        }
+    }
+    return s;
 }
 
 }  // namespace markbase::cuda::attn_kernels

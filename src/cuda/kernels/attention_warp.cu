@@ -28,7 +28,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
 // NV: float4 columns per lane (head dim <= 128 NV); R: query heads per warp (R NV <= 16 keeps the
-// accumulators at 64 registers); KU: keys per round, their K and V rows (8 float4 per lane each) in flight
+// accumulators at 64 registers); KU: keys per round, their K and V rows (8 loads per lane each) in flight
 // together.
 // The R x KU scores of a round: each lane's columns against the staged queries, summed across the warp.
 template <int NV, int R, int KU, class Vec>

@@ -1,7 +1,8 @@
 // The KV cache's elements as the attention kernels see them (AttnArgs.kv_bf16): 4 consecutive values of a
-// row at a time as a float4, from an fp32 row (16 bytes) or a bf16 row (8 bytes, widened exactly), and
-// qkv_post's one store (bf16: round to nearest even, as torch casts). The kernels are templates over the
-// element type; kv_dispatch picks the instantiation at launch.
+// row as loaded (a float4 of an fp32 row, 8 bytes of a bf16 row) and widened exactly to a float4 where used,
+// and qkv_post's one store (bf16: round to nearest even, as torch casts). The kernels are templates over the
+// element type; kv_dispatch picks the instantiation at launch. (The decode pieces load a bf16 row 8 values
+// at a time: attention.cuh's load_lane_row.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,19 +15,6 @@ namespace markbase::cuda {
 
 __device__ __forceinline__ float4 widen4(uint2 u) {
     return make_float4(bf16_lo(u.x), bf16_hi(u.x), bf16_lo(u.y), bf16_hi(u.y));
-}
-// column c (in units of 4 values) of a row, through the read-only path or (cg) from L2
-__device__ __forceinline__ float4 kv_load4(const float* row, int c) {
-    return __ldg(reinterpret_cast<const float4*>(row) + c);
-}
-__device__ __forceinline__ float4 kv_load4(const uint16_t* row, int c) {
-    return widen4(__ldg(reinterpret_cast<const uint2*>(row) + c));
-}
-__device__ __forceinline__ float4 kv_load4_cg(const float* row, int c) {
-    return __ldcg(reinterpret_cast<const float4*>(row) + c);
-}
-__device__ __forceinline__ float4 kv_load4_cg(const uint16_t* row, int c) {
-    return widen4(__ldcg(reinterpret_cast<const uint2*>(row) + c));
 }
 // 4 values as loaded, widened where used (a bf16 row's stay 8 bytes in registers until then)
 template <class KvT>
