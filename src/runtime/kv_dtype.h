@@ -2,11 +2,12 @@
 // in transformers, vLLM and SGLang: half fp32's bytes (twice the sequences or context in the same memory,
 // half the bytes a batched step's attention reads: the 26B-A4B's 64 sequences after 896 tokens 27.2 -> 24.7
 // ms per step on the H200). auto, the default: bf16 where sequences decode together on the GPU (serve,
-// bench -np), fp32 for one sequence, whose decode kernel still reads fp32 faster than bf16 (E2B +4% per
-// token after 128 tokens, +6% after 8192 with bf16: docs/performance.md), and fp32 on the CPU, whose engine
-// is the exact reference. f32 keeps the GPU's cache exact: its logits match transformers' fp32 ones to 1e-4.
-// bf16 on the CPU rounds every key and value to bf16 as the GPU's cache does (the storage stays fp32): the
-// reference the GPU's bf16 cache is tested against (tests/cuda/test_cuda_kv_bf16.cpp).
+// bench -np), fp32 for one sequence, whose decode kernel still reads fp32 faster than bf16 (with bf16 E2B
+// +3% per token after 128 tokens, +6% after 8192, the 26B-A4B +13% after 8192; the 31B -2% after 128:
+// docs/performance.md), and fp32 on the CPU, whose engine is the exact reference. f32 keeps the GPU's cache
+// exact: its logits match transformers' fp32 ones to 1e-4. bf16 on the CPU rounds every key and value to bf16
+// as the GPU's cache does (the storage stays fp32): the reference the GPU's bf16 cache is tested against
+// (tests/cuda/test_cuda_kv_bf16.cpp).
 #pragma once
 
 #include <string>
