@@ -55,7 +55,7 @@ struct CudaBufferSpec {
     bool sharded = false;        // a tensor-parallel rank: MoE partials doubled, no prenormed router input
     bool gemv_ring = false;      // the cp.async GeGLU ring (Tuning::gemv; by default the MoE on one GPU)
     int64_t attn_gemm_rows = 0;  // Tuning::attn_gemm_rows (tests); 0: every query head of a chunk
-    int kv_elem_bytes = 2;       // the KV cache's element: 2 bf16 (the default), 4 fp32 (runtime/kv_dtype.h)
+    int kv_elem_bytes = 2;       // the KV cache's element: 2 bf16, 4 fp32 (runtime/kv_dtype.h's gpu_kv_bytes)
 };
 
 // Every device buffer of CudaModel but the KV cache (CudaBuffers::kv_*), in the order buffers.cu takes them.
@@ -119,7 +119,8 @@ struct CudaMemoryPlan {
     uint64_t total() const { return weights + kv_cache + workspace; }
 };
 
-// kv_elem_bytes: the KV cache's element size, 2 (bf16, the backend's default) or 4 (fp32)
+// kv_elem_bytes: the KV cache's element size, 2 (bf16) or 4 (fp32); the backend's choice is
+// runtime/kv_dtype.h's gpu_kv_bytes (auto: bf16 with more than one slot, fp32 for one sequence)
 uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes = 2);
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots);  // reserve included
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
