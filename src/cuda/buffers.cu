@@ -214,7 +214,7 @@ void CudaModel::alloc_cache(const Widths& wd) {
         lc.cap = layout_.kv_cap[i];  // sliding layers: a ring of min(ctx, window + chunk) positions
         lc.slot_stride = layout_.kv_slot_stride[i];
         const size_t elems = static_cast<size_t>(lc.slot_stride) * slots_;
-        const size_t bytes = elems * static_cast<size_t>(layout_.spec.kv_elem_bytes);
+        const size_t bytes = elems * static_cast<size_t>(kv_.elem_bytes);
         lc.k = alloc<char>(bytes);
         lc.v = alloc<char>(bytes);
         CUDA_CHECK(cudaMemset(lc.k, 0, bytes));

@@ -37,8 +37,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         spec.sharded = sharded();
         spec.gemv_ring = plan_.gemv_kernel == GemvKernel::kRowsAsyncGeglu;
         spec.attn_gemm_rows = tuning.attn_gemm_rows;
-        spec.kv_elem_bytes = gpu_kv_bytes(kv_dtype, slots);
-        kv_.bf16 = gpu_kv_bf16(kv_dtype, slots);
+        spec.kv_elem_bytes = kv_.elem_bytes = gpu_kv_bytes(kv_dtype, slots);
         layout_ = cuda_buffers(c_, spec);
         alloc_step();
         if (c_.moe) alloc_moe(tuning);

@@ -1,7 +1,7 @@
 // The Gemma 4 decoder on one CUDA device: weights resident in GPU memory (DeviceWeights), fp32 activations
-// and an fp32 KV cache, a decode step captured once as a CUDA graph and replayed per token, and batched
-// prefill through cuBLAS. The model's math follows cpu/forward.cpp step by step; step.cu holds the
-// decode step, prefill.cu the prefill, weights.cu the weights.
+// and a bf16 or fp32 KV cache (kv_cache.h), a decode step captured once as a CUDA graph and replayed per
+// token, and batched prefill through cuBLAS. The model's math follows cpu/forward.cpp step by step; step.cu
+// holds the decode step, prefill.cu the prefill, weights.cu the weights.
 #pragma once
 
 #include <cublas_v2.h>
@@ -17,6 +17,7 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kv_cache.h"
 #include "cuda/profiling/profiler.h"
 #include "loading/memory_plan.h"
 #include "model/config.h"
@@ -214,21 +215,6 @@ struct MoeScratch {
     std::vector<cudaEvent_t> events;
 };
 
-// The KV cache, bf16 or fp32 (--kv-cache-dtype): one K and one V per layer with its own cache (sliding
-// layers: a ring of min(ctx, window + chunk) positions; position p at p % cap), each slots deep.
-struct LayerCache {
-    void* k = nullptr;  // [slots][cap][nKV][d] of KvCache::elem_bytes each
-    void* v = nullptr;
-    int64_t cap = 0;
-    int64_t slot_stride = 0;  // cap * nKV * d elements: one sequence slot's cache
-};
-struct KvCache {
-    std::vector<LayerCache> layers;  // [L]; KV-shared layers point at their source's
-    uint64_t bytes = 0;
-    bool bf16 = true;                                   // the elements: bf16, else fp32
-    float *inv_sliding = nullptr, *inv_full = nullptr;  // RoPE inverse frequencies [head dim / 2]
-};
-
 // model.cu: an executable graph from g (which it destroys), or an error naming the instantiation.
 cudaGraphExec_t instantiate_graph(cudaGraph_t g);
 
@@ -424,9 +410,9 @@ class CudaModel {
     template <class Args>
     void bind_cache(int i, Args& a) const {
         const LayerCache& lc = kv_.layers[i];
-        const int64_t off = batch_ ? 0 : cur_slot_ * lc.slot_stride * (kv_.bf16 ? 2 : 4);  // bytes
+        const int64_t off = batch_ ? 0 : cur_slot_ * lc.slot_stride * kv_.elem_bytes;  // bytes
         a.cap = lc.cap;
-        a.kv_bf16 = kv_.bf16;
+        a.kv_bf16 = kv_.elem_bytes == 2;
         a.k_cache = static_cast<char*>(lc.k) + off;
         a.v_cache = static_cast<char*>(lc.v) + off;
         if (batch_) {

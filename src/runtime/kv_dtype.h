@@ -28,6 +28,10 @@ inline int gpu_kv_bytes(KvDtype t, int slots) {
 inline const char* gpu_kv_name(KvDtype t, int slots) {
     return gpu_kv_bf16(t, slots) ? "bf16" : "f32";
 }
+// On the CPU: values rounded to bf16 only when asked for (auto is fp32, the exact reference)
+inline bool cpu_kv_bf16(KvDtype t) {
+    return t == KvDtype::kBf16;
+}
 // auto, bf16 and f32 (or fp32); anything else names the flag and what it expected.
 inline KvDtype parse_kv_dtype(const std::string& s, const std::string& flag) {
     if (s == "auto") return KvDtype::kAuto;

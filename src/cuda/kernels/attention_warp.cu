@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
         for (int i = 0; i < NV; ++i) acc[r][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     using Vec = typename KvVec<KvT>::type;
-    const Vec zero = zero_vec<Vec>();
+    const Vec zero{};
     for (int64_t j0 = start; j0 < end; j0 += KU) {
         Vec kv[KU][NV], vv[KU][NV];
 #pragma unroll

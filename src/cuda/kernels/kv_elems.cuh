@@ -39,10 +39,6 @@ __device__ __forceinline__ float4 as_float4(float4 v) {
 __device__ __forceinline__ float4 as_float4(uint2 u) {
     return widen4(u);
 }
-template <class V>
-__device__ __forceinline__ V zero_vec() {
-    return V{};
-}
 
 __device__ __forceinline__ void kv_store(float* p, float v) {
     *p = v;
