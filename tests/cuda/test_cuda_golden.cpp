@@ -1,8 +1,8 @@
 // The CUDA backend against transformers directly: every golden checkpoint (tests/data/models: each family in
 // both layouts, the 12B's gemma4_unified folders included) loads on the GPU, its prompt's logits match
 // transformers' fp32 logits to 2e-4 of their largest magnitude batched and 1e-4 token by token through the
-// decode graph, and greedy generation gives exactly transformers' ids. Without a GPU every test skips with
-// the reason.
+// decode graph over the fp32 KV cache (within the bounds below over the bf16 one), and greedy generation
+// gives exactly transformers' ids over either cache. Without a GPU every test skips with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
