@@ -11,11 +11,37 @@ namespace markbase {
 
 namespace {
 
+// The paged KV pool (slots > 1): opt.kv_blocks, or what opt.gpu_memory_utilization of the GPU leaves once
+// the weights (already resident) and the buffers are counted; 0: every slot's whole context.
+int64_t paged_pool_blocks(const ModelConfig& c, const BackendOptions& opt) {
+    if (opt.slots < 2 || opt.kv_blocks > 0) return opt.slots < 2 ? 0 : opt.kv_blocks;
+    if (opt.gpu_memory_utilization <= 0) return 0;
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const double share = std::min(opt.gpu_memory_utilization, 1.0) * static_cast<double>(total_b);
+    const double used = static_cast<double>(total_b - free_b);
+    const uint64_t budget = share > used ? static_cast<uint64_t>(share - used) : 0;
+    const int elem = gpu_kv_bytes(opt.kv_dtype, opt.slots);
+    const int64_t blocks = fit_kv_blocks(c, 0, opt.ctx_size, std::max(1, opt.chunk), opt.slots, elem, budget);
+    if (blocks > 0) return blocks;
+    const CudaMemoryPlan p = plan_cuda_memory(c, 0, opt.ctx_size, std::max(1, opt.chunk), opt.slots, elem,
+                                              kv_blocks_per_slot(opt.ctx_size));
+    char share_s[32];
+    std::snprintf(share_s, sizeof share_s, "%g", opt.gpu_memory_utilization);
+    throw Error(std::string("--gpu-memory-utilization ") + share_s + ": " + format_gb(budget) +
+                " of the GPU's " + format_gb(total_b) + " is left for the KV cache and " + "buffers (" +
+                format_gb(static_cast<uint64_t>(used)) + " in use, the weights included), less " + "than " +
+                std::to_string(opt.slots) + " sequences with room for one context of " +
+                std::to_string(opt.ctx_size) + " positions need (" + format_gb(p.total()) +
+                "): raise it, or lower --ctx-size, --parallel or --batch-size");
+}
+
 class CudaBackendImpl final : public CudaBackend {
   public:
+    // (dw is moved only inside CudaModel's constructor, after paged_pool_blocks has read its config)
     CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
         : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), opt.tuning, opt.kv_dtype, nullptr,
-                 opt.slots),
+                 opt.slots, paged_pool_blocks(dw->config, opt)),
           device_select_(opt.tuning.device_sampling) {}
 
     const ModelConfig& config() const override { return model_.config(); }
@@ -87,6 +113,10 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_batch(slots, ids, n);
     }
     int batch_rows() const override { return model_.chunk(); }
+    int64_t kv_pool_blocks() const override { return model_.kv_pool_blocks(); }
+    void slot_set_blocks(int slot, const int* blocks, int64_t n) override {
+        model_.set_slot_blocks(slot, blocks, n);
+    }
     std::string prefill_note() const override {
         if (!config().moe) return {};
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();

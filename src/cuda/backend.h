@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
+#include "model/error.h"
 #include "runtime/backend.h"
 #include "runtime/graph_timeline.h"
 #include "runtime/slot_backend.h"
@@ -74,6 +75,14 @@ class CudaBackend : public Backend {
     virtual std::vector<CudaProfileEntry> profile_batch(const int* slots, const int* ids, int n) = 0;
     // The most sequences one decode_batch takes besides the slots: the prefill chunk (-b) bounds its rows.
     virtual int batch_rows() const { return 1; }
+    // The paged KV cache (slots > 1; cuda/kv_cache.h): its pool of blocks of kKvBlock positions (0: none),
+    // and a slot's block table, block numbers [0, n) (slot_eval / decode_batch use it from then on; by
+    // default slot s holds blocks [s * ctx / kKvBlock, ...) where the pool has them).
+    virtual int64_t kv_pool_blocks() const { return 0; }
+    virtual void slot_set_blocks(int slot, const int* blocks, int64_t n) {
+        (void)slot, (void)blocks, (void)n;
+        throw Error("internal: this backend has no paged KV cache");
+    }
     // How the prefill ran where it has choices (the 26B's experts: GEMM passes or GEMV kernels); "" if none.
     virtual std::string prefill_note() const { return {}; }
     virtual uint64_t weight_bytes() const = 0;  // bytes of weights resident on the GPU

@@ -30,8 +30,32 @@ void CudaModel::reset_slot(int slot) {
     slot_pos_[static_cast<size_t>(slot)] = 0;
 }
 
+void CudaModel::set_slot_blocks(int slot, const int* blocks, int64_t n) {
+    check_slot(slot, slots_);
+    if (kv_.pool_blocks == 0) throw Error("internal: block tables for a model without a paged KV cache");
+    if (n < 0 || n > kv_.table_stride)
+        throw Error("KV block table of slot " + std::to_string(slot) + ": " + std::to_string(n) +
+                    " blocks, at most " + std::to_string(kv_.table_stride) + " (the context)");
+    for (int64_t i = 0; i < n; ++i)
+        if (blocks[i] < 0 || blocks[i] >= kv_.pool_blocks)
+            throw Error("KV block table of slot " + std::to_string(slot) + ": block " + std::to_string(i) +
+                        " is " + std::to_string(blocks[i]) + ", outside the pool of " +
+                        std::to_string(kv_.pool_blocks));
+    std::copy(blocks, blocks + n, kv_.host_table.begin() + slot * kv_.table_stride);
+    kv_.table_dirty = true;
+}
+
+// Pageable host memory: the copy returns once the rows are staged, so the host may change them again.
+void CudaModel::upload_block_tables() {
+    if (!kv_.table_dirty) return;
+    CUDA_CHECK(cudaMemcpyAsync(kv_.table, kv_.host_table.data(), kv_.host_table.size() * sizeof(int),
+                               cudaMemcpyHostToDevice, stream_));
+    kv_.table_dirty = false;
+}
+
 void CudaModel::prefill_slot(int slot, const int* ids, int n) {
     check_slot(slot, slots_);
+    upload_block_tables();
     const int64_t saved = n_past;
     cur_slot_ = slot;
     n_past = slot_pos_[static_cast<size_t>(slot)];
@@ -76,9 +100,13 @@ std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int 
         slot[static_cast<size_t>(t)] = s;
         max_pos = std::max(max_pos, p);
     }
-    if (n == 1 && !pf) return {decode_slot(slot[0], ids[0], logits)};
+    if (n == 1 && !pf) {
+        upload_block_tables();
+        return {decode_slot(slot[0], ids[0], logits)};
+    }
     const int64_t V = c_.vocab_size;
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned ids and the positions are free
+    upload_block_tables();
     std::copy(ids, ids + n, st_.h_ids);
     CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));

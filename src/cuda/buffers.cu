@@ -203,8 +203,9 @@ void CudaModel::alloc_moe(const Tuning& tuning) {
     moe_.eslots = take<float>(CudaBuf::kExpertSlots);
 }
 
-// The KV cache (KV-shared layers point at their source's), batched decode's per-token arrays, all rows'
-// logits where slots decode together, and the RoPE frequencies.
+// The KV cache (KV-shared layers point at their source's), the paged layers' block tables (slot s's
+// blocks [s * stride, (s + 1) * stride) where the pool holds them, else block 0 until set_slot_blocks),
+// batched decode's per-token arrays, all rows' logits where slots decode together, and the RoPE frequencies.
 void CudaModel::alloc_cache(const Widths& wd) {
     const int L = c_.n_layers;
     kv_.layers.resize(L);
@@ -212,9 +213,9 @@ void CudaModel::alloc_cache(const Widths& wd) {
         if (!c_.layers[i].has_own_kv()) continue;
         LayerCache& lc = kv_.layers[i];
         lc.cap = layout_.kv_cap[i];  // sliding layers: a ring of min(ctx, window + chunk) positions
-        lc.slot_stride = layout_.kv_slot_stride[i];
-        const size_t elems = static_cast<size_t>(lc.slot_stride) * slots_;
-        const size_t bytes = elems * static_cast<size_t>(kv_.elem_bytes);
+        lc.paged = layout_.kv_paged[i] != 0;
+        lc.slot_stride = lc.paged ? 0 : layout_.kv_elems[i] / slots_;
+        const size_t bytes = static_cast<size_t>(layout_.kv_elems[i]) * static_cast<size_t>(kv_.elem_bytes);
         lc.k = alloc<char>(bytes);
         lc.v = alloc<char>(bytes);
         CUDA_CHECK(cudaMemset(lc.k, 0, bytes));
@@ -223,6 +224,17 @@ void CudaModel::alloc_cache(const Widths& wd) {
     }
     for (int i = 0; i < L; ++i)
         if (!c_.layers[i].has_own_kv()) kv_.layers[i] = kv_.layers[c_.layers[i].kv_source];
+    kv_.pool_blocks = layout_.kv_blocks;
+    kv_.table_stride = layout_.kv_table_stride;
+    kv_.table = take<int>(CudaBuf::kKvTable);
+    kv_.gather = attn_gemm_.gather = take<char>(CudaBuf::kKvGather);
+    if (kv_.table) {
+        kv_.host_table.assign(static_cast<size_t>(layout_[CudaBuf::kKvTable]), 0);
+        for (size_t e = 0; e < kv_.host_table.size(); ++e)
+            if (static_cast<int64_t>(e) < kv_.pool_blocks) kv_.host_table[e] = static_cast<int>(e);
+        kv_.table_dirty = true;
+        upload_block_tables();
+    }
     d_bpos_ = take<int>(CudaBuf::kBatchPos);
     d_bslot_ = take<int>(CudaBuf::kBatchSlot);
     d_bnext_ = take<int>(CudaBuf::kBatchNext);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/backend.h"
+#include "loading/memory_plan.h"
 #include "model/error.h"
 
 namespace markbase {
@@ -77,6 +78,11 @@ class CudaSlotBackend final : public SlotBackend {
         last_.decode = std::chrono::duration<double>(t2 - t1).count();
     }
     StepSeconds last_step_seconds() const override { return last_; }
+    int64_t kv_pool_blocks() const override { return be_->kv_pool_blocks(); }
+    int kv_block_size() const override { return kKvBlock; }
+    void set_kv_blocks(int slot, std::span<const int32_t> blocks) override {
+        be_->slot_set_blocks(slot, blocks.data(), static_cast<int64_t>(blocks.size()));
+    }
 
   private:
     std::unique_ptr<CudaBackend> be_;

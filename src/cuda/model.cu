@@ -14,7 +14,7 @@
 namespace markbase::cuda {
 
 CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
-                     KvDtype kv_dtype, const ShardContext* shard, int slots)
+                     KvDtype kv_dtype, const ShardContext* shard, int slots, int64_t kv_blocks)
     : dw_(std::move(dw)), c_(dw_->config), w_(dw_->w), ctx_(ctx), chunk_(chunk) {
     if (shard) shard_ = *shard;
     if (slots < 1) throw Error("--parallel: at least one sequence slot, found " + std::to_string(slots));
@@ -38,6 +38,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         spec.gemv_ring = plan_.gemv_kernel == GemvKernel::kRowsAsyncGeglu;
         spec.attn_gemm_rows = tuning.attn_gemm_rows;
         spec.kv_elem_bytes = kv_.elem_bytes = gpu_kv_bytes(kv_dtype, slots);
+        spec.kv_blocks = kv_blocks;
         layout_ = cuda_buffers(c_, spec);
         alloc_step();
         if (c_.moe) alloc_moe(tuning);

@@ -221,8 +221,9 @@ cudaGraphExec_t instantiate_graph(cudaGraph_t g);
 class CudaModel {
   public:
     // slots: sequences with a cache each, for decode_batch (1: the single-sequence model)
+    // kv_blocks: with slots, the paged cache's pool (memory_plan.h; 0: every slot's whole context)
     CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, const Tuning& tuning,
-              KvDtype kv_dtype, const ShardContext* shard = nullptr, int slots = 1);
+              KvDtype kv_dtype, const ShardContext* shard = nullptr, int slots = 1, int64_t kv_blocks = 0);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;
@@ -273,6 +274,10 @@ class CudaModel {
     void reset_slot(int slot);
     // Appends n <= chunk ids to the slot's sequence (a prefill into its cache).
     void prefill_slot(int slot, const int* ids, int n);
+    // The paged cache (slots > 1): its pool, and slot's block numbers [0, n) in the given blocks (used from
+    // the slot's next step on; an id outside the pool, or more than ctx / kKvBlock of them, is an Error).
+    int64_t kv_pool_blocks() const { return kv_.pool_blocks; }
+    void set_slot_blocks(int slot, const int* blocks, int64_t n);
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
@@ -396,6 +401,7 @@ class CudaModel {
     void alloc_step();
     void alloc_moe(const Tuning& tuning);
     void alloc_cache(const Widths& wd);
+    void upload_block_tables();  // the host's block tables to the device (stream-ordered), when changed
     template <class T>
     T* alloc(size_t count);
     // buffers.cu: the memory plan's buffer b (layout_), allocated once; after construction, check_layout()
@@ -406,19 +412,23 @@ class CudaModel {
     void ensure_all_logits();  // act_.all_logits: on first use by one sequence (eagerly with slots)
     void attention_args(int i, AttnArgs& a) const;
     // Layer i's cache in QkvPost / AttnArgs: the current slot's (cur_slot_), or while decode_batch runs the
-    // slots' base with each token's position and slot.
+    // slots' base with each token's position and slot; a paged layer's through the block tables.
     template <class Args>
     void bind_cache(int i, Args& a) const {
         const LayerCache& lc = kv_.layers[i];
-        const int64_t off = batch_ ? 0 : cur_slot_ * lc.slot_stride * kv_.elem_bytes;  // bytes
+        const int64_t off = batch_ || lc.paged ? 0 : cur_slot_ * lc.slot_stride * kv_.elem_bytes;  // bytes
         a.cap = lc.cap;
         a.kv_bf16 = kv_.elem_bytes == 2;
         a.k_cache = static_cast<char*>(lc.k) + off;
         a.v_cache = static_cast<char*>(lc.v) + off;
+        if (lc.paged) {
+            a.block_table = kv_.table + (batch_ ? 0 : cur_slot_ * kv_.table_stride);
+            a.table_stride = kv_.table_stride;
+            a.block_shift = kKvBlockShift;
+        }
         if (batch_) {
             a.tok_pos = d_bpos_;
             a.tok_slot = d_bslot_;
-            a.slot_stride = lc.slot_stride;
         }
     }
 

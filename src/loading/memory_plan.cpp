@@ -1,6 +1,7 @@
 #include "loading/memory_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 namespace markbase {
@@ -22,7 +23,7 @@ const std::array<CudaBufInfo, static_cast<size_t>(CudaBuf::kCount)> kCudaBufInfo
     {"moe_ey2", 4},        {"moe_plan", 1},     {"group_experts", 4}, {"group_offsets", 4},
     {"group_entries", 4},  {"expert_in", 4},    {"expert_hidden", 4}, {"expert_slots", 4},
     {"batch_pos", 4},      {"batch_slot", 4},   {"batch_next", 4},    {"rope_sliding", 4},
-    {"rope_full", 4},      {"all_logits", 4},
+    {"rope_full", 4},      {"all_logits", 4},   {"kv_table", 4},      {"kv_gather", 1},
 }};
 // clang-format on
 
@@ -141,23 +142,36 @@ void moe_buffers(const ModelConfig& c, CudaBuffers& b) {
     set(CudaBuf::kExpertSlots, n * K * H);
 }
 
-// The KV cache (K and V per layer with its own cache, slots deep; sliding layers hold a ring of
-// min(ctx, window + chunk) positions), batched decode's arrays and the RoPE tables (alloc_cache).
+// The KV cache (K and V per layer with its own cache; sliding layers hold a ring of min(ctx, window + chunk)
+// positions per slot; full layers one slot's whole context, or with slots a pool of blocks), batched decode's
+// arrays, the block tables and prefill's gather, and the RoPE tables (alloc_cache).
 void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
     const CudaBufferSpec& s = b.spec;
     auto set = [&](CudaBuf k, int64_t v) { b.count[static_cast<size_t>(k)] = v; };
     b.kv_cap.assign(c.layers.size(), 0);
-    b.kv_slot_stride.assign(c.layers.size(), 0);
+    b.kv_elems.assign(c.layers.size(), 0);
+    b.kv_paged.assign(c.layers.size(), 0);
+    if (s.paged()) {
+        b.kv_table_stride = kv_blocks_per_slot(s.ctx);
+        b.kv_blocks = s.kv_blocks > 0 ? s.kv_blocks : s.slots * b.kv_table_stride;
+    }
+    int64_t full_row = 0;  // the widest paged layer's K row (nKV * d)
     for (size_t i = 0; i < c.layers.size(); ++i) {
         const LayerSpec& l = c.layers[i];
         if (!l.has_own_kv()) continue;  // KV-shared layers read their source's cache
-        b.kv_cap[i] = l.kind == AttentionKind::Sliding
-                          ? std::min<int64_t>(s.ctx, int64_t{c.sliding_window} + s.chunk)
-                          : s.ctx;
-        b.kv_slot_stride[i] = b.kv_cap[i] * l.n_kv_heads * l.head_dim;
+        const int64_t row = int64_t{l.n_kv_heads} * l.head_dim;
+        const bool sliding = l.kind == AttentionKind::Sliding;
+        b.kv_cap[i] = sliding ? std::min<int64_t>(s.ctx, int64_t{c.sliding_window} + s.chunk) : s.ctx;
+        b.kv_paged[i] = s.paged() && !sliding;
+        b.kv_elems[i] = b.kv_paged[i] ? b.kv_blocks * kKvBlock * row : b.kv_cap[i] * row * s.slots;
+        if (b.kv_paged[i]) full_row = std::max(full_row, row);
     }
     if (s.slots > 1)
         for (CudaBuf k : {CudaBuf::kBatchPos, CudaBuf::kBatchSlot, CudaBuf::kBatchNext}) set(k, s.chunk);
+    if (s.paged()) {
+        set(CudaBuf::kKvTable, s.slots * b.kv_table_stride);
+        set(CudaBuf::kKvGather, 2 * s.ctx * full_row * s.kv_elem_bytes);  // K then V, positions [0, ctx)
+    }
     set(CudaBuf::kRopeSliding, wd.head_sliding / 2);  // RopeParams::inverse_frequencies: d / 2
     set(CudaBuf::kRopeFull, wd.head_full / 2);
     set(CudaBuf::kAllLogits, int64_t{s.chunk} * c.vocab_size);
@@ -174,9 +188,18 @@ uint64_t CudaBuffers::eager_bytes() const {
 
 uint64_t CudaBuffers::kv_bytes() const {
     uint64_t sum = 0;
-    for (int64_t stride : kv_slot_stride)
-        sum += 2 * static_cast<uint64_t>(stride) * static_cast<uint64_t>(spec.slots) *
-               static_cast<uint64_t>(spec.kv_elem_bytes);
+    for (int64_t elems : kv_elems)
+        sum += 2 * static_cast<uint64_t>(elems) * static_cast<uint64_t>(spec.kv_elem_bytes);
+    return sum;
+}
+
+uint64_t CudaBuffers::kv_block_bytes() const {
+    if (kv_blocks == 0) return 0;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < kv_elems.size(); ++i)
+        if (kv_paged[i])
+            sum += 2 * static_cast<uint64_t>(kv_elems[i] / kv_blocks) *
+                   static_cast<uint64_t>(spec.kv_elem_bytes);
     return sum;
 }
 
@@ -200,7 +223,7 @@ std::string format_gb(uint64_t bytes) {
 }
 
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
-                                int slots, int kv_elem_bytes) {
+                                int slots, int kv_elem_bytes, int64_t kv_blocks) {
     CudaMemoryPlan p;
     p.ctx = clamp_ctx(c, ctx);
     p.chunk = clamp_chunk(p.ctx, chunk);
@@ -213,14 +236,34 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int
     spec.slots = p.slots;
     spec.gemv_ring = c.moe;
     spec.kv_elem_bytes = kv_elem_bytes;
+    spec.kv_blocks = kv_blocks;
     const CudaBuffers b = cuda_buffers(c, spec);
     p.kv_cache = b.kv_bytes();
     p.workspace = b.eager_bytes() + kCudaRuntimeReserve;
     return p;
 }
 
-uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes) {
-    return plan_cuda_memory(c, 0, ctx, chunk, slots, kv_elem_bytes).kv_cache;
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes,
+                             int64_t kv_blocks) {
+    return plan_cuda_memory(c, 0, ctx, chunk, slots, kv_elem_bytes, kv_blocks).kv_cache;
+}
+
+int64_t fit_kv_blocks(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
+                      int kv_elem_bytes, uint64_t budget) {
+    if (slots < 2) return 0;
+    // the plan is linear in the pool: its total at one sequence's context, plus a block's bytes per block
+    const int64_t one = kv_blocks_per_slot(clamp_ctx(c, ctx));
+    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk, slots, kv_elem_bytes, one);
+    if (p.total() > budget) return 0;
+    CudaBufferSpec spec;
+    spec.ctx = p.ctx;
+    spec.chunk = p.chunk;
+    spec.slots = p.slots;
+    spec.kv_elem_bytes = kv_elem_bytes;
+    spec.kv_blocks = one;
+    const uint64_t per_block = cuda_buffers(c, spec).kv_block_bytes();
+    if (per_block == 0) return one;
+    return one + static_cast<int64_t>(std::min<uint64_t>((budget - p.total()) / per_block, INT32_MAX - one));
 }
 
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots) {
@@ -228,11 +271,13 @@ uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int 
 }
 
 FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
-                        uint64_t free_bytes, const std::string& device, int kv_elem_bytes) {
+                        uint64_t free_bytes, const std::string& device, int kv_elem_bytes,
+                        int64_t kv_blocks) {
     FitCheck f;
-    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk, slots, kv_elem_bytes);
+    const CudaMemoryPlan p = plan_cuda_memory(c, weight_bytes, ctx, chunk, slots, kv_elem_bytes, kv_blocks);
     auto fits_at = [&](int64_t x) {
-        return plan_cuda_memory(c, weight_bytes, x, chunk, slots, kv_elem_bytes).total() <= free_bytes;
+        return plan_cuda_memory(c, weight_bytes, x, chunk, slots, kv_elem_bytes, kv_blocks).total() <=
+               free_bytes;
     };
     // Every term grows with the context, so the largest context that fits is found by bisection.
     if (fits_at(1)) {

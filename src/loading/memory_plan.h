@@ -43,6 +43,16 @@ inline int64_t attn_gemm_keys(const ModelConfig& c, int64_t ctx, int chunk) {
     return std::min<int64_t>(ctx, std::max<int64_t>(kAttnGemmKeys, int64_t{c.sliding_window} + chunk));
 }
 
+// The paged KV cache (more than one sequence slot): the full-attention layers' K and V live in a pool of
+// blocks of kKvBlock positions, found through a block table per slot (runtime/kv_blocks.h keeps the tables);
+// sliding layers keep a ring of min(ctx, window + chunk) positions per slot, which never holds more than a
+// query can read.
+constexpr int kKvBlock = 16;
+constexpr int kKvBlockShift = 4;  // log2(kKvBlock)
+inline int64_t kv_blocks_per_slot(int64_t ctx) {
+    return (ctx + kKvBlock - 1) / kKvBlock;
+}
+
 // Decode attention's pieces per layer: at most this many blocks (the model takes ~2 waves of its SMs, never
 // more than this, so the scratch sized here holds any GPU's pieces).
 constexpr int kMaxDecodePieces = 512;
@@ -56,6 +66,8 @@ struct CudaBufferSpec {
     bool gemv_ring = false;      // the cp.async GeGLU ring (Tuning::gemv; by default the MoE on one GPU)
     int64_t attn_gemm_rows = 0;  // Tuning::attn_gemm_rows (tests); 0: every query head of a chunk
     int kv_elem_bytes = 2;       // the KV cache's element: 2 bf16, 4 fp32 (runtime/kv_dtype.h's gpu_kv_bytes)
+    int64_t kv_blocks = 0;       // paged (slots > 1): the pool's blocks; 0: every slot's whole context
+    bool paged() const { return slots > 1; }
 };
 
 // Every device buffer of CudaModel but the KV cache (CudaBuffers::kv_*), in the order buffers.cu takes them.
@@ -71,6 +83,8 @@ enum class CudaBuf : int {
     kGroupEntries, kExpertIn, kExpertHidden, kExpertSlots,
     // batched decode's per-token arrays, the RoPE tables, all rows' logits
     kBatchPos, kBatchSlot, kBatchNext, kRopeSliding, kRopeFull, kAllLogits,
+    // the paged cache's block tables [slots][blocks per slot] and prefill's gather of one slot's K and V
+    kKvTable, kKvGather,
     kCount
 };
 // clang-format on
@@ -90,11 +104,14 @@ struct CudaBuffers {
     CudaBufferSpec spec;
     std::array<int64_t, static_cast<size_t>(CudaBuf::kCount)> count{};  // elements; 0: not allocated
     // shapes buffers.cu needs beyond the counts
-    int64_t y2_cols = 0;                  // the dense GEMMs' stacked output width
-    int64_t max_pieces = 0;               // attention pieces part_o / part_ml hold
-    int moe_cap = 0;                      // MoE prefill rows per expert
-    std::vector<int64_t> kv_cap;          // [L] positions per slot (sliding: a ring); 0: KV-shared layer
-    std::vector<int64_t> kv_slot_stride;  // [L] elements of one slot's K (or V)
+    int64_t y2_cols = 0;            // the dense GEMMs' stacked output width
+    int64_t max_pieces = 0;         // attention pieces part_o / part_ml hold
+    int moe_cap = 0;                // MoE prefill rows per expert
+    std::vector<int64_t> kv_cap;    // [L] positions per slot (sliding: a ring); 0: KV-shared layer
+    std::vector<int64_t> kv_elems;  // [L] elements of the layer's K (or V): every slot's ring, or the pool
+    std::vector<char> kv_paged;     // [L] the layer's K and V are the pool's blocks
+    int64_t kv_blocks = 0;          // the pool (paged), resolved; 0: not paged
+    int64_t kv_table_stride = 0;    // block table entries per slot (paged)
 
     int64_t operator[](CudaBuf b) const { return count[static_cast<size_t>(b)]; }
     static const char* name(CudaBuf b) { return kCudaBufInfo[static_cast<size_t>(b)].name; }
@@ -104,8 +121,9 @@ struct CudaBuffers {
     // All rows' logits are allocated on first use by one sequence (perplexity's all_logits; not counted, as
     // docs/loading.md says) and at construction with slots, whose batched decode always needs them.
     bool eager(CudaBuf b) const { return b != CudaBuf::kAllLogits || spec.slots > 1; }
-    uint64_t eager_bytes() const;  // what the constructor allocates besides the KV cache
-    uint64_t kv_bytes() const;     // K and V of every slot of every layer with its own cache
+    uint64_t eager_bytes() const;     // what the constructor allocates besides the KV cache
+    uint64_t kv_bytes() const;        // K and V of every slot of every layer with its own cache
+    uint64_t kv_block_bytes() const;  // K and V of one pool block over the paged layers (0: not paged)
 };
 CudaBuffers cuda_buffers(const ModelConfig& c, const CudaBufferSpec& spec);
 
@@ -121,10 +139,16 @@ struct CudaMemoryPlan {
 
 // kv_elem_bytes: the KV cache's element size, 2 (bf16) or 4 (fp32); the backend's choice is
 // runtime/kv_dtype.h's gpu_kv_bytes (auto: bf16 with more than one slot, fp32 for one sequence)
-uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes = 2);
+// kv_blocks: the paged pool (slots > 1; 0: every slot's whole context, CudaBufferSpec::kv_blocks)
+uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes = 2,
+                             int64_t kv_blocks = 0);
 uint64_t cuda_workspace_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots);  // reserve included
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk,
-                                int slots, int kv_elem_bytes = 2);
+                                int slots, int kv_elem_bytes = 2, int64_t kv_blocks = 0);
+// The largest paged pool (slots > 1) whose plan fits in `budget` bytes (weights included), or 0 when not
+// even one sequence's whole context (kv_blocks_per_slot(ctx) blocks) fits.
+int64_t fit_kv_blocks(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
+                      int kv_elem_bytes, uint64_t budget);
 
 struct FitCheck {
     bool fits = true;
@@ -133,7 +157,8 @@ struct FitCheck {
 };
 // `device` names the GPU in the message ("NVIDIA H200").
 FitCheck check_cuda_fit(const ModelConfig& c, uint64_t weight_bytes, int64_t ctx, int chunk, int slots,
-                        uint64_t free_bytes, const std::string& device, int kv_elem_bytes = 2);
+                        uint64_t free_bytes, const std::string& device, int kv_elem_bytes = 2,
+                        int64_t kv_blocks = 0);
 
 std::string format_gb(uint64_t bytes);  // "50.5 GB" (decimal, as the receipts)
 

@@ -34,7 +34,12 @@ struct BackendOptions {
     int tensor_parallel = 1;  // GPUs one model is split over (CUDA; --tensor-parallel-size)
     int slots = 1;            // sequences with their own cache for batched decode (CUDA; --parallel)
     KvDtype kv_dtype = KvDtype::kAuto;  // the cache's element type (--kv-cache-dtype; runtime/kv_dtype.h)
-    Tuning tuning;                      // runtime/tuning.h: --tuning / $MARKBASE_TUNING
+    // CUDA with slots > 1: the paged KV cache's pool of blocks (loading/memory_plan.h kKvBlock positions
+    // each). kv_blocks > 0: that many. Else gpu_memory_utilization > 0: what that share of the GPU's memory
+    // leaves after the weights and buffers (serve --gpu-memory-utilization). Else every slot's whole context.
+    int64_t kv_blocks = 0;
+    double gpu_memory_utilization = 0;
+    Tuning tuning;  // runtime/tuning.h: --tuning / $MARKBASE_TUNING
 };
 
 class Backend {

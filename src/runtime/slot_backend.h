@@ -13,8 +13,11 @@
 // CUDA (make_cuda_slot_backend, src/cuda/cuda_slots.cpp): BackendOptions::slots caches of CudaBackend (the
 // ones `bench -np` decodes together). A step runs every prompt chunk through slot_eval, less its last id
 // where logits are wanted, then every wanted row (decode tokens and those held-back last ids) through
-// decode_batch: the weights read once for all of them. The paged cache (runtime/kv_blocks.h) is the engine's
-// accounting today; on the GPU each slot still holds ctx positions, so max_sequences * ctx bounds the memory.
+// decode_batch: the weights read once for all of them. Its full-attention layers' K and V are paged
+// (cuda/kv_cache.h): the engine's block tables (runtime/kv_blocks.h) say where each position lives in a
+// pool sized to the GPU's memory, so the memory bounds the positions held, not max_sequences * ctx; its
+// sliding layers keep a ring of window + chunk positions per slot. The CPU's caches are per slot, the
+// engine's tables their accounting only.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +62,12 @@ class SlotBackend {
     // then.
     virtual void eval_slots(const std::vector<SlotWork>& work, float* logits, int* next = nullptr) = 0;
     virtual StepSeconds last_step_seconds() const = 0;
+    // A paged backend: the pool's blocks of kv_block_size() positions that the full-attention layers' K and V
+    // live in (0: not paged), and a slot's block table for them (block number i at blocks[i]), set before
+    // each step whose positions it covers.
+    virtual int64_t kv_pool_blocks() const { return 0; }
+    virtual int kv_block_size() const { return 0; }
+    virtual void set_kv_blocks(int slot, std::span<const int32_t> blocks) { (void)slot, (void)blocks; }
 };
 
 // BackendOptions::slots caches of ctx_size positions each (slots >= 1).

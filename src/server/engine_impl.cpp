@@ -32,7 +32,15 @@ SchedulerLimits scheduler_limits(const EngineLimits& l) {
     return s;
 }
 
-KvBlockOptions kv_options(const ModelConfig& c, const EngineLimits& l) {
+// A paged backend's pool is its full-attention layers' blocks (its sliding layers keep a ring per slot);
+// otherwise the tables are the accounting of per-slot caches.
+KvBlockOptions kv_options(const ModelConfig& c, const EngineLimits& l, const SlotBackend& be) {
+    if (be.kv_pool_blocks() > 0) {
+        KvBlockOptions o = KvBlockOptions::for_model(c, be.kv_pool_blocks(), be.kv_block_size());
+        o.sliding = false;
+        if (l.kv_blocks > 0) o.n_blocks = std::min(o.n_blocks, l.kv_blocks);
+        return o;
+    }
     KvBlockOptions o = KvBlockOptions::for_model(c, l.kv_blocks, kBlockSize);
     if (l.kv_blocks == 0) {
         const KvBlockAllocator probe(o);
@@ -44,7 +52,7 @@ KvBlockOptions kv_options(const ModelConfig& c, const EngineLimits& l) {
 class EngineImpl final : public Engine {
   public:
     EngineImpl(SlotBackend& be, const Tokenizer& tok, const ModelConfig& c, EngineLimits lim)
-        : be_(be), tok_(tok), cfg_(c), lim_(lim), sched_(scheduler_limits(lim), kv_options(c, lim)) {
+        : be_(be), tok_(tok), cfg_(c), lim_(lim), sched_(scheduler_limits(lim), kv_options(c, lim, be)) {
         if (lim.max_sequences > be.slots())
             throw Error("max_sequences " + std::to_string(lim.max_sequences) + " exceeds the backend's " +
                         std::to_string(be.slots()) + " slots");
@@ -231,6 +239,10 @@ void EngineImpl::step() {
     logits_.resize(static_cast<size_t>(rows * V));
     next_.resize(static_cast<size_t>(rows));
     try {
+        if (be_.kv_pool_blocks() > 0)  // where each slot's positions live in the paged cache
+            for (const StepWork& w : st.work)
+                if (const KvBlockTables* t = sched_.blocks().tables(w.seq))
+                    be_.set_kv_blocks(w.slot, t->full);
         if (!work.empty()) be_.eval_slots(work, rows ? logits_.data() : nullptr, next_.data());
     } catch (const std::exception& e) {  // the caches of this step's slots are unknown now: fail them all
         for (const StepWork& w : st.work) finish(live_.at(w.seq), FinishReason::Error, "", e.what());

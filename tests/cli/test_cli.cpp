@@ -137,6 +137,8 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
              {"serve --device cpu --synthetic e2b", "draws its weights on the GPU"},
              {"serve --device cpu -tp 2", "--tensor-parallel-size needs --device cuda"},
              {"serve --device cpu -np 0", "-np"},
+             {"serve --device cpu --gpu-memory-utilization 1.5",
+              "serve: --gpu-memory-utilization must be in (0, 1], got 1.5"},
 #endif
          }) {
         Result r = run(c.args);

@@ -2,9 +2,10 @@
 // checkpoint, four sequences admitted at different steps, one prompt fed in two chunks (the first without
 // logits), listed in shifting orders and decoded together in groups smaller than the step (chunk 2 bounds
 // decode_batch's rows); every logits row must match that sequence run alone on the CPU to 1e-3 of its largest
-// magnitude (the decode rows run as GEMMs, as in test_cuda_batch.cpp). Then the serving engine over the CUDA
-// slots gives the CPU engine's greedy ids on the bundled model. Without a GPU every test skips with the
-// reason.
+// magnitude (the decode rows run as GEMMs, as in test_cuda_batch.cpp), with the full-attention layers' K and
+// V in blocks of a paged pool that the default tables would not use. Then the serving engine over the CUDA
+// slots gives the CPU engine's greedy ids on the bundled model, also with a pool too small for every
+// sequence at once (preemption). Without a GPU every test skips with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,8 +53,20 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
     std::vector<testing::AloneRun> alone;
     for (const auto& p : prompts) alone.push_back(testing::run_alone_on_cpu(*ck, options(1), p, decodes));
 
-    auto sb = make_cuda_slot_backend(make_cuda_backend(*ck, options(4)), 4);
+    // the paged cache with a pool of 4 blocks of 16 positions, one per sequence, none where the default
+    // tables would put it (slot s's block 0 would be block 4 s, outside the pool for s > 0)
+    BackendOptions o = options(4);
+    o.kv_blocks = 4;
+    auto sb = make_cuda_slot_backend(make_cuda_backend(*ck, o), 4);
     ASSERT_EQ(sb->slots(), 4);
+    ASSERT_EQ(sb->kv_pool_blocks(), 4);
+    for (int slot = 0; slot < 4; ++slot) {
+        const int32_t block = (slot + 1) % 4;
+        sb->set_kv_blocks(slot, std::span<const int32_t>(&block, 1));
+    }
+    const std::vector<int32_t> outside = {4}, too_many = {0, 1, 2, 3, 0};
+    EXPECT_THROW(sb->set_kv_blocks(0, outside), Error) << "a block outside the pool";
+    EXPECT_THROW(sb->set_kv_blocks(0, too_many), Error) << "more blocks than the context";
     // sequence s enters at step s in slot 3 - s; sequence 1's prompt comes in two steps, the first without
     // logits
     std::vector<int> fed(prompts.size(), -1);  // decode tokens fed; -1: the prompt is not all in
@@ -153,6 +166,40 @@ TEST_F(CudaEngine, ServesTheCpusGreedyIds) {
         EXPECT_EQ(sinks[i]->reason(), FinishReason::Length) << sinks[i]->error();
         EXPECT_EQ(sinks[i]->ids(), alone(prompt(texts[i]), greedy(), 24)) << texts[i];
     }
+#endif
+}
+
+// Three greedy requests of 40 tokens on three slots whose paged pool holds 5 blocks of 16 positions (one
+// context of 64 takes 4; each reply ends at ~3): the newest is preempted, recomputed later, and every reply
+// is still the CPU's generate() alone; the pool is whole again once they are done.
+TEST_F(CudaEngine, APoolSmallerThanEverySequencePreemptsAndKeepsGreedyIds) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    BackendOptions o = options(3);
+    o.ctx_size = 64;
+    o.chunk = 64;
+    o.kv_blocks = 5;
+    o.kv_dtype = KvDtype::kF32;  // the CPU's exact cache: 40 greedy steps with no rounding in between
+    auto sb = make_cuda_slot_backend(make_cuda_backend(*ck_, o), 3);
+    ASSERT_EQ(sb->kv_pool_blocks(), 5);
+    EngineLimits l = limits(3);
+    l.ctx_size = 64;
+    auto engine = make_engine(*sb, *tok_, ck_->config, l);
+    const std::vector<std::string> texts = {"And God said", "In the beginning", "The LORD is my shepherd"};
+    std::vector<std::shared_ptr<Collect>> sinks;
+    for (const auto& t : texts) {
+        sinks.push_back(std::make_shared<Collect>());
+        engine->submit(request(prompt(t), greedy(), 40), sinks.back());
+    }
+    for (size_t i = 0; i < texts.size(); ++i) {
+        ASSERT_TRUE(sinks[i]->wait_done());
+        EXPECT_EQ(sinks[i]->reason(), FinishReason::Length) << sinks[i]->error();
+        EXPECT_EQ(sinks[i]->ids(), alone(prompt(texts[i]), greedy(), 40)) << texts[i];
+    }
+    const EngineMetrics m = settled(*engine);
+    EXPECT_GT(m.preemptions, 0u);
+    EXPECT_EQ(m.kv_blocks_used, 0);
+    EXPECT_EQ(m.kv_blocks_free, 5);
 #endif
 }
 

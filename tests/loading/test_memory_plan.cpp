@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "loading/config_json.h"
 #include "loading/memory_plan.h"
@@ -178,14 +179,51 @@ TEST(MemoryPlan, KvCacheScalesWithSlots) {
 }
 
 TEST(MemoryPlan, SlotsAddBatchArraysAndAllRowsLogits) {
-    // batched decode's positions, slots and next ids [chunk] ints, and the [chunk][V] logits it always needs
+    // batched decode's positions, slots and next ids [chunk] ints, the [chunk][V] logits it always needs,
+    // the paged cache's block tables (4096 / 16 ints per slot) and prefill's gather of one slot's full-layer
+    // K and V (4096 rows of 2 x 512, bf16)
     const ModelConfig c = hand_config();
     const uint64_t w1 = cuda_workspace_bytes(c, 4096, 256, 1);
-    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 2), w1 + 3 * 256 * 4 + 256ull * 1000 * 4);
-    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 64), cuda_workspace_bytes(c, 4096, 256, 2));
+    const uint64_t gather = 2ull * 4096 * 1024 * 2;
+    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 2),
+              w1 + 3 * 256 * 4 + 256ull * 1000 * 4 + 2 * 256 * 4 + gather);
+    EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 64), cuda_workspace_bytes(c, 4096, 256, 2) + 62 * 256 * 4);
     const ModelConfig big = variant("26b-a4b");
     EXPECT_EQ(cuda_workspace_bytes(big, 4096, 512, 64) - cuda_workspace_bytes(big, 4096, 512, 1),
-              3 * 512 * 4 + 512ull * 262144 * 4);
+              3 * 512 * 4 + 512ull * 262144 * 4 + 64 * 256 * 4 + gather);
+}
+
+TEST(MemoryPlan, PagedPoolBytesAndTheLargestPoolThatFits) {
+    const ModelConfig c = hand_config();
+    // two slots: the sliding layer's rings (768 positions each) and a pool of 100 blocks of 16 positions of
+    // the full layer (2 x 512), K and V, bf16
+    const uint64_t rings = 2ull * 2 * 768 * 256 * 2, block = 2ull * 16 * 1024 * 2;
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 2, 2, 100), rings + 100 * block);
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 2), rings + 2 * 256 * block);  // every slot's whole context
+    CudaBufferSpec spec;
+    spec.ctx = 4096;
+    spec.chunk = 256;
+    spec.slots = 2;
+    spec.kv_blocks = 100;
+    const CudaBuffers b = cuda_buffers(c, spec);
+    EXPECT_EQ(b.kv_block_bytes(), block);
+    EXPECT_EQ(b.kv_blocks, 100);
+    EXPECT_EQ(b.kv_table_stride, 256);
+    EXPECT_EQ(b.kv_paged, (std::vector<char>{0, 1, 0}));
+    spec.slots = 1;  // one sequence: not paged
+    EXPECT_EQ(cuda_buffers(c, spec).kv_blocks, 0);
+    EXPECT_EQ(cuda_buffers(c, spec)[CudaBuf::kKvTable], 0);
+    EXPECT_EQ(fit_kv_blocks(c, 0, 4096, 256, 1, 2, 1ull << 40), 0);
+
+    // the largest pool within a budget: its plan fits, one block more does not
+    const uint64_t weights = 1'000'000'000ull, budget = 2'000'000'000ull;
+    const int64_t n = fit_kv_blocks(c, weights, 4096, 256, 8, 2, budget);
+    ASSERT_GT(n, 256);
+    EXPECT_LE(plan_cuda_memory(c, weights, 4096, 256, 8, 2, n).total(), budget);
+    EXPECT_GT(plan_cuda_memory(c, weights, 4096, 256, 8, 2, n + 1).total(), budget);
+    // not even one context of 4096 positions (256 blocks): 0
+    const uint64_t short_budget = plan_cuda_memory(c, weights, 4096, 256, 8, 2, 256).total() - 1;
+    EXPECT_EQ(fit_kv_blocks(c, weights, 4096, 256, 8, 2, short_budget), 0);
 }
 
 TEST(MemoryPlan, ShardedRankDoublesTheMoePartials) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loading/checkpoint.h"
@@ -86,6 +87,16 @@ class Collect final : public RequestSink {
     std::string final_text_, error_;
     Usage usage_;
 };
+
+// Waits until the engine's gauges show nothing running or queued (they are published after each step).
+inline EngineMetrics settled(const Engine& e) {
+    EngineMetrics m = e.metrics();
+    for (int i = 0; i < 2000 && (m.running || m.queued || m.kv_blocks_used); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        m = e.metrics();
+    }
+    return m;
+}
 
 class EngineTest : public ::testing::Test {
   protected:

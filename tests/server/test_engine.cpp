@@ -15,16 +15,6 @@ namespace {
 
 using Sinks = std::vector<std::shared_ptr<Collect>>;
 
-// Waits until the engine's gauges show nothing running or queued (they are published after each step).
-EngineMetrics settled(const Engine& e) {
-    EngineMetrics m = e.metrics();
-    for (int i = 0; i < 2000 && (m.running || m.queued || m.kv_blocks_used); ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        m = e.metrics();
-    }
-    return m;
-}
-
 const std::vector<std::string> kTexts = {"And God said", "In the beginning", "The LORD is my shepherd",
                                          "Blessed are the", "Jesus answered and said"};
 

@@ -66,11 +66,15 @@ LoadedModel load_model(const ModelOptions& o) {
         uint64_t free_b = 0, total_b = 0;
         if (cuda_memory_info(&free_b, &total_b)) {
             // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole);
-            // batched decode (bench -np): a KV cache for each of the slots
-            const FitCheck f =
-                check_cuda_fit(lm.checkpoint->config, lm.checkpoint->bound_bytes / o.backend.tensor_parallel,
-                               o.backend.ctx_size, o.backend.chunk, o.backend.slots, free_b,
-                               cuda_device_info().name, gpu_kv_bytes(o.backend.kv_dtype, o.backend.slots));
+            // batched decode (bench -np): a KV cache for each of the slots; a pool sized to the memory
+            // (serve) needs room for one sequence's context here, and takes what is left once loaded
+            const BackendOptions& b = o.backend;
+            const int64_t pool = b.kv_blocks > 0                ? b.kv_blocks
+                                 : b.gpu_memory_utilization > 0 ? kv_blocks_per_slot(b.ctx_size)
+                                                                : 0;
+            const FitCheck f = check_cuda_fit(
+                lm.checkpoint->config, lm.checkpoint->bound_bytes / b.tensor_parallel, b.ctx_size, b.chunk,
+                b.slots, free_b, cuda_device_info().name, gpu_kv_bytes(b.kv_dtype, b.slots), pool);
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);

@@ -137,6 +137,14 @@ int cmd_serve(const Args& args) {
     limits.max_queue = a.integer({"--max-queue"}, limits.max_queue, 0, 1 << 20);
     limits.ctx_size = mo.backend.ctx_size;
     limits.step_token_budget = mo.backend.chunk;  // -b: a step's prompt tokens, the backend's prefill chunk
+    // the GPU's paged KV pool: what this share of its memory leaves after the weights and buffers (vLLM's
+    // flag and default)
+    mo.backend.gpu_memory_utilization = a.number({"--gpu-memory-utilization"}, 0.9);
+    if (!(mo.backend.gpu_memory_utilization > 0 && mo.backend.gpu_memory_utilization <= 1)) {
+        char got[32];
+        std::snprintf(got, sizeof got, "%g", mo.backend.gpu_memory_utilization);
+        throw UsageError(std::string("serve: --gpu-memory-utilization must be in (0, 1], got ") + got);
+    }
     const SamplingParams defaults = read_sampling(a, mo.model_dir);
     a.finish();
 

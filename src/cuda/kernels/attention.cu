@@ -127,7 +127,7 @@ __device__ __forceinline__ void batch_load(const AttnArgs& a, const PieceGeometr
     auto key_j = [&](int u) { return min(warp * 4 + u, cnt - 1); };
     auto val_j = [&](int u) { return min(warp + u * kWarpsAttn, cnt - 1); };
     auto row = [&](const void* cache, int j) {
-        return static_cast<const KvT*>(cache) + (((start + j) % a.cap) * a.nKV + g) * d;
+        return static_cast<const KvT*>(cache) + (kv_row(a, 0, start + j) * a.nKV + g) * d;
     };
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -198,8 +198,8 @@ __device__ __forceinline__ void tile_scores(const AttnArgs& a, const float4* q4,
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int j = min(j0 + u, cnt - 1);
-            load_lane_row(static_cast<const KvT*>(a.k_cache) + (((ts + j) % a.cap) * a.nKV + g) * d, lane, d4,
-                          kv[u]);
+            load_lane_row(static_cast<const KvT*>(a.k_cache) + (kv_row(a, 0, ts + j) * a.nKV + g) * d, lane,
+                          d4, kv[u]);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -223,8 +223,8 @@ __device__ __forceinline__ void tile_values(const AttnArgs& a, const float* sc, 
             const int j = j0 + u * kWarpsAttn;
             p[u] = j < cnt ? sc[j] : 0.0f;
             load_lane_row(
-                static_cast<const KvT*>(a.v_cache) + (((ts + min(j, cnt - 1)) % a.cap) * a.nKV + g) * d, lane,
-                d4, vv[u]);
+                static_cast<const KvT*>(a.v_cache) + (kv_row(a, 0, ts + min(j, cnt - 1)) * a.nKV + g) * d,
+                lane, d4, vv[u]);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u)

@@ -15,7 +15,7 @@
 // wraps the chunk's key range is two runs of slots. Every slot in [0, Ls), Ls = min(cap, pos0 + n), holds the
 // latest position of its residue class, which the mask recomputes; a slot outside a query's range scores 0
 // after the softmax. The full chunk x Ls rectangle is computed (the masked half of the chunk's own block
-// too).
+// too). A paged layer's slot (kv_cache.h) is first gathered into one contiguous run of rows [0, pos0 + n).
 #include <algorithm>
 #include <cfloat>
 
@@ -152,12 +152,48 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     }
 }
 
+// A paged layer's rows [0, rows) of its slot (the table pointer is the slot's row), K then V, into `out`:
+// 16 bytes per thread.
+__global__ void gather_rows_kernel(const AttnArgs a, int64_t rows, int64_t row_bytes, char* out) {
+    pdl_begin();
+    const int64_t per_row = row_bytes / 16, total = 2 * rows * per_row;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        const int64_t which = i / (rows * per_row), j = i % (rows * per_row), r = j / per_row,
+                      c = j % per_row;
+        const char* base = static_cast<const char*>(which ? a.v_cache : a.k_cache);
+        reinterpret_cast<uint4*>(out)[i] =
+            reinterpret_cast<const uint4*>(base + kv_row(a, 0, r) * row_bytes)[c];
+    }
+}
+
+// The paged layer as a one-sequence cache of exactly its rows [0, rows): a gathered into g.gather.
+AttnArgs gather_paged(const AttnArgs& a, int64_t rows, const AttnGemm& g, cudaStream_t s) {
+    const int64_t row_bytes = int64_t{a.nKV} * a.d * (a.kv_bf16 ? 2 : 4);
+    if (!g.gather || row_bytes % 16)
+        throw Error("internal: prefill attention over a paged cache cannot gather");
+    const int64_t vecs = 2 * rows * row_bytes / 16;
+    launch_kernel(gather_rows_kernel,
+                  dim3(static_cast<unsigned>(std::min<int64_t>((vecs + 255) / 256, 4096))), dim3(256), 0, s,
+                  a, rows, row_bytes, static_cast<char*>(g.gather));
+    CUDA_CHECK_LAUNCH();
+    AttnArgs c = a;
+    c.k_cache = g.gather;
+    c.v_cache = static_cast<char*>(g.gather) + rows * row_bytes;
+    c.cap = rows;
+    c.block_table = nullptr;
+    return c;
+}
+
 }  // namespace
 
-void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
-    if (a.tok_pos || a.nKV <= 0 || a.nH % a.nKV)
+void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
+    if (args.tok_pos || args.nKV <= 0 || args.nH % args.nKV)
         throw Error("internal: prefill attention takes one sequence's cache and whole KV groups");
-    if (a.kv_bf16 && !g.q16) throw Error("internal: prefill attention over a bf16 cache without its q16");
+    if (args.kv_bf16 && !g.q16) throw Error("internal: prefill attention over a bf16 cache without its q16");
+    if (args.block_table && args.window > 0) throw Error("internal: a paged sliding layer");
+    // a paged layer (full attention, never a ring): its rows up to the chunk's last, gathered
+    const AttnArgs a = args.block_table ? gather_paged(args, pos0 + n, g, s) : args;
     const int64_t Ls = std::min<int64_t>(a.cap, pos0 + n);
     const int64_t rows_fit = g.s_floats / Ls;  // query rows of one head the scratch holds
     if (rows_fit < std::min(n, kMinRows))

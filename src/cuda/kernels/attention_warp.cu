@@ -139,10 +139,9 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
     const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
     const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
     const int64_t end = min(pos + 1, start + a.split_len);
-    const int64_t slot_off =
-        static_cast<int64_t>(a.tok_slot[t]) * a.slot_stride + static_cast<int64_t>(g) * d;
-    const KvT* kc = static_cast<const KvT*>(a.k_cache) + slot_off;
-    const KvT* vc = static_cast<const KvT*>(a.v_cache) + slot_off;
+    const int slot = a.tok_slot[t];
+    const KvT* kc = static_cast<const KvT*>(a.k_cache) + static_cast<int64_t>(g) * d;
+    const KvT* vc = static_cast<const KvT*>(a.v_cache) + static_cast<int64_t>(g) * d;
     const int64_t row_stride = static_cast<int64_t>(a.nKV) * d;
 
     float m[R], l[R];
@@ -161,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
 #pragma unroll
         for (int u = 0; u < KU; ++u) {
             // past the end: a repeat of the last row, weight 0
-            const int64_t row = (min(j0 + u, end - 1) % a.cap) * row_stride;
+            const int64_t row = kv_row(a, slot, min(j0 + u, end - 1)) * row_stride;
             const KvT *kp = kc + row, *vp = vc + row;
 #pragma unroll
             for (int i = 0; i < NV; ++i) {

@@ -215,11 +215,15 @@ struct QkvPost {
     const float* inv_freq = nullptr;  // [d/2]; 0 = the pair does not rotate
     const int* pos_base = nullptr;
     float eps = 1e-6f;
-    // Batched decode (docs/batched-decode.md): token t sits at tok_pos[t] of sequence slot tok_slot[t], whose
-    // cache starts slot_stride elements after k_cache / v_cache. Null: pos_base[0] + t, one cache.
+    // Batched decode (docs/batched-decode.md): token t sits at tok_pos[t] of sequence slot tok_slot[t] (its
+    // ring: cap rows after slot - 1's). Null: pos_base[0] + t, one cache.
     const int* tok_pos = nullptr;
     const int* tok_slot = nullptr;
-    int64_t slot_stride = 0;
+    // A paged layer (kv_cache.h): position p of slot s in row p % 2^block_shift of block
+    // block_table[s * table_stride + (p >> block_shift)] (kv_elems.cuh kv_row). Null: the rings above.
+    const int* block_table = nullptr;
+    int64_t table_stride = 0;
+    int block_shift = 0;
 };
 void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 
@@ -233,11 +237,14 @@ struct AttnArgs {
     int nH = 0, nKV = 0, d = 0;
     int window = 0;                 // sliding: a query at p sees keys (p - window, p]; 0 = full causal
     const int* pos_base = nullptr;  // query t sits at pos_base[0] + t
-    // Batched decode: query t sits at tok_pos[t] of slot tok_slot[t] (cache + slot * slot_stride), and sees
-    // only that sequence's keys (the v1 pieces kernel; split_len > 0). Null: pos_base, one cache.
+    // Batched decode: query t sits at tok_pos[t] of slot tok_slot[t] (its ring: cap rows after slot - 1's),
+    // and sees only that sequence's keys (attention_warp.cu; split_len > 0). Null: pos_base, one cache.
     const int* tok_pos = nullptr;
     const int* tok_slot = nullptr;
-    int64_t slot_stride = 0;
+    // A paged layer: as QkvPost's (kv_row). Prefill (attention_gemm) gathers its rows first.
+    const int* block_table = nullptr;
+    int64_t table_stride = 0;
+    int block_shift = 0;
     int nsplit = 1;       // key range cut into nsplit pieces of split_len keys
     int split_len = 256;  // 0: ceil(range / nsplit) from the device-side position (decode graphs)
     int min_split = 32;   // split_len 0: at least this many keys per piece
@@ -287,6 +294,8 @@ struct AttnGemm {
     void** ptrs = nullptr;  // device [6][nH] pointer arrays
     // A bf16 cache: the chunk's queries rounded to bf16 [n][nH][d] (the GEMMs' operands share one type)
     bf16* q16 = nullptr;
+    // A paged layer (AttnArgs.block_table): its rows [0, pos0 + n) gathered here first, K then V, contiguous
+    void* gather = nullptr;
 };
 // Throws where it does not apply (batched decode) or the scratch cannot hold 16 rows of one head's scores.
 void attention_gemm(const AttnArgs& a, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s);

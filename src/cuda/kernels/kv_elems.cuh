@@ -56,4 +56,17 @@ void kv_dispatch(bool bf16, F&& f) {
         f(float{});
 }
 
+// The cache row (nKV * d elements from the layer's base) holding position pos of sequence slot `slot`
+// (QkvPost / AttnArgs): a paged layer's block table entry (kv_cache.h; slot 0 where the table pointer is
+// already the slot's row), else the slot's ring of cap positions.
+template <class Args>
+__device__ __forceinline__ int64_t kv_row(const Args& a, int slot, int64_t pos) {
+    if (a.block_table) {
+        const int64_t b =
+            __ldg(a.block_table + static_cast<int64_t>(slot) * a.table_stride + (pos >> a.block_shift));
+        return (b << a.block_shift) + (pos & ((int64_t{1} << a.block_shift) - 1));
+    }
+    return static_cast<int64_t>(slot) * a.cap + pos % a.cap;
+}
+
 }  // namespace markbase::cuda

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
     pdl_begin();
     const int64_t pos =
         Batched ? static_cast<int64_t>(p.tok_pos[t]) : static_cast<int64_t>(p.pos_base[0]) + t;
-    const int64_t slot_off = Batched ? static_cast<int64_t>(p.tok_slot[t]) * p.slot_stride : 0;
+    const int64_t row = kv_row(p, Batched ? p.tok_slot[t] : 0, pos);
     const float* in;
     float* outq = nullptr;  // a query head: in place, fp32
     KvT* outkv = nullptr;   // a key or value head: its cache row
@@ -147,11 +147,11 @@ __global__ void __launch_bounds__(kPostThreads) qkv_post_kernel(const QkvPost p)
         outq = p.q + (static_cast<int64_t>(t) * p.nH + b) * d;
     } else if (kv < p.nKV) {
         in = p.kraw + (static_cast<int64_t>(t) * p.nKV + kv) * d;
-        outkv = static_cast<KvT*>(p.k_cache) + slot_off + ((pos % p.cap) * p.nKV + kv) * d;
+        outkv = static_cast<KvT*>(p.k_cache) + (row * p.nKV + kv) * d;
     } else {
         const int g = kv - p.nKV;
         in = p.vraw + (static_cast<int64_t>(t) * p.nKV + g) * d;
-        outkv = static_cast<KvT*>(p.v_cache) + slot_off + ((pos % p.cap) * p.nKV + g) * d;
+        outkv = static_cast<KvT*>(p.v_cache) + (row * p.nKV + g) * d;
     }
     auto put = [&](int j, float v) {
         if (outq)
