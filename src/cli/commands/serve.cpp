@@ -157,11 +157,17 @@ int cmd_serve(const Args& args) {
     server::HttpServer http(*engine, std::move(model), so);
     const int port = http.start();
     server::install_stop_handlers();
+    const int64_t pool = serving.slots->kv_pool_blocks();  // the paged cache's full-attention blocks
+    const std::string paged = pool > 0
+                                  ? ", KV pool " + std::to_string(pool) +
+                                        " blocks = " + std::to_string(pool * serving.slots->kv_block_size()) +
+                                        " positions of every sequence together"
+                                  : "";
     std::fprintf(
-        stderr, "serve: %s on %s, listening on http://%s:%d (%d sequences of %lld tokens, queue %d%s)\n",
+        stderr, "serve: %s on %s, listening on http://%s:%d (%d sequences of %lld tokens, queue %d%s%s)\n",
         syn.variant ? ("random weights of " + *syn.variant).c_str() : mo.model_dir.c_str(), backend.c_str(),
         so.host.c_str(), port, limits.max_sequences, static_cast<long long>(limits.ctx_size),
-        limits.max_queue, so.api_key.empty() ? "" : ", API key required");
+        limits.max_queue, paged.c_str(), so.api_key.empty() ? "" : ", API key required");
     return server::serve_until_signal(http, *engine);
 #endif
 }
