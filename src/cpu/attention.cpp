@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/forward.h"
+#include "cpu/matmul.h"
 #include "cpu/ops.h"
 #include "model/bf16.h"
 
@@ -21,9 +22,8 @@ void attend(const float* q, LayerCache& src, int g, int d, int64_t lo, int64_t p
     scores.resize(pos - lo + 1);
     float mx = -INFINITY;
     for (int64_t j = lo; j <= pos; ++j) {
-        const float* k = src.k_at(j) + g * d;
-        float acc = 0.0f;
-        for (int u = 0; u < d; ++u) acc += q[u] * k[u];
+        // in SIMD lanes (a serial sum is one dependent add per element: ~40x slower at d = 256)
+        const float acc = dot_f32(q, src.k_at(j) + g * d, d);
         scores[j - lo] = acc;
         mx = std::max(mx, acc);
     }

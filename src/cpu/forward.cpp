@@ -102,7 +102,7 @@ void CpuModel::mlp(const LayerWeights& w, int I, const float* in, int n, float* 
     matmul(in, n, H, w.gate_proj, I, gate_.data());
     matmul(in, n, H, w.up_proj, I, up_.data());
     const int64_t total = int64_t{n} * I;
-    for (int64_t j = 0; j < total; ++j) gate_[j] = gelu_tanh(gate_[j]) * up_[j];
+    gelu_mul(pool_, gate_.data(), up_.data(), gate_.data(), total);
     matmul(gate_.data(), n, I, w.down_proj, H, out);
 }
 
@@ -154,10 +154,11 @@ void CpuModel::layer(int i, int n, const RowCaches& rows) {
         const int64_t LP = int64_t{c_.n_layers} * P;
         float* g = ple_tmp_.data();  // [n][P]
         matmul(x, n, H, w.ple_gate, P, g);
-        for (int t = 0; t < n; ++t) {
+        for_rows(pool_, n, 32 * P, [&](int t) {
+            float* gt = g + int64_t{t} * P;
             const float* pl = ple_.data() + t * LP + int64_t{i} * P;
-            for (int j = 0; j < P; ++j) g[t * P + j] = gelu_tanh(g[t * P + j]) * pl[j];
-        }
+            for (int j = 0; j < P; ++j) gt[j] = gelu_tanh(gt[j]) * pl[j];
+        });
         matmul(g, n, P, w.ple_proj, H, o_.data());
         for_rows(pool_, n, H, [&](int t) {
             float* ot = o_.data() + t * H;
@@ -168,8 +169,9 @@ void CpuModel::layer(int i, int n, const RowCaches& rows) {
     }
 
     // x = x * layer_scalar (the whole stream, residual included)
-    const int64_t total = int64_t{n} * H;
-    for (int64_t j = 0; j < total; ++j) x[j] *= w.layer_scalar;
+    parallel_if(pool_, int64_t{n} * H, 1, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) x[j] *= w.layer_scalar;
+    });
 }
 
 void CpuModel::check_room(const KvCache& cache, int n) const {

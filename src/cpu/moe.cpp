@@ -23,11 +23,15 @@ void CpuModel::moe(int i, int n) {
     // per_expert_scale
     std::vector<float> z(static_cast<size_t>(n) * H), router_logits(static_cast<size_t>(n) * E);
     const float hs = 1.0f / std::sqrt(static_cast<float>(H));
-    for (int t = 0; t < n; ++t) {
-        float* zt = z.data() + int64_t{t} * H;
-        rmsnorm(x + int64_t{t} * H, nullptr, H, eps, zt);
-        for (int j = 0; j < H; ++j) zt[j] = zt[j] * bf16_to_float(w.router_scale[j]) * hs;
-    }
+    parallel_if(pool_, n, 4 * H, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+            float* zt = z.data() + t * H;
+            rmsnorm(x + t * H, nullptr, H, eps, zt);
+            for (int j = 0; j < H; ++j) zt[j] = zt[j] * bf16_to_float(w.router_scale[j]) * hs;
+            // the experts' input, pre_feedforward_layernorm_2(r)
+            rmsnorm(x + t * H, w.pre_ffn_norm_2, H, eps, moe_in_.data() + t * H);
+        }
+    });
     matmul(z.data(), n, H, w.router_proj, E, router_logits.data());
 
     std::vector<std::vector<std::pair<int, float>>> by_expert(E);  // expert -> (token, weight)
@@ -58,10 +62,7 @@ void CpuModel::moe(int i, int n) {
         }
     }
 
-    // Experts: out[t] += weight * down_e( gelu(gate_e(in_t)) * up_e(in_t) ), in =
-    // pre_feedforward_layernorm_2(r)
-    for (int t = 0; t < n; ++t)
-        rmsnorm(x + int64_t{t} * H, w.pre_ffn_norm_2, H, eps, moe_in_.data() + int64_t{t} * H);
+    // Experts: out[t] += weight * down_e( gelu(gate_e(in_t)) * up_e(in_t) ), in = moe_in_ (above)
     std::fill(moe_out_.begin(), moe_out_.begin() + int64_t{n} * H, 0.0f);
     std::vector<float> gathered, gu, h, down;
     for (int e = 0; e < E; ++e) {
@@ -76,7 +77,7 @@ void CpuModel::moe(int i, int n) {
         h.resize(static_cast<size_t>(m) * Ie);
         for (int r = 0; r < m; ++r) {
             const float* g = gu.data() + int64_t{r} * 2 * Ie;  // rows [0, Ie) gate, [Ie, 2Ie) up
-            for (int j = 0; j < Ie; ++j) h[int64_t{r} * Ie + j] = gelu_tanh(g[j]) * g[Ie + j];
+            gelu_mul(pool_, g, g + Ie, h.data() + int64_t{r} * Ie, Ie);
         }
         down.resize(static_cast<size_t>(m) * H);
         matmul(h.data(), m, Ie, w.experts_down + int64_t{e} * H * Ie, H, down.data());
