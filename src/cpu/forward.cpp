@@ -25,7 +25,7 @@ void for_rows(ThreadPool& pool, int n, int64_t width, Fn fn) {
 }  // namespace
 
 CpuModel::CpuModel(const Checkpoint& ck, ThreadPool& pool, int max_chunk)
-    : c_(ck.config), w_(ck.weights), pool_(pool), max_chunk_(max_chunk) {
+    : c_(ck.config), resident_(ck, pool), w_(resident_.weights()), pool_(pool), max_chunk_(max_chunk) {
     int max_q = 0, max_kv = 0, max_I = 0;
     for (const LayerSpec& s : c_.layers) {
         max_q = std::max(max_q, c_.n_heads * s.head_dim);

@@ -1,7 +1,7 @@
 // The Gemma 4 text decoder on the CPU: the exact reference backend. fp32 activations, bf16 weights read in
-// place from the mapped checkpoint, work spread over a thread pool. forward.cpp holds the model's math in one
-// place, readable against ../shared/GEMMA4.md section 2; attention.cpp and moe.cpp hold the two larger
-// blocks.
+// place (the streamed ones copied out of the mapped checkpoint at load: resident_weights.h), work spread over
+// a thread pool. forward.cpp holds the model's math in one place, readable against ../shared/GEMMA4.md
+// section 2; attention.cpp and moe.cpp hold the two larger blocks.
 #pragma once
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/kv_cache.h"
+#include "cpu/resident_weights.h"
 #include "cpu/thread_pool.h"
 #include "loading/checkpoint.h"
 
@@ -70,6 +71,7 @@ class CpuModel {
     void mlp(const LayerWeights& w, int I, const float* in, int n, float* out);
 
     const ModelConfig& c_;
+    ResidentWeights resident_;  // the streamed weights copied into memory (before w_, which points into it)
     const Weights& w_;
     ThreadPool& pool_;
     int max_chunk_;

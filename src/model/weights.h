@@ -1,7 +1,7 @@
-// Gemma 4 text weights as plain data: bf16 pointers into the mapped checkpoint (never copied), with shapes in
-// HF's [out, in] layout. Names follow the checkpoint; GEMMA4.md section 3.2 lists them. d is the layer's head
-// dim, nH the query heads, nKV the layer's KV heads, H hidden, I the layer's MLP width, P the PLE dim, E
-// experts, Ie the expert width.
+// Gemma 4 text weights as plain data: bf16 pointers into the mapped checkpoint (the CPU backend points the
+// streamed ones at its own copy: cpu/resident_weights.h), with shapes in HF's [out, in] layout. Names follow
+// the checkpoint; GEMMA4.md section 3.2 lists them. d is the layer's head dim, nH the query heads, nKV the
+// layer's KV heads, H hidden, I the layer's MLP width, P the PLE dim, E experts, Ie the expert width.
 #pragma once
 
 #include <vector>

@@ -1,0 +1,117 @@
+#include "cpu/resident_weights.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/error.h"
+#include "model/tensor_plan.h"
+
+namespace markbase::cpu {
+namespace {
+
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+constexpr uint64_t kAlign = 64;                      // every tensor starts on a cache line
+constexpr uint64_t kCopyPiece = uint64_t{16} << 20;  // the copy's unit of work for the pool
+
+// A /proc/meminfo line's value ("MemTotal", "MemAvailable") in bytes, 0 when absent.
+uint64_t meminfo_bytes(const std::string& key) {
+    std::ifstream f("/proc/meminfo");
+    std::string line;
+    while (std::getline(f, line)) {
+        std::istringstream in(line);
+        std::string name;
+        uint64_t kib = 0;
+        if (in >> name >> kib && name == key + ":") return kib << 10;
+    }
+    return 0;
+}
+
+struct Piece {
+    const uint8_t* src;
+    uint8_t* dst;
+    uint64_t bytes;
+};
+
+// Unmaps the whole pages inside [p, p + bytes) of the read-only file mapping: the copy replaces them, and the
+// process no longer holds them (they stay in the page cache, where the kernel may reclaim them; a later read
+// of the range would fault them back in from there).
+void drop_mapped_pages(const uint8_t* p, uint64_t bytes) {
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t lo = (reinterpret_cast<uint64_t>(p) + page - 1) / page * page;
+    const uint64_t hi = (reinterpret_cast<uint64_t>(p) + bytes) / page * page;
+    if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+}  // namespace
+
+uint64_t available_memory_bytes() {
+    return meminfo_bytes("MemAvailable");
+}
+
+bool copy_fits_in_memory(uint64_t bytes) {
+    const uint64_t avail = available_memory_bytes();
+    const uint64_t spare = std::max<uint64_t>(uint64_t{1} << 30, meminfo_bytes("MemTotal") / 10);
+    return avail > spare && bytes <= avail - spare;
+}
+
+ResidentWeights::ResidentWeights(const Checkpoint& ck, ThreadPool& pool) : w_(ck.weights) {
+    const ModelConfig& c = ck.config;
+    // plan_tensors clears the layers it sizes: keep the values that are not pointers
+    std::vector<float> scalars;
+    for (const LayerWeights& l : w_.layers) scalars.push_back(l.layer_scalar);
+    const std::vector<PlannedTensor> plan = plan_tensors(c, &w_);
+    for (size_t i = 0; i < scalars.size(); ++i) w_.layers[i].layer_scalar = scalars[i];
+
+    // Every planned tensor is bound (load_checkpoint refused the checkpoint otherwise): lay out the copy.
+    std::vector<std::pair<const PlannedTensor*, const TensorInfo*>> streamed;
+    uint64_t total = 0;
+    for (const PlannedTensor& p : plan) {
+        const TensorInfo& t = ck.files.get(c.weight_prefix + p.name);
+        *p.slot = reinterpret_cast<const bf16*>(t.data);
+        if (p.slot == &w_.ple_embed) continue;  // gathered by row: stays mapped
+        streamed.push_back({&p, &t});
+        total += (t.nbytes + kAlign - 1) / kAlign * kAlign;
+    }
+    if (total == 0 || !copy_fits_in_memory(total)) return;
+    const uint64_t block_bytes = (total + kHugePage - 1) / kHugePage * kHugePage;
+    void* block = ::mmap(nullptr, block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) return;  // stays mapped: slower, not wrong
+    // Fewer TLB misses on the per-token stream where the kernel grants huge pages only on request (advice
+    // only: a refusal changes nothing we rely on).
+    (void)::madvise(block, block_bytes, MADV_HUGEPAGE);
+    block_ = static_cast<uint8_t*>(block);
+    block_bytes_ = block_bytes;
+    bytes_ = total;
+
+    std::vector<Piece> pieces;
+    uint64_t off = 0;
+    for (const auto& [p, t] : streamed) {
+        uint8_t* dst = block_ + off;
+        const auto* src = static_cast<const uint8_t*>(t->data);
+        for (uint64_t b = 0; b < t->nbytes; b += kCopyPiece)
+            pieces.push_back({src + b, dst + b, std::min(kCopyPiece, t->nbytes - b)});
+        *p->slot = reinterpret_cast<const bf16*>(dst);
+        off += (t->nbytes + kAlign - 1) / kAlign * kAlign;
+    }
+    pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+            drop_mapped_pages(pieces[i].src, pieces[i].bytes);
+        }
+    });
+    (void)::mprotect(block_, block_bytes_, PROT_READ);  // a stray write faults, as it did in the mapping
+}
+
+ResidentWeights::~ResidentWeights() {
+    if (block_) ::munmap(block_, block_bytes_);
+}
+
+}  // namespace markbase::cpu
