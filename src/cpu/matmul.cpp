@@ -194,6 +194,10 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     return best_kernels().dot(a, b, n);
 }
 
+double fma_peak_rounds(int64_t rounds) {
+    return best_kernels().fma_peak(rounds);
+}
+
 void matmul_bf16_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w,
                     int64_t out, float* y) {
     matmul_impl(kernels_on(path), pool, x, n, in, w, out, y);

@@ -38,6 +38,10 @@ void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const f
 // sum_i a[i] * b[i], fp32 accumulation in several independent lanes.
 float dot_f32(const float* a, const float* b, int64_t n);
 
+// The best path's multiply-add ceiling loop on the calling thread (cpu/memory_bandwidth.h times it): `rounds`
+// rounds of independent fp32 FMAs; returns the flops done.
+double fma_peak_rounds(int64_t rounds);
+
 // The SIMD paths, in increasing preference. Avx2 needs AVX2 and FMA; Avx512 AVX-512 F, BW and VL (and AVX2,
 // FMA).
 enum class SimdPath { Scalar, Avx2, Avx512 };

@@ -30,6 +30,7 @@ struct MatmulKernels {
     RowsKernel<bf16> direct_bf16, blocked_bf16;
     RowsKernel<float> direct_f32, blocked_f32;
     float (*dot)(const float* a, const float* b, int64_t n);
+    double (*fma_peak)(int64_t rounds);  // the multiply-add ceiling's loop: flops done in `rounds` rounds
 };
 
 // Defined in matmul_avx2.cpp and matmul_avx512.cpp, which are built on x86-64 only (MARKBASE_MATMUL_X86).
@@ -268,6 +269,30 @@ float dot_impl(const float* a, const float* b, int64_t n) {
     return O::hsum(s0) + O::hsum(s1) + O::hsum(s2) + O::hsum(s3);
 }
 
+// The instruction set's multiply-add ceiling on one core: kChains independent accumulators (more than FMA
+// latency x FMA units on any x86 core) updated `rounds` times; returns the flops done. The result is kept
+// alive through an asm barrier, so the loop cannot be removed.
+template <class O>
+double fma_peak_loop(int64_t rounds) {
+    constexpr int kChains = 16;
+    // Distinct lanes, hidden from the optimiser: with all lanes equal GCC computes one lane in scalar code.
+    alignas(64) float seed[16];
+    for (int i = 0; i < 16; ++i) seed[i] = 0.9999f - 1e-6f * static_cast<float>(i);
+    asm volatile("" : : "r"(seed) : "memory");
+    using V = typename O::V;
+    const V b = O::load(seed);
+    V acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = O::load(seed);
+    for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 16
+        for (int c = 0; c < kChains; ++c) acc[c] = O::fma(acc[c], b, b);
+    }
+    float sink = 0.0f;
+    for (int c = 0; c < kChains; ++c) sink += O::hsum(acc[c]);
+    asm volatile("" : : "r"(sink));
+    return 2.0 * O::W * kChains * static_cast<double>(rounds);
+}
+
 // The table of one backend's kernels; name is the caller's literal, so it lives in the caller's TU.
 template <class O>
 constexpr MatmulKernels make_matmul_kernels(const char* name) {
@@ -278,7 +303,8 @@ constexpr MatmulKernels make_matmul_kernels(const char* name) {
             &rows_blocked<O, bf16>,
             &rows_direct<O, float>,
             &rows_blocked<O, float>,
-            &dot_impl<O>};
+            &dot_impl<O>,
+            &fma_peak_loop<O>};
 }
 
 }  // namespace

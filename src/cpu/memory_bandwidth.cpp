@@ -60,6 +60,27 @@ std::atomic<uint64_t> g_sink{0};  // keeps the sums alive
 
 }  // namespace
 
+double measure_fma_peak_gflops(ThreadPool& pool) {
+    // rounds per timed call: ~0.1 s at 100 GFLOP/s per core on the widest path (16 chains x 16 lanes x 2)
+    constexpr int64_t kRounds = int64_t{20} << 20;
+    const int threads = pool.size();
+    std::vector<double> passes;
+    for (int pass = 0; pass < 3; ++pass) {
+        std::vector<double> rate(static_cast<size_t>(threads), 0.0);
+        pool.parallel_for(threads, [&](int64_t b, int64_t e) {
+            for (int64_t t = b; t < e; ++t) {
+                const auto t0 = Clock::now();
+                const double flops = fma_peak_rounds(kRounds);
+                rate[static_cast<size_t>(t)] = flops / seconds_since(t0) / 1e9;
+            }
+        });
+        double sum = 0;
+        for (double r : rate) sum += r;
+        passes.push_back(sum);
+    }
+    return median(passes);
+}
+
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes) {
     const int64_t words = static_cast<int64_t>(std::max<size_t>(bytes / sizeof(uint64_t), 1));
     std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);

@@ -18,6 +18,11 @@ struct BandwidthResult {
 // by side; one untimed pass of each, then the faster of the two medians of 5 timed passes.
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30);
 
+// The fp32 multiply-add ceiling of the instruction set matmul_bf16 runs (matmul_simd_path()), all threads of
+// the pool at once: each runs independent FMA chains for ~0.1 s; the sum of their rates, GFLOP/s (2 per
+// multiply-add), median of 3 passes. Prefill GFLOP/s is reported as a share of it.
+double measure_fma_peak_gflops(ThreadPool& pool);
+
 // A lab bench, not a test: prints the read bandwidth, GEMV (n = 1) GB/s and % of it at 2816x2816, 21504x5376
 // and 262144x1536 (lm_head-like, ~800 MB), and prefill GFLOP/s at n = 128 for 2048x2048. Allocates about 1
 // GB.

@@ -1,7 +1,8 @@
 // markbase bench -m DIR [-p 128] [-n 32] [-r 3] [--json-out FILE]
 // A benchmark, not a test: prefill tok/s over a random prompt of -p tokens, then decode ms/token for -n
 // tokens, median of -r repetitions; achieved GB/s from the bytes each decoded token must read, next to this
-// machine's own read bandwidth measured in the same run. Prints a receipt with a hash of the final logits.
+// machine's own read bandwidth measured in the same run, and the prompt's matmul GFLOP/s next to the measured
+// FMA ceiling of the SIMD path the matmuls run. Prints a receipt with a hash of the final logits.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "cli/commands/bench_cuda.h"
 #include "cli/commands/commands.h"
 #include "cli/commands/model_options.h"
+#include "cpu/matmul.h"
 #include "cpu/memory_bandwidth.h"
 #include "cpu/thread_pool.h"
 #include "model/error.h"
@@ -75,7 +77,9 @@ BenchRuns time_runs(Backend& be, int n_prompt, int n_gen, int reps) {
 // The measurements and the medians the receipt and the JSON report show.
 struct BenchResult {
     int n_prompt = 0, n_gen = 0, reps = 0;
-    double read_gbs = 0;  // this machine's measured read bandwidth
+    double read_gbs = 0;     // this machine's measured read bandwidth
+    double fma_gflops = 0;   // and its measured fp32 multiply-add ceiling on the matmul's SIMD path
+    double prefill_flops = 0;  // the prompt's matmul flops: 2 per weight per token, the lm_head's one row
     BenchRuns runs;
     double prefill_s = 0, decode_s = 0, decode_gbs = 0;  // medians; decode per token
     std::string hash;                                    // of the final logits
@@ -89,8 +93,12 @@ void print_receipt(const ModelOptions& mo, const Backend& be, const ModelCounts&
                 counts.bytes_per_token / 1e9);
     std::printf("device    %s, %s, %u hw threads; measured read bandwidth %.1f GB/s\n", be.name().c_str(),
                 cpu_name().c_str(), std::thread::hardware_concurrency(), r.read_gbs);
-    std::printf("prefill   %d tok: %.1f ms, %.1f tok/s (median of %d)\n", r.n_prompt, r.prefill_s * 1e3,
-                r.n_prompt / r.prefill_s, r.reps);
+    const double gflops = r.prefill_flops / r.prefill_s / 1e9;
+    std::printf(
+        "prefill   %d tok: %.1f ms, %.1f tok/s (median of %d), %.1f GFLOP/s = %.0f%% of the measured %s FMA "
+        "peak (%.1f GFLOP/s)\n",
+        r.n_prompt, r.prefill_s * 1e3, r.n_prompt / r.prefill_s, r.reps, gflops, 100.0 * gflops / r.fma_gflops,
+        cpu::matmul_simd_path(), r.fma_gflops);
     std::printf(
         "decode    %d tok after %d: %.2f ms/tok, %.2f tok/s, %.2f GB/s = %.0f%% of measured bandwidth\n",
         r.n_gen, r.n_prompt, r.decode_s * 1e3, 1.0 / r.decode_s, r.decode_gbs,
@@ -121,6 +129,10 @@ void write_bench_json(const std::string& path, const ModelOptions& mo, const Bac
                         {"prefill_s_median", r.prefill_s},
                         {"prefill_tok_s", r.n_prompt / r.prefill_s},
                         {"prefill_s_all", r.runs.prefill},
+                        {"prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9},
+                        {"measured_fma_peak_gflop_s", r.fma_gflops},
+                        {"prefill_pct_of_fma_peak", 100.0 * r.prefill_flops / r.prefill_s / 1e9 / r.fma_gflops},
+                        {"simd_path", cpu::matmul_simd_path()},
                         {"decode_ms_per_tok_median", r.decode_s * 1e3},
                         {"decode_s_per_tok_all", r.runs.decode},
                         {"decode_tok_s", 1.0 / r.decode_s},
@@ -154,6 +166,9 @@ int cmd_bench(const Args& args) {
     // Kept alive through the timed runs, so that results stay comparable with earlier receipts.
     cpu::ThreadPool pool(mo.backend.threads);
     r.read_gbs = cpu::measure_read_bandwidth(pool).read_gbs;
+    r.fma_gflops = cpu::measure_fma_peak_gflops(pool);
+    const double lm_head = double(be.config().vocab_size) * be.config().hidden;
+    r.prefill_flops = 2.0 * ((counts.active_params - lm_head) * r.n_prompt + lm_head);
     r.runs = time_runs(be, r.n_prompt, r.n_gen, r.reps);
     r.prefill_s = median(r.runs.prefill);
     r.decode_s = median(r.runs.decode);
