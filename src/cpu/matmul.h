@@ -1,10 +1,10 @@
 // Matrix products of the CPU backend: activations in fp32, weights in the checkpoint's bf16 (HF Linear
 // layout, [out][in] row-major), accumulation in fp32.
 //
-// Two regimes (see matmul.cpp): n <= 4 streams each weight row once straight from bf16 (decode is a memory
-// problem: rows are split over the threads in contiguous blocks), n > 4 converts blocks of weight rows to
-// fp32 once and reuses them across tokens in a register-blocked 4x4 micro-kernel (prefill is a compute
-// problem).
+// Two regimes (see matmul.cpp): decode and short batches stream each weight row straight from bf16 in dot-
+// product tiles (decode is a memory problem: rows are split over the threads in contiguous blocks); prompts
+// transpose x once, widen blocks of 6 weight rows to fp32 and sweep them over tiles of 64 tokens as outer
+// products, the tokens in the vector lanes (prefill is a compute problem; matmul_kernels.h).
 //
 // The kernels (matmul_kernels.h) are compiled once per SIMD path: scalar everywhere, AVX2 and AVX-512 on
 // x86-64 whatever the build's -march. The best path this CPU runs is chosen at run time, once.

@@ -19,11 +19,13 @@ struct Avx2Ops {
     static constexpr int W = 8;
     static constexpr int kTileRows = 3, kTileTokens = 4;  // 12 accumulators + 3 weights + 1 x of 16 registers
     static constexpr int kGemvRows = 8;
+    static constexpr int kOuterRows = 6, kOuterVecs = 2;  // prefill: 12 accumulators + 2 x + 1 broadcast
     static constexpr int kGemvPrefetchBytes = 0;  // not measured on an AVX2-only core: left to the hardware
     static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
     static V widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
     static V zero() { return _mm256_setzero_ps(); }
     static V load(const float* p) { return _mm256_loadu_ps(p); }
+    static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
     static V load(const bf16* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
     // AVX2 has no 16-bit masked load: tails go through a zeroed stack copy (once per row, so it is cheap).
     static V load_n(const float* p, int64_t n) {

@@ -18,6 +18,7 @@ struct Avx512Ops {
     static constexpr int W = 16;
     static constexpr int kTileRows = 4, kTileTokens = 4;  // 16 accumulators + 4 weights + 1 x of 32 registers
     static constexpr int kGemvRows = 16;                  // n = 1: 16 accumulators, 1 x, weights in flight
+    static constexpr int kOuterRows = 6, kOuterVecs = 4;  // prefill: 24 accumulators + 4 x + 1 broadcast
     // 16 rows x 512 B ahead = 128 lines requested ahead per core. On a 2-core Xeon VM (avx512_bf16) it read
     // E2B's in = 1536 matrices ~20% faster than the hardware prefetchers alone and 4-8% faster than 1 KB
     // ahead (2 KB gained nothing); down_proj's long rows gained less (bench/kernels/cpu_gemv_lab.cpp: v10
@@ -34,6 +35,7 @@ struct Avx512Ops {
     }
     static V zero() { return _mm512_setzero_ps(); }
     static V load(const float* p) { return _mm512_loadu_ps(p); }
+    static V bcast(const float* p) { return _mm512_set1_ps(*p); }
     static V load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
     static V load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(mask(n), p); }
     static V load_n(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(mask(n), p)); }

@@ -17,16 +17,20 @@
 
 namespace markbase::cpu {
 
-// Rows [r0, r1) of y = x w^T (see matmul.h for the layouts). panel: fp32 scratch of MatmulKernels::
-// panel_floats for the blocked kernel of a bf16 weight, unused (may be null) otherwise.
+// Rows [r0, r1) of y = x w^T (see matmul.h for the layouts). The direct kernels take x [n][in]; the blocked
+// ones take it transposed tile by tile of outer_tokens tokens, x^T [tile][in][outer_tokens], the last tile's
+// padding zero (matmul.cpp transposes it once, for every thread). panel: fp32 scratch of MatmulKernels::panel_floats for
+// the blocked kernels, unused (may be null) by the direct ones.
 template <class WT>
 using RowsKernel = void (*)(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y,
                             int64_t r0, int64_t r1, float* panel);
 
 struct MatmulKernels {
     const char* name;      // "scalar", "avx2" or "avx512": a literal of the TU that compiled the kernels
-    int64_t tile_rows;     // rows of a tile: the threads are given whole tiles
-    int64_t panel_floats;  // the scratch blocked_bf16 needs
+    int64_t tile_rows;     // rows of a direct tile: the threads are given whole tiles
+    int64_t outer_rows;    // rows of a blocked (outer-product) tile: the threads are given whole ones
+    int64_t outer_tokens;  // tokens of a blocked tile: x^T's rows are zero-padded to a multiple of it
+    int64_t panel_floats;  // the per-thread scratch the blocked kernels need
     RowsKernel<bf16> direct_bf16, blocked_bf16;
     RowsKernel<float> direct_f32, blocked_f32;
     float (*dot)(const float* a, const float* b, int64_t n);
@@ -39,12 +43,10 @@ extern const MatmulKernels kMatmulKernelsAvx512;
 
 namespace {
 
-// Prefill blocking: kBlockK inputs x kBlockRows (8 tiles, 24 or 32) weight rows are converted to fp32 (<= 64
-// KB, stays in L2) and reused by kBlockTokens tokens, whose x panel (kBlockTokens x kBlockK fp32 = 128 KB)
-// also stays in L2.
-constexpr int64_t kBlockK = 512;
-constexpr int64_t kBlockTilesOfRows = 8;
-constexpr int64_t kBlockTokens = 64;
+// Prefill blocking (rows_blocked): kBlockK inputs of kOuterRows weight rows are widened to fp32 (24 KB at 6
+// rows, L1) and swept by one tile of outer_tokens tokens, whose x^T block (kBlockK x 64 fp32 = 256 KB at
+// AVX-512's 64 tokens) stays in L2.
+constexpr int64_t kBlockK = 1024;
 
 inline int64_t min_i64(int64_t a, int64_t b) {
     return a < b ? a : b;
@@ -63,11 +65,13 @@ struct ScalarOps {
     using V = float;
     static constexpr int W = 1;
     static constexpr int kTileRows = 4, kTileTokens = 4, kGemvRows = 4;
+    static constexpr int kOuterRows = 4, kOuterVecs = 4;
     static constexpr int kGemvPrefetchBytes = 0;
     static void prefetch(const void*) {}
     static V zero() { return 0.0f; }
     static V load(const float* p) { return *p; }
     static V load(const bf16* p) { return bf16_to_float(*p); }
+    static V bcast(const float* p) { return *p; }
     static V load_n(const float* p, int64_t n) { return n > 0 ? *p : 0.0f; }
     static V load_n(const bf16* p, int64_t n) { return n > 0 ? bf16_to_float(*p) : 0.0f; }
     static V fma(V a, V b, V acc) { return a * b + acc; }
@@ -205,48 +209,66 @@ void rows_direct(const float* x, int64_t n, int64_t in, const WT* w, int64_t out
     }
 }
 
-// Converts w[rows][k0 .. k0 + k) to fp32 in dst[rows][ld]. A float weight needs no copy (see rows_blocked).
-template <class O>
-void widen_block(const bf16* w, int64_t in, int64_t rows, int64_t k0, int64_t k, float* dst, int64_t ld) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const bf16* s = w + r * in + k0;
+// Converts w[rows][k0 .. k0 + k) to fp32 in dst[kOuterRows][ld], rows past `rows` zero.
+template <class O, class WT>
+void widen_block(const WT* w, int64_t in, int64_t rows, int64_t k0, int64_t k, float* dst, int64_t ld) {
+    for (int64_t r = 0; r < O::kOuterRows; ++r) {
         float* d = dst + r * ld;
         int64_t i = 0;
-        for (; i + O::W <= k; i += O::W) O::store(d + i, O::load(s + i));
-        if (i < k) O::store_n(d + i, O::load_n(s + i, k - i), k - i);
+        if (r >= rows) {
+            for (; i + O::W <= k; i += O::W) O::store(d + i, O::zero());
+            if (i < k) O::store_n(d + i, O::zero(), k - i);
+            continue;
+        }
+        const WT* src = w + r * in + k0;
+        for (; i + O::W <= k; i += O::W) O::store(d + i, O::load(src + i));
+        if (i < k) O::store_n(d + i, O::load_n(src + i, k - i), k - i);
     }
 }
 
-// Prefill: rows [r0, r1), tokens in blocks; for each input block and row block the weights are widened once
-// (into panel, kBlockTilesOfRows * kTileRows * kBlockK floats) and swept by every token of the token block.
+// The outer-product micro-kernel: acc[r][v] (kOuterRows rows x kOuterVecs vectors of W tokens) += w[r][i] x
+// x^T[i][v*W ..] over k inputs, the weight broadcast and the tokens in the lanes. No horizontal sum: each lane
+// is one output, summed in input order. Writes the tile to tile_out[r][kOuterVecs * W].
+template <class O>
+inline void outer_tile(const float* wp, int64_t ldw, const float* xt, int64_t ldx, int64_t k, float* tile_out) {
+    using V = typename O::V;
+    constexpr int R = O::kOuterRows, NV = O::kOuterVecs;
+    V acc[R][NV];
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = O::zero();
+    for (int64_t i = 0; i < k; ++i) {
+        V xv[NV];
+        for (int v = 0; v < NV; ++v) xv[v] = O::load(xt + i * ldx + v * O::W);
+        for (int r = 0; r < R; ++r) {
+            const V wb = O::bcast(wp + r * ldw + i);
+            for (int v = 0; v < NV; ++v) acc[r][v] = O::fma(wb, xv[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) O::store(tile_out + (r * NV + v) * O::W, acc[r][v]);
+}
+
+// Prefill: rows [r0, r1) of y from x^T (see RowsKernel), one tile of outer_tokens tokens at a time; for each
+// block of kBlockK inputs, each group of kOuterRows rows is widened once into panel and swept by the tile.
+// A row's sum runs in input order, block by block: it does not depend on the thread split.
 template <class O, class WT>
-void rows_blocked(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
+void rows_blocked(const float* xt, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
                   int64_t r1, float* panel) {
-    constexpr int64_t kBlockRows = kBlockTilesOfRows * O::kTileRows;
-    for (int64_t t0 = 0; t0 < n; t0 += kBlockTokens) {
-        const int64_t nt = min_i64(kBlockTokens, n - t0);
+    constexpr int64_t TT = int64_t{O::kOuterVecs} * O::W, R = O::kOuterRows;
+    float* wp = panel;                       // [R][kBlockK]
+    float* tile_out = panel + R * kBlockK;  // [R][TT]
+    for (int64_t t0 = 0; t0 < n; t0 += TT) {
+        const int64_t nt = min_i64(TT, n - t0);
         for (int64_t k0 = 0; k0 < in; k0 += kBlockK) {
             const int64_t k = min_i64(kBlockK, in - k0);
-            const bool accumulate = k0 > 0;
-            for (int64_t rb = r0; rb < r1; rb += kBlockRows) {
-                const int64_t nr = min_i64(kBlockRows, r1 - rb);
-                const float* wp;
-                int64_t ldw;
-                if constexpr (std::is_same_v<WT, float>) {
-                    wp = w + rb * in + k0;
-                    ldw = in;
-                } else {
-                    widen_block<O>(w + rb * in, in, nr, k0, k, panel, kBlockK);
-                    wp = panel;
-                    ldw = kBlockK;
-                }
-                for (int64_t r = 0; r < nr; r += O::kTileRows) {
-                    const int rows = static_cast<int>(min_i64(O::kTileRows, nr - r));
-                    for (int64_t t = 0; t < nt; t += O::kTileTokens) {
-                        const int tokens = static_cast<int>(min_i64(O::kTileTokens, nt - t));
-                        tile_rt<O>(rows, tokens, wp + r * ldw, ldw, x + (t0 + t) * in + k0, in, k,
-                                   y + (t0 + t) * out + rb + r, out, accumulate);
-                    }
+            for (int64_t rg = r0; rg < r1; rg += R) {
+                const int64_t nr = min_i64(R, r1 - rg);
+                widen_block<O>(w + rg * in, in, nr, k0, k, wp, kBlockK);
+                outer_tile<O>(wp, kBlockK, xt + (t0 / TT * in + k0) * TT, TT, k, tile_out);
+                for (int64_t t = 0; t < nt; ++t) {
+                    float* yt = y + (t0 + t) * out + rg;
+                    for (int64_t r = 0; r < nr; ++r)
+                        yt[r] = k0 > 0 ? yt[r] + tile_out[r * TT + t] : tile_out[r * TT + t];
                 }
             }
         }
@@ -298,7 +320,9 @@ template <class O>
 constexpr MatmulKernels make_matmul_kernels(const char* name) {
     return {name,
             O::kTileRows,
-            kBlockTilesOfRows * O::kTileRows * kBlockK,
+            O::kOuterRows,
+            int64_t{O::kOuterVecs} * O::W,
+            O::kOuterRows * (kBlockK + int64_t{O::kOuterVecs} * O::W),
             &rows_direct<O, bf16>,
             &rows_blocked<O, bf16>,
             &rows_direct<O, float>,

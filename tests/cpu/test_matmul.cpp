@@ -176,7 +176,7 @@ TEST_P(MatmulOnPath, Bf16MatchesDoubleReferenceOnOddShapes) {
     }
 }
 
-// Crosses every blocking boundary of the prefill path: several token blocks, input blocks and row blocks,
+// Crosses every blocking boundary of the prefill path: several token tiles, input blocks and row groups,
 // with tails in each, and a weight too small to go parallel.
 TEST_P(MatmulOnPath, Bf16PrefillBlockBoundaries) {
     ThreadPool pool(2);
