@@ -11,6 +11,8 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu/cpu_topology.h"
+
 namespace markbase::cpu {
 namespace {
 
@@ -56,19 +58,6 @@ inline int64_t chunk_begin(int64_t n, int chunks, int i) {
     return n * i / chunks;
 }
 
-// The CPUs of this process's affinity mask, in order (empty where it cannot be read).
-std::vector<int> allowed_cpus() {
-    std::vector<int> out;
-#if defined(__linux__)
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &set)) out.push_back(c);
-#endif
-    return out;
-}
-
 // Binds the calling thread to one CPU (best effort: a refused bind leaves it where it was).
 void bind_to(int cpu) {
 #if defined(__linux__)
@@ -89,7 +78,7 @@ std::unique_ptr<ThreadPool> g_global;
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads, bool pin) {
-    if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
+    if (n_threads <= 0) n_threads = default_thread_count();
     n_threads_ = n_threads > 0 ? n_threads : 1;
     errors_.resize(n_threads_);
     if (pin) {

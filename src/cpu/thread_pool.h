@@ -17,10 +17,11 @@ namespace markbase::cpu {
 
 class ThreadPool {
   public:
-    // n_threads counts the caller: a pool of 4 starts 3 workers. 0 means std::thread::hardware_concurrency().
-    // pin (Tuning::cpu_pin): worker i is bound to the i-th CPU of the process's affinity mask, and a thread
-    // that calls parallel_for to the first, from its first call on (chunk i always runs on worker i, so
-    // chunks never share a CPU). Ignored when the mask holds fewer CPUs than the pool has threads.
+    // n_threads counts the caller: a pool of 4 starts 3 workers. 0 means default_thread_count(): one per
+    // physical core of the process's affinity mask (cpu/cpu_topology.h). pin (Tuning::cpu_pin): worker i is
+    // bound to the i-th CPU of the process's affinity mask, and a thread that calls parallel_for to the
+    // first, from its first call on (chunk i always runs on worker i, so chunks never share a CPU). Ignored
+    // when the mask holds fewer CPUs than the pool has threads.
     explicit ThreadPool(int n_threads, bool pin = false);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
@@ -35,7 +36,7 @@ class ThreadPool {
     // their turn.
     void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
-    // The process-wide pool, created on first use with hardware_concurrency() threads.
+    // The process-wide pool, created on first use with default_thread_count() threads.
     static ThreadPool& global();
     // Replaces the global pool. Call it before any work uses global(): references to the old pool dangle.
     static void set_global_threads(int n);
