@@ -21,6 +21,7 @@
 #include "cpu/matmul_kernels.h"
 #include "cpu/memory_bandwidth.h"
 #include "cpu/thread_pool.h"
+#include "cpu_lab_random.h"
 #include "model/bf16.h"
 
 namespace {
@@ -77,14 +78,6 @@ bool runs_here(const Variant& v) {
     return true;
 }
 
-float hash_unit(uint64_t i) {
-    uint64_t z = i * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return static_cast<float>(z >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
-
 struct Data {
     std::vector<float> x;
     std::vector<bf16> w;
@@ -96,9 +89,9 @@ Data make_data(int64_t n, int64_t in, int64_t out, uint64_t seed) {
     Data d{{}, {}, n, in, out};
     d.x.resize(static_cast<size_t>(n * in));
     d.w.resize(static_cast<size_t>(out * in));
-    for (size_t i = 0; i < d.x.size(); ++i) d.x[i] = hash_unit(seed * 1000003 + i);
+    for (size_t i = 0; i < d.x.size(); ++i) d.x[i] = lab::hash_unit(seed * 1000003 + i);
     for (size_t i = 0; i < d.w.size(); ++i)
-        d.w[i] = markbase::float_to_bf16(0.05f * hash_unit(~seed + 7 * i));
+        d.w[i] = markbase::float_to_bf16(0.05f * lab::hash_unit(~seed + 7 * i));
     return d;
 }
 

@@ -32,6 +32,7 @@
 #include "cpu/memory_bandwidth.h"
 #include "cpu/thread_pool.h"
 #include "cpu_gemv_variants.h"
+#include "cpu_lab_random.h"
 #include "model/bf16.h"
 
 namespace {
@@ -171,15 +172,6 @@ const Shape kShapes[] = {
     {"ple_model_proj", 8960, 1536, 1}, {"lm_head", 262144, 1536, 1},
 };
 
-// Uniform [-1, 1) from a counter hash: fast enough to fill a GB on two cores in well under a second.
-float hash_unit(uint64_t i) {
-    uint64_t z = i * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return static_cast<float>(z >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
-
 struct Data {
     std::vector<bf16> w;  // copies x out x in
     std::vector<float> x;
@@ -194,12 +186,13 @@ Data make_data(ThreadPool& pool, const Shape& s, int64_t rotate_bytes) {
     d.w.resize(static_cast<size_t>(elems * d.copies));
     bf16* w = d.w.data();
     pool.parallel_for(elems * d.copies, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) w[i] = markbase::float_to_bf16(hash_unit(static_cast<uint64_t>(i)));
+        for (int64_t i = b; i < e; ++i)
+            w[i] = markbase::float_to_bf16(lab::hash_unit(static_cast<uint64_t>(i)));
     });
     d.x.resize(static_cast<size_t>(s.in));
     d.x2.assign(static_cast<size_t>((s.in + 31) / 32 * 32), 0);
     for (int64_t i = 0; i < s.in; ++i) {
-        d.x[i] = hash_unit(static_cast<uint64_t>(i) + (uint64_t{1} << 60));
+        d.x[i] = lab::hash_unit(static_cast<uint64_t>(i) + (uint64_t{1} << 60));
         d.x2[i] = markbase::float_to_bf16(d.x[i]);
     }
     return d;
