@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -52,13 +53,69 @@ void drop_mapped_pages(const uint8_t* p, uint64_t bytes) {
 
 }  // namespace
 
+CgroupMemory cgroup_memory(const std::filesystem::path& cgroup_root, const std::string& self_cgroup) {
+    std::string v2_path, v1_path;  // from lines "0::PATH" and "N:...memory...:PATH"
+    std::istringstream lines(self_cgroup);
+    for (std::string line; std::getline(lines, line);) {
+        const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+        if (b == std::string::npos) continue;
+        const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+        if (line.compare(0, a, "0") == 0 && controllers.empty()) v2_path = path;
+        if (("," + controllers + ",").find(",memory,") != std::string::npos) v1_path = path;
+    }
+    // The first of dirs that holds `file`, as a number ("max" and v1's near-2^63 "unlimited" read as none).
+    auto read = [](const std::vector<std::filesystem::path>& dirs, const char* file) -> uint64_t {
+        for (const auto& d : dirs) {
+            std::ifstream f(d / file);
+            std::string v;
+            if (!(f >> v)) continue;
+            if (v == "max") return 0;
+            try {
+                const uint64_t n = std::stoull(v);
+                return n >= (uint64_t{1} << 62) ? 0 : n;
+            } catch (const std::exception&) {
+                return 0;
+            }
+        }
+        return 0;
+    };
+    auto under = [&](const std::filesystem::path& base, const std::string& path) {
+        return std::vector<std::filesystem::path>{base / std::filesystem::path(path).relative_path(), base};
+    };
+    CgroupMemory m;
+    if (!v2_path.empty() && (m.limit = read(under(cgroup_root, v2_path), "memory.max")) > 0) {
+        m.usage = read(under(cgroup_root, v2_path), "memory.current");
+    } else if (!v1_path.empty()) {
+        const auto dirs = under(cgroup_root / "memory", v1_path);
+        m.limit = read(dirs, "memory.limit_in_bytes");
+        m.usage = m.limit > 0 ? read(dirs, "memory.usage_in_bytes") : 0;
+    }
+    return m;
+}
+
+namespace {
+
+CgroupMemory own_cgroup_memory() {
+    std::ifstream f("/proc/self/cgroup");
+    std::stringstream text;
+    text << f.rdbuf();
+    return cgroup_memory("/sys/fs/cgroup", text.str());
+}
+
+}  // namespace
+
 uint64_t available_memory_bytes() {
-    return meminfo_bytes("MemAvailable");
+    uint64_t avail = meminfo_bytes("MemAvailable");
+    if (const CgroupMemory cg = own_cgroup_memory(); cg.limit > 0)
+        avail = std::min(avail, cg.limit > cg.usage ? cg.limit - cg.usage : 0);
+    return avail;
 }
 
 bool copy_fits_in_memory(uint64_t bytes) {
     const uint64_t avail = available_memory_bytes();
-    const uint64_t spare = std::max<uint64_t>(uint64_t{1} << 30, meminfo_bytes("MemTotal") / 10);
+    uint64_t total = meminfo_bytes("MemTotal");
+    if (const CgroupMemory cg = own_cgroup_memory(); cg.limit > 0) total = std::min(total, cg.limit);
+    const uint64_t spare = std::max<uint64_t>(uint64_t{1} << 30, total / 10);
     return avail > spare && bytes <= avail - spare;
 }
 

@@ -8,17 +8,30 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <string>
 
 #include "cpu/thread_pool.h"
 #include "loading/checkpoint.h"
 
 namespace markbase::cpu {
 
-// The memory a new allocation can take without swapping (/proc/meminfo MemAvailable), 0 where unreadable.
+// The memory limit and usage of this process's cgroup: v2's memory.max and memory.current, else v1's
+// memory.limit_in_bytes and memory.usage_in_bytes, under `cgroup_root` (/sys/fs/cgroup) at the path that
+// `self_cgroup` (the text of /proc/self/cgroup) names, or at the root where that path is not visible (a
+// container's namespace). limit 0: no limit, or none could be read. A container's limit is not in
+// /proc/meminfo, which shows the host's memory.
+struct CgroupMemory {
+    uint64_t limit = 0, usage = 0;
+};
+CgroupMemory cgroup_memory(const std::filesystem::path& cgroup_root, const std::string& self_cgroup);
+
+// The memory a new allocation can take without swapping or meeting the cgroup's limit (/proc/meminfo
+// MemAvailable, capped by the cgroup's limit less its usage), 0 where unreadable.
 uint64_t available_memory_bytes();
 
-// Whether `bytes` more leave at least 1 GiB or a tenth of the machine's memory free, whichever is larger
-// (false where /proc/meminfo cannot be read).
+// Whether `bytes` more leave at least 1 GiB or a tenth of the memory (the machine's, or the cgroup's limit
+// where lower) free, whichever is larger (false where /proc/meminfo cannot be read).
 bool copy_fits_in_memory(uint64_t bytes);
 
 class ResidentWeights {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 
@@ -72,4 +73,32 @@ TEST(ResidentWeights, ACopyLargerThanTheMemoryIsRefused) {
     if (cpu::available_memory_bytes() == 0) GTEST_SKIP() << "/proc/meminfo has no MemAvailable here";
     EXPECT_FALSE(cpu::copy_fits_in_memory(cpu::available_memory_bytes()));  // nothing left to spare
     EXPECT_TRUE(cpu::copy_fits_in_memory(0) || cpu::available_memory_bytes() < (uint64_t{2} << 30));
+}
+
+// A container's memory limit, which /proc/meminfo does not show: cgroup v2 and v1 layouts, the process's own
+// path or the namespace's root, and "no limit" in both spellings.
+TEST(ResidentWeights, TheCgroupsLimitCapsTheMemoryACopyMayTake) {
+    markbase::testing::TempDir dir("cgroup");
+    const auto root = dir.path();
+    auto put = [](const std::filesystem::path& d, const char* file, const char* v) {
+        std::filesystem::create_directories(d);
+        std::ofstream(d / file) << v << "\n";
+    };
+    put(root / "a/b", "memory.max", "1000000000");
+    put(root / "a/b", "memory.current", "250000000");
+    cpu::CgroupMemory m = cpu::cgroup_memory(root, "0::/a/b\n");
+    EXPECT_EQ(m.limit, 1000000000u);
+    EXPECT_EQ(m.usage, 250000000u);
+    put(root / "c", "memory.max", "max");
+    EXPECT_EQ(cpu::cgroup_memory(root, "0::/c\n").limit, 0u);
+    // v1: the memory controller's own hierarchy; a path the namespace hides falls back to its root
+    put(root / "memory/x", "memory.limit_in_bytes", "2000000000");
+    put(root / "memory/x", "memory.usage_in_bytes", "500000000");
+    m = cpu::cgroup_memory(root, "4:memory:/x\n0::/\n");
+    EXPECT_EQ(m.limit, 2000000000u);
+    EXPECT_EQ(m.usage, 500000000u);
+    put(root / "memory", "memory.limit_in_bytes", "9223372036854771712");  // v1's "unlimited"
+    EXPECT_EQ(cpu::cgroup_memory(root, "4:memory:/hidden\n").limit, 0u);
+    EXPECT_EQ(cpu::cgroup_memory(root / "nothing", "0::/\n").limit, 0u);
+    EXPECT_EQ(cpu::cgroup_memory(root, "").limit, 0u);
 }
