@@ -81,6 +81,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     plan_.batch_attn_keys = tuning.batch_attn_keys;
     plan_.batch_attn_heads = tuning.batch_attn_heads;
+    plan_.batch_attn_mma = tuning.batch_attn == Tuning::BatchAttn::kMma;
     plan_.stream_gemm_max = tuning.stream_gemm;
     plan_.batch_experts_max = tuning.batch_experts;
     plan_.sms = sms;

@@ -138,6 +138,7 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
     a.max_heads = plan_.batch_attn_heads;
+    a.mma = plan_.batch_attn_mma;
     run(pf, "attention", i, 0.0, [&] {
         if (batch_)
             attention(a, n, stream_);

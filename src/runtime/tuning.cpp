@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, stream_gemm, batch_experts, "
+    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, batch_experts, "
     "cpu_pin, "
     "skip";
 
@@ -78,6 +78,9 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "batch_attn_heads") {
         t.batch_attn_heads = static_cast<int>(parse_int(source, key, v, 0, 8, "0 (automatic), 1, 2, 4 or 8"));
         if (t.batch_attn_heads & (t.batch_attn_heads - 1)) bad(source, key, v, "0 (automatic), 1, 2, 4 or 8");
+    } else if (key == "batch_attn") {
+        if (v != "warp" && v != "mma") bad(source, key, v, "mma or warp");
+        t.batch_attn = v == "mma" ? Tuning::BatchAttn::kMma : Tuning::BatchAttn::kWarp;
     } else if (key == "stream_gemm") {
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "batch_experts") {
@@ -137,6 +140,8 @@ std::string tuning_string(const Tuning& t) {
     if (t.batch_attn_keys != d.batch_attn_keys) add("batch_attn_keys=" + std::to_string(t.batch_attn_keys));
     if (t.batch_attn_heads != d.batch_attn_heads)
         add("batch_attn_heads=" + std::to_string(t.batch_attn_heads));
+    if (t.batch_attn != d.batch_attn)
+        add(std::string("batch_attn=") + (t.batch_attn == Tuning::BatchAttn::kWarp ? "warp" : "mma"));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));

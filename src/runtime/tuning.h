@@ -62,15 +62,24 @@ struct Tuning {
     bool cpu_pin = false;
 
     // batch_attn_keys=N (>= 16): keys per attention piece in a batched decode step (bench -np, serve). Pieces
-    // of 32 keys instead of the prefill's 256: E2B at 8 sequences 7.79 -> 5.04 ms per step, the 26B-A4B
-    // 14.02 -> 11.42 (docs/performance.md). 16 measured 1.8% faster than 32 in one E2B run of another build,
-    // 64 4.8% slower; not yet settled.
-    int batch_attn_keys = 32;
+    // of 32 keys instead of the prefill's 256 took the warp kernel's E2B at 8 sequences from 7.79 to 5.04 ms
+    // per step, the 26B-A4B's from 14.02 to 11.42; with the tensor-core pieces 64 beat 32 at the serving
+    // step's shape on every variant (E2B 96 sequences 7.24 -> 7.15 ms, E4B 11.23 -> 10.84, 26B-A4B 27.01 ->
+    // 26.29, 31B 64 sequences 42.57 -> 40.74; docs/performance.md).
+    int batch_attn_keys = 64;
     // batch_attn_heads=R (0, 1, 2, 4 or 8): at most R query heads of a KV group per warp in a batched step's
     // attention pieces (cuda/kernels/attention_warp.cu); 0 = automatic: the most that still give the step 16
     // warps per SM. More heads read each K/V row once for more queries; fewer give more warps where a step
     // has few pieces (E2B: one KV head for 8 query heads).
     int batch_attn_heads = 0;
+    // batch_attn=mma|warp: a batched step's attention pieces over a bf16 cache on the tensor cores where they
+    // fit (cuda/kernels/attention_mma.cu: all of a KV group's query heads per warp, rounds of 16 keys through
+    // mma.sync; at most 8 query heads per KV head, head dims 64..512), the CUDA-core warp kernel elsewhere
+    // (attention_warp.cu: fp32 caches); warp = the warp kernel everywhere, which the tests compare against.
+    // On the H200 the tensor cores took the serving step from 8.80 to 7.15 ms (E2B, 96 sequences), 12.26 to
+    // 10.84 (E4B), 27.82 to 26.29 (26B-A4B) and 45.99 to 40.74 (31B, 64) (docs/performance.md).
+    enum class BatchAttn : uint8_t { kMma, kWarp };
+    BatchAttn batch_attn = BatchAttn::kMma;
 
     // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
     // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) where it pays

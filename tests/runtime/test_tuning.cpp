@@ -30,8 +30,9 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_FALSE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 0);
     EXPECT_EQ(t.moe_prefill_cap, 0);
-    EXPECT_EQ(t.batch_attn_keys, 32);
+    EXPECT_EQ(t.batch_attn_keys, 64);
     EXPECT_EQ(t.batch_attn_heads, 0);
+    EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kMma);
     EXPECT_EQ(t.stream_gemm, 16);
     EXPECT_FALSE(t.cpu_pin);
     EXPECT_TRUE(t.skip.empty());
@@ -42,7 +43,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
         "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,batch_attn_heads=2,"
-        "stream_gemm=0,cpu_pin=1,"
+        "batch_attn=warp,stream_gemm=0,cpu_pin=1,"
         "skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
@@ -56,6 +57,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_EQ(t.moe_prefill_cap, 3);
     EXPECT_EQ(t.batch_attn_keys, 16);
     EXPECT_EQ(t.batch_attn_heads, 2);
+    EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kWarp);
     EXPECT_EQ(t.stream_gemm, 0);
     EXPECT_TRUE(t.cpu_pin);
     ASSERT_EQ(t.skip.size(), 2u);
@@ -83,6 +85,7 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
     EXPECT_NE(error_of("batch_attn_heads=3").find("batch_attn_heads=3: expected 0 (automatic), 1, 2, 4 or 8"),
               std::string::npos);
     EXPECT_NE(error_of("batch_attn_heads=16").find("batch_attn_heads=16: expected"), std::string::npos);
+    EXPECT_NE(error_of("batch_attn=tc").find("batch_attn=tc: expected mma or warp"), std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);
     EXPECT_NE(error_of("skip=").find("skip=: expected"), std::string::npos);
     EXPECT_NE(error_of("skip=qkv++ffn").find("skip=qkv++ffn"), std::string::npos);

@@ -255,11 +255,22 @@ void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>
     p->prefill_total = phase_table(pp, title, &p->prefill_by_phase);
 }
 
-// One batched step of every slot the same way (after each slot's prompt): where the step's time goes.
-void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, ProfileRuns* p) {
+// One batched step of every slot the same way (after each slot's prompt): where the step's time goes. The
+// attention phase is split by layer kind, with the K/V bytes its layers read (every slot at n_prompt + 1
+// keys, a sliding layer at most its window; KV-shared layers read their source's), so its GB/s show.
+void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, int kv_elem_bytes,
+                     ProfileRuns* p) {
     std::vector<int> slot_ids, next;
     fill_slots(be, c, b, slots, &slot_ids, &next);
-    const std::vector<CudaProfileEntry> pb = be->profile_batch(slot_ids.data(), next.data(), slots);
+    std::vector<CudaProfileEntry> pb = be->profile_batch(slot_ids.data(), next.data(), slots);
+    for (CudaProfileEntry& e : pb) {
+        if (e.kernel != "attention" || e.layer < 0 || e.layer >= c.n_layers) continue;
+        const LayerSpec& s = c.layers[static_cast<size_t>(e.layer)];
+        const bool sliding = s.kind == AttentionKind::Sliding;
+        const int64_t keys = sliding ? std::min<int64_t>(b.n_prompt + 1, c.sliding_window) : b.n_prompt + 1;
+        e.kernel = sliding ? "attention_sliding" : "attention_full";
+        e.bytes = 2.0 * slots * static_cast<double>(keys) * s.n_kv_heads * s.head_dim * kv_elem_bytes;
+    }
     char title[128];
     std::snprintf(title, sizeof title, "batched step of %d sequences after %d tokens", slots, b.n_prompt);
     p->batch_total = phase_table(pb, title, &p->batch_by_phase);
@@ -411,7 +422,9 @@ int cmd_bench_cuda(ArgReader& a) {
     if (b.profile) {
         profile_decode(be, b, prompt, d.dc, &p);
         profile_prefill(be, b, long_prompt, m.chunk, &p);
-        if (m.slots > 1) profile_batched(be, c, b, m.slots, &p);
+        if (m.slots > 1)
+            profile_batched(be, c, b, m.slots, std::string(gpu_kv_name(m.kv_dtype, m.slots)) == "bf16" ? 2 : 4,
+                            &p);
     }
     // The graph step from the inside: after the prompt and one token, as the profile starts
     GraphTimeline tl;

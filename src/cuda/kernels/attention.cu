@@ -424,7 +424,10 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
     if (a.tok_pos) {
-        attention_warp_pieces(a, n, s);
+        if (a.mma && attention_mma_fits(a))
+            attention_mma_pieces(a, n, s);
+        else
+            attention_warp_pieces(a, n, s);
         return;
     } else if (a.split_len == 0 && a.merge_counters) {
         if (a.cluster) {

@@ -262,6 +262,8 @@ struct AttnArgs {
     int cluster = 0;
     // batched decode: at most this many query heads per warp; 0 = automatic (attention_warp.cu)
     int max_heads = 0;
+    // batched decode over a bf16 cache: the tensor-core pieces (attention_mma.cu) where they fit
+    bool mma = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
 constexpr int kMaxAttnCluster = 16;
@@ -277,6 +279,10 @@ bool attention_cluster_fits(int C, int nH, int d);
 // attention_warp.cu: batched decode's pieces (tok_pos, split_len > 0), a warp per piece for the query heads
 // of a KV group
 void attention_warp_pieces(const AttnArgs& a, int n, cudaStream_t s);
+// attention_mma.cu: the same pieces on the tensor cores, all query heads of a KV group per warp; fits a bf16
+// cache, at most 8 query heads per KV head and head dims 64, 128, 256, 512
+bool attention_mma_fits(const AttnArgs& a);
+void attention_mma_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
 // Decode's pieces (split_len 0, merge_counters) and batched decode's (tok_pos, fixed pieces); prefill runs
 // attention_gemm.
