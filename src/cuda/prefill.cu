@@ -132,8 +132,18 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     const int64_t range = sliding ? std::min<int64_t>(c_.sliding_window, pos0 + n) : pos0 + n;
     int64_t want = (range + 255) / 256;
     // batched decode, one query per sequence: shorter pieces (Tuning::batch_attn_keys), or the 256-key
-    // pieces of a few sequences at a short range leave most SMs idle (E2B at 8 sequences: 37% of the step)
-    if (batch_) want = std::max(want, (range + plan_.batch_attn_keys - 1) / plan_.batch_attn_keys);
+    // pieces of a few sequences at a short range leave most SMs idle (E2B at 8 sequences: 37% of the step);
+    // pieces of at most 32 keys where those would give the layer fewer than kMinPieceWarps per SM (the
+    // H200, tensor-core pieces: 64 keys won at 768-position steps of 64-96 sequences, 1-4%, where a layer
+    // has >= 5.8 pieces per SM; 32 won by 2-4% at 128 positions with 8-32 sequences, <= 1.5 per SM, and
+    // tied at 11.6)
+    if (batch_) {
+        constexpr int64_t kMinPieceWarps = 4;
+        int64_t keys = plan_.batch_attn_keys;
+        if (int64_t{n} * nKV * ((range + keys - 1) / keys) < kMinPieceWarps * plan_.sms)
+            keys = std::min<int64_t>(keys, 32);
+        want = std::max(want, (range + keys - 1) / keys);
+    }
     const int64_t room = std::max<int64_t>(1, act_.max_pieces / (int64_t{n} * nH));
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);

@@ -65,7 +65,8 @@ struct Tuning {
     // of 32 keys instead of the prefill's 256 took the warp kernel's E2B at 8 sequences from 7.79 to 5.04 ms
     // per step, the 26B-A4B's from 14.02 to 11.42; with the tensor-core pieces 64 beat 32 at the serving
     // step's shape on every variant (E2B 96 sequences 7.24 -> 7.15 ms, E4B 11.23 -> 10.84, 26B-A4B 27.01 ->
-    // 26.29, 31B 64 sequences 42.57 -> 40.74; docs/performance.md).
+    // 26.29, 31B 64 sequences 42.57 -> 40.74; docs/performance.md). A layer whose pieces would give it fewer
+    // than 4 warps per SM takes pieces of at most 32 keys (cuda/prefill.cu).
     int batch_attn_keys = 64;
     // batch_attn_heads=R (0, 1, 2, 4 or 8): at most R query heads of a KV group per warp in a batched step's
     // attention pieces (cuda/kernels/attention_warp.cu); 0 = automatic: the most that still give the step 16
