@@ -125,7 +125,7 @@ struct DecodePlan {
     // Batched decode (Tuning::batch_attn_keys): attention pieces of this many keys (at least the prefill's
     // 256-key pieces' count, at most the scratch's)
     int batch_attn_keys = 64;
-    int batch_attn_heads = 0;  // Tuning::batch_attn_heads
+    int batch_attn_heads = 0;     // Tuning::batch_attn_heads
     bool batch_attn_mma = false;  // Tuning::batch_attn
     // The projections of at most stream_gemm_max tokens (a batched step, a short chunk) run stream_gemm
     // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked

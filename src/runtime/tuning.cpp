@@ -10,9 +10,8 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, batch_experts, "
-    "cpu_pin, "
-    "skip";
+    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, "
+    "batch_experts, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {

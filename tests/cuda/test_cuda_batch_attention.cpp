@@ -1,11 +1,11 @@
 // A batched step's attention pieces over the bf16 cache: the tensor-core kernel (batch_attn=mma,
-// cuda/kernels/attention_mma.cu) against the CUDA-core warp kernel (batch_attn=warp, attention_warp.cu) on the
-// same model, cache and ids. The warp kernel's products are fp32 over the bf16 rows; the tensor cores take the
-// queries and the softmax weights as two bf16 halves each, 16 of fp32's 24 bits, so a score moves by up to
-// ~2^-17 of |q| |k|: measured, the logits by ~1e-5 at real widths and by up to 2.8e-4 in the first step on
-// the tiny models. Later steps read keys the two wrote, and their
-// differences round a key to the neighbouring bf16 value (2^-8 away) now and then (test_cuda_kv_bf16.cpp):
-// 3.5e-4 over five steps. A wrong mask, head or column is off by ~1.
+// cuda/kernels/attention_mma.cu) against the CUDA-core warp kernel (batch_attn=warp, attention_warp.cu) on
+// the same model, cache and ids. The warp kernel's products are fp32 over the bf16 rows; the tensor cores
+// take the queries and the softmax weights as two bf16 halves each, 16 of fp32's 24 bits, so a score moves by
+// up to ~2^-17 of |q| |k|: measured, the logits by ~1e-5 at real widths and by up to 2.8e-4 in the first step
+// on the tiny models. Later steps read keys the two wrote, and their differences round a key to the
+// neighbouring bf16 value (2^-8 away) now and then (test_cuda_kv_bf16.cpp): 3.5e-4 over five steps. A wrong
+// mask, head or column is off by ~1.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -63,8 +63,8 @@ void expect_close(const std::vector<float>& warp, const std::vector<float>& mma,
     const std::vector<float> w0(warp.begin(), warp.begin() + step_floats),
         m0(mma.begin(), mma.begin() + step_floats);
     const double e0 = testing::rel_err(w0, m0), e = testing::rel_err(warp, mma);
-    std::printf("  %s: tensor cores vs warp kernel: rel err first step %.2e, all steps %.2e\n", label.c_str(), e0,
-                e);
+    std::printf("  %s: tensor cores vs warp kernel: rel err first step %.2e, all steps %.2e\n", label.c_str(),
+                e0, e);
     EXPECT_GT(e, 0.0) << label << ": identical to the last bit: the tensor-core kernel did not run";
     EXPECT_LT(e0, 1e-3) << label << " first step";
     EXPECT_LT(e, 2e-3) << label << " all steps";

@@ -423,8 +423,8 @@ int cmd_bench_cuda(ArgReader& a) {
         profile_decode(be, b, prompt, d.dc, &p);
         profile_prefill(be, b, long_prompt, m.chunk, &p);
         if (m.slots > 1)
-            profile_batched(be, c, b, m.slots, std::string(gpu_kv_name(m.kv_dtype, m.slots)) == "bf16" ? 2 : 4,
-                            &p);
+            profile_batched(be, c, b, m.slots,
+                            std::string(gpu_kv_name(m.kv_dtype, m.slots)) == "bf16" ? 2 : 4, &p);
     }
     // The graph step from the inside: after the prompt and one token, as the profile starts
     GraphTimeline tl;

@@ -31,6 +31,19 @@ __device__ __forceinline__ PieceGeometry piece_geometry(const AttnArgs& a, int t
     return g;
 }
 
+// Batched decode's piece sp of token t (fixed pieces of split_len keys from the window's start): keys
+// [start, end) of the token's own slot (start >= end: an empty piece).
+struct BatchPiece {
+    int64_t start, end;
+    int slot;
+};
+__device__ __forceinline__ BatchPiece batch_piece(const AttnArgs& a, int t, int sp) {
+    const int64_t pos = static_cast<int64_t>(a.tok_pos[t]);
+    const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
+    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
+    return {start, min(pos + 1, start + a.split_len), a.tok_slot[t]};
+}
+
 // A lane's share of a cache row: kMaxDimsPerThread float4 columns (4 values each). An fp32 row gives lane its
 // columns lane + 32 i, one 16-byte load each; a bf16 row gives it columns 2 (lane + 32 j) and the one after,
 // both from one 16-byte load of 8 values, so the lane issues half the loads for half the bytes (with 8-byte

@@ -21,6 +21,7 @@
 #include <cfloat>
 
 #include "cuda/check.h"
+#include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/kv_elems.cuh"
@@ -99,7 +100,8 @@ __device__ __forceinline__ void round_scores(const uint4* qf, const uint4* k0, c
 #pragma unroll
     for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[u][i] = (part[u][0][i] + part[u][1][i]) + (part[u][2][i] + part[u][3][i]);
+        for (int i = 0; i < 4; ++i)
+            s[u][i] = (part[u][0][i] + part[u][1][i]) + (part[u][2][i] + part[u][3][i]);
 }
 
 // acc[q][j] += V^T P^T for the 4 key rows v[0..3] (keys 2c, 2c + 1, 2c + 8, 2c + 9), after scaling head
@@ -170,11 +172,9 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
     const int sp = blockIdx.x * (kWarps / NS) + warp / NS, q0 = (warp % NS) * NQW * 64;
     if (sp >= a.nsplit) return;
 
-    const int64_t pos = static_cast<int64_t>(a.tok_pos[t]);
-    const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
-    const int64_t end = min(pos + 1, start + a.split_len);
-    const int slot = a.tok_slot[t];
+    const attn_kernels::BatchPiece piece = attn_kernels::batch_piece(a, t, sp);
+    const int64_t start = piece.start, end = piece.end;
+    const int slot = piece.slot;
     const uint16_t* kc = static_cast<const uint16_t*>(a.k_cache) + static_cast<int64_t>(g) * D;
     const uint16_t* vc = static_cast<const uint16_t*>(a.v_cache) + static_cast<int64_t>(g) * D + q0;
     const int64_t row_stride = static_cast<int64_t>(a.nKV) * D;
@@ -217,7 +217,8 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
         split_pack(p[0], p[1], ph0, pl0);
         split_pack(p[2], p[3], ph1, pl1);
         // the accumulator's columns are heads 2c and 2c + 1: their quads' corrections
-        const float ca = __shfl_sync(0xffffffffu, corr, 8 * c), cb = __shfl_sync(0xffffffffu, corr, 8 * c + 4);
+        const float ca = __shfl_sync(0xffffffffu, corr, 8 * c),
+                    cb = __shfl_sync(0xffffffffu, corr, 8 * c + 4);
         const uint4* const v[4] = {reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c)) + r,
                                    reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c + 1)) + r,
                                    reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c + 8)) + r,
@@ -244,9 +245,10 @@ bool attention_mma_fits(const AttnArgs& a) {
 
 void attention_mma_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (!a.tok_pos || a.split_len <= 0 || a.merge_counters || !attention_mma_fits(a))
-        throw Error("internal: tensor-core attention takes batched decode's fixed pieces over a bf16 cache, "
-                    "at most 8 query heads per KV head and a head dim of 64, 128, 256 or 512 (d = " +
-                    std::to_string(a.d) + ")");
+        throw Error(
+            "internal: tensor-core attention takes batched decode's fixed pieces over a bf16 cache, "
+            "at most 8 query heads per KV head and a head dim of 64, 128, 256 or 512 (d = " +
+            std::to_string(a.d) + ")");
     switch (a.d) {
         case 64:
             launch_mma<1>(a, n, s);

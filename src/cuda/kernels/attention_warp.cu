@@ -15,6 +15,7 @@
 #include <cfloat>
 
 #include "cuda/check.h"
+#include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/kv_elems.cuh"
@@ -135,11 +136,9 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
     const int sp = blockIdx.x * kWarps + warp;
     if (sp >= a.nsplit) return;
 
-    const int64_t pos = static_cast<int64_t>(a.tok_pos[t]);
-    const int64_t lo = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-    const int64_t start = lo + static_cast<int64_t>(sp) * a.split_len;
-    const int64_t end = min(pos + 1, start + a.split_len);
-    const int slot = a.tok_slot[t];
+    const attn_kernels::BatchPiece piece = attn_kernels::batch_piece(a, t, sp);
+    const int64_t start = piece.start, end = piece.end;
+    const int slot = piece.slot;
     const KvT* kc = static_cast<const KvT*>(a.k_cache) + static_cast<int64_t>(g) * d;
     const KvT* vc = static_cast<const KvT*>(a.v_cache) + static_cast<int64_t>(g) * d;
     const int64_t row_stride = static_cast<int64_t>(a.nKV) * d;
