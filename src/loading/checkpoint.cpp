@@ -1,6 +1,7 @@
 #include "loading/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -144,6 +145,25 @@ ModelCounts count_params(const ModelConfig& c) {
     }
     m.bytes_per_token = 2 * m.active_params;
     return m;
+}
+
+StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int kv_elem_bytes) {
+    StepBytes b;
+    if (c.n_experts > 0)
+        b.experts_touched = c.n_experts * (1.0 - std::pow(1.0 - static_cast<double>(c.top_k) / c.n_experts,
+                                                          std::max(seqs, 0)));
+    for (const PlannedTensor& p : plan_tensors(c, nullptr)) {
+        if (p.name == "embed_tokens_per_layer.weight") continue;
+        double n = 1;
+        for (int64_t d : p.shape) n *= static_cast<double>(d);
+        if (p.name.find("experts.") != std::string::npos) n *= b.experts_touched / c.n_experts;
+        b.weights += 2 * n;
+    }
+    for (const LayerSpec& s : c.layers) {
+        const int64_t k = s.kind == AttentionKind::Sliding ? std::min<int64_t>(keys, c.sliding_window) : keys;
+        b.kv += 2.0 * seqs * static_cast<double>(k) * s.n_kv_heads * s.head_dim * kv_elem_bytes;
+    }
+    return b;
 }
 
 }  // namespace markbase

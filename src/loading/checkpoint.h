@@ -48,4 +48,17 @@ struct ModelCounts {
 };
 ModelCounts count_params(const ModelConfig& c);
 
+// The bytes a batched decode step of `seqs` sequences must read at least, each sequence's query seeing `keys`
+// positions (a sliding layer at most its window; KV-shared layers read their source's rows): every weight
+// once (bf16; PLE rows are lookups), each MoE layer's experts as expected touched by seqs x top_k choices
+// drawn uniformly, n_experts (1 - (1 - top_k / n_experts)^seqs) (random weights route near uniformly; a
+// trained router's skew touches fewer), and the K/V rows of kv_elem_bytes per value. The batched-step
+// issue's roofline column.
+struct StepBytes {
+    double weights = 0;
+    double kv = 0;
+    double experts_touched = 0;  // per MoE layer, expected (0 for a dense model)
+};
+StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int kv_elem_bytes);
+
 }  // namespace markbase

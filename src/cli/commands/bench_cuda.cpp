@@ -158,6 +158,19 @@ double bench_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, 
     return batch_step;
 }
 
+// The batched step against the bytes it must read (batched_step_bytes) at the read roofline (GB/s).
+void print_step_roofline(const StepBytes& sb, double step_s, double roofline_gbs, int n_experts) {
+    const double bytes = sb.weights + sb.kv, floor_ms = bytes / (roofline_gbs * 1e6);
+    char experts[96] = "";
+    if (n_experts > 0)
+        std::snprintf(experts, sizeof experts, "; ~%.1f of %d experts per layer touched if routed uniformly",
+                      sb.experts_touched, n_experts);
+    std::printf(
+        "batched   a step reads >= %.2f GB (weights %.2f, K/V %.2f%s): %.3f ms at %.2f TB/s, %.1f%% of it\n",
+        bytes / 1e9, sb.weights / 1e9, sb.kv / 1e9, experts, floor_ms, roofline_gbs / 1e3,
+        step_s > 0 ? 100.0 * floor_ms / (step_s * 1e3) : 0.0);
+}
+
 // bench --profile: one decode step kernel by kernel, then the prefill's last chunk phase by phase, and with
 // -np one batched step phase by phase.
 struct ProfileRuns {
@@ -320,6 +333,7 @@ void print_decode(const BenchModel& m, CudaBackend* be, const BenchArgs& b, cons
 // --json-out: the receipt's fields.
 struct Receipt {
     double gbs = 0, roofline = 0, batch_step = 0;
+    StepBytes batch_bytes;  // what the timed batched steps must read (at their middle position)
     int tp = 1;
     std::string logits_hash, ids_hash, batch_ids_hash;
 };
@@ -335,58 +349,66 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
     const char* commit = std::getenv("MARKBASE_COMMIT");
-    nlohmann::json j = {{"kind", "cuda-bench"},
-                        {"model", m.label},
-                        {"device", dev.name},
-                        {"sm_count", dev.sm_count},
-                        {"date", date},
-                        {"commit", commit ? commit : "unknown"},
-                        {"tuning", tuning_string(m.tuning)},
-                        {"dtype", std::string("bf16 weights, fp32 activations, ") +
-                                      gpu_kv_name(m.kv_dtype, m.slots) + " KV cache"},
-                        {"kv_cache_dtype", gpu_kv_name(m.kv_dtype, m.slots)},
-                        {"batch", 1},
-                        {"layers", c.n_layers},
-                        {"hidden", c.hidden},
-                        {"active_params", counts.active_params},
-                        {"bytes_per_token", counts.bytes_per_token},
-                        {"weight_bytes_on_gpu", be->weight_bytes()},
-                        {"kv_cache_bytes", be->cache_bytes()},
-                        {"ctx_size", be->ctx_size()},
-                        {"load_s", m.load_s},
-                        {"n_prompt", b.n_prompt},
-                        {"n_gen", b.n_gen},
-                        {"repetitions", b.reps},
-                        {"prefill_tokens", b.n_prefill},
-                        {"prefill_s_median", pf},
-                        {"prefill_tok_s", pf > 0 ? b.n_prefill / pf : 0.0},
-                        {"prefill_s_all", d.prefill},
-                        {"prefill_note", d.prefill_note},
-                        {"decode_ms_per_tok_median", dc * 1e3},
-                        {"decode_s_per_tok_all", d.decode},
-                        {"decode_tok_s", 1.0 / dc},
-                        {"sampled_ms_per_tok_device_select", d.sampled_dev_ms},
-                        {"sampled_ms_per_tok_host_sampler", d.sampled_host_ms},
-                        {"decode_gb_s", r.gbs},
-                        {"tensor_parallel", r.tp},
-                        {"batch_slots", slots},
-                        {"batch_ms_per_step", batch_step * 1e3},
-                        {"batch_tok_s", batch_step > 0 ? slots / batch_step : 0.0},
-                        {"batch_speedup_vs_one_sequence", batch_step > 0 ? slots * dc / batch_step : 0.0},
-                        {"batch_ids_hash", r.batch_ids_hash},
-                        {"roofline_gb_s", r.roofline},
-                        {"decode_pct_of_roofline", 100.0 * r.gbs / r.roofline},
-                        {"logits_hash", r.logits_hash},
-                        {"ids_hash", r.ids_hash},
-                        {"profile_total_ms", p.total},
-                        {"profile_gated", b.profile && be->profile_gated()},
-                        {"profile_by_kernel", p.by_kernel},
-                        {"profile_prefill_total_ms", p.prefill_total},
-                        {"profile_prefill_at", p.prefill_at},
-                        {"profile_prefill_by_phase", p.prefill_by_phase},
-                        {"profile_batch_total_ms", p.batch_total},
-                        {"profile_batch_by_phase", p.batch_by_phase},
-                        {"profile", p.steps}};
+    nlohmann::json j = {
+        {"kind", "cuda-bench"},
+        {"model", m.label},
+        {"device", dev.name},
+        {"sm_count", dev.sm_count},
+        {"date", date},
+        {"commit", commit ? commit : "unknown"},
+        {"tuning", tuning_string(m.tuning)},
+        {"dtype",
+         std::string("bf16 weights, fp32 activations, ") + gpu_kv_name(m.kv_dtype, m.slots) + " KV cache"},
+        {"kv_cache_dtype", gpu_kv_name(m.kv_dtype, m.slots)},
+        {"batch", 1},
+        {"layers", c.n_layers},
+        {"hidden", c.hidden},
+        {"active_params", counts.active_params},
+        {"bytes_per_token", counts.bytes_per_token},
+        {"weight_bytes_on_gpu", be->weight_bytes()},
+        {"kv_cache_bytes", be->cache_bytes()},
+        {"ctx_size", be->ctx_size()},
+        {"load_s", m.load_s},
+        {"n_prompt", b.n_prompt},
+        {"n_gen", b.n_gen},
+        {"repetitions", b.reps},
+        {"prefill_tokens", b.n_prefill},
+        {"prefill_s_median", pf},
+        {"prefill_tok_s", pf > 0 ? b.n_prefill / pf : 0.0},
+        {"prefill_s_all", d.prefill},
+        {"prefill_note", d.prefill_note},
+        {"decode_ms_per_tok_median", dc * 1e3},
+        {"decode_s_per_tok_all", d.decode},
+        {"decode_tok_s", 1.0 / dc},
+        {"sampled_ms_per_tok_device_select", d.sampled_dev_ms},
+        {"sampled_ms_per_tok_host_sampler", d.sampled_host_ms},
+        {"decode_gb_s", r.gbs},
+        {"tensor_parallel", r.tp},
+        {"batch_slots", slots},
+        {"batch_ms_per_step", batch_step * 1e3},
+        {"batch_tok_s", batch_step > 0 ? slots / batch_step : 0.0},
+        {"batch_speedup_vs_one_sequence", batch_step > 0 ? slots * dc / batch_step : 0.0},
+        {"batch_step_weight_bytes", r.batch_bytes.weights},
+        {"batch_step_kv_bytes", r.batch_bytes.kv},
+        {"batch_experts_touched_per_layer_expected", r.batch_bytes.experts_touched},
+        {"batch_step_roofline_ms", (r.batch_bytes.weights + r.batch_bytes.kv) / (r.roofline * 1e6)},
+        {"batch_pct_of_step_roofline",
+         batch_step > 0 ? 100.0 * (r.batch_bytes.weights + r.batch_bytes.kv) / (r.roofline * 1e9 * batch_step)
+                        : 0.0},
+        {"batch_ids_hash", r.batch_ids_hash},
+        {"roofline_gb_s", r.roofline},
+        {"decode_pct_of_roofline", 100.0 * r.gbs / r.roofline},
+        {"logits_hash", r.logits_hash},
+        {"ids_hash", r.ids_hash},
+        {"profile_total_ms", p.total},
+        {"profile_gated", b.profile && be->profile_gated()},
+        {"profile_by_kernel", p.by_kernel},
+        {"profile_prefill_total_ms", p.prefill_total},
+        {"profile_prefill_at", p.prefill_at},
+        {"profile_prefill_by_phase", p.prefill_by_phase},
+        {"profile_batch_total_ms", p.batch_total},
+        {"profile_batch_by_phase", p.batch_by_phase},
+        {"profile", p.steps}};
     if (tl) {
         j["timeline"] = timeline_json(*tl);
         j["timeline_gap"] = gap_json(timeline_gap(*tl, kRooflineGBs, c.n_layers));
@@ -416,15 +438,18 @@ int cmd_bench_cuda(ArgReader& a) {
     r.logits_hash = hash_hex(d.logits.data(), d.logits.size() * sizeof(float));
     r.ids_hash = hash_hex(d.ids.data(), d.ids.size() * sizeof(int));
     print_decode(m, be, b, d, r.gbs, r.roofline, r.tp, r.logits_hash, r.ids_hash);
-    if (m.slots > 1) r.batch_step = bench_batched(be, c, b, m.slots, d.dc, &r.batch_ids_hash);
+    const int kv_elem = std::string(gpu_kv_name(m.kv_dtype, m.slots)) == "bf16" ? 2 : 4;
+    if (m.slots > 1) {
+        r.batch_step = bench_batched(be, c, b, m.slots, d.dc, &r.batch_ids_hash);
+        r.batch_bytes = batched_step_bytes(c, m.slots, b.n_prompt + 1 + b.n_gen / 2, kv_elem);
+        print_step_roofline(r.batch_bytes, r.batch_step, r.roofline, c.n_experts);
+    }
 
     ProfileRuns p;
     if (b.profile) {
         profile_decode(be, b, prompt, d.dc, &p);
         profile_prefill(be, b, long_prompt, m.chunk, &p);
-        if (m.slots > 1)
-            profile_batched(be, c, b, m.slots,
-                            std::string(gpu_kv_name(m.kv_dtype, m.slots)) == "bf16" ? 2 : 4, &p);
+        if (m.slots > 1) profile_batched(be, c, b, m.slots, kv_elem, &p);
     }
     // The graph step from the inside: after the prompt and one token, as the profile starts
     GraphTimeline tl;
