@@ -77,8 +77,9 @@ struct Tuning {
     // fit (cuda/kernels/attention_mma.cu: all of a KV group's query heads per warp, rounds of 16 keys through
     // mma.sync; at most 8 query heads per KV head, head dims 64..512), the CUDA-core warp kernel elsewhere
     // (attention_warp.cu: fp32 caches); warp = the warp kernel everywhere, which the tests compare against.
-    // On the H200 the tensor cores took the serving step from 8.80 to 7.15 ms (E2B, 96 sequences), 12.26 to
-    // 10.84 (E4B), 27.82 to 26.29 (26B-A4B) and 45.99 to 40.74 (31B, 64) (docs/performance.md).
+    // On the H200 the tensor cores took the serving step from 8.80 to 7.24 ms (E2B, 96 sequences), 12.26 to
+    // 11.23 (E4B), 27.82 to 27.01 (26B-A4B) and 45.99 to 42.57 (31B, 64), both with 32-key pieces
+    // (docs/performance.md).
     enum class BatchAttn : uint8_t { kMma, kWarp };
     BatchAttn batch_attn = BatchAttn::kMma;
 
