@@ -122,11 +122,10 @@ struct DecodePlan {
     // per head) are one thread-block cluster per head, merging through distributed shared memory
     // (attention.cu). 0 = one graph.
     int64_t attn_short_keys = 0;
-    // Batched decode (Tuning::batch_attn_keys): attention pieces of this many keys (at least the prefill's
-    // 256-key pieces' count, at most the scratch's)
+    // Batched decode's attention (Tuning::batch_attn_keys, _heads, batch_attn; cuda/prefill.cu's pieces)
     int batch_attn_keys = 64;
-    int batch_attn_heads = 0;     // Tuning::batch_attn_heads
-    bool batch_attn_mma = false;  // Tuning::batch_attn
+    int batch_attn_heads = 0;
+    bool batch_attn_mma = false;
     // The projections of at most stream_gemm_max tokens (a batched step, a short chunk) run stream_gemm
     // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
     // halves; sms sizes its K split.

@@ -438,7 +438,7 @@ int cmd_bench_cuda(ArgReader& a) {
     r.logits_hash = hash_hex(d.logits.data(), d.logits.size() * sizeof(float));
     r.ids_hash = hash_hex(d.ids.data(), d.ids.size() * sizeof(int));
     print_decode(m, be, b, d, r.gbs, r.roofline, r.tp, r.logits_hash, r.ids_hash);
-    const int kv_elem = std::string(gpu_kv_name(m.kv_dtype, m.slots)) == "bf16" ? 2 : 4;
+    const int kv_elem = gpu_kv_bytes(m.kv_dtype, m.slots);
     if (m.slots > 1) {
         r.batch_step = bench_batched(be, c, b, m.slots, d.dc, &r.batch_ids_hash);
         r.batch_bytes = batched_step_bytes(c, m.slots, b.n_prompt + 1 + b.n_gen / 2, kv_elem);
