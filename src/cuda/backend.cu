@@ -233,8 +233,15 @@ CudaDeviceInfo cuda_device_info() {
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
+    const bool fp8 = !ck.weights.fp8.empty();
+    if (fp8 && o.tensor_parallel > 1)
+        throw Error("FP8 weights over several GPUs (--tensor-parallel-size " +
+                    std::to_string(o.tensor_parallel) +
+                    ") are not supported yet: run them on one GPU, or the bf16 checkpoint split");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
-    return std::make_unique<CudaBackendImpl>(cuda::upload_weights(ck, o.tuning), o);
+    auto dw = cuda::upload_weights(ck, o.tuning);
+    if (fp8) cuda::attach_fp8_weights(*dw, &ck.weights);
+    return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 
 std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& variant, int layers,
@@ -242,8 +249,12 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     const ModelConfig c = parse_config_text(variant_config(variant, layers).dump(), "synthetic " + variant);
     require_device();
     const BackendOptions o = clamp(c, opt);
+    const bool fp8 = o.weights == WeightFormat::kFp8;
+    if (fp8 && o.tensor_parallel > 1) throw Error("FP8 weights over several GPUs are not supported yet");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
-    return std::make_unique<CudaBackendImpl>(cuda::synthetic_weights(c, seed), o);
+    auto dw = cuda::synthetic_weights(c, seed);
+    if (fp8) cuda::attach_fp8_weights(*dw, nullptr);
+    return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 
 std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {

@@ -14,8 +14,18 @@
 namespace markbase::cuda {
 
 namespace {
-double wbytes(int64_t rows, int64_t cols) {
-    return 2.0 * static_cast<double>(rows) * static_cast<double>(cols);
+double step_wbytes(int64_t rows, int64_t cols, bool fp8 = false) {
+    return (fp8 ? 1.0 : 2.0) * static_cast<double>(rows) * static_cast<double>(cols);
+}
+// A product's segment: its FP8 form where the model has one.
+GemvSeg seg_of(const bf16* w, const Fp8Matrix& w8, float* y, int rows) {
+    GemvSeg s{w, y, rows, 0};
+    if (w8.q) {
+        s.w = nullptr;
+        s.w8 = w8.q;
+        s.scale = w8.scale;
+    }
+    return s;
 }
 }  // namespace
 
@@ -84,18 +94,19 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
 }
 
 void CudaModel::project_residual(Profiler* pf, const char* name, const char* res_name, int layer,
-                                 const bf16* W, int rows, const float* xin, int K, float* y,
-                                 const bf16* res_w, float scale, bool reduce, const bf16* next_w) {
+                                 const bf16* W, const Fp8Matrix& W8, int rows, const float* xin, int K,
+                                 float* y, const bf16* res_w, float scale, bool reduce, const bf16* next_w) {
     const GemvInput in = gemv_input(xin, K);
-    GemvSeg seg{W, y, rows, 0};
+    const GemvSeg seg = seg_of(W, W8, y, rows);
+    const double bytes = step_wbytes(rows, K, W8.q != nullptr);
     if (!res_w) {  // a plain product
-        run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+        run(pf, name, layer, bytes, [&] { gemv(in, &seg, 1, 1, stream_); });
         return;
     }
     if (reduce && sharded()) {  // the ranks' partial sums first, then the update
         flush_residual(pf, layer);
         xn_for_ = nullptr;
-        run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+        run(pf, name, layer, bytes, [&] { gemv(in, &seg, 1, 1, stream_); });
         if (peer_ready(static_cast<size_t>(rows))) {  // the sum and the update in one kernel
             const ResidualTail t{act_.x, res_w, scale, c_.rms_eps};
             run(pf, res_name, layer, 0.0, [&] { peer_sum(ps_, y, rows, &t, stream_); });
@@ -106,7 +117,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
             [&] { residual_add_norm(act_.x, y, res_w, c_.hidden, 1, c_.rms_eps, scale, stream_); });
         return;
     }
-    run(pf, name, layer, wbytes(rows, K), [&] { gemv(in, &seg, 1, 1, stream_); });
+    run(pf, name, layer, bytes, [&] { gemv(in, &seg, 1, 1, stream_); });
     residual(pf, res_name, layer, y, res_w, scale, next_w);
 }
 
@@ -142,7 +153,7 @@ void CudaModel::record_step(Profiler* pf) {
 
     // 2.3: per-layer inputs from the scaled embedding
     if (P) {
-        run(pf, "ple_model_proj", -1, wbytes(LP, H), [&] {
+        run(pf, "ple_model_proj", -1, step_wbytes(LP, H), [&] {
             GemvInput in = gemv_input(act_.x, H);
             GemvSeg seg{w_.ple_model_proj, act_.ple_ctx, static_cast<int>(LP), 0};
             gemv(in, &seg, 1, 1, stream_);
@@ -164,7 +175,7 @@ void CudaModel::record_step(Profiler* pf) {
     fin.counter = st_.d_counter;
     // sharded: each rank scores its vocabulary rows; the largest key over the ranks is the token
     const bool fused_finish = !sharded();
-    run(pf, "lm_head", -1, wbytes(V, H), [&] {
+    run(pf, "lm_head", -1, step_wbytes(V, H), [&] {
         gemv_logits(in, w_.embed, static_cast<int>(V), c_.final_softcap, act_.logits, st_.d_argmax, stream_,
                     fused_finish ? &fin : nullptr, shard_.vocab_begin);
     });
@@ -189,19 +200,20 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 // o_proj and its residual update.
 void CudaModel::record_attention(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
+    const LayerFp8& f8 = fp8(i);
     const LayerSpec& s = c_.layers[i];
     const int H = c_.hidden, nH = c_.n_heads, d = s.head_dim, nKV = s.n_kv_heads;
     const int qw = nH * d, kvw = nKV * d;
     const bool own = s.has_own_kv();
     {
         const GemvInput in = x_input(pf, i, true, lw.input_norm);
-        run(pf, "qkv", i, wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H), [&] {
+        run(pf, "qkv", i, step_wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H, f8.q_proj.q), [&] {
             GemvSeg segs[3];
             int ns = 0;
-            segs[ns++] = {lw.q_proj, act_.q, qw, 0};
+            segs[ns++] = seg_of(lw.q_proj, f8.q_proj, act_.q, qw);
             if (own) {
-                segs[ns++] = {lw.k_proj, act_.k, kvw, 0};
-                if (lw.v_proj) segs[ns++] = {lw.v_proj, act_.v, kvw, 0};
+                segs[ns++] = seg_of(lw.k_proj, f8.k_proj, act_.k, kvw);
+                if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, f8.v_proj, act_.v, kvw);
             }
             gemv(in, segs, ns, 1, stream_);
         });
@@ -224,7 +236,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
         a.cluster = a.nsplit;
     }
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
-    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, H, act_.attn, qw, act_.o,
+    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, f8.o_proj, H, act_.attn, qw, act_.o,
                      lw.post_attn_norm, 1.0f, true, lw.pre_ffn_norm);
 }
 
@@ -234,6 +246,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
 // changes; the combine needs both). Returns whether the experts were forked.
 bool CudaModel::record_ffn(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
+    const LayerFp8& f8 = fp8(i);
     const int H = c_.hidden, I = c_.layers[i].mlp_width;
     const bool overlap = c_.moe && !pf && !pending_.y;  // o_proj's update applied
     if (overlap) {
@@ -244,11 +257,15 @@ bool CudaModel::record_ffn(int i, Profiler* pf) {
     }
     {
         const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
-        run(pf, "mlp_gate_up", i, wbytes(2 * I, H),
-            [&] { gemv_geglu(in, lw.gate_proj, lw.up_proj, I, act_.g, stream_); });
+        run(pf, "mlp_gate_up", i, step_wbytes(2 * I, H, f8.gate_proj.q), [&] {
+            if (f8.gate_proj.q)
+                gemv_rows_geglu_fp8(in, f8.gate_proj, f8.up_proj, I, act_.g, stream_);
+            else
+                gemv_geglu(in, lw.gate_proj, lw.up_proj, I, act_.g, stream_);
+        });
     }
     // the MoE combines act_.m with the experts first (record_moe_combine)
-    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, H, act_.g, I, act_.m,
+    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, f8.down_proj, H, act_.g, I, act_.m,
                      c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale(i), true);
     return overlap;
 }
@@ -292,11 +309,11 @@ void CudaModel::record_ple(int i, Profiler* pf) {
     const int H = c_.hidden, P = c_.ple_dim;
     {
         const GemvInput in = x_input(pf, i, false, nullptr);
-        run(pf, "ple_gate", i, wbytes(P, H),
+        run(pf, "ple_gate", i, step_wbytes(P, H),
             [&] { gemv_gelu_mul(in, lw.ple_gate, P, act_.ple + int64_t{i} * P, act_.g, stream_); });
     }
-    project_residual(pf, "ple_proj", "ple_post_norm", i, lw.ple_proj, H, act_.g, P, act_.o, lw.ple_post_norm,
-                     lw.layer_scalar);
+    project_residual(pf, "ple_proj", "ple_post_norm", i, lw.ple_proj, {}, H, act_.g, P, act_.o,
+                     lw.ple_post_norm, lw.layer_scalar);
 }
 
 // The routed experts of MoE layer i at one token, on stream st: router logits (input norm in each warp),
@@ -310,7 +327,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
         GemvInput in = plan_.moe_prenorm ? gemv_input(act_.xr, H) : x_input(pf, i, true, lw.router_scale);
         if (!plan_.moe_prenorm) in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
         if (st != stream_) in.stream = {};  // beside the dense MLP's GEMVs, which hold the stream scratch
-        run(pf, "router", i, wbytes(E, H), [&] {
+        run(pf, "router", i, step_wbytes(E, H), [&] {
             GemvSeg seg{lw.router_proj, moe_.rlogits, E, 0};
             gemv(in, &seg, 1, 1, st);
         });
@@ -320,12 +337,20 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
                   moe_.goff, moe_.gent, plan_.moe_prenorm ? nullptr : act_.x, lw.pre_ffn_norm_2, H,
                   c_.rms_eps, moe_.e_in, st, held_experts(), true);
     });
-    run(pf, "experts_gate_up", i, wbytes(int64_t{K} * 2 * Ie, H),
-        [&] { moe_gate_up_decode(moe_.e_in, H, lw.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st); });
+    const LayerFp8& f8 = fp8(i);
+    run(pf, "experts_gate_up", i, step_wbytes(int64_t{K} * 2 * Ie, H, f8.experts_gate_up.q), [&] {
+        if (f8.experts_gate_up.q)
+            moe_gate_up_decode_fp8(moe_.e_in, H, f8.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st);
+        else
+            moe_gate_up_decode(moe_.e_in, H, lw.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st);
+    });
     // the weighted sum too: a rank's share goes to act_.m's second half, else moe_.eslots[0]
-    run(pf, "experts_down", i, wbytes(int64_t{K} * H, Ie), [&] {
-        moe_down_sum_decode(moe_.eh, Ie, lw.experts_down, H, K, moe_.gexp, moe_.sel_w,
-                            sharded() ? act_.m + H : moe_.eslots, st);
+    run(pf, "experts_down", i, step_wbytes(int64_t{K} * H, Ie, f8.experts_down.q), [&] {
+        float* e = sharded() ? act_.m + H : moe_.eslots;
+        if (f8.experts_down.q)
+            moe_down_sum_decode_fp8(moe_.eh, Ie, f8.experts_down, H, K, moe_.gexp, moe_.sel_w, e, st);
+        else
+            moe_down_sum_decode(moe_.eh, Ie, lw.experts_down, H, K, moe_.gexp, moe_.sel_w, e, st);
     });
 }
 

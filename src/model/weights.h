@@ -4,11 +4,30 @@
 // layer's KV heads, H hidden, I the layer's MLP width, P the PLE dim, E experts, Ie the expert width.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "model/bf16.h"
 
 namespace markbase {
+
+// How the projections' weights are held (model/fp8.h): bf16 as published, or FP8 e4m3 with a scale per row.
+enum class WeightFormat { kBf16, kFp8 };
+
+// A matrix in FP8 (model/fp8.h): q [rows, K] (the experts' [E, rows, K]) and one fp32 scale per row ([rows];
+// the experts' [E * rows]). q null: the matrix is bf16 only.
+struct Fp8Matrix {
+    const uint8_t* q = nullptr;
+    const float* scale = nullptr;
+};
+
+// The matrices a decode step can read in FP8. Their bf16 slots in LayerWeights hold the same values rounded
+// to bf16 (dequantize_row_fp8), for the paths that read bf16 (the CPU backend, the GPU's prefill).
+struct LayerFp8 {
+    Fp8Matrix q_proj, k_proj, v_proj, o_proj;  // v_proj: none where LayerWeights has none
+    Fp8Matrix gate_proj, up_proj, down_proj;
+    Fp8Matrix experts_gate_up, experts_down;  // [E, 2*Ie, H], [E, H, Ie]
+};
 
 struct LayerWeights {
     // attention
@@ -57,6 +76,7 @@ struct Weights {
     const bf16* ple_model_proj = nullptr;  // per_layer_model_projection [L*P, H]
     const bf16* ple_proj_norm = nullptr;   // per_layer_projection_norm [P]
     std::vector<LayerWeights> layers;      // [L]
+    std::vector<LayerFp8> fp8;  // [L] when the projections are FP8 (WeightFormat::kFp8), else empty
 };
 
 }  // namespace markbase

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
+#include "model/weights.h"
 #include "runtime/kv_dtype.h"
 #include "runtime/sampler.h"
 #include "runtime/tuning.h"
@@ -39,6 +40,9 @@ struct BackendOptions {
     // leaves after the weights and buffers (serve --gpu-memory-utilization). Else every slot's whole context.
     int64_t kv_blocks = 0;
     double gpu_memory_utilization = 0;
+    // Random weights (CUDA bench at real widths): kFp8 quantises them on the device (model/fp8.h), as
+    // --quantize fp8 does a checkpoint's at load. A checkpoint's own format comes from the checkpoint.
+    WeightFormat weights = WeightFormat::kBf16;
     Tuning tuning;  // runtime/tuning.h: --tuning / $MARKBASE_TUNING
 };
 

@@ -50,6 +50,13 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         bo.slots = m.slots;
         bo.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "auto"), "--kv-cache-dtype");
         bo.tuning = read_tuning(a);
+        // --quantize fp8: the random weights quantised on the device (model/fp8.h), as a checkpoint's are at
+        // load (-m DIR --quantize fp8 goes through the loader)
+        const std::string quantize = a.value_or({"--quantize"}, "none");
+        if (quantize == "fp8")
+            bo.weights = WeightFormat::kFp8;
+        else if (quantize != "none")
+            throw Error("--quantize: expected fp8 or none, found \"" + quantize + "\"");
         m.tuning = bo.tuning;
         m.kv_dtype = bo.kv_dtype;
         a.finish();
@@ -58,6 +65,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         m.owner = make_synthetic_cuda_backend(*b.synthetic, b.layers, bo, b.seed);
         m.load_s = now_s() - t0;
         m.label = "synthetic:" + *b.synthetic + (b.layers ? "/" + std::to_string(b.layers) + "L" : "");
+        if (bo.weights == WeightFormat::kFp8) m.label += " fp8";
         return m;
     }
     ModelOptions mo = ModelOptions::read(a);

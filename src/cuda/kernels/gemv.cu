@@ -288,6 +288,7 @@ void gemv_prepare(int max_K) {
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
     if (in.kernel != GemvKernel::kTiles && ntok == 1) return gemv_rows(in, segs, nseg, s);
+    if (nseg > 0 && segs[0].w8) throw Error("internal: FP8 weights take the warp-per-row GEMV at one token only");
     Params p;
     p.in = in;
     p.nseg = nseg;

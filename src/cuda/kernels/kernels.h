@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "model/bf16.h"
+#include "model/weights.h"
 
 namespace markbase::cuda {
 
@@ -70,6 +71,10 @@ struct GemvSeg {
     float* y = nullptr;       // [rows] (per token, stride ldy)
     int rows = 0;
     int64_t ldy = 0;
+    // FP8 weights instead of w (model/fp8.h): [rows, K] e4m3 bytes and a scale per row. The warp-per-row
+    // kernels at one token only (GemvKernel::kRows); K a multiple of 16.
+    const uint8_t* w8 = nullptr;
+    const float* scale = nullptr;
 };
 
 // Up to 3 matrices sharing one input in one launch (q/k/v); ntok tokens along grid.y.
@@ -83,6 +88,10 @@ void gemv_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* au
 void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, float* logits,
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr,
                  int64_t id_base = 0);
+
+// ---- fp8_quant.cu: bf16 weights [rows, K] to FP8 (model/fp8.h) in place: q and scale written, w rewritten
+// as the FP8 values rounded to bf16 (random weights at real widths; checkpoints quantise on the host)
+void quantize_rows_fp8(uint16_t* w, int64_t rows, int K, uint8_t* q, float* scale, cudaStream_t s);
 
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
 // GemvKernel::kRows routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 (lm_head keeps
@@ -108,6 +117,9 @@ struct ResidualTail {
 };
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
+// The GeGLU over FP8 gate and up projections (the decode step of an FP8 model).
+void gemv_rows_geglu_fp8(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& wu, int rows, float* y,
+                         cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
 // Which warp-per-row kernel one of those products launches (the async GeGLU chooses for itself): warps per
@@ -354,6 +366,11 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
 // weighted sum in one kernel, 4 output rows per block and a warp per slot (Ie <= 768, K <= 32).
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                          const float* sel_w, float* e, cudaStream_t s);
+// The two above over FP8 experts (model/fp8.h: e4m3 bytes in the bf16 layout, a scale per row).
+void moe_gate_up_decode_fp8(const float* x, int H, const Fp8Matrix& gate_up, int Ie, int K,
+                            const int* group_expert, float* h, cudaStream_t s);
+void moe_down_sum_decode_fp8(const float* h, int Ie, const Fp8Matrix& down, int H, int K,
+                             const int* group_expert, const float* sel_w, float* e, cudaStream_t s);
 // Prefill experts as batched GEMMs, in passes of max_n rows (the fallback of the compact pass below): after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

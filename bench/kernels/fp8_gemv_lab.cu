@@ -1,0 +1,316 @@
+// Kernel lab for the FP8 decode GEMV: y = (W @ x) * scale with W float8 e4m3 [N, K] (one byte per weight,
+// row-major) and one fp32 scale per row (model/fp8.h), x fp32. The question it answers: how an e4m3 byte
+// becomes a float fast enough that a warp-per-row GEMV still streams at the memory's rate, with half the
+// bytes of bf16 to stream and twice the conversions per byte.
+//   v1: the hardware's conversion, e4m3x2 -> f16x2 (cuda_fp8.h), then f16 -> f32
+//   v2: the bit trick of device_common.cuh (fp8x4_to_float4: integer ops and one multiply per weight)
+// each at 4 and 8 16-byte chunks in flight per lane; "p fp8" is the product kernel (gemv_rows.cu with FP8
+// segments), "p bf16" the product's bf16 kernel on the same shape (the bytes FP8 halves).
+// Correctness gate: every output against an fp64 GPU reference whose e4m3 table is model/fp8.h's decoding
+// (unit-tested exhaustively on the host); bound 1e-5 of sum |w x|. Timing: launches over rotating copies
+// (>= 256 MB distinct, so the 60 MB L2 serves none), captured as one graph, per-launch time, median of 5.
+//   markbase_fp8_gemv_lab [--only SUBSTRING]
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "lab_common.cuh"
+#include "model/fp8.h"
+
+namespace {
+
+using markbase::cuda::fp8x4_to_float4;
+using markbase::cuda::ld_stream;
+using markbase::cuda::warp_sum;
+
+__constant__ float c_fp8[256];
+
+// v1's conversion: two bytes at a time through the hardware's e4m3x2 -> f16x2
+__device__ __forceinline__ float4 fp8x4_hw(uint32_t w) {
+    const __half2_raw lo =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <bool Hw>
+__device__ __forceinline__ float dot16(const uint4 w, const float4* x4, int c, float s) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float4 f = Hw ? fp8x4_hw(ws[i]) : fp8x4_to_float4(ws[i]);
+        const float4 a = __ldg(x4 + 4 * c + i);
+        s = fmaf(f.x, a.x, s);
+        s = fmaf(f.y, a.y, s);
+        s = fmaf(f.z, a.z, s);
+        s = fmaf(f.w, a.w, s);
+    }
+    return s;
+}
+
+// one warp per row, U 16-byte chunks (16 weights each) in flight per lane, x through L1
+template <bool Hw, int U>
+__global__ void __launch_bounds__(256)
+    warp_kernel(const uint8_t* W, const float* scale, const float* x, float* y, int N, int K) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const uint4* w = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(row) * K);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int nchunk = K / 16;
+    float s = 0.0f;
+    for (int base = 0; base < nchunk; base += 32 * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = base + u * 32 + lane;
+            v[u] = c < nchunk ? ld_stream(w + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = base + u * 32 + lane;
+            if (c < nchunk) s = dot16<Hw>(v[u], x4, c, s);
+        }
+    }
+    s = warp_sum(s);
+    if (lane == 0) y[row] = s * scale[row];
+}
+
+// fp64 reference: a warp per row, the table of model/fp8.h
+__global__ void ref_kernel(const uint8_t* W, const float* scale, const float* x, double* y, double* mag,
+                           int N, int K) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    double s = 0, m = 0;
+    for (int k = lane; k < K; k += 32) {
+        const double t = static_cast<double>(c_fp8[W[static_cast<int64_t>(row) * K + k]]) * x[k];
+        s += t;
+        m += fabs(t);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        m += __shfl_xor_sync(0xffffffffu, m, o);
+    }
+    if (lane == 0) {
+        y[row] = s * scale[row];
+        mag[row] = m * scale[row];
+    }
+}
+
+// random e4m3 codes (no NaN: 0x7f and 0xff redrawn as 0), scales in [0.5, 1.5) / 448, x in [-1, 1)
+__global__ void fill_kernel(uint8_t* W, int64_t n, float* scale, int N, float* x, int K, uint64_t seed) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+        const uint8_t b = static_cast<uint8_t>(lab::mix64(seed * 0x9e3779b97f4a7c15ull + i) >> 56);
+        W[i] = (b & 0x7f) == 0x7f ? 0 : b;
+        if (i < N) scale[i] = (1.0f + 0.5f * lab::uniform_pm1(seed + 1, i)) / 448.0f;
+        if (i < K) x[i] = lab::uniform_pm1(seed + 2, i);
+    }
+}
+
+__global__ void widen_kernel(const uint8_t* W, const float* scale, uint16_t* B, int64_t n, int K) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+        const float f = c_fp8[W[i]] * scale[i / K];
+        B[i] = markbase::cuda::float_to_bf16_bits(f);
+    }
+}
+
+struct Shape {
+    const char* model;
+    const char* what;
+    int N, K;
+    int count;  // per token
+};
+// The products a decoded token runs in FP8 (gemv_lab.cu's list less lm_head, router and PLE, which stay
+// bf16).
+const Shape kShapes[] = {
+    {"e2b", "qkv sliding own", 2560, 1536, 12},
+    {"e2b", "q sliding shared", 2048, 1536, 16},
+    {"e2b", "o_proj sliding", 1536, 2048, 28},
+    {"e2b", "gate_up", 12288, 1536, 15},
+    {"e2b", "gate_up double", 24576, 1536, 20},
+    {"e2b", "down", 1536, 6144, 15},
+    {"e2b", "down double", 1536, 12288, 20},
+    {"e4b", "qkv sliding own", 3072, 2560, 20},
+    {"e4b", "o_proj sliding", 2560, 2048, 35},
+    {"e4b", "gate_up", 20480, 2560, 42},
+    {"e4b", "down", 2560, 10240, 42},
+    {"26b", "qkv sliding", 8192, 2816, 25},
+    {"26b", "o_proj sliding", 2816, 4096, 25},
+    {"26b", "gate_up", 4224, 2816, 30},
+    {"26b", "down", 2816, 2112, 30},
+    {"26b", "experts gate_up x8", 11264, 2816, 30},
+    {"26b", "experts down x8", 22528, 704, 30},
+    {"31b", "qkv sliding", 16384, 5376, 50},
+    {"31b", "o_proj sliding", 5376, 8192, 50},
+    {"31b", "gate_up", 43008, 5376, 60},
+    {"31b", "down", 5376, 21504, 60},
+};
+
+using LaunchFn = void (*)(const uint8_t*, const uint16_t*, const float*, const float*, float*, int, int,
+                          cudaStream_t);
+
+template <bool Hw, int U>
+void launch_v(const uint8_t* W, const uint16_t*, const float* sc, const float* x, float* y, int N, int K,
+              cudaStream_t s) {
+    warp_kernel<Hw, U><<<(N + 7) / 8, 256, 0, s>>>(W, sc, x, y, N, K);
+}
+void launch_p8(const uint8_t* W, const uint16_t*, const float* sc, const float* x, float* y, int N, int K,
+               cudaStream_t s) {
+    markbase::cuda::GemvInput in;
+    in.x = x;
+    in.K = K;
+    in.kernel = markbase::cuda::GemvKernel::kRows;
+    in.min_waves = 3;
+    markbase::cuda::GemvSeg seg;
+    seg.w8 = W;
+    seg.scale = sc;
+    seg.y = y;
+    seg.rows = N;
+    markbase::cuda::gemv(in, &seg, 1, 1, s);
+}
+void launch_p16(const uint8_t*, const uint16_t* B, const float*, const float* x, float* y, int N, int K,
+                cudaStream_t s) {
+    markbase::cuda::GemvInput in;
+    in.x = x;
+    in.K = K;
+    in.kernel = markbase::cuda::GemvKernel::kRows;
+    in.min_waves = 3;
+    markbase::cuda::GemvSeg seg{B, y, N, 0};
+    markbase::cuda::gemv(in, &seg, 1, 1, s);
+}
+
+struct Variant {
+    const char* name;
+    LaunchFn fn;
+    bool bf16;  // streams the bf16 copy (2 bytes per weight)
+};
+const Variant kVariants[] = {
+    {"v1 hwcvt U4", launch_v<true, 4>},
+    {"v1 hwcvt U8", launch_v<true, 8>},
+    {"v2 bits U4", launch_v<false, 4>},
+    {"v2 bits U8", launch_v<false, 8>},
+    {"p fp8", launch_p8},
+    {"p bf16", launch_p16, true},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    std::string only;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--only" && i + 1 < argc) {
+            only = argv[++i];
+        } else {
+            std::fprintf(stderr, "usage: markbase_fp8_gemv_lab [--only SUBSTRING]\n");
+            return 2;
+        }
+    }
+    float table[256];
+    for (int i = 0; i < 256; ++i) table[i] = markbase::fp8_e4m3_to_float(static_cast<uint8_t>(i));
+    CK(cudaMemcpyToSymbol(c_fp8, table, sizeof table));
+    constexpr double kRoofGBs = 4160.0;  // PERFORMANCE.md: HBM read, one H200
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device %s, %d SMs; roofline %.0f GB/s\n", prop.name, prop.multiProcessorCount, kRoofGBs);
+    markbase::cuda::gemv_prepare(21504);
+    cudaStream_t stream;
+    CK(cudaStreamCreate(&stream));
+    constexpr int kVar = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
+    std::vector<double> model_us(4 * kVar, 0.0);
+    const char* models[4] = {"e2b", "e4b", "26b", "31b"};
+    bool all_ok = true;
+    std::printf("%-4s %-20s %6s %6s |", "", "shape", "N", "K");
+    for (const Variant& v : kVariants) std::printf(" %17s", v.name);
+    std::printf("   (us per launch / GB/s of its bytes)\n");
+    for (const Shape& sh : kShapes) {
+        const std::string label = std::string(sh.model) + " " + sh.what;
+        if (!only.empty() && label.find(only) == std::string::npos) continue;
+        const int64_t n = int64_t{sh.N} * sh.K;
+        const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / n + 1));
+        uint8_t* W = nullptr;
+        uint16_t* B = nullptr;
+        float *sc = nullptr, *x = nullptr, *y = nullptr;
+        double *ref = nullptr, *mag = nullptr;
+        CK(cudaMalloc(&W, n * copies));
+        CK(cudaMalloc(&B, n * 2 * copies));
+        CK(cudaMalloc(&sc, sizeof(float) * sh.N * copies));
+        CK(cudaMalloc(&x, sizeof(float) * sh.K));
+        CK(cudaMalloc(&y, sizeof(float) * sh.N));
+        CK(cudaMalloc(&ref, sizeof(double) * sh.N));
+        CK(cudaMalloc(&mag, sizeof(double) * sh.N));
+        for (int c = 0; c < copies; ++c) {
+            fill_kernel<<<1024, 256, 0, stream>>>(W + n * c, n, sc + int64_t{sh.N} * c, sh.N, x, sh.K, 7 + c);
+            widen_kernel<<<1024, 256, 0, stream>>>(W + n * c, sc + int64_t{sh.N} * c, B + n * c, n, sh.K);
+        }
+        fill_kernel<<<1024, 256, 0, stream>>>(W, n, sc, sh.N, x, sh.K, 7);  // copy 0's x
+        ref_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(W, sc, x, ref, mag, sh.N, sh.K);
+        CK(cudaStreamSynchronize(stream));
+        std::vector<double> href(sh.N), hmag(sh.N);
+        CK(cudaMemcpy(href.data(), ref, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hmag.data(), mag, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
+        std::printf("%-4s %-20s %6d %6d |", sh.model, sh.what, sh.N, sh.K);
+        int mi = 0;
+        while (std::string(models[mi]) != sh.model) ++mi;
+        for (int v = 0; v < kVar; ++v) {
+            const Variant& var = kVariants[v];
+            CK(cudaMemset(y, 0xff, sizeof(float) * sh.N));  // NaN poison
+            var.fn(W, B, sc, x, y, sh.N, sh.K, stream);
+            CK(cudaStreamSynchronize(stream));
+            std::vector<float> hy(sh.N);
+            CK(cudaMemcpy(hy.data(), y, sizeof(float) * sh.N, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (int r = 0; r < sh.N; ++r) {
+                const double e = std::fabs(hy[r] - href[r]) / (hmag[r] + 1e-30);
+                worst = std::isfinite(hy[r]) ? std::max(worst, e) : INFINITY;
+            }
+            // the bf16 copy rounds each dequantised weight once more (relative 2^-9)
+            const bool ok = worst <= (var.bf16 ? 4e-3 : 1e-5);
+            all_ok = all_ok && ok;
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            const int launches = std::max(20, copies);
+            for (int l = 0; l < launches; ++l) {
+                const int c = l % copies;
+                var.fn(W + n * c, B + n * c, sc + int64_t{sh.N} * c, x, y, sh.N, sh.K, stream);
+            }
+            CK(cudaStreamEndCapture(stream, &graph));
+            CK(cudaGraphInstantiate(&exec, graph, 0));
+            const float ms = lab::time_ms(5, stream, [&] { CK(cudaGraphLaunch(exec, stream)); });
+            CK(cudaGraphExecDestroy(exec));
+            CK(cudaGraphDestroy(graph));
+            const double us = ms * 1e3 / launches;
+            const double bytes = static_cast<double>(n) * (var.bf16 ? 2 : 1) + 4.0 * sh.N;
+            std::printf(" %7.2f %5.0f%s%s", us, bytes / (us * 1e-6) / 1e9, ok ? " " : "!", "  ");
+            model_us[mi * kVar + v] += us * sh.count;
+        }
+        std::printf("\n");
+        CK(cudaFree(W));
+        CK(cudaFree(B));
+        CK(cudaFree(sc));
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+        CK(cudaFree(ref));
+        CK(cudaFree(mag));
+    }
+    std::printf("\nper token, the listed products (us):\n");
+    for (int m = 0; m < 4; ++m) {
+        std::printf("  %-4s", models[m]);
+        for (int v = 0; v < kVar; ++v) std::printf("  %s %.1f", kVariants[v].name, model_us[m * kVar + v]);
+        std::printf("\n");
+    }
+    std::printf("correctness gate: %s\n", all_ok ? "PASS" : "FAIL (! marks the failing rows)");
+    return all_ok ? 0 : 1;
+}

@@ -1,0 +1,94 @@
+// The decode step's FP8 weights (model/weights.h LayerFp8) in one device allocation beside the bf16 tensors:
+// a checkpoint's FP8 bytes and scales copied from the host (loading/ made them, as published or by
+// --quantize fp8), or random bf16 weights quantised on the device (bench at real widths). The bf16 tensors
+// stay resident and hold the same values rounded to bf16 (the loader's dequantised copy, or fp8_quant.cu's
+// rewrite), for the prefill and the batched step, which read bf16.
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/model.h"
+#include "model/error.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+struct Fp8Slot {
+    Fp8Matrix* dst;
+    const bf16* bf16_weights;  // device
+    const Fp8Matrix* host;     // null: quantise on the device
+    int64_t rows;
+    int K;
+};
+
+// Every LayerFp8 matrix the model has, with its [rows, K] (the experts' [E * rows, K]).
+std::vector<Fp8Slot> fp8_slots(DeviceWeights& dw, const Weights* host) {
+    const ModelConfig& c = dw.config;
+    std::vector<Fp8Slot> out;
+    dw.w.fp8.assign(dw.w.layers.size(), LayerFp8{});
+    const int H = c.hidden;
+    for (size_t i = 0; i < dw.w.layers.size(); ++i) {
+        const LayerWeights& l = dw.w.layers[i];
+        LayerFp8& f = dw.w.fp8[i];
+        const LayerFp8* h = host ? &host->fp8[i] : nullptr;
+        const LayerSpec& s = c.layers[i];
+        const int64_t q = int64_t{c.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim,
+                      I = s.mlp_width;
+        auto add = [&](Fp8Matrix& d, const bf16* w, const Fp8Matrix* hs, int64_t rows, int64_t K) {
+            if (!w) return;
+            if (host && !hs->q)
+                throw Error("internal: layer " + std::to_string(i) + " has a bf16 matrix among its FP8 ones");
+            out.push_back({&d, w, hs, rows, static_cast<int>(K)});
+        };
+        add(f.q_proj, l.q_proj, h ? &h->q_proj : nullptr, q, H);
+        add(f.k_proj, l.k_proj, h ? &h->k_proj : nullptr, kv, H);
+        add(f.v_proj, l.v_proj, h ? &h->v_proj : nullptr, kv, H);
+        add(f.o_proj, l.o_proj, h ? &h->o_proj : nullptr, H, q);
+        add(f.gate_proj, l.gate_proj, h ? &h->gate_proj : nullptr, I, H);
+        add(f.up_proj, l.up_proj, h ? &h->up_proj : nullptr, I, H);
+        add(f.down_proj, l.down_proj, h ? &h->down_proj : nullptr, H, I);
+        if (c.moe) {
+            const int64_t E = c.n_experts, Ie = c.expert_width;
+            add(f.experts_gate_up, l.experts_gate_up, h ? &h->experts_gate_up : nullptr, E * 2 * Ie, H);
+            add(f.experts_down, l.experts_down, h ? &h->experts_down : nullptr, E * H, Ie);
+        }
+    }
+    return out;
+}
+
+uint64_t align256(uint64_t v) {
+    return (v + 255) & ~uint64_t{255};
+}
+
+}  // namespace
+
+void attach_fp8_weights(DeviceWeights& dw, const Weights* host) {
+    if (host && host->fp8.size() != dw.w.layers.size())
+        throw Error("internal: the checkpoint's FP8 layers do not match the model's");
+    const std::vector<Fp8Slot> slots = fp8_slots(dw, host);
+    uint64_t bytes = 0;
+    for (const Fp8Slot& s : slots)
+        bytes += align256(static_cast<uint64_t>(s.rows) * s.K) + align256(4 * s.rows);
+    uint8_t* base = reinterpret_cast<uint8_t*>(device_alloc(bytes, "the FP8 weights"));
+    dw.fp8_arena = base;
+    dw.fp8_bytes = bytes;
+    uint64_t at = 0;
+    for (const Fp8Slot& s : slots) {
+        const uint64_t n = static_cast<uint64_t>(s.rows) * s.K;
+        uint8_t* q = base + at;
+        at += align256(n);
+        float* scale = reinterpret_cast<float*>(base + at);
+        at += align256(4 * s.rows);
+        if (s.host) {
+            CUDA_CHECK(cudaMemcpy(q, s.host->q, n, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(scale, s.host->scale, 4 * s.rows, cudaMemcpyHostToDevice));
+        } else {
+            quantize_rows_fp8(const_cast<bf16*>(s.bf16_weights), s.rows, s.K, q, scale, nullptr);
+        }
+        *s.dst = {q, scale};
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace markbase::cuda
