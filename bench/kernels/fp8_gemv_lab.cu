@@ -1,13 +1,18 @@
 // Kernel lab for the FP8 decode GEMV: y = (W @ x) * scale with W float8 e4m3 [N, K] (one byte per weight,
 // row-major) and one fp32 scale per row (model/fp8.h), x fp32. The question it answers: how an e4m3 byte
-// becomes a float fast enough that a warp-per-row GEMV still streams at the memory's rate, with half the
-// bytes of bf16 to stream and twice the conversions per byte.
-//   v1: the hardware's conversion, e4m3x2 -> f16x2 (cuda_fp8.h), then f16 -> f32
-//   v2: the bit trick of device_common.cuh (fp8x4_to_float4: integer ops and one multiply per weight)
-// each at 4 and 8 16-byte chunks in flight per lane; "p fp8" is the product kernel (gemv_rows.cu with FP8
-// segments), "p bf16" the product's bf16 kernel on the same shape (the bytes FP8 halves).
+// becomes part of a dot product fast enough that the GEMV streams at the memory's rate, with half the bytes
+// of bf16 to stream and twice the weights per byte.
+//   v1: CUDA cores, the hardware's conversion e4m3x2 -> f16x2 (cuda_fp8.h), then f16 -> f32 and an FMA
+//   v2: CUDA cores, a bit trick (integer ops and one multiply per weight, then an FMA)
+// each at 4 and 8 16-byte chunks in flight per lane. "p fp8" is the product kernel (gemv_fp8.cu: the
+// tensor cores, e4m3x2 -> f16x2 and mma.sync with x as f16 halves), "p bf16" the product's bf16 kernel
+// (gemv_rows.cu) on the same shape, with twice the bytes.
+// Run 1 (v1, v2 and an FP8 warp-per-row product on the CUDA cores; H200): 1.2-1.9 TB/s of FP8, slower per
+// token than bf16 on every model (31B's listed products 16.0-17.4 ms against bf16's 13.3): instruction and
+// L1 bound, hence the tensor cores.
 // Correctness gate: every output against an fp64 GPU reference whose e4m3 table is model/fp8.h's decoding
-// (unit-tested exhaustively on the host); bound 1e-5 of sum |w x|. Timing: launches over rotating copies
+// (unit-tested exhaustively on the host); bound 1e-5 of sum |w x| (bf16: 4e-3, its copy rounds each weight;
+// the tensor-core kernel: 1e-5, x's f16 halves keep ~22 bits). Timing: launches over rotating copies
 // (>= 256 MB distinct, so the 60 MB L2 serves none), captured as one graph, per-launch time, median of 5.
 //   markbase_fp8_gemv_lab [--only SUBSTRING]
 #include <cuda_fp8.h>
@@ -26,11 +31,24 @@
 
 namespace {
 
-using markbase::cuda::fp8x4_to_float4;
 using markbase::cuda::ld_stream;
 using markbase::cuda::warp_sum;
 
 __constant__ float c_fp8[256];
+
+// v2's conversion: four e4m3 bytes (lowest first) as floats with integer ops and one multiply each: a byte's
+// 7 magnitude bits at float bits 20..26 and its sign at bit 31 make a float worth exactly e4m3 * 2^-120 (an
+// exponent field e is 2^(e - 127) against e4m3's 2^(e - 7); subnormals and zero map alike); 2^120 restores
+// it.
+__device__ __forceinline__ float4 fp8x4_to_float4(uint32_t w) {
+    constexpr float k = 0x1p120f;
+    float4 r;
+    r.x = __uint_as_float(((w << 20) & 0x07f00000u) | ((w << 24) & 0x80000000u)) * k;
+    r.y = __uint_as_float(((w << 12) & 0x07f00000u) | ((w << 16) & 0x80000000u)) * k;
+    r.z = __uint_as_float(((w << 4) & 0x07f00000u) | ((w << 8) & 0x80000000u)) * k;
+    r.w = __uint_as_float(((w >> 4) & 0x07f00000u) | (w & 0x80000000u)) * k;
+    return r;
+}
 
 // v1's conversion: two bytes at a time through the hardware's e4m3x2 -> f16x2
 __device__ __forceinline__ float4 fp8x4_hw(uint32_t w) {

@@ -259,7 +259,7 @@ bool CudaModel::record_ffn(int i, Profiler* pf) {
         const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
         run(pf, "mlp_gate_up", i, step_wbytes(2 * I, H, f8.gate_proj.q), [&] {
             if (f8.gate_proj.q)
-                gemv_rows_geglu_fp8(in, f8.gate_proj, f8.up_proj, I, act_.g, stream_);
+                gemv_fp8_geglu(in, f8.gate_proj, f8.up_proj, I, act_.g, stream_);
             else
                 gemv_geglu(in, lw.gate_proj, lw.up_proj, I, act_.g, stream_);
         });
@@ -295,10 +295,11 @@ void CudaModel::record_moe_combine(int i, Profiler* pf, bool overlap) {
     const bf16* next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
     const bool pre = plan_.prenorm && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
     run(pf, "ffn_combine", i, 0.0, [&] {
-        // (moe_.eslots holds the down-sum's vector, combined as one slot of weight 1)
-        residual_moe_combine(act_.x, act_.m, moe_.eslots, moe_.ones, 1, lw.post_ffn_norm_1,
-                             lw.post_ffn_norm_2, lw.post_ffn_norm, H, 1, eps, scale, stream_, true,
-                             pre ? next_w : nullptr, pre ? act_.xn : nullptr);
+        // (moe_.eslots holds the down-sum's vector, combined as one slot of weight 1; FP8 experts: K slots)
+        const bool slots = fp8(i).experts_down.q != nullptr;
+        residual_moe_combine(act_.x, act_.m, moe_.eslots, slots ? moe_.sel_w : moe_.ones, slots ? K : 1,
+                             lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm, H, 1, eps, scale,
+                             stream_, true, pre ? next_w : nullptr, pre ? act_.xn : nullptr);
     });
     xn_for_ = pre ? next_w : nullptr;
 }
@@ -347,8 +348,8 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
     // the weighted sum too: a rank's share goes to act_.m's second half, else moe_.eslots[0]
     run(pf, "experts_down", i, step_wbytes(int64_t{K} * H, Ie, f8.experts_down.q), [&] {
         float* e = sharded() ? act_.m + H : moe_.eslots;
-        if (f8.experts_down.q)
-            moe_down_sum_decode_fp8(moe_.eh, Ie, f8.experts_down, H, K, moe_.gexp, moe_.sel_w, e, st);
+        if (f8.experts_down.q)  // one row per slot: the combine weighs them (record_moe_combine)
+            moe_down_decode_fp8(moe_.eh, Ie, f8.experts_down, H, K, moe_.gexp, moe_.eslots, st);
         else
             moe_down_sum_decode(moe_.eh, Ie, lw.experts_down, H, K, moe_.gexp, moe_.sel_w, e, st);
     });

@@ -55,35 +55,6 @@ __device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float
     return s;
 }
 
-// Four FP8 e4m3 weights (model/fp8.h; one byte each, lowest first) as floats, with integer ops and one
-// multiply each: a byte's 7 magnitude bits placed at float bits 20..26 and its sign at bit 31 make a float
-// worth exactly e4m3 * 2^-120 (an exponent field e is 2^(e - 127) against e4m3's 2^(e - 7); subnormals and
-// zero map alike), and 2^120 restores it exactly. (The kernel lab, bench/kernels/fp8_gemv_lab.cu, measured
-// this against the hardware's e4m3x2 -> f16x2 conversion.)
-__device__ __forceinline__ float4 fp8x4_to_float4(uint32_t w) {
-    constexpr float k = 0x1p120f;
-    float4 r;
-    r.x = __uint_as_float(((w << 20) & 0x07f00000u) | ((w << 24) & 0x80000000u)) * k;
-    r.y = __uint_as_float(((w << 12) & 0x07f00000u) | ((w << 16) & 0x80000000u)) * k;
-    r.z = __uint_as_float(((w << 4) & 0x07f00000u) | ((w << 8) & 0x80000000u)) * k;
-    r.w = __uint_as_float(((w >> 4) & 0x07f00000u) | (w & 0x80000000u)) * k;
-    return r;
-}
-
-// dot of 16 FP8 weights (one 16-byte chunk) with 16 fp32 values x[0..3] (float4s), unscaled
-__device__ __forceinline__ float dot16_fp8(const uint4 w, const float4* x, float s) {
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float4 f = fp8x4_to_float4(ws[i]), a = x[i];
-        s = fmaf(f.x, a.x, s);
-        s = fmaf(f.y, a.y, s);
-        s = fmaf(f.z, a.z, s);
-        s = fmaf(f.w, a.w, s);
-    }
-    return s;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

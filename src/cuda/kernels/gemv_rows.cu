@@ -29,9 +29,6 @@ struct RowsParams {
     int total_rows = 0;
     const bf16* w2 = nullptr;    // kGeglu: the up projection
     const float* aux = nullptr;  // kGeluMul: the multiplier
-    // FP8 launches (every segment's w8 set): the up projection's bytes and row scales
-    const uint8_t* w2_8 = nullptr;
-    const float* scale2 = nullptr;
 };
 
 // One 16-byte chunk c of a row (8 weights, w; Two: also w2's, the GeGLU's up row) against x's 8 elements,
@@ -47,31 +44,6 @@ __device__ __forceinline__ void dot_chunk(const float4* x4, const uint4* nw4, bo
     }
     acc += dot8(w, a, b);
     if constexpr (Two) acc2 += dot8(w2, a, b);
-}
-
-// The FP8 kernels' chunk c: 16 weights (one byte each) against x's 16 elements, the norm folded in as above.
-template <bool Two>
-__device__ __forceinline__ void dot_chunk_fp8(const float4* x4, const uint4* nw4, bool norm, int c,
-                                              const uint4& w, const uint4& w2, float& acc, float& acc2,
-                                              float& ss) {
-    float4 x[4] = {__ldg(x4 + 4 * c), __ldg(x4 + 4 * c + 1), __ldg(x4 + 4 * c + 2), __ldg(x4 + 4 * c + 3)};
-    if (norm) {
-        ss = sq8(x[0], x[1], ss);
-        ss = sq8(x[2], x[3], ss);
-        if (nw4) {
-            scale8(x[0], x[1], __ldg(nw4 + 2 * c));
-            scale8(x[2], x[3], __ldg(nw4 + 2 * c + 1));
-        }
-    }
-    acc = dot16_fp8(w, x, acc);
-    if constexpr (Two) acc2 = dot16_fp8(w2, x, acc2);
-}
-
-// Row `local` of a segment's matrix as 16-byte chunks: bf16 (8 weights a chunk) or FP8 (16).
-template <bool F8>
-__device__ __forceinline__ const uint4* row_chunks(const bf16* w, const uint8_t* w8, int64_t local, int K) {
-    if constexpr (F8) return reinterpret_cast<const uint4*>(w8 + local * K);
-    return reinterpret_cast<const uint4*>(w + local * K);
 }
 
 // A row's warps (more than one) meet in shared memory: each stores its sums (acc, acc2, ss), and the row's
@@ -124,9 +96,7 @@ constexpr int rows_blocks_per_sm(int U) {
     if (M == kGeglu) return U == kU ? 2 : 3;
     return Lean ? 6 : 4;
 }
-// F8: the weights are FP8 with a scale per row (GemvSeg::w8), 16 to a chunk; each row's sums take its scale
-// before the epilogue. The plan sizes an FP8 launch as a bf16 one of the same bytes (half the K).
-template <int M, int W, int U = kU, bool Lean = false, bool F8 = false>
+template <int M, int W, int U = kU, bool Lean = false>
 __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     rows_kernel(const RowsParams p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "warps per row");
@@ -139,15 +109,16 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     const int row = blockIdx.x * kRowsPerBlock + warp / kRowWarps, part = warp % kRowWarps % W;
     const bool up_half = kSplit && warp % kRowWarps >= W;  // kSplit: this warp streams the up row
     const bool active = row < p.total_rows;
-    const int K = p.in.K, nchunk = F8 ? K >> 4 : K >> 3;
+    const int K = p.in.K, nchunk = K >> 3;
     const int per = W == 1 ? nchunk : (nchunk + W - 1) / W;
     const int c_lo = part * per, c_hi = min(nchunk, c_lo + per);  // this warp's chunks of the row
     int s = 0;
     while (s + 1 < p.nseg && row >= p.seg_end[s]) ++s;
     const int local = active ? row - (s ? p.seg_end[s - 1] : 0) : 0;
     const uint4* w =
-        up_half ? row_chunks<F8>(p.w2, p.w2_8, local, K) : row_chunks<F8>(p.seg[s].w, p.seg[s].w8, local, K);
-    const uint4* w2 = M == kGeglu ? row_chunks<F8>(p.w2, p.w2_8, local, K) : w;
+        reinterpret_cast<const uint4*>((up_half ? p.w2 : p.seg[s].w) + static_cast<int64_t>(local) * K);
+    const uint4* w2 =
+        M == kGeglu ? reinterpret_cast<const uint4*>(p.w2 + static_cast<int64_t>(local) * K) : w;
 
     uint4 v[U], v2[U];
     auto load = [&](int base) {
@@ -172,10 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
         for (int u = 0; u < U; ++u) {
             const int c = base + u * 32 + lane;
             if (c < c_hi) {
-                if constexpr (F8)
-                    dot_chunk_fp8<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
-                else
-                    dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
+                dot_chunk<M == kGeglu>(x4, nw4, norm, c, v[u], v2[u], acc, acc2, ss);
             }
         }
     }
@@ -183,12 +151,6 @@ __global__ void __launch_bounds__(kWarps * 32, rows_blocks_per_sm<M, Lean>(U))
     if constexpr (M == kGeglu) acc2 = warp_sum(acc2);
     if (norm) ss = warp_sum(ss);
     if constexpr (kRowWarps > 1) sum_row_warps<W, kSplit>(partial, lane, warp, acc, acc2, ss);
-    if constexpr (F8) {
-        if (active) {
-            acc *= __ldg(p.seg[s].scale + local);
-            if constexpr (M == kGeglu || kSplit) acc2 *= __ldg(p.scale2 + local);
-        }
-    }
     if (norm) {
         const float inv = 1.0f / sqrtf(ss / static_cast<float>(K) + p.in.eps) * p.in.norm_scale;
         acc *= inv;
@@ -408,27 +370,27 @@ void check_aligned(const void* p, const char* what) {
         throw Error(std::string("internal: ") + what + " is not 16-byte aligned for the warp-per-row GEMV");
 }
 
-template <int M, int W, int U, bool Lean, bool F8>
+template <int M, int W, int U, bool Lean>
 void launch_w(RowsParams& p, cudaStream_t s) {
     constexpr int rpb = kWarps / (M == kGegluSplit ? 2 * W : W);
-    launch_kernel(rows_kernel<M, W, U, Lean, F8>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0,
-                  s, p);
+    launch_kernel(rows_kernel<M, W, U, Lean>, dim3((p.total_rows + rpb - 1) / rpb), dim3(kWarps * 32), 0, s,
+                  p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int M, int U, bool Lean, bool F8 = false>
+template <int M, int U, bool Lean>
 void launch_by_w(RowsParams& p, cudaStream_t s, int w) {
     switch (w) {
         case 8:
             if constexpr (M != kGegluSplit)
-                return launch_w<M, 8, U, Lean, F8>(p, s);  // (split: 16 warps per row)
+                return launch_w<M, 8, U, Lean>(p, s);  // (split: 16 warps per row)
             [[fallthrough]];
         case 4:
-            return launch_w<M, 4, U, Lean, F8>(p, s);
+            return launch_w<M, 4, U, Lean>(p, s);
         case 2:
-            return launch_w<M, 2, U, Lean, F8>(p, s);
+            return launch_w<M, 2, U, Lean>(p, s);
         default:
-            return launch_w<M, 1, U, Lean, F8>(p, s);
+            return launch_w<M, 1, U, Lean>(p, s);
     }
 }
 
@@ -449,38 +411,6 @@ bool launch_async(RowsParams& p, cudaStream_t s) {
     return true;
 }
 
-// An FP8 launch (every segment's w8 and scale set, and the up projection's for the GeGLU): the same plan as
-// a bf16 launch of the same bytes, never the split GeGLU or the async ring (compiled for bf16 only).
-template <int M>
-void launch_rows_fp8(RowsParams& p, cudaStream_t s) {
-    if (p.in.K % 16 != 0)
-        throw Error("internal: FP8 GEMV input width " + std::to_string(p.in.K) + " is not a multiple of 16");
-    for (int i = 0; i < p.nseg; ++i) {
-        if (!p.seg[i].w8 || !p.seg[i].scale)
-            throw Error("internal: an FP8 launch mixes FP8 and bf16 segments");
-        check_aligned(p.seg[i].w8, "an FP8 weight matrix");
-    }
-    if (M == kGeglu && (!p.w2_8 || !p.scale2))
-        throw Error("internal: the FP8 GeGLU needs an FP8 up projection");
-    if (p.w2_8) check_aligned(p.w2_8, "the FP8 up projection");
-    GemvInput sized = p.in;
-    sized.K = p.in.K / 2;
-    sized.geglu_split = false;
-    constexpr RowsProduct product = M == kGeglu     ? RowsProduct::kGeglu
-                                    : M == kGeluMul ? RowsProduct::kGeluMul
-                                                    : RowsProduct::kPlain;
-    const RowsPlan plan = gemv_rows_plan(product, sized, p.total_rows, device_sms());
-    // 8 chunks per lane only for the GeGLU (2 blocks per SM): the plain products at 4 blocks per SM spill
-    // there (16 weights a chunk hold more registers in flight than 8), so they take 4 at the plan's W.
-    if constexpr (M == kGeglu) {
-        if (plan.chunks == 8) return launch_by_w<M, kU, false, true>(p, s, plan.warps);
-        return launch_by_w<M, 4, false, true>(p, s, plan.warps);
-    } else {
-        return p.in.norm ? launch_by_w<M, 4, false, true>(p, s, plan.warps)
-                         : launch_by_w<M, 4, true, true>(p, s, plan.warps);
-    }
-}
-
 template <int M>
 void launch_rows(RowsParams& p, cudaStream_t s) {
     if (p.in.K <= 0 || p.in.K % 8 != 0)  // (K > 0: the kernel's PDL wait is behind a branch on it)
@@ -489,11 +419,12 @@ void launch_rows(RowsParams& p, cudaStream_t s) {
     check_aligned(p.in.x, "the GEMV input");
     if (p.in.norm_w) check_aligned(p.in.norm_w, "the norm weight");
     p.total_rows = 0;
-    for (int i = 0; i < p.nseg; ++i) p.seg_end[i] = (p.total_rows += p.seg[i].rows);
-    if (p.total_rows == 0) return;
-    if (p.seg[0].w8) return launch_rows_fp8<M>(p, s);
-    for (int i = 0; i < p.nseg; ++i) check_aligned(p.seg[i].w, "a weight matrix");
+    for (int i = 0; i < p.nseg; ++i) {
+        check_aligned(p.seg[i].w, "a weight matrix");
+        p.seg_end[i] = (p.total_rows += p.seg[i].rows);
+    }
     if (p.w2) check_aligned(p.w2, "the up projection");
+    if (p.total_rows == 0) return;
     if constexpr (M == kGeglu)
         if (p.in.kernel == GemvKernel::kRowsAsyncGeglu && launch_async<M, 8, 3>(p, s)) return;
     constexpr RowsProduct product = M == kGeglu     ? RowsProduct::kGeglu
@@ -541,20 +472,6 @@ void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int ro
     p.nseg = 1;
     p.seg[0] = {wg, y, rows, 0};
     p.w2 = wu;
-    launch_rows<kGeglu>(p, s);
-}
-
-void gemv_rows_geglu_fp8(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& wu, int rows, float* y,
-                         cudaStream_t s) {
-    RowsParams p;
-    p.in = in;
-    p.nseg = 1;
-    p.seg[0].w8 = wg.q;
-    p.seg[0].scale = wg.scale;
-    p.seg[0].y = y;
-    p.seg[0].rows = rows;
-    p.w2_8 = wu.q;
-    p.scale2 = wu.scale;
     launch_rows<kGeglu>(p, s);
 }
 

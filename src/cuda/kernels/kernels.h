@@ -117,9 +117,6 @@ struct ResidualTail {
 };
 void gemv_rows(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
 void gemv_rows_geglu(const GemvInput& in, const bf16* wg, const bf16* wu, int rows, float* y, cudaStream_t s);
-// The GeGLU over FP8 gate and up projections (the decode step of an FP8 model).
-void gemv_rows_geglu_fp8(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& wu, int rows, float* y,
-                         cudaStream_t s);
 void gemv_rows_gelu_mul(const GemvInput& in, const bf16* w, int rows, const float* aux, float* y,
                         cudaStream_t s);
 // Which warp-per-row kernel one of those products launches (the async GeGLU chooses for itself): warps per
@@ -366,11 +363,23 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
 // weighted sum in one kernel, 4 output rows per block and a warp per slot (Ie <= 768, K <= 32).
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                          const float* sel_w, float* e, cudaStream_t s);
-// The two above over FP8 experts (model/fp8.h: e4m3 bytes in the bf16 layout, a scale per row).
+// ---- gemv_fp8.cu: FP8 weights (model/fp8.h) at one token on the tensor cores --------------------------
+// The decode step's products over FP8 matrices: y = (W @ xn) * scale per row, xn as GemvInput makes it (the
+// input norm folded in or not). K a multiple of 64, each segment's rows a multiple of 8. gemv() routes
+// segments with w8 here.
+void gemv_fp8(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
+// y = gelu_tanh(Wg @ xn) * (Wu @ xn) over FP8 gate and up projections.
+void gemv_fp8_geglu(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& wu, int rows, float* y,
+                    cudaStream_t s);
+// The MoE's decode over FP8 experts (e4m3 bytes in the bf16 layout, a scale per row): h[slot] = GeGLU of
+// slot's expert on x (as moe_gate_up_decode); slots[slot] = down[expert of slot] @ h[slot], one row of H per
+// slot, which residual_moe_combine then weighs by sel_w (a slot of another rank's expert: zeros).
 void moe_gate_up_decode_fp8(const float* x, int H, const Fp8Matrix& gate_up, int Ie, int K,
                             const int* group_expert, float* h, cudaStream_t s);
-void moe_down_sum_decode_fp8(const float* h, int Ie, const Fp8Matrix& down, int H, int K,
-                             const int* group_expert, const float* sel_w, float* e, cudaStream_t s);
+void moe_down_decode_fp8(const float* h, int Ie, const Fp8Matrix& down, int H, int K, const int* group_expert,
+                         float* slots, cudaStream_t s);
+// Raises the FP8 kernels' shared-memory limit (x staged, up to 32768 wide); gemv_prepare calls it.
+void gemv_fp8_prepare();
 // Prefill experts as batched GEMMs, in passes of max_n rows (the fallback of the compact pass below): after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

@@ -148,13 +148,10 @@ __global__ void __launch_bounds__(kWideThreads)
 // Decode (one token): slot g's expert is group_expert[g] and its entry is g. A warp per output row with U
 // (Dual: U + U) 16-byte loads in flight per lane, so a 2816-wide row takes two dependent load rounds instead
 // of six (the grouped kernels above: 26B-A4B -5.7% per token).
-// F8: w holds FP8 bytes (16 weights a chunk) and scale a scale per row, at the same offsets (in weights and
-// rows) as the bf16 matrix's.
-template <bool Dual, int U, bool F8 = false>
-__device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const void* w,
-                                                   const float* scale, int rows, int64_t expert_stride,
-                                                   int64_t up_offset, const int* group_expert, float* out,
-                                                   int out_width) {
+template <bool Dual, int U>
+__device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool x_per_slot, const bf16* w,
+                                                   int rows, int64_t expert_stride, int64_t up_offset,
+                                                   const int* group_expert, float* out, int out_width) {
     pdl_begin();  // the experts are chosen by the previous kernel: nothing to load before it ends
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y, j = blockIdx.x * kWarps + warp;
@@ -164,12 +161,11 @@ __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool
         if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = 0.0f;
         return;
     }
-    constexpr int kBytes = F8 ? 1 : 2;
-    const int64_t at1 = e * expert_stride + static_cast<int64_t>(j) * Kin, at2 = at1 + up_offset;
-    const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w) + at1 * kBytes);
-    const uint4* w2 = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w) + at2 * kBytes);
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + e * expert_stride + static_cast<int64_t>(j) * Kin);
+    const uint4* w2 =
+        reinterpret_cast<const uint4*>(w + e * expert_stride + up_offset + static_cast<int64_t>(j) * Kin);
     const float4* x4 = reinterpret_cast<const float4*>(x + (x_per_slot ? static_cast<int64_t>(g) * Kin : 0));
-    const int nchunk = F8 ? Kin >> 4 : Kin >> 3;
+    const int nchunk = Kin >> 3;
     float a1 = 0.0f, a2 = 0.0f;
     for (int c0 = 0; c0 < nchunk; c0 += 32 * U) {
         uint4 v1[U], v2[U];
@@ -183,36 +179,25 @@ __device__ __forceinline__ void expert_decode_rows(const float* x, int Kin, bool
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u * 32 + lane;
             if (c >= nchunk) continue;
-            if constexpr (F8) {
-                const float4 xs[4] = {__ldg(x4 + 4 * c), __ldg(x4 + 4 * c + 1), __ldg(x4 + 4 * c + 2),
-                                      __ldg(x4 + 4 * c + 3)};
-                a1 = dot16_fp8(v1[u], xs, a1);
-                if constexpr (Dual) a2 = dot16_fp8(v2[u], xs, a2);
-            } else {
-                const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
-                a1 += dot8(v1[u], xa, xb);
-                if constexpr (Dual) a2 += dot8(v2[u], xa, xb);
-            }
+            const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
+            a1 += dot8(v1[u], xa, xb);
+            if constexpr (Dual) a2 += dot8(v2[u], xa, xb);
         }
     }
     a1 = warp_sum(a1);
     if constexpr (Dual) a2 = warp_sum(a2);
-    if constexpr (F8) {  // the rows' scales: row r of the [E * rows] list sits at weight offset r * Kin
-        a1 *= __ldg(scale + at1 / Kin);
-        if constexpr (Dual) a2 *= __ldg(scale + at2 / Kin);
-    }
     if (lane == 0) out[static_cast<int64_t>(g) * out_width + j] = Dual ? gelu_tanh(a1) * a2 : a1;
 }
 
 // Registers capped for MinBlocks blocks per SM: the experts' gate/up at 3 (U = 6; at 8 it spills), 26B-A4B
 // -1.8% per token against 2 blocks at U = 8 beside the dense MLP.
-template <bool Dual, int U, int MinBlocks, bool F8 = false>
+template <bool Dual, int U, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
-    expert_decode_occ_kernel(const float* x, int Kin, bool x_per_slot, const void* w, const float* scale,
-                             int rows, int64_t expert_stride, int64_t up_offset, const int* group_expert,
-                             float* out, int out_width) {
-    expert_decode_rows<Dual, U, F8>(x, Kin, x_per_slot, w, scale, rows, expert_stride, up_offset,
-                                    group_expert, out, out_width);
+    expert_decode_occ_kernel(const float* x, int Kin, bool x_per_slot, const bf16* w, int rows,
+                             int64_t expert_stride, int64_t up_offset, const int* group_expert, float* out,
+                             int out_width) {
+    expert_decode_rows<Dual, U>(x, Kin, x_per_slot, w, rows, expert_stride, up_offset, group_expert, out,
+                                out_width);
 }
 
 // Decode: e[j] = sum_k sel_w[k] * (down[expert of slot k][j] . h[k]), so the combine reads one vector
@@ -229,27 +214,24 @@ constexpr int kSumMaxK = 32;   // slots (moe_route's kRankMaxK)
 // bit-identical at every R). The timeline put the gain mostly in the combine after it (ffn_combine 6.8 ->
 // 4.7 us per layer).
 constexpr int kSumRows = 4;
-// F8: down holds FP8 bytes (16 weights a chunk) and scale one scale per row ([E * H]).
-template <int R, int MinBlocks, bool F8 = false>
+template <int R, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
-    expert_down_sum_kernel(const float* h, int Ie, const void* down, const float* scale, int H, int K,
-                           const int* group_expert, const float* sel_w, float* e) {
+    expert_down_sum_kernel(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
+                           const float* sel_w, float* e) {
     __shared__ float dots[kSumMaxK][R];
     // the expert ids were written two kernels back (route), which with the early PDL trigger may still be
     // running: wait first
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j0 = blockIdx.x * R;
-    const int nchunk = F8 ? Ie >> 4 : Ie >> 3;
-    constexpr int kBytes = F8 ? 1 : 2;
+    const int nchunk = Ie >> 3;
     for (int s = warp; s < K; s += kWarps) {
         const int ex = group_expert[s];  // -1: another rank's expert, a zero slot
         uint4 v[R][kSumChunks];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const uint4* w = reinterpret_cast<const uint4*>(
-                static_cast<const uint8_t*>(down) +
-                (ex * static_cast<int64_t>(H) * Ie + static_cast<int64_t>(j0 + r) * Ie) * kBytes);
+            const uint4* w = reinterpret_cast<const uint4*>(down + ex * static_cast<int64_t>(H) * Ie +
+                                                            static_cast<int64_t>(j0 + r) * Ie);
 #pragma unroll
             for (int u = 0; u < kSumChunks; ++u) {
                 const int c = u * 32 + lane;
@@ -265,24 +247,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
             for (int u = 0; u < kSumChunks; ++u) {
                 const int c = u * 32 + lane;
                 if (c < nchunk) {
-                    if constexpr (F8) {
-                        const float4 xs[4] = {__ldg(x4 + 4 * c), __ldg(x4 + 4 * c + 1), __ldg(x4 + 4 * c + 2),
-                                              __ldg(x4 + 4 * c + 3)};
+                    const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
 #pragma unroll
-                        for (int r = 0; r < R; ++r) a[r] = dot16_fp8(v[r][u], xs, a[r]);
-                    } else {
-                        const float4 xa = __ldg(x4 + 2 * c), xb = __ldg(x4 + 2 * c + 1);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) a[r] += dot8(v[r][u], xa, xb);
-                    }
+                    for (int r = 0; r < R; ++r) a[r] += dot8(v[r][u], xa, xb);
                 }
             }
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            float t = warp_sum(a[r]);
-            if constexpr (F8)
-                if (ex >= 0 && j0 + r < H) t *= __ldg(scale + ex * static_cast<int64_t>(H) + j0 + r);
+            const float t = warp_sum(a[r]);
             if (lane == 0) dots[s][r] = t;
         }
     }
@@ -299,17 +272,8 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
                         float* h, cudaStream_t s) {
     if (H % 8) throw Error("internal: expert input width must be a multiple of 8");
     launch_kernel(expert_decode_occ_kernel<true, 6, 3>, dim3((Ie + kWarps - 1) / kWarps, K), dim3(kThreads),
-                  0, s, x, H, false, static_cast<const void*>(gate_up), static_cast<const float*>(nullptr),
-                  Ie, 2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_gate_up_decode_fp8(const float* x, int H, const Fp8Matrix& gate_up, int Ie, int K,
-                            const int* group_expert, float* h, cudaStream_t s) {
-    if (H % 16) throw Error("internal: an FP8 expert's input width must be a multiple of 16");
-    launch_kernel(expert_decode_occ_kernel<true, 4, 3, true>, dim3((Ie + kWarps - 1) / kWarps, K),
-                  dim3(kThreads), 0, s, x, H, false, static_cast<const void*>(gate_up.q), gate_up.scale, Ie,
-                  2 * static_cast<int64_t>(Ie) * H, static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
+                  0, s, x, H, false, gate_up, Ie, 2 * static_cast<int64_t>(Ie) * H,
+                  static_cast<int64_t>(Ie) * H, group_expert, h, Ie);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -320,20 +284,7 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
                     std::to_string(256 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
                     " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
     launch_kernel(expert_down_sum_kernel<kSumRows, 3>, dim3((H + kSumRows - 1) / kSumRows), dim3(kThreads), 0,
-                  s, h, Ie, static_cast<const void*>(down), static_cast<const float*>(nullptr), H, K,
-                  group_expert, sel_w, e);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_down_sum_decode_fp8(const float* h, int Ie, const Fp8Matrix& down, int H, int K,
-                             const int* group_expert, const float* sel_w, float* e, cudaStream_t s) {
-    if (Ie % 16 || Ie / 16 > 32 * kSumChunks || K > kSumMaxK)
-        throw Error("internal: the summed FP8 expert down takes widths that are multiples of 16 up to " +
-                    std::to_string(512 * kSumChunks) + " and up to " + std::to_string(kSumMaxK) +
-                    " slots, not " + std::to_string(Ie) + " and " + std::to_string(K));
-    launch_kernel(expert_down_sum_kernel<kSumRows, 3, true>, dim3((H + kSumRows - 1) / kSumRows),
-                  dim3(kThreads), 0, s, h, Ie, static_cast<const void*>(down.q), down.scale, H, K,
-                  group_expert, sel_w, e);
+                  s, h, Ie, down, H, K, group_expert, sel_w, e);
     CUDA_CHECK_LAUNCH();
 }
 
