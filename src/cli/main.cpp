@@ -42,6 +42,8 @@ const char* kUsage =
     "common: -t/--threads N  -c/--ctx-size N  -b/--batch-size N  --device cpu|cuda\n"
     "        -tp/--tensor-parallel-size N (cuda: one model over N GPUs)\n"
     "        --check-weights (scan every weight for NaN/Inf while loading)\n"
+    "        --quantize fp8|none (fp8: a bf16 checkpoint's projections to FP8 e4m3, a scale per row, at\n"
+    "        load; the CPU computes with their values in bf16. FP8 checkpoints load as published)\n"
     "        --kv-cache-dtype auto|bf16|f32 (the KV cache; auto: bf16, half fp32's bytes, where sequences\n"
     "        decode together on the GPU; f32 for one sequence and on the CPU)\n"
     "VARIANT (random weights at real widths): e2b, e4b, 12b, 26b-a4b, 26b-standard, 31b\n"

@@ -120,22 +120,19 @@ bool copy_fits_in_memory(uint64_t bytes) {
 }
 
 ResidentWeights::ResidentWeights(const Checkpoint& ck, ThreadPool& pool) : w_(ck.weights) {
-    const ModelConfig& c = ck.config;
-    // plan_tensors clears the layers it sizes: keep the values that are not pointers
-    std::vector<float> scalars;
-    for (const LayerWeights& l : w_.layers) scalars.push_back(l.layer_scalar);
-    const std::vector<PlannedTensor> plan = plan_tensors(c, &w_);
-    for (size_t i = 0; i < scalars.size(); ++i) w_.layers[i].layer_scalar = scalars[i];
-
-    // Every planned tensor is bound (load_checkpoint refused the checkpoint otherwise): lay out the copy.
-    std::vector<std::pair<const PlannedTensor*, const TensorInfo*>> streamed;
+    // Every planned tensor is bound (load_checkpoint refused the checkpoint otherwise): lay out the copy of
+    // those in the mapping. The ones the loader made (FP8 weights dequantised to bf16) are private memory
+    // already, and the page dropping below would zero them.
+    const std::vector<PlannedTensor> plan = plan_bound_tensors(ck.config, w_);
+    std::vector<std::pair<const PlannedTensor*, uint64_t>> streamed;  // and its bytes
     uint64_t total = 0;
     for (const PlannedTensor& p : plan) {
-        const TensorInfo& t = ck.files.get(c.weight_prefix + p.name);
-        *p.slot = reinterpret_cast<const bf16*>(t.data);
-        if (p.slot == &w_.ple_embed) continue;  // gathered by row: stays mapped
-        streamed.push_back({&p, &t});
-        total += (t.nbytes + kAlign - 1) / kAlign * kAlign;
+        if (p.slot == &w_.ple_embed || ck.owned.holds(*p.slot))
+            continue;  // PLE: gathered by row, stays mapped
+        uint64_t bytes = sizeof(bf16);
+        for (int64_t d : p.shape) bytes *= static_cast<uint64_t>(d);
+        streamed.push_back({&p, bytes});
+        total += (bytes + kAlign - 1) / kAlign * kAlign;
     }
     if (total == 0 || !copy_fits_in_memory(total)) return;
     const uint64_t block_bytes = (total + kHugePage - 1) / kHugePage * kHugePage;
@@ -150,13 +147,13 @@ ResidentWeights::ResidentWeights(const Checkpoint& ck, ThreadPool& pool) : w_(ck
 
     std::vector<Piece> pieces;
     uint64_t off = 0;
-    for (const auto& [p, t] : streamed) {
+    for (const auto& [p, bytes] : streamed) {
         uint8_t* dst = block_ + off;
-        const auto* src = static_cast<const uint8_t*>(t->data);
-        for (uint64_t b = 0; b < t->nbytes; b += kCopyPiece)
-            pieces.push_back({src + b, dst + b, std::min(kCopyPiece, t->nbytes - b)});
+        const auto* src = reinterpret_cast<const uint8_t*>(*p->slot);
+        for (uint64_t b = 0; b < bytes; b += kCopyPiece)
+            pieces.push_back({src + b, dst + b, std::min(kCopyPiece, bytes - b)});
         *p->slot = reinterpret_cast<const bf16*>(dst);
-        off += (t->nbytes + kAlign - 1) / kAlign * kAlign;
+        off += (bytes + kAlign - 1) / kAlign * kAlign;
     }
     pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {

@@ -41,7 +41,8 @@ class ResidentWeights {
     ResidentWeights(const ResidentWeights&) = delete;
     ResidentWeights& operator=(const ResidentWeights&) = delete;
 
-    // ck.weights with every streamed tensor pointing into the copy (or all into the mapping: bytes() == 0)
+    // ck.weights with every streamed tensor pointing into the copy (or all into the mapping: bytes() == 0);
+    // the tensors the loader made (FP8 weights' bf16 values, ck.owned) are not copied again
     const Weights& weights() const { return w_; }
     uint64_t bytes() const { return bytes_; }  // the copy's size, 0 when the weights stay mapped
 

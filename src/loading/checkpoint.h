@@ -15,24 +15,51 @@
 
 namespace markbase {
 
+// Weights the loader made rather than mapped (loading/fp8_checkpoint.h): FP8 checkpoints' per-row scales and
+// gathered experts, the FP8 bytes --quantize fp8 makes, and the bf16 values (dequantize_row_fp8) that the
+// bf16 slots of FP8 matrices point at. Each inner vector's buffer stays where it is as the lists grow.
+struct OwnedWeights {
+    std::vector<std::unique_ptr<uint8_t[]>> fp8;
+    std::vector<std::unique_ptr<float[]>> scales;
+    std::vector<std::unique_ptr<bf16[]>> dequantized;
+    uint64_t bytes = 0;  // all of them
+
+    // Uninitialised buffers of n values: the threads that fill their rows touch their pages first.
+    uint8_t* new_fp8(int64_t n);
+    float* new_scales(int64_t n);
+    bf16* new_bf16(int64_t n);
+    // Whether p is the start of one of the dequantized buffers (a tensor that is not in the mapping).
+    bool holds(const void* p) const;
+};
+
 struct Checkpoint {
     std::filesystem::path dir;
     ModelConfig config;
     SafetensorsSet files;
     Weights weights;
-    uint64_t bound_bytes = 0;          // bytes of the tensors the text model uses
+    uint64_t bound_bytes = 0;          // bytes of the tensors the text model uses, as the files store them
     std::vector<std::string> skipped;  // tensors present but deliberately unused
+    // kFp8: weights.fp8 holds the projections' FP8 form (published, or made by LoadOptions::quantize) and
+    // their bf16 slots point into owned.dequantized.
+    WeightFormat format = WeightFormat::kBf16;
+    OwnedWeights owned;
+    std::vector<std::string>
+        notes;  // what the loader decided that the user should hear (the CLI prints them)
 };
 
 struct LoadOptions {
     // Scan every tensor for NaN and Inf (reads the whole checkpoint once, on several threads). Without it
     // only the small tensors are scanned (norm weights, layer_scalar, router scales: up to 64 Ki elements).
     bool check_weights = false;
+    // kFp8 (--quantize fp8): a bf16 checkpoint's projections (LayerFp8's matrices) are quantised per row at
+    // load; a checkpoint that is FP8 already loads as published, with a note.
+    WeightFormat quantize = WeightFormat::kBf16;
 };
 
-// Opens config.json + safetensors in `dir`. Throws markbase::Error listing every problem found
-// (missing tensors, wrong shapes or dtypes, unexpected text tensors), each with file, tensor, expected,
-// found; then one listing the tensors that hold NaN or Inf (see LoadOptions::check_weights).
+// Opens config.json + safetensors in `dir`; a compressed-tensors FP8 checkpoint (quantization_config in
+// config.json) loads through loading/fp8_checkpoint.h. Throws markbase::Error listing every problem found
+// (missing tensors, wrong shapes or dtypes, unexpected text tensors, bad scales), each with file, tensor,
+// expected, found; then one listing the tensors that hold NaN or Inf (see LoadOptions::check_weights).
 std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir,
                                             const LoadOptions& options = {});
 

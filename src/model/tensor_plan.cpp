@@ -4,14 +4,20 @@
 
 namespace markbase {
 
-std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
+namespace {
+
+std::vector<PlannedTensor> plan(const ModelConfig& c, Weights* w, bool keep) {
     std::vector<PlannedTensor> out;
     const int64_t H = c.hidden, L = c.n_layers, P = c.ple_dim, V = c.vocab_size;
     Weights dummy;
     Weights& ww = w ? *w : dummy;
-    ww.layers.assign(L, LayerWeights{});
-    auto add = [&](std::string name, std::vector<int64_t> shape, TensorRole role, const bf16** slot) {
-        out.push_back({std::move(name), std::move(shape), role, w ? slot : nullptr});
+    if (!keep || static_cast<int64_t>(ww.layers.size()) != L) ww.layers.assign(L, LayerWeights{});
+    const bool fp8 = w && static_cast<int64_t>(ww.fp8.size()) == L;
+    LayerFp8 no_fp8;
+    auto add = [&](std::string name, std::vector<int64_t> shape, TensorRole role, const bf16** slot,
+                   Fp8Matrix* fp8_slot = nullptr) {
+        out.push_back({std::move(name), std::move(shape), role, w ? slot : nullptr, fp8_slot != nullptr,
+                       fp8 ? fp8_slot : nullptr});
     };
     using R = TensorRole;
     add("embed_tokens.weight", {V, H}, R::Embedding, &ww.embed);
@@ -24,24 +30,25 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
     for (int i = 0; i < L; ++i) {
         const LayerSpec& s = c.layers[i];
         LayerWeights& l = ww.layers[i];
+        LayerFp8& f = fp8 ? ww.fp8[i] : no_fp8;
         const std::string p = "layers." + std::to_string(i) + ".";
         const int64_t d = s.head_dim, nq = int64_t{c.n_heads} * d, nkv = int64_t{s.n_kv_heads} * d,
                       I = s.mlp_width;
-        add(p + "self_attn.q_proj.weight", {nq, H}, R::Matrix, &l.q_proj);
+        add(p + "self_attn.q_proj.weight", {nq, H}, R::Matrix, &l.q_proj, &f.q_proj);
         add(p + "self_attn.q_norm.weight", {d}, R::QkNorm, &l.q_norm);
         if (s.has_own_kv()) {
-            add(p + "self_attn.k_proj.weight", {nkv, H}, R::Matrix, &l.k_proj);
+            add(p + "self_attn.k_proj.weight", {nkv, H}, R::Matrix, &l.k_proj, &f.k_proj);
             add(p + "self_attn.k_norm.weight", {d}, R::QkNorm, &l.k_norm);
-            if (!s.k_eq_v) add(p + "self_attn.v_proj.weight", {nkv, H}, R::Matrix, &l.v_proj);
+            if (!s.k_eq_v) add(p + "self_attn.v_proj.weight", {nkv, H}, R::Matrix, &l.v_proj, &f.v_proj);
         }
-        add(p + "self_attn.o_proj.weight", {H, nq}, R::Matrix, &l.o_proj);
+        add(p + "self_attn.o_proj.weight", {H, nq}, R::Matrix, &l.o_proj, &f.o_proj);
         add(p + "input_layernorm.weight", {H}, R::Norm, &l.input_norm);
         add(p + "post_attention_layernorm.weight", {H}, R::Norm, &l.post_attn_norm);
         add(p + "pre_feedforward_layernorm.weight", {H}, R::Norm, &l.pre_ffn_norm);
         add(p + "post_feedforward_layernorm.weight", {H}, R::Norm, &l.post_ffn_norm);
-        add(p + "mlp.gate_proj.weight", {I, H}, R::Matrix, &l.gate_proj);
-        add(p + "mlp.up_proj.weight", {I, H}, R::Matrix, &l.up_proj);
-        add(p + "mlp.down_proj.weight", {H, I}, R::Matrix, &l.down_proj);
+        add(p + "mlp.gate_proj.weight", {I, H}, R::Matrix, &l.gate_proj, &f.gate_proj);
+        add(p + "mlp.up_proj.weight", {I, H}, R::Matrix, &l.up_proj, &f.up_proj);
+        add(p + "mlp.down_proj.weight", {H, I}, R::Matrix, &l.down_proj, &f.down_proj);
         add(p + "layer_scalar", {1}, R::Scalar, &l.layer_scalar_raw);
         if (P) {
             add(p + "per_layer_input_gate.weight", {P, H}, R::Matrix, &l.ple_gate);
@@ -53,14 +60,25 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
             add(p + "router.proj.weight", {E, H}, R::Matrix, &l.router_proj);
             add(p + "router.scale", {H}, R::Norm, &l.router_scale);
             add(p + "router.per_expert_scale", {E}, R::Norm, &l.per_expert_scale);
-            add(p + "experts.gate_up_proj", {E, 2 * Ie, H}, R::Matrix, &l.experts_gate_up);
-            add(p + "experts.down_proj", {E, H, Ie}, R::Matrix, &l.experts_down);
+            add(p + "experts.gate_up_proj", {E, 2 * Ie, H}, R::Matrix, &l.experts_gate_up,
+                &f.experts_gate_up);
+            add(p + "experts.down_proj", {E, H, Ie}, R::Matrix, &l.experts_down, &f.experts_down);
             add(p + "pre_feedforward_layernorm_2.weight", {H}, R::Norm, &l.pre_ffn_norm_2);
             add(p + "post_feedforward_layernorm_1.weight", {H}, R::Norm, &l.post_ffn_norm_1);
             add(p + "post_feedforward_layernorm_2.weight", {H}, R::Norm, &l.post_ffn_norm_2);
         }
     }
     return out;
+}
+
+}  // namespace
+
+std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w) {
+    return plan(c, w, false);
+}
+
+std::vector<PlannedTensor> plan_bound_tensors(const ModelConfig& c, Weights& w) {
+    return plan(c, &w, true);
 }
 
 void random_init_bounds(const PlannedTensor& p, float& lo, float& hi) {

@@ -19,6 +19,10 @@ struct PlannedTensor {
     std::vector<int64_t> shape;
     TensorRole role = TensorRole::Matrix;
     const bf16** slot = nullptr;  // where the loader stores the pointer (null when planning without Weights)
+    // LayerFp8's field for the matrices a decode step may read in FP8 (model/weights.h): fp8_eligible says
+    // which; fp8 points at the field when the plan has Weights whose fp8 is sized [L], else it is null.
+    bool fp8_eligible = false;
+    Fp8Matrix* fp8 = nullptr;
 };
 
 // The range random checkpoints draw a tensor from (uniform), by role: matrices with the variance of
@@ -26,8 +30,13 @@ struct PlannedTensor {
 // ../shared/tools/make_random_ckpt.py, so random models stay numerically sane at any depth.
 void random_init_bounds(const PlannedTensor& p, float& lo, float& hi);
 
-// w may be null; when given, its layers vector is sized and every slot points into it.
+// w may be null; when given, its layers vector is sized (every pointer in it cleared) and every slot points
+// into it.
 std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Weights* w);
+
+// The same plan over Weights a loader already bound (w.layers sized [L]), their pointers kept: for code that
+// reads or repoints the bound tensors (the CPU backend's resident copy, quantising at load).
+std::vector<PlannedTensor> plan_bound_tensors(const ModelConfig& c, Weights& w);
 
 // Names present in released checkpoints that the text model deliberately does not use
 // (the K/V projections and k_norm of KV-shared layers).

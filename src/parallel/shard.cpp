@@ -47,6 +47,12 @@ ShardSplit shard_split(const std::string& name, const ModelConfig& c, const Part
 
 ShardTensor shard_tensor(const Checkpoint& ck, const PlannedTensor& p, const PartitionPlan& plan) {
     const ModelConfig& c = ck.config;
+    // The shards are cut from the files; the bf16 values of FP8 weights are made at load and are in none.
+    if (ck.format != WeightFormat::kBf16 || !ck.owned.dequantized.empty())
+        throw Error(
+            ck.dir.string() +
+            ": FP8 weights (published, or --quantize fp8) cannot be split over GPUs yet: the shards are "
+            "read from the checkpoint's bf16 files; use --device cpu");
     const TensorInfo& t = ck.files.get(c.weight_prefix + p.name);
     const bf16* src = reinterpret_cast<const bf16*>(t.data);
     ShardTensor s;

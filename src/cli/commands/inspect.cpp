@@ -9,6 +9,7 @@
 #include "cli/commands/model_options.h"
 #include "loading/checkpoint.h"
 #include "loading/config_json.h"
+#include "loading/fp8_checkpoint.h"
 #include "model/error.h"
 #include "model/variants.h"
 #include "parallel/partition.h"
@@ -67,6 +68,8 @@ void print_checkpoint(const Checkpoint& ck) {
                 ck.bound_bytes / 1e9, ck.skipped.size());
     for (const auto& [kind, count] : skipped_groups(ck))
         std::printf("  skipped    %zu tensor(s): %s\n", count, kind.c_str());
+    std::printf("weights      %s\n", weight_format_summary(ck).c_str());
+    for (const std::string& n : ck.notes) std::printf("note         %s\n", n.c_str());
 }
 
 void print_split(const ModelConfig& c, int tp) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -28,8 +29,25 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.tensor_parallel = a.integer({"-tp", "--tp", "--tensor-parallel-size"}, 1, 1, kMaxGpus);
     o.backend.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "auto"), "--kv-cache-dtype");
     o.check_weights = a.flag({"--check-weights"});
+    const std::string q = a.value_or({"--quantize"}, "none");
+    if (q != "none" && q != "fp8" && !a.help())
+        throw UsageError("--quantize: unknown weight format '" + q + "' (expected fp8 or none)");
+    o.quantize = q == "fp8" ? WeightFormat::kFp8 : WeightFormat::kBf16;
     o.backend.tuning = read_tuning(a);
     return o;
+}
+
+LoadOptions ModelOptions::load_options() const {
+    LoadOptions lo;
+    lo.check_weights = check_weights;
+    lo.quantize = quantize;
+    return lo;
+}
+
+std::unique_ptr<Checkpoint> load_checkpoint_for(const ModelOptions& o) {
+    std::unique_ptr<Checkpoint> ck = load_checkpoint(o.model_dir, o.load_options());
+    for (const std::string& n : ck->notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+    return ck;
 }
 
 Tuning read_tuning(ArgReader& a) {
@@ -51,10 +69,7 @@ std::string resolve_device(const std::string& requested) {
 LoadedModel load_model(const ModelOptions& o) {
     LoadedModel lm;
     auto t0 = std::chrono::steady_clock::now();
-    // the loader of this build has no weight scan: refused rather than accepted and ignored
-    LoadOptions lo;
-    lo.check_weights = o.check_weights;
-    lm.checkpoint = load_checkpoint(o.model_dir, lo);
+    lm.checkpoint = load_checkpoint_for(o);
     if (o.device == "cpu") {
         if (o.backend.tensor_parallel > 1)
             throw Error("--tensor-parallel-size " + std::to_string(o.backend.tensor_parallel) +

@@ -18,14 +18,21 @@ struct LoadedModel {
 };
 
 // Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
-// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --kv-cache-dtype, --check-weights, --tuning.
+// -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --kv-cache-dtype, --check-weights,
+// --quantize, --tuning.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";
     BackendOptions backend;
     bool check_weights = false;  // --check-weights: the loader scans every tensor for NaN/Inf
+    // --quantize fp8|none: kFp8 quantises a bf16 checkpoint's projections per row at load
+    WeightFormat quantize = WeightFormat::kBf16;
     static ModelOptions read(ArgReader& a);
+    LoadOptions load_options() const;
 };
+
+// load_checkpoint with the options' LoadOptions; the loader's notes go to stderr ("note: ...").
+std::unique_ptr<Checkpoint> load_checkpoint_for(const ModelOptions& o);
 
 LoadedModel load_model(const ModelOptions& o);
 

@@ -85,9 +85,7 @@ struct Synthetic {
     } else {
         if (syn.variant) throw Error("serve: --synthetic draws its weights on the GPU: use --device cuda");
         if (mo.backend.tensor_parallel > 1) throw Error("serve: --tensor-parallel-size needs --device cuda");
-        LoadOptions lo;
-        lo.check_weights = mo.check_weights;
-        s.checkpoint = load_checkpoint(mo.model_dir, lo);
+        s.checkpoint = load_checkpoint_for(mo);
         s.stop_ids = stop_ids_for(*s.checkpoint);
         BackendOptions bo = mo.backend;
         bo.slots = limits.max_sequences;

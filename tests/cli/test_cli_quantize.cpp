@@ -1,0 +1,62 @@
+// FP8 weights from the command line: `--quantize fp8` on the bundled model generates what the FP8 checkpoint
+// of the same quantisation generates, `inspect` says the format, a second quantisation is a note, and an
+// unknown format is a usage error (exit 2).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "support/cli_run.h"
+#include "support/fp8_checkpoints.h"
+#include "support/tiny_models.h"
+
+namespace markbase {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kModel = fs::path(MARKBASE_TEST_DATA) / ".." / ".." / "models" / "default";
+
+TEST(CliQuantize, QuantizeFp8RunsAsThePublishedFp8CheckpointDoes) {
+    testing::TempDir dir("cli_fp8");
+    testing::Fp8Layout layout;
+    layout.quantized = [](const std::string& n) { return n.find("per_layer") == std::string::npos; };
+    layout.ignore = {"re:.*per_layer.*"};
+    testing::write_fp8_copy(kModel, dir.path() / "fp8", dir.path() / "ref", layout);
+    for (const char* f : {"tokenizer.json", "generation_config.json"})
+        fs::copy_file(kModel / f, dir.path() / "fp8" / f);
+    const std::string gen = " --device cpu -t 2 --ids 2,651,1567,1176 -n 12 --temp 0 --ignore-eos --json";
+
+    const auto quantized = testing::run_cli("run -m '" + kModel.string() + "' --quantize fp8" + gen);
+    const auto published = testing::run_cli("run -m '" + (dir.path() / "fp8").string() + "'" + gen);
+    ASSERT_EQ(quantized.code, 0) << quantized.all();
+    ASSERT_EQ(published.code, 0) << published.all();
+    EXPECT_EQ(quantized.out, published.out);
+    EXPECT_NE(quantized.out.find("\"ids\""), std::string::npos) << quantized.out;
+
+    const auto again =
+        testing::run_cli("run -m '" + (dir.path() / "fp8").string() + "' --quantize fp8" + gen);
+    EXPECT_EQ(again.out, published.out);
+    EXPECT_NE(again.err.find("note: --quantize fp8: "), std::string::npos) << again.err;
+    EXPECT_NE(again.err.find("is an FP8 checkpoint already"), std::string::npos) << again.err;
+
+    const auto inspect = testing::run_cli("inspect -m '" + (dir.path() / "fp8").string() + "'");
+    ASSERT_EQ(inspect.code, 0) << inspect.all();
+    EXPECT_NE(inspect.out.find("weights      FP8 e4m3 with per-row scales: "), std::string::npos)
+        << inspect.out;
+    const auto plain = testing::run_cli("inspect -m '" + kModel.string() + "'");
+    EXPECT_NE(plain.out.find("weights      bf16\n"), std::string::npos) << plain.out;
+}
+
+TEST(CliQuantize, AnUnknownFormatIsAUsageError) {
+    const auto r = testing::run_cli("run -m '" + kModel.string() + "' --quantize int4 --ids 2 -n 1");
+    EXPECT_EQ(r.code, 2) << r.all();
+    EXPECT_NE(r.err.find("--quantize: unknown weight format 'int4' (expected fp8 or none)"),
+              std::string::npos)
+        << r.err;
+    const auto help = testing::run_cli("perplexity --help");
+    EXPECT_NE(help.out.find("--quantize"), std::string::npos) << help.out;
+}
+
+}  // namespace
+}  // namespace markbase
