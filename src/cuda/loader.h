@@ -31,6 +31,12 @@ struct DeviceWeights;
 // The backend's upload through the staged pipeline (one device allocation for the model, tensors as views in
 // the checkpoint's layout), with a progress bar on a TTY and the summary line on stderr (upload_weights).
 std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const StagedOptions& opt);
+// weights.cu: from the host's pointers, a tensor at a time (an FP8 checkpoint: its bf16 slots are the
+// loader's dequantised buffers, in none of the files the staged pipeline reads).
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck);
+// fp8_weights.cu: w.fp8 filled, from the host's FP8 matrices (host->fp8, a checkpoint's) or, host null, by
+// quantising the bf16 tensors on the device (which then hold the FP8 values rounded to bf16).
+void attach_fp8_weights(DeviceWeights& dw, const Weights* host);
 }  // namespace cuda
 
 }  // namespace markbase

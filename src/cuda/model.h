@@ -49,8 +49,7 @@ struct DeviceWeights {
     std::vector<Tensor> tensors;  // plan order
     uint64_t bytes = 0;
     void* arena = nullptr;  // when set, one allocation holds every tensor (the staged loader); else one each
-    // FP8 weights (attach_fp8_weights): w.fp8's bytes and scales, one allocation
-    void* fp8_arena = nullptr;
+    void* fp8_arena = nullptr;  // w.fp8's bytes and scales (attach_fp8_weights), one allocation
     uint64_t fp8_bytes = 0;
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
@@ -64,9 +63,6 @@ bf16* device_alloc(uint64_t bytes, const std::string& what);
 // tuning).
 std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning& tuning);
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed);
-// fp8_weights.cu: w.fp8 filled, from the host's FP8 matrices (host->fp8, a checkpoint's) or, host null, by
-// quantising the bf16 tensors on the device (which then hold the FP8 values rounded to bf16).
-void attach_fp8_weights(DeviceWeights& dw, const Weights* host);
 // shard.cu: one tensor-parallel rank's weights on the current device, its config rank_config's: the
 // checkpoint's shard_weights, or synthetic_weights' very values (element for element) cut the same way.
 std::unique_ptr<DeviceWeights> upload_shard(const Checkpoint& ck, const PartitionPlan& plan);
@@ -343,8 +339,7 @@ class CudaModel {
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
                           const Fp8Matrix& W8, int rows, const float* xin, int K, float* y, const bf16* res_w,
                           float scale, bool reduce = false, const bf16* next_w = nullptr);
-    // Layer i's FP8 matrices (all null for a bf16 model).
-    const LayerFp8& fp8(int i) const { return w_.fp8.empty() ? no_fp8_ : w_.fp8[static_cast<size_t>(i)]; }
+
     // Sharded only (no-ops otherwise): in-place sum of n floats over the ranks; max of the argmax key.
     void all_reduce(Profiler* pf, int layer, float* buf, size_t n);
     void all_reduce_argmax(Profiler* pf);
@@ -444,7 +439,6 @@ class CudaModel {
     std::unique_ptr<DeviceWeights> dw_;
     const ModelConfig& c_;
     const Weights& w_;
-    static inline const LayerFp8 no_fp8_{};
     int64_t ctx_;
     int chunk_;
     ShardContext shard_;

@@ -17,6 +17,11 @@ namespace {
 double step_wbytes(int64_t rows, int64_t cols, bool fp8 = false) {
     return (fp8 ? 1.0 : 2.0) * static_cast<double>(rows) * static_cast<double>(cols);
 }
+// Layer i's FP8 matrices (all null for a bf16 model).
+const LayerFp8& layer_fp8(const Weights& w, int i) {
+    static const LayerFp8 none{};
+    return w.fp8.empty() ? none : w.fp8[static_cast<size_t>(i)];
+}
 // A product's segment: its FP8 form where the model has one.
 GemvSeg seg_of(const bf16* w, const Fp8Matrix& w8, float* y, int rows) {
     GemvSeg s{w, y, rows, 0};
@@ -200,7 +205,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 // o_proj and its residual update.
 void CudaModel::record_attention(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
-    const LayerFp8& f8 = fp8(i);
+    const LayerFp8& f8 = layer_fp8(w_, i);
     const LayerSpec& s = c_.layers[i];
     const int H = c_.hidden, nH = c_.n_heads, d = s.head_dim, nKV = s.n_kv_heads;
     const int qw = nH * d, kvw = nKV * d;
@@ -210,10 +215,13 @@ void CudaModel::record_attention(int i, Profiler* pf) {
         run(pf, "qkv", i, step_wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H, f8.q_proj.q), [&] {
             GemvSeg segs[3];
             int ns = 0;
-            segs[ns++] = seg_of(lw.q_proj, f8.q_proj, act_.q, qw);
+            // one launch reads one format: FP8 only where all of q, k, v are
+            const bool all8 = f8.q_proj.q && (!own || (f8.k_proj.q && (!lw.v_proj || f8.v_proj.q)));
+            const Fp8Matrix none{};
+            segs[ns++] = seg_of(lw.q_proj, all8 ? f8.q_proj : none, act_.q, qw);
             if (own) {
-                segs[ns++] = seg_of(lw.k_proj, f8.k_proj, act_.k, kvw);
-                if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, f8.v_proj, act_.v, kvw);
+                segs[ns++] = seg_of(lw.k_proj, all8 ? f8.k_proj : none, act_.k, kvw);
+                if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, all8 ? f8.v_proj : none, act_.v, kvw);
             }
             gemv(in, segs, ns, 1, stream_);
         });
@@ -246,7 +254,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
 // changes; the combine needs both). Returns whether the experts were forked.
 bool CudaModel::record_ffn(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
-    const LayerFp8& f8 = fp8(i);
+    const LayerFp8& f8 = layer_fp8(w_, i);
     const int H = c_.hidden, I = c_.layers[i].mlp_width;
     const bool overlap = c_.moe && !pf && !pending_.y;  // o_proj's update applied
     if (overlap) {
@@ -258,7 +266,7 @@ bool CudaModel::record_ffn(int i, Profiler* pf) {
     {
         const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
         run(pf, "mlp_gate_up", i, step_wbytes(2 * I, H, f8.gate_proj.q), [&] {
-            if (f8.gate_proj.q)
+            if (f8.gate_proj.q && f8.up_proj.q)
                 gemv_fp8_geglu(in, f8.gate_proj, f8.up_proj, I, act_.g, stream_);
             else
                 gemv_geglu(in, lw.gate_proj, lw.up_proj, I, act_.g, stream_);
@@ -296,7 +304,7 @@ void CudaModel::record_moe_combine(int i, Profiler* pf, bool overlap) {
     const bool pre = plan_.prenorm && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
     run(pf, "ffn_combine", i, 0.0, [&] {
         // (moe_.eslots holds the down-sum's vector, combined as one slot of weight 1; FP8 experts: K slots)
-        const bool slots = fp8(i).experts_down.q != nullptr;
+        const bool slots = layer_fp8(w_, i).experts_down.q != nullptr;
         residual_moe_combine(act_.x, act_.m, moe_.eslots, slots ? moe_.sel_w : moe_.ones, slots ? K : 1,
                              lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm, H, 1, eps, scale,
                              stream_, true, pre ? next_w : nullptr, pre ? act_.xn : nullptr);
@@ -338,7 +346,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
                   moe_.goff, moe_.gent, plan_.moe_prenorm ? nullptr : act_.x, lw.pre_ffn_norm_2, H,
                   c_.rms_eps, moe_.e_in, st, held_experts(), true);
     });
-    const LayerFp8& f8 = fp8(i);
+    const LayerFp8& f8 = layer_fp8(w_, i);
     run(pf, "experts_gate_up", i, step_wbytes(int64_t{K} * 2 * Ie, H, f8.experts_gate_up.q), [&] {
         if (f8.experts_gate_up.q)
             moe_gate_up_decode_fp8(moe_.e_in, H, f8.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st);

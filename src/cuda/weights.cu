@@ -85,6 +85,30 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning
     return upload_weights_staged(ck, cuda_staged_options(tuning));
 }
 
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck) {
+    auto dw = std::make_unique<DeviceWeights>();
+    dw->config = ck.config;
+    // The host pointers through the plan's slots: plan_tensors resets the layers it sizes, so their values
+    // are put back into the same (not reallocated) elements afterwards.
+    Weights src = ck.weights;
+    const std::vector<LayerWeights> layers = src.layers;
+    const std::vector<PlannedTensor> from = plan_tensors(dw->config, &src);
+    src.layers = layers;
+    const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const PlannedTensor& p = plan[i];
+        const uint64_t bytes = 2 * numel(p.shape);
+        bf16* d = device_alloc(bytes, p.name);
+        dw->tensors.push_back({p.name, p.shape, d, bytes});
+        CUDA_CHECK(cudaMemcpy(d, *from[i].slot, bytes, cudaMemcpyHostToDevice));
+        *p.slot = d;
+        dw->bytes += bytes;
+    }
+    for (size_t l = 0; l < dw->w.layers.size(); ++l)
+        dw->w.layers[l].layer_scalar = ck.weights.layers[l].layer_scalar;
+    return dw;
+}
+
 std::unique_ptr<DeviceWeights> synthetic_weights(const ModelConfig& c, uint64_t seed) {
     auto dw = std::make_unique<DeviceWeights>();
     dw->config = c;

@@ -9,6 +9,7 @@
 
 #include "loading/generation_config.h"
 #include "model/error.h"
+#include "model/tensor_plan.h"
 #ifdef MARKBASE_HAS_CUDA
 #include "cuda/backend.h"
 #include "cuda/loader.h"
@@ -66,6 +67,23 @@ std::string resolve_device(const std::string& requested) {
     return "cpu";
 }
 
+#ifdef MARKBASE_HAS_CUDA
+// The weights' bytes on the GPU: the files' tensors as stored; an FP8 model holds every tensor in bf16 (the
+// prefill and the batched step read those) and its projections once more in FP8 with a scale per row.
+static uint64_t gpu_weight_bytes(const Checkpoint& ck) {
+    if (ck.weights.fp8.empty()) return ck.bound_bytes;
+    uint64_t bytes = 0;
+    for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) {
+        uint64_t n = 1;
+        for (int64_t d : p.shape) n *= static_cast<uint64_t>(d);
+        const bool fp8 = p.role == TensorRole::Matrix && p.name.find("router") == std::string::npos &&
+                         p.name.find("per_layer") == std::string::npos;
+        bytes += 2 * n + (fp8 ? n + 4 * n / static_cast<uint64_t>(p.shape.back()) : 0);
+    }
+    return bytes;
+}
+#endif
+
 LoadedModel load_model(const ModelOptions& o) {
     LoadedModel lm;
     auto t0 = std::chrono::steady_clock::now();
@@ -88,8 +106,8 @@ LoadedModel load_model(const ModelOptions& o) {
                                  : b.gpu_memory_utilization > 0 ? kv_blocks_per_slot(b.ctx_size)
                                                                 : 0;
             const FitCheck f = check_cuda_fit(
-                lm.checkpoint->config, lm.checkpoint->bound_bytes / b.tensor_parallel, b.ctx_size, b.chunk,
-                b.slots, free_b, cuda_device_info().name, gpu_kv_bytes(b.kv_dtype, b.slots), pool);
+                lm.checkpoint->config, gpu_weight_bytes(*lm.checkpoint) / b.tensor_parallel, b.ctx_size,
+                b.chunk, b.slots, free_b, cuda_device_info().name, gpu_kv_bytes(b.kv_dtype, b.slots), pool);
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
