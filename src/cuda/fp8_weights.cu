@@ -36,9 +36,14 @@ std::vector<Fp8Slot> fp8_slots(DeviceWeights& dw, const Weights* host) {
         const LayerSpec& s = c.layers[i];
         const int64_t q = int64_t{c.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim,
                       I = s.mlp_width;
-        auto add = [&](Fp8Matrix& d, const bf16* w, const Fp8Matrix* hs, int64_t rows, int64_t K) {
+        auto add = [&](Fp8Matrix& d, const bf16* w, const Fp8Matrix* hs, int64_t rows, int64_t K,
+                       int64_t per_expert = 0) {
             if (!w) return;
             if (host && !hs->q) return;  // kept bf16 (a published checkpoint's ignored module)
+            // gemv_fp8.cu's shapes (K a multiple of 64; a tile's 8 rows, an expert's rows per slot): the
+            // others stay bf16 (tiny test models)
+            const int64_t tile_rows = per_expert ? per_expert : rows;
+            if (K % 64 || tile_rows % 8) return;
             out.push_back({&d, w, hs, rows, static_cast<int>(K)});
         };
         add(f.q_proj, l.q_proj, h ? &h->q_proj : nullptr, q, H);
@@ -50,8 +55,8 @@ std::vector<Fp8Slot> fp8_slots(DeviceWeights& dw, const Weights* host) {
         add(f.down_proj, l.down_proj, h ? &h->down_proj : nullptr, H, I);
         if (c.moe) {
             const int64_t E = c.n_experts, Ie = c.expert_width;
-            add(f.experts_gate_up, l.experts_gate_up, h ? &h->experts_gate_up : nullptr, E * 2 * Ie, H);
-            add(f.experts_down, l.experts_down, h ? &h->experts_down : nullptr, E * H, Ie);
+            add(f.experts_gate_up, l.experts_gate_up, h ? &h->experts_gate_up : nullptr, E * 2 * Ie, H, Ie);
+            add(f.experts_down, l.experts_down, h ? &h->experts_down : nullptr, E * H, Ie, H);
         }
     }
     return out;

@@ -207,7 +207,15 @@ bool OwnedWeights::holds(const void* p) const {
     return false;
 }
 
-ModelCounts count_params(const ModelConfig& c) {
+bool decode_reads_fp8(const PlannedTensor& p) {
+    if (p.role != TensorRole::Matrix || p.name.find("router") != std::string::npos ||
+        p.name.find("per_layer") != std::string::npos)
+        return false;
+    const int64_t K = p.shape.back(), rows = p.shape[p.shape.size() - 2];
+    return K % 64 == 0 && rows % 8 == 0;
+}
+
+ModelCounts count_params(const ModelConfig& c, WeightFormat f) {
     ModelCounts m;
     for (const PlannedTensor& p : plan_tensors(c, nullptr)) {
         double n = 1;
@@ -216,8 +224,10 @@ ModelCounts count_params(const ModelConfig& c) {
         if (p.name == "embed_tokens_per_layer.weight") continue;  // PLE rows are lookups, not reads
         if (p.name.find("experts.") != std::string::npos) n *= static_cast<double>(c.top_k) / c.n_experts;
         m.active_params += n;  // the tied lm_head (embed_tokens) is read in full every token
+        // FP8: a byte per weight and a float per row of K
+        const bool fp8 = f == WeightFormat::kFp8 && decode_reads_fp8(p);
+        m.bytes_per_token += fp8 ? n * (1.0 + 4.0 / static_cast<double>(p.shape.back())) : 2 * n;
     }
-    m.bytes_per_token = 2 * m.active_params;
     return m;
 }
 

@@ -71,9 +71,16 @@ std::vector<std::pair<std::string, size_t>> skipped_groups(const Checkpoint& ck)
 struct ModelCounts {
     double total_params = 0;     // every text parameter in the model as loaded (PLE table included)
     double active_params = 0;    // read per decoded token: PLE rows and unselected experts excluded
-    double bytes_per_token = 0;  // bf16 bytes of active_params
+    double bytes_per_token = 0;  // bytes of active_params (bf16, or FP8 where count_params says)
 };
-ModelCounts count_params(const ModelConfig& c);
+// f = kFp8: bytes_per_token with the matrices the decode step reads in FP8 (decode_reads_fp8) at one byte
+// a weight plus a scale per row.
+ModelCounts count_params(const ModelConfig& c, WeightFormat f = WeightFormat::kBf16);
+// Whether the GPU's decode step reads this planned tensor in FP8 in an FP8 model: the layers' projections
+// and experts (not the router, the PLE matrices, embeddings or norms), at gemv_fp8.cu's shapes (K a
+// multiple of 64, rows of 8).
+struct PlannedTensor;
+bool decode_reads_fp8(const PlannedTensor& p);
 
 // The bytes a batched decode step of `seqs` sequences must read at least, each sequence's query seeing `keys`
 // positions (a sliding layer at most its window; KV-shared layers read their source's rows): every weight

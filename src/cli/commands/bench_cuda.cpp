@@ -302,7 +302,7 @@ namespace {
 void print_decode(const BenchModel& m, CudaBackend* be, const BenchArgs& b, const DecodeRuns& d, double gbs,
                   double roofline, int tp, const std::string& logits_hash, const std::string& ids_hash) {
     const ModelConfig& c = be->config();
-    const ModelCounts counts = count_params(c);
+    const ModelCounts counts = count_params(c, m.weights);
     const CudaDeviceInfo dev = be->device();
     std::printf(
         "model     %s (%d layers, hidden %d, %.3f B active params, %.3f GB/token, %.1f GB on the GPU)\n",
@@ -341,7 +341,7 @@ struct Receipt {
 void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be, const BenchArgs& b,
                    const DecodeRuns& d, const Receipt& r, const ProfileRuns& p, const GraphTimeline* tl) {
     const ModelConfig& c = be->config();
-    const ModelCounts counts = count_params(c);
+    const ModelCounts counts = count_params(c, m.weights);
     const CudaDeviceInfo dev = be->device();
     const double pf = d.pf, dc = d.dc, batch_step = r.batch_step;
     const int slots = m.slots;
@@ -352,6 +352,7 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
     nlohmann::json j = {
         {"kind", "cuda-bench"},
         {"model", m.label},
+        {"weights", m.weights == WeightFormat::kFp8 ? "fp8" : "bf16"},
         {"device", dev.name},
         {"sm_count", dev.sm_count},
         {"date", date},
@@ -434,7 +435,7 @@ int cmd_bench_cuda(ArgReader& a) {
     // With tensor parallelism the roofline is the GPUs' together (each streams its share of the weights).
     r.tp = m.bo.tensor_parallel > 1 ? m.bo.tensor_parallel : std::max(1, m.checkpoint_tp);
     r.roofline = kRooflineGBs * r.tp;
-    r.gbs = count_params(c).bytes_per_token / d.dc / 1e9;
+    r.gbs = count_params(c, m.weights).bytes_per_token / d.dc / 1e9;
     r.logits_hash = hash_hex(d.logits.data(), d.logits.size() * sizeof(float));
     r.ids_hash = hash_hex(d.ids.data(), d.ids.size() * sizeof(int));
     print_decode(m, be, b, d, r.gbs, r.roofline, r.tp, r.logits_hash, r.ids_hash);

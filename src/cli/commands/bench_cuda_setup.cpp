@@ -66,6 +66,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         m.load_s = now_s() - t0;
         m.label = "synthetic:" + *b.synthetic + (b.layers ? "/" + std::to_string(b.layers) + "L" : "");
         if (bo.weights == WeightFormat::kFp8) m.label += " fp8";
+        m.weights = bo.weights;
         return m;
     }
     ModelOptions mo = ModelOptions::read(a);
@@ -83,6 +84,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
     m.owner = std::move(lm.backend);
     m.load_s = lm.load_s;
     m.label = mo.model_dir;
+    if (!m.checkpoint->weights.fp8.empty()) m.weights = WeightFormat::kFp8;
     return m;
 }
 

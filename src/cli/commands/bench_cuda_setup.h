@@ -39,6 +39,7 @@ struct BenchModel {
     int checkpoint_tp = 1;
     int chunk = 512;  // prompt tokens per batched pass (-b): the largest prefill the profile can take
     int slots = 1;
+    WeightFormat weights = WeightFormat::kBf16;  // FP8: --quantize fp8 or an FP8 checkpoint
 };
 BenchModel load_backend(ArgReader& a, const BenchArgs& b);
 

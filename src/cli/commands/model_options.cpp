@@ -76,8 +76,7 @@ static uint64_t gpu_weight_bytes(const Checkpoint& ck) {
     for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) {
         uint64_t n = 1;
         for (int64_t d : p.shape) n *= static_cast<uint64_t>(d);
-        const bool fp8 = p.role == TensorRole::Matrix && p.name.find("router") == std::string::npos &&
-                         p.name.find("per_layer") == std::string::npos;
+        const bool fp8 = decode_reads_fp8(p);
         bytes += 2 * n + (fp8 ? n + 4 * n / static_cast<uint64_t>(p.shape.back()) : 0);
     }
     return bytes;
