@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "cuda/loader.h"
 #include "cuda/model.h"
 #include "loading/config_json.h"
 #include "model/tensor_plan.h"
