@@ -288,11 +288,11 @@ void gemv_prepare(int max_K) {
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (in.kernel != GemvKernel::kTiles && ntok == 1) return gemv_rows(in, segs, nseg, s);
     if (nseg > 0 && segs[0].w8) {
         if (ntok != 1) throw Error("internal: FP8 weights are read at one token only");
         return gemv_fp8(in, segs, nseg, s);
     }
+    if (in.kernel != GemvKernel::kTiles && ntok == 1) return gemv_rows(in, segs, nseg, s);
     Params p;
     p.in = in;
     p.nseg = nseg;
