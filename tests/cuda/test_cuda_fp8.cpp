@@ -46,10 +46,12 @@ TEST_P(CudaFp8, DecodeMatchesTheCpuOnTheDequantisedWeights) {
     auto host = copy_weights_to_host(*gpu);
     o.weights = WeightFormat::kBf16;
     auto cpu = make_cpu_backend(host->checkpoint, o);
-    // MoE: a prompt whose routing is clear of an 8th/9th expert tie on the CPU (see test_cuda_backend.cpp)
+    // MoE: a prompt whose routing is clear of an 8th/9th expert tie on the CPU (see test_cuda_backend.cpp) by
+    // more than the FP8 decode's error can move a router logit (~1e-3 of the largest)
+    constexpr float kMargin = 3e-3f;
     std::vector<int> ids;
     std::vector<std::vector<float>> ref;
-    for (uint32_t seed = 5; seed < 5 + 64; ++seed) {
+    for (uint32_t seed = 5; seed < 5 + 256; ++seed) {
         cpu->reset();
         ref.clear();
         ids = testing::random_ids(kPrompt, static_cast<int>(V), seed);
@@ -62,9 +64,9 @@ TEST_P(CudaFp8, DecodeMatchesTheCpuOnTheDequantisedWeights) {
             cpu->eval(&next, 1, lg.data(), false);
             ref.push_back(lg);
         }
-        if (cpu->router_margin() >= 1e-2f) break;
+        if (cpu->router_margin() >= kMargin) break;
     }
-    ASSERT_GE(cpu->router_margin(), 1e-2f) << "no prompt in 64 routes clear of a tie";
+    ASSERT_GE(cpu->router_margin(), kMargin) << "no prompt in 256 routes clear of a tie";
     std::vector<float> got(V);
     gpu->eval(ids.data(), kPrompt, got.data(), false);
     const double e_prefill = testing::rel_err(ref[0], got);
