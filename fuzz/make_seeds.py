@@ -37,6 +37,14 @@ def main():
         if os.path.exists(p):
             put("config_json", m + ".json", open(p, "rb").read())
     put("config_json", "default.json", open(os.path.join(ROOT, "models", "default", "config.json"), "rb").read())
+    fp8 = json.load(open(os.path.join(ROOT, "models", "default", "config.json")))
+    fp8["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}},
+        "ignore": ["lm_head", "re:.*router.*", "re:model\\.layers\\.[0-3]\\.(mlp|self_attn)\\..*_proj$"]}
+    put("config_json", "default-fp8.json", json.dumps(fp8, indent=1))
 
     put("generation_config", "default.json",
         open(os.path.join(ROOT, "models", "default", "generation_config.json"), "rb").read())

@@ -17,7 +17,10 @@ using Branch = std::vector<Node>;
 constexpr size_t kMaxPatternBytes = 1000;
 constexpr int kMaxDepth = 32;
 constexpr int kMaxRepeat = 1000;
-constexpr int64_t kMaxSteps = 1'000'000;  // ~10 ms: a real pattern takes a few thousand on a module name
+constexpr int64_t kMaxSteps = 1'000'000;  // ~40 ms: a real pattern takes a few thousand on a module name
+// Repetitions in progress at once (each holds a few stack frames): a real match needs about one per byte of
+// the name; "((){1000}){1000}" would need a million and overflow the stack first.
+constexpr int kMaxNesting = 2000;
 
 std::bitset<256> class_of(char c) {
     std::bitset<256> s;
@@ -220,12 +223,11 @@ struct Matcher {
     const std::string& where;
     const std::string& pattern;
     int64_t steps = 0;
+    int nesting = 0;
 
-    void tick() {
-        if (++steps > kMaxSteps)
-            throw Error(where + " takes too much work to match (the regular expression '" +
-                        text_excerpt(pattern) + "' backtracks past " + std::to_string(kMaxSteps) +
-                        " steps on a module name)");
+    [[noreturn]] void too_much(const std::string& what) const {
+        throw Error(where + " takes too much work to match (the regular expression '" +
+                    text_excerpt(pattern) + "' " + what + " on a module name)");
     }
     bool seq(const Branch& b, size_t i, size_t pos, const Cont& k) {
         if (i == b.size()) return k(pos);
@@ -233,7 +235,13 @@ struct Matcher {
     }
     // Greedy: one more repetition first, then stop; a repetition that matched nothing ends the loop.
     bool rep(const Node& n, int count, size_t pos, const Cont& k) {
-        tick();
+        if (++steps > kMaxSteps) too_much("backtracks past " + std::to_string(kMaxSteps) + " steps");
+        if (nesting >= kMaxNesting)
+            too_much("nests more than " + std::to_string(kMaxNesting) + " repetitions");
+        struct Nest {
+            int& depth;
+            ~Nest() { --depth; }
+        } nest{++nesting};
         if (n.max < 0 || count < n.max) {
             const Cont more = [&](size_t p) {
                 return p == pos && count >= n.min ? false : rep(n, count + 1, p, k);

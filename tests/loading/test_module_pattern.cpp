@@ -73,6 +73,8 @@ TEST(ModulePattern, CatastrophicBacktrackingIsBoundedNotSlow) {
     expect_has(error_of([&] { match("re:(a|aa)*(a|aa)*(a|aa)*b", name); }),
                {"too much work", "quantization_config.ignore[0]"});
     EXPECT_FALSE(match("re:(a*)*b", std::string(8, 'a'))) << "empty repetitions end the loop";
+    expect_has(error_of([] { match("re:((){1000}){1000}x", "y"); }), {"nests more than 2000 repetitions"});
+    EXPECT_TRUE(match("re:(a?){150}b", std::string(150, 'a') + "b")) << "deep but legitimate";
 }
 
 }  // namespace
