@@ -131,7 +131,7 @@ class CudaBackendImpl final : public CudaBackend {
                " batched-step layers recorded with their experts on the device (since the model was built; "
                "a step's graph counts once, when captured)";
     }
-    uint64_t weight_bytes() const override { return model_.weights().bytes; }
+    uint64_t weight_bytes() const override { return model_.weights().bytes + model_.weights().fp8_bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 
   private:
