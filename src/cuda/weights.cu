@@ -88,12 +88,8 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning
 std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck) {
     auto dw = std::make_unique<DeviceWeights>();
     dw->config = ck.config;
-    // The host pointers through the plan's slots: plan_tensors resets the layers it sizes, so their values
-    // are put back into the same (not reallocated) elements afterwards.
-    Weights src = ck.weights;
-    const std::vector<LayerWeights> layers = src.layers;
-    const std::vector<PlannedTensor> from = plan_tensors(dw->config, &src);
-    src.layers = layers;
+    Weights src = ck.weights;  // the host pointers, through the plan's slots (in plan order)
+    const std::vector<PlannedTensor> from = plan_bound_tensors(dw->config, src);
     const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
     for (size_t i = 0; i < plan.size(); ++i) {
         const PlannedTensor& p = plan[i];

@@ -208,9 +208,7 @@ bool OwnedWeights::holds(const void* p) const {
 }
 
 bool decode_reads_fp8(const PlannedTensor& p) {
-    if (p.role != TensorRole::Matrix || p.name.find("router") != std::string::npos ||
-        p.name.find("per_layer") != std::string::npos)
-        return false;
+    if (!p.fp8_eligible) return false;
     const int64_t K = p.shape.back(), rows = p.shape[p.shape.size() - 2];
     return K % 64 == 0 && rows % 8 == 0;
 }
