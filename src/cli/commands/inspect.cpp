@@ -69,6 +69,13 @@ void print_checkpoint(const Checkpoint& ck) {
     for (const auto& [kind, count] : skipped_groups(ck))
         std::printf("  skipped    %zu tensor(s): %s\n", count, kind.c_str());
     std::printf("weights      %s\n", weight_format_summary(ck).c_str());
+    if (ck.format == WeightFormat::kFp8) {
+        const double b = count_params(ck.config, WeightFormat::kFp8).bytes_per_token;
+        std::printf(
+            "bytes/token  %.3f GB as the GPU's decode step reads them (FP8 projections; %.2f ms at 4.16 "
+            "TB/s)\n",
+            b / 1e9, b / 4.16e12 * 1e3);
+    }
     for (const std::string& n : ck.notes) std::printf("note         %s\n", n.c_str());
 }
 
