@@ -18,6 +18,7 @@
 #include "cuda/check.h"
 #include "cuda/kernels/kernels.h"
 #include "cuda/kv_cache.h"
+#include "cuda/model_state.h"
 #include "cuda/profiling/profiler.h"
 #include "loading/memory_plan.h"
 #include "model/config.h"
@@ -92,129 +93,6 @@ struct ShardContext {
     int64_t vocab_begin = 0;  // this rank's first vocabulary row
     int64_t vocab_total = 0;  // the model's vocabulary (host logits rows are this wide)
     int expert_begin = 0, expert_count = -1;
-};
-// The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
-struct MoePrefillStats {
-    int gemm_layers = 0, passes = 0, gemv_layers = 0;
-    int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
-    int stream_layers = 0;     // batched-step layers recorded through moe_stream (a graph's once, at capture)
-    int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
-};
-
-// CudaModel's state, plain data (model.cu decides the plan, buffers.cu allocates the rest). Shapes: n = the
-// chunk (prefill tokens, or batched decode's sequences), H = hidden, V = vocabulary (a rank's columns when
-// sharded), L = layers, P = PLE width, E = experts, K = experts per token, Ie = expert width, nH = query
-// heads; q, kv, mlp = the widest layer's q, k/v and MLP widths.
-
-// What the tuning and the model's shape decide for the decode step (plan_decode).
-struct DecodePlan {
-    // The decode GEMVs (GemvInput): the kernel (Tuning::gemv), the split GeGLU and min_waves (one GPU),
-    // and the cp.async GeGLU's pieces and row counters for the launches on stream_ (a GEMV on moe_.stream2
-    // runs beside them and takes the warp-per-row kernel)
-    GemvKernel gemv_kernel = GemvKernel::kRows;
-    bool geglu_split = false;
-    int min_waves = 0;
-    GemvStreamScratch gemv_stream;
-    bool prenorm = false;  // residual updates write the next GEMV's normalised input (CudaModel::pending_)
-    bool moe_prenorm = false;        // ... and on the MoE, the router's and the experts' inputs
-    std::vector<int> decode_splits;  // [L] attention pieces per head at decode
-    // Decode attention: pieces of at least kAttnMinKeys keys, at most ~2 waves of blocks per layer, only
-    // the pieces holding keys run, the last one merges. While a step's position is below attn_short_keys
-    // (16 pieces of kAttnMinKeys keys; Tuning::attn_cluster) it runs a second graph whose pieces (<= 16
-    // per head) are one thread-block cluster per head, merging through distributed shared memory
-    // (attention.cu). 0 = one graph.
-    int64_t attn_short_keys = 0;
-    // Batched decode's attention (Tuning::batch_attn_keys, _heads, batch_attn; cuda/prefill.cu's pieces)
-    int batch_attn_keys = 64;
-    int batch_attn_heads = 0;
-    bool batch_attn_mma = false;
-    // The projections of at most stream_gemm_max tokens (a batched step, a short chunk) run stream_gemm
-    // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
-    // halves; sms sizes its K split.
-    int stream_gemm_max = kStreamGemmMaxN;
-    // A batched step of at most batch_experts_max sequences runs the MoE's experts on the device (moe_stream,
-    // Tuning::batch_experts) and is captured as one graph; more run the compact pass (a sync per layer).
-    int batch_experts_max = 0;
-    int sms = 0;
-};
-
-// The decode step's device state: what the graph reads and writes between tokens, and the device-side top-k
-// for sampling (decode_select) with its pinned host mirrors.
-struct StepState {
-    int* d_state =
-        nullptr;  // [4]: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
-    int* h_state = nullptr;                   // pinned [4]
-    int* h_ids = nullptr;                     // pinned [n]
-    int* d_ids = nullptr;                     // [n]
-    int* d_out_ids = nullptr;                 // [ctx] decode_greedy's ids
-    unsigned long long* d_argmax = nullptr;   // [1] the step's argmax key (sampling.cu)
-    unsigned int* d_counter = nullptr;        // [1] lm_head's finished blocks
-    unsigned int* d_attn_counters = nullptr;  // [nH] finished attention pieces per head
-    // top-k: slices' winners [ceil(V / kTopKSlice) * kTopKMax], the k best [kTopKMax], [n_finite, bad], the
-    // penalty ids then counts [2 kMaxPenaltyIds]; null when V is too wide for it
-    unsigned long long *d_sel_slices = nullptr, *d_sel_top = nullptr, *h_sel_top = nullptr;
-    int *d_sel_info = nullptr, *h_sel_info = nullptr, *d_pen = nullptr, *h_pen = nullptr;
-};
-
-// Activations, [n][width] row-major, and the scratch of the GEMMs and of decode attention.
-struct Activations {
-    float* x = nullptr;                // [n][H] the residual stream
-    float* q = nullptr;                // [n][q]
-    float *k = nullptr, *v = nullptr;  // [n][kv] raw k, v projections
-    float* attn = nullptr;             // [n][q] attention output
-    float* o = nullptr;                // [n][H] o_proj (and ple_proj) output
-    float *g = nullptr, *u = nullptr;  // [n][max(mlp, P)] gate, up (and the PLE gate)
-    float* m = nullptr;  // [n][H] the MLP's output (sharded MoE: [2][n][H], dense then experts' partials)
-    float *ple_ctx = nullptr, *ple = nullptr;  // [n][L P] per-layer inputs: projection, mixed
-    float* logits = nullptr;                   // [V]
-    float* all_logits = nullptr;               // [n][V], on first use (at construction with slots)
-    float* xn = nullptr;                       // [H] RMSNorm(x) * the next GEMV's norm weight (plan.prenorm)
-    float* xr = nullptr;                       // [H] RMSNorm(x) * router_scale / sqrt(H) (plan.moe_prenorm)
-    bf16* hi = nullptr;  // prefill GEMM inputs: [n][K] hi, then [n][K] lo (lo_at), K <= max(H, q, mlp, P)
-    // A GEMM over at most kGemmStackMaxN tokens (loading/memory_plan.h; batched decode, short prompts; per
-    // expert in the MoE prefill) reads its weights once, as one GEMM over [hi; lo] into a scratch whose
-    // halves are then summed, instead of one GEMM per half (31B batched decode of 16 -34%, 26B-A4B prefill of
-    // 512 +39%; a stacked 512-token chunk lost 3-4%).
-    float* y2 = nullptr;  // [2 * min(n, kGemmStackMaxN)][y2_cols] (dense GEMMs)
-    int64_t y2_cols = 0;
-    float *part_o = nullptr, *part_ml = nullptr;  // [max_pieces][head dim], [max_pieces][2]: attention pieces
-    int64_t max_pieces = 0;  // attention pieces the scratch holds (tokens x heads x splits)
-};
-
-// The 26B's routing and experts.
-struct MoeScratch {
-    // routing: router logits [n][E], the selected experts' weights and ids [n][K]; the entries grouped by
-    // expert (ids, offsets [max(E, K) + 1], entries [n K]); the experts' input [n][H], GeGLU [n K][Ie] and
-    // output slots [n K][H]
-    float *rlogits = nullptr, *sel_w = nullptr, *e_in = nullptr, *eh = nullptr, *eslots = nullptr;
-    int *sel_id = nullptr, *gexp = nullptr, *goff = nullptr, *gent = nullptr;
-    float* ones = nullptr;  // [n] weights of 1 for the combine of one summed expert vector
-    // The decode graph runs the routed experts (router, route, gate/up, down) on stream2 beside the dense
-    // MLP, forked after o_proj and joined before the combine (26B-A4B -3.9%, tp2 -3.1%)
-    cudaStream_t stream2 = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-    // Prefill as batched GEMMs: [E][cap][H] gathered inputs (bf16 hi + lo; reused as the fp32 down output),
-    // [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo, the stacked GEMMs' output
-    // [E][2 * min(cap, kGemmStackMaxN)][max(2 Ie, H)]
-    MoePrefillStats stats;
-    int cap = 0;
-    void* mx = nullptr;
-    float *mg = nullptr, *mu = nullptr;
-    bf16* mh = nullptr;
-    float* ey2 = nullptr;
-    int* h_goff = nullptr;  // pinned [E + 1]
-    // The compact pass (prefill_moe.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
-    // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
-    // rows its scratch holds
-    void* h_mplan = nullptr;
-    void* d_mplan = nullptr;
-    int64_t compact_rows = 0;
-    std::vector<int> order;  // the active experts by padded rows
-    // The compact pass's GEMMs spread over kMoeCompactStreams streams, stream_ and these (each with its own
-    // cuBLAS handle, so its own workspace); events: the fork, then one join per extra stream
-    std::vector<cudaStream_t> streams;
-    std::vector<cublasHandle_t> blas;
-    std::vector<cudaEvent_t> events;
 };
 
 // model.cu: an executable graph from g (which it destroys), or an error naming the instantiation.
