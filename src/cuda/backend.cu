@@ -235,14 +235,14 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
     const bool fp8 = !ck.weights.fp8.empty();
-    if ((fp8 || !ck.owned.dequantized.empty()) && o.tensor_parallel > 1)
+    const bool made = fp8 || !ck.owned.dequantized.empty();  // tensors the loader made, in none of the files
+    if (made && o.tensor_parallel > 1)
         throw Error("FP8 weights over several GPUs (--tensor-parallel-size " +
                     std::to_string(o.tensor_parallel) +
                     ") are not supported yet: run them on one GPU, or the bf16 checkpoint split");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
     // FP8: the bf16 slots (the dequantised values, for the prefill and the batched step) from the host, then
     // the FP8 bytes and scales the decode step reads
-    const bool made = fp8 || !ck.owned.dequantized.empty();  // tensors in none of the files
     auto dw = made ? cuda::upload_weights_from_host(ck) : cuda::upload_weights(ck, o.tuning);
     if (fp8) cuda::attach_fp8_weights(*dw, &ck.weights);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
