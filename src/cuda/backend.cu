@@ -234,7 +234,7 @@ CudaDeviceInfo cuda_device_info() {
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
-    const bool fp8 = !ck.weights.fp8.empty();
+    const bool fp8 = !ck.weights.quant.empty();
     const bool made = fp8 || !ck.owned.dequantized.empty();  // tensors the loader made, in none of the files
     if (made && o.tensor_parallel > 1)
         throw Error("FP8 weights over several GPUs (--tensor-parallel-size " +

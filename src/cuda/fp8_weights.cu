@@ -1,4 +1,4 @@
-// The decode step's FP8 weights (model/weights.h LayerFp8) in one device allocation beside the bf16 tensors:
+// The decode step's FP8 weights (model/weights.h LayerQuant) in one device allocation beside the bf16 tensors:
 // a checkpoint's FP8 bytes and scales copied from the host (loading/ made them, as published or by
 // --quantize fp8), or random bf16 weights quantised on the device (bench at real widths). The bf16 tensors
 // stay resident and hold the same values rounded to bf16 (the loader's dequantised copy, or fp8_quant.cu's
@@ -16,27 +16,27 @@ namespace markbase::cuda {
 namespace {
 
 struct Fp8Slot {
-    Fp8Matrix* dst;
+    QuantMatrix* dst;
     const bf16* bf16_weights;  // device
-    const Fp8Matrix* host;     // null: quantise on the device
+    const QuantMatrix* host;     // null: quantise on the device
     int64_t rows;
     int K;
 };
 
-// Every LayerFp8 matrix the model has, with its [rows, K] (the experts' [E * rows, K]).
+// Every LayerQuant matrix the model has, with its [rows, K] (the experts' [E * rows, K]).
 std::vector<Fp8Slot> fp8_slots(DeviceWeights& dw, const Weights* host) {
     const ModelConfig& c = dw.config;
     std::vector<Fp8Slot> out;
-    dw.w.fp8.assign(dw.w.layers.size(), LayerFp8{});
+    dw.w.quant.assign(dw.w.layers.size(), LayerQuant{});
     const int H = c.hidden;
     for (size_t i = 0; i < dw.w.layers.size(); ++i) {
         const LayerWeights& l = dw.w.layers[i];
-        LayerFp8& f = dw.w.fp8[i];
-        const LayerFp8* h = host ? &host->fp8[i] : nullptr;
+        LayerQuant& f = dw.w.quant[i];
+        const LayerQuant* h = host ? &host->quant[i] : nullptr;
         const LayerSpec& s = c.layers[i];
         const int64_t q = int64_t{c.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim,
                       I = s.mlp_width;
-        auto add = [&](Fp8Matrix& d, const bf16* w, const Fp8Matrix* hs, int64_t rows, int64_t K,
+        auto add = [&](QuantMatrix& d, const bf16* w, const QuantMatrix* hs, int64_t rows, int64_t K,
                        int64_t per_expert = 0) {
             if (!w) return;
             if (host && !hs->q) return;  // kept bf16 (a published checkpoint's ignored module)
@@ -69,7 +69,7 @@ uint64_t align256(uint64_t v) {
 }  // namespace
 
 void attach_fp8_weights(DeviceWeights& dw, const Weights* host) {
-    if (host && host->fp8.size() != dw.w.layers.size())
+    if (host && host->quant.size() != dw.w.layers.size())
         throw Error("internal: the checkpoint's FP8 layers do not match the model's");
     const std::vector<Fp8Slot> slots = fp8_slots(dw, host);
     uint64_t bytes = 0;

@@ -34,7 +34,7 @@ std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const
 // weights.cu: from the host's pointers, a tensor at a time (an FP8 checkpoint: its bf16 slots are the
 // loader's dequantised buffers, in none of the files the staged pipeline reads).
 std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck);
-// fp8_weights.cu: w.fp8 filled, from the host's FP8 matrices (host->fp8, a checkpoint's) or, host null, by
+// fp8_weights.cu: w.quant filled, from the host's FP8 matrices (host->quant, a checkpoint's) or, host null, by
 // quantising the bf16 tensors on the device (which then hold the FP8 values rounded to bf16).
 void attach_fp8_weights(DeviceWeights& dw, const Weights* host);
 }  // namespace cuda

@@ -50,7 +50,7 @@ struct DeviceWeights {
     std::vector<Tensor> tensors;  // plan order
     uint64_t bytes = 0;
     void* arena = nullptr;  // when set, one allocation holds every tensor (the staged loader); else one each
-    void* fp8_arena = nullptr;  // w.fp8's bytes and scales (attach_fp8_weights), one allocation
+    void* fp8_arena = nullptr;  // w.quant's bytes and scales (attach_fp8_weights), one allocation
     uint64_t fp8_bytes = 0;
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
@@ -215,7 +215,7 @@ class CudaModel {
     // next_w: the input norm of the GEMV that reads x next, for an update launched at once (plan_.prenorm).
     // W8: W as FP8 (read instead of W when set).
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
-                          const Fp8Matrix& W8, int rows, const float* xin, int K, float* y, const bf16* res_w,
+                          const QuantMatrix& W8, int rows, const float* xin, int K, float* y, const bf16* res_w,
                           float scale, bool reduce = false, const bf16* next_w = nullptr);
 
     // Sharded only (no-ops otherwise): in-place sum of n floats over the ranks; max of the argmax key.

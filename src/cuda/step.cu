@@ -18,12 +18,12 @@ double step_wbytes(int64_t rows, int64_t cols, bool fp8 = false) {
     return (fp8 ? 1.0 : 2.0) * static_cast<double>(rows) * static_cast<double>(cols);
 }
 // Layer i's FP8 matrices (all null for a bf16 model).
-const LayerFp8& layer_fp8(const Weights& w, int i) {
-    static const LayerFp8 none{};
-    return w.fp8.empty() ? none : w.fp8[static_cast<size_t>(i)];
+const LayerQuant& layer_fp8(const Weights& w, int i) {
+    static const LayerQuant none{};
+    return w.quant.empty() ? none : w.quant[static_cast<size_t>(i)];
 }
 // A product's segment: its FP8 form where the model has one.
-GemvSeg seg_of(const bf16* w, const Fp8Matrix& w8, float* y, int rows) {
+GemvSeg seg_of(const bf16* w, const QuantMatrix& w8, float* y, int rows) {
     GemvSeg s{w, y, rows, 0};
     if (w8.q) {
         s.w = nullptr;
@@ -99,7 +99,7 @@ void CudaModel::residual(Profiler* pf, const char* name, int layer, const float*
 }
 
 void CudaModel::project_residual(Profiler* pf, const char* name, const char* res_name, int layer,
-                                 const bf16* W, const Fp8Matrix& W8, int rows, const float* xin, int K,
+                                 const bf16* W, const QuantMatrix& W8, int rows, const float* xin, int K,
                                  float* y, const bf16* res_w, float scale, bool reduce, const bf16* next_w) {
     const GemvInput in = gemv_input(xin, K);
     const GemvSeg seg = seg_of(W, W8, y, rows);
@@ -205,7 +205,7 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 // o_proj and its residual update.
 void CudaModel::record_attention(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
-    const LayerFp8& f8 = layer_fp8(w_, i);
+    const LayerQuant& f8 = layer_fp8(w_, i);
     const LayerSpec& s = c_.layers[i];
     const int H = c_.hidden, nH = c_.n_heads, d = s.head_dim, nKV = s.n_kv_heads;
     const int qw = nH * d, kvw = nKV * d;
@@ -217,7 +217,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
             int ns = 0;
             // one launch reads one format: FP8 only where all of q, k, v are
             const bool all8 = f8.q_proj.q && (!own || (f8.k_proj.q && (!lw.v_proj || f8.v_proj.q)));
-            const Fp8Matrix none{};
+            const QuantMatrix none{};
             segs[ns++] = seg_of(lw.q_proj, all8 ? f8.q_proj : none, act_.q, qw);
             if (own) {
                 segs[ns++] = seg_of(lw.k_proj, all8 ? f8.k_proj : none, act_.k, kvw);
@@ -254,7 +254,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
 // changes; the combine needs both). Returns whether the experts were forked.
 bool CudaModel::record_ffn(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
-    const LayerFp8& f8 = layer_fp8(w_, i);
+    const LayerQuant& f8 = layer_fp8(w_, i);
     const int H = c_.hidden, I = c_.layers[i].mlp_width;
     const bool overlap = c_.moe && !pf && !pending_.y;  // o_proj's update applied
     if (overlap) {
@@ -346,7 +346,7 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
                   moe_.goff, moe_.gent, plan_.moe_prenorm ? nullptr : act_.x, lw.pre_ffn_norm_2, H,
                   c_.rms_eps, moe_.e_in, st, held_experts(), true);
     });
-    const LayerFp8& f8 = layer_fp8(w_, i);
+    const LayerQuant& f8 = layer_fp8(w_, i);
     run(pf, "experts_gate_up", i, step_wbytes(int64_t{K} * 2 * Ie, H, f8.experts_gate_up.q), [&] {
         if (f8.experts_gate_up.q)
             moe_gate_up_decode_fp8(moe_.e_in, H, f8.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st);

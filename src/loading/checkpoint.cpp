@@ -141,7 +141,7 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir, co
     std::vector<const TensorInfo*> bound;
     std::optional<PublishedFp8> fp8;
     if (qc) {
-        ck->weights.fp8.assign(static_cast<size_t>(c.n_layers), LayerFp8{});  // plan_tensors points into it
+        ck->weights.quant.assign(static_cast<size_t>(c.n_layers), LayerQuant{});  // plan_tensors points into it
         fp8.emplace(*ck, *qc, used, problems);
     }
     for (const PlannedTensor& p : plan_tensors(c, &ck->weights)) {
@@ -175,10 +175,10 @@ std::vector<std::pair<std::string, size_t>> skipped_groups(const Checkpoint& ck)
     return groups;
 }
 
-uint8_t* OwnedWeights::new_fp8(int64_t n) {
-    fp8.push_back(std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(n)));
+uint8_t* OwnedWeights::new_quant(int64_t n) {
+    quant.push_back(std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(n)));
     bytes += static_cast<uint64_t>(n);
-    return fp8.back().get();
+    return quant.back().get();
 }
 
 float* OwnedWeights::new_scales(int64_t n) {
@@ -208,7 +208,7 @@ bool OwnedWeights::holds(const void* p) const {
 }
 
 bool decode_reads_fp8(const PlannedTensor& p) {
-    if (!p.fp8_eligible) return false;
+    if (!p.quant_eligible) return false;
     const int64_t K = p.shape.back(), rows = p.shape[p.shape.size() - 2];
     return K % 64 == 0 && rows % 8 == 0;
 }

@@ -19,13 +19,13 @@ namespace markbase {
 // gathered experts, the FP8 bytes --quantize fp8 makes, and the bf16 values (dequantize_row_fp8) that the
 // bf16 slots of FP8 matrices point at. Each inner vector's buffer stays where it is as the lists grow.
 struct OwnedWeights {
-    std::vector<std::unique_ptr<uint8_t[]>> fp8;
+    std::vector<std::unique_ptr<uint8_t[]>> quant;
     std::vector<std::unique_ptr<float[]>> scales;
     std::vector<std::unique_ptr<bf16[]>> dequantized;
     uint64_t bytes = 0;  // all of them
 
     // Uninitialised buffers of n values: the threads that fill their rows touch their pages first.
-    uint8_t* new_fp8(int64_t n);
+    uint8_t* new_quant(int64_t n);
     float* new_scales(int64_t n);
     bf16* new_bf16(int64_t n);
     // Whether p is the start of one of the dequantized buffers (a tensor that is not in the mapping).
@@ -39,7 +39,7 @@ struct Checkpoint {
     Weights weights;
     uint64_t bound_bytes = 0;          // bytes of the tensors the text model uses, as the files store them
     std::vector<std::string> skipped;  // tensors present but deliberately unused
-    // kFp8: weights.fp8 holds the projections' FP8 form (published, or made by LoadOptions::quantize) and
+    // kFp8: weights.quant holds the projections' FP8 form (published, or made by LoadOptions::quantize) and
     // their bf16 slots point into owned.dequantized.
     WeightFormat format = WeightFormat::kBf16;
     OwnedWeights owned;
@@ -51,7 +51,7 @@ struct LoadOptions {
     // Scan every tensor for NaN and Inf (reads the whole checkpoint once, on several threads). Without it
     // only the small tensors are scanned (norm weights, layer_scalar, router scales: up to 64 Ki elements).
     bool check_weights = false;
-    // kFp8 (--quantize fp8): a bf16 checkpoint's projections (LayerFp8's matrices) are quantised per row at
+    // kFp8 (--quantize fp8): a bf16 checkpoint's projections (LayerQuant's matrices) are quantised per row at
     // load; a checkpoint that is FP8 already loads as published, with a note.
     WeightFormat quantize = WeightFormat::kBf16;
 };

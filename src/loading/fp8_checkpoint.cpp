@@ -42,7 +42,7 @@ float scale_at(const TensorInfo& t, int64_t i) {
     return v;
 }
 
-std::array<const Fp8Matrix*, 9> matrices_of(const LayerFp8& l) {
+std::array<const QuantMatrix*, 9> matrices_of(const LayerQuant& l) {
     return {&l.q_proj,  &l.k_proj,    &l.v_proj,          &l.o_proj,      &l.gate_proj,
             &l.up_proj, &l.down_proj, &l.experts_gate_up, &l.experts_down};
 }
@@ -100,7 +100,7 @@ bool PublishedFp8::bind_matrix(const PlannedTensor& p, const TensorInfo& t, cons
     j.scale = scale;
     j.out = ck_.owned.new_bf16(rows * K);
     *p.slot = j.out;
-    if (p.fp8) *p.fp8 = {t.data, scale};
+    if (p.quant) *p.quant = {t.data, scale};
     ck_.bound_bytes += t.nbytes;
     jobs_.push_back(std::move(j));
     return true;
@@ -182,10 +182,10 @@ bool PublishedFp8::bind_experts(const PlannedTensor& p) {
                                   j.scale + e * rows + static_cast<int64_t>(i) * part_rows, j) &&
                  ok;
     if (!ok) return true;
-    j.q_out = ck_.owned.new_fp8(E * rows * K);
+    j.q_out = ck_.owned.new_quant(E * rows * K);
     j.out = ck_.owned.new_bf16(E * rows * K);
     *p.slot = j.out;
-    if (p.fp8) *p.fp8 = {j.q_out, j.scale};
+    if (p.quant) *p.quant = {j.q_out, j.scale};
     jobs_.push_back(std::move(j));
     return true;
 }
@@ -227,12 +227,12 @@ bool PublishedFp8::take_expert_part(const std::string& module, int64_t rows, int
 std::vector<std::string> PublishedFp8::finish() {
     std::vector<std::string> bad = run_row_jobs(jobs_);
     bool any = false;
-    for (const LayerFp8& l : ck_.weights.fp8)
-        for (const Fp8Matrix* m : matrices_of(l)) any = any || m->q;
+    for (const LayerQuant& l : ck_.weights.quant)
+        for (const QuantMatrix* m : matrices_of(l)) any = any || m->q;
     if (any)
         ck_.format = WeightFormat::kFp8;
     else
-        ck_.weights.fp8.clear();
+        ck_.weights.quant.clear();
     if (input_scales_)
         ck_.notes.push_back(std::to_string(input_scales_) +
                             " static activation scales (input_scale) set aside: the FP8 weights are used "
@@ -241,10 +241,10 @@ std::vector<std::string> PublishedFp8::finish() {
 }
 
 std::vector<std::string> quantize_to_fp8(Checkpoint& ck) {
-    ck.weights.fp8.assign(static_cast<size_t>(ck.config.n_layers), LayerFp8{});
+    ck.weights.quant.assign(static_cast<size_t>(ck.config.n_layers), LayerQuant{});
     std::vector<RowJob> jobs;
     for (const PlannedTensor& p : plan_bound_tensors(ck.config, ck.weights)) {
-        if (!p.fp8) continue;
+        if (!p.quant) continue;
         RowJob j;
         j.name = ck.config.weight_prefix + p.name;
         const TensorInfo* t = ck.files.find(j.name);
@@ -253,10 +253,10 @@ std::vector<std::string> quantize_to_fp8(Checkpoint& ck) {
         j.rows = 1;
         for (size_t d = 0; d + 1 < p.shape.size(); ++d) j.rows *= p.shape[d];
         j.src = *p.slot;
-        j.q_out = ck.owned.new_fp8(j.rows * j.K);
+        j.q_out = ck.owned.new_quant(j.rows * j.K);
         j.scale = ck.owned.new_scales(j.rows);
         j.out = ck.owned.new_bf16(j.rows * j.K);
-        *p.fp8 = {j.q_out, j.scale};
+        *p.quant = {j.q_out, j.scale};
         *p.slot = j.out;
         jobs.push_back(std::move(j));
     }
@@ -283,7 +283,7 @@ std::string weight_format_summary(const Checkpoint& ck) {
         std::string kind = p.name;
         if (kind.rfind("layers.", 0) == 0) kind = kind.substr(kind.find('.', 7) + 1);
         if (ends_with(kind, kWeight)) kind.resize(kind.size() - std::strlen(kWeight));
-        if (p.fp8 && p.fp8->q) {
+        if (p.quant && p.quant->q) {
             add(fp8, kind);
             ++n_fp8;
         } else {

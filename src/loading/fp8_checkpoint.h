@@ -1,5 +1,5 @@
 // FP8 weights at load (model/fp8.h), in the layout model/weights.h gives them: Weights::fp8 sized [L], each
-// LayerFp8 matrix's q the FP8 rows ([rows, K]; experts [E, rows, K], fused as the bf16 checkpoint stores
+// LayerQuant matrix's q the FP8 rows ([rows, K]; experts [E, rows, K], fused as the bf16 checkpoint stores
 // them) and scale one fp32 per row, and the matrix's ordinary bf16 slot pointing at its values dequantised to
 // bf16 (dequantize_row_fp8), so whatever reads bf16 (the CPU backend, inspect) computes with the FP8 model's
 // values.
@@ -9,9 +9,9 @@
 //    beside `<module>.weight_scale` F32/BF16, [out, 1] per channel or [1] / [] per tensor (expanded to every
 //    row); `<module>.input_scale` (static activations) is set aside, the path being weights-only. Experts
 //    unfused by llm-compressor (`experts.{e}.gate_proj/up_proj/down_proj`) are gathered into the fused
-//    layout; fused bf16 experts load as they are. Matrices outside LayerFp8 (the PLE projections, the router)
+//    layout; fused bf16 experts load as they are. Matrices outside LayerQuant (the PLE projections, the router)
 //    that a checkpoint stores in FP8 are dequantised to bf16 and have no FP8 form.
-//  - LoadOptions::quantize (--quantize fp8): every LayerFp8 matrix of a bf16 checkpoint quantised per row.
+//  - LoadOptions::quantize (--quantize fp8): every LayerQuant matrix of a bf16 checkpoint quantised per row.
 #pragma once
 
 #include <memory>
@@ -60,7 +60,7 @@ class PublishedFp8 {
     int input_scales_ = 0;
 };
 
-// --quantize fp8 on a bf16 checkpoint: every LayerFp8 matrix quantised per row (quantize_row_fp8) on several
+// --quantize fp8 on a bf16 checkpoint: every LayerQuant matrix quantised per row (quantize_row_fp8) on several
 // threads, its bf16 slot repointed at the dequantised values. Returns the non-finite report as finish() does.
 std::vector<std::string> quantize_to_fp8(Checkpoint& ck);
 

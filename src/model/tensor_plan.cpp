@@ -12,12 +12,12 @@ std::vector<PlannedTensor> plan(const ModelConfig& c, Weights* w, bool keep) {
     Weights dummy;
     Weights& ww = w ? *w : dummy;
     if (!keep || static_cast<int64_t>(ww.layers.size()) != L) ww.layers.assign(L, LayerWeights{});
-    const bool fp8 = w && static_cast<int64_t>(ww.fp8.size()) == L;
-    LayerFp8 no_fp8;
+    const bool quant = w && static_cast<int64_t>(ww.quant.size()) == L;
+    LayerQuant no_quant;
     auto add = [&](std::string name, std::vector<int64_t> shape, TensorRole role, const bf16** slot,
-                   Fp8Matrix* fp8_slot = nullptr) {
-        out.push_back({std::move(name), std::move(shape), role, w ? slot : nullptr, fp8_slot != nullptr,
-                       fp8 ? fp8_slot : nullptr});
+                   QuantMatrix* quant_slot = nullptr) {
+        out.push_back({std::move(name), std::move(shape), role, w ? slot : nullptr, quant_slot != nullptr,
+                       quant ? quant_slot : nullptr});
     };
     using R = TensorRole;
     add("embed_tokens.weight", {V, H}, R::Embedding, &ww.embed);
@@ -30,7 +30,7 @@ std::vector<PlannedTensor> plan(const ModelConfig& c, Weights* w, bool keep) {
     for (int i = 0; i < L; ++i) {
         const LayerSpec& s = c.layers[i];
         LayerWeights& l = ww.layers[i];
-        LayerFp8& f = fp8 ? ww.fp8[i] : no_fp8;
+        LayerQuant& f = quant ? ww.quant[i] : no_quant;
         const std::string p = "layers." + std::to_string(i) + ".";
         const int64_t d = s.head_dim, nq = int64_t{c.n_heads} * d, nkv = int64_t{s.n_kv_heads} * d,
                       I = s.mlp_width;

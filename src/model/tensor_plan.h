@@ -19,10 +19,10 @@ struct PlannedTensor {
     std::vector<int64_t> shape;
     TensorRole role = TensorRole::Matrix;
     const bf16** slot = nullptr;  // where the loader stores the pointer (null when planning without Weights)
-    // LayerFp8's field for the matrices a decode step may read in FP8 (model/weights.h): fp8_eligible says
-    // which; fp8 points at the field when the plan has Weights whose fp8 is sized [L], else it is null.
-    bool fp8_eligible = false;
-    Fp8Matrix* fp8 = nullptr;
+    // LayerQuant's field for the matrices a decode step may read quantised (model/weights.h): quant_eligible
+    // says which; quant points at the field when the plan has Weights whose quant is sized [L], else null.
+    bool quant_eligible = false;
+    QuantMatrix* quant = nullptr;
 };
 
 // The range random checkpoints draw a tensor from (uniform), by role: matrices with the variance of

@@ -11,22 +11,29 @@
 
 namespace markbase {
 
-// How the projections' weights are held (model/fp8.h): bf16 as published, or FP8 e4m3 with a scale per row.
-enum class WeightFormat { kBf16, kFp8 };
+// How the projections' weights are held: bf16 as published, FP8 e4m3 with a scale per row (model/fp8.h), or
+// int4 with a scale (and a zero point) per group of 128 weights along K (model/int4.h).
+enum class WeightFormat { kBf16, kFp8, kInt4 };
 
-// A matrix in FP8 (model/fp8.h): q [rows, K] (the experts' [E, rows, K]) and one fp32 scale per row ([rows];
-// the experts' [E * rows]). q null: the matrix is bf16 only.
-struct Fp8Matrix {
+// A matrix in the model's quantised format (Weights::quant; the experts' rows are [E * rows]). q null: the
+// matrix is bf16 only.
+//  - kFp8: q [rows, K] e4m3 bytes, scale [rows] fp32, zero null.
+//  - kInt4: q [rows, K/2] two weights a byte (k even in the low nibble, as unsigned 0..15), scale
+//    [rows, K/128] fp32, zero [rows, K/128] unsigned zero points 0..15, or null when symmetric (8):
+//    W[r][k] = (nibble - zero) * scale.
+struct QuantMatrix {
     const uint8_t* q = nullptr;
     const float* scale = nullptr;
+    const uint8_t* zero = nullptr;
 };
 
-// The matrices a decode step can read in FP8. Their bf16 slots in LayerWeights hold the same values rounded
-// to bf16 (dequantize_row_fp8), for the paths that read bf16 (the CPU backend, the GPU's prefill).
-struct LayerFp8 {
-    Fp8Matrix q_proj, k_proj, v_proj, o_proj;  // v_proj: none where LayerWeights has none
-    Fp8Matrix gate_proj, up_proj, down_proj;
-    Fp8Matrix experts_gate_up, experts_down;  // [E, 2*Ie, H], [E, H, Ie]
+// The matrices a decode step can read quantised. Their bf16 slots in LayerWeights hold the same values
+// rounded to bf16 (dequantize_row_fp8, dequantize_row_int4), for the paths that read bf16 (the CPU backend,
+// the GPU's prefill).
+struct LayerQuant {
+    QuantMatrix q_proj, k_proj, v_proj, o_proj;  // v_proj: none where LayerWeights has none
+    QuantMatrix gate_proj, up_proj, down_proj;
+    QuantMatrix experts_gate_up, experts_down;  // [E, 2*Ie, H], [E, H, Ie]
 };
 
 struct LayerWeights {
@@ -76,7 +83,8 @@ struct Weights {
     const bf16* ple_model_proj = nullptr;  // per_layer_model_projection [L*P, H]
     const bf16* ple_proj_norm = nullptr;   // per_layer_projection_norm [P]
     std::vector<LayerWeights> layers;      // [L]
-    std::vector<LayerFp8> fp8;  // [L] when the projections are FP8 (WeightFormat::kFp8), else empty
+    // [L] when the projections are quantised (WeightFormat kFp8 or kInt4, Checkpoint::format), else empty
+    std::vector<LayerQuant> quant;
 };
 
 }  // namespace markbase

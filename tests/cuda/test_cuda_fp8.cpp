@@ -94,7 +94,7 @@ TEST(CudaFp8Checkpoint, BundledModelQuantisedAtLoadMatchesTheCpu) {
     LoadOptions lo;
     lo.quantize = WeightFormat::kFp8;
     const auto ck = load_checkpoint(MARKBASE_TEST_DATA "/../../models/default", lo);
-    ASSERT_FALSE(ck->weights.fp8.empty());
+    ASSERT_FALSE(ck->weights.quant.empty());
     BackendOptions o;
     o.ctx_size = 128;
     o.chunk = 32;

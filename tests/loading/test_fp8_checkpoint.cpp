@@ -102,17 +102,17 @@ TEST(Fp8Checkpoint, PublishedChannelAndTensorScalesLoadAsTheirDequantisedValues)
 
     EXPECT_EQ(fp8->format, WeightFormat::kFp8);
     EXPECT_EQ(ref->format, WeightFormat::kBf16);
-    EXPECT_TRUE(ref->weights.fp8.empty());
-    ASSERT_EQ(fp8->weights.fp8.size(), static_cast<size_t>(c.n_layers));
+    EXPECT_TRUE(ref->weights.quant.empty());
+    ASSERT_EQ(fp8->weights.quant.size(), static_cast<size_t>(c.n_layers));
     for (int i = 0; i < c.n_layers; ++i) {
         const LayerWeights& l = fp8->weights.layers[i];
-        const LayerFp8& f = fp8->weights.fp8[i];
+        const LayerQuant& f = fp8->weights.quant[i];
         EXPECT_EQ(f.k_proj.q != nullptr, l.k_proj != nullptr) << "layer " << i;
         EXPECT_EQ(f.v_proj.q != nullptr, l.v_proj != nullptr) << "layer " << i;
         EXPECT_EQ(f.experts_gate_up.q, nullptr);
         // the FP8 rows are the file's bytes, the scales one per row (a tensor's scale on every row)
         for (const auto& [m, name] :
-             std::vector<std::pair<const Fp8Matrix*, std::string>>{{&f.q_proj, "self_attn.q_proj"},
+             std::vector<std::pair<const QuantMatrix*, std::string>>{{&f.q_proj, "self_attn.q_proj"},
                                                                    {&f.o_proj, "self_attn.o_proj"},
                                                                    {&f.down_proj, "mlp.down_proj"}}) {
             const std::string module = c.weight_prefix + "layers." + std::to_string(i) + "." + name;
@@ -173,7 +173,7 @@ TEST(Fp8Checkpoint, PleMatricesStoredFp8AreDequantisedAndInputScalesSetAside) {
 
 TEST(Fp8Checkpoint, QuantiseAtLoadEqualsTheSameQuantisationPublished) {
     testing::TempDir dir("fp8_quantize");
-    Fp8Layout layout;  // what --quantize makes: every LayerFp8 matrix per channel, the PLE matrices bf16
+    Fp8Layout layout;  // what --quantize makes: every LayerQuant matrix per channel, the PLE matrices bf16
     layout.quantized = [](const std::string& n) { return !per_layer(n); };
     layout.ignore = {"re:.*per_layer.*"};
     testing::write_fp8_copy(kModel, dir.path() / "fp8", dir.path() / "ref", layout);
@@ -181,18 +181,18 @@ TEST(Fp8Checkpoint, QuantiseAtLoadEqualsTheSameQuantisationPublished) {
     const auto quantized = load_checkpoint(kModel, LoadOptions{.quantize = WeightFormat::kFp8});
     EXPECT_EQ(quantized->format, WeightFormat::kFp8);
     EXPECT_TRUE(quantized->notes.empty());
-    ASSERT_EQ(quantized->weights.fp8.size(), published->weights.fp8.size());
+    ASSERT_EQ(quantized->weights.quant.size(), published->weights.quant.size());
     Weights wq = quantized->weights, wp = published->weights;
     const std::vector<PlannedTensor> pq = plan_bound_tensors(quantized->config, wq);
     const std::vector<PlannedTensor> pp = plan_bound_tensors(published->config, wp);
     int matrices = 0;
     for (size_t i = 0; i < pq.size(); ++i) {
-        ASSERT_EQ(pq[i].fp8 == nullptr, pp[i].fp8 == nullptr) << pq[i].name;
-        if (!pq[i].fp8) continue;
+        ASSERT_EQ(pq[i].quant == nullptr, pp[i].quant == nullptr) << pq[i].name;
+        if (!pq[i].quant) continue;
         const int64_t rows = pq[i].shape[0], K = pq[i].shape[1];
-        ASSERT_NE(pq[i].fp8->q, nullptr) << pq[i].name;
-        EXPECT_EQ(std::memcmp(pq[i].fp8->q, pp[i].fp8->q, static_cast<size_t>(rows * K)), 0) << pq[i].name;
-        EXPECT_EQ(std::memcmp(pq[i].fp8->scale, pp[i].fp8->scale, static_cast<size_t>(rows) * 4), 0)
+        ASSERT_NE(pq[i].quant->q, nullptr) << pq[i].name;
+        EXPECT_EQ(std::memcmp(pq[i].quant->q, pp[i].quant->q, static_cast<size_t>(rows * K)), 0) << pq[i].name;
+        EXPECT_EQ(std::memcmp(pq[i].quant->scale, pp[i].quant->scale, static_cast<size_t>(rows) * 4), 0)
             << pq[i].name;
         ++matrices;
     }
@@ -227,7 +227,7 @@ TEST_F(Fp8Moe, PerExpertTensorsGatherIntoTheFusedLayout) {
     EXPECT_TRUE(fp8->files.find(c.weight_prefix + "layers.0.experts.3.up_proj.weight"));
     EXPECT_FALSE(fp8->files.find(c.weight_prefix + "layers.0.experts.gate_up_proj"));
     for (int i = 0; i < c.n_layers; ++i) {
-        const LayerFp8& f = fp8->weights.fp8[i];
+        const LayerQuant& f = fp8->weights.quant[i];
         ASSERT_NE(f.experts_gate_up.q, nullptr);
         ASSERT_NE(f.experts_down.q, nullptr);
         for (int64_t e = 0; e < E; ++e) {
@@ -262,8 +262,8 @@ TEST_F(Fp8Moe, FusedBf16ExpertsBesideFp8Projections) {
     const auto ref = load_checkpoint(dir.path() / "ref");
     EXPECT_EQ(fp8->format, WeightFormat::kFp8);
     for (size_t i = 0; i < fp8->weights.layers.size(); ++i) {
-        EXPECT_NE(fp8->weights.fp8[i].q_proj.q, nullptr);
-        EXPECT_EQ(fp8->weights.fp8[i].experts_gate_up.q, nullptr);
+        EXPECT_NE(fp8->weights.quant[i].q_proj.q, nullptr);
+        EXPECT_EQ(fp8->weights.quant[i].experts_gate_up.q, nullptr);
         EXPECT_EQ(
             static_cast<const void*>(fp8->weights.layers[i].experts_gate_up),
             fp8->files
@@ -275,7 +275,7 @@ TEST_F(Fp8Moe, FusedBf16ExpertsBesideFp8Projections) {
 
     // --quantize takes the experts too (a bf16 checkpoint has no quantization_config)
     const auto q = load_checkpoint(dir.path() / "bf16", LoadOptions{.quantize = WeightFormat::kFp8});
-    for (const LayerFp8& f : q->weights.fp8)
+    for (const LayerQuant& f : q->weights.quant)
         EXPECT_TRUE(f.experts_gate_up.q && f.experts_down.q && f.gate_proj.q);
 }
 

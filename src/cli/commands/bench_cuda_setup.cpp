@@ -84,7 +84,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
     m.owner = std::move(lm.backend);
     m.load_s = lm.load_s;
     m.label = mo.model_dir;
-    if (!m.checkpoint->weights.fp8.empty()) m.weights = WeightFormat::kFp8;
+    if (!m.checkpoint->weights.quant.empty()) m.weights = WeightFormat::kFp8;
     return m;
 }
 

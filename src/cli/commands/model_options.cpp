@@ -71,7 +71,7 @@ std::string resolve_device(const std::string& requested) {
 // The weights' bytes on the GPU: the files' tensors as stored; an FP8 model holds every tensor in bf16 (the
 // prefill and the batched step read those) and its projections once more in FP8 with a scale per row.
 static uint64_t gpu_weight_bytes(const Checkpoint& ck) {
-    if (ck.weights.fp8.empty()) return ck.bound_bytes;
+    if (ck.weights.quant.empty()) return ck.bound_bytes;
     uint64_t bytes = 0;
     for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) {
         uint64_t n = 1;

@@ -330,7 +330,7 @@ void gemv_fp8(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s
     launch_fp8<false>(p, 1, s);
 }
 
-void gemv_fp8_geglu(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& wu, int rows, float* y,
+void gemv_fp8_geglu(const GemvInput& in, const QuantMatrix& wg, const QuantMatrix& wu, int rows, float* y,
                     cudaStream_t s) {
     Fp8Params p = params_of(in);
     p.nseg = 1;
@@ -343,7 +343,7 @@ void gemv_fp8_geglu(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& w
     launch_fp8<true>(p, 1, s);
 }
 
-void moe_gate_up_decode_fp8(const float* x, int H, const Fp8Matrix& gate_up, int Ie, int K,
+void moe_gate_up_decode_fp8(const float* x, int H, const QuantMatrix& gate_up, int Ie, int K,
                             const int* group_expert, float* h, cudaStream_t s) {
     Fp8Params p;
     p.x = x;
@@ -362,7 +362,7 @@ void moe_gate_up_decode_fp8(const float* x, int H, const Fp8Matrix& gate_up, int
     launch_fp8<true>(p, K, s);
 }
 
-void moe_down_decode_fp8(const float* h, int Ie, const Fp8Matrix& down, int H, int K, const int* group_expert,
+void moe_down_decode_fp8(const float* h, int Ie, const QuantMatrix& down, int H, int K, const int* group_expert,
                          float* slots, cudaStream_t s) {
     Fp8Params p;
     p.x = h;

@@ -369,14 +369,14 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
 // segments with w8 here.
 void gemv_fp8(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
 // y = gelu_tanh(Wg @ xn) * (Wu @ xn) over FP8 gate and up projections.
-void gemv_fp8_geglu(const GemvInput& in, const Fp8Matrix& wg, const Fp8Matrix& wu, int rows, float* y,
+void gemv_fp8_geglu(const GemvInput& in, const QuantMatrix& wg, const QuantMatrix& wu, int rows, float* y,
                     cudaStream_t s);
 // The MoE's decode over FP8 experts (e4m3 bytes in the bf16 layout, a scale per row): h[slot] = GeGLU of
 // slot's expert on x (as moe_gate_up_decode); slots[slot] = down[expert of slot] @ h[slot], one row of H per
 // slot, which residual_moe_combine then weighs by sel_w (a slot of another rank's expert: zeros).
-void moe_gate_up_decode_fp8(const float* x, int H, const Fp8Matrix& gate_up, int Ie, int K,
+void moe_gate_up_decode_fp8(const float* x, int H, const QuantMatrix& gate_up, int Ie, int K,
                             const int* group_expert, float* h, cudaStream_t s);
-void moe_down_decode_fp8(const float* h, int Ie, const Fp8Matrix& down, int H, int K, const int* group_expert,
+void moe_down_decode_fp8(const float* h, int Ie, const QuantMatrix& down, int H, int K, const int* group_expert,
                          float* slots, cudaStream_t s);
 // Raises the FP8 kernels' shared-memory limit (x staged, up to 32768 wide); gemv_prepare calls it.
 void gemv_fp8_prepare();
