@@ -9,10 +9,12 @@
 #include <sstream>
 
 #include "loading/config_json.h"
-#include "loading/fp8_checkpoint.h"
+#include "loading/published_quant.h"
+#include "loading/quant_checkpoint.h"
 #include "loading/regular_file.h"
 #include "loading/weight_check.h"
 #include "model/error.h"
+#include "model/int4.h"
 #include "model/tensor_plan.h"
 
 namespace markbase {
@@ -99,8 +101,9 @@ void check_the_rest(Checkpoint& ck, const std::set<std::string>& used, std::vect
     for (const auto& [name, info] : ck.files.tensors()) {
         if (used.count(name)) continue;
         // lm_head.weight is tied to embed_tokens (HF normally does not even save it); released E2B/E4B files
-        // carry K/V tensors for KV-shared layers that transformers ignores too (FP8 ones with their scales).
-        const std::string owner = fp8_companion_owner(name);
+        // carry K/V tensors for KV-shared layers that transformers ignores too (quantised ones with their
+        // scales and the rest).
+        const std::string owner = quant_companion_owner(name);
         if (unused.count(name) || unused.count(owner) || name == "lm_head.weight" ||
             is_other_modality(name) || name.rfind(prefix, 0) != 0) {
             ck.skipped.push_back(name);
@@ -111,15 +114,18 @@ void check_the_rest(Checkpoint& ck, const std::set<std::string>& used, std::vect
     }
 }
 
-// --quantize fp8 where it applies; a checkpoint that is FP8 already loads as published.
-void quantize_at_load(Checkpoint& ck, const LoadOptions& options, bool published) {
-    if (options.quantize != WeightFormat::kFp8) return;
-    if (published) {
-        ck.notes.push_back("--quantize fp8: " + ck.dir.string() +
-                           " is an FP8 checkpoint already; its weights load as published");
+// --quantize where it applies; a checkpoint that is quantised already loads as published.
+void quantize_at_load(Checkpoint& ck, const LoadOptions& options,
+                      const std::optional<QuantizationConfig>& qc) {
+    if (options.quantize == WeightFormat::kBf16) return;
+    const std::string flag = std::string("--quantize ") + weight_format_name(options.quantize);
+    if (qc) {
+        ck.notes.push_back(flag + ": " + ck.dir.string() + " is an " +
+                           (qc->format == WeightFormat::kFp8 ? "FP8" : "int4") +
+                           " checkpoint already; its weights load as published");
         return;
     }
-    if (const auto bad = quantize_to_fp8(ck); !bad.empty())
+    if (const auto bad = quantize_weights(ck, options.quantize); !bad.empty())
         throw problem_list(ck.dir.string() + ": weights hold values that are not finite", bad, "tensor");
 }
 
@@ -139,25 +145,26 @@ std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir, co
     std::vector<std::string> problems;
     std::set<std::string> used;
     std::vector<const TensorInfo*> bound;
-    std::optional<PublishedFp8> fp8;
+    std::optional<PublishedQuant> published;
     if (qc) {
-        ck->weights.quant.assign(static_cast<size_t>(c.n_layers), LayerQuant{});  // plan_tensors points into it
-        fp8.emplace(*ck, *qc, used, problems);
+        // plan_tensors points into it
+        ck->weights.quant.assign(static_cast<size_t>(c.n_layers), LayerQuant{});
+        published.emplace(*ck, *qc, used, problems);
     }
     for (const PlannedTensor& p : plan_tensors(c, &ck->weights)) {
         used.insert(c.weight_prefix + p.name);
-        if (!fp8 || !fp8->bind(p)) bind_bf16(*ck, p, qc.has_value(), problems, bound);
+        if (!published || !published->bind(p)) bind_bf16(*ck, p, qc.has_value(), problems, bound);
     }
     check_the_rest(*ck, used, problems);
     if (!problems.empty())
         throw problem_list(dir.string() + ": checkpoint does not match config.json", problems, "problem");
     if (const auto bad = find_non_finite(bound, options.check_weights); !bad.empty())
         throw problem_list(dir.string() + ": weights hold values that are not finite", bad, "tensor");
-    if (fp8) {
-        if (const auto bad = fp8->finish(); !bad.empty())
+    if (published) {
+        if (const auto bad = published->finish(); !bad.empty())
             throw problem_list(dir.string() + ": weights hold values that are not finite", bad, "tensor");
     }
-    quantize_at_load(*ck, options, qc.has_value());
+    quantize_at_load(*ck, options, qc);
     for (LayerWeights& l : ck->weights.layers) l.layer_scalar = bf16_to_float(l.layer_scalar_raw[0]);
     return ck;
 }
@@ -207,13 +214,19 @@ bool OwnedWeights::holds(const void* p) const {
     return false;
 }
 
-bool decode_reads_fp8(const PlannedTensor& p) {
-    if (!p.quant_eligible) return false;
+bool decode_reads_quantized(const PlannedTensor& p, WeightFormat f) {
+    if (!p.quant_eligible || f == WeightFormat::kBf16) return false;
     const int64_t K = p.shape.back(), rows = p.shape[p.shape.size() - 2];
-    return K % 64 == 0 && rows % 8 == 0;
+    return K % (f == WeightFormat::kFp8 ? 64 : kInt4Group) == 0 && rows % 8 == 0;
 }
 
-ModelCounts count_params(const ModelConfig& c, WeightFormat f) {
+double quantized_bytes_per_weight(const PlannedTensor& p, WeightFormat f, bool zero_points) {
+    if (!decode_reads_quantized(p, f)) return 0;
+    if (f == WeightFormat::kFp8) return 1.0 + 4.0 / static_cast<double>(p.shape.back());  // a float a row
+    return 0.5 + (4.0 + (zero_points ? 1.0 : 0.0)) / kInt4Group;  // a float (and a byte) a group
+}
+
+ModelCounts count_params(const ModelConfig& c, WeightFormat f, bool zero_points) {
     ModelCounts m;
     for (const PlannedTensor& p : plan_tensors(c, nullptr)) {
         double n = 1;
@@ -222,9 +235,8 @@ ModelCounts count_params(const ModelConfig& c, WeightFormat f) {
         if (p.name == "embed_tokens_per_layer.weight") continue;  // PLE rows are lookups, not reads
         if (p.name.find("experts.") != std::string::npos) n *= static_cast<double>(c.top_k) / c.n_experts;
         m.active_params += n;  // the tied lm_head (embed_tokens) is read in full every token
-        // FP8: a byte per weight and a float per row of K
-        const bool fp8 = f == WeightFormat::kFp8 && decode_reads_fp8(p);
-        m.bytes_per_token += fp8 ? n * (1.0 + 4.0 / static_cast<double>(p.shape.back())) : 2 * n;
+        const double q = quantized_bytes_per_weight(p, f, zero_points);
+        m.bytes_per_token += n * (q > 0 ? q : 2.0);
     }
     return m;
 }

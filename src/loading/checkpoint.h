@@ -15,9 +15,10 @@
 
 namespace markbase {
 
-// Weights the loader made rather than mapped (loading/fp8_checkpoint.h): FP8 checkpoints' per-row scales and
-// gathered experts, the FP8 bytes --quantize fp8 makes, and the bf16 values (dequantize_row_fp8) that the
-// bf16 slots of FP8 matrices point at. Each inner vector's buffer stays where it is as the lists grow.
+// Weights the loader made rather than mapped (loading/quant_checkpoint.h): published checkpoints' scales (as
+// fp32), int4 zero points and gathered experts, the FP8 or int4 bytes --quantize makes, and the bf16 values
+// (dequantize_row_fp8, dequantize_row_int4) that the bf16 slots of quantised matrices point at. Each inner
+// vector's buffer stays where it is as the lists grow.
 struct OwnedWeights {
     std::vector<std::unique_ptr<uint8_t[]>> quant;
     std::vector<std::unique_ptr<float[]>> scales;
@@ -39,8 +40,8 @@ struct Checkpoint {
     Weights weights;
     uint64_t bound_bytes = 0;          // bytes of the tensors the text model uses, as the files store them
     std::vector<std::string> skipped;  // tensors present but deliberately unused
-    // kFp8: weights.quant holds the projections' FP8 form (published, or made by LoadOptions::quantize) and
-    // their bf16 slots point into owned.dequantized.
+    // kFp8, kInt4: weights.quant holds the projections' quantised form (published, or made by
+    // LoadOptions::quantize) and their bf16 slots point into owned.dequantized.
     WeightFormat format = WeightFormat::kBf16;
     OwnedWeights owned;
     std::vector<std::string>
@@ -51,13 +52,14 @@ struct LoadOptions {
     // Scan every tensor for NaN and Inf (reads the whole checkpoint once, on several threads). Without it
     // only the small tensors are scanned (norm weights, layer_scalar, router scales: up to 64 Ki elements).
     bool check_weights = false;
-    // kFp8 (--quantize fp8): a bf16 checkpoint's projections (LayerQuant's matrices) are quantised per row at
-    // load; a checkpoint that is FP8 already loads as published, with a note.
+    // kFp8 (--quantize fp8), kInt4 (--quantize int4): a bf16 checkpoint's projections (LayerQuant's matrices)
+    // are quantised at load, FP8 per row, int4 per group of 128 (symmetric); a checkpoint that is quantised
+    // already loads as published, with a note.
     WeightFormat quantize = WeightFormat::kBf16;
 };
 
-// Opens config.json + safetensors in `dir`; a compressed-tensors FP8 checkpoint (quantization_config in
-// config.json) loads through loading/fp8_checkpoint.h. Throws markbase::Error listing every problem found
+// Opens config.json + safetensors in `dir`; a compressed-tensors FP8 or int4 checkpoint (quantization_config
+// in config.json) loads through loading/published_quant.h. Throws markbase::Error listing every problem found
 // (missing tensors, wrong shapes or dtypes, unexpected text tensors, bad scales), each with file, tensor,
 // expected, found; then one listing the tensors that hold NaN or Inf (see LoadOptions::check_weights).
 std::unique_ptr<Checkpoint> load_checkpoint(const std::filesystem::path& dir,
@@ -71,16 +73,21 @@ std::vector<std::pair<std::string, size_t>> skipped_groups(const Checkpoint& ck)
 struct ModelCounts {
     double total_params = 0;     // every text parameter in the model as loaded (PLE table included)
     double active_params = 0;    // read per decoded token: PLE rows and unselected experts excluded
-    double bytes_per_token = 0;  // bytes of active_params (bf16, or FP8 where count_params says)
+    double bytes_per_token = 0;  // bytes of active_params (bf16, or quantised where count_params says)
 };
-// f = kFp8: bytes_per_token with the matrices the decode step reads in FP8 (decode_reads_fp8) at one byte
-// a weight plus a scale per row.
-ModelCounts count_params(const ModelConfig& c, WeightFormat f = WeightFormat::kBf16);
-// Whether the GPU's decode step reads this planned tensor in FP8 in an FP8 model: the layers' projections
-// and experts (not the router, the PLE matrices, embeddings or norms), at gemv_fp8.cu's shapes (K a
-// multiple of 64, rows of 8).
+// f = kFp8 or kInt4: bytes_per_token with the matrices the decode step reads quantised
+// (decode_reads_quantized) at their bytes: FP8 a byte a weight and a float a row; int4 half a byte a weight
+// and a float a group of 128, and a byte a group more with zero points (asymmetric checkpoints).
+ModelCounts count_params(const ModelConfig& c, WeightFormat f = WeightFormat::kBf16,
+                         bool zero_points = false);
+// Whether the GPU's decode step reads this planned tensor quantised in a model of format f: the layers'
+// projections and experts (not the router, the PLE matrices, embeddings or norms), at its kernels' shapes:
+// rows of 8, K a multiple of 64 (FP8) or of 128 (int4, a whole group).
 struct PlannedTensor;
-bool decode_reads_fp8(const PlannedTensor& p);
+bool decode_reads_quantized(const PlannedTensor& p, WeightFormat f);
+// The bytes a weight of p costs the decode step in format f (its scales and zero points included), 0 where
+// it reads p in bf16.
+double quantized_bytes_per_weight(const PlannedTensor& p, WeightFormat f, bool zero_points);
 
 // The bytes a batched decode step of `seqs` sequences must read at least, each sequence's query seeing `keys`
 // positions (a sliding layer at most its window; KV-shared layers read their source's rows): every weight

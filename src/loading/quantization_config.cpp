@@ -5,6 +5,7 @@
 #include "loading/json_excerpt.h"
 #include "loading/regular_file.h"
 #include "model/error.h"
+#include "model/int4.h"
 
 namespace markbase {
 
@@ -62,25 +63,39 @@ struct Field {
     }
 };
 
-void check_format(const Field& f) {
-    if (!f.has("format")) return;
-    const std::string fmt = f.string("format");
-    if (fmt != "float-quantized" && fmt != "naive-quantized")
-        f.fail("format", "must be float-quantized or naive-quantized (FP8 weights), found \"" +
-                             text_excerpt(fmt) + "\"" +
-                             (fmt == "pack-quantized" ? " (int4 weights are not supported yet)" : ""));
+// A group's weight scheme, as its `weights` say.
+struct Scheme {
+    WeightFormat format = WeightFormat::kFp8;
+    bool symmetric = true;
+};
+
+const char* scheme_name(const Scheme& s) {
+    return s.format == WeightFormat::kFp8 ? "FP8" : s.symmetric ? "int4 symmetric" : "int4 asymmetric";
 }
 
-void check_weights(const Field& w) {
-    if (!w.has("num_bits") || !w.j.at("num_bits").is_number_integer() ||
-        w.j.at("num_bits").get<int64_t>() != 8)
-        w.fail("num_bits",
-               "must be 8 (FP8 weights; int4 and other widths are not supported yet), found " +
-                   (w.has("num_bits") ? json_excerpt(w.j.at("num_bits")) : std::string("nothing")));
-    const std::string type = w.has("type") ? w.string("type") : "";
+// The key `format` (of quantization_config or of a group), where present, must be the scheme's.
+void check_format(const Field& f, const Scheme& s) {
+    if (!f.has("format")) return;
+    const std::string fmt = f.string("format");
+    if (s.format == WeightFormat::kFp8 && fmt != "float-quantized" && fmt != "naive-quantized")
+        f.fail("format",
+               "must be float-quantized or naive-quantized (FP8 weights: num_bits 8, type float), found \"" +
+                   text_excerpt(fmt) + "\"");
+    if (s.format == WeightFormat::kInt4 && fmt != "pack-quantized")
+        f.fail("format", "must be pack-quantized (int4 weights: num_bits 4, type int), found \"" +
+                             text_excerpt(fmt) + "\"");
+}
+
+// Keys both schemes want the same way.
+void check_common(const Field& w) {
+    w.expect_bool("dynamic", false, "the weights' scales are stored in the checkpoint");
+    w.absent("block_structure", "block scales are not supported");
+}
+
+void check_fp8_weights(const Field& w, const std::string& type) {
     if (type != "float")
         w.fail("type",
-               "must be \"float\" (float8 e4m3 weights; integer weights are not supported yet), found \"" +
+               "must be \"float\" for 8-bit weights (float8 e4m3; int8 weights are not supported), found \"" +
                    text_excerpt(type) + "\"");
     const std::string strategy = w.has("strategy") ? w.string("strategy") : "";
     if (strategy != "channel" && strategy != "tensor")
@@ -88,26 +103,81 @@ void check_weights(const Field& w) {
                "must be \"channel\" or \"tensor\" (one scale per output row or per matrix), found \"" +
                    text_excerpt(strategy) + "\"");
     w.expect_bool("symmetric", true, "FP8 weights have no zero point");
-    w.expect_bool("dynamic", false, "the weights' scales are stored in the checkpoint");
+    check_common(w);
     w.absent("group_size", "channel and tensor strategies have no groups");
-    w.absent("block_structure", "block scales are not supported");
     if (w.has("actorder") && !(w.j.at("actorder").is_boolean() && !w.j.at("actorder").get<bool>()))
         w.fail("actorder", "must be null or false (activation ordering is a GPTQ setting), found " +
                                json_excerpt(w.j.at("actorder")));
 }
 
-void read_group(const Field& g, QuantizationConfig& qc) {
-    check_format(g);
+// Returns whether the weights are symmetric.
+bool check_int4_weights(const Field& w, const std::string& type) {
+    if (type != "int")  // compressed-tensors' default type is int
+        w.fail("type", "must be \"int\" for 4-bit weights (FP4 weights are not supported), found \"" +
+                           text_excerpt(type) + "\"");
+    // compressed-tensors infers the group strategy from a positive group_size
+    const std::string strategy = w.has("strategy")     ? w.string("strategy")
+                                 : w.has("group_size") ? "group"
+                                                       : "";
+    if (strategy != "group")
+        w.fail(
+            "strategy",
+            "must be \"group\" (int4 weights with a scale per 128 weights along a row; channel, tensor and "
+            "block scales are not supported), found \"" +
+                text_excerpt(strategy) + "\"");
+    const json* g = w.has("group_size") ? &w.j.at("group_size") : nullptr;
+    if (!g || !g->is_number_integer() || g->get<int64_t>() != kInt4Group)
+        w.fail("group_size", "must be 128 (the int4 layout holds a scale per 128 weights), found " +
+                                 (g ? json_excerpt(*g) : std::string("nothing")));
+    check_common(w);
+    if (w.has("actorder")) {
+        const json& a = w.j.at("actorder");
+        const bool in_order =
+            (a.is_boolean() && !a.get<bool>()) ||
+            (a.is_string() && (a.get<std::string>() == "weight" || a.get<std::string>() == "static"));
+        if (!in_order)
+            w.fail("actorder",
+                   "must be null, false, \"weight\" or \"static\" (activation ordering by group stores a "
+                   "weight_g_idx permutation of the groups, which is not supported), found " +
+                       json_excerpt(a));
+    }
+    if (!w.has("symmetric")) return true;
+    const json& s = w.j.at("symmetric");
+    if (!s.is_boolean()) w.fail("symmetric", "must be true or false, found " + json_excerpt(s));
+    return s.get<bool>();
+}
+
+Scheme check_weights(const Field& w) {
+    const json* bits = w.has("num_bits") ? &w.j.at("num_bits") : nullptr;
+    const int64_t n = bits && bits->is_number_integer() ? bits->get<int64_t>() : 0;
+    if (n != 8 && n != 4)
+        w.fail("num_bits", "must be 8 (FP8 weights) or 4 (int4 weights), found " +
+                               (bits ? json_excerpt(*bits) : std::string("nothing")));
+    if (n == 8) {
+        check_fp8_weights(w, w.has("type") ? w.string("type") : "");
+        return {};
+    }
+    return {WeightFormat::kInt4, check_int4_weights(w, w.has("type") ? w.string("type") : "int")};
+}
+
+Scheme read_group(const Field& g, QuantizationConfig& qc) {
     for (ModulePattern& p : g.patterns("targets", true)) qc.targets.push_back(std::move(p));
     if (!g.has("weights")) g.fail("weights", "is required but missing (the group's weight scheme)");
-    check_weights(g.sub("weights"));
+    const Scheme s = check_weights(g.sub("weights"));
+    check_format(g, s);
     if (g.has("input_activations")) {
         const Field a = g.sub("input_activations");
+        if (s.format == WeightFormat::kInt4)
+            g.fail("input_activations",
+                   "must be null or absent (W4A16: int4 weights with bf16 activations; int4 weights with "
+                   "quantized activations are not supported), found " +
+                       json_excerpt(a.j));
         const bool dynamic =
             a.has("dynamic") && a.j.at("dynamic").is_boolean() && a.j.at("dynamic").get<bool>();
         if (qc.activations != "static") qc.activations = dynamic ? "dynamic" : "static";
     }
     g.absent("output_activations", "output activation quantization is not supported");
+    return s;
 }
 
 }  // namespace
@@ -144,9 +214,9 @@ std::optional<QuantizationConfig> parse_quantization_config(const std::string& j
     const std::string method = f.has("quant_method") ? f.string("quant_method") : "";
     if (method != "compressed-tensors")
         f.fail("quant_method",
-               "must be \"compressed-tensors\" (the FP8 checkpoints llm-compressor writes), found \"" +
+               "must be \"compressed-tensors\" (the FP8 and int4 checkpoints llm-compressor writes), found "
+               "\"" +
                    text_excerpt(method) + "\"");
-    check_format(f);
     f.absent("kv_cache_scheme", "an FP8 KV cache's scales are not supported yet");
     if (f.has("sparsity_config")) {
         const Field s = f.sub("sparsity_config");
@@ -162,11 +232,22 @@ std::optional<QuantizationConfig> parse_quantization_config(const std::string& j
                "must be an object of one or more groups, found " +
                    (f.has("config_groups") ? json_excerpt(q->at("config_groups")) : "nothing"));
     const Field groups = f.sub("config_groups");
+    std::optional<Scheme> first;
     for (auto it = groups.j.begin(); it != groups.j.end(); ++it) {
         if (!it.value().is_object())
             groups.fail(text_excerpt(it.key()), "must be an object, found " + json_excerpt(it.value()));
-        read_group(Field{it.value(), file, groups.path + "." + text_excerpt(it.key())}, qc);
+        const Field g{it.value(), file, groups.path + "." + text_excerpt(it.key())};
+        const Scheme s = read_group(g, qc);
+        // Checkpoint::format is one format, and an int4 checkpoint's zero points are all there or none
+        if (first && (s.format != first->format || s.symmetric != first->symmetric))
+            g.fail("weights", std::string("must use the scheme of the groups before it (one weight format a "
+                                          "checkpoint), ") +
+                                  scheme_name(*first) + ", found " + scheme_name(s));
+        first = s;
     }
+    check_format(f, *first);
+    qc.format = first->format;
+    qc.symmetric = first->symmetric;
     return qc;
 }
 

@@ -1,13 +1,13 @@
-// FP8 weights from the command line: `--quantize fp8` on the bundled model generates what the FP8 checkpoint
-// of the same quantisation generates, `inspect` says the format, a second quantisation is a note, and an
-// unknown format is a usage error (exit 2).
+// Quantised weights from the command line: `--quantize fp8` and `--quantize int4` on the bundled model
+// generate what the published checkpoint of the same quantisation generates, `inspect` says the format and
+// its bytes per token, a second quantisation is a note, and an unknown format is a usage error (exit 2).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
 
 #include "support/cli_run.h"
-#include "support/fp8_checkpoints.h"
+#include "support/quant_checkpoints.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
@@ -48,10 +48,41 @@ TEST(CliQuantize, QuantizeFp8RunsAsThePublishedFp8CheckpointDoes) {
     EXPECT_NE(plain.out.find("weights      bf16\n"), std::string::npos) << plain.out;
 }
 
+TEST(CliQuantize, QuantizeInt4RunsAsThePublishedInt4CheckpointDoes) {
+    testing::TempDir dir("cli_int4");
+    testing::Int4Layout layout;
+    layout.quantized = [](const std::string& n) { return n.find("per_layer") == std::string::npos; };
+    layout.ignore = {"re:.*per_layer.*"};
+    testing::write_int4_copy(kModel, dir.path() / "int4", dir.path() / "ref", layout);
+    for (const char* f : {"tokenizer.json", "generation_config.json"})
+        fs::copy_file(kModel / f, dir.path() / "int4" / f);
+    const std::string gen = " --device cpu -t 2 --ids 2,651,1567,1176 -n 12 --temp 0 --ignore-eos --json";
+
+    const auto quantized = testing::run_cli("run -m '" + kModel.string() + "' --quantize int4" + gen);
+    const auto published = testing::run_cli("run -m '" + (dir.path() / "int4").string() + "'" + gen);
+    ASSERT_EQ(quantized.code, 0) << quantized.all();
+    ASSERT_EQ(published.code, 0) << published.all();
+    EXPECT_EQ(quantized.out, published.out);
+
+    const auto again =
+        testing::run_cli("run -m '" + (dir.path() / "int4").string() + "' --quantize fp8" + gen);
+    EXPECT_EQ(again.out, published.out);
+    EXPECT_NE(again.err.find("note: --quantize fp8: "), std::string::npos) << again.err;
+    EXPECT_NE(again.err.find("is an int4 checkpoint already"), std::string::npos) << again.err;
+
+    const auto inspect = testing::run_cli("inspect -m '" + (dir.path() / "int4").string() + "'");
+    ASSERT_EQ(inspect.code, 0) << inspect.all();
+    EXPECT_NE(inspect.out.find("weights      int4 with a scale per 128 weights (symmetric): "),
+              std::string::npos)
+        << inspect.out;
+    EXPECT_NE(inspect.out.find("as the GPU's decode step reads them (int4 projections"), std::string::npos)
+        << inspect.out;
+}
+
 TEST(CliQuantize, AnUnknownFormatIsAUsageError) {
-    const auto r = testing::run_cli("run -m '" + kModel.string() + "' --quantize int4 --ids 2 -n 1");
+    const auto r = testing::run_cli("run -m '" + kModel.string() + "' --quantize int3 --ids 2 -n 1");
     EXPECT_EQ(r.code, 2) << r.all();
-    EXPECT_NE(r.err.find("--quantize: unknown weight format 'int4' (expected fp8 or none)"),
+    EXPECT_NE(r.err.find("--quantize: unknown weight format 'int3' (expected fp8, int4 or none)"),
               std::string::npos)
         << r.err;
     const auto help = testing::run_cli("perplexity --help");

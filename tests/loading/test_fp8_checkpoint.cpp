@@ -1,70 +1,33 @@
-// FP8 checkpoints as published (compressed-tensors, written here by hand: support/fp8_checkpoints.h) and made
-// at load (--quantize fp8): the FP8 form lands where model/weights.h says, and the bf16 slots hold exactly
-// the dequantised values, so the CPU backend's logits equal those of a bf16 checkpoint of the same values bit
-// for bit. Errors: tests/loading/test_fp8_errors.cpp.
+// FP8 checkpoints as published (compressed-tensors, written here by hand: support/quant_checkpoints.h) and
+// made at load (--quantize fp8): the FP8 form lands where model/weights.h says, and the bf16 slots hold
+// exactly the dequantised values, so the CPU backend's logits equal those of a bf16 checkpoint of the same
+// values bit for bit. Errors: tests/loading/test_fp8_errors.cpp.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "loading/fp8_checkpoint.h"
+#include "loading/quant_checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "model/fp8.h"
 #include "model/tensor_plan.h"
-#include "runtime/backend.h"
-#include "support/fp8_checkpoints.h"
-#include "support/logits_compare.h"
+#include "support/quant_checkpoints.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_same_bf16;
+using testing::expect_same_logits;
+using testing::file_bytes;
 using testing::Fp8Layout;
 
 const fs::path kModel = fs::path(MARKBASE_TEST_DATA) / ".." / ".." / "models" / "default";
 
 bool has(const std::string& s, const std::string& part) {
     return s.find(part) != std::string::npos;
-}
-
-int64_t numel(const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-}
-
-// Every planned tensor's bf16 values are the same bytes in both.
-void expect_same_bf16(const Checkpoint& a, const Checkpoint& b) {
-    Weights wa = a.weights, wb = b.weights;
-    const std::vector<PlannedTensor> pa = plan_bound_tensors(a.config, wa),
-                                     pb = plan_bound_tensors(b.config, wb);
-    ASSERT_EQ(pa.size(), pb.size());
-    for (size_t i = 0; i < pa.size(); ++i)
-        EXPECT_EQ(std::memcmp(*pa[i].slot, *pb[i].slot, static_cast<size_t>(numel(pa[i].shape)) * 2), 0)
-            << pa[i].name;
-}
-
-std::vector<float> logits_of(const Checkpoint& ck) {
-    BackendOptions o;
-    o.threads = 2;
-    o.ctx_size = 64;
-    auto be = make_cpu_backend(ck, o);
-    return testing::all_logits(*be, testing::random_ids(12, static_cast<int>(ck.config.vocab_size), 5),
-                               false);
-}
-
-void expect_same_logits(const Checkpoint& a, const Checkpoint& b) {
-    const std::vector<float> la = logits_of(a), lb = logits_of(b);
-    ASSERT_EQ(la.size(), lb.size());
-    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "logits differ";
-}
-
-// A tensor's bytes as the file holds them.
-std::vector<uint8_t> file_bytes(const Checkpoint& ck, const std::string& name) {
-    const TensorInfo& t = ck.files.get(name);
-    return {t.data, t.data + t.nbytes};
 }
 
 // The scale of each of `rows` rows as the file gives it (F32 per row, or one BF16/F32 value for the tensor).
@@ -113,8 +76,8 @@ TEST(Fp8Checkpoint, PublishedChannelAndTensorScalesLoadAsTheirDequantisedValues)
         // the FP8 rows are the file's bytes, the scales one per row (a tensor's scale on every row)
         for (const auto& [m, name] :
              std::vector<std::pair<const QuantMatrix*, std::string>>{{&f.q_proj, "self_attn.q_proj"},
-                                                                   {&f.o_proj, "self_attn.o_proj"},
-                                                                   {&f.down_proj, "mlp.down_proj"}}) {
+                                                                     {&f.o_proj, "self_attn.o_proj"},
+                                                                     {&f.down_proj, "mlp.down_proj"}}) {
             const std::string module = c.weight_prefix + "layers." + std::to_string(i) + "." + name;
             const std::vector<uint8_t> want = file_bytes(*fp8, module + ".weight");
             ASSERT_NE(m->q, nullptr) << module;
@@ -191,7 +154,8 @@ TEST(Fp8Checkpoint, QuantiseAtLoadEqualsTheSameQuantisationPublished) {
         if (!pq[i].quant) continue;
         const int64_t rows = pq[i].shape[0], K = pq[i].shape[1];
         ASSERT_NE(pq[i].quant->q, nullptr) << pq[i].name;
-        EXPECT_EQ(std::memcmp(pq[i].quant->q, pp[i].quant->q, static_cast<size_t>(rows * K)), 0) << pq[i].name;
+        EXPECT_EQ(std::memcmp(pq[i].quant->q, pp[i].quant->q, static_cast<size_t>(rows * K)), 0)
+            << pq[i].name;
         EXPECT_EQ(std::memcmp(pq[i].quant->scale, pp[i].quant->scale, static_cast<size_t>(rows) * 4), 0)
             << pq[i].name;
         ++matrices;

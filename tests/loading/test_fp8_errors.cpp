@@ -13,7 +13,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "support/error_text.h"
-#include "support/fp8_checkpoints.h"
+#include "support/quant_checkpoints.h"
 #include "support/tiny_models.h"
 
 namespace markbase {
@@ -183,15 +183,17 @@ TEST_F(Fp8Errors, UnsupportedQuantizationConfigsNameTheField) {
     using nlohmann::json;
     const std::string w = "quantization_config.config_groups.group_0.weights.";
     const std::vector<std::pair<std::function<void(json&)>, std::vector<std::string>>> cases = {
+        {[](json& q) { q["config_groups"]["group_0"]["weights"]["num_bits"] = 6; },
+         {w + "num_bits' must be 8 (FP8 weights) or 4 (int4 weights), found 6"}},
         {[](json& q) { q["config_groups"]["group_0"]["weights"]["num_bits"] = 4; },
-         {w + "num_bits' must be 8", "int4", "found 4"}},
+         {w + "type' must be \"int\" for 4-bit weights (FP4 weights are not supported), found \"float\""}},
         {[](json& q) { q["format"] = "pack-quantized"; },
-         {"quantization_config.format' must be float-quantized or naive-quantized",
-          "found \"pack-quantized\"", "int4 weights are not supported yet"}},
+         {"quantization_config.format' must be float-quantized or naive-quantized (FP8 weights: num_bits 8, "
+          "type float), found \"pack-quantized\""}},
         {[](json& q) { q["config_groups"]["group_0"]["format"] = "int-quantized"; },
          {"group_0.format'", "found \"int-quantized\""}},
         {[](json& q) { q["config_groups"]["group_0"]["weights"]["type"] = "int"; },
-         {w + "type' must be \"float\"", "found \"int\""}},
+         {w + "type' must be \"float\" for 8-bit weights", "found \"int\""}},
         {[](json& q) { q["config_groups"]["group_0"]["weights"]["strategy"] = "group"; },
          {w + "strategy' must be \"channel\" or \"tensor\"", "found \"group\""}},
         {[](json& q) { q["config_groups"]["group_0"]["weights"]["group_size"] = 128; },

@@ -32,6 +32,16 @@ nlohmann::json tiny_config(const std::string& family) {
     return c;
 }
 
+nlohmann::json tiny_int4_config(const std::string& family) {
+    nlohmann::json c = tiny_config(family);
+    c["hidden_size"] = 128;
+    c["head_dim"] = 32;
+    c["global_head_dim"] = 64;
+    c["intermediate_size"] = 128;
+    if (c.value("enable_moe_block", false)) c["moe_intermediate_size"] = 128;
+    return c;
+}
+
 TempDir::TempDir(const std::string& tag) {
     static std::atomic<int> counter{0};
     path_ = std::filesystem::temp_directory_path() /

@@ -11,6 +11,10 @@ namespace markbase::testing {
 // family: "e2b", "e4b", "26b-a4b", "31b" at tiny widths (hidden 64, head dims 16/32, vocab 256, window 4).
 nlohmann::json tiny_config(const std::string& family);
 
+// The same with every projection's K a multiple of 128 (int4's group): hidden 128, head dims 32/64, MLP and
+// expert widths 128.
+nlohmann::json tiny_int4_config(const std::string& family);
+
 // A gtest parameter name: s with every character but letters and digits as '_' ("26b-a4b" -> "26b_a4b").
 std::string test_name(std::string s);
 

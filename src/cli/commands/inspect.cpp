@@ -9,7 +9,7 @@
 #include "cli/commands/model_options.h"
 #include "loading/checkpoint.h"
 #include "loading/config_json.h"
-#include "loading/fp8_checkpoint.h"
+#include "loading/quant_checkpoint.h"
 #include "model/error.h"
 #include "model/variants.h"
 #include "parallel/partition.h"
@@ -69,12 +69,12 @@ void print_checkpoint(const Checkpoint& ck) {
     for (const auto& [kind, count] : skipped_groups(ck))
         std::printf("  skipped    %zu tensor(s): %s\n", count, kind.c_str());
     std::printf("weights      %s\n", weight_format_summary(ck).c_str());
-    if (ck.format == WeightFormat::kFp8) {
-        const double b = count_params(ck.config, WeightFormat::kFp8).bytes_per_token;
+    if (ck.format != WeightFormat::kBf16) {
+        const double b = count_params(ck.config, ck.format, has_zero_points(ck.weights)).bytes_per_token;
         std::printf(
-            "bytes/token  %.3f GB as the GPU's decode step reads them (FP8 projections; %.2f ms at 4.16 "
+            "bytes/token  %.3f GB as the GPU's decode step reads them (%s projections; %.2f ms at 4.16 "
             "TB/s)\n",
-            b / 1e9, b / 4.16e12 * 1e3);
+            b / 1e9, ck.format == WeightFormat::kFp8 ? "FP8" : "int4", b / 4.16e12 * 1e3);
     }
     for (const std::string& n : ck.notes) std::printf("note         %s\n", n.c_str());
 }

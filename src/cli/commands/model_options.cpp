@@ -8,6 +8,7 @@
 #include <random>
 
 #include "loading/generation_config.h"
+#include "loading/quant_checkpoint.h"
 #include "model/error.h"
 #include "model/tensor_plan.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -31,9 +32,9 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     o.backend.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "auto"), "--kv-cache-dtype");
     o.check_weights = a.flag({"--check-weights"});
     const std::string q = a.value_or({"--quantize"}, "none");
-    if (q != "none" && q != "fp8" && !a.help())
-        throw UsageError("--quantize: unknown weight format '" + q + "' (expected fp8 or none)");
-    o.quantize = q == "fp8" ? WeightFormat::kFp8 : WeightFormat::kBf16;
+    if (q != "none" && q != "fp8" && q != "int4" && !a.help())
+        throw UsageError("--quantize: unknown weight format '" + q + "' (expected fp8, int4 or none)");
+    o.quantize = q == "fp8" ? WeightFormat::kFp8 : q == "int4" ? WeightFormat::kInt4 : WeightFormat::kBf16;
     o.backend.tuning = read_tuning(a);
     return o;
 }
@@ -68,18 +69,19 @@ std::string resolve_device(const std::string& requested) {
 }
 
 #ifdef MARKBASE_HAS_CUDA
-// The weights' bytes on the GPU: the files' tensors as stored; an FP8 model holds every tensor in bf16 (the
-// prefill and the batched step read those) and its projections once more in FP8 with a scale per row.
+// The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds every tensor in bf16
+// (the prefill and the batched step read those) and its projections once more quantised, with their scales
+// (and int4's zero points).
 static uint64_t gpu_weight_bytes(const Checkpoint& ck) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
-    uint64_t bytes = 0;
+    const bool zero_points = has_zero_points(ck.weights);
+    double bytes = 0;
     for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) {
-        uint64_t n = 1;
-        for (int64_t d : p.shape) n *= static_cast<uint64_t>(d);
-        const bool fp8 = decode_reads_fp8(p);
-        bytes += 2 * n + (fp8 ? n + 4 * n / static_cast<uint64_t>(p.shape.back()) : 0);
+        double n = 1;
+        for (int64_t d : p.shape) n *= static_cast<double>(d);
+        bytes += n * (2 + quantized_bytes_per_weight(p, ck.format, zero_points));
     }
-    return bytes;
+    return static_cast<uint64_t>(bytes);
 }
 #endif
 

@@ -25,7 +25,8 @@ struct ModelOptions {
     std::string device = "cpu";
     BackendOptions backend;
     bool check_weights = false;  // --check-weights: the loader scans every tensor for NaN/Inf
-    // --quantize fp8|none: kFp8 quantises a bf16 checkpoint's projections per row at load
+    // --quantize fp8|int4|none: a bf16 checkpoint's projections quantised at load, kFp8 per row, kInt4 per
+    // group of 128 weights (symmetric)
     WeightFormat quantize = WeightFormat::kBf16;
     static ModelOptions read(ArgReader& a);
     LoadOptions load_options() const;
