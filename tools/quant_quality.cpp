@@ -1,9 +1,10 @@
-// markbase-fp8-quality [-m DIR] [-f TEXT_FILE] [-p PROMPT] [-n 128] [-t THREADS] [--json-out FILE]
-// The FP8 quality receipt (issue 31): a checkpoint loaded as bf16 and with --quantize fp8, both on the CPU
-// backend: the max |logit - bf16 logit| over the prompt and along bf16's greedy run of N tokens, top-1
-// agreement along that run (the FP8 model fed the same tokens), how far FP8's own greedy run follows bf16's,
-// perplexity of a text file (windows of 512, as `markbase perplexity`), load and decode times. Defaults: the
-// bundled model and its held-out text.
+// markbase-quant-quality [--format fp8|int4] [-m DIR] [-f TEXT_FILE] [-p PROMPT] [-n 128] [-t THREADS]
+//                        [--json-out FILE]
+// The quality receipt of a quantised format (issue 31): a checkpoint loaded as bf16 and with --quantize fp8
+// or int4 (default fp8), both on the CPU backend: the max |logit - bf16 logit| over the prompt and along
+// bf16's greedy run of N tokens, top-1 agreement along that run (the quantised model fed the same tokens),
+// how far the quantised model's own greedy run follows bf16's, perplexity of a text file (windows of 512, as
+// `markbase perplexity`), load and decode times. Defaults: the bundled model and its held-out text.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "loading/checkpoint.h"
+#include "loading/quant_checkpoint.h"
 #include "model/error.h"
 #include "runtime/backend.h"
 #include "runtime/perplexity.h"
@@ -33,6 +35,7 @@ double since(Clock::time_point t0) {
 }
 
 struct Options {
+    WeightFormat format = WeightFormat::kFp8;
     std::string model = std::string(MARKBASE_SOURCE_DIR) + "/models/default";
     std::string text = std::string(MARKBASE_SOURCE_DIR) + "/data/corpus/heldout.txt";
     std::string prompt = "And God said unto Moses,";
@@ -123,7 +126,7 @@ std::string cpu_name() {
 
 nlohmann::json measure(const Options& o) {
     const Tokenizer tok = Tokenizer::load(o.model);
-    const Model b = load(o.model, WeightFormat::kBf16), q = load(o.model, WeightFormat::kFp8);
+    const Model b = load(o.model, WeightFormat::kBf16), q = load(o.model, o.format);
     const int64_t V = b.ck->config.vocab_size, ctx = 1024;
     std::vector<int> prompt{tok.bos_id()};
     tok.encode_append(o.prompt, prompt);
@@ -147,11 +150,13 @@ nlohmann::json measure(const Options& o) {
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
     const char* commit = std::getenv("MARKBASE_COMMIT");
-    return {{"kind", "fp8-quality"},
+    const std::string f = weight_format_name(o.format);
+    return {{"kind", f + "-quality"},
             {"model", o.model},
             {"device", cpu_name() + " (CPU backend, " + b.backend(o, 16)->name() + ")"},
             {"commit", commit ? commit : "unknown"},
             {"date", date},
+            {"weights", weight_format_summary(*q.ck)},
             {"prompt", o.prompt},
             {"prompt_tokens", prompt.size()},
             {"max_abs_logit_diff_prompt", over_prompt.max_diff},
@@ -161,17 +166,17 @@ nlohmann::json measure(const Options& o) {
             {"top1_agreement_fraction", static_cast<double>(along.agree) / along.positions},
             {"max_abs_logit_diff_greedy_run", along.max_diff},
             {"max_abs_logit_greedy_run_bf16", along.max_ref},
-            {"fp8_greedy_tokens_identical_before_first_difference", same},
+            {f + "_greedy_tokens_identical_before_first_difference", same},
             {"perplexity_text", o.text},
             {"perplexity_tokens", pb.predicted},
             {"perplexity_windows", pb.windows},
             {"perplexity_bf16", pb.ppl},
-            {"perplexity_fp8", pq.ppl},
+            {"perplexity_" + f, pq.ppl},
             {"perplexity_change_pct", 100 * (pq.ppl / pb.ppl - 1)},
             {"load_s_bf16", b.load_s},
-            {"load_s_fp8", q.load_s},
+            {"load_s_" + f, q.load_s},
             {"decode_ms_per_token_bf16", 1e3 * b_tok},
-            {"decode_ms_per_token_fp8", 1e3 * q_tok}};
+            {"decode_ms_per_token_" + f, 1e3 * q_tok}};
 }
 
 }  // namespace
@@ -182,12 +187,15 @@ int main(int argc, char** argv) {
         const std::string k = argv[i];
         if (i + 1 >= argc) {
             std::fprintf(stderr,
-                         "usage: %s [-m DIR] [-f TEXT] [-p PROMPT] [-n N] [-t THREADS] [--json-out F]\n",
+                         "usage: %s [--format fp8|int4] [-m DIR] [-f TEXT] [-p PROMPT] [-n N] [-t THREADS] "
+                         "[--json-out F]\n",
                          argv[0]);
             return 2;
         }
         const std::string v = argv[++i];
-        if (k == "-m")
+        if (k == "--format" && (v == "fp8" || v == "int4"))
+            o.format = v == "fp8" ? WeightFormat::kFp8 : WeightFormat::kInt4;
+        else if (k == "-m")
             o.model = v;
         else if (k == "-f")
             o.text = v;
