@@ -1,18 +1,21 @@
-// Kernel lab for the FP8 decode GEMV: y = (W @ x) * scale with W float8 e4m3 [N, K] (one byte per weight,
-// row-major) and one fp32 scale per row (model/fp8.h), x fp32. The question it answers: how an e4m3 byte
-// becomes part of a dot product fast enough that the GEMV streams at the memory's rate, with half the bytes
-// of bf16 to stream and twice the weights per byte.
+// Kernel lab for the quantised decode GEMVs: y = (W @ x) * scale with W float8 e4m3 [N, K] (one byte per
+// weight, row-major) and one fp32 scale per row (model/fp8.h), x fp32; and y = W @ x with W int4 (two codes a
+// byte, a scale per group of 128 along K; model/int4.h). The question it answers: how a quantised weight
+// becomes part of a dot product fast enough that the GEMV streams at the memory's rate, with a half or a
+// quarter of bf16's bytes to stream.
 //   v1: CUDA cores, the hardware's conversion e4m3x2 -> f16x2 (cuda_fp8.h), then f16 -> f32 and an FMA
 //   v2: CUDA cores, a bit trick (integer ops and one multiply per weight, then an FMA)
-// each at 4 and 8 16-byte chunks in flight per lane. "p fp8" is the product kernel (gemv_fp8.cu: the
-// tensor cores, e4m3x2 -> f16x2 and mma.sync with x as f16 halves), "p bf16" the product's bf16 kernel
-// (gemv_rows.cu) on the same shape, with twice the bytes.
+// each at 4 and 8 16-byte chunks in flight per lane. "p fp8" and "p int4" are the product kernels
+// (gemv_quant.cu: the tensor cores, weights to f16 pairs and mma.sync with x as f16 halves; int4's codes are
+// the first half of the FP8 bytes, its scales its own), "p bf16" the product's bf16 kernel (gemv_rows.cu) on
+// the same shape, with twice FP8's bytes.
 // Run 1 (v1, v2 and an FP8 warp-per-row product on the CUDA cores; H200): 1.2-1.9 TB/s of FP8, slower per
 // token than bf16 on every model (31B's listed products 16.0-17.4 ms against bf16's 13.3): instruction and
 // L1 bound, hence the tensor cores.
 // Correctness gate: every output against an fp64 GPU reference whose e4m3 table is model/fp8.h's decoding
-// (unit-tested exhaustively on the host); bound 1e-5 of sum |w x| (bf16: 4e-3, its copy rounds each weight;
-// the tensor-core kernel: 1e-5, x's f16 halves keep ~22 bits). Timing: launches over rotating copies
+// (unit-tested exhaustively on the host), int4's against its own fp64 reference; bound 1e-5 of sum |w x|
+// (bf16: 4e-3, its copy rounds each weight; the tensor-core kernels: 1e-5, x's f16 halves keep ~22 bits).
+// Timing: launches over rotating copies
 // (>= 256 MB distinct, so the 60 MB L2 serves none), captured as one graph, per-launch time, median of 5.
 //   markbase_fp8_gemv_lab [--only SUBSTRING]
 #include <cuda_fp8.h>
@@ -123,6 +126,37 @@ __global__ void ref_kernel(const uint8_t* W, const float* scale, const float* x,
     }
 }
 
+// int4's fp64 reference: codes (low nibble first) minus 8, times the group's scale
+__global__ void ref4_kernel(const uint8_t* q, const float* scale, const float* x, double* y, double* mag,
+                            int N, int K) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const int G = (K + 127) / 128;
+    double s = 0, m = 0;
+    for (int k = lane; k < K; k += 32) {
+        const int code = (q[static_cast<int64_t>(row) * (K / 2) + k / 2] >> (4 * (k & 1))) & 15;
+        const double t =
+            (code - 8) * static_cast<double>(scale[static_cast<int64_t>(row) * G + k / 128]) * x[k];
+        s += t;
+        m += fabs(t);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        m += __shfl_xor_sync(0xffffffffu, m, o);
+    }
+    if (lane == 0) {
+        y[row] = s;
+        mag[row] = m;
+    }
+}
+
+// int4 scales in [0.5, 1.5) / 8
+__global__ void fill4_kernel(float* scale, int64_t n, uint64_t seed) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride)
+        scale[i] = (1.0f + 0.5f * lab::uniform_pm1(seed + 3, i)) / 8.0f;
+}
+
 // random e4m3 codes (no NaN: 0x7f and 0xff redrawn as 0), scales in [0.5, 1.5) / 448, x in [-1, 1)
 __global__ void fill_kernel(uint8_t* W, int64_t n, float* scale, int N, float* x, int K, uint64_t seed) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -174,43 +208,57 @@ const Shape kShapes[] = {
     {"31b", "down", 5376, 21504, 60},
 };
 
-using LaunchFn = void (*)(const uint8_t*, const uint16_t*, const float*, const float*, float*, int, int,
-                          cudaStream_t);
+// One shape's buffers, `copies` of each weight set (so the 60 MB L2 serves none): FP8 bytes W [n], their
+// bf16 copy B [n], FP8 row scales sc [N]; int4 reads W's first n/2 bytes as codes with scales sc4 [N * G].
+struct Buffers {
+    uint8_t* W = nullptr;
+    uint16_t* B = nullptr;
+    float *sc = nullptr, *sc4 = nullptr;
+    int64_t n = 0;
+    int N = 0, K = 0, G = 0;
+};
+
+using LaunchFn = void (*)(const Buffers&, int copy, const float* x, float* y, cudaStream_t);
+
+markbase::cuda::GemvInput input_of(const float* x, int K) {
+    markbase::cuda::GemvInput in;
+    in.x = x;
+    in.K = K;
+    in.kernel = markbase::cuda::GemvKernel::kRows;
+    in.min_waves = 3;
+    return in;
+}
 
 template <bool Hw, int U>
-void launch_v(const uint8_t* W, const uint16_t*, const float* sc, const float* x, float* y, int N, int K,
-              cudaStream_t s) {
-    warp_kernel<Hw, U><<<(N + 7) / 8, 256, 0, s>>>(W, sc, x, y, N, K);
+void launch_v(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
+    warp_kernel<Hw, U><<<(b.N + 7) / 8, 256, 0, s>>>(b.W + b.n * c, b.sc + int64_t{b.N} * c, x, y, b.N, b.K);
 }
-void launch_p8(const uint8_t* W, const uint16_t*, const float* sc, const float* x, float* y, int N, int K,
-               cudaStream_t s) {
-    markbase::cuda::GemvInput in;
-    in.x = x;
-    in.K = K;
-    in.kernel = markbase::cuda::GemvKernel::kRows;
-    in.min_waves = 3;
+void launch_p8(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
     markbase::cuda::GemvSeg seg;
-    seg.w8 = W;
-    seg.scale = sc;
+    seg.q = {b.W + b.n * c, b.sc + int64_t{b.N} * c, nullptr};
+    seg.format = markbase::WeightFormat::kFp8;
     seg.y = y;
-    seg.rows = N;
-    markbase::cuda::gemv(in, &seg, 1, 1, s);
+    seg.rows = b.N;
+    markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
 }
-void launch_p16(const uint8_t*, const uint16_t* B, const float*, const float* x, float* y, int N, int K,
-                cudaStream_t s) {
-    markbase::cuda::GemvInput in;
-    in.x = x;
-    in.K = K;
-    in.kernel = markbase::cuda::GemvKernel::kRows;
-    in.min_waves = 3;
-    markbase::cuda::GemvSeg seg{B, y, N, 0};
-    markbase::cuda::gemv(in, &seg, 1, 1, s);
+void launch_p4(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
+    markbase::cuda::GemvSeg seg;
+    seg.q = {b.W + b.n * c, b.sc4 + int64_t{b.N} * b.G * c, nullptr};
+    seg.format = markbase::WeightFormat::kInt4;
+    seg.y = y;
+    seg.rows = b.N;
+    markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
+}
+void launch_p16(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
+    markbase::cuda::GemvSeg seg{b.B + b.n * c, y, b.N, 0};
+    markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
 }
 
 struct Variant {
     const char* name;
     LaunchFn fn;
-    bool bf16;  // streams the bf16 copy (2 bytes per weight)
+    double bytes_per_weight = 1.0;
+    bool int4 = false;  // checked against int4's reference
 };
 const Variant kVariants[] = {
     {"v1 hwcvt U4", launch_v<true, 4>},
@@ -218,7 +266,8 @@ const Variant kVariants[] = {
     {"v2 bits U4", launch_v<false, 4>},
     {"v2 bits U8", launch_v<false, 8>},
     {"p fp8", launch_p8},
-    {"p bf16", launch_p16, true},
+    {"p int4", launch_p4, 0.5, true},
+    {"p bf16", launch_p16, 2.0},
 };
 
 }  // namespace
@@ -257,13 +306,22 @@ int main(int argc, char** argv) {
         if (!only.empty() && label.find(only) == std::string::npos) continue;
         const int64_t n = int64_t{sh.N} * sh.K;
         const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / n + 1));
-        uint8_t* W = nullptr;
-        uint16_t* B = nullptr;
-        float *sc = nullptr, *x = nullptr, *y = nullptr;
-        double *ref = nullptr, *mag = nullptr;
+        Buffers b;
+        b.n = n;
+        b.N = sh.N;
+        b.K = sh.K;
+        b.G = (sh.K + 127) / 128;
+        uint8_t*& W = b.W;
+        uint16_t*& B = b.B;
+        float*& sc = b.sc;
+        float *x = nullptr, *y = nullptr;
+        double *ref = nullptr, *mag = nullptr, *ref4 = nullptr, *mag4 = nullptr;
         CK(cudaMalloc(&W, n * copies));
         CK(cudaMalloc(&B, n * 2 * copies));
         CK(cudaMalloc(&sc, sizeof(float) * sh.N * copies));
+        CK(cudaMalloc(&b.sc4, sizeof(float) * sh.N * b.G * copies));
+        CK(cudaMalloc(&ref4, sizeof(double) * sh.N));
+        CK(cudaMalloc(&mag4, sizeof(double) * sh.N));
         CK(cudaMalloc(&x, sizeof(float) * sh.K));
         CK(cudaMalloc(&y, sizeof(float) * sh.N));
         CK(cudaMalloc(&ref, sizeof(double) * sh.N));
@@ -272,29 +330,35 @@ int main(int argc, char** argv) {
             fill_kernel<<<1024, 256, 0, stream>>>(W + n * c, n, sc + int64_t{sh.N} * c, sh.N, x, sh.K, 7 + c);
             widen_kernel<<<1024, 256, 0, stream>>>(W + n * c, sc + int64_t{sh.N} * c, B + n * c, n, sh.K);
         }
+        fill4_kernel<<<1024, 256, 0, stream>>>(b.sc4, int64_t{sh.N} * b.G * copies, 7);
         fill_kernel<<<1024, 256, 0, stream>>>(W, n, sc, sh.N, x, sh.K, 7);  // copy 0's x
         ref_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(W, sc, x, ref, mag, sh.N, sh.K);
+        ref4_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(W, b.sc4, x, ref4, mag4, sh.N, sh.K);
         CK(cudaStreamSynchronize(stream));
-        std::vector<double> href(sh.N), hmag(sh.N);
+        std::vector<double> href(sh.N), hmag(sh.N), href4(sh.N), hmag4(sh.N);
         CK(cudaMemcpy(href.data(), ref, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(hmag.data(), mag, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(href4.data(), ref4, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hmag4.data(), mag4, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
         std::printf("%-4s %-20s %6d %6d |", sh.model, sh.what, sh.N, sh.K);
         int mi = 0;
         while (std::string(models[mi]) != sh.model) ++mi;
         for (int v = 0; v < kVar; ++v) {
             const Variant& var = kVariants[v];
             CK(cudaMemset(y, 0xff, sizeof(float) * sh.N));  // NaN poison
-            var.fn(W, B, sc, x, y, sh.N, sh.K, stream);
+            var.fn(b, 0, x, y, stream);
             CK(cudaStreamSynchronize(stream));
+            const std::vector<double>& want = var.int4 ? href4 : href;
+            const std::vector<double>& size = var.int4 ? hmag4 : hmag;
             std::vector<float> hy(sh.N);
             CK(cudaMemcpy(hy.data(), y, sizeof(float) * sh.N, cudaMemcpyDeviceToHost));
             double worst = 0;
             for (int r = 0; r < sh.N; ++r) {
-                const double e = std::fabs(hy[r] - href[r]) / (hmag[r] + 1e-30);
+                const double e = std::fabs(hy[r] - want[r]) / (size[r] + 1e-30);
                 worst = std::isfinite(hy[r]) ? std::max(worst, e) : INFINITY;
             }
             // the bf16 copy rounds each dequantised weight once more (relative 2^-9)
-            const bool ok = worst <= (var.bf16 ? 4e-3 : 1e-5);
+            const bool ok = worst <= (var.bytes_per_weight == 2.0 ? 4e-3 : 1e-5);
             all_ok = all_ok && ok;
             cudaGraph_t graph;
             cudaGraphExec_t exec;
@@ -302,7 +366,7 @@ int main(int argc, char** argv) {
             const int launches = std::max(20, copies);
             for (int l = 0; l < launches; ++l) {
                 const int c = l % copies;
-                var.fn(W + n * c, B + n * c, sc + int64_t{sh.N} * c, x, y, sh.N, sh.K, stream);
+                var.fn(b, c, x, y, stream);
             }
             CK(cudaStreamEndCapture(stream, &graph));
             CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -310,7 +374,8 @@ int main(int argc, char** argv) {
             CK(cudaGraphExecDestroy(exec));
             CK(cudaGraphDestroy(graph));
             const double us = ms * 1e3 / launches;
-            const double bytes = static_cast<double>(n) * (var.bf16 ? 2 : 1) + 4.0 * sh.N;
+            const double bytes =
+                static_cast<double>(n) * var.bytes_per_weight + 4.0 * (var.int4 ? sh.N * b.G : sh.N);
             std::printf(" %7.2f %5.0f%s%s", us, bytes / (us * 1e-6) / 1e9, ok ? " " : "!", "  ");
             model_us[mi * kVar + v] += us * sh.count;
         }
@@ -322,6 +387,9 @@ int main(int argc, char** argv) {
         CK(cudaFree(y));
         CK(cudaFree(ref));
         CK(cudaFree(mag));
+        CK(cudaFree(b.sc4));
+        CK(cudaFree(ref4));
+        CK(cudaFree(mag4));
     }
     std::printf("\nper token, the listed products (us):\n");
     for (int m = 0; m < 4; ++m) {

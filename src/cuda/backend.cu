@@ -131,7 +131,7 @@ class CudaBackendImpl final : public CudaBackend {
                " batched-step layers recorded with their experts on the device (since the model was built; "
                "a step's graph counts once, when captured)";
     }
-    uint64_t weight_bytes() const override { return model_.weights().bytes + model_.weights().fp8_bytes; }
+    uint64_t weight_bytes() const override { return model_.weights().bytes + model_.weights().quant_bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 
   private:
@@ -234,17 +234,17 @@ CudaDeviceInfo cuda_device_info() {
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
-    const bool fp8 = !ck.weights.quant.empty();
-    const bool made = fp8 || !ck.owned.dequantized.empty();  // tensors the loader made, in none of the files
+    const bool quant = !ck.weights.quant.empty();
+    const bool made = quant || !ck.owned.dequantized.empty();  // tensors the loader made, in none of the files
     if (made && o.tensor_parallel > 1)
-        throw Error("FP8 weights over several GPUs (--tensor-parallel-size " +
+        throw Error("quantised weights over several GPUs (--tensor-parallel-size " +
                     std::to_string(o.tensor_parallel) +
                     ") are not supported yet: run them on one GPU, or the bf16 checkpoint split");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
-    // FP8: the bf16 slots (the dequantised values, for the prefill and the batched step) from the host, then
-    // the FP8 bytes and scales the decode step reads
+    // quantised: the bf16 slots (the dequantised values, for the prefill and the batched step) from the host,
+    // then the bytes, scales and zero points the decode step reads
     auto dw = made ? cuda::upload_weights_from_host(ck) : cuda::upload_weights(ck, o.tuning);
-    if (fp8) cuda::attach_fp8_weights(*dw, &ck.weights);
+    if (quant) cuda::attach_quant_weights(*dw, ck.format, &ck.weights);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 
@@ -253,11 +253,11 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     const ModelConfig c = parse_config_text(variant_config(variant, layers).dump(), "synthetic " + variant);
     require_device();
     const BackendOptions o = clamp(c, opt);
-    const bool fp8 = o.weights == WeightFormat::kFp8;
-    if (fp8 && o.tensor_parallel > 1) throw Error("FP8 weights over several GPUs are not supported yet");
+    const bool quant = o.weights != WeightFormat::kBf16;
+    if (quant && o.tensor_parallel > 1) throw Error("quantised weights over several GPUs are not supported yet");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
     auto dw = cuda::synthetic_weights(c, seed);
-    if (fp8) cuda::attach_fp8_weights(*dw, nullptr);
+    if (quant) cuda::attach_quant_weights(*dw, o.weights, nullptr);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 

@@ -36,7 +36,7 @@ std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const
 std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck);
 // fp8_weights.cu: w.quant filled, from the host's FP8 matrices (host->quant, a checkpoint's) or, host null, by
 // quantising the bf16 tensors on the device (which then hold the FP8 values rounded to bf16).
-void attach_fp8_weights(DeviceWeights& dw, const Weights* host);
+void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host);
 }  // namespace cuda
 
 }  // namespace markbase

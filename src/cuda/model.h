@@ -50,8 +50,11 @@ struct DeviceWeights {
     std::vector<Tensor> tensors;  // plan order
     uint64_t bytes = 0;
     void* arena = nullptr;  // when set, one allocation holds every tensor (the staged loader); else one each
-    void* fp8_arena = nullptr;  // w.quant's bytes and scales (attach_fp8_weights), one allocation
-    uint64_t fp8_bytes = 0;
+    // w.quant's bytes, scales and zero points (attach_quant_weights), one allocation; quant_format says
+    // which format they are (kBf16: none)
+    void* quant_arena = nullptr;
+    uint64_t quant_bytes = 0;
+    WeightFormat quant_format = WeightFormat::kBf16;
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
     DeviceWeights& operator=(const DeviceWeights&) = delete;
@@ -204,6 +207,8 @@ class CudaModel {
     float ffn_scale(int i) const { return c_.ple_dim ? 1.0f : w_.layers[i].layer_scalar; }
     void record_experts(int i, Profiler* pf, cudaStream_t st);  // step.cu: router .. experts_down
     GemvInput gemv_input(const float* x, int K) const;          // step.cu: this model's GEMV settings
+    GemvSeg seg_of(const bf16* w, const QuantMatrix& q, float* y, int rows) const;  // step.cu
+    WeightFormat format_of(const QuantMatrix& m) const;                             // step.cu
     // step.cu: the current x as a GEMV input (a deferred update is launched first, for `layer`)
     GemvInput x_input(Profiler* pf, int layer, bool norm, const bf16* norm_w);
     void residual(Profiler* pf, const char* name, int layer, const float* y, const bf16* w, float scale,
@@ -215,8 +220,8 @@ class CudaModel {
     // next_w: the input norm of the GEMV that reads x next, for an update launched at once (plan_.prenorm).
     // W8: W as FP8 (read instead of W when set).
     void project_residual(Profiler* pf, const char* name, const char* res_name, int layer, const bf16* W,
-                          const QuantMatrix& W8, int rows, const float* xin, int K, float* y, const bf16* res_w,
-                          float scale, bool reduce = false, const bf16* next_w = nullptr);
+                          const QuantMatrix& W8, int rows, const float* xin, int K, float* y,
+                          const bf16* res_w, float scale, bool reduce = false, const bf16* next_w = nullptr);
 
     // Sharded only (no-ops otherwise): in-place sum of n floats over the ranks; max of the argmax key.
     void all_reduce(Profiler* pf, int layer, float* buf, size_t n);

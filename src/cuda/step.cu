@@ -14,25 +14,33 @@
 namespace markbase::cuda {
 
 namespace {
-double step_wbytes(int64_t rows, int64_t cols, bool fp8 = false) {
-    return (fp8 ? 1.0 : 2.0) * static_cast<double>(rows) * static_cast<double>(cols);
+// The bytes a product reads: bf16, or the quantised form's (its scales aside).
+double step_wbytes(int64_t rows, int64_t cols, WeightFormat f = WeightFormat::kBf16) {
+    const double per = f == WeightFormat::kInt4 ? 0.5 : f == WeightFormat::kFp8 ? 1.0 : 2.0;
+    return per * static_cast<double>(rows) * static_cast<double>(cols);
 }
-// Layer i's FP8 matrices (all null for a bf16 model).
-const LayerQuant& layer_fp8(const Weights& w, int i) {
+// Layer i's quantised matrices (all null for a bf16 model).
+const LayerQuant& layer_quant(const Weights& w, int i) {
     static const LayerQuant none{};
     return w.quant.empty() ? none : w.quant[static_cast<size_t>(i)];
 }
-// A product's segment: its FP8 form where the model has one.
-GemvSeg seg_of(const bf16* w, const QuantMatrix& w8, float* y, int rows) {
+}  // namespace
+
+// A product's segment: its quantised form where the model has one.
+GemvSeg CudaModel::seg_of(const bf16* w, const QuantMatrix& q, float* y, int rows) const {
     GemvSeg s{w, y, rows, 0};
-    if (w8.q) {
+    if (q.q) {
         s.w = nullptr;
-        s.w8 = w8.q;
-        s.scale = w8.scale;
+        s.q = q;
+        s.format = dw_->quant_format;
     }
     return s;
 }
-}  // namespace
+
+// The format a product reads m in.
+WeightFormat CudaModel::format_of(const QuantMatrix& m) const {
+    return m.q ? dw_->quant_format : WeightFormat::kBf16;
+}
 
 // The GEMV settings of this model (the kernel and the warp-per-row rules), for an input of width K.
 GemvInput CudaModel::gemv_input(const float* x, int K) const {
@@ -103,7 +111,7 @@ void CudaModel::project_residual(Profiler* pf, const char* name, const char* res
                                  float* y, const bf16* res_w, float scale, bool reduce, const bf16* next_w) {
     const GemvInput in = gemv_input(xin, K);
     const GemvSeg seg = seg_of(W, W8, y, rows);
-    const double bytes = step_wbytes(rows, K, W8.q != nullptr);
+    const double bytes = step_wbytes(rows, K, format_of(W8));
     if (!res_w) {  // a plain product
         run(pf, name, layer, bytes, [&] { gemv(in, &seg, 1, 1, stream_); });
         return;
@@ -205,26 +213,27 @@ void CudaModel::record_layer(int i, Profiler* pf) {
 // o_proj and its residual update.
 void CudaModel::record_attention(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
-    const LayerQuant& f8 = layer_fp8(w_, i);
+    const LayerQuant& lq = layer_quant(w_, i);
     const LayerSpec& s = c_.layers[i];
     const int H = c_.hidden, nH = c_.n_heads, d = s.head_dim, nKV = s.n_kv_heads;
     const int qw = nH * d, kvw = nKV * d;
     const bool own = s.has_own_kv();
     {
         const GemvInput in = x_input(pf, i, true, lw.input_norm);
-        run(pf, "qkv", i, step_wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H, f8.q_proj.q), [&] {
-            GemvSeg segs[3];
-            int ns = 0;
-            // one launch reads one format: FP8 only where all of q, k, v are
-            const bool all8 = f8.q_proj.q && (!own || (f8.k_proj.q && (!lw.v_proj || f8.v_proj.q)));
-            const QuantMatrix none{};
-            segs[ns++] = seg_of(lw.q_proj, all8 ? f8.q_proj : none, act_.q, qw);
-            if (own) {
-                segs[ns++] = seg_of(lw.k_proj, all8 ? f8.k_proj : none, act_.k, kvw);
-                if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, all8 ? f8.v_proj : none, act_.v, kvw);
-            }
-            gemv(in, segs, ns, 1, stream_);
-        });
+        run(pf, "qkv", i, step_wbytes(qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0), H, format_of(lq.q_proj)),
+            [&] {
+                GemvSeg segs[3];
+                int ns = 0;
+                // one launch reads one format: quantised only where all of q, k, v are
+                const bool all8 = lq.q_proj.q && (!own || (lq.k_proj.q && (!lw.v_proj || lq.v_proj.q)));
+                const QuantMatrix none{};
+                segs[ns++] = seg_of(lw.q_proj, all8 ? lq.q_proj : none, act_.q, qw);
+                if (own) {
+                    segs[ns++] = seg_of(lw.k_proj, all8 ? lq.k_proj : none, act_.k, kvw);
+                    if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, all8 ? lq.v_proj : none, act_.v, kvw);
+                }
+                gemv(in, segs, ns, 1, stream_);
+            });
     }
     run(pf, "qk_norm_rope", i, 0.0, [&] {
         const QkvPost p = qkv_post_args(i);
@@ -244,7 +253,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
         a.cluster = a.nsplit;
     }
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
-    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, f8.o_proj, H, act_.attn, qw, act_.o,
+    project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, lq.o_proj, H, act_.attn, qw, act_.o,
                      lw.post_attn_norm, 1.0f, true, lw.pre_ffn_norm);
 }
 
@@ -254,7 +263,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
 // changes; the combine needs both). Returns whether the experts were forked.
 bool CudaModel::record_ffn(int i, Profiler* pf) {
     const LayerWeights& lw = w_.layers[i];
-    const LayerQuant& f8 = layer_fp8(w_, i);
+    const LayerQuant& lq = layer_quant(w_, i);
     const int H = c_.hidden, I = c_.layers[i].mlp_width;
     const bool overlap = c_.moe && !pf && !pending_.y;  // o_proj's update applied
     if (overlap) {
@@ -265,15 +274,15 @@ bool CudaModel::record_ffn(int i, Profiler* pf) {
     }
     {
         const GemvInput in = x_input(pf, i, true, lw.pre_ffn_norm);
-        run(pf, "mlp_gate_up", i, step_wbytes(2 * I, H, f8.gate_proj.q), [&] {
-            if (f8.gate_proj.q && f8.up_proj.q)
-                gemv_fp8_geglu(in, f8.gate_proj, f8.up_proj, I, act_.g, stream_);
+        run(pf, "mlp_gate_up", i, step_wbytes(2 * I, H, format_of(lq.gate_proj)), [&] {
+            if (lq.gate_proj.q && lq.up_proj.q)
+                gemv_quant_geglu(in, format_of(lq.gate_proj), lq.gate_proj, lq.up_proj, I, act_.g, stream_);
             else
                 gemv_geglu(in, lw.gate_proj, lw.up_proj, I, act_.g, stream_);
         });
     }
     // the MoE combines act_.m with the experts first (record_moe_combine)
-    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, f8.down_proj, H, act_.g, I, act_.m,
+    project_residual(pf, "mlp_down", "post_ffn_norm", i, lw.down_proj, lq.down_proj, H, act_.g, I, act_.m,
                      c_.moe ? nullptr : lw.post_ffn_norm, ffn_scale(i), true);
     return overlap;
 }
@@ -303,8 +312,9 @@ void CudaModel::record_moe_combine(int i, Profiler* pf, bool overlap) {
     const bf16* next_w = i + 1 < c_.n_layers ? w_.layers[i + 1].input_norm : w_.final_norm;
     const bool pre = plan_.prenorm && H <= kMoeWideMaxHidden && K <= kMoeWideMaxK;
     run(pf, "ffn_combine", i, 0.0, [&] {
-        // (moe_.eslots holds the down-sum's vector, combined as one slot of weight 1; FP8 experts: K slots)
-        const bool slots = layer_fp8(w_, i).experts_down.q != nullptr;
+        // (moe_.eslots holds the down-sum's vector, combined as one slot of weight 1; quantised experts: K
+        // slots)
+        const bool slots = layer_quant(w_, i).experts_down.q != nullptr;
         residual_moe_combine(act_.x, act_.m, moe_.eslots, slots ? moe_.sel_w : moe_.ones, slots ? K : 1,
                              lw.post_ffn_norm_1, lw.post_ffn_norm_2, lw.post_ffn_norm, H, 1, eps, scale,
                              stream_, true, pre ? next_w : nullptr, pre ? act_.xn : nullptr);
@@ -346,18 +356,20 @@ void CudaModel::record_experts(int i, Profiler* pf, cudaStream_t st) {
                   moe_.goff, moe_.gent, plan_.moe_prenorm ? nullptr : act_.x, lw.pre_ffn_norm_2, H,
                   c_.rms_eps, moe_.e_in, st, held_experts(), true);
     });
-    const LayerQuant& f8 = layer_fp8(w_, i);
-    run(pf, "experts_gate_up", i, step_wbytes(int64_t{K} * 2 * Ie, H, f8.experts_gate_up.q), [&] {
-        if (f8.experts_gate_up.q)
-            moe_gate_up_decode_fp8(moe_.e_in, H, f8.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st);
+    const LayerQuant& lq = layer_quant(w_, i);
+    run(pf, "experts_gate_up", i, step_wbytes(int64_t{K} * 2 * Ie, H, format_of(lq.experts_gate_up)), [&] {
+        if (lq.experts_gate_up.q)
+            moe_gate_up_decode_quant(format_of(lq.experts_gate_up), moe_.e_in, H, lq.experts_gate_up, Ie, K,
+                                     moe_.gexp, moe_.eh, st);
         else
             moe_gate_up_decode(moe_.e_in, H, lw.experts_gate_up, Ie, K, moe_.gexp, moe_.eh, st);
     });
     // the weighted sum too: a rank's share goes to act_.m's second half, else moe_.eslots[0]
-    run(pf, "experts_down", i, step_wbytes(int64_t{K} * H, Ie, f8.experts_down.q), [&] {
+    run(pf, "experts_down", i, step_wbytes(int64_t{K} * H, Ie, format_of(lq.experts_down)), [&] {
         float* e = sharded() ? act_.m + H : moe_.eslots;
-        if (f8.experts_down.q)  // one row per slot: the combine weighs them (record_moe_combine)
-            moe_down_decode_fp8(moe_.eh, Ie, f8.experts_down, H, K, moe_.gexp, moe_.eslots, st);
+        if (lq.experts_down.q)  // one row per slot: the combine weighs them (record_moe_combine)
+            moe_down_decode_quant(format_of(lq.experts_down), moe_.eh, Ie, lq.experts_down, H, K, moe_.gexp,
+                                  moe_.eslots, st);
         else
             moe_down_sum_decode(moe_.eh, Ie, lw.experts_down, H, K, moe_.gexp, moe_.sel_w, e, st);
     });

@@ -71,7 +71,7 @@ void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, c
 }
 
 DeviceWeights::~DeviceWeights() {
-    if (fp8_arena) cudaFree(fp8_arena);
+    if (quant_arena) cudaFree(quant_arena);
     if (arena) {
         cudaFree(arena);
         return;

@@ -216,14 +216,19 @@ bool OwnedWeights::holds(const void* p) const {
 
 bool decode_reads_quantized(const PlannedTensor& p, WeightFormat f) {
     if (!p.quant_eligible || f == WeightFormat::kBf16) return false;
-    const int64_t K = p.shape.back(), rows = p.shape[p.shape.size() - 2];
-    return K % (f == WeightFormat::kFp8 ? 64 : kInt4Group) == 0 && rows % 8 == 0;
+    const int64_t K = p.shape.back();
+    int64_t rows = p.shape[p.shape.size() - 2];
+    // the experts' gate and up halves are read as two matrices of Ie rows each
+    if (p.name.ends_with("experts.gate_up_proj")) rows /= 2;
+    return K % 64 == 0 && rows % 8 == 0;
 }
 
 double quantized_bytes_per_weight(const PlannedTensor& p, WeightFormat f, bool zero_points) {
     if (!decode_reads_quantized(p, f)) return 0;
-    if (f == WeightFormat::kFp8) return 1.0 + 4.0 / static_cast<double>(p.shape.back());  // a float a row
-    return 0.5 + (4.0 + (zero_points ? 1.0 : 0.0)) / kInt4Group;  // a float (and a byte) a group
+    const double K = static_cast<double>(p.shape.back());
+    if (f == WeightFormat::kFp8) return 1.0 + 4.0 / K;  // a float a row
+    // a float (and a byte) a group, the last one possibly short
+    return 0.5 + (4.0 + (zero_points ? 1.0 : 0.0)) * static_cast<double>(int4_groups(p.shape.back())) / K;
 }
 
 ModelCounts count_params(const ModelConfig& c, WeightFormat f, bool zero_points) {

@@ -77,12 +77,14 @@ struct ModelCounts {
 };
 // f = kFp8 or kInt4: bytes_per_token with the matrices the decode step reads quantised
 // (decode_reads_quantized) at their bytes: FP8 a byte a weight and a float a row; int4 half a byte a weight
-// and a float a group of 128, and a byte a group more with zero points (asymmetric checkpoints).
+// and a float a group of 128 (the last one of a row possibly short), and a byte a group more with zero points
+// (asymmetric checkpoints).
 ModelCounts count_params(const ModelConfig& c, WeightFormat f = WeightFormat::kBf16,
                          bool zero_points = false);
 // Whether the GPU's decode step reads this planned tensor quantised in a model of format f: the layers'
-// projections and experts (not the router, the PLE matrices, embeddings or norms), at its kernels' shapes:
-// rows of 8, K a multiple of 64 (FP8) or of 128 (int4, a whole group).
+// projections and experts (not the router, the PLE matrices, embeddings or norms), at its kernels' shapes
+// (cuda/kernels/gemv_quant.cu): rows of 8, K a multiple of 64 (int4: a row's last group of 128 may be half
+// one; published int4 checkpoints hold only whole groups). The GPU's quantised upload takes the same rule.
 struct PlannedTensor;
 bool decode_reads_quantized(const PlannedTensor& p, WeightFormat f);
 // The bytes a weight of p costs the decode step in format f (its scales and zero points included), 0 where

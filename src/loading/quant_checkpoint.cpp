@@ -65,14 +65,14 @@ const char* weight_format_name(WeightFormat f) {
 std::vector<std::string> quantize_weights(Checkpoint& ck, WeightFormat f) {
     ck.weights.quant.assign(static_cast<size_t>(ck.config.n_layers), LayerQuant{});
     std::vector<RowJob> jobs;
-    std::vector<std::string> kept;  // int4: kinds whose K is not a multiple of 128
+    std::vector<std::string> kept;  // int4: kinds whose K is not a multiple of 64 (the GPU kernel's step)
     int64_t n_kept = 0;
     for (const PlannedTensor& p : plan_bound_tensors(ck.config, ck.weights)) {
         if (!p.quant) continue;
         RowJob j;
         j.format = f;
         j.K = p.shape.back();
-        if (f == WeightFormat::kInt4 && j.K % kInt4Group != 0) {
+        if (f == WeightFormat::kInt4 && j.K % 64 != 0) {
             add_once(kept, kind_of(p));
             ++n_kept;
             continue;
@@ -96,7 +96,7 @@ std::vector<std::string> quantize_weights(Checkpoint& ck, WeightFormat f) {
         ck.format = f;
     if (n_kept)
         ck.notes.push_back("--quantize int4: " + std::to_string(n_kept) +
-                           " matrices whose width is not a multiple of 128 stay bf16 (" + join(kept) + ")");
+                           " matrices whose width is not a multiple of 64 stay bf16 (" + join(kept) + ")");
     return run_row_jobs(jobs);
 }
 

@@ -7,7 +7,8 @@
 // Two ways in:
 //  - published compressed-tensors checkpoints, FP8 or int4 pack-quantized (loading/published_quant.h);
 //  - LoadOptions::quantize (--quantize fp8|int4): every LayerQuant matrix of a bf16 checkpoint quantised, FP8
-//    per row, int4 per group of 128 (symmetric; a matrix whose K is not a multiple of 128 stays bf16).
+//    per row, int4 per group of 128 (symmetric; a row's last group half one where K is an odd multiple of
+//    64, which the GPU's kernel reads; a matrix whose K is not a multiple of 64 stays bf16).
 #pragma once
 
 #include <array>

@@ -57,7 +57,7 @@ double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmSha
         EXPECT_EQ(cudaMalloc(&d_y[s], sizeof(float) * ldy * n), cudaSuccess);
         EXPECT_EQ(cudaMemset(d_y[s], 0xff, sizeof(float) * ldy * n),
                   cudaSuccess);  // NaN: every output written
-        segs[s] = {d_w[s], d_y[s], rows[s], ldy};
+        segs[s] = {d_w[s], d_y[s], rows[s], ldy, {}, {}};
     }
     cuda::stream_gemm(segs.data(), static_cast<int>(segs.size()), d_hl, d_hl + static_cast<size_t>(n) * K, n,
                       K, shape, nullptr);
@@ -119,9 +119,10 @@ TEST(StreamGemm, ShapeRuleAndEligibility) {
     EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1536, 0));
     // the rule on an H200 (132 SMs): few rows get a K split, many rows none; a block's accumulators stay
     // within 16 tiles
-    const cuda::GemvSeg qkv[3] = {
-        {nullptr, nullptr, 2048, 0}, {nullptr, nullptr, 256, 0}, {nullptr, nullptr, 256, 0}};
-    const cuda::GemvSeg lm{nullptr, nullptr, 262144, 0};
+    const cuda::GemvSeg qkv[3] = {{nullptr, nullptr, 2048, 0, {}, {}},
+                                  {nullptr, nullptr, 256, 0, {}, {}},
+                                  {nullptr, nullptr, 256, 0, {}, {}}};
+    const cuda::GemvSeg lm{nullptr, nullptr, 262144, 0, {}, {}};
     for (int n : {1, 8, 16, 32, 64}) {
         const cuda::StreamGemmShape a = cuda::stream_gemm_shape(qkv, 3, 1536, n, 132);
         const cuda::StreamGemmShape b = cuda::stream_gemm_shape(&lm, 1, 1536, n, 132);

@@ -29,6 +29,7 @@
 #include "cli/commands/bench_cuda_setup.h"
 #include "cli/commands/model_options.h"
 #include "cuda/backend.h"
+#include "loading/quant_checkpoint.h"
 #include "model/error.h"
 #include "runtime/generate.h"
 
@@ -352,7 +353,7 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
     nlohmann::json j = {
         {"kind", "cuda-bench"},
         {"model", m.label},
-        {"weights", m.weights == WeightFormat::kFp8 ? "fp8" : "bf16"},
+        {"weights", weight_format_name(m.weights)},
         {"device", dev.name},
         {"sm_count", dev.sm_count},
         {"date", date},

@@ -7,6 +7,7 @@
 
 #include "cli/commands/model_options.h"
 #include "cuda/backend.h"
+#include "loading/quant_checkpoint.h"
 #include "model/error.h"
 #include "runtime/graph_timeline.h"
 #include "runtime/timing.h"
@@ -50,13 +51,15 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         bo.slots = m.slots;
         bo.kv_dtype = parse_kv_dtype(a.value_or({"--kv-cache-dtype", "-ctk"}, "auto"), "--kv-cache-dtype");
         bo.tuning = read_tuning(a);
-        // --quantize fp8: the random weights quantised on the device (model/fp8.h), as a checkpoint's are at
-        // load (-m DIR --quantize fp8 goes through the loader)
+        // --quantize fp8|int4: the random weights quantised on the device (model/fp8.h, model/int4.h), as a
+        // checkpoint's are at load (-m DIR --quantize goes through the loader)
         const std::string quantize = a.value_or({"--quantize"}, "none");
         if (quantize == "fp8")
             bo.weights = WeightFormat::kFp8;
+        else if (quantize == "int4")
+            bo.weights = WeightFormat::kInt4;
         else if (quantize != "none")
-            throw Error("--quantize: expected fp8 or none, found \"" + quantize + "\"");
+            throw Error("--quantize: expected fp8, int4 or none, found \"" + quantize + "\"");
         m.tuning = bo.tuning;
         m.kv_dtype = bo.kv_dtype;
         a.finish();
@@ -65,7 +68,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         m.owner = make_synthetic_cuda_backend(*b.synthetic, b.layers, bo, b.seed);
         m.load_s = now_s() - t0;
         m.label = "synthetic:" + *b.synthetic + (b.layers ? "/" + std::to_string(b.layers) + "L" : "");
-        if (bo.weights == WeightFormat::kFp8) m.label += " fp8";
+        if (bo.weights != WeightFormat::kBf16) m.label += std::string(" ") + weight_format_name(bo.weights);
         m.weights = bo.weights;
         return m;
     }
@@ -84,7 +87,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
     m.owner = std::move(lm.backend);
     m.load_s = lm.load_s;
     m.label = mo.model_dir;
-    if (!m.checkpoint->weights.quant.empty()) m.weights = WeightFormat::kFp8;
+    if (!m.checkpoint->weights.quant.empty()) m.weights = m.checkpoint->format;
     return m;
 }
 

@@ -266,7 +266,7 @@ void launch(Params& p, int ntok, cudaStream_t s) {
 
 void gemv_prepare(int max_K) {
     sm_count();  // query the device now: launches may later run inside a graph capture
-    gemv_fp8_prepare();
+    gemv_quant_prepare();
     const size_t smem = static_cast<size_t>(max_K) * sizeof(float);
     if (smem > 220 * 1024)
         throw Error("GEMV input width " + std::to_string(max_K) + " exceeds the shared-memory staging limit");
@@ -288,9 +288,9 @@ void gemv_prepare(int max_K) {
 }
 
 void gemv(const GemvInput& in, const GemvSeg* segs, int nseg, int ntok, cudaStream_t s) {
-    if (nseg > 0 && segs[0].w8) {
-        if (ntok != 1) throw Error("internal: FP8 weights are read at one token only");
-        return gemv_fp8(in, segs, nseg, s);
+    if (nseg > 0 && segs[0].q.q) {
+        if (ntok != 1) throw Error("internal: quantised weights are read at one token only");
+        return gemv_quant(in, segs, nseg, s);
     }
     if (in.kernel != GemvKernel::kTiles && ntok == 1) return gemv_rows(in, segs, nseg, s);
     Params p;

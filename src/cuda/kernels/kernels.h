@@ -71,10 +71,10 @@ struct GemvSeg {
     float* y = nullptr;       // [rows] (per token, stride ldy)
     int rows = 0;
     int64_t ldy = 0;
-    // FP8 weights instead of w (model/fp8.h): [rows, K] e4m3 bytes and a scale per row. The warp-per-row
-    // kernels at one token only (GemvKernel::kRows); K a multiple of 16.
-    const uint8_t* w8 = nullptr;
-    const float* scale = nullptr;
+    // Quantised weights instead of w (model/weights.h QuantMatrix, format kFp8 or kInt4): gemv_quant.cu, at
+    // one token only.
+    QuantMatrix q;
+    WeightFormat format = WeightFormat::kBf16;
 };
 
 // Up to 3 matrices sharing one input in one launch (q/k/v); ntok tokens along grid.y.
@@ -89,9 +89,12 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
                  unsigned long long* argmax_key, cudaStream_t s, const StepFinish* finish = nullptr,
                  int64_t id_base = 0);
 
-// ---- fp8_quant.cu: bf16 weights [rows, K] to FP8 (model/fp8.h) in place: q and scale written, w rewritten
-// as the FP8 values rounded to bf16 (random weights at real widths; checkpoints quantise on the host)
+// ---- quantize_rows.cu: bf16 weights [rows, K] quantised in place (random weights at real widths;
+// checkpoints quantise on the host): q and scale written, w rewritten as the quantised values rounded to
+// bf16. FP8 (model/fp8.h): a scale per row. int4 (model/int4.h): symmetric, a scale per group of 128 along K
+// (scale [rows, ceil(K/128)]).
 void quantize_rows_fp8(uint16_t* w, int64_t rows, int K, uint8_t* q, float* scale, cudaStream_t s);
+void quantize_rows_int4(uint16_t* w, int64_t rows, int K, uint8_t* q, float* scale, cudaStream_t s);
 
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
 // GemvKernel::kRows routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 (lm_head keeps
@@ -363,23 +366,25 @@ void moe_gate_up_decode(const float* x, int H, const bf16* gate_up, int Ie, int 
 // weighted sum in one kernel, 4 output rows per block and a warp per slot (Ie <= 768, K <= 32).
 void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K, const int* group_expert,
                          const float* sel_w, float* e, cudaStream_t s);
-// ---- gemv_fp8.cu: FP8 weights (model/fp8.h) at one token on the tensor cores --------------------------
-// The decode step's products over FP8 matrices: y = (W @ xn) * scale per row, xn as GemvInput makes it (the
-// input norm folded in or not). K a multiple of 64, each segment's rows a multiple of 8. gemv() routes
-// segments with w8 here.
-void gemv_fp8(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
-// y = gelu_tanh(Wg @ xn) * (Wu @ xn) over FP8 gate and up projections.
-void gemv_fp8_geglu(const GemvInput& in, const QuantMatrix& wg, const QuantMatrix& wu, int rows, float* y,
-                    cudaStream_t s);
-// The MoE's decode over FP8 experts (e4m3 bytes in the bf16 layout, a scale per row): h[slot] = GeGLU of
-// slot's expert on x (as moe_gate_up_decode); slots[slot] = down[expert of slot] @ h[slot], one row of H per
-// slot, which residual_moe_combine then weighs by sel_w (a slot of another rank's expert: zeros).
-void moe_gate_up_decode_fp8(const float* x, int H, const QuantMatrix& gate_up, int Ie, int K,
-                            const int* group_expert, float* h, cudaStream_t s);
-void moe_down_decode_fp8(const float* h, int Ie, const QuantMatrix& down, int H, int K, const int* group_expert,
-                         float* slots, cudaStream_t s);
-// Raises the FP8 kernels' shared-memory limit (x staged, up to 32768 wide); gemv_prepare calls it.
-void gemv_fp8_prepare();
+// ---- gemv_quant.cu: quantised weights (model/weights.h QuantMatrix) at one token on the tensor cores ------
+// The decode step's products over FP8 or int4 matrices: y = W @ xn, xn as GemvInput makes it (the input norm
+// folded in or not). K a multiple of 64, each segment's rows a multiple of 8. gemv() routes segments with a
+// quantised matrix here.
+void gemv_quant(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
+// y = gelu_tanh(Wg @ xn) * (Wu @ xn) over quantised gate and up projections.
+void gemv_quant_geglu(const GemvInput& in, WeightFormat f, const QuantMatrix& wg, const QuantMatrix& wu,
+                      int rows, float* y, cudaStream_t s);
+// The MoE's decode over quantised experts (the bf16 layout's rows): h[slot] = GeGLU of slot's expert on x (as
+// moe_gate_up_decode); slots[slot] = down[expert of slot] @ h[slot], one row of H per slot, which
+// residual_moe_combine then weighs by sel_w (a slot of another rank's expert: zeros).
+void moe_gate_up_decode_quant(WeightFormat f, const float* x, int H, const QuantMatrix& gate_up, int Ie,
+                              int K, const int* group_expert, float* h, cudaStream_t s);
+void moe_down_decode_quant(WeightFormat f, const float* h, int Ie, const QuantMatrix& down, int H, int K,
+                           const int* group_expert, float* slots, cudaStream_t s);
+// The matrix from row `row` on (rows of K weights): its q, scales and zero points advanced alike.
+QuantMatrix quant_rows_from(WeightFormat f, const QuantMatrix& m, int64_t row, int K);
+// Raises the quantised kernels' shared-memory limit (x staged, up to 32768 wide); gemv_prepare calls it.
+void gemv_quant_prepare();
 // Prefill experts as batched GEMMs, in passes of max_n rows (the fallback of the compact pass below): after
 // moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
 // of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries

@@ -1,0 +1,215 @@
+// The pieces of gemv_quant.cu's kernel that prepare its MMA operands and find its rows: the parameters,
+// the weight conversions (e4m3 pairs, int4 nibble pairs), x staged as f16 halves in the fragments' order, and
+// the rows' pointers, group scales and zero points. gemv_quant.cu's header comment describes the layout.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/kernels.h"
+
+namespace markbase::cuda::quant {
+
+using Fmt = WeightFormat;
+
+constexpr int kWarps = 8;
+constexpr int kSuper = 64;  // bytes of a row per super-step: 4 lanes x 16
+constexpr int kMaxK = 32768;
+constexpr int kGroup = 128;  // int4: weights per scale, one super-step
+
+// weights per super-step of a row; MMAs per lane per super-step
+template <Fmt F>
+constexpr int kStepK = F == Fmt::kInt4 ? 128 : 64;
+template <Fmt F>
+constexpr int kMmas = kStepK<F> / 16;
+
+struct QuantParams {
+    const float* x = nullptr;
+    int K = 0;
+    int64_t x_slot_stride = 0;  // elements between slots' inputs (0: one x for all)
+    bool norm = false;
+    const bf16* norm_w = nullptr;
+    float norm_scale = 1.0f, eps = 1e-6f;
+    QuantMatrix m[3] = {};  // the segments' matrices
+    float* y[3] = {};
+    int seg_end[3] = {};
+    int nseg = 0, total_rows = 0;
+    QuantMatrix m2;                     // Geglu: the up projection (seg 0's rows)
+    const int* group_expert = nullptr;  // experts: slot -> expert (< 0: a zero row)
+    int64_t expert_rows = 0;            // rows of one expert (its q, scales and zero points follow)
+    int64_t out_stride = 0;
+};
+
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// int4: nibbles sh/4 and sh/4 + 4 of w as the f16 pair (n - zero): 0x6400 | n is 1024 + n exactly, and
+// zz holds 1024 + zero in both halves
+__device__ __forceinline__ uint32_t nib2_to_f16x2(uint32_t w, int sh, uint32_t zz) {
+    const uint32_t h = ((w >> sh) & 0x000f000fu) | 0x64006400u;
+    const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&h), *reinterpret_cast<const __half2*>(&zz));
+    return *reinterpret_cast<const uint32_t*>(&d);
+}
+
+__device__ __forceinline__ uint32_t f16x2_bits(__half2 h) {
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// The f16 hi and lo halves of four x values (already scaled): pairs (a, b) and (c, d).
+struct Halves {
+    uint2 hi, lo;
+};
+__device__ __forceinline__ Halves halves(float a, float b, float c, float d) {
+    const __half2 h01 = __floats2half2_rn(a, b), h23 = __floats2half2_rn(c, d);
+    const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
+    const __half2 l01 = __floats2half2_rn(a - b01.x, b - b01.y),
+                  l23 = __floats2half2_rn(c - b23.x, d - b23.y);
+    return {make_uint2(f16x2_bits(h01), f16x2_bits(h23)), make_uint2(f16x2_bits(l01), f16x2_bits(l23))};
+}
+
+// x staged as A pairs: for super-step s, part (0 hi, 1 lo), lane column t, MMA j: the uint2 (a0, a2) of the
+// x values that lane t's weights meet in MMA j, laid out [s][part][t][j]. FP8: MMA j takes bytes 4j..4j+3
+// of the lane's 16 (a0 = x 0, 1; a2 = x 2, 3). int4: word i of the lane's 16 bytes holds 8 weights, nibble m
+// at bits 4m; MMA 2i + h takes nibbles (2h, 2h + 4) as b0 and (2h + 1, 2h + 5) as b1. x past K (int4's
+// short last group) is zero. Returns the block's sum of x^2 (norm only; every thread gets it).
+template <Fmt F>
+__device__ __forceinline__ float stage_x(const QuantParams& p, const float* x, uint2* xs, float* red) {
+    constexpr int C = F == Fmt::kInt4 ? 8 : 4;  // x values per thread per round
+    const int Kp = (p.K + kStepK<F> - 1) / kStepK<F> * kStepK<F>;
+    float ss = 0.0f;
+    for (int e = threadIdx.x; e < Kp / C; e += kWarps * 32) {
+        const int k = C * e;
+        const bool in_k = F == Fmt::kFp8 || k < p.K;  // (FP8: K is a multiple of the super-step)
+        float f[C];
+#pragma unroll
+        for (int q = 0; q < C; q += 4) {
+            float4 v = in_k ? __ldg(reinterpret_cast<const float4*>(x + k + q)) : make_float4(0, 0, 0, 0);
+            if (p.norm && in_k) {
+                ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+                if (p.norm_w) {
+                    const uint2 n = __ldg(reinterpret_cast<const uint2*>(p.norm_w + k + q));
+                    v.x *= bf16_lo(n.x);
+                    v.y *= bf16_hi(n.x);
+                    v.z *= bf16_lo(n.y);
+                    v.w *= bf16_hi(n.y);
+                }
+            }
+            f[q] = v.x * 0.0625f;
+            f[q + 1] = v.y * 0.0625f;
+            f[q + 2] = v.z * 0.0625f;
+            f[q + 3] = v.w * 0.0625f;
+        }
+        const int s = k / kStepK<F>, r = k % kStepK<F>;
+        if constexpr (F == Fmt::kInt4) {
+            const int t = r >> 5, i = (r >> 3) & 3;  // 8 values: word i of lane t, MMAs 2i and 2i + 1
+            const Halves h0 = halves(f[0], f[4], f[1], f[5]), h1 = halves(f[2], f[6], f[3], f[7]);
+            uint4* hi = reinterpret_cast<uint4*>(xs + ((s * 2 + 0) * 4 + t) * kMmas<F> + 2 * i);
+            uint4* lo = reinterpret_cast<uint4*>(xs + ((s * 2 + 1) * 4 + t) * kMmas<F> + 2 * i);
+            *hi = make_uint4(h0.hi.x, h0.hi.y, h1.hi.x, h1.hi.y);
+            *lo = make_uint4(h0.lo.x, h0.lo.y, h1.lo.x, h1.lo.y);
+        } else {
+            const int t = r >> 4, j = (r >> 2) & 3;
+            const Halves h = halves(f[0], f[1], f[2], f[3]);
+            xs[((s * 2 + 0) * 4 + t) * kMmas<F> + j] = h.hi;
+            xs[((s * 2 + 1) * 4 + t) * kMmas<F> + j] = h.lo;
+        }
+    }
+    if (!p.norm) return 0.0f;
+    return block_sum(ss, red);
+}
+
+// A tile's rows: this lane's weight row (g) pointer, whether the rows are in range (in) and an expert is held
+// (ok). The scales (and int4's zero points) are read after the loop (FP8) or staged in shared memory (int4).
+template <int NT, bool Geglu>
+struct Tiles {
+    const uint4* a[NT];
+    const uint4* b[NT];  // Geglu's up projection
+    bool ok[NT];
+    bool in[NT];
+};
+
+// a[s] by selects: indexing the kernel's parameters at run time would copy them to local memory
+template <class T>
+__device__ __forceinline__ T pick(const T (&a)[3], int s) {
+    return s == 0 ? a[0] : s == 1 ? a[1] : a[2];
+}
+
+// Bytes of one row's weights.
+template <Fmt F>
+__device__ __forceinline__ int64_t row_bytes(int K) {
+    return F == Fmt::kInt4 ? K / 2 : K;
+}
+
+// The slot's expert: its first row in the matrices (0 without experts), or -1 where none is held.
+__device__ __forceinline__ int64_t expert_row(const QuantParams& p, int slot) {
+    if (!p.group_expert) return 0;
+    const int e = p.group_expert[slot];
+    return e < 0 ? -1 : static_cast<int64_t>(e) * p.expert_rows;
+}
+
+// Where row r (of all the segments) lives: its segment, its row in the segment and in the matrix (the
+// expert's rows first; erow from expert_row, >= 0).
+struct RowAt {
+    int seg, local;
+    int64_t row;
+};
+__device__ __forceinline__ RowAt row_at(const QuantParams& p, int r, int64_t erow) {
+    RowAt a;
+    a.seg = 0;  // (no loop: the tiles must stay in registers)
+    if (p.nseg > 1 && r >= p.seg_end[0]) a.seg = 1;
+    if (p.nseg > 2 && r >= p.seg_end[1]) a.seg = 2;
+    a.local = r - (a.seg == 0 ? 0 : a.seg == 1 ? p.seg_end[0] : p.seg_end[1]);
+    a.row = erow + a.local;
+    return a;
+}
+
+// Tile i's rows [row0 + 8i, +8): this lane's weight row pointers.
+template <Fmt F, int NT, bool Geglu>
+__device__ __forceinline__ Tiles<NT, Geglu> tiles_of(const QuantParams& p, int row0, int g, int slot) {
+    Tiles<NT, Geglu> tl;
+    const int64_t erow = expert_row(p, slot);
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+        const RowAt at = row_at(p, row0 + 8 * i, erow < 0 ? 0 : erow);
+        tl.in[i] = row0 + 8 * i < p.total_rows;
+        tl.ok[i] = tl.in[i] && erow >= 0;
+        const int64_t wrow = tl.ok[i] ? at.row + g : 0;
+        tl.a[i] = reinterpret_cast<const uint4*>(pick(p.m, at.seg).q + wrow * row_bytes<F>(p.K));
+        if constexpr (Geglu) tl.b[i] = reinterpret_cast<const uint4*>(p.m2.q + wrow * row_bytes<F>(p.K));
+    }
+    return tl;
+}
+
+// int4: the block's rows' group scales and zero points in shared memory, [8 * NT rows][G] each (for Geglu
+// the up projection's follow), so the loop reads them without waiting on memory. Zero points: the byte of
+// 1024 + zero's f16 less 0x6400, i.e. zero itself (8 where the matrix has none).
+template <int NT, bool Geglu>
+__device__ __forceinline__ void stage_groups(const QuantParams& p, int row0, int slot, float* ss,
+                                             uint8_t* zs) {
+    const int G = (p.K + kGroup - 1) / kGroup, n = 8 * NT * G;
+    const int64_t erow = expert_row(p, slot);
+    for (int e = threadIdx.x; e < (Geglu ? 2 : 1) * n; e += kWarps * 32) {
+        const int up = e >= n, idx = e - up * n, r = idx / G, g = idx % G;
+        const bool ok = row0 + r < p.total_rows && erow >= 0;
+        const RowAt at = row_at(p, row0 + r, erow < 0 ? 0 : erow);
+        const QuantMatrix& m = up ? p.m2 : pick(p.m, at.seg);
+        const int64_t i = at.row * G + g;
+        ss[e] = ok ? __ldg(m.scale + i) : 0.0f;
+        zs[e] = ok && m.zero ? __ldg(m.zero + i) : 8;
+    }
+}
+
+}  // namespace markbase::cuda::quant

@@ -1,0 +1,111 @@
+// The decode step's quantised weights (model/weights.h LayerQuant, FP8 or int4) in one device allocation
+// beside the bf16 tensors: a checkpoint's bytes, scales and zero points copied from the host (loading/ made
+// them, as published or by --quantize), or random bf16 weights quantised on the device (bench at real
+// widths). The bf16 tensors stay resident and hold the same values rounded to bf16 (the loader's dequantised
+// copy, or quantize_rows.cu's rewrite), for the prefill and the batched step, which read bf16.
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/loader.h"
+#include "cuda/model.h"
+#include "loading/checkpoint.h"
+#include "model/error.h"
+#include "model/tensor_plan.h"
+
+namespace markbase::cuda {
+
+namespace {
+
+struct QuantSlot {
+    QuantMatrix* dst;
+    const bf16* bf16_weights;  // device
+    const QuantMatrix* host;   // null: quantise on the device
+    int64_t rows;
+    int K;
+};
+
+// Every LayerQuant matrix the decode step reads quantised (decode_reads_quantized: the rule the byte counts
+// and the fit check use), with its [rows, K] (the experts' [E * rows, K]); host's matching matrix where
+// given.
+std::vector<QuantSlot> quant_slots(DeviceWeights& dw, WeightFormat f, const Weights* host) {
+    const ModelConfig& c = dw.config;
+    std::vector<QuantSlot> out;
+    dw.w.quant.assign(dw.w.layers.size(), LayerQuant{});
+    const std::vector<PlannedTensor> dev = plan_bound_tensors(c, dw.w);
+    Weights host_view;  // a copy of the host's pointers to plan over (the plan wants them writable)
+    std::vector<PlannedTensor> hp;
+    if (host) {
+        host_view = *host;
+        hp = plan_bound_tensors(c, host_view);
+        if (hp.size() != dev.size()) throw Error("internal: the checkpoint's plan differs from the model's");
+    }
+    for (size_t i = 0; i < dev.size(); ++i) {
+        const PlannedTensor& p = dev[i];
+        if (!p.quant || !*p.slot || !decode_reads_quantized(p, f)) continue;
+        const QuantMatrix* hs = host ? hp[i].quant : nullptr;
+        if (host && (!hs || !hs->q)) continue;  // kept bf16 (a published checkpoint's ignored module)
+        int64_t rows = 1;
+        for (size_t d = 0; d + 1 < p.shape.size(); ++d) rows *= p.shape[d];
+        out.push_back({p.quant, *p.slot, hs, rows, static_cast<int>(p.shape.back())});
+    }
+    return out;
+}
+
+uint64_t align256(uint64_t v) {
+    return (v + 255) & ~uint64_t{255};
+}
+
+// A slot's sizes in the format: bytes of q, scales, zero points (int4: a group of 128 along K, the last one
+// possibly short; zero points only where the host's matrix has them).
+struct SlotSizes {
+    uint64_t q = 0, scales = 0, zeros = 0;
+};
+SlotSizes sizes_of(WeightFormat f, const QuantSlot& s) {
+    const uint64_t rows = static_cast<uint64_t>(s.rows), K = static_cast<uint64_t>(s.K);
+    if (f == WeightFormat::kFp8) return {rows * K, rows, 0};
+    const uint64_t G = (K + 127) / 128;
+    return {rows * K / 2, rows * G, s.host && s.host->zero ? rows * G : 0};
+}
+
+}  // namespace
+
+void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host) {
+    if (f != WeightFormat::kFp8 && f != WeightFormat::kInt4)
+        throw Error("internal: attach_quant_weights takes FP8 or int4");
+    if (host && host->quant.size() != dw.w.layers.size())
+        throw Error("internal: the checkpoint's quantised layers do not match the model's");
+    const std::vector<QuantSlot> slots = quant_slots(dw, f, host);
+    uint64_t bytes = 0;
+    for (const QuantSlot& s : slots) {
+        const SlotSizes z = sizes_of(f, s);
+        bytes += align256(z.q) + align256(4 * z.scales) + align256(z.zeros);
+    }
+    uint8_t* base = reinterpret_cast<uint8_t*>(device_alloc(bytes, "the quantised weights"));
+    dw.quant_arena = base;
+    dw.quant_bytes = bytes;
+    dw.quant_format = f;
+    uint64_t at = 0;
+    for (const QuantSlot& s : slots) {
+        const SlotSizes z = sizes_of(f, s);
+        uint8_t* q = base + at;
+        at += align256(z.q);
+        float* scale = reinterpret_cast<float*>(base + at);
+        at += align256(4 * z.scales);
+        uint8_t* zero = z.zeros ? base + at : nullptr;
+        at += align256(z.zeros);
+        if (s.host) {
+            CUDA_CHECK(cudaMemcpy(q, s.host->q, z.q, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(scale, s.host->scale, 4 * z.scales, cudaMemcpyHostToDevice));
+            if (zero) CUDA_CHECK(cudaMemcpy(zero, s.host->zero, z.zeros, cudaMemcpyHostToDevice));
+        } else if (f == WeightFormat::kFp8) {
+            quantize_rows_fp8(const_cast<bf16*>(s.bf16_weights), s.rows, s.K, q, scale, nullptr);
+        } else {
+            quantize_rows_int4(const_cast<bf16*>(s.bf16_weights), s.rows, s.K, q, scale, nullptr);
+        }
+        *s.dst = {q, scale, zero};
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace markbase::cuda

@@ -1,0 +1,168 @@
+// Quantised weights on the GPU (issue 31): random weights at real widths quantised on the device
+// (BackendOptions::weights = kFp8 or kInt4; quantize_rows.cu), whose bf16 tensors then hold the quantised
+// values rounded to bf16. The CPU backend on a copy of those bf16 tensors is the reference: the GPU's prefill
+// reads the same bf16 values (agreement as tight as the bf16 model's), its decode step reads the quantised
+// bytes, scales and zero points (gemv_quant.cu), whose exact products differ from the bf16 copy by its
+// rounding (2^-9 of each weight at most). Without a GPU every test skips with the reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "runtime/backend.h"
+#include "support/logits_compare.h"
+#include "support/require_cuda.h"
+#include "support/tiny_models.h"
+#ifdef MARKBASE_HAS_CUDA
+#include "cuda/backend.h"
+#endif
+
+namespace markbase {
+namespace {
+
+// (variant, format)
+using QuantCase = std::tuple<std::string, WeightFormat>;
+class CudaQuant : public ::testing::TestWithParam<QuantCase> {};
+
+const char* format_name(WeightFormat f) {
+    return f == WeightFormat::kInt4 ? "int4" : f == WeightFormat::kFp8 ? "fp8" : "bf16";
+}
+
+std::string param_name(const ::testing::TestParamInfo<QuantCase>& p) {
+    return testing::test_name(std::get<0>(p.param)) + "_" + format_name(std::get<1>(p.param));
+}
+
+TEST_P(CudaQuant, DecodeMatchesTheCpuOnTheDequantisedWeights) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const std::string v = std::get<0>(GetParam());
+    const WeightFormat f = std::get<1>(GetParam());
+    const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
+    constexpr int kPrompt = 12, kSteps = 4;
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.chunk = 32;
+    o.kv_dtype = KvDtype::kF32;
+    o.weights = f;
+    auto gpu = make_synthetic_cuda_backend(v, layers, o, 99);
+    const int64_t V = gpu->config().vocab_size;
+    auto host = copy_weights_to_host(*gpu);
+    o.weights = WeightFormat::kBf16;
+    auto cpu = make_cpu_backend(host->checkpoint, o);
+    // MoE: a prompt whose routing is clear of an 8th/9th expert tie on the CPU (see test_cuda_backend.cpp) by
+    // more than the quantised decode's error can move a router logit (~1e-3 of the largest)
+    constexpr float kMargin = 3e-3f;
+    std::vector<int> ids;
+    std::vector<std::vector<float>> ref;
+    for (uint32_t seed = 5; seed < 5 + 256; ++seed) {
+        cpu->reset();
+        ref.clear();
+        ids = testing::random_ids(kPrompt, static_cast<int>(V), seed);
+        std::vector<float> lg(V);
+        cpu->eval(ids.data(), kPrompt, lg.data(), false);
+        ref.push_back(lg);
+        for (int s = 0; s < kSteps; ++s) {
+            const int next = static_cast<int>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+            ids.push_back(next);
+            cpu->eval(&next, 1, lg.data(), false);
+            ref.push_back(lg);
+        }
+        if (cpu->router_margin() >= kMargin) break;
+    }
+    ASSERT_GE(cpu->router_margin(), kMargin) << "no prompt in 256 routes clear of a tie";
+    std::vector<float> got(V);
+    std::vector<std::vector<float>> quantised;
+    gpu->eval(ids.data(), kPrompt, got.data(), false);
+    quantised.push_back(got);
+    const double e_prefill = testing::rel_err(ref[0], got);
+    double e_decode = 0;
+    for (int s = 0; s < kSteps; ++s) {
+        gpu->eval(&ids[kPrompt + s], 1, got.data(), false);
+        quantised.push_back(got);
+        e_decode = std::max(e_decode, testing::rel_err(ref[s + 1], got));
+    }
+    gpu.reset();
+    // what the quantisation itself costs at real widths: the same random weights unquantised, the same ids
+    auto bf16 = make_synthetic_cuda_backend(v, layers, o, 99);
+    double e_bf16 = 0;
+    bf16->eval(ids.data(), kPrompt, got.data(), false);
+    e_bf16 = testing::rel_err(got, quantised[0]);
+    for (int s = 0; s < kSteps; ++s) {
+        bf16->eval(&ids[kPrompt + s], 1, got.data(), false);
+        e_bf16 = std::max(e_bf16, testing::rel_err(got, quantised[s + 1]));
+    }
+    std::printf(
+        "  %s/%dL %s: rel err prefill (bf16 copy) %.2e, decode (quantised kernels) %.2e; against the "
+        "unquantised model %.2e\n",
+        v.c_str(), layers, format_name(f), e_prefill, e_decode, e_bf16);
+    EXPECT_LT(e_prefill, 1e-4);
+    EXPECT_LT(e_decode, 5e-3);
+    EXPECT_GT(e_decode, 0.0) << "bit-identical to the bf16 reference: the quantised kernels did not run";
+    // a loose bound: random weights are as hard on a 4-bit grid as weights get (no outliers to spare)
+    EXPECT_LT(e_bf16, f == WeightFormat::kInt4 ? 0.5 : 0.1);
+    EXPECT_GT(e_bf16, 0.0) << "the quantised model computed the unquantised one";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaQuant,
+                         ::testing::Combine(::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                                            ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4)),
+                         param_name);
+
+// The bundled trained model quantised at load (--quantize fp8|int4): the GPU's decode (the projections
+// through gemv_quant.cu where their widths fit it) against the CPU on the same checkpoint, whose bf16 slots
+// hold the dequantised values; a prompt, then 24 tokens fed one at a time.
+class CudaQuantCheckpoint : public ::testing::TestWithParam<WeightFormat> {};
+
+TEST_P(CudaQuantCheckpoint, BundledModelQuantisedAtLoadMatchesTheCpu) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    LoadOptions lo;
+    lo.quantize = GetParam();
+    const auto ck = load_checkpoint(MARKBASE_TEST_DATA "/../../models/default", lo);
+    ASSERT_FALSE(ck->weights.quant.empty());
+    BackendOptions o;
+    o.ctx_size = 128;
+    o.chunk = 32;
+    o.kv_dtype = KvDtype::kF32;
+    auto cpu = make_cpu_backend(*ck, o);
+    auto gpu = make_cuda_backend(*ck, o);
+    const int64_t V = ck->config.vocab_size;
+    std::vector<int> ids = testing::random_ids(16, static_cast<int>(V), 3);
+    std::vector<float> ref(V), got(V);
+    cpu->eval(ids.data(), 16, ref.data(), false);
+    gpu->eval(ids.data(), 16, got.data(), false);
+    const double e_prefill = testing::rel_err(ref, got);
+    double e_decode = 0;
+    int same = 0;
+    constexpr int kSteps = 24;
+    for (int s = 0; s < kSteps; ++s) {
+        const int next = static_cast<int>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+        cpu->eval(&next, 1, ref.data(), false);
+        gpu->eval(&next, 1, got.data(), false);
+        e_decode = std::max(e_decode, testing::rel_err(ref, got));
+        same += std::max_element(ref.begin(), ref.end()) - ref.begin() ==
+                std::max_element(got.begin(), got.end()) - got.begin();
+    }
+    std::printf("  bundled %s: rel err prefill %.2e, decode %.2e, argmax agreeing %d of %d\n",
+                format_name(GetParam()), e_prefill, e_decode, same, kSteps);
+    EXPECT_LT(e_prefill, 1e-4);
+    EXPECT_LT(e_decode, 5e-3);
+    EXPECT_GT(e_decode, 0.0) << "bit-identical to the bf16 reference: the quantised kernels did not run";
+    EXPECT_GE(same, kSteps - 1);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantCheckpoint,
+                         ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
+                         [](const ::testing::TestParamInfo<WeightFormat>& p) {
+                             return format_name(p.param);
+                         });
+
+}  // namespace
+}  // namespace markbase
