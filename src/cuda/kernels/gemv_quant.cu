@@ -2,7 +2,7 @@
 // (model/fp8.h) or int4 with a scale (and zero point) per group of 128 weights along K (model/int4.h). Why
 // the tensor cores for a GEMV: at one byte per weight the CUDA-core kernels (a float conversion, a multiply
 // and an add per weight, fp32 x read per weight) were bound by instructions and L1, not memory: the kernel
-// lab (bench/kernels/fp8_gemv_lab.cu) streamed FP8 at 1.2-1.9 TB/s, slower per weight than bf16 at 3.7-4.3
+// lab (bench/kernels/quant_gemv_lab.cu) streamed FP8 at 1.2-1.9 TB/s, slower per weight than bf16 at 3.7-4.3
 // TB/s. Here the weights become f16 pairs in one or two instructions (e4m3x2 -> f16x2 in hardware; a nibble
 // pair OR 0x6400 is 1024 + n exactly, less 1024 + zero) and mma.sync m16n8k16 does 16 x 8 x 16 multiply-adds
 // in another: the weights are the B operand (8 rows a tile), x the A operand's first two rows (its f16 high

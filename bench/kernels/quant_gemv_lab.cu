@@ -17,7 +17,7 @@
 // (bf16: 4e-3, its copy rounds each weight; the tensor-core kernels: 1e-5, x's f16 halves keep ~22 bits).
 // Timing: launches over rotating copies
 // (>= 256 MB distinct, so the 60 MB L2 serves none), captured as one graph, per-launch time, median of 5.
-//   markbase_fp8_gemv_lab [--only SUBSTRING]
+//   markbase_quant_gemv_lab [--only SUBSTRING]
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
         if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
         } else {
-            std::fprintf(stderr, "usage: markbase_fp8_gemv_lab [--only SUBSTRING]\n");
+            std::fprintf(stderr, "usage: markbase_quant_gemv_lab [--only SUBSTRING]\n");
             return 2;
         }
     }
