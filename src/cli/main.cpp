@@ -45,6 +45,8 @@ const char* kUsage =
     "        --quantize fp8|int4|none (a bf16 checkpoint's projections at load: fp8 e4m3 with a scale per\n"
     "        row, or int4 with a scale per 128 weights; the CPU computes with their values in bf16.\n"
     "        compressed-tensors FP8 and int4 pack-quantized checkpoints load as published)\n"
+    "        --save DIR (the quantised model, --quantize's or a published one, written to a new folder as\n"
+    "        a compressed-tensors checkpoint that vLLM reads and -m DIR loads; then the command goes on)\n"
     "        --kv-cache-dtype auto|bf16|f32 (the KV cache; auto: bf16, half fp32's bytes, where sequences\n"
     "        decode together on the GPU; f32 for one sequence and on the CPU)\n"
     "VARIANT (random weights at real widths): e2b, e4b, 12b, 26b-a4b, 26b-standard, 31b\n"

@@ -9,6 +9,8 @@
 
 #include "loading/generation_config.h"
 #include "loading/quant_checkpoint.h"
+#include "loading/quantization_config.h"
+#include "loading/save_quantized.h"
 #include "model/error.h"
 #include "model/tensor_plan.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -35,6 +37,10 @@ ModelOptions ModelOptions::read(ArgReader& a) {
     if (q != "none" && q != "fp8" && q != "int4" && !a.help())
         throw UsageError("--quantize: unknown weight format '" + q + "' (expected fp8, int4 or none)");
     o.quantize = q == "fp8" ? WeightFormat::kFp8 : q == "int4" ? WeightFormat::kInt4 : WeightFormat::kBf16;
+    if (const auto save = a.value({"--save"})) {
+        if (save->empty() && !a.help()) throw UsageError("--save: expected a folder to write, found \"\"");
+        o.save_dir = *save;
+    }
     o.backend.tuning = read_tuning(a);
     return o;
 }
@@ -47,8 +53,20 @@ LoadOptions ModelOptions::load_options() const {
 }
 
 std::unique_ptr<Checkpoint> load_checkpoint_for(const ModelOptions& o) {
+    // --save's refusals come before a load that may take minutes
+    if (!o.save_dir.empty()) {
+        check_save_target(o.save_dir, o.model_dir);
+        if (o.quantize == WeightFormat::kBf16 &&
+            !read_quantization_config(std::filesystem::path(o.model_dir) / "config.json"))
+            throw nothing_to_save(o.model_dir);
+    }
     std::unique_ptr<Checkpoint> ck = load_checkpoint(o.model_dir, o.load_options());
     for (const std::string& n : ck->notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+    if (!o.save_dir.empty()) {
+        const SaveResult r = save_quantized(*ck, o.save_dir);
+        for (const std::string& n : r.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+        std::fprintf(stderr, "%s\n", save_summary(r).c_str());
+    }
     return ck;
 }
 

@@ -19,7 +19,7 @@ struct LoadedModel {
 
 // Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
 // -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --kv-cache-dtype, --check-weights,
-// --quantize, --tuning.
+// --quantize, --save, --tuning.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";
@@ -28,11 +28,15 @@ struct ModelOptions {
     // --quantize fp8|int4|none: a bf16 checkpoint's projections quantised at load, kFp8 per row, kInt4 per
     // group of 128 weights (symmetric)
     WeightFormat quantize = WeightFormat::kBf16;
+    // --save DIR: the quantised model written as a compressed-tensors checkpoint once loaded
+    // (loading/save_quantized.h), before the command goes on
+    std::string save_dir;
     static ModelOptions read(ArgReader& a);
     LoadOptions load_options() const;
 };
 
-// load_checkpoint with the options' LoadOptions; the loader's notes go to stderr ("note: ...").
+// load_checkpoint with the options' LoadOptions; the loader's notes go to stderr ("note: ..."). With --save,
+// the target is checked before loading and the model saved after it, one line on stderr saying where.
 std::unique_ptr<Checkpoint> load_checkpoint_for(const ModelOptions& o);
 
 LoadedModel load_model(const ModelOptions& o);

@@ -124,6 +124,9 @@ int cmd_serve(const Args& args) {
     syn.layers = a.integer({"--layers"}, 0, 0, 1 << 16);
     syn.seed = static_cast<uint64_t>(a.integer<int64_t>({"--seed"}, 1234, 0, INT64_MAX));
     ModelOptions mo = ModelOptions::read(a);
+    if (syn.variant && !mo.save_dir.empty())
+        throw UsageError(
+            "serve: --save writes a loaded checkpoint, and --synthetic loads none (give -m DIR)");
     server::ServerOptions so;
     so.host = a.value_or({"--host"}, "127.0.0.1");
     so.port = a.integer({"--port"}, 8080, 0, 65535);
