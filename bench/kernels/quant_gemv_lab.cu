@@ -105,38 +105,14 @@ __global__ void __launch_bounds__(256)
     if (lane == 0) y[row] = s * scale[row];
 }
 
-// fp64 reference: a warp per row, the table of model/fp8.h
-__global__ void ref_kernel(const uint8_t* W, const float* scale, const float* x, double* y, double* mag,
-                           int N, int K) {
+// fp64 references: a warp per row, y[row] = sum of weight(row, k) * x[k] and mag[row] = sum of |that|
+template <class Weight>
+__global__ void ref_kernel(Weight weight, const float* x, double* y, double* mag, int N, int K) {
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
     double s = 0, m = 0;
     for (int k = lane; k < K; k += 32) {
-        const double t = static_cast<double>(c_fp8[W[static_cast<int64_t>(row) * K + k]]) * x[k];
-        s += t;
-        m += fabs(t);
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-        m += __shfl_xor_sync(0xffffffffu, m, o);
-    }
-    if (lane == 0) {
-        y[row] = s * scale[row];
-        mag[row] = m * scale[row];
-    }
-}
-
-// int4's fp64 reference: codes (low nibble first) minus 8, times the group's scale
-__global__ void ref4_kernel(const uint8_t* q, const float* scale, const float* x, double* y, double* mag,
-                            int N, int K) {
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const int G = (K + 127) / 128;
-    double s = 0, m = 0;
-    for (int k = lane; k < K; k += 32) {
-        const int code = (q[static_cast<int64_t>(row) * (K / 2) + k / 2] >> (4 * (k & 1))) & 15;
-        const double t =
-            (code - 8) * static_cast<double>(scale[static_cast<int64_t>(row) * G + k / 128]) * x[k];
+        const double t = weight(row, k) * x[k];
         s += t;
         m += fabs(t);
     }
@@ -149,6 +125,26 @@ __global__ void ref4_kernel(const uint8_t* q, const float* scale, const float* x
         mag[row] = m;
     }
 }
+// FP8: the table of model/fp8.h times the row's scale
+struct Fp8Weight {
+    const uint8_t* W;
+    const float* scale;
+    int K;
+    __device__ double operator()(int row, int k) const {
+        return static_cast<double>(c_fp8[W[static_cast<int64_t>(row) * K + k]]) * scale[row];
+    }
+};
+// int4: codes (low nibble first) minus 8, times the group's scale
+struct Int4Weight {
+    const uint8_t* q;
+    const float* scale;
+    int K;
+    __device__ double operator()(int row, int k) const {
+        const int code = (q[static_cast<int64_t>(row) * (K / 2) + k / 2] >> (4 * (k & 1))) & 15;
+        return (code - 8) *
+               static_cast<double>(scale[static_cast<int64_t>(row) * ((K + 127) / 128) + k / 128]);
+    }
+};
 
 // int4 scales in [0.5, 1.5) / 8
 __global__ void fill4_kernel(float* scale, int64_t n, uint64_t seed) {
@@ -332,8 +328,8 @@ int main(int argc, char** argv) {
         }
         fill4_kernel<<<1024, 256, 0, stream>>>(b.sc4, int64_t{sh.N} * b.G * copies, 7);
         fill_kernel<<<1024, 256, 0, stream>>>(W, n, sc, sh.N, x, sh.K, 7);  // copy 0's x
-        ref_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(W, sc, x, ref, mag, sh.N, sh.K);
-        ref4_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(W, b.sc4, x, ref4, mag4, sh.N, sh.K);
+        ref_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(Fp8Weight{W, sc, sh.K}, x, ref, mag, sh.N, sh.K);
+        ref_kernel<<<(sh.N + 7) / 8, 256, 0, stream>>>(Int4Weight{W, b.sc4, sh.K}, x, ref4, mag4, sh.N, sh.K);
         CK(cudaStreamSynchronize(stream));
         std::vector<double> href(sh.N), hmag(sh.N), href4(sh.N), hmag4(sh.N);
         CK(cudaMemcpy(href.data(), ref, sizeof(double) * sh.N, cudaMemcpyDeviceToHost));
