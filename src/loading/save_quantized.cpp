@@ -34,7 +34,9 @@ fs::path normalised(const fs::path& dir) {
     return p;
 }
 
-// compressed-tensors' quantization_config as llm-compressor writes it for the scheme, weights-only.
+// compressed-tensors' quantization_config as llm-compressor writes it for its FP8_DYNAMIC scheme (weights per
+// channel, activations per token at run time: vLLM's fused MoE has no FP8 weights-only path, and MarkBase
+// sets the activation scheme aside) or for W4A16 / W4A16_ASYM.
 json quantization_config(WeightFormat f, bool symmetric, const std::vector<std::string>& ignore) {
     const bool fp8 = f == WeightFormat::kFp8;
     const char* format = fp8 ? "float-quantized" : "pack-quantized";
@@ -48,9 +50,19 @@ json quantization_config(WeightFormat f, bool symmetric, const std::vector<std::
                           {"block_structure", nullptr},
                           {"observer", "minmax"},
                           {"observer_kwargs", json::object()}};
+    const json activations = {{"num_bits", 8},
+                              {"type", "float"},
+                              {"strategy", "token"},
+                              {"symmetric", true},
+                              {"dynamic", true},
+                              {"group_size", nullptr},
+                              {"block_structure", nullptr},
+                              {"actorder", nullptr},
+                              {"observer", nullptr},
+                              {"observer_kwargs", json::object()}};
     const json group = {{"targets", json::array({"Linear"})},
                         {"weights", weights},
-                        {"input_activations", nullptr},
+                        {"input_activations", fp8 ? activations : json(nullptr)},
                         {"output_activations", nullptr},
                         {"format", format}};
     return {{"quant_method", "compressed-tensors"},

@@ -3,9 +3,11 @@
 // vLLM reads and loading/published_quant.h loads back as published:
 //  - config.json: the source's, with a `quantization_config` (quant_method compressed-tensors, one group
 //    targeting Linear): FP8 `float-quantized`, weights num_bits 8, type float, strategy channel; int4
-//    `pack-quantized`, num_bits 4, type int, strategy group, group_size 128, symmetric as the weights are.
-//    Both weights-only (no input_activations: MarkBase computes with bf16 activations; vLLM runs such a
-//    checkpoint as W8A16 FP8 or W4A16). `ignore` lists lm_head and every Linear written bf16.
+//    `pack-quantized`, num_bits 4, type int, strategy group, group_size 128, symmetric as the weights are
+//    (llm-compressor's W4A16 / W4A16_ASYM). FP8 is llm-compressor's FP8_DYNAMIC: activations quantised per
+//    token at run time, which vLLM needs for FP8 experts (its fused MoE has no FP8 weights-only path) and
+//    MarkBase sets aside as for any published FP8_DYNAMIC checkpoint. `ignore` lists lm_head and every Linear
+//    written bf16.
 //  - the tensors (loading/saved_tensors.h), one model.safetensors or HF's shards
 //    (model-00001-of-0000N.safetensors, at most max_shard_bytes of tensors each) with
 //    model.safetensors.index.json;

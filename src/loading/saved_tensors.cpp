@@ -61,6 +61,11 @@ class Builder {
   public:
     explicit Builder(const Checkpoint& ck) : ck_(ck), format_(ck.format) {
         out_.symmetric = !has_zero_points(ck.weights);
+        // vLLM's fused MoE takes one scheme for an expert's gate, up and down projections, so where int4
+        // cannot hold one of them (every MoE layer has the same widths) all of them stay bf16
+        const ModelConfig& c = ck.config;
+        experts_bf16_ = format_ == WeightFormat::kInt4 && c.moe &&
+                        (c.hidden % kInt4Group != 0 || c.expert_width % kInt4Group != 0);
         out_.ignore.push_back(
             "lm_head");  // tied to embed_tokens, never quantised (published checkpoints list it)
     }
@@ -89,9 +94,10 @@ class Builder {
 
     const Checkpoint& ck_;
     WeightFormat format_;
+    bool experts_bf16_ = false;
     SavedTensors out_;
     std::vector<std::string> short_kinds_;
-    int n_short_ = 0, input_scales_ = 0, requantised_ = 0;
+    int n_short_ = 0, n_experts_bf16_ = 0, input_scales_ = 0, requantised_ = 0;
 };
 
 void Builder::planned() {
@@ -99,15 +105,20 @@ void Builder::planned() {
     for (const PlannedTensor& p : plan_bound_tensors(ck_.config, w)) {
         const std::string name = ck_.config.weight_prefix + p.name;
         const int64_t K = p.shape.back();
-        const bool quantised = p.quant && p.quant->q;
-        if (quantised && keeps_form(K)) {
-            if (p.shape.size() == 3)
-                experts(name, p.shape, *p.quant);
-            else
-                module(module_of(name), *p.quant, 0, p.shape[0], K);
+        const bool quantised = p.quant && p.quant->q, fused = p.shape.size() == 3;
+        if (quantised && fused && !experts_bf16_) {
+            experts(name, p.shape, *p.quant);
             continue;
         }
-        if (quantised) {  // int4 with a short last group: its dequantised values, which the bf16 slot holds
+        if (quantised && !fused && keeps_form(K)) {
+            module(module_of(name), *p.quant, 0, p.shape[0], K);
+            continue;
+        }
+        // the rest as bf16; a quantised matrix as its dequantised values, which its bf16 slot holds
+        if (quantised && fused) {
+            ++n_experts_bf16_;
+            add_once(out_.ignore, "re:.*\\.experts\\..*");  // per expert, as vLLM names them too
+        } else if (quantised) {
             add_once(short_kinds_, kind_of(name));
             ++n_short_;
         }
@@ -211,14 +222,21 @@ SavedTensors Builder::finish() {
                              "(compressed-tensors holds whole groups of 128; they load back as the same "
                              "values, without an int4 form): " +
                              join(short_kinds_));
+    if (n_experts_bf16_)
+        out_.notes.push_back(
+            "the MoE experts (" + std::to_string(n_experts_bf16_) +
+            " fused matrices) written as bf16 of their dequantised values and ignored: int4 in groups of 128 "
+            "cannot hold a width of " +
+            std::to_string(ck_.config.hidden % kInt4Group ? ck_.config.hidden : ck_.config.expert_width) +
+            ", and vLLM's fused MoE takes one scheme for an expert's gate, up and down projections");
     if (requantised_)
         out_.notes.push_back(std::to_string(requantised_) +
                              " K/V projections of KV-shared layers (unused by the model, present in the "
                              "source) written quantised as their layers' other projections");
     if (input_scales_)
         out_.notes.push_back(std::to_string(input_scales_) +
-                             " static activation scales (input_scale) not written: the saved scheme is "
-                             "weights-only, activations stay bf16");
+                             " static activation scales (input_scale) not written: the saved FP8 "
+                             "scheme quantises activations dynamically (FP8_DYNAMIC)");
     return std::move(out_);
 }
 

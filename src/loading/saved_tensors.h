@@ -9,14 +9,16 @@
 //    what the loader gathers and what vLLM's Gemma 4 reads for quantised experts;
 //  - int4 matrices whose K is not a multiple of 128 (--quantize int4's short last group of 64), which
 //    compressed-tensors cannot hold: bf16 of their dequantised values (their bf16 slots), under the bf16
-//    name, listed in `ignore` (fused experts stay fused);
+//    name, listed in `ignore`. Where that is an expert's width, all the experts stay bf16 (vLLM's fused MoE
+//    takes one scheme for an expert's gate, up and down projections), fused as bf16 checkpoints store them,
+//    with `re:.*\.experts\..*` in `ignore`;
 //  - everything else bf16 as loaded (matrices the source stored quantised without a quantised form are their
 //    dequantised values), every Linear among them (PLE projections, the router) listed in `ignore`;
 //  - the tensors the loader skipped (vision/audio towers, lm_head, the K/V of KV-shared layers) as the files
 //    hold them, bf16 matrices among them listed in `ignore`, except that bf16 K/V projections of KV-shared
 //    layers are quantised like their layer's q_proj (vLLM fuses q, k and v into one layer of one scheme, and
 //    llm-compressor quantises them too); static activation scales (`input_scale`) are left out, the saved
-//    scheme being weights-only.
+//    scheme's activations being dynamic (FP8) or bf16 (int4).
 #pragma once
 
 #include <deque>

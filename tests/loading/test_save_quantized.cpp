@@ -42,8 +42,9 @@ std::string file_text(const fs::path& p) {
 }
 
 // Every LayerQuant matrix of `saved` holds the quantised bytes, scales and zero points of `model`'s; an int4
-// matrix whose K is not a multiple of 128 has none after the save (it was written bf16).
-void expect_same_quant(const Checkpoint& model, const Checkpoint& saved) {
+// matrix whose K is not a multiple of 128 has none after the save (it was written bf16), nor have the experts
+// where `experts_bf16`.
+void expect_same_quant(const Checkpoint& model, const Checkpoint& saved, bool experts_bf16 = false) {
     ASSERT_EQ(saved.format, model.format);
     Weights wa = model.weights, wb = saved.weights;
     const std::vector<PlannedTensor> pa = plan_bound_tensors(model.config, wa),
@@ -58,7 +59,8 @@ void expect_same_quant(const Checkpoint& model, const Checkpoint& saved) {
         const int64_t K = pa[i].shape.back();
         int64_t rows = 1;
         for (size_t d = 0; d + 1 < pa[i].shape.size(); ++d) rows *= pa[i].shape[d];
-        if (model.format == WeightFormat::kInt4 && K % kInt4Group != 0) {
+        if ((model.format == WeightFormat::kInt4 && K % kInt4Group != 0) ||
+            (experts_bf16 && pa[i].shape.size() == 3)) {
             EXPECT_EQ(pb[i].quant->q, nullptr) << pa[i].name << ": written bf16";
             continue;
         }
@@ -109,7 +111,11 @@ TEST_P(SaveBundled, QuantizeAtLoadSavesAndLoadsBackAsPublished) {
     EXPECT_EQ(w.at("num_bits"), f == WeightFormat::kFp8 ? 8 : 4);
     EXPECT_EQ(w.at("strategy"), f == WeightFormat::kFp8 ? "channel" : "group");
     EXPECT_EQ(qc.at("format"), f == WeightFormat::kFp8 ? "float-quantized" : "pack-quantized");
-    EXPECT_TRUE(qc.at("config_groups").at("group_0").at("input_activations").is_null()) << "weights-only";
+    const nlohmann::json& acts = qc.at("config_groups").at("group_0").at("input_activations");
+    if (f == WeightFormat::kFp8)  // FP8_DYNAMIC, which vLLM's fused MoE needs
+        EXPECT_TRUE(acts.at("dynamic") == true && acts.at("strategy") == "token") << acts.dump();
+    else
+        EXPECT_TRUE(acts.is_null()) << "W4A16";
     const std::vector<std::string> ignore = qc.at("ignore");
     EXPECT_EQ(ignore.front(), "lm_head");
     EXPECT_NE(std::find(ignore.begin(), ignore.end(), p + "per_layer_model_projection"), ignore.end());
@@ -217,7 +223,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, SaveMoe, ::testing::Values(WeightFormat::kFp8,
 
 TEST(SaveQuantized, Int4WidthsWithAShortLastGroupAreWrittenAsTheirBf16Values) {
     // K = 192: --quantize int4 gives the MLP's and the experts' down_proj a last group of 64, which
-    // compressed-tensors cannot hold
+    // compressed-tensors cannot hold; the experts' gate_up (K = 128) goes bf16 with them, one scheme for the
+    // experts as vLLM's fused MoE wants
     testing::TempDir dir("save_short_group");
     nlohmann::json c = testing::tiny_int4_config("26b-a4b");
     c["intermediate_size"] = 192;
@@ -225,24 +232,32 @@ TEST(SaveQuantized, Int4WidthsWithAShortLastGroupAreWrittenAsTheirBf16Values) {
     write_random_checkpoint(dir.path() / "bf16", c, 31);
     const auto ck = load_checkpoint(dir.path() / "bf16", LoadOptions{.quantize = WeightFormat::kInt4});
     ASSERT_NE(ck->weights.quant[0].down_proj.q, nullptr) << "in memory: an int4 form with a short group";
+    ASSERT_NE(ck->weights.quant[0].experts_gate_up.q, nullptr);
     const SaveResult r = save_quantized(*ck, dir.path() / "saved");
-    ASSERT_EQ(r.notes.size(), 1u);
-    EXPECT_TRUE(has(r.notes[0], std::to_string(2 * c["num_hidden_layers"].get<int>()) +
+    const int L = c["num_hidden_layers"].get<int>();
+    ASSERT_EQ(r.notes.size(), 2u);
+    EXPECT_TRUE(has(r.notes[0], std::to_string(L) +
                                     " int4 matrices whose width is not a multiple of 128 written as bf16") &&
-                has(r.notes[0], ": mlp.down_proj, experts.down_proj"))
+                has(r.notes[0], ": mlp.down_proj"))
         << r.notes[0];
+    EXPECT_TRUE(has(r.notes[1], "the MoE experts (" + std::to_string(2 * L) +
+                                    " fused matrices) written as bf16 of their dequantised values and "
+                                    "ignored: int4 in groups of 128 cannot hold a width of 192"))
+        << r.notes[1];
     const auto saved = load_checkpoint(dir.path() / "saved");
     EXPECT_EQ(saved->format, WeightFormat::kInt4);
     const std::string p = ck->config.weight_prefix + "layers.0.";
     EXPECT_EQ(saved->files.get(p + "mlp.down_proj.weight").dtype, DType::BF16);
+    EXPECT_TRUE(saved->files.find(p + "mlp.up_proj.weight_packed"));
     EXPECT_EQ(saved->files.get(p + "experts.down_proj").dtype, DType::BF16) << "fused, as bf16 stores it";
-    EXPECT_TRUE(saved->files.find(p + "experts.0.gate_proj.weight_packed"));
-    EXPECT_FALSE(saved->files.find(p + "experts.0.down_proj.weight_packed"));
+    EXPECT_EQ(saved->files.get(p + "experts.gate_up_proj").dtype, DType::BF16);
+    EXPECT_FALSE(saved->files.find(p + "experts.0.gate_proj.weight_packed"));
     const std::vector<std::string> ignore =
         read_json(dir.path() / "saved" / "config.json")["quantization_config"]["ignore"];
     EXPECT_NE(std::find(ignore.begin(), ignore.end(), p + "mlp.down_proj"), ignore.end());
     EXPECT_EQ(std::find(ignore.begin(), ignore.end(), p + "mlp.up_proj"), ignore.end());
-    expect_same_quant(*ck, *saved);
+    EXPECT_NE(std::find(ignore.begin(), ignore.end(), "re:.*\\.experts\\..*"), ignore.end());
+    expect_same_quant(*ck, *saved, true);
     expect_same_bf16(*ck, *saved);
     expect_same_logits(*ck, *saved);
 }
