@@ -61,13 +61,15 @@ class Builder {
   public:
     explicit Builder(const Checkpoint& ck) : ck_(ck), format_(ck.format) {
         out_.symmetric = !has_zero_points(ck.weights);
-        // vLLM's fused MoE takes one scheme for an expert's gate, up and down projections, so where int4
-        // cannot hold one of them (every MoE layer has the same widths) all of them stay bf16
-        const ModelConfig& c = ck.config;
-        experts_bf16_ = format_ == WeightFormat::kInt4 && c.moe &&
-                        (c.hidden % kInt4Group != 0 || c.expert_width % kInt4Group != 0);
-        out_.ignore.push_back(
-            "lm_head");  // tied to embed_tokens, never quantised (published checkpoints list it)
+        // tied to embed_tokens, never quantised (published checkpoints list it)
+        out_.ignore.push_back("lm_head");
+        // vLLM's fused MoE takes one scheme for an expert's gate, up and down projections, so where one of
+        // the experts' matrices has no quantised form the file can hold (int4 at a width not in 128s, or
+        // experts a source kept bf16), all of them are written bf16
+        Weights w = ck.weights;
+        for (const PlannedTensor& p : plan_bound_tensors(ck.config, w))
+            if (p.shape.size() == 3 && !(p.quant && p.quant->q && keeps_form(p.shape.back())))
+                experts_bf16_ = true;
     }
     void planned();
     void skipped();
@@ -115,9 +117,9 @@ void Builder::planned() {
             continue;
         }
         // the rest as bf16; a quantised matrix as its dequantised values, which its bf16 slot holds
-        if (quantised && fused) {
-            ++n_experts_bf16_;
-            add_once(out_.ignore, "re:.*\\.experts\\..*");  // per expert, as vLLM names them too
+        if (fused) {
+            n_experts_bf16_ += quantised;
+            add_once(out_.ignore, "re:.*\\.experts\\..*");  // matches vLLM's per-expert names too
         } else if (quantised) {
             add_once(short_kinds_, kind_of(name));
             ++n_short_;
@@ -224,11 +226,11 @@ SavedTensors Builder::finish() {
                              join(short_kinds_));
     if (n_experts_bf16_)
         out_.notes.push_back(
-            "the MoE experts (" + std::to_string(n_experts_bf16_) +
-            " fused matrices) written as bf16 of their dequantised values and ignored: int4 in groups of 128 "
-            "cannot hold a width of " +
-            std::to_string(ck_.config.hidden % kInt4Group ? ck_.config.hidden : ck_.config.expert_width) +
-            ", and vLLM's fused MoE takes one scheme for an expert's gate, up and down projections");
+            "the MoE experts written as bf16 (" + std::to_string(n_experts_bf16_) +
+            " fused matrices as their dequantised values) and ignored: one of the experts' matrices has no "
+            "quantised form compressed-tensors can hold (int4 groups of 128 along widths of " +
+            std::to_string(ck_.config.hidden) + " and " + std::to_string(ck_.config.expert_width) +
+            "), and vLLM's fused MoE takes one scheme for an expert's gate, up and down projections");
     if (requantised_)
         out_.notes.push_back(std::to_string(requantised_) +
                              " K/V projections of KV-shared layers (unused by the model, present in the "

@@ -9,9 +9,9 @@
 //    what the loader gathers and what vLLM's Gemma 4 reads for quantised experts;
 //  - int4 matrices whose K is not a multiple of 128 (--quantize int4's short last group of 64), which
 //    compressed-tensors cannot hold: bf16 of their dequantised values (their bf16 slots), under the bf16
-//    name, listed in `ignore`. Where that is an expert's width, all the experts stay bf16 (vLLM's fused MoE
-//    takes one scheme for an expert's gate, up and down projections), fused as bf16 checkpoints store them,
-//    with `re:.*\.experts\..*` in `ignore`;
+//    name, listed in `ignore`. Where one of the experts' matrices has no such form (that width, or experts a
+//    source kept bf16), all the experts stay bf16 (vLLM's fused MoE takes one scheme for an expert's gate,
+//    up and down projections), fused as bf16 checkpoints store them, with `re:.*\.experts\..*` in `ignore`;
 //  - everything else bf16 as loaded (matrices the source stored quantised without a quantised form are their
 //    dequantised values), every Linear among them (PLE projections, the router) listed in `ignore`;
 //  - the tensors the loader skipped (vision/audio towers, lm_head, the K/V of KV-shared layers) as the files

@@ -221,6 +221,26 @@ TEST_P(SaveMoe, ExpertsAreWrittenPerExpertAndGatheredBack) {
 INSTANTIATE_TEST_SUITE_P(Formats, SaveMoe, ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
                          [](const auto& p) { return p.param == WeightFormat::kFp8 ? "Fp8" : "Int4"; });
 
+TEST(SaveQuantized, ExpertsAPublishedCheckpointKeptBf16StayFusedAndIgnored) {
+    testing::TempDir dir("save_bf16_experts");
+    write_random_checkpoint(dir.path() / "bf16", testing::tiny_int4_config("26b-a4b"), 41);
+    testing::Int4Layout layout;
+    layout.quantized = [](const std::string& n) { return !has(n, "router") && !has(n, "experts"); };
+    layout.ignore = {"re:.*router.*"};
+    testing::write_int4_copy(dir.path() / "bf16", dir.path() / "int4", dir.path() / "ref", layout);
+    const auto published = load_checkpoint(dir.path() / "int4");
+    const auto saved = round_trip(*published, dir.path());
+    const std::string p = published->config.weight_prefix + "layers.0.";
+    EXPECT_EQ(saved->files.get(p + "experts.gate_up_proj").dtype, DType::BF16);
+    EXPECT_FALSE(saved->files.find(p + "experts.0.gate_proj.weight_packed"));
+    EXPECT_TRUE(saved->files.find(p + "mlp.gate_proj.weight_packed"));
+    EXPECT_TRUE(saved->notes.empty());
+    const std::vector<std::string> ignore =
+        read_json(dir.path() / "saved" / "config.json")["quantization_config"]["ignore"];
+    EXPECT_NE(std::find(ignore.begin(), ignore.end(), "re:.*\\.experts\\..*"), ignore.end())
+        << "vLLM's fused MoE then loads them unquantised";
+}
+
 TEST(SaveQuantized, Int4WidthsWithAShortLastGroupAreWrittenAsTheirBf16Values) {
     // K = 192: --quantize int4 gives the MLP's and the experts' down_proj a last group of 64, which
     // compressed-tensors cannot hold; the experts' gate_up (K = 128) goes bf16 with them, one scheme for the
@@ -240,9 +260,9 @@ TEST(SaveQuantized, Int4WidthsWithAShortLastGroupAreWrittenAsTheirBf16Values) {
                                     " int4 matrices whose width is not a multiple of 128 written as bf16") &&
                 has(r.notes[0], ": mlp.down_proj"))
         << r.notes[0];
-    EXPECT_TRUE(has(r.notes[1], "the MoE experts (" + std::to_string(2 * L) +
-                                    " fused matrices) written as bf16 of their dequantised values and "
-                                    "ignored: int4 in groups of 128 cannot hold a width of 192"))
+    EXPECT_TRUE(has(r.notes[1], "the MoE experts written as bf16 (" + std::to_string(2 * L) +
+                                    " fused matrices as their dequantised values) and ignored: ") &&
+                has(r.notes[1], "(int4 groups of 128 along widths of 128 and 192)"))
         << r.notes[1];
     const auto saved = load_checkpoint(dir.path() / "saved");
     EXPECT_EQ(saved->format, WeightFormat::kInt4);
