@@ -20,7 +20,8 @@ namespace {
 struct QuantSlot {
     QuantMatrix* dst;
     const bf16* bf16_weights;  // device
-    const QuantMatrix* host;   // null: quantise on the device
+    bool from_host;            // false: quantise on the device
+    QuantMatrix host;  // the host's matrix (a copy: the plan it came from is gone when the slots are used)
     int64_t rows;
     int K;
 };
@@ -47,7 +48,8 @@ std::vector<QuantSlot> quant_slots(DeviceWeights& dw, WeightFormat f, const Weig
         if (host && (!hs || !hs->q)) continue;  // kept bf16 (a published checkpoint's ignored module)
         int64_t rows = 1;
         for (size_t d = 0; d + 1 < p.shape.size(); ++d) rows *= p.shape[d];
-        out.push_back({p.quant, *p.slot, hs, rows, static_cast<int>(p.shape.back())});
+        out.push_back({p.quant, *p.slot, hs != nullptr, hs ? *hs : QuantMatrix{}, rows,
+                       static_cast<int>(p.shape.back())});
     }
     return out;
 }
@@ -65,7 +67,7 @@ SlotSizes sizes_of(WeightFormat f, const QuantSlot& s) {
     const uint64_t rows = static_cast<uint64_t>(s.rows), K = static_cast<uint64_t>(s.K);
     if (f == WeightFormat::kFp8) return {rows * K, rows, 0};
     const uint64_t G = (K + 127) / 128;
-    return {rows * K / 2, rows * G, s.host && s.host->zero ? rows * G : 0};
+    return {rows * K / 2, rows * G, s.from_host && s.host.zero ? rows * G : 0};
 }
 
 }  // namespace
@@ -94,10 +96,10 @@ void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host
         at += align256(4 * z.scales);
         uint8_t* zero = z.zeros ? base + at : nullptr;
         at += align256(z.zeros);
-        if (s.host) {
-            CUDA_CHECK(cudaMemcpy(q, s.host->q, z.q, cudaMemcpyHostToDevice));
-            CUDA_CHECK(cudaMemcpy(scale, s.host->scale, 4 * z.scales, cudaMemcpyHostToDevice));
-            if (zero) CUDA_CHECK(cudaMemcpy(zero, s.host->zero, z.zeros, cudaMemcpyHostToDevice));
+        if (s.from_host) {
+            CUDA_CHECK(cudaMemcpy(q, s.host.q, z.q, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(scale, s.host.scale, 4 * z.scales, cudaMemcpyHostToDevice));
+            if (zero) CUDA_CHECK(cudaMemcpy(zero, s.host.zero, z.zeros, cudaMemcpyHostToDevice));
         } else if (f == WeightFormat::kFp8) {
             quantize_rows_fp8(const_cast<bf16*>(s.bf16_weights), s.rows, s.K, q, scale, nullptr);
         } else {
