@@ -11,6 +11,7 @@
 #include "cuda/model.h"
 #include "loading/checkpoint.h"
 #include "model/error.h"
+#include "model/int4.h"
 #include "model/tensor_plan.h"
 
 namespace markbase::cuda {
@@ -66,7 +67,7 @@ struct SlotSizes {
 SlotSizes sizes_of(WeightFormat f, const QuantSlot& s) {
     const uint64_t rows = static_cast<uint64_t>(s.rows), K = static_cast<uint64_t>(s.K);
     if (f == WeightFormat::kFp8) return {rows * K, rows, 0};
-    const uint64_t G = (K + 127) / 128;
+    const uint64_t G = static_cast<uint64_t>(int4_groups(s.K));
     return {rows * K / 2, rows * G, s.from_host && s.host.zero ? rows * G : 0};
 }
 

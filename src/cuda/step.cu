@@ -225,12 +225,12 @@ void CudaModel::record_attention(int i, Profiler* pf) {
                 GemvSeg segs[3];
                 int ns = 0;
                 // one launch reads one format: quantised only where all of q, k, v are
-                const bool all8 = lq.q_proj.q && (!own || (lq.k_proj.q && (!lw.v_proj || lq.v_proj.q)));
+                const bool all_quant = lq.q_proj.q && (!own || (lq.k_proj.q && (!lw.v_proj || lq.v_proj.q)));
                 const QuantMatrix none{};
-                segs[ns++] = seg_of(lw.q_proj, all8 ? lq.q_proj : none, act_.q, qw);
+                segs[ns++] = seg_of(lw.q_proj, all_quant ? lq.q_proj : none, act_.q, qw);
                 if (own) {
-                    segs[ns++] = seg_of(lw.k_proj, all8 ? lq.k_proj : none, act_.k, kvw);
-                    if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, all8 ? lq.v_proj : none, act_.v, kvw);
+                    segs[ns++] = seg_of(lw.k_proj, all_quant ? lq.k_proj : none, act_.k, kvw);
+                    if (lw.v_proj) segs[ns++] = seg_of(lw.v_proj, all_quant ? lq.v_proj : none, act_.v, kvw);
                 }
                 gemv(in, segs, ns, 1, stream_);
             });

@@ -72,8 +72,7 @@ __host__ __device__ constexpr int64_t padded_k(int K) {
 }
 template <Fmt F, int NT, bool Geglu>
 __host__ __device__ constexpr int64_t smem_bytes(int K) {
-    const int64_t groups =
-        F == Fmt::kInt4 ? int64_t{8} * NT * ((K + kGroup - 1) / kGroup) * (Geglu ? 2 : 1) : 0;
+    const int64_t groups = F == Fmt::kInt4 ? int64_t{8} * NT * int4_groups(K) * (Geglu ? 2 : 1) : 0;
     return padded_k<F>(K) * 4 + groups * 5;
 }
 
@@ -91,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
     if (p.group_expert) pdl_begin();  // the experts were chosen by the previous kernel
     const Tiles<NT, Geglu> tl = tiles_of<F, NT, Geglu>(p, row0, g, slot);
     const int nss_row = static_cast<int>(row_bytes<F>(p.K) / 16);  // 16-byte chunks of a row
-    const int nss = (nss_row + 3) / 4, G = (p.K + kGroup - 1) / kGroup;
+    const int nss = (nss_row + 3) / 4, G = static_cast<int>(int4_groups(p.K));
     const int s_lo = warp * nss / kWarps, s_hi = (warp + 1) * nss / kWarps;
     float* gs = reinterpret_cast<float*>(xs + padded_k<F>(p.K) / 2);
     uint8_t* gz = reinterpret_cast<uint8_t*>(gs + 8 * NT * G * (Geglu ? 2 : 1));
@@ -254,6 +253,16 @@ void launch_quant(Fmt f, QuantParams& p, int slots, cudaStream_t s) {
     throw Error("internal: the quantised GEMV was given bf16 weights");
 }
 
+// The matrix from row `row` on (rows of K weights): its q, scales and zero points advanced alike.
+QuantMatrix quant_rows_from(WeightFormat f, const QuantMatrix& m, int64_t row, int K) {
+    if (!m.q) return m;
+    if (f == WeightFormat::kInt4) {
+        const int64_t G = int4_groups(K);
+        return {m.q + row * (K / 2), m.scale + row * G, m.zero ? m.zero + row * G : nullptr};
+    }
+    return {m.q + row * K, m.scale + row, nullptr};
+}
+
 QuantParams params_of(const GemvInput& in) {
     QuantParams p;
     p.x = in.x;
@@ -344,15 +353,6 @@ void moe_down_decode_quant(WeightFormat f, const float* h, int Ie, const QuantMa
     p.expert_rows = H;
     p.out_stride = H;
     launch_quant<false>(f, p, K, s);
-}
-
-QuantMatrix quant_rows_from(WeightFormat f, const QuantMatrix& m, int64_t row, int K) {
-    if (!m.q) return m;
-    if (f == WeightFormat::kInt4) {
-        const int64_t G = (K + kGroup - 1) / kGroup;
-        return {m.q + row * (K / 2), m.scale + row * G, m.zero ? m.zero + row * G : nullptr};
-    }
-    return {m.q + row * K, m.scale + row, nullptr};
 }
 
 }  // namespace markbase::cuda

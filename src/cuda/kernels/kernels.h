@@ -381,8 +381,6 @@ void moe_gate_up_decode_quant(WeightFormat f, const float* x, int H, const Quant
                               int K, const int* group_expert, float* h, cudaStream_t s);
 void moe_down_decode_quant(WeightFormat f, const float* h, int Ie, const QuantMatrix& down, int H, int K,
                            const int* group_expert, float* slots, cudaStream_t s);
-// The matrix from row `row` on (rows of K weights): its q, scales and zero points advanced alike.
-QuantMatrix quant_rows_from(WeightFormat f, const QuantMatrix& m, int64_t row, int K);
 // Raises the quantised kernels' shared-memory limit (x staged, up to 32768 wide); gemv_prepare calls it.
 void gemv_quant_prepare();
 // Prefill experts as batched GEMMs, in passes of max_n rows (the fallback of the compact pass below): after

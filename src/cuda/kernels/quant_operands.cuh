@@ -10,6 +10,7 @@
 
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "model/int4.h"
 
 namespace markbase::cuda::quant {
 
@@ -18,7 +19,8 @@ using Fmt = WeightFormat;
 constexpr int kWarps = 8;
 constexpr int kSuper = 64;  // bytes of a row per super-step: 4 lanes x 16
 constexpr int kMaxK = 32768;
-constexpr int kGroup = 128;  // int4: weights per scale, one super-step
+constexpr int kGroup =
+    static_cast<int>(kInt4Group);  // int4: weights per scale, one super-step (model/int4.h)
 
 // weights per super-step of a row; MMAs per lane per super-step
 template <Fmt F>
@@ -199,7 +201,7 @@ __device__ __forceinline__ Tiles<NT, Geglu> tiles_of(const QuantParams& p, int r
 template <int NT, bool Geglu>
 __device__ __forceinline__ void stage_groups(const QuantParams& p, int row0, int slot, float* ss,
                                              uint8_t* zs) {
-    const int G = (p.K + kGroup - 1) / kGroup, n = 8 * NT * G;
+    const int G = static_cast<int>(int4_groups(p.K)), n = 8 * NT * G;
     const int64_t erow = expert_row(p, slot);
     for (int e = threadIdx.x; e < (Geglu ? 2 : 1) * n; e += kWarps * 32) {
         const int up = e >= n, idx = e - up * n, r = idx / G, g = idx % G;

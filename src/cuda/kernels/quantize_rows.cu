@@ -14,6 +14,7 @@
 #include "cuda/check.h"
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "model/int4.h"
 
 namespace markbase::cuda {
 
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
 // int4: a warp per group of 128 (the row's last may be short), 4 weights a lane.
 __global__ void __launch_bounds__(kThreads)
     quantize_int4_kernel(uint16_t* w, int K, uint8_t* q, float* scale) {
-    const int G = (K + 127) / 128, lane = threadIdx.x & 31;
+    const int G = static_cast<int>(int4_groups(K)), lane = threadIdx.x & 31;
     uint16_t* row = w + static_cast<int64_t>(blockIdx.x) * K;
     uint8_t* qrow = q + static_cast<int64_t>(blockIdx.x) * (K / 2);
     for (int g = threadIdx.x >> 5; g < G; g += kThreads / 32) {
