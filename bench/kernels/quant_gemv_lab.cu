@@ -17,7 +17,7 @@
 // (bf16: 4e-3, its copy rounds each weight; the tensor-core kernels: 1e-5, x's f16 halves keep ~22 bits).
 // Timing: launches over rotating copies
 // (>= 256 MB distinct, so the 60 MB L2 serves none), captured as one graph, per-launch time, median of 5.
-//   markbase_quant_gemv_lab [--only SUBSTRING]
+//   markbase_quant_gemv_lab [--only SUBSTRING] [--gate-only: one launch of each variant, no timing]
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +30,7 @@
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
 #include "lab_common.cuh"
+#include "quant_gemv_variants.cuh"
 #include "model/fp8.h"
 
 namespace {
@@ -250,6 +251,24 @@ void launch_p16(const Buffers& b, int c, const float* x, float* y, cudaStream_t 
     markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
 }
 
+template <markbase::WeightFormat F, int KS, int U>
+void launch_v3(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
+    markbase::cuda::quant::QuantParams p;
+    p.x = x;
+    p.K = b.K;
+    p.nseg = 1;
+    if (F == markbase::WeightFormat::kInt4)
+        p.m[0] = {b.W + b.n * c, b.sc4 + int64_t{b.N} * b.G * c, nullptr};
+    else
+        p.m[0] = {b.W + b.n * c, b.sc + int64_t{b.N} * c, nullptr};
+    p.y[0] = y;
+    p.seg_end[0] = b.N;
+    p.total_rows = b.N;
+    qv::launch_persist<F, KS, U>(p, s);
+}
+constexpr auto kF8 = markbase::WeightFormat::kFp8;
+constexpr auto kI4 = markbase::WeightFormat::kInt4;
+
 struct Variant {
     const char* name;
     LaunchFn fn;
@@ -264,6 +283,12 @@ const Variant kVariants[] = {
     {"p fp8", launch_p8},
     {"p int4", launch_p4, 0.5, true},
     {"p bf16", launch_p16, 2.0},
+    {"v3 fp8 U4", launch_v3<kF8, 0, 4>},
+    {"v3 fp8 U6", launch_v3<kF8, 0, 6>},
+    {"v3 int4 U4", launch_v3<kI4, 0, 4>, 0.5, true},
+    {"v3 int4 U6", launch_v3<kI4, 0, 6>, 0.5, true},
+    {"v3 int4 KS1", launch_v3<kI4, 1, 4>, 0.5, true},
+    {"v3 int4 KS8", launch_v3<kI4, 8, 4>, 0.5, true},
 };
 
 }  // namespace
@@ -271,12 +296,15 @@ const Variant kVariants[] = {
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     std::string only;
+    bool time = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
+        } else if (a == "--gate-only") {
+            time = false;
         } else {
-            std::fprintf(stderr, "usage: markbase_quant_gemv_lab [--only SUBSTRING]\n");
+            std::fprintf(stderr, "usage: markbase_quant_gemv_lab [--only SUBSTRING] [--gate-only]\n");
             return 2;
         }
     }
@@ -356,6 +384,10 @@ int main(int argc, char** argv) {
             // the bf16 copy rounds each dequantised weight once more (relative 2^-9)
             const bool ok = worst <= (var.bytes_per_weight == 2.0 ? 4e-3 : 1e-5);
             all_ok = all_ok && ok;
+            if (!time) {  // one launch of each variant (for a profiler): the gate, no timing
+                std::printf(" %7s %5s%s%s", "-", "-", ok ? " " : "!", "  ");
+                continue;
+            }
             cudaGraph_t graph;
             cudaGraphExec_t exec;
             CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
