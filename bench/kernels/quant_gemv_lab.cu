@@ -30,8 +30,8 @@
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
 #include "lab_common.cuh"
-#include "quant_gemv_variants.cuh"
 #include "model/fp8.h"
+#include "quant_gemv_variants.cuh"
 
 namespace {
 

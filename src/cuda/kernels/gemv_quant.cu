@@ -4,9 +4,10 @@
 // and an add per weight, fp32 x read per weight) were bound by instructions and L1, not memory: the kernel
 // lab (bench/kernels/quant_gemv_lab.cu) streamed FP8 at 1.2-1.9 TB/s, slower per weight than bf16 at 3.7-4.3
 // TB/s. Here the weights become f16 pairs in one or two instructions (e4m3x2 -> f16x2 in hardware; a nibble
-// pair OR 0x6400 is 1024 + n exactly, less 1024 + zero) and mma.sync m16n8k16 does 16 x 8 x 16 multiply-adds
-// in another: the weights are the B operand (8 rows a tile), x the A operand's first two rows (its f16 high
-// and low halves, so x keeps ~22 bits), the other 14 rows zero.
+// pair OR 0x6400 is 1024 + n exactly, less 1024 + zero: quant_operands.cuh's int4_word_to_f16) and mma.sync
+// m16n8k16 does 16 x 8 x 16 multiply-adds in another: the weights are the B operand (8 rows a tile), x the A
+// operand's first two rows (its f16 high and low halves, so x keeps ~22 bits); rows 2..7 repeat them (their
+// C rows are never read: no predicate, no zeroing), rows 8..15 are zero.
 //  - A lane's 16-byte load is 16 FP8 or 32 int4 weights of row g = lane / 4; the 4 lanes of a row cover a
 //    "super-step" of 64 bytes: 64 FP8 weights (4 MMAs a lane), or 128 int4 weights (8 MMAs), one group.
 //    Both sides of each MMA take their k in the same (permuted) order, so the loads feed the fragments
@@ -14,18 +15,23 @@
 //  - int4: each super-step's MMAs start from zero and are added into the sums times the rows' group scales
 //    (fp32), so the weights enter the MMA as exact small integers; a row's last group may be shorter (K a
 //    multiple of 64: the 26B-A4B's 704- and 2112-wide inputs), its missing half zero on both sides.
-//  - A block is 8 warps on 8 * NT rows, each warp a contiguous eighth of the super-steps.
-//  - x is staged once per block in shared memory as the MMA's A pairs, scaled by 2^-4 (f16's range then
-//    holds |x| up to 10^6 and resolves 2^-20 absolute), the input norm's weight folded in; the norm's sum of
-//    squares is a block reduction there.
+//  - Persistent blocks: at most 2 a SM, each staging x once and walking tiles of 8 rows, KS warps a tile
+//    (each a contiguous K / KS of it; KS the fewest that give every warp work), every block the same number
+//    of rounds. A block per tile (the kernel before, the lab's v3 the step between) staged all of x for 8-32
+//    rows and lived about as long as that prologue: on the 31B's int4 q/k/v a warp walked ~5 super-steps.
+//  - x is staged in shared memory as the MMA's A pairs, scaled by 2^-4 (f16's range then holds |x| up to
+//    10^6 and resolves 2^-20 absolute), the input norm's weight folded in; the norm's sum of squares is a
+//    block reduction there.
 //  - The weights' first U super-steps are loaded before the PDL wait (they never depend on the previous
-//    kernel), then x is staged (and int4's group scales and zero points), then the MMAs, each set of loads
-//    issued before the previous set's MMAs (two register buffers); the 8 warps' sums meet in shared memory in
-//    a fixed order.
+//    kernel), then x is staged, then the MMAs, each set of loads issued before the previous set's MMAs (two
+//    register buffers; int4's group scales and zero points loaded beside the weights). A tile's steps are
+//    padded to pairs of buffers, so the warp's next tile is loaded while its last set multiplies. A tile's
+//    KS warps meet in shared memory behind a named barrier of their own, summed in a fixed order.
 //  - Experts (the MoE's decode): grid.y is the slot, its rows those of expert group_expert[slot].
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/check.h"
@@ -40,24 +46,25 @@ namespace {
 
 using namespace quant;  // NOLINT: the kernel's own pieces (quant_operands.cuh)
 
-// One super-step of one tile into c: FP8 straight into the sums; int4 from zero, then times the scales of
-// this lane's C columns (rows 2t, 2t + 1 of the tile), its weights less its row's (g) zero point.
+// One super-step of one tile into c: FP8 straight into the sums; int4 from zero, then times the group scales
+// of this lane's C columns (rows 2t, 2t + 1 of the tile; sc), its weights less its row's (g) zero point (z).
 template <Fmt F>
-__device__ __forceinline__ void mma_chunk(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
-                                          const uint32_t (&ay)[kMmas<F>], const float* gs, const uint8_t* gz,
-                                          int G, int s, int g, int t) {
+__device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
+                                         const uint32_t (&ay)[kMmas<F>], float2 sc, uint32_t z) {
     const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
     if constexpr (F == Fmt::kInt4) {
-        const uint32_t zz = 0x64006400u + 0x00010001u * gz[g * G + s];
+        // 1024 + z and -(64 + z) as f16, in both halves (int4_word_to_f16)
+        const uint32_t zz = 0x00010001u * (0x6400u + z), zh = 0x00010001u * (0xd400u + 16u * z);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                mma_f16(d, ax[2 * i + h], ay[2 * i + h], nib2_to_f16x2(wv[i], 8 * h, zz),
-                        nib2_to_f16x2(wv[i], 8 * h + 4, zz));
-        c[0] = fmaf(d[0], gs[2 * t * G + s], c[0]);
-        c[1] = fmaf(d[1], gs[(2 * t + 1) * G + s], c[1]);
+        for (int i = 0; i < 4; ++i) {
+            uint32_t b[4];
+            int4_word_to_f16(wv[i], zz, zh, b);
+            mma_f16(d, ax[2 * i], ay[2 * i], b[0], b[1]);
+            mma_f16(d, ax[2 * i + 1], ay[2 * i + 1], b[2], b[3]);
+        }
+        c[0] = fmaf(d[0], sc.x, c[0]);
+        c[1] = fmaf(d[1], sc.y, c[1]);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -65,160 +72,173 @@ __device__ __forceinline__ void mma_chunk(float (&c)[4], uint4 v, const uint32_t
     }
 }
 
-// Shared memory: x staged (Kp * 4 bytes), then int4's group scales and zero points (stage_groups).
+// Shared memory: x staged, Kp * 4 bytes.
 template <Fmt F>
 __host__ __device__ constexpr int64_t padded_k(int K) {
     return (K + kStepK<F> - 1) / kStepK<F> * kStepK<F>;
-}
-template <Fmt F, int NT, bool Geglu>
-__host__ __device__ constexpr int64_t smem_bytes(int K) {
-    const int64_t groups = F == Fmt::kInt4 ? int64_t{8} * NT * int4_groups(K) * (Geglu ? 2 : 1) : 0;
-    return padded_k<F>(K) * 4 + groups * 5;
 }
 
 // Blocks per SM the registers must allow: 2 (16 warps, each with its next loads in flight while it multiplies
 // the last ones, cover the memory's latency).
 constexpr int kMinBlocks = 2;
 
-template <Fmt F, int NT, int U, bool Geglu>
+__device__ __forceinline__ void bar_named(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// KS warps walk a tile of 8 rows, each K / KS of it; U super-steps per register buffer, two buffers.
+template <Fmt F, int KS, int U, bool Geglu>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(const QuantParams p) {
     extern __shared__ uint2 xs[];
     __shared__ float red[32];
-    __shared__ float part[kWarps][NT * 8][Geglu ? 2 : 1];
+    __shared__ float part[2][kWarps][8][Geglu ? 2 : 1];
+    constexpr int kSlots = kWarps / KS;  // tiles a block walks at once
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int slot = blockIdx.y, row0 = blockIdx.x * 8 * NT;
+    const int tslot = warp / KS, ks = warp % KS, slot = blockIdx.y;
     if (p.group_expert) pdl_begin();  // the experts were chosen by the previous kernel
-    const Tiles<NT, Geglu> tl = tiles_of<F, NT, Geglu>(p, row0, g, slot);
+    const int64_t erow = expert_row(p, slot);
+    const int ntiles = p.total_rows / 8, stride = gridDim.x * kSlots;
+    int tile = blockIdx.x * kSlots + tslot;
+    if (erow < 0) {  // a slot of another rank's expert: zero rows
+        for (; tile < ntiles; tile += stride)
+            if (ks == 0 && lane < 8) {
+                const RowAt at = row_at(p, tile * 8 + lane, 0);
+                pick(p.y, at.seg)[static_cast<int64_t>(slot) * p.out_stride + at.local] = 0.0f;
+            }
+        return;
+    }
     const int nss_row = static_cast<int>(row_bytes<F>(p.K) / 16);  // 16-byte chunks of a row
     const int nss = (nss_row + 3) / 4, G = static_cast<int>(int4_groups(p.K));
-    const int s_lo = warp * nss / kWarps, s_hi = (warp + 1) * nss / kWarps;
-    float* gs = reinterpret_cast<float*>(xs + padded_k<F>(p.K) / 2);
-    uint8_t* gz = reinterpret_cast<uint8_t*>(gs + 8 * NT * G * (Geglu ? 2 : 1));
+    const int s_lo = ks * nss / KS, s_hi = (ks + 1) * nss / KS;
 
     // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run
-    uint4 v[2][U][NT], v2[2][U][NT];
+    uint4 v[2][U], v2[2][U];
+    float2 sc[2][U], sc2[2][U];
+    uint32_t z[2][U];  // int4's zero points of row g: the gate's byte, Geglu's up byte above it
+    TileRows<F, Geglu> tr;
     auto load = [&](int k, int base) {
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int i = 0; i < NT; ++i) {
-                const int s = base + u;
-                // (int4's short last group: the lanes past K load nothing)
-                const bool ok = tl.ok[i] && s < s_hi && (F == Fmt::kFp8 || s * 4 + t < nss_row);
-                v[k][u][i] = ok ? ld_stream(tl.a[i] + s * 4 + t) : make_uint4(0, 0, 0, 0);
-                if constexpr (Geglu)
-                    v2[k][u][i] = ok ? ld_stream(tl.b[i] + s * 4 + t) : make_uint4(0, 0, 0, 0);
-            }
-    };
-    load(0, s_lo);  // weights only: safe before the previous kernel has finished
-    if (!p.group_expert) pdl_begin_after_loads(p.K);  // from here on x may be touched
-
-    const float ss = stage_x<F>(p, p.x + static_cast<int64_t>(slot) * p.x_slot_stride, xs, red);
-    if constexpr (F == Fmt::kInt4) stage_groups<NT, Geglu>(p, row0, slot, gs, gz);
-    __syncthreads();
-
-    float c[NT][4] = {}, c2[NT][4] = {};
-    auto step = [&](int k, int base) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = base + u;
-            if (s >= s_hi) break;
-            uint32_t ax[kMmas<F>] = {}, ay[kMmas<F>] = {};
-            if (g < 2) {
-                const uint2* src = xs + ((s * 2 + g) * 4 + t) * kMmas<F>;
-#pragma unroll
-                for (int j = 0; j < kMmas<F>; j += 2) {
-                    const uint4 a = *reinterpret_cast<const uint4*>(src + j);
-                    ax[j] = a.x;
-                    ay[j] = a.y;
-                    ax[j + 1] = a.z;
-                    ay[j + 1] = a.w;
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NT; ++i) {
-                const int ti = 8 * i * G;
-                mma_chunk<F>(c[i], v[k][u][i], ax, ay, gs + ti, gz + ti, G, s, g, t);
+            // (int4's short last group: the lanes past K load nothing)
+            const bool ok = s < s_hi && (F == Fmt::kFp8 || s * 4 + t < nss_row);
+            v[k][u] = ok ? ld_stream(tr.a + s * 4 + t) : make_uint4(0, 0, 0, 0);
+            if constexpr (Geglu) v2[k][u] = ok ? ld_stream(tr.b + s * 4 + t) : make_uint4(0, 0, 0, 0);
+            if constexpr (F == Fmt::kInt4) {
+                const bool in = s < s_hi;
+                sc[k][u] = in ? make_float2(__ldg(tr.sa + s), __ldg(tr.sa + G + s)) : float2{};
+                z[k][u] = in && tr.za ? __ldg(tr.za + s) : 8u;
                 if constexpr (Geglu) {
-                    const int tu = 8 * NT * G + ti;
-                    mma_chunk<F>(c2[i], v2[k][u][i], ax, ay, gs + tu, gz + tu, G, s, g, t);
+                    sc2[k][u] = in ? make_float2(__ldg(tr.sb + s), __ldg(tr.sb + G + s)) : float2{};
+                    z[k][u] |= (in && tr.zb ? __ldg(tr.zb + s) : 8u) << 8;
                 }
             }
         }
     };
-    // unrolled by two so that the buffers' index is a constant (registers, not local memory)
-    for (int base = s_lo; base < s_hi; base += 2 * U) {
-        if (base + U < s_hi) load(1, base + U);
-        step(0, base);
-        if (base + U >= s_hi) break;
-        if (base + 2 * U < s_hi) load(0, base + 2 * U);
-        step(1, base + U);
+    if (tile < ntiles) {
+        tr = tile_rows<F, Geglu>(p, tile, erow, g, t);
+        load(0, s_lo);  // weights only: safe before the previous kernel has finished
     }
-    // C rows 0 (hi) and 1 (lo) sit in lanes t and 4 + t: columns (weight rows) 2t and 2t + 1 of each tile
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-        const float r0 = c[i][0] + __shfl_down_sync(0xffffffffu, c[i][0], 4);
-        const float r1 = c[i][1] + __shfl_down_sync(0xffffffffu, c[i][1], 4);
-        float u0 = 0.0f, u1 = 0.0f;
-        if constexpr (Geglu) {
-            u0 = c2[i][0] + __shfl_down_sync(0xffffffffu, c2[i][0], 4);
-            u1 = c2[i][1] + __shfl_down_sync(0xffffffffu, c2[i][1], 4);
+    if (!p.group_expert) pdl_begin_after_loads(p.K);  // from here on x may be touched
+    const float ss = stage_x<F>(p, p.x + static_cast<int64_t>(slot) * p.x_slot_stride, xs, red);
+    __syncthreads();
+    // 16 undoes x's 2^-4; the norm's scale as the bf16 kernels apply it
+    const float inv = p.norm ? 16.0f / sqrtf(ss / static_cast<float>(p.K) + p.eps) * p.norm_scale : 16.0f;
+
+    bool loaded = true;
+    for (int par = 0; tile < ntiles; tile += stride, par ^= 1) {
+        if (!loaded) {  // (a warp with no steps)
+            tr = tile_rows<F, Geglu>(p, tile, erow, g, t);
+            load(0, s_lo);
         }
-        if (lane < 4) {
-            part[warp][8 * i + 2 * lane][0] = r0;
-            part[warp][8 * i + 2 * lane + 1][0] = r1;
-            if constexpr (Geglu) {
-                part[warp][8 * i + 2 * lane][Geglu ? 1 : 0] = u0;
-                part[warp][8 * i + 2 * lane + 1][Geglu ? 1 : 0] = u1;
+        loaded = false;
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        auto step = [&](int k, int base) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int s = base + u;
+                if (s >= s_hi) break;
+                // lanes g >= 2 hold A rows 2..7, whose C rows are never read: they take g & 1's
+                uint32_t ax[kMmas<F>], ay[kMmas<F>];
+                x_fragments<F>(xs, s, g & 1, t, ax, ay);
+                mma_step<F>(c, v[k][u], ax, ay, sc[k][u], z[k][u] & 0xffu);
+                if constexpr (Geglu) mma_step<F>(c2, v2[k][u], ax, ay, sc2[k][u], z[k][u] >> 8);
+            }
+        };
+        // unrolled by two so that the buffers' index is a constant (registers, not local memory); a tile's
+        // steps are padded to pairs of buffers, so its last set is always buffer 1's, and buffer 0 takes the
+        // warp's next tile while it runs: the loads stay in flight across the tile's end
+        for (int base = s_lo;; base += 2 * U) {
+            load(1, base + U);
+            step(0, base);
+            const bool last = base + 2 * U >= s_hi;
+            if (!last) {
+                load(0, base + 2 * U);
+            } else if (tile + stride < ntiles) {
+                tr = tile_rows<F, Geglu>(p, tile + stride, erow, g, t);
+                load(0, s_lo);
+                loaded = true;
+            }
+            step(1, base + U);
+            if (last) break;
+        }
+        // C rows 0 (hi) and 1 (lo) sit in lanes t and 4 + t: rows 2t and 2t + 1 of the tile
+        float r[2][2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            r[e][0] = c[e] + __shfl_down_sync(0xffffffffu, c[e], 4);
+            r[e][1] = Geglu ? c2[e] + __shfl_down_sync(0xffffffffu, c2[e], 4) : 0.0f;
+        }
+        if constexpr (KS == 1) {
+            if (lane < 4)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    store_row<F, Geglu>(p, tile * 8 + 2 * lane + e, erow, slot, r[e][0] * inv, r[e][1] * inv);
+        } else {
+            if (lane < 4)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    part[par][warp][2 * lane + e][0] = r[e][0];
+                    if constexpr (Geglu) part[par][warp][2 * lane + e][Geglu ? 1 : 0] = r[e][1];
+                }
+            bar_named(1 + tslot, KS * 32);  // the tile's KS warps (the block's other tiles run on)
+            if (ks == 0 && lane < 8) {
+                float a = 0.0f, b = 0.0f;  // in a fixed order: deterministic
+#pragma unroll
+                for (int w = 0; w < KS; ++w) {
+                    a += part[par][tslot * KS + w][lane][0];
+                    if constexpr (Geglu) b += part[par][tslot * KS + w][lane][Geglu ? 1 : 0];
+                }
+                store_row<F, Geglu>(p, tile * 8 + lane, erow, slot, a * inv, b * inv);
             }
         }
     }
-    __syncthreads();
-    if (threadIdx.x >= NT * 8) return;
-    float a = 0.0f, b = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-        a += part[w][threadIdx.x][0];
-        if constexpr (Geglu) b += part[w][threadIdx.x][Geglu ? 1 : 0];
-    }
-    // 16 undoes x's 2^-4; the norm's scale as the bf16 kernels apply it
-    const float inv = p.norm ? 16.0f / sqrtf(ss / static_cast<float>(p.K) + p.eps) * p.norm_scale : 16.0f;
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {  // (unrolled: a dynamic index would put the tiles in local memory)
-        if (i != static_cast<int>(threadIdx.x) / 8 || !tl.in[i]) continue;
-        // the row found again (its pointers kept through the loop would cost registers)
-        const int64_t erow = expert_row(p, slot);
-        const RowAt at = row_at(p, row0 + threadIdx.x, erow < 0 ? 0 : erow);
-        float* y = pick(p.y, at.seg) + static_cast<int64_t>(slot) * p.out_stride + at.local;
-        if (!tl.ok[i]) {  // a slot of another rank's expert
-            *y = 0.0f;
-            continue;
-        }
-        // FP8's row scales (int4's are in the sums already)
-        float sa = 1.0f, sb = 1.0f;
-        if constexpr (F == Fmt::kFp8) {
-            sa = __ldg(pick(p.m, at.seg).scale + at.row);
-            if constexpr (Geglu) sb = __ldg(p.m2.scale + at.row);
-        }
-        if constexpr (Geglu)
-            *y = gelu_tanh(a * inv * sa) * (b * inv * sb);
-        else
-            *y = a * inv * sa;
-    }
 }
 
-template <Fmt F, int NT, int U, bool Geglu>
-void launch_nt(const QuantParams& p, int slots, cudaStream_t s) {
-    const int tiles = (p.total_rows + 8 * NT - 1) / (8 * NT);
-    const size_t smem = static_cast<size_t>(smem_bytes<F, NT, Geglu>(p.K));
-    launch_kernel(quant_mma_kernel<F, NT, U, Geglu>, dim3(tiles, slots), dim3(kWarps * 32), smem, s, p);
+template <Fmt F, int KS, int U, bool Geglu>
+void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
+    constexpr int kSlots = kWarps / KS;
+    const int ntiles = p.total_rows / 8;
+    blocks = std::max(1, std::min(blocks, (ntiles + kSlots - 1) / kSlots));
+    // every block walks the same number of rounds: the grid's last wave is not a tail of a few blocks
+    const int rounds = (ntiles + blocks * kSlots - 1) / (blocks * kSlots);
+    blocks = (ntiles + rounds * kSlots - 1) / (rounds * kSlots);
+    const size_t smem = static_cast<size_t>(padded_k<F>(p.K) * 4);
+    launch_kernel(quant_mma_kernel<F, KS, U, Geglu>, dim3(blocks, slots), dim3(kWarps * 32), smem, s, p);
     CUDA_CHECK_LAUNCH();
 }
 
-// NT: 8-row tiles per block, as many as keep >= 2 blocks per SM; U: super-steps per buffer, so that each of
-// the two buffers holds kChunksInFlight 16-byte loads per lane (Geglu: twice).
+// The grid: at most kMinBlocks blocks a SM in all (persistent: a block stages x once and walks tiles). KS:
+// the fewest warps a tile that still give every warp a tile, halved while a warp would walk fewer than two
+// super-steps. U: super-steps per buffer, so that each of the two buffers holds kChunksInFlight 16-byte
+// loads per lane (Geglu: twice).
 template <Fmt F>
 constexpr int kChunksInFlight = 4;
+// (int4's GeGLU: one, its scales and zero points beside the two rows' loads fill the registers)
+template <Fmt F, bool Geglu>
+constexpr int buffer_steps() {
+    return !Geglu ? kChunksInFlight<F> : F == Fmt::kInt4 ? kChunksInFlight<F> / 4 : kChunksInFlight<F> / 2;
+}
 template <Fmt F, bool Geglu>
 void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     if (p.K <= 0 || p.K % kSuper || p.K > kMaxK)
@@ -233,16 +253,22 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
         p.seg_end[i] = (p.total_rows += rows);
     }
     if (p.total_rows == 0) return;
-    const int64_t want = 2 * int64_t{device_sms()};
-    auto blocks = [&](int nt) { return int64_t{(p.total_rows + 8 * nt - 1) / (8 * nt)} * slots; };
-    constexpr int Q = kChunksInFlight<F>;
-    if constexpr (Geglu) {
-        if (blocks(2) >= want) return launch_nt<F, 2, Q / 4, true>(p, slots, s);
-        return launch_nt<F, 1, Q / 2, true>(p, slots, s);
-    } else {
-        if (blocks(4) >= want) return launch_nt<F, 4, Q / 4, false>(p, slots, s);
-        if (blocks(2) >= want) return launch_nt<F, 2, Q / 2, false>(p, slots, s);
-        return launch_nt<F, 1, Q, false>(p, slots, s);
+    const int blocks = std::max(1, kMinBlocks * device_sms() / slots);
+    const int ntiles = p.total_rows / 8, warps = blocks * kWarps;
+    const int nss = static_cast<int>((row_bytes_host<F>(p.K) / 16 + 3) / 4);
+    int ks = 1;
+    while (ks < kWarps && ntiles * ks < warps) ks *= 2;
+    while (ks > 1 && nss / ks < 2) ks /= 2;
+    constexpr int U = buffer_steps<F, Geglu>();
+    switch (ks) {
+        case 1:
+            return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
+        case 2:
+            return launch_ks<F, 2, U, Geglu>(p, blocks, slots, s);
+        case 4:
+            return launch_ks<F, 4, U, Geglu>(p, blocks, slots, s);
+        default:
+            return launch_ks<F, 8, U, Geglu>(p, blocks, slots, s);
     }
 }
 
@@ -274,28 +300,29 @@ QuantParams params_of(const GemvInput& in) {
     return p;
 }
 
-template <Fmt F, int NT, int U, bool Geglu>
+template <Fmt F, int KS, bool Geglu>
 void allow_smem() {
-    CUDA_CHECK(cudaFuncSetAttribute(quant_mma_kernel<F, NT, U, Geglu>,
+    constexpr int U = buffer_steps<F, Geglu>();
+    CUDA_CHECK(cudaFuncSetAttribute(quant_mma_kernel<F, KS, U, Geglu>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<F, NT, Geglu>(kMaxK))));
+                                    static_cast<int>(padded_k<F>(kMaxK) * 4)));
 }
 
-template <Fmt F>
+template <Fmt F, bool Geglu>
 void allow_all() {
-    constexpr int Q = kChunksInFlight<F>;
-    allow_smem<F, 4, Q / 4, false>();
-    allow_smem<F, 2, Q / 2, false>();
-    allow_smem<F, 1, Q, false>();
-    allow_smem<F, 2, Q / 4, true>();
-    allow_smem<F, 1, Q / 2, true>();
+    allow_smem<F, 1, Geglu>();
+    allow_smem<F, 2, Geglu>();
+    allow_smem<F, 4, Geglu>();
+    allow_smem<F, 8, Geglu>();
 }
 
 }  // namespace
 
 void gemv_quant_prepare() {
-    allow_all<Fmt::kFp8>();
-    allow_all<Fmt::kInt4>();
+    allow_all<Fmt::kFp8, false>();
+    allow_all<Fmt::kFp8, true>();
+    allow_all<Fmt::kInt4, false>();
+    allow_all<Fmt::kInt4, true>();
 }
 
 void gemv_quant(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s) {

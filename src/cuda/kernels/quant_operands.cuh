@@ -51,11 +51,33 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
 }
 
 // int4: nibbles sh/4 and sh/4 + 4 of w as the f16 pair (n - zero): 0x6400 | n is 1024 + n exactly, and
-// zz holds 1024 + zero in both halves
+// zz holds 1024 + zero in both halves (the lab's v3 conversion: a shift, a LOP3 and a subtraction)
 __device__ __forceinline__ uint32_t nib2_to_f16x2(uint32_t w, int sh, uint32_t zz) {
     const uint32_t h = ((w >> sh) & 0x000f000fu) | 0x64006400u;
     const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&h), *reinterpret_cast<const __half2*>(&zz));
     return *reinterpret_cast<const uint32_t*>(&d);
+}
+
+// int4: a word's 8 codes (nibble m at bits 4m) as the 4 f16 pairs (n - zero) the MMAs take: o[j] holds
+// nibbles (j, j + 4) for j = 0, 1 of the low byte pair and j = 2, 3 of w >> 8 (nibble pairs 0/4, 1/5, 2/6,
+// 3/7). A nibble left in place is 1024 + n once ORed with 0x6400; one at bits 4..7 gives 1024 + 16 n, which
+// times 1/16 less (64 + zero) is n - zero, exactly, in one HFMA2: 2 instructions a pair (a LOP3, then a
+// subtraction or an FMA) and one shift for the word, where shifting every pair costs 3. zz: 1024 + zero in
+// both halves; zh: -(64 + zero) in both halves.
+__device__ __forceinline__ void int4_word_to_f16(uint32_t w, uint32_t zz, uint32_t zh, uint32_t (&o)[4]) {
+    const __half2 sixteenth = __halves2half2(__ushort_as_half(0x2c00), __ushort_as_half(0x2c00));
+    const __half2 z = *reinterpret_cast<const __half2*>(&zz), zhi = *reinterpret_cast<const __half2*>(&zh);
+    const uint32_t w8 = w >> 8;
+    const uint32_t a = (w & 0x000f000fu) | 0x64006400u, b = (w & 0x00f000f0u) | 0x64006400u;
+    const uint32_t c = (w8 & 0x000f000fu) | 0x64006400u, d = (w8 & 0x00f000f0u) | 0x64006400u;
+    const __half2 r0 = __hsub2(*reinterpret_cast<const __half2*>(&a), z);
+    const __half2 r1 = __hfma2(*reinterpret_cast<const __half2*>(&b), sixteenth, zhi);
+    const __half2 r2 = __hsub2(*reinterpret_cast<const __half2*>(&c), z);
+    const __half2 r3 = __hfma2(*reinterpret_cast<const __half2*>(&d), sixteenth, zhi);
+    o[0] = *reinterpret_cast<const uint32_t*>(&r0);
+    o[1] = *reinterpret_cast<const uint32_t*>(&r1);
+    o[2] = *reinterpret_cast<const uint32_t*>(&r2);
+    o[3] = *reinterpret_cast<const uint32_t*>(&r3);
 }
 
 __device__ __forceinline__ uint32_t f16x2_bits(__half2 h) {
@@ -133,16 +155,6 @@ __device__ __forceinline__ float stage_x(const QuantParams& p, const float* x, u
     return block_sum(ss, red);
 }
 
-// A tile's rows: this lane's weight row (g) pointer, whether the rows are in range (in) and an expert is held
-// (ok). The scales (and int4's zero points) are read after the loop (FP8) or staged in shared memory (int4).
-template <int NT, bool Geglu>
-struct Tiles {
-    const uint4* a[NT];
-    const uint4* b[NT];  // Geglu's up projection
-    bool ok[NT];
-    bool in[NT];
-};
-
 // a[s] by selects: indexing the kernel's parameters at run time would copy them to local memory
 template <class T>
 __device__ __forceinline__ T pick(const T (&a)[3], int s) {
@@ -151,8 +163,12 @@ __device__ __forceinline__ T pick(const T (&a)[3], int s) {
 
 // Bytes of one row's weights.
 template <Fmt F>
-__device__ __forceinline__ int64_t row_bytes(int K) {
+__host__ __device__ __forceinline__ int64_t row_bytes(int K) {
     return F == Fmt::kInt4 ? K / 2 : K;
+}
+template <Fmt F>
+inline int64_t row_bytes_host(int K) {
+    return row_bytes<F>(K);
 }
 
 // The slot's expert: its first row in the matrices (0 without experts), or -1 where none is held.
@@ -178,40 +194,66 @@ __device__ __forceinline__ RowAt row_at(const QuantParams& p, int r, int64_t ero
     return a;
 }
 
-// Tile i's rows [row0 + 8i, +8): this lane's weight row pointers.
-template <Fmt F, int NT, bool Geglu>
-__device__ __forceinline__ Tiles<NT, Geglu> tiles_of(const QuantParams& p, int row0, int g, int slot) {
-    Tiles<NT, Geglu> tl;
-    const int64_t erow = expert_row(p, slot);
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-        const RowAt at = row_at(p, row0 + 8 * i, erow < 0 ? 0 : erow);
-        tl.in[i] = row0 + 8 * i < p.total_rows;
-        tl.ok[i] = tl.in[i] && erow >= 0;
-        const int64_t wrow = tl.ok[i] ? at.row + g : 0;
-        tl.a[i] = reinterpret_cast<const uint4*>(pick(p.m, at.seg).q + wrow * row_bytes<F>(p.K));
-        if constexpr (Geglu) tl.b[i] = reinterpret_cast<const uint4*>(p.m2.q + wrow * row_bytes<F>(p.K));
+// What a lane streams of tile `tile` (rows 8 tile .. + 7 of all the segments, one segment's): its weight row
+// g (a; Geglu's up row b), and for int4 the group scales of its C columns, rows 2t and 2t + 1 (sa, the
+// second G on; Geglu sb) and the zero points of row g (za, zb; null: 8).
+template <Fmt F, bool Geglu>
+struct TileRows {
+    const uint4* a = nullptr;
+    const uint4* b = nullptr;
+    const float* sa = nullptr;
+    const float* sb = nullptr;
+    const uint8_t* za = nullptr;
+    const uint8_t* zb = nullptr;
+};
+template <Fmt F, bool Geglu>
+__device__ __forceinline__ TileRows<F, Geglu> tile_rows(const QuantParams& p, int tile, int64_t erow, int g,
+                                                        int t) {
+    TileRows<F, Geglu> tr;
+    const RowAt at = row_at(p, tile * 8, erow);
+    const QuantMatrix m = pick(p.m, at.seg);
+    tr.a = reinterpret_cast<const uint4*>(m.q + (at.row + g) * row_bytes<F>(p.K));
+    if constexpr (Geglu) tr.b = reinterpret_cast<const uint4*>(p.m2.q + (at.row + g) * row_bytes<F>(p.K));
+    if constexpr (F == Fmt::kInt4) {
+        const int64_t G = int4_groups(p.K);
+        tr.sa = m.scale + (at.row + 2 * t) * G;
+        tr.za = m.zero ? m.zero + (at.row + g) * G : nullptr;
+        if constexpr (Geglu) {
+            tr.sb = p.m2.scale + (at.row + 2 * t) * G;
+            tr.zb = p.m2.zero ? p.m2.zero + (at.row + g) * G : nullptr;
+        }
     }
-    return tl;
+    return tr;
 }
 
-// int4: the block's rows' group scales and zero points in shared memory, [8 * NT rows][G] each (for Geglu
-// the up projection's follow), so the loop reads them without waiting on memory. Zero points: the byte of
-// 1024 + zero's f16 less 0x6400, i.e. zero itself (8 where the matrix has none).
-template <int NT, bool Geglu>
-__device__ __forceinline__ void stage_groups(const QuantParams& p, int row0, int slot, float* ss,
-                                             uint8_t* zs) {
-    const int G = static_cast<int>(int4_groups(p.K)), n = 8 * NT * G;
-    const int64_t erow = expert_row(p, slot);
-    for (int e = threadIdx.x; e < (Geglu ? 2 : 1) * n; e += kWarps * 32) {
-        const int up = e >= n, idx = e - up * n, r = idx / G, g = idx % G;
-        const bool ok = row0 + r < p.total_rows && erow >= 0;
-        const RowAt at = row_at(p, row0 + r, erow < 0 ? 0 : erow);
-        const QuantMatrix& m = up ? p.m2 : pick(p.m, at.seg);
-        const int64_t i = at.row * G + g;
-        ss[e] = ok ? __ldg(m.scale + i) : 0.0f;
-        zs[e] = ok && m.zero ? __ldg(m.zero + i) : 8;
+// The A pairs of super-step s for lane (g < 2, t): x's f16 hi (g = 0) or lo (g = 1) halves (stage_x's
+// layout).
+template <Fmt F>
+__device__ __forceinline__ void x_fragments(const uint2* xs, int s, int g, int t, uint32_t (&ax)[kMmas<F>],
+                                            uint32_t (&ay)[kMmas<F>]) {
+    const uint2* src = xs + ((s * 2 + g) * 4 + t) * kMmas<F>;
+#pragma unroll
+    for (int j = 0; j < kMmas<F>; j += 2) {
+        const uint4 a = *reinterpret_cast<const uint4*>(src + j);
+        ax[j] = a.x;
+        ay[j] = a.y;
+        ax[j + 1] = a.z;
+        ay[j + 1] = a.w;
     }
+}
+
+// Row r's output (of all the segments; the expert's from erow >= 0): a (Geglu: gelu(a) * b), its sums
+// already scaled by x's norm, times FP8's row scales (int4's are in the sums).
+template <Fmt F, bool Geglu>
+__device__ __forceinline__ void store_row(const QuantParams& p, int r, int64_t erow, int slot, float a,
+                                          float b) {
+    const RowAt at = row_at(p, r, erow);
+    float* y = pick(p.y, at.seg) + static_cast<int64_t>(slot) * p.out_stride + at.local;
+    if constexpr (F == Fmt::kFp8) {
+        a *= __ldg(pick(p.m, at.seg).scale + at.row);
+        if constexpr (Geglu) b *= __ldg(p.m2.scale + at.row);
+    }
+    *y = Geglu ? gelu_tanh(a) * b : a;
 }
 
 }  // namespace markbase::cuda::quant
