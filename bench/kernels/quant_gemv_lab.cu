@@ -251,7 +251,7 @@ void launch_p16(const Buffers& b, int c, const float* x, float* y, cudaStream_t 
     markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
 }
 
-template <markbase::WeightFormat F, int KS, int U>
+template <markbase::WeightFormat F, int KS, int U, bool Trick = false, bool XAll = false>
 void launch_v3(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
     markbase::cuda::quant::QuantParams p;
     p.x = x;
@@ -264,7 +264,7 @@ void launch_v3(const Buffers& b, int c, const float* x, float* y, cudaStream_t s
     p.y[0] = y;
     p.seg_end[0] = b.N;
     p.total_rows = b.N;
-    qv::launch_persist<F, KS, U>(p, s);
+    qv::launch_persist<F, KS, U, Trick, XAll>(p, s);
 }
 constexpr auto kF8 = markbase::WeightFormat::kFp8;
 constexpr auto kI4 = markbase::WeightFormat::kInt4;
@@ -283,12 +283,11 @@ const Variant kVariants[] = {
     {"p fp8", launch_p8},
     {"p int4", launch_p4, 0.5, true},
     {"p bf16", launch_p16, 2.0},
-    {"v3 fp8 U4", launch_v3<kF8, 0, 4>},
-    {"v3 fp8 U6", launch_v3<kF8, 0, 6>},
-    {"v3 int4 U4", launch_v3<kI4, 0, 4>, 0.5, true},
-    {"v3 int4 U6", launch_v3<kI4, 0, 6>, 0.5, true},
-    {"v3 int4 KS1", launch_v3<kI4, 1, 4>, 0.5, true},
-    {"v3 int4 KS8", launch_v3<kI4, 8, 4>, 0.5, true},
+    {"v3 fp8", launch_v3<kF8, 0, 4>},
+    {"v3 fp8 xall", launch_v3<kF8, 0, 4, false, true>},
+    {"v3 int4", launch_v3<kI4, 0, 4>, 0.5, true},
+    {"v3 int4 trick", launch_v3<kI4, 0, 4, true>, 0.5, true},
+    {"v3 int4 xall", launch_v3<kI4, 0, 4, false, true>, 0.5, true},
 };
 
 }  // namespace

@@ -28,19 +28,29 @@ __device__ __forceinline__ void bar_named(int id, int threads) {
 
 // One super-step of one tile: FP8 straight into the sums; int4 from zero, then times the group scales of
 // this lane's C columns (rows 2t, 2t + 1), sc.
-template <Fmt F>
+// Trick: int4 codes to f16 through int4_word_to_f16 (2 instructions a pair) instead of a shift each.
+template <Fmt F, bool Trick>
 __device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
                                          const uint32_t (&ay)[kMmas<F>], float2 sc) {
     const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
     if constexpr (F == Fmt::kInt4) {
         constexpr uint32_t zz = 0x64086408u;  // 1024 + 8 in both halves: symmetric codes
+        constexpr uint32_t zh = 0x00010001u * (0xd400u + 16u * 8u);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (Trick) {
+                uint32_t b[4];
+                int4_word_to_f16(wv[i], zz, zh, b);
+                mma_f16(d, ax[2 * i], ay[2 * i], b[0], b[1]);
+                mma_f16(d, ax[2 * i + 1], ay[2 * i + 1], b[2], b[3]);
+            } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                mma_f16(d, ax[2 * i + h], ay[2 * i + h], nib2_to_f16x2(wv[i], 8 * h, zz),
-                        nib2_to_f16x2(wv[i], 8 * h + 4, zz));
+                for (int h = 0; h < 2; ++h)
+                    mma_f16(d, ax[2 * i + h], ay[2 * i + h], nib2_to_f16x2(wv[i], 8 * h, zz),
+                            nib2_to_f16x2(wv[i], 8 * h + 4, zz));
+            }
+        }
         c[0] = fmaf(d[0], sc.x, c[0]);
         c[1] = fmaf(d[1], sc.y, c[1]);
     } else {
@@ -55,7 +65,9 @@ __host__ __device__ constexpr int64_t padded_k(int K) {
     return (K + kStepK<F> - 1) / kStepK<F> * kStepK<F>;
 }
 
-template <Fmt F, int KS, int U>
+// XAll: every lane loads x's fragments (lanes g >= 2 those of g & 1: their C rows are never read), no
+// predicate and no zeroing, at 4x the shared memory wavefronts.
+template <Fmt F, int KS, int U, bool Trick, bool XAll>
 __global__ void __launch_bounds__(kWarps * 32, 2) persist_kernel(const QuantParams p, int ntiles) {
     extern __shared__ uint2 xs[];
     __shared__ float red[32];
@@ -111,8 +123,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) persist_kernel(const QuantPara
                 const int s = base + u;
                 if (s >= s_hi) break;
                 uint32_t ax[kMmas<F>] = {}, ay[kMmas<F>] = {};
-                if (g < 2) {
-                    const uint2* src = xs + ((s * 2 + g) * 4 + t) * kMmas<F>;
+                if (XAll || g < 2) {
+                    const uint2* src = xs + ((s * 2 + (g & 1)) * 4 + t) * kMmas<F>;
 #pragma unroll
                     for (int j = 0; j < kMmas<F>; j += 2) {
                         const uint4 q = *reinterpret_cast<const uint4*>(src + j);
@@ -122,7 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) persist_kernel(const QuantPara
                         ay[j + 1] = q.w;
                     }
                 }
-                mma_step<F>(c, v[k][u], ax, ay, sc[k][u]);
+                mma_step<F, Trick>(c, v[k][u], ax, ay, sc[k][u]);
             }
         };
         for (int base = s_lo; base < s_hi; base += 2 * U) {
@@ -162,35 +174,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2) persist_kernel(const QuantPara
 }
 
 // KS = 0: the fewest warps a tile that still give every warp of 2 blocks a SM a tile (at most 8).
-template <Fmt F, int KS, int U>
+template <Fmt F, int KS, int U, bool Trick, bool XAll>
 void launch_persist_ks(const QuantParams& p, int ntiles, int sms, cudaStream_t s) {
     constexpr int kSlots = kWarps / KS;
     const int smem = static_cast<int>(padded_k<F>(p.K) * 4);
     static bool attr = false;
     if (!attr) {
-        cudaFuncSetAttribute(persist_kernel<F, KS, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(persist_kernel<F, KS, U, Trick, XAll>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(padded_k<F>(kMaxK) * 4));
         attr = true;
     }
     int blocks = std::min((ntiles + kSlots - 1) / kSlots, 2 * sms);
     const int rounds = (ntiles + blocks * kSlots - 1) / (blocks * kSlots);
     blocks = (ntiles + rounds * kSlots - 1) / (rounds * kSlots);
-    persist_kernel<F, KS, U><<<blocks, kWarps * 32, smem, s>>>(p, ntiles);
+    persist_kernel<F, KS, U, Trick, XAll><<<blocks, kWarps * 32, smem, s>>>(p, ntiles);
 }
 
-template <Fmt F, int KS, int U>
+template <Fmt F, int KS, int U, bool Trick = false, bool XAll = false>
 void launch_persist(const QuantParams& p, cudaStream_t s) {
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     const int ntiles = p.seg_end[0] / 8;
     if constexpr (KS > 0) {
-        launch_persist_ks<F, KS, U>(p, ntiles, sms, s);
+        launch_persist_ks<F, KS, U, Trick, XAll>(p, ntiles, sms, s);
     } else {
         const int warps = 2 * sms * kWarps;
-        if (ntiles >= warps) return launch_persist_ks<F, 1, U>(p, ntiles, sms, s);
-        if (2 * ntiles >= warps) return launch_persist_ks<F, 2, U>(p, ntiles, sms, s);
-        if (4 * ntiles >= warps) return launch_persist_ks<F, 4, U>(p, ntiles, sms, s);
-        return launch_persist_ks<F, 8, U>(p, ntiles, sms, s);
+        if (ntiles >= warps) return launch_persist_ks<F, 1, U, Trick, XAll>(p, ntiles, sms, s);
+        if (2 * ntiles >= warps) return launch_persist_ks<F, 2, U, Trick, XAll>(p, ntiles, sms, s);
+        if (4 * ntiles >= warps) return launch_persist_ks<F, 4, U, Trick, XAll>(p, ntiles, sms, s);
+        return launch_persist_ks<F, 8, U, Trick, XAll>(p, ntiles, sms, s);
     }
 }
 

@@ -6,8 +6,7 @@
 // TB/s. Here the weights become f16 pairs in one or two instructions (e4m3x2 -> f16x2 in hardware; a nibble
 // pair OR 0x6400 is 1024 + n exactly, less 1024 + zero: quant_operands.cuh's int4_word_to_f16) and mma.sync
 // m16n8k16 does 16 x 8 x 16 multiply-adds in another: the weights are the B operand (8 rows a tile), x the A
-// operand's first two rows (its f16 high and low halves, so x keeps ~22 bits); rows 2..7 repeat them (their
-// C rows are never read: no predicate, no zeroing), rows 8..15 are zero.
+// operand's first two rows (its f16 high and low halves, so x keeps ~22 bits), the other 14 rows zero.
 //  - A lane's 16-byte load is 16 FP8 or 32 int4 weights of row g = lane / 4; the 4 lanes of a row cover a
 //    "super-step" of 64 bytes: 64 FP8 weights (4 MMAs a lane), or 128 int4 weights (8 MMAs), one group.
 //    Both sides of each MMA take their k in the same (permuted) order, so the loads feed the fragments
@@ -114,9 +113,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
     // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run
     uint4 v[2][U], v2[2][U];
     float2 sc[2][U], sc2[2][U];
-    uint32_t z[2][U];  // int4's zero points of row g: the gate's byte, Geglu's up byte above it
+    // int4's zero points of row g, a byte each in one register a buffer: step u's at byte u (Geglu, whose
+    // int4 buffers hold one step: the gate's at byte 0, the up's at byte 1)
+    static_assert(U * (Geglu ? 2 : 1) <= 4 || F != Fmt::kInt4, "int4's zero points: 4 bytes a buffer");
+    uint32_t z[2];
     TileRows<F, Geglu> tr;
     auto load = [&](int k, int base) {
+        if constexpr (F == Fmt::kInt4) z[k] = 0;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = base + u;
@@ -127,10 +130,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             if constexpr (F == Fmt::kInt4) {
                 const bool in = s < s_hi;
                 sc[k][u] = in ? make_float2(__ldg(tr.sa + s), __ldg(tr.sa + G + s)) : float2{};
-                z[k][u] = in && tr.za ? __ldg(tr.za + s) : 8u;
+                const int at = 8 * (Geglu ? 2 * u : u);
+                z[k] |= (in && tr.za ? static_cast<uint32_t>(__ldg(tr.za + s)) : 8u) << at;
                 if constexpr (Geglu) {
                     sc2[k][u] = in ? make_float2(__ldg(tr.sb + s), __ldg(tr.sb + G + s)) : float2{};
-                    z[k][u] |= (in && tr.zb ? __ldg(tr.zb + s) : 8u) << 8;
+                    z[k] |= (in && tr.zb ? static_cast<uint32_t>(__ldg(tr.zb + s)) : 8u) << (at + 8);
                 }
             }
         }
@@ -158,11 +162,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             for (int u = 0; u < U; ++u) {
                 const int s = base + u;
                 if (s >= s_hi) break;
-                // lanes g >= 2 hold A rows 2..7, whose C rows are never read: they take g & 1's
+                // A rows 2..7 (lanes g >= 2) are left as they are: their C rows are never read, so what
+                // they hold does not matter, and loading or zeroing them would cost wavefronts or moves
                 uint32_t ax[kMmas<F>], ay[kMmas<F>];
-                x_fragments<F>(xs, s, g & 1, t, ax, ay);
-                mma_step<F>(c, v[k][u], ax, ay, sc[k][u], z[k][u] & 0xffu);
-                if constexpr (Geglu) mma_step<F>(c2, v2[k][u], ax, ay, sc2[k][u], z[k][u] >> 8);
+                if (g < 2) x_fragments<F>(xs, s, g, t, ax, ay);
+                const int at = 8 * (Geglu ? 2 * u : u);
+                mma_step<F>(c, v[k][u], ax, ay, sc[k][u], (z[k] >> at) & 0xffu);
+                if constexpr (Geglu) mma_step<F>(c2, v2[k][u], ax, ay, sc2[k][u], (z[k] >> (at + 8)) & 0xffu);
             }
         };
         // unrolled by two so that the buffers' index is a constant (registers, not local memory); a tile's
