@@ -8,7 +8,8 @@
 // each at 4 and 8 16-byte chunks in flight per lane. "p fp8" and "p int4" are the product kernels
 // (gemv_quant.cu: the tensor cores, weights to f16 pairs and mma.sync with x as f16 halves; int4's codes are
 // the first half of the FP8 bytes, its scales its own), "p bf16" the product's bf16 kernel (gemv_rows.cu) on
-// the same shape, with twice FP8's bytes.
+// the same shape, with twice FP8's bytes. v3 (quant_gemv_variants.cuh): the persistent blocks on their way
+// into the product, with the int4 conversion and the every-lane x load as switches.
 // Run 1 (v1, v2 and an FP8 warp-per-row product on the CUDA cores; H200): 1.2-1.9 TB/s of FP8, slower per
 // token than bf16 on every model (31B's listed products 16.0-17.4 ms against bf16's 13.3): instruction and
 // L1 bound, hence the tensor cores.

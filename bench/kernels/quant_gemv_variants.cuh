@@ -7,6 +7,17 @@
 //       staged once per block, and a tile of 8 rows is walked by KS warps (K split KS ways, their sums met
 //       in shared memory behind a named barrier of those KS warps), so a warp streams K / KS of each tile it
 //       takes. int4's group scales are loaded with the weights (no staging, no barrier per tile).
+//       Run 1 (H200, a401719): the listed products a token, v3 against the product then: 31B int4 8.85
+//       against 9.57 ms, FP8 9.18 against 10.99. KS chosen per shape beat KS = 1 on every model and KS = 8 on
+//       three (E4B: KS = 8 by 0.1%); 6 super-steps a buffer against 4: int4 lost on three models (31B 9.11
+//       against 8.85 ms), FP8 won on the 31B (9.01 against 9.18) and lost on E2B and the 26B-A4B. Promoted
+//       with 4, the next tile's loads issued under a tile's last set (gemv_quant.cu); kept here with two
+//       switches:
+//         Trick: int4 codes through int4_word_to_f16 (2 instructions a pair, not 3): within 3% either way
+//           (run 2: E2B 960 against 975 us, 26B-A4B 1,500 against 1,533, 31B 8,871 against 8,798);
+//         XAll: every lane loads x's fragments (no predicate, no zeroing): int4 +43% on the 31B (12,569
+//           against 8,798 us; 4x the shared memory wavefronts), FP8 +1%: the product loads them in lanes
+//           g < 2 only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +32,14 @@ namespace qv {
 
 using namespace markbase::cuda::quant;  // NOLINT: the product's operand pieces
 using markbase::cuda::ld_stream;
+
+// int4: nibbles sh/4 and sh/4 + 4 of w as the f16 pair (n - zero): 0x6400 | n is 1024 + n exactly, and
+// zz holds 1024 + zero in both halves (v3 without Trick: a shift, a LOP3 and a subtraction a pair)
+__device__ __forceinline__ uint32_t nib2_to_f16x2(uint32_t w, int sh, uint32_t zz) {
+    const uint32_t h = ((w >> sh) & 0x000f000fu) | 0x64006400u;
+    const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&h), *reinterpret_cast<const __half2*>(&zz));
+    return *reinterpret_cast<const uint32_t*>(&d);
+}
 
 __device__ __forceinline__ void bar_named(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

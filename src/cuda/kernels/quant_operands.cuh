@@ -50,14 +50,6 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
     return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// int4: nibbles sh/4 and sh/4 + 4 of w as the f16 pair (n - zero): 0x6400 | n is 1024 + n exactly, and
-// zz holds 1024 + zero in both halves (the lab's v3 conversion: a shift, a LOP3 and a subtraction)
-__device__ __forceinline__ uint32_t nib2_to_f16x2(uint32_t w, int sh, uint32_t zz) {
-    const uint32_t h = ((w >> sh) & 0x000f000fu) | 0x64006400u;
-    const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&h), *reinterpret_cast<const __half2*>(&zz));
-    return *reinterpret_cast<const uint32_t*>(&d);
-}
-
 // int4: a word's 8 codes (nibble m at bits 4m) as the 4 f16 pairs (n - zero) the MMAs take: o[j] holds
 // nibbles (j, j + 4) for j = 0, 1 of the low byte pair and j = 2, 3 of w >> 8 (nibble pairs 0/4, 1/5, 2/6,
 // 3/7). A nibble left in place is 1024 + n once ORed with 0x6400; one at bits 4..7 gives 1024 + 16 n, which
