@@ -85,6 +85,45 @@ __device__ __forceinline__ void bar_named(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A tile's sums (c; Geglu's up c2) out: C rows 0 (hi) and 1 (lo) sit in lanes t and 4 + t, rows 2t and
+// 2t + 1 of the tile. With KS > 1 the tile's warps meet in `part` (this round's half) behind a named barrier
+// of their own (the block's other tiles run on), the first adding the parts in a fixed order (deterministic).
+template <Fmt F, int KS, bool Geglu>
+__device__ __forceinline__ void finish_tile(const QuantParams& p, const float (&c)[4], const float (&c2)[4],
+                                            float (*part)[8][Geglu ? 2 : 1], int warp, int lane, int tile,
+                                            int64_t erow, int slot, float inv) {
+    float r[2][2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        r[e][0] = c[e] + __shfl_down_sync(0xffffffffu, c[e], 4);
+        r[e][1] = Geglu ? c2[e] + __shfl_down_sync(0xffffffffu, c2[e], 4) : 0.0f;
+    }
+    if constexpr (KS == 1) {
+        if (lane < 4)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                store_row<F, Geglu>(p, tile * 8 + 2 * lane + e, erow, slot, r[e][0] * inv, r[e][1] * inv);
+    } else {
+        if (lane < 4)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                part[warp][2 * lane + e][0] = r[e][0];
+                if constexpr (Geglu) part[warp][2 * lane + e][Geglu ? 1 : 0] = r[e][1];
+            }
+        const int tslot = warp / KS;
+        bar_named(1 + tslot, KS * 32);
+        if (warp % KS == 0 && lane < 8) {
+            float a = 0.0f, b = 0.0f;
+#pragma unroll
+            for (int w = 0; w < KS; ++w) {
+                a += part[tslot * KS + w][lane][0];
+                if constexpr (Geglu) b += part[tslot * KS + w][lane][Geglu ? 1 : 0];
+            }
+            store_row<F, Geglu>(p, tile * 8 + lane, erow, slot, a * inv, b * inv);
+        }
+    }
+}
+
 // KS warps walk a tile of 8 rows, each K / KS of it; U super-steps per register buffer, two buffers.
 template <Fmt F, int KS, int U, bool Geglu>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(const QuantParams p) {
@@ -99,11 +138,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
     const int ntiles = p.total_rows / 8, stride = gridDim.x * kSlots;
     int tile = blockIdx.x * kSlots + tslot;
     if (erow < 0) {  // a slot of another rank's expert: zero rows
-        for (; tile < ntiles; tile += stride)
-            if (ks == 0 && lane < 8) {
-                const RowAt at = row_at(p, tile * 8 + lane, 0);
-                pick(p.y, at.seg)[static_cast<int64_t>(slot) * p.out_stride + at.local] = 0.0f;
-            }
+        if (ks == 0 && lane < 8)
+            for (; tile < ntiles; tile += stride) store_zero(p, tile * 8 + lane, slot);
         return;
     }
     const int nss_row = static_cast<int>(row_bytes<F>(p.K) / 16);  // 16-byte chunks of a row
@@ -188,36 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             step(1, base + U);
             if (last) break;
         }
-        // C rows 0 (hi) and 1 (lo) sit in lanes t and 4 + t: rows 2t and 2t + 1 of the tile
-        float r[2][2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            r[e][0] = c[e] + __shfl_down_sync(0xffffffffu, c[e], 4);
-            r[e][1] = Geglu ? c2[e] + __shfl_down_sync(0xffffffffu, c2[e], 4) : 0.0f;
-        }
-        if constexpr (KS == 1) {
-            if (lane < 4)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    store_row<F, Geglu>(p, tile * 8 + 2 * lane + e, erow, slot, r[e][0] * inv, r[e][1] * inv);
-        } else {
-            if (lane < 4)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    part[par][warp][2 * lane + e][0] = r[e][0];
-                    if constexpr (Geglu) part[par][warp][2 * lane + e][Geglu ? 1 : 0] = r[e][1];
-                }
-            bar_named(1 + tslot, KS * 32);  // the tile's KS warps (the block's other tiles run on)
-            if (ks == 0 && lane < 8) {
-                float a = 0.0f, b = 0.0f;  // in a fixed order: deterministic
-#pragma unroll
-                for (int w = 0; w < KS; ++w) {
-                    a += part[par][tslot * KS + w][lane][0];
-                    if constexpr (Geglu) b += part[par][tslot * KS + w][lane][Geglu ? 1 : 0];
-                }
-                store_row<F, Geglu>(p, tile * 8 + lane, erow, slot, a * inv, b * inv);
-            }
-        }
+        finish_tile<F, KS, Geglu>(p, c, c2, part[par], warp, lane, tile, erow, slot, inv);
     }
 }
 

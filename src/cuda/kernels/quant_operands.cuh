@@ -234,6 +234,12 @@ __device__ __forceinline__ void x_fragments(const uint2* xs, int s, int g, int t
     }
 }
 
+// Row r's output zero (a slot of another rank's expert).
+__device__ __forceinline__ void store_zero(const QuantParams& p, int r, int slot) {
+    const RowAt at = row_at(p, r, 0);
+    pick(p.y, at.seg)[static_cast<int64_t>(slot) * p.out_stride + at.local] = 0.0f;
+}
+
 // Row r's output (of all the segments; the expert's from erow >= 0): a (Geglu: gelu(a) * b), its sums
 // already scaled by x's norm, times FP8's row scales (int4's are in the sums).
 template <Fmt F, bool Geglu>
