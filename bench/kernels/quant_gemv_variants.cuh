@@ -47,35 +47,25 @@ __device__ __forceinline__ void bar_named(int id, int threads) {
 
 // One super-step of one tile: FP8 straight into the sums; int4 from zero, then times the group scales of
 // this lane's C columns (rows 2t, 2t + 1), sc.
-// Trick: int4 codes to f16 through int4_word_to_f16 (2 instructions a pair) instead of a shift each.
+// Trick (and FP8): the product's step (quant_operands.cuh); otherwise int4 codes to f16 by a shift, a LOP3
+// and a subtraction a pair (nib2_to_f16x2).
 template <Fmt F, bool Trick>
-__device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
-                                         const uint32_t (&ay)[kMmas<F>], float2 sc) {
-    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-    if constexpr (F == Fmt::kInt4) {
+__device__ __forceinline__ void step_of(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
+                                        const uint32_t (&ay)[kMmas<F>], float2 sc) {
+    if constexpr (Trick || F == Fmt::kFp8) {
+        mma_step<F>(c, v, ax, ay, sc, 8u);
+    } else {
         constexpr uint32_t zz = 0x64086408u;  // 1024 + 8 in both halves: symmetric codes
-        constexpr uint32_t zh = 0x00010001u * (0xd400u + 16u * 8u);
+        const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if constexpr (Trick) {
-                uint32_t b[4];
-                int4_word_to_f16(wv[i], zz, zh, b);
-                mma_f16(d, ax[2 * i], ay[2 * i], b[0], b[1]);
-                mma_f16(d, ax[2 * i + 1], ay[2 * i + 1], b[2], b[3]);
-            } else {
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    mma_f16(d, ax[2 * i + h], ay[2 * i + h], nib2_to_f16x2(wv[i], 8 * h, zz),
-                            nib2_to_f16x2(wv[i], 8 * h + 4, zz));
-            }
-        }
+            for (int h = 0; h < 2; ++h)
+                mma_f16(d, ax[2 * i + h], ay[2 * i + h], nib2_to_f16x2(wv[i], 8 * h, zz),
+                        nib2_to_f16x2(wv[i], 8 * h + 4, zz));
         c[0] = fmaf(d[0], sc.x, c[0]);
         c[1] = fmaf(d[1], sc.y, c[1]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            mma_f16(c, ax[j], ay[j], fp8x2_to_f16x2(wv[j] & 0xffffu), fp8x2_to_f16x2(wv[j] >> 16));
     }
 }
 
@@ -142,18 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) persist_kernel(const QuantPara
                 const int s = base + u;
                 if (s >= s_hi) break;
                 uint32_t ax[kMmas<F>] = {}, ay[kMmas<F>] = {};
-                if (XAll || g < 2) {
-                    const uint2* src = xs + ((s * 2 + (g & 1)) * 4 + t) * kMmas<F>;
-#pragma unroll
-                    for (int j = 0; j < kMmas<F>; j += 2) {
-                        const uint4 q = *reinterpret_cast<const uint4*>(src + j);
-                        ax[j] = q.x;
-                        ay[j] = q.y;
-                        ax[j + 1] = q.z;
-                        ay[j + 1] = q.w;
-                    }
-                }
-                mma_step<F, Trick>(c, v[k][u], ax, ay, sc[k][u]);
+                if (XAll || g < 2) x_fragments<F>(xs, s, g & 1, t, ax, ay);
+                step_of<F, Trick>(c, v[k][u], ax, ay, sc[k][u]);
             }
         };
         for (int base = s_lo; base < s_hi; base += 2 * U) {

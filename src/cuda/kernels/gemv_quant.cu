@@ -45,32 +45,6 @@ namespace {
 
 using namespace quant;  // NOLINT: the kernel's own pieces (quant_operands.cuh)
 
-// One super-step of one tile into c: FP8 straight into the sums; int4 from zero, then times the group scales
-// of this lane's C columns (rows 2t, 2t + 1 of the tile; sc), its weights less its row's (g) zero point (z).
-template <Fmt F>
-__device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
-                                         const uint32_t (&ay)[kMmas<F>], float2 sc, uint32_t z) {
-    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-    if constexpr (F == Fmt::kInt4) {
-        // 1024 + z and -(64 + z) as f16, in both halves (int4_word_to_f16)
-        const uint32_t zz = 0x00010001u * (0x6400u + z), zh = 0x00010001u * (0xd400u + 16u * z);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b[4];
-            int4_word_to_f16(wv[i], zz, zh, b);
-            mma_f16(d, ax[2 * i], ay[2 * i], b[0], b[1]);
-            mma_f16(d, ax[2 * i + 1], ay[2 * i + 1], b[2], b[3]);
-        }
-        c[0] = fmaf(d[0], sc.x, c[0]);
-        c[1] = fmaf(d[1], sc.y, c[1]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            mma_f16(c, ax[j], ay[j], fp8x2_to_f16x2(wv[j] & 0xffffu), fp8x2_to_f16x2(wv[j] >> 16));
-    }
-}
-
 // Shared memory: x staged, Kp * 4 bytes.
 template <Fmt F>
 __host__ __device__ constexpr int64_t padded_k(int K) {

@@ -1,6 +1,6 @@
 // The pieces of gemv_quant.cu's kernel that prepare its MMA operands and find its rows: the parameters,
-// the weight conversions (e4m3 pairs, int4 nibble pairs), x staged as f16 halves in the fragments' order, and
-// the rows' pointers, group scales and zero points. gemv_quant.cu's header comment describes the layout.
+// the weight conversions (e4m3 pairs, int4 nibble pairs) and one super-step's MMAs, x staged as f16 halves in
+// the fragments' order, and the rows' pointers, group scales and zero points. gemv_quant.cu's header comment describes the layout.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -82,6 +82,32 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a2,
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// One super-step of one tile into c: FP8 straight into the sums; int4 from zero, then times the group scales
+// of this lane's C columns (rows 2t, 2t + 1 of the tile; sc), its weights less its row's (g) zero point (z).
+template <Fmt F>
+__device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
+                                         const uint32_t (&ay)[kMmas<F>], float2 sc, uint32_t z) {
+    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (F == Fmt::kInt4) {
+        // 1024 + z and -(64 + z) as f16, in both halves (int4_word_to_f16)
+        const uint32_t zz = 0x00010001u * (0x6400u + z), zh = 0x00010001u * (0xd400u + 16u * z);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t b[4];
+            int4_word_to_f16(wv[i], zz, zh, b);
+            mma_f16(d, ax[2 * i], ay[2 * i], b[0], b[1]);
+            mma_f16(d, ax[2 * i + 1], ay[2 * i + 1], b[2], b[3]);
+        }
+        c[0] = fmaf(d[0], sc.x, c[0]);
+        c[1] = fmaf(d[1], sc.y, c[1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            mma_f16(c, ax[j], ay[j], fp8x2_to_f16x2(wv[j] & 0xffffu), fp8x2_to_f16x2(wv[j] >> 16));
+    }
 }
 
 // The f16 hi and lo halves of four x values (already scaled): pairs (a, b) and (c, d).
