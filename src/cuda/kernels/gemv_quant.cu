@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
 
     bool loaded = true;
     for (int par = 0; tile < ntiles; tile += stride, par ^= 1) {
-        if (!loaded) {  // (a warp with no steps)
+        if (!loaded) {  // (a guard: every tile after the first was loaded under the last one's set)
             tr = tile_rows<F, Geglu>(p, tile, erow, g, t);
             load(0, s_lo);
         }
@@ -242,7 +242,7 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     if (p.total_rows == 0) return;
     const int blocks = std::max(1, kMinBlocks * device_sms() / slots);
     const int ntiles = p.total_rows / 8, warps = blocks * kWarps;
-    const int nss = static_cast<int>((row_bytes_host<F>(p.K) / 16 + 3) / 4);
+    const int nss = static_cast<int>((row_bytes<F>(p.K) / 16 + 3) / 4);
     int ks = 1;
     while (ks < kWarps && ntiles * ks < warps) ks *= 2;
     while (ks > 1 && nss / ks < 2) ks /= 2;

@@ -1,6 +1,7 @@
 // The pieces of gemv_quant.cu's kernel that prepare its MMA operands and find its rows: the parameters,
 // the weight conversions (e4m3 pairs, int4 nibble pairs) and one super-step's MMAs, x staged as f16 halves in
-// the fragments' order, and the rows' pointers, group scales and zero points. gemv_quant.cu's header comment describes the layout.
+// the fragments' order, and the rows' pointers, group scales and zero points. gemv_quant.cu's header comment
+// describes the layout.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -183,10 +184,6 @@ __device__ __forceinline__ T pick(const T (&a)[3], int s) {
 template <Fmt F>
 __host__ __device__ __forceinline__ int64_t row_bytes(int K) {
     return F == Fmt::kInt4 ? K / 2 : K;
-}
-template <Fmt F>
-inline int64_t row_bytes_host(int K) {
-    return row_bytes<F>(K);
 }
 
 // The slot's expert: its first row in the matrices (0 without experts), or -1 where none is held.
