@@ -128,8 +128,9 @@ class CudaBackendImpl final : public CudaBackend {
                " entries per expert in the others; busiest expert " + std::to_string(m.busiest) +
                " entries), " + std::to_string(m.gemv_layers) + " as grouped GEMVs, " +
                std::to_string(m.stream_layers) +
-               " batched-step layers recorded with their experts on the device (since the model was built; "
-               "a step's graph counts once, when captured)";
+               " batched-step layers recorded with their experts on the device (" +
+               std::to_string(m.stream_fp8_layers) +
+               " of them FP8; since the model was built; a step's graph counts once, when captured)";
     }
     uint64_t weight_bytes() const override { return model_.weights().bytes + model_.weights().quant_bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }

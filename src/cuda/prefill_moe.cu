@@ -65,20 +65,38 @@ void CudaModel::prefill_experts(int i, int n) {
     }
 }
 
-// A batched step's experts on the device (moe_stream.cu): the experts' input split into bf16 halves, then the
+// A batched step's experts on the device (moe_stream.cu): the experts' input split into halves, then the
 // gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The scratch is the
-// passes' (moe_.mx holds 2 x [n][H] bf16, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n K).
+// passes' (moe_.mx holds 2 x [n][H] halves, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n K). A
+// model with FP8 experts streams them (half the bytes of the bf16 copy; the halves are then f16), where
+// moe_stream takes their widths; int4 experts read the bf16 copy.
 void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+    const bool fp8_fits = moe_stream_fits_fp8(H, Ie) && !w_.quant.empty();
+    const auto rows = [&](const bf16* w, const QuantMatrix& q) {
+        ExpertRows r;
+        r.w = w;
+        if (fp8_fits && q.q && format_of(q) == WeightFormat::kFp8) r.fp8 = q;
+        return r;
+    };
+    const LayerQuant none{};
+    const LayerQuant& lq = w_.quant.empty() ? none : w_.quant[static_cast<size_t>(i)];
+    const ExpertRows gate_up = rows(lw.experts_gate_up, lq.experts_gate_up);
+    const ExpertRows down = rows(lw.experts_down, lq.experts_down);
     bf16* x_hi = static_cast<bf16*>(moe_.mx);
     bf16* x_lo = x_hi + int64_t{n} * H;
-    split_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
+    if (gate_up.fp8.q)
+        split_rows_f16(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
+    else
+        split_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
     bf16* h_hi = moe_.mh;
     bf16* h_lo = h_hi + int64_t{n} * K * Ie;
-    moe_stream_gate_up(x_hi, x_lo, H, K, lw.experts_gate_up, Ie, moe_.goff, moe_.gent, E, n, h_hi, h_lo, s);
-    moe_stream_down(h_hi, h_lo, Ie, lw.experts_down, H, K, moe_.goff, moe_.gent, E, n, moe_.eslots, s);
+    moe_stream_gate_up(x_hi, x_lo, H, K, gate_up, Ie, moe_.goff, moe_.gent, E, n, h_hi, h_lo,
+                       down.fp8.q != nullptr, s);
+    moe_stream_down(h_hi, h_lo, Ie, down, H, K, moe_.goff, moe_.gent, E, n, moe_.eslots, s);
     ++moe_.stats.stream_layers;
+    moe_.stats.stream_fp8_layers += gate_up.fp8.q != nullptr;
 }
 
 namespace {

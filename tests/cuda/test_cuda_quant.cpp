@@ -114,6 +114,81 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaQuant,
                                             ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4)),
                          param_name);
 
+// A batched step of the MoE with FP8 experts (moe_stream's FP8 rows; the step's other products read the
+// bf16 copy) at real widths: four sequences decoding together, each row against the CPU decoding that
+// sequence alone on the bf16 copy, within the quantised decode's bound; the backend's note says the FP8
+// experts ran.
+TEST(CudaQuantBatch, Fp8ExpertsInTheBatchedStepMatchTheCpu) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    constexpr int kSeq = 4, kPrompt = 12, kSteps = 3;
+    constexpr float kMargin = 3e-3f;  // routing clear of a tie, as above
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.chunk = 32;
+    o.kv_dtype = KvDtype::kF32;
+    o.weights = WeightFormat::kFp8;
+    o.slots = kSeq;
+    auto gpu = make_synthetic_cuda_backend("26b-a4b", 2, o, 99);
+    const int64_t V = gpu->config().vocab_size;
+    auto host = copy_weights_to_host(*gpu);
+    BackendOptions oc = o;
+    oc.weights = WeightFormat::kBf16;
+    oc.slots = 1;
+    auto cpu = make_cpu_backend(host->checkpoint, oc);
+    const auto argmax = [](const std::vector<float>& v) {
+        return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+    };
+    // each sequence: a prompt, then kSteps greedy tokens, with the CPU's logits at the prompt's last token
+    // and at each one after
+    std::vector<std::vector<int>> ids(kSeq);
+    std::vector<std::vector<std::vector<float>>> ref(kSeq);
+    uint32_t seed = 5;
+    for (int s = 0; s < kSeq; ++s) {
+        for (;; ++seed) {
+            ASSERT_LT(seed, 5u + 1024u) << "no prompt in 1024 routes clear of a tie";
+            cpu->reset();
+            ref[s].clear();
+            ids[s] = testing::random_ids(kPrompt, static_cast<int>(V), seed);
+            std::vector<float> lg(V);
+            cpu->eval(ids[s].data(), kPrompt, lg.data(), false);
+            ref[s].push_back(lg);
+            for (int k = 0; k < kSteps; ++k) {
+                ids[s].push_back(argmax(lg));
+                cpu->eval(&ids[s].back(), 1, lg.data(), false);
+                ref[s].push_back(lg);
+            }
+            if (cpu->router_margin() >= kMargin) break;
+        }
+        ++seed;
+    }
+    // the GPU: each prompt less its last token in its slot, then kSteps + 1 steps of the four together
+    std::vector<int> slots(kSeq);
+    for (int s = 0; s < kSeq; ++s) {
+        slots[s] = s;
+        gpu->slot_reset(s);
+        gpu->slot_eval(s, ids[s].data(), kPrompt - 1);
+    }
+    double e_batch = 0;
+    std::vector<float> lg(kSeq * V);
+    for (int k = 0; k <= kSteps; ++k) {
+        std::vector<int> in(kSeq);
+        for (int s = 0; s < kSeq; ++s) in[s] = ids[s][kPrompt - 1 + k];
+        gpu->decode_batch(slots.data(), in.data(), kSeq, lg.data());
+        for (int s = 0; s < kSeq; ++s)
+            e_batch = std::max(e_batch, testing::rel_err(ref[s][k], std::vector<float>(lg.begin() + s * V,
+                                                                                      lg.begin() + (s + 1) * V)));
+    }
+    const std::string note = gpu->prefill_note();
+    std::printf("  26b-a4b/2L fp8, %d sequences a step: rel err against the CPU %.2e\n  %s\n", kSeq, e_batch,
+                note.c_str());
+    EXPECT_LT(e_batch, 5e-3);
+    EXPECT_GT(e_batch, 0.0) << "bit-identical to the bf16 reference: the FP8 experts did not run";
+    EXPECT_NE(note.find(" of them FP8"), std::string::npos) << note;
+    EXPECT_EQ(note.find("(0 of them FP8"), std::string::npos) << "the batched step read the bf16 experts";
+#endif
+}
+
 // The bundled trained model quantised at load (--quantize fp8|int4): the GPU's decode (the projections
 // through gemv_quant.cu where their widths fit it) against the CPU on the same checkpoint, whose bf16 slots
 // hold the dequantised values; a prompt, then 24 tokens fed one at a time.

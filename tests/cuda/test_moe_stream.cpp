@@ -1,7 +1,9 @@
 // moe_stream (cuda/kernels/moe_stream.cu), a batched step's experts with no host in the loop: the gate/up
-// pass's GeGLU halves and the down pass's slots against fp64 host products of the same bf16 inputs and
-// weights, over routings that leave experts empty, give one expert more entries than a block's token tiles
-// hold (further passes over its rows), and take each token-tile count (1, 2, 4 tiles of 8 entries).
+// pass's GeGLU halves and the down pass's slots against fp64 host products of the same inputs and weights,
+// over routings that leave experts empty, give one expert more entries than a block's token tiles hold
+// (further passes over its rows), and take each token-tile count (1, 2, 4 tiles of 8 entries); with bf16
+// rows (inputs as bf16 halves) and with FP8 rows and their scales (inputs made by split_rows_f16 from fp32,
+// h as f16 halves of h / 16).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 
 #include "cuda/kernels/kernels.h"
 #endif
+#include "model/fp8.h"
 
 namespace markbase {
 namespace {
@@ -43,9 +46,41 @@ std::vector<uint16_t> random_halves(std::mt19937& rng, size_t count) {
     }
     return hl;
 }
-double half_value(const std::vector<uint16_t>& hl, size_t count, size_t i) {
+double from_f16(uint16_t b) {  // IEEE binary16
+    const int e = (b >> 10) & 31, m = b & 1023;
+    const double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? NAN : std::ldexp(1024 + m, e - 25);
+    return (b & 0x8000) ? -v : v;
+}
+// The value of halves i: bf16 hi + lo, or f16 16 (hi + lo)
+double half_value(const std::vector<uint16_t>& hl, size_t count, size_t i, bool f16 = false) {
+    if (f16) return 16.0 * (from_f16(hl[i]) + from_f16(hl[count + i]));
     return double(from_bf16(hl[i])) + double(from_bf16(hl[count + i]));
 }
+
+// A matrix of `rows` rows of K: bf16 values, or e4m3 codes with a scale per row; value(r, k) as the kernel
+// reads it.
+struct Rows {
+    bool fp8 = false;
+    std::vector<uint16_t> w;
+    std::vector<uint8_t> q;
+    std::vector<float> scale;
+    int K = 0;
+    Rows(std::mt19937& rng, bool is_fp8, size_t rows, int k) : fp8(is_fp8), K(k) {
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        if (!fp8) {
+            w.resize(rows * K);
+            for (uint16_t& v : w) v = to_bf16(0.1f * u(rng));
+            return;
+        }
+        q.resize(rows * K);
+        scale.resize(rows);
+        for (uint8_t& v : q) v = float_to_fp8_e4m3(448.0f * u(rng) * u(rng));  // small codes too
+        for (float& v : scale) v = (0.5f + 0.5f * (u(rng) + 1.0f)) * (0.1f / 448.0f);
+    }
+    double value(size_t r, size_t k) const {
+        return fp8 ? double(fp8_e4m3_to_float(q[r * K + k])) * scale[r] : from_bf16(w[r * K + k]);
+    }
+};
 
 struct Errors {
     double h = 0.0, slots = 0.0;  // the largest errors relative to the sum of |terms|
@@ -53,7 +88,7 @@ struct Errors {
 
 // n tokens of K slots over E experts, routed by `expert_of(t, k)`; both passes against fp64.
 template <class Route>
-Errors run_case(int n, int K, int E, int H, int Ie, Route expert_of, uint32_t seed) {
+Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, uint32_t seed) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     // moe_bucket's grouping: group e = expert e, its entries t * K + k in entry order
@@ -64,11 +99,41 @@ Errors run_case(int n, int K, int E, int H, int Ie, Route expert_of, uint32_t se
         off[static_cast<size_t>(e) + 1] = static_cast<int>(entries.size());
     }
     const size_t nx = static_cast<size_t>(n) * H, nh = static_cast<size_t>(n) * K * Ie;
-    const std::vector<uint16_t> x = random_halves(rng, nx);
-    std::vector<uint16_t> gu(static_cast<size_t>(E) * 2 * Ie * H), down(static_cast<size_t>(E) * H * Ie);
-    for (uint16_t& v : gu) v = to_bf16(0.1f * u(rng));
-    for (uint16_t& v : down) v = to_bf16(0.1f * u(rng));
-    uint16_t *d_x = to_device(x), *d_gu = to_device(gu), *d_down = to_device(down);
+    const Rows gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H), down(rng, fp8, static_cast<size_t>(E) * H, Ie);
+    std::vector<uint16_t> x;  // the inputs as halves; FP8: split_rows_f16 of fp32 values
+    if (fp8) {
+        std::vector<float> xf(nx);
+        for (float& v : xf) v = u(rng);
+        float* d_xf = to_device(xf);
+        uint16_t* d_halves = nullptr;
+        EXPECT_EQ(cudaMalloc(&d_halves, 2 * nx * sizeof(uint16_t)), cudaSuccess);
+        cuda::split_rows_f16(d_xf, H, H, n, false, nullptr, 1e-6f, d_halves, d_halves + nx, nullptr);
+        x = to_host(d_halves, 2 * nx);
+        cudaFree(d_xf);
+        cudaFree(d_halves);
+        // split_rows_f16 keeps ~2^-22 of each value, at least f16's subnormal step (2^-24 of x / 16)
+        double worst = 0.0;
+        for (size_t i = 0; i < nx; ++i)
+            worst = std::max(worst, std::fabs(half_value(x, nx, i, true) - xf[i]) /
+                                        (1e-6 * std::fabs(xf[i]) + std::ldexp(1.0, -21)));
+        EXPECT_LE(worst, 1.0) << "split_rows_f16's halves";
+    } else {
+        x = random_halves(rng, nx);
+    }
+    uint16_t* d_x = to_device(x);
+    cuda::ExpertRows d_gu, d_down;
+    std::vector<void*> owned;
+    for (auto [rows, dst] : {std::pair{&gu, &d_gu}, std::pair{&down, &d_down}}) {
+        if (fp8) {
+            dst->fp8.q = to_device(rows->q);
+            dst->fp8.scale = to_device(rows->scale);
+            owned.push_back(const_cast<uint8_t*>(dst->fp8.q));
+            owned.push_back(const_cast<float*>(dst->fp8.scale));
+        } else {
+            dst->w = to_device(rows->w);
+            owned.push_back(const_cast<uint16_t*>(dst->w));
+        }
+    }
     int *d_off = to_device(off), *d_ent = to_device(entries);
     uint16_t* d_h = nullptr;
     float* d_slots = nullptr;
@@ -76,7 +141,7 @@ Errors run_case(int n, int K, int E, int H, int Ie, Route expert_of, uint32_t se
     EXPECT_EQ(cudaMalloc(&d_slots, static_cast<size_t>(n) * K * H * sizeof(float)), cudaSuccess);
     EXPECT_EQ(cudaMemset(d_h, 0xff, 2 * nh * sizeof(uint16_t)), cudaSuccess);  // NaN: every output written
     EXPECT_EQ(cudaMemset(d_slots, 0xff, static_cast<size_t>(n) * K * H * sizeof(float)), cudaSuccess);
-    cuda::moe_stream_gate_up(d_x, d_x + nx, H, K, d_gu, Ie, d_off, d_ent, E, n, d_h, d_h + nh, nullptr);
+    cuda::moe_stream_gate_up(d_x, d_x + nx, H, K, d_gu, Ie, d_off, d_ent, E, n, d_h, d_h + nh, fp8, nullptr);
     cuda::moe_stream_down(d_h, d_h + nh, Ie, d_down, H, K, d_off, d_ent, E, n, d_slots, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint16_t> h = to_host(d_h, 2 * nh);
@@ -84,17 +149,19 @@ Errors run_case(int n, int K, int E, int H, int Ie, Route expert_of, uint32_t se
     Errors err;
     for (int i = 0; i < n * K; ++i) {
         const int e = expert_of(i / K, i % K);
-        for (int j = 0; j < Ie; ++j) {  // GeGLU of the gate and up products; bf16 halves keep ~2^-16
+        for (int j = 0; j < Ie; ++j) {  // GeGLU of the gate and up products; the halves keep ~2^-16
             double g = 0, up = 0, mag_g = 0, mag_u = 0;
             for (int k = 0; k < H; ++k) {
-                const double xv = half_value(x, nx, static_cast<size_t>(i / K) * H + k);
-                const size_t row = (static_cast<size_t>(e) * 2 * Ie + j) * H + k;
-                g += xv * from_bf16(gu[row]);
-                up += xv * from_bf16(gu[row + static_cast<size_t>(Ie) * H]);
-                mag_g += std::fabs(xv * from_bf16(gu[row]));
-                mag_u += std::fabs(xv * from_bf16(gu[row + static_cast<size_t>(Ie) * H]));
+                const double xv = half_value(x, nx, static_cast<size_t>(i / K) * H + k, fp8);
+                const size_t row = static_cast<size_t>(e) * 2 * Ie + j;
+                const double wg = gu.value(row, k), wu = gu.value(row + Ie, k);
+                g += xv * wg;
+                up += xv * wu;
+                mag_g += std::fabs(xv * wg);
+                mag_u += std::fabs(xv * wu);
             }
-            const double want = gelu_tanh(g) * up, got = half_value(h, nh, static_cast<size_t>(i) * Ie + j);
+            const double want = gelu_tanh(g) * up;
+            const double got = half_value(h, nh, static_cast<size_t>(i) * Ie + j, fp8);
             // |gelu(g) up| <= |g| |up|: the error relative to the product of the two sums of |terms|
             const double scale = mag_g * mag_u + 1e-12;
             err.h = std::max(err.h, std::isfinite(got) ? std::fabs(got - want) / scale : 1e30);
@@ -102,8 +169,8 @@ Errors run_case(int n, int K, int E, int H, int Ie, Route expert_of, uint32_t se
         for (int r = 0; r < H; ++r) {  // the down product of the h the kernel wrote
             double want = 0, mag = 0;
             for (int k = 0; k < Ie; ++k) {
-                const double p = half_value(h, nh, static_cast<size_t>(i) * Ie + k) *
-                                 from_bf16(down[(static_cast<size_t>(e) * H + r) * Ie + k]);
+                const double p = half_value(h, nh, static_cast<size_t>(i) * Ie + k, fp8) *
+                                 down.value(static_cast<size_t>(e) * H + r, k);
                 want += p;
                 mag += std::fabs(p);
             }
@@ -112,36 +179,52 @@ Errors run_case(int n, int K, int E, int H, int Ie, Route expert_of, uint32_t se
                 std::max(err.slots, std::isfinite(got) ? std::fabs(got - want) / (mag + 1e-12) : 1e30);
         }
     }
-    for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_gu), static_cast<void*>(d_down),
-                    static_cast<void*>(d_off), static_cast<void*>(d_ent), static_cast<void*>(d_h),
-                    static_cast<void*>(d_slots)})
+    for (void* p : owned) cudaFree(p);
+    for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_off), static_cast<void*>(d_ent),
+                    static_cast<void*>(d_h), static_cast<void*>(d_slots)})
         cudaFree(p);
     return err;
+}
+#endif
+
+#ifdef MARKBASE_HAS_CUDA
+// Both passes over the routings above for one format. H: bf16 3 chunks of 32 (an uneven round of 2 chunks a
+// warp), FP8 3 chunks of 64; 3 and 6 row blocks of 32.
+void check_format(bool fp8) {
+    const int E = 16, K = 4, H = fp8 ? 192 : 96, Ie = 64;
+    const char* f = fp8 ? "FP8" : "bf16";
+    // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule)
+    for (int n : {1, 6, 20, 40}) {
+        const Errors e = run_case(
+            fp8, n, K, E, H, Ie, [&](int t, int k) { return (t * 7 + k * 5 + (t * k) % 3) % E; },
+            static_cast<uint32_t>(n));
+        EXPECT_LT(e.h, 1e-5) << f << ", " << n << " tokens: GeGLU";
+        EXPECT_LT(e.slots, 1e-5) << f << ", " << n << " tokens: down";
+    }
+    // one busy expert, the others empty but one: 6 tokens with three slots each on expert 3 (18 entries at
+    // one tile: passes of 8, 8, 2); 100 tokens with their first slot on expert 3 (4 tiles: 32, 32, 32, 4)
+    for (int n : {6, 100}) {
+        const Errors e = run_case(
+            fp8, n, K, E, H, Ie,
+            [&](int t, int k) { return n == 6 ? (k < 3 ? 3 : 9) : (k == 0 ? 3 : 9 + (t + k) % 3); },
+            static_cast<uint32_t>(n + 1));
+        EXPECT_LT(e.h, 1e-5) << f << ", " << n << " tokens, one busy expert: GeGLU";
+        EXPECT_LT(e.slots, 1e-5) << f << ", " << n << " tokens, one busy expert: down";
+    }
 }
 #endif
 
 TEST(MoeStream, GeGluAndDownMatchTheFp64Products) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    const int E = 16, K = 4, H = 96, Ie = 64;  // H: 3 chunks of 32 (an uneven round), 3 row blocks of 32
-    // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule)
-    for (int n : {1, 6, 20, 40}) {
-        const Errors e = run_case(
-            n, K, E, H, Ie, [&](int t, int k) { return (t * 7 + k * 5 + (t * k) % 3) % E; },
-            static_cast<uint32_t>(n));
-        EXPECT_LT(e.h, 1e-5) << n << " tokens: GeGLU";
-        EXPECT_LT(e.slots, 1e-5) << n << " tokens: down";
-    }
-    // one busy expert, the others empty but one: 6 tokens with three slots each on expert 3 (18 entries at
-    // one tile: passes of 8, 8, 2); 100 tokens with their first slot on expert 3 (4 tiles: 32, 32, 32, 4)
-    for (int n : {6, 100}) {
-        const Errors e = run_case(
-            n, K, E, H, Ie,
-            [&](int t, int k) { return n == 6 ? (k < 3 ? 3 : 9) : (k == 0 ? 3 : 9 + (t + k) % 3); },
-            static_cast<uint32_t>(n + 1));
-        EXPECT_LT(e.h, 1e-5) << n << " tokens, one busy expert: GeGLU";
-        EXPECT_LT(e.slots, 1e-5) << n << " tokens, one busy expert: down";
-    }
+    check_format(false);
+#endif
+}
+
+TEST(MoeStream, Fp8RowsMatchTheFp64ProductsOfTheirScaledCodes) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    check_format(true);
 #endif
 }
 

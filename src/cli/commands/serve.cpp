@@ -58,6 +58,7 @@ struct Synthetic {
     bo.slots = std::max(2, sequences);  // decode_batch needs two; a lone sequence leaves one idle
     std::unique_ptr<CudaBackend> be;
     if (syn.variant) {
+        bo.weights = mo.quantize;  // --quantize: the random weights quantised on the device, as bench does
         be = make_synthetic_cuda_backend(*syn.variant, syn.layers, bo, syn.seed);
         s.stop_ids = be->config().stop_ids;
     } else {

@@ -2,6 +2,8 @@
 // streaming 16-byte weight load.
 #pragma once
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,6 +33,23 @@ __device__ __forceinline__ void split_store(float v, uint16_t* hi, uint16_t* lo,
     const uint16_t h = float_to_bf16_bits(v);
     hi[i] = h;
     lo[i] = float_to_bf16_bits(v - __uint_as_float(static_cast<uint32_t>(h) << 16));
+}
+
+// The f16 halves of v / 16 for the kernels whose weights are f16 on the way into the MMA (FP8 rows): hi =
+// f16(v / 16), lo = f16(v / 16 - hi). The 2^-4 lets f16's range hold |v| up to 2^20; the reader multiplies
+// its sums by 16.
+__device__ __forceinline__ void split_store_f16(float v, uint16_t* hi, uint16_t* lo, int64_t i) {
+    const float s = v * 0.0625f;
+    const __half h = __float2half_rn(s);
+    hi[i] = __half_as_ushort(h);
+    lo[i] = __half_as_ushort(__float2half_rn(s - __half2float(h)));
+}
+
+// Two e4m3 codes (the low 16 bits: the first in the low byte) as an f16 pair, exactly (every e4m3 value,
+// subnormals too, is an f16 normal): one instruction on sm_89 and later.
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
 // Weights are read exactly once per step: bypass L1 so they do not evict the activations staged there.

@@ -182,6 +182,10 @@ void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float*
 // reproduce fp32 activations to ~2^-16. v = norm ? RMSNorm(x)*w : x. Rows of `width`, row stride ld_in.
 void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
                 bf16* hi, bf16* lo, cudaStream_t s);
+// The same rows as f16 halves of v / 16 (hi = f16(v / 16), lo = f16(v / 16 - hi)): the input of FP8 rows'
+// MMAs (moe_stream), whose sums are scaled back by 16.
+void split_rows_f16(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
+                    uint16_t* hi, uint16_t* lo, cudaStream_t s);
 // v = gelu_tanh(a) * b (b: row stride ld_b) split into hi/lo as above.
 void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
                  cudaStream_t s);
@@ -349,13 +353,20 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 
 // A batched step's experts with no host in the loop (moe_stream.cu; after moe_bucket, n tokens): every
 // touched expert's rows streamed once for all its entries on the tensor cores. gate/up: x_hi/x_lo [n][H] (the
-// experts' input as bf16 halves) -> h_hi/h_lo [n K][Ie], gelu(gate . x) * (up . x) as bf16 halves; down:
-// slots[entry][j] = down_e[j] . h[entry], fp32 [n K][H].
-bool moe_stream_fits(int H, int Ie);  // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704)
-void moe_stream_gate_up(const bf16* x_hi, const bf16* x_lo, int H, int K, const bf16* gate_up, int Ie,
-                        const int* group_off, const int* entries, int E, int n, bf16* h_hi, bf16* h_lo,
-                        cudaStream_t s);
-void moe_stream_down(const bf16* h_hi, const bf16* h_lo, int Ie, const bf16* down, int H, int K,
+// experts' input as halves) -> h_hi/h_lo [n K][Ie], gelu(gate . x) * (up . x) as halves; down:
+// slots[entry][j] = down_e[j] . h[entry], fp32 [n K][H]. A pass's rows are bf16, or FP8 e4m3 with a scale
+// per row (the decode step's QuantMatrix): bf16 rows read bf16 halves (split_rows), FP8 rows f16 halves of
+// x / 16 (split_rows_f16); the gate/up pass writes h as f16 halves where h_f16 (the down pass is FP8).
+struct ExpertRows {
+    const bf16* w = nullptr;  // bf16: [E][rows][K]
+    QuantMatrix fp8;          // FP8 where q is set: [E][rows][K] bytes, scale [E][rows]
+};
+bool moe_stream_fits(int H, int Ie);      // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704)
+bool moe_stream_fits_fp8(int H, int Ie);  // FP8 also: H % 64 == 0 and Ie % 64 == 0
+void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K, const ExpertRows& gate_up,
+                        int Ie, const int* group_off, const int* entries, int E, int n, uint16_t* h_hi,
+                        uint16_t* h_lo, bool h_f16, cudaStream_t s);
+void moe_stream_down(const uint16_t* h_hi, const uint16_t* h_lo, int Ie, const ExpertRows& down, int H, int K,
                      const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s);
 
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the experts' gate/up rows, a warp

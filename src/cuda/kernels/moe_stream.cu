@@ -9,6 +9,10 @@
 //            happens in the store: h[entry][j] = gelu(gate_j . x) * (up_j . x), as bf16 hi and lo halves
 //            (split_store), the down pass's input. The input row of entry i is token i / K.
 //   down:    32 rows of H per block; slots[entry][r] = down_r . h[entry], fp32.
+// FP8 experts (e4m3 rows with a scale per row, as the decode step reads them) take the same grid and half
+// the bytes: a lane's 16-byte load is 16 weights, converted to f16 pairs for the MMAs (chunk_mma_fp8), the
+// inputs f16 halves of x / 16 (split_rows_f16; the gate/up pass writes h so where the down pass is FP8), the
+// sums times 16 and the row's scale before the store.
 #include <cmath>
 #include <string>
 
@@ -29,9 +33,12 @@ constexpr int kMT = 2;  // row tiles of 16 per block
 constexpr int kG = 2;   // chunks of 32 k a warp loads per round
 
 struct ExpertStreamArgs {
-    const uint16_t* w = nullptr;  // expert e's rows at w + e * expert_stride, K wide
-    int64_t expert_stride = 0;
-    int64_t second = 0;  // gate/up: the up rows' offset from the gate rows (elements); 0 for down
+    const uint8_t* w = nullptr;  // expert e's rows at w + e * expert_stride bytes, K wide
+    int64_t expert_stride = 0;   // bytes
+    int64_t second = 0;          // gate/up: the up rows' offset from the gate rows (bytes); 0 for down
+    const float* scale = nullptr;  // FP8: a scale per row, expert e's at scale + e * expert_rows
+    int64_t expert_rows = 0;
+    bool h_f16 = false;  // gate/up: h as f16 halves of h / 16 (the down pass is FP8)
     int K = 0;
     int out_width = 0;             // gate/up: Ie (h's row); down: H
     const uint16_t* hi = nullptr;  // the inputs, [rows][K] each
@@ -46,28 +53,38 @@ struct ExpertStreamArgs {
 
 // The block's warps summed in shared memory (in warp order), then the pass's stores: GeGLU of the gate
 // tile (mt 0) and the up tile (mt 1) as bf16 halves, or the 32 rows as fp32.
-template <int NT, bool Geglu>
+// FP8: the sums times 16 (the inputs' 2^-4) and the rows' scales (rows of expert e's matrix).
+template <int NT, bool Geglu, bool Fp8>
 __device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], float* red,
-                                              const ExpertStreamArgs& a, int row0, const int* ent,
+                                              const ExpertStreamArgs& a, int e, int row0, const int* ent,
                                               int count) {
     constexpr int E = kMT * NT * 4 * 32;  // a warp's accumulators
     sum_warps<kMT, NT>(acc, red);
     __syncthreads();
     constexpr int kStores = Geglu ? E / kMT : E;  // GeGLU: one output per gate and up pair
+    const float* sc = Fp8 ? a.scale + e * a.expert_rows + row0 : nullptr;
     for (int i = threadIdx.x; i < kStores; i += blockDim.x) {
         int row, tok;
         fragment_at(i, NT, row, tok);
         if (tok >= count) continue;
         const int64_t o = int64_t{ent[tok]} * a.out_width + row0 + row;
-        if constexpr (Geglu)
-            split_store(gelu_tanh(red[i]) * red[i + E / kMT], a.h_hi, a.h_lo, o);
-        else
-            a.y[o] = red[i];
+        float v = red[i];
+        if constexpr (Fp8) v *= 16.0f * __ldg(sc + row);
+        if constexpr (Geglu) {
+            float up = red[i + E / kMT];
+            if constexpr (Fp8) up *= 16.0f * __ldg(sc + a.out_width + row);  // the up rows follow the gate's
+            if (a.h_f16)
+                split_store_f16(gelu_tanh(v) * up, a.h_hi, a.h_lo, o);
+            else
+                split_store(gelu_tanh(v) * up, a.h_hi, a.h_lo, o);
+        } else {
+            a.y[o] = v;
+        }
     }
     __syncthreads();  // red and ent are reused by the next pass
 }
 
-template <int NT, bool Geglu>
+template <int NT, bool Geglu, bool Fp8>
 __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStreamArgs a) {
     extern __shared__ float red[];  // [kWarps][kMT * NT * 4 * 32]
     __shared__ int ent[NT * 8];     // the pass's entries
@@ -76,17 +93,18 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
     const int o0 = a.group_off[e], ne = a.group_off[e + 1] - o0;
     if (ne <= 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int K = a.K, c_end = K / 32;
+    const int K = a.K, c_end = K / (Fp8 ? 64 : 32);
+    const int64_t row_bytes = int64_t{K} * (Fp8 ? 1 : 2);
     // gate/up: output columns j0.. from gate rows j0.. (mt 0) and up rows (mt 1); down: rows row0..row0+31
     const int row0 = blockIdx.x * (Geglu ? 16 : 16 * kMT);
-    const uint16_t* we = a.w + e * a.expert_stride;
+    const uint8_t* we = a.w + e * a.expert_stride;
     const uint4* wr[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int64_t r = Geglu ? int64_t{row0 + g + 8 * h} : int64_t{row0 + mt * 16 + g + 8 * h};
-            const uint16_t* row = we + (Geglu && mt == 1 ? a.second : 0) + r * K;
+            const uint8_t* row = we + (Geglu && mt == 1 ? a.second : 0) + r * row_bytes;
             wr[mt][h] = reinterpret_cast<const uint4*>(row) + q;
         }
     for (int base = 0; base < ne; base += NT * 8) {
@@ -101,12 +119,13 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
             const int t = nt * 8 + g;
             ok[nt] = t < count;
             const int64_t off = int64_t{ent[ok[nt] ? t : 0] / a.in_div} * K;
-            xh[nt] = reinterpret_cast<const uint4*>(a.hi + off) + q;
-            xl[nt] = reinterpret_cast<const uint4*>(a.lo + off) + q;
+            // a lane's inputs: 8 values a chunk (bf16), or 16 (FP8: two 16-byte loads)
+            xh[nt] = reinterpret_cast<const uint4*>(a.hi + off) + (Fp8 ? 2 * q : q);
+            xl[nt] = reinterpret_cast<const uint4*>(a.lo + off) + (Fp8 ? 2 * q : q);
         }
         float acc[kMT][NT][4];
-        stream_rounds<kG, kMT, NT>(acc, wr, xh, xl, ok, warp * kG, c_end, 0);  // waited above
-        sum_and_store<NT, Geglu>(acc, red, a, row0, ent, count);
+        stream_rounds<kG, kMT, NT, Fp8>(acc, wr, xh, xl, ok, warp * kG, c_end, 0);  // waited above
+        sum_and_store<NT, Geglu, Fp8>(acc, red, a, e, row0, ent, count);
     }
 }
 
@@ -118,13 +137,37 @@ int token_tiles(int n, int K, int E) {
     return busiest <= 8.0 ? 1 : busiest <= 16.0 ? 2 : 4;
 }
 
-template <bool Geglu>
-void launch(const ExpertStreamArgs& a, int tiles, int E, int nt, cudaStream_t s) {
+template <bool Geglu, bool Fp8>
+void launch_nt(const ExpertStreamArgs& a, int tiles, int E, int nt, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(E)), block(kWarps * 32);
     const size_t smem = sizeof(float) * kWarps * kMT * nt * 4 * 32;
-    if (nt == 1) return launch_kernel(expert_stream_kernel<1, Geglu>, grid, block, smem, s, a);
-    if (nt == 2) return launch_kernel(expert_stream_kernel<2, Geglu>, grid, block, smem, s, a);
-    launch_kernel(expert_stream_kernel<4, Geglu>, grid, block, smem, s, a);
+    if (nt == 1) return launch_kernel(expert_stream_kernel<1, Geglu, Fp8>, grid, block, smem, s, a);
+    if (nt == 2) return launch_kernel(expert_stream_kernel<2, Geglu, Fp8>, grid, block, smem, s, a);
+    launch_kernel(expert_stream_kernel<4, Geglu, Fp8>, grid, block, smem, s, a);
+}
+
+template <bool Geglu>
+void launch(const ExpertStreamArgs& a, bool fp8, int tiles, int E, int nt, cudaStream_t s) {
+    if (fp8) return launch_nt<Geglu, true>(a, tiles, E, nt, s);
+    launch_nt<Geglu, false>(a, tiles, E, nt, s);
+}
+
+// The pass's rows: bf16 (w) or FP8 (q, scale), rows of K each, expert e's `rows` of them the e-th.
+void set_rows(ExpertStreamArgs& a, const ExpertRows& m, int64_t rows, int K, const char* what) {
+    if (m.fp8.q) {
+        if (!m.fp8.scale) throw Error(std::string("internal: ") + what + "'s FP8 rows come without scales");
+        if (K % 64 != 0)
+            throw Error(std::string("internal: ") + what + "'s FP8 rows need K % 64 == 0, found " +
+                        std::to_string(K));
+        a.w = m.fp8.q;
+        a.scale = m.fp8.scale;
+        a.expert_rows = rows;
+        a.expert_stride = rows * K;
+    } else {
+        if (!m.w) throw Error(std::string("internal: ") + what + " has no rows");
+        a.w = reinterpret_cast<const uint8_t*>(m.w);
+        a.expert_stride = rows * K * 2;
+    }
 }
 
 }  // namespace
@@ -133,16 +176,20 @@ bool moe_stream_fits(int H, int Ie) {
     return H > 0 && Ie > 0 && H % (16 * kMT) == 0 && Ie % 32 == 0;
 }
 
-void moe_stream_gate_up(const bf16* x_hi, const bf16* x_lo, int H, int K, const bf16* gate_up, int Ie,
-                        const int* group_off, const int* entries, int E, int n, bf16* h_hi, bf16* h_lo,
-                        cudaStream_t s) {
+bool moe_stream_fits_fp8(int H, int Ie) {
+    return moe_stream_fits(H, Ie) && H % 64 == 0 && Ie % 64 == 0;
+}
+
+void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K, const ExpertRows& gate_up,
+                        int Ie, const int* group_off, const int* entries, int E, int n, uint16_t* h_hi,
+                        uint16_t* h_lo, bool h_f16, cudaStream_t s) {
     if (!moe_stream_fits(H, Ie))
         throw Error("internal: moe_stream_gate_up needs H % 32 == 0 and Ie % 32 == 0, found H " +
                     std::to_string(H) + ", Ie " + std::to_string(Ie));
     ExpertStreamArgs a;
-    a.w = gate_up;
-    a.expert_stride = 2 * int64_t{Ie} * H;
-    a.second = int64_t{Ie} * H;
+    set_rows(a, gate_up, 2 * int64_t{Ie}, H, "moe_stream_gate_up");
+    a.second = int64_t{Ie} * H * (gate_up.fp8.q ? 1 : 2);
+    a.h_f16 = h_f16;
     a.K = H;
     a.out_width = Ie;
     a.hi = x_hi;
@@ -152,18 +199,17 @@ void moe_stream_gate_up(const bf16* x_hi, const bf16* x_lo, int H, int K, const 
     a.entries = entries;
     a.h_hi = h_hi;
     a.h_lo = h_lo;
-    launch<true>(a, Ie / 16, E, token_tiles(n, K, E), s);
+    launch<true>(a, gate_up.fp8.q != nullptr, Ie / 16, E, token_tiles(n, K, E), s);
     CUDA_CHECK_LAUNCH();
 }
 
-void moe_stream_down(const bf16* h_hi, const bf16* h_lo, int Ie, const bf16* down, int H, int K,
+void moe_stream_down(const uint16_t* h_hi, const uint16_t* h_lo, int Ie, const ExpertRows& down, int H, int K,
                      const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s) {
     if (!moe_stream_fits(H, Ie))
         throw Error("internal: moe_stream_down needs Ie % 32 == 0 and H % 32 == 0, found Ie " +
                     std::to_string(Ie) + ", H " + std::to_string(H));
     ExpertStreamArgs a;
-    a.w = down;
-    a.expert_stride = int64_t{H} * Ie;
+    set_rows(a, down, H, Ie, "moe_stream_down");
     a.K = Ie;
     a.out_width = H;
     a.hi = h_hi;
@@ -172,7 +218,7 @@ void moe_stream_down(const bf16* h_hi, const bf16* h_lo, int Ie, const bf16* dow
     a.group_off = group_off;
     a.entries = entries;
     a.y = slots;
-    launch<false>(a, H / (16 * kMT), E, token_tiles(n, K, E), s);
+    launch<false>(a, down.fp8.q != nullptr, H / (16 * kMT), E, token_tiles(n, K, E), s);
     CUDA_CHECK_LAUNCH();
 }
 

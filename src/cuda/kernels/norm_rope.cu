@@ -66,8 +66,9 @@ __global__ void rmsnorm_rows_kernel(const float* x, const bf16* w, int H, float 
     }
 }
 
+template <bool F16>
 __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool norm, const bf16* w,
-                                  float eps, bf16* hi, bf16* lo) {
+                                  float eps, uint16_t* hi, uint16_t* lo) {
     pdl_begin();
     __shared__ float red[32];
     const float* xr = x + static_cast<int64_t>(blockIdx.x) * ld_in;
@@ -79,7 +80,10 @@ __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool
             v *= inv;
             if (w) v *= bf16_at(w, k);
         }
-        split_store(v, hi, lo, o + k);
+        if constexpr (F16)
+            split_store_f16(v, hi, lo, o + k);
+        else
+            split_store(v, hi, lo, o + k);
     }
 }
 
@@ -221,8 +225,15 @@ void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float*
 
 void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
                 bf16* hi, bf16* lo, cudaStream_t s) {
-    launch_kernel(split_rows_kernel, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w, eps,
-                  hi, lo);
+    launch_kernel(split_rows_kernel<false>, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w,
+                  eps, hi, lo);
+    CUDA_CHECK_LAUNCH();
+}
+
+void split_rows_f16(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
+                    uint16_t* hi, uint16_t* lo, cudaStream_t s) {
+    launch_kernel(split_rows_kernel<true>, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w,
+                  eps, hi, lo);
     CUDA_CHECK_LAUNCH();
 }
 

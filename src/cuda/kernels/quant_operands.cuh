@@ -46,11 +46,6 @@ struct QuantParams {
     int64_t out_stride = 0;
 };
 
-__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
 // int4: a word's 8 codes (nibble m at bits 4m) as the 4 f16 pairs (n - zero) the MMAs take: o[j] holds
 // nibbles (j, j + 4) for j = 0, 1 of the low byte pair and j = 2, 3 of w >> 8 (nibble pairs 0/4, 1/5, 2/6,
 // 3/7). A nibble left in place is 1024 + n once ORed with 0x6400; one at bits 4..7 gives 1024 + 16 n, which

@@ -1,5 +1,5 @@
 // The weight-streaming MMA loop that stream_gemm.cu (the projections of a few tokens) and moe_stream.cu (a
-// batched step's experts) share: 4 warps split a block's K range; each round a warp loads G chunks of 32 k of
+// batched step's experts, bf16 or FP8 rows) share: 4 warps split a block's K range; each round a warp loads G chunks of 32 k of
 // MT tiles of 16 weight rows (16 contiguous bytes per lane: quad q of row g holds k = q*8 .. q*8+7) and hands
 // them to mma.sync m16n8k16 against NT tiles of 8 tokens, both bf16 halves (hi, lo) of each fp32 input. The k
 // order inside a chunk is permuted identically for the weights and the tokens (the fragment's k = 2q, 2q+1,
@@ -19,6 +19,21 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
+// m16n8k16 with f16 operands (FP8 rows converted on the way in), fp32 accumulation.
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -51,6 +66,45 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (
     }
 }
 
+// FP8 rows (e4m3): a lane's 16 bytes are k = q*16 .. q*16 + 15 of its row, so a chunk is 64 k. Word j of
+// them (k q*16 + 4j .. + 3) is MMA j's A: its low byte pair (k 4j, 4j + 1 -> the fragment's k 2q, 2q + 1)
+// and its high pair (the fragment's 2q + 8, 2q + 9), converted to f16 once per chunk and used by every
+// token tile. The tokens are f16 halves of x / 16 (split_store_f16), a lane's 16 values two 16-byte loads,
+// word 2j and 2j + 1 the B of MMA j. The sums are 1/16 of the products, unscaled by the rows' scales.
+template <int MT, int NT>
+__device__ __forceinline__ void chunk_mma_fp8(float (&acc)[MT][NT][4], const uint4 (&w)[MT][2],
+                                              const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
+                                              const bool (&ok)[NT], int c) {
+    uint32_t a[MT][4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const uint32_t r0[4] = {w[mt][0].x, w[mt][0].y, w[mt][0].z, w[mt][0].w};
+        const uint32_t r1[4] = {w[mt][1].x, w[mt][1].y, w[mt][1].z, w[mt][1].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            a[mt][j][0] = fp8x2_to_f16x2(r0[j] & 0xffffu);
+            a[mt][j][1] = fp8x2_to_f16x2(r1[j] & 0xffffu);
+            a[mt][j][2] = fp8x2_to_f16x2(r0[j] >> 16);
+            a[mt][j][3] = fp8x2_to_f16x2(r1[j] >> 16);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint4 h0 = ld_x(xh[nt] + c * 8, ok[nt]), h1 = ld_x(xh[nt] + c * 8 + 1, ok[nt]);
+        const uint4 l0 = ld_x(xl[nt] + c * 8, ok[nt]), l1 = ld_x(xl[nt] + c * 8 + 1, ok[nt]);
+        const uint32_t hb[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const uint32_t lb[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t(&f)[4] = a[mt][j];
+                mma_f16(acc[mt][nt], f[0], f[1], f[2], f[3], hb[2 * j], hb[2 * j + 1]);
+                mma_f16(acc[mt][nt], f[0], f[1], f[2], f[3], lb[2 * j], lb[2 * j + 1]);
+            }
+    }
+}
+
 // A warp's round: chunks c0 .. c0 + G - 1 of rows g and g + 8 of each tile (zeros past c_end).
 template <int G, int MT>
 __device__ __forceinline__ void load_round(uint4 (&w)[G][MT][2], const uint4* const (&wr)[MT][2], int c0,
@@ -75,8 +129,9 @@ __device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
 // A warp's whole K range [c0, c_end) in rounds of G chunks (c0 advancing by kWarps G), into acc (zeroed
 // here), software-pipelined: the next round's weights are in flight while this round's MMAs run. pdl_after:
 // nonzero, the PDL wait comes after the first round's loads (weights do not depend on the previous kernel, so
-// they stream during its tail: pdl_begin_after_loads); 0, the caller has waited.
-template <int G, int MT, int NT>
+// they stream during its tail: pdl_begin_after_loads); 0, the caller has waited. Fp8: the rows are e4m3
+// (chunk_mma_fp8: chunks of 64 k, the tokens f16 halves), else bf16 (chunk_mma).
+template <int G, int MT, int NT, bool Fp8 = false>
 __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uint4* const (&wr)[MT][2],
                                               const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
                                               const bool (&ok)[NT], int c0, int c_end, int pdl_after) {
@@ -94,7 +149,12 @@ __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uin
         load_round<G, MT>(nw, wr, c0 + step, c_end);
 #pragma unroll
         for (int u = 0; u < G; ++u)
-            if (c0 + u < c_end) chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+            if (c0 + u < c_end) {
+                if constexpr (Fp8)
+                    chunk_mma_fp8<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+                else
+                    chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+            }
 #pragma unroll
         for (int u = 0; u < G; ++u)
 #pragma unroll
