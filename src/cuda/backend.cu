@@ -114,6 +114,7 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_batch(slots, ids, n);
     }
     int batch_rows() const override { return model_.chunk(); }
+    bool batch_reads_fp8_experts(int n) const override { return model_.batch_reads_fp8_experts(n); }
     int64_t kv_pool_blocks() const override { return model_.kv_pool_blocks(); }
     void slot_set_blocks(int slot, const int* blocks, int64_t n) override {
         model_.set_slot_blocks(slot, blocks, n);

@@ -75,6 +75,12 @@ class CudaBackend : public Backend {
     virtual std::vector<CudaProfileEntry> profile_batch(const int* slots, const int* ids, int n) = 0;
     // The most sequences one decode_batch takes besides the slots: the prefill chunk (-b) bounds its rows.
     virtual int batch_rows() const { return 1; }
+    // Whether a batched step of n sequences reads the MoE's experts as FP8 (moe_stream's FP8 rows), not the
+    // bf16 copy: what its byte roofline counts.
+    virtual bool batch_reads_fp8_experts(int n) const {
+        (void)n;
+        return false;
+    }
     // The paged KV cache (slots > 1; cuda/kv_cache.h): its pool of blocks of kKvBlock positions (0: none),
     // and a slot's block table, block numbers [0, n) (slot_eval / decode_batch use it from then on; by
     // default slot s holds blocks [s * ctx / kKvBlock, ...) where the pool has them).

@@ -171,6 +171,13 @@ bool CudaModel::batch_on_device(int n) const {
            (n <= plan_.batch_experts_max && !sharded() && moe_stream_fits(c_.hidden, c_.expert_width));
 }
 
+// Whether the step of n sequences streams FP8 experts (batch_experts' rule: on the device, an FP8 model,
+// widths moe_stream's FP8 rows take).
+bool CudaModel::batch_reads_fp8_experts(int n) const {
+    return c_.moe && batch_on_device(n) && dw_->quant_format == WeightFormat::kFp8 && !w_.quant.empty() &&
+           moe_stream_fits_fp8(c_.hidden, c_.expert_width);
+}
+
 cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
     if (!batch_on_device(n)) throw Error("internal: this batched step waits on the host and is not captured");
     const auto key = std::make_pair(n, range);

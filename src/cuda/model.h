@@ -164,6 +164,7 @@ class CudaModel {
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
+    bool batch_reads_fp8_experts(int n) const;  // batch.cu
     // decode_batch's step run eagerly with events around each phase of each layer (the positions advance).
     std::vector<CudaProfileEntry> profile_batch(const int* slot_ids, const int* ids, int n);
     using MoePrefillStats = cuda::MoePrefillStats;

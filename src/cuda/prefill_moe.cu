@@ -65,7 +65,7 @@ void CudaModel::prefill_experts(int i, int n) {
     }
 }
 
-// A batched step's experts on the device (moe_stream.cu): the experts' input split into halves, then the
+// A batched step's experts on the device (moe_stream.cu): the experts' input as halves (FP8: one f16), then the
 // gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The scratch is the
 // passes' (moe_.mx holds 2 x [n][H] halves, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n K). A
 // model with FP8 experts streams them (half the bytes of the bf16 copy; the halves are then f16), where
@@ -87,7 +87,7 @@ void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     bf16* x_hi = static_cast<bf16*>(moe_.mx);
     bf16* x_lo = x_hi + int64_t{n} * H;
     if (gate_up.fp8.q)
-        split_rows_f16(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
+        f16_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, s);  // x_lo unused
     else
         split_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
     bf16* h_hi = moe_.mh;

@@ -246,7 +246,8 @@ ModelCounts count_params(const ModelConfig& c, WeightFormat f, bool zero_points)
     return m;
 }
 
-StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int kv_elem_bytes) {
+StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int kv_elem_bytes,
+                             double expert_weight_bytes) {
     StepBytes b;
     if (c.n_experts > 0)
         b.experts_touched = c.n_experts * (1.0 - std::pow(1.0 - static_cast<double>(c.top_k) / c.n_experts,
@@ -255,8 +256,9 @@ StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int k
         if (p.name == "embed_tokens_per_layer.weight") continue;
         double n = 1;
         for (int64_t d : p.shape) n *= static_cast<double>(d);
-        if (p.name.find("experts.") != std::string::npos) n *= b.experts_touched / c.n_experts;
-        b.weights += 2 * n;
+        const bool expert = p.name.find("experts.") != std::string::npos;
+        if (expert) n *= b.experts_touched / c.n_experts;
+        b.weights += (expert ? expert_weight_bytes : 2.0) * n;
     }
     for (const LayerSpec& s : c.layers) {
         const int64_t k = s.kind == AttentionKind::Sliding ? std::min<int64_t>(keys, c.sliding_window) : keys;

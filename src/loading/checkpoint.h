@@ -95,13 +95,15 @@ double quantized_bytes_per_weight(const PlannedTensor& p, WeightFormat f, bool z
 // positions (a sliding layer at most its window; KV-shared layers read their source's rows): every weight
 // once (bf16; PLE rows are lookups), each MoE layer's experts as expected touched by seqs x top_k choices
 // drawn uniformly, n_experts (1 - (1 - top_k / n_experts)^seqs) (random weights route near uniformly; a
-// trained router's skew touches fewer), and the K/V rows of kv_elem_bytes per value. The batched-step
-// issue's roofline column.
+// trained router's skew touches fewer), and the K/V rows of kv_elem_bytes per value; the experts at
+// expert_weight_bytes a weight (1: FP8 experts, their row scales aside). The batched-step issue's roofline
+// column.
 struct StepBytes {
     double weights = 0;
     double kv = 0;
     double experts_touched = 0;  // per MoE layer, expected (0 for a dense model)
 };
-StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int kv_elem_bytes);
+StepBytes batched_step_bytes(const ModelConfig& c, int seqs, int64_t keys, int kv_elem_bytes,
+                             double expert_weight_bytes = 2.0);
 
 }  // namespace markbase

@@ -2,8 +2,8 @@
 // pass's GeGLU halves and the down pass's slots against fp64 host products of the same inputs and weights,
 // over routings that leave experts empty, give one expert more entries than a block's token tiles hold
 // (further passes over its rows), and take each token-tile count (1, 2, 4 tiles of 8 entries); with bf16
-// rows (inputs as bf16 halves) and with FP8 rows and their scales (inputs made by split_rows_f16 from fp32,
-// h as f16 halves of h / 16).
+// rows (inputs as bf16 halves) and with FP8 rows and their scales (inputs made by f16_rows from fp32: one
+// f16 of x / 16, h written so too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,9 +51,9 @@ double from_f16(uint16_t b) {  // IEEE binary16
     const double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? NAN : std::ldexp(1024 + m, e - 25);
     return (b & 0x8000) ? -v : v;
 }
-// The value of halves i: bf16 hi + lo, or f16 16 (hi + lo)
+// The value of input i: bf16 hi + lo (hi's count values, then lo's), or 16 f16 (one array)
 double half_value(const std::vector<uint16_t>& hl, size_t count, size_t i, bool f16 = false) {
-    if (f16) return 16.0 * (from_f16(hl[i]) + from_f16(hl[count + i]));
+    if (f16) return 16.0 * from_f16(hl[i]);
     return double(from_bf16(hl[i])) + double(from_bf16(hl[count + i]));
 }
 
@@ -100,23 +100,24 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
     }
     const size_t nx = static_cast<size_t>(n) * H, nh = static_cast<size_t>(n) * K * Ie;
     const Rows gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H), down(rng, fp8, static_cast<size_t>(E) * H, Ie);
-    std::vector<uint16_t> x;  // the inputs as halves; FP8: split_rows_f16 of fp32 values
+    std::vector<uint16_t> x;  // the inputs as halves; FP8: f16_rows of fp32 values (a second copy unused)
     if (fp8) {
         std::vector<float> xf(nx);
         for (float& v : xf) v = u(rng);
         float* d_xf = to_device(xf);
-        uint16_t* d_halves = nullptr;
-        EXPECT_EQ(cudaMalloc(&d_halves, 2 * nx * sizeof(uint16_t)), cudaSuccess);
-        cuda::split_rows_f16(d_xf, H, H, n, false, nullptr, 1e-6f, d_halves, d_halves + nx, nullptr);
-        x = to_host(d_halves, 2 * nx);
+        uint16_t* d_f16 = nullptr;
+        EXPECT_EQ(cudaMalloc(&d_f16, 2 * nx * sizeof(uint16_t)), cudaSuccess);
+        EXPECT_EQ(cudaMemset(d_f16, 0xff, 2 * nx * sizeof(uint16_t)), cudaSuccess);  // a NaN in what is unread
+        cuda::f16_rows(d_xf, H, H, n, false, nullptr, 1e-6f, d_f16, nullptr);
+        x = to_host(d_f16, 2 * nx);
         cudaFree(d_xf);
-        cudaFree(d_halves);
-        // split_rows_f16 keeps ~2^-22 of each value, at least f16's subnormal step (2^-24 of x / 16)
+        cudaFree(d_f16);
+        // one f16 of x / 16 keeps 2^-12 of each value (round to nearest), at least f16's subnormal half-step
         double worst = 0.0;
         for (size_t i = 0; i < nx; ++i)
             worst = std::max(worst, std::fabs(half_value(x, nx, i, true) - xf[i]) /
-                                        (1e-6 * std::fabs(xf[i]) + std::ldexp(1.0, -21)));
-        EXPECT_LE(worst, 1.0) << "split_rows_f16's halves";
+                                        (std::ldexp(std::fabs(xf[i]), -12) + std::ldexp(16.0, -25)));
+        EXPECT_LE(worst, 1.0) << "f16_rows' values";
     } else {
         x = random_halves(rng, nx);
     }
@@ -149,7 +150,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
     Errors err;
     for (int i = 0; i < n * K; ++i) {
         const int e = expert_of(i / K, i % K);
-        for (int j = 0; j < Ie; ++j) {  // GeGLU of the gate and up products; the halves keep ~2^-16
+        for (int j = 0; j < Ie; ++j) {  // GeGLU of the gate and up products
             double g = 0, up = 0, mag_g = 0, mag_u = 0;
             for (int k = 0; k < H; ++k) {
                 const double xv = half_value(x, nx, static_cast<size_t>(i / K) * H + k, fp8);
@@ -163,6 +164,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
             const double want = gelu_tanh(g) * up;
             const double got = half_value(h, nh, static_cast<size_t>(i) * Ie + j, fp8);
             // |gelu(g) up| <= |g| |up|: the error relative to the product of the two sums of |terms|
+            // (the kernel's h is rounded as its next pass reads it: bf16 halves ~2^-16, one f16 2^-12)
             const double scale = mag_g * mag_u + 1e-12;
             err.h = std::max(err.h, std::isfinite(got) ? std::fabs(got - want) / scale : 1e30);
         }
@@ -189,16 +191,19 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
 
 #ifdef MARKBASE_HAS_CUDA
 // Both passes over the routings above for one format. H: bf16 3 chunks of 32 (an uneven round of 2 chunks a
-// warp), FP8 3 chunks of 64; 3 and 6 row blocks of 32.
+// warp), FP8 3 chunks of 64; 3 and 6 row blocks of 32. The bound is the products' own rounding: ~2^-16 of a
+// term with bf16 halves, f16's 2^-12 of h once it is written (FP8: the inputs are exact here, the values
+// f16_rows made).
 void check_format(bool fp8) {
     const int E = 16, K = 4, H = fp8 ? 192 : 96, Ie = 64;
     const char* f = fp8 ? "FP8" : "bf16";
+    const double bound = fp8 ? 3e-4 : 1e-5;  // h; the down pass reads h as written: 1e-5 for both
     // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule)
     for (int n : {1, 6, 20, 40}) {
         const Errors e = run_case(
             fp8, n, K, E, H, Ie, [&](int t, int k) { return (t * 7 + k * 5 + (t * k) % 3) % E; },
             static_cast<uint32_t>(n));
-        EXPECT_LT(e.h, 1e-5) << f << ", " << n << " tokens: GeGLU";
+        EXPECT_LT(e.h, bound) << f << ", " << n << " tokens: GeGLU";
         EXPECT_LT(e.slots, 1e-5) << f << ", " << n << " tokens: down";
     }
     // one busy expert, the others empty but one: 6 tokens with three slots each on expert 3 (18 entries at
@@ -208,7 +213,7 @@ void check_format(bool fp8) {
             fp8, n, K, E, H, Ie,
             [&](int t, int k) { return n == 6 ? (k < 3 ? 3 : 9) : (k == 0 ? 3 : 9 + (t + k) % 3); },
             static_cast<uint32_t>(n + 1));
-        EXPECT_LT(e.h, 1e-5) << f << ", " << n << " tokens, one busy expert: GeGLU";
+        EXPECT_LT(e.h, bound) << f << ", " << n << " tokens, one busy expert: GeGLU";
         EXPECT_LT(e.slots, 1e-5) << f << ", " << n << " tokens, one busy expert: down";
     }
 }

@@ -43,6 +43,17 @@ TEST(StepBytes, ExpertsTouchedGrowTowardsAll) {
         << "a dense model's weights are read once per step, whatever the batch";
 }
 
+TEST(StepBytes, Fp8ExpertsCountOneByteAWeight) {
+    const ModelConfig c = variant("26b-a4b");
+    const StepBytes bf16 = batched_step_bytes(c, 96, 0, 2), fp8 = batched_step_bytes(c, 96, 0, 2, 1.0);
+    const double expert_params = 128.0 * c.n_layers * 3.0 * c.expert_width * c.hidden;  // gate, up, down
+    // every expert weight touched costs one byte less, the dense part the same
+    EXPECT_NEAR(bf16.weights - fp8.weights, expert_params * bf16.experts_touched / 128.0, 1.0);
+    EXPECT_EQ(batched_step_bytes(variant("31b"), 16, 0, 2, 1.0).weights,
+              batched_step_bytes(variant("31b"), 16, 0, 2).weights)
+        << "a dense model has no experts";
+}
+
 // E2B: 28 sliding layers (window 512) and 7 full ones, one KV head each, head dims 256 and 512; KV-shared
 // layers read their source's rows, so every layer counts. Two sequences at 1,000 keys, bf16:
 // sliding 28 x (K and V) 2 x 2 seqs x 512 keys x 256 x 2 B = 29,360,128; full 7 x 2 x 2 x 1000 x 512 x 2 B

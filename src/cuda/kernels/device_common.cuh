@@ -35,14 +35,11 @@ __device__ __forceinline__ void split_store(float v, uint16_t* hi, uint16_t* lo,
     lo[i] = float_to_bf16_bits(v - __uint_as_float(static_cast<uint32_t>(h) << 16));
 }
 
-// The f16 halves of v / 16 for the kernels whose weights are f16 on the way into the MMA (FP8 rows): hi =
-// f16(v / 16), lo = f16(v / 16 - hi). The 2^-4 lets f16's range hold |v| up to 2^20; the reader multiplies
-// its sums by 16.
-__device__ __forceinline__ void split_store_f16(float v, uint16_t* hi, uint16_t* lo, int64_t i) {
-    const float s = v * 0.0625f;
-    const __half h = __float2half_rn(s);
-    hi[i] = __half_as_ushort(h);
-    lo[i] = __half_as_ushort(__float2half_rn(s - __half2float(h)));
+// f16(v / 16), the input of the MMAs whose weights are FP8 rows (f16 on the way in): the 2^-4 lets f16's
+// range hold |v| up to 2^20, the reader multiplies its sums by 16. One f16 keeps 2^-12 of v, against the
+// 2^-4 an e4m3 weight keeps of itself (vLLM's FP8 path rounds the activations to e4m3 too).
+__device__ __forceinline__ void store_f16_sixteenth(float v, uint16_t* out, int64_t i) {
+    out[i] = __half_as_ushort(__float2half_rn(v * 0.0625f));
 }
 
 // Two e4m3 codes (the low 16 bits: the first in the low byte) as an f16 pair, exactly (every e4m3 value,

@@ -182,10 +182,10 @@ void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float*
 // reproduce fp32 activations to ~2^-16. v = norm ? RMSNorm(x)*w : x. Rows of `width`, row stride ld_in.
 void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
                 bf16* hi, bf16* lo, cudaStream_t s);
-// The same rows as f16 halves of v / 16 (hi = f16(v / 16), lo = f16(v / 16 - hi)): the input of FP8 rows'
-// MMAs (moe_stream), whose sums are scaled back by 16.
-void split_rows_f16(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
-                    uint16_t* hi, uint16_t* lo, cudaStream_t s);
+// The same rows as f16(v / 16), one array: the input of FP8 rows' MMAs (moe_stream), whose sums are scaled
+// back by 16.
+void f16_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
+              uint16_t* out, cudaStream_t s);
 // v = gelu_tanh(a) * b (b: row stride ld_b) split into hi/lo as above.
 void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n, bf16* hi, bf16* lo,
                  cudaStream_t s);
@@ -355,8 +355,9 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 // touched expert's rows streamed once for all its entries on the tensor cores. gate/up: x_hi/x_lo [n][H] (the
 // experts' input as halves) -> h_hi/h_lo [n K][Ie], gelu(gate . x) * (up . x) as halves; down:
 // slots[entry][j] = down_e[j] . h[entry], fp32 [n K][H]. A pass's rows are bf16, or FP8 e4m3 with a scale
-// per row (the decode step's QuantMatrix): bf16 rows read bf16 halves (split_rows), FP8 rows f16 halves of
-// x / 16 (split_rows_f16); the gate/up pass writes h as f16 halves where h_f16 (the down pass is FP8).
+// per row (the decode step's QuantMatrix): bf16 rows read bf16 halves (split_rows), FP8 rows one f16 array
+// of x / 16 (f16_rows; x_lo unused); the gate/up pass writes h so, into h_hi, where h_f16 (the down pass is
+// FP8).
 struct ExpertRows {
     const bf16* w = nullptr;  // bf16: [E][rows][K]
     QuantMatrix fp8;          // FP8 where q is set: [E][rows][K] bytes, scale [E][rows]

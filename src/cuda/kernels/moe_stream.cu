@@ -11,7 +11,7 @@
 //   down:    32 rows of H per block; slots[entry][r] = down_r . h[entry], fp32.
 // FP8 experts (e4m3 rows with a scale per row, as the decode step reads them) take the same grid and half
 // the bytes: a lane's 16-byte load is 16 weights, converted to f16 pairs for the MMAs (chunk_mma_fp8), the
-// inputs f16 halves of x / 16 (split_rows_f16; the gate/up pass writes h so where the down pass is FP8), the
+// inputs one f16 array of x / 16 (f16_rows; the gate/up pass writes h so where the down pass is FP8), the
 // sums times 16 and the row's scale before the store.
 #include <cmath>
 #include <string>
@@ -38,7 +38,7 @@ struct ExpertStreamArgs {
     int64_t second = 0;          // gate/up: the up rows' offset from the gate rows (bytes); 0 for down
     const float* scale = nullptr;  // FP8: a scale per row, expert e's at scale + e * expert_rows
     int64_t expert_rows = 0;
-    bool h_f16 = false;  // gate/up: h as f16 halves of h / 16 (the down pass is FP8)
+    bool h_f16 = false;  // gate/up: h as f16(h / 16) in h_hi alone (the down pass is FP8)
     int K = 0;
     int out_width = 0;             // gate/up: Ie (h's row); down: H
     const uint16_t* hi = nullptr;  // the inputs, [rows][K] each
@@ -74,7 +74,7 @@ __device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], fl
             float up = red[i + E / kMT];
             if constexpr (Fp8) up *= 16.0f * __ldg(sc + a.out_width + row);  // the up rows follow the gate's
             if (a.h_f16)
-                split_store_f16(gelu_tanh(v) * up, a.h_hi, a.h_lo, o);
+                store_f16_sixteenth(gelu_tanh(v) * up, a.h_hi, o);
             else
                 split_store(gelu_tanh(v) * up, a.h_hi, a.h_lo, o);
         } else {
@@ -119,9 +119,10 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
             const int t = nt * 8 + g;
             ok[nt] = t < count;
             const int64_t off = int64_t{ent[ok[nt] ? t : 0] / a.in_div} * K;
-            // a lane's inputs: 8 values a chunk (bf16), or 16 (FP8: two 16-byte loads)
+            // a lane's inputs: 8 values a chunk of each half (bf16), or 16 of the one f16 array (FP8: two
+            // 16-byte loads; xl unused)
             xh[nt] = reinterpret_cast<const uint4*>(a.hi + off) + (Fp8 ? 2 * q : q);
-            xl[nt] = reinterpret_cast<const uint4*>(a.lo + off) + (Fp8 ? 2 * q : q);
+            xl[nt] = Fp8 ? xh[nt] : reinterpret_cast<const uint4*>(a.lo + off) + q;
         }
         float acc[kMT][NT][4];
         stream_rounds<kG, kMT, NT, Fp8>(acc, wr, xh, xl, ok, warp * kG, c_end, 0);  // waited above

@@ -81,7 +81,7 @@ __global__ void split_rows_kernel(const float* x, int64_t ld_in, int width, bool
             if (w) v *= bf16_at(w, k);
         }
         if constexpr (F16)
-            split_store_f16(v, hi, lo, o + k);
+            store_f16_sixteenth(v, hi, o + k);  // (lo unused)
         else
             split_store(v, hi, lo, o + k);
     }
@@ -230,10 +230,10 @@ void split_rows(const float* x, int64_t ld_in, int width, int n, bool norm, cons
     CUDA_CHECK_LAUNCH();
 }
 
-void split_rows_f16(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
-                    uint16_t* hi, uint16_t* lo, cudaStream_t s) {
+void f16_rows(const float* x, int64_t ld_in, int width, int n, bool norm, const bf16* w, float eps,
+              uint16_t* out, cudaStream_t s) {
     launch_kernel(split_rows_kernel<true>, dim3(n), dim3(row_threads(width)), 0, s, x, ld_in, width, norm, w,
-                  eps, hi, lo);
+                  eps, out, nullptr);
     CUDA_CHECK_LAUNCH();
 }
 

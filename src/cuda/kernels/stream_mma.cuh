@@ -69,12 +69,12 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (
 // FP8 rows (e4m3): a lane's 16 bytes are k = q*16 .. q*16 + 15 of its row, so a chunk is 64 k. Word j of
 // them (k q*16 + 4j .. + 3) is MMA j's A: its low byte pair (k 4j, 4j + 1 -> the fragment's k 2q, 2q + 1)
 // and its high pair (the fragment's 2q + 8, 2q + 9), converted to f16 once per chunk and used by every
-// token tile. The tokens are f16 halves of x / 16 (split_store_f16), a lane's 16 values two 16-byte loads,
-// word 2j and 2j + 1 the B of MMA j. The sums are 1/16 of the products, unscaled by the rows' scales.
+// token tile. The tokens are f16(x / 16) (store_f16_sixteenth), one operand, not two halves: a lane's 16
+// values are two 16-byte loads, words 2j and 2j + 1 the B of MMA j. The sums are 1/16 of the products,
+// unscaled by the rows' scales.
 template <int MT, int NT>
 __device__ __forceinline__ void chunk_mma_fp8(float (&acc)[MT][NT][4], const uint4 (&w)[MT][2],
-                                              const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
-                                              const bool (&ok)[NT], int c) {
+                                              const uint4* const (&x)[NT], const bool (&ok)[NT], int c) {
     uint32_t a[MT][4][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -90,17 +90,14 @@ __device__ __forceinline__ void chunk_mma_fp8(float (&acc)[MT][NT][4], const uin
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        const uint4 h0 = ld_x(xh[nt] + c * 8, ok[nt]), h1 = ld_x(xh[nt] + c * 8 + 1, ok[nt]);
-        const uint4 l0 = ld_x(xl[nt] + c * 8, ok[nt]), l1 = ld_x(xl[nt] + c * 8 + 1, ok[nt]);
-        const uint32_t hb[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        const uint32_t lb[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const uint4 x0 = ld_x(x[nt] + c * 8, ok[nt]), x1 = ld_x(x[nt] + c * 8 + 1, ok[nt]);
+        const uint32_t b[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint32_t(&f)[4] = a[mt][j];
-                mma_f16(acc[mt][nt], f[0], f[1], f[2], f[3], hb[2 * j], hb[2 * j + 1]);
-                mma_f16(acc[mt][nt], f[0], f[1], f[2], f[3], lb[2 * j], lb[2 * j + 1]);
+                mma_f16(acc[mt][nt], f[0], f[1], f[2], f[3], b[2 * j], b[2 * j + 1]);
             }
     }
 }
@@ -130,7 +127,7 @@ __device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
 // here), software-pipelined: the next round's weights are in flight while this round's MMAs run. pdl_after:
 // nonzero, the PDL wait comes after the first round's loads (weights do not depend on the previous kernel, so
 // they stream during its tail: pdl_begin_after_loads); 0, the caller has waited. Fp8: the rows are e4m3
-// (chunk_mma_fp8: chunks of 64 k, the tokens f16 halves), else bf16 (chunk_mma).
+// (chunk_mma_fp8: chunks of 64 k, the tokens one f16 operand, xh; xl unused), else bf16 (chunk_mma).
 template <int G, int MT, int NT, bool Fp8 = false>
 __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uint4* const (&wr)[MT][2],
                                               const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
@@ -151,7 +148,7 @@ __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uin
         for (int u = 0; u < G; ++u)
             if (c0 + u < c_end) {
                 if constexpr (Fp8)
-                    chunk_mma_fp8<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
+                    chunk_mma_fp8<MT, NT>(acc, w[u], xh, ok, c0 + u);
                 else
                     chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
             }
