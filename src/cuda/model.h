@@ -380,6 +380,7 @@ class CudaModel {
     int64_t batch_range(int64_t max_pos) const;
     cudaGraphExec_t batch_graph(int n, int64_t range);
     bool batch_on_device(int n) const;  // no host in the step's loop: it can be one graph
+    bool fp8_experts() const;           // batched steps can stream FP8 experts (batch.cu)
     void record_batch(int n, int64_t range);
     int decode_slot(int slot, int id, float* logits);  // one sequence: its slot's decode graph
     std::vector<int> batch_step(const int* slot_ids, const int* ids, int n, float* logits, Profiler* pf);

@@ -73,7 +73,7 @@ void CudaModel::prefill_experts(int i, int n) {
 void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    const bool fp8_fits = moe_stream_fits_fp8(H, Ie) && !w_.quant.empty();
+    const bool fp8_fits = fp8_experts();
     const auto rows = [&](const bf16* w, const QuantMatrix& q) {
         ExpertRows r;
         r.w = w;

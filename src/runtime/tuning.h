@@ -95,6 +95,7 @@ struct Tuning {
     // layer, for every count (what prefill chunks take). 96 on the H200 (bench/results/
     // cuda-batched-moe-stream.json, 26B-A4B after 128 tokens): 8 sequences -10.8%, 16 -9.5%, 32 -4.9%, 64
     // -1.2%, 128 +8.4% (its MMAs over 4 token tiles issue-bound); a server's ~98-row steps measured even.
+    // FP8 experts (half the bytes) take moe_stream up to at least 128 (cuda/batch.cu kFp8BatchExperts).
     int batch_experts = 96;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,

@@ -112,11 +112,11 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
         x = to_host(d_f16, 2 * nx);
         cudaFree(d_xf);
         cudaFree(d_f16);
-        // one f16 of x / 16 keeps 2^-12 of each value (round to nearest), at least f16's subnormal half-step
+        // one f16 of x / 16 keeps 2^-11 of each value (round to nearest), at least f16's subnormal half-step
         double worst = 0.0;
         for (size_t i = 0; i < nx; ++i)
             worst = std::max(worst, std::fabs(half_value(x, nx, i, true) - xf[i]) /
-                                        (std::ldexp(std::fabs(xf[i]), -12) + std::ldexp(16.0, -25)));
+                                        (std::ldexp(std::fabs(xf[i]), -11) + std::ldexp(16.0, -25)));
         EXPECT_LE(worst, 1.0) << "f16_rows' values";
     } else {
         x = random_halves(rng, nx);
@@ -164,7 +164,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
             const double want = gelu_tanh(g) * up;
             const double got = half_value(h, nh, static_cast<size_t>(i) * Ie + j, fp8);
             // |gelu(g) up| <= |g| |up|: the error relative to the product of the two sums of |terms|
-            // (the kernel's h is rounded as its next pass reads it: bf16 halves ~2^-16, one f16 2^-12)
+            // (the kernel's h is rounded as its next pass reads it: bf16 halves ~2^-16, one f16 2^-11)
             const double scale = mag_g * mag_u + 1e-12;
             err.h = std::max(err.h, std::isfinite(got) ? std::fabs(got - want) / scale : 1e30);
         }
@@ -192,12 +192,12 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
 #ifdef MARKBASE_HAS_CUDA
 // Both passes over the routings above for one format. H: bf16 3 chunks of 32 (an uneven round of 2 chunks a
 // warp), FP8 3 chunks of 64; 3 and 6 row blocks of 32. The bound is the products' own rounding: ~2^-16 of a
-// term with bf16 halves, f16's 2^-12 of h once it is written (FP8: the inputs are exact here, the values
+// term with bf16 halves, f16's 2^-11 of h once it is written (FP8: the inputs are exact here, the values
 // f16_rows made).
 void check_format(bool fp8) {
     const int E = 16, K = 4, H = fp8 ? 192 : 96, Ie = 64;
     const char* f = fp8 ? "FP8" : "bf16";
-    const double bound = fp8 ? 3e-4 : 1e-5;  // h; the down pass reads h as written: 1e-5 for both
+    const double bound = fp8 ? 5e-4 : 1e-5;  // h; the down pass reads h as written: 1e-5 for both
     // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule)
     for (int n : {1, 6, 20, 40}) {
         const Errors e = run_case(

@@ -36,7 +36,7 @@ __device__ __forceinline__ void split_store(float v, uint16_t* hi, uint16_t* lo,
 }
 
 // f16(v / 16), the input of the MMAs whose weights are FP8 rows (f16 on the way in): the 2^-4 lets f16's
-// range hold |v| up to 2^20, the reader multiplies its sums by 16. One f16 keeps 2^-12 of v, against the
+// range hold |v| up to 2^20, the reader multiplies its sums by 16. One f16 keeps 2^-11 of v, against the
 // 2^-4 an e4m3 weight keeps of itself (vLLM's FP8 path rounds the activations to e4m3 too).
 __device__ __forceinline__ void store_f16_sixteenth(float v, uint16_t* out, int64_t i) {
     out[i] = __half_as_ushort(__float2half_rn(v * 0.0625f));
