@@ -237,7 +237,8 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
     const bool quant = !ck.weights.quant.empty();
-    const bool made = quant || !ck.owned.dequantized.empty();  // tensors the loader made, in none of the files
+    // tensors the loader made, in none of the files
+    const bool made = quant || !ck.owned.dequantized.empty();
     if (made && o.tensor_parallel > 1)
         throw Error("quantised weights over several GPUs (--tensor-parallel-size " +
                     std::to_string(o.tensor_parallel) +
@@ -256,7 +257,8 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     require_device();
     const BackendOptions o = clamp(c, opt);
     const bool quant = o.weights != WeightFormat::kBf16;
-    if (quant && o.tensor_parallel > 1) throw Error("quantised weights over several GPUs are not supported yet");
+    if (quant && o.tensor_parallel > 1)
+        throw Error("quantised weights over several GPUs are not supported yet");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
     auto dw = cuda::synthetic_weights(c, seed);
     if (quant) cuda::attach_quant_weights(*dw, o.weights, nullptr);

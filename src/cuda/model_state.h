@@ -19,9 +19,9 @@ namespace markbase::cuda {
 struct MoePrefillStats {
     int gemm_layers = 0, passes = 0, gemv_layers = 0;
     int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
-    int stream_layers = 0;     // batched-step layers recorded through moe_stream (a graph's once, at capture)
+    int stream_layers = 0;  // batched-step layers recorded through moe_stream (a graph's once, at capture)
     int stream_fp8_layers = 0;  // those of them reading FP8 experts
-    int busiest = 0, cap = 0;  // the most entries one expert had in a layer; entries per expert per pass
+    int busiest = 0, cap = 0;   // the most entries one expert had in a layer; entries per expert per pass
 };
 
 // CudaModel's state, plain data (model.cu decides the plan, buffers.cu allocates the rest). Shapes: n = the

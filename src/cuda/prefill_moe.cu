@@ -65,10 +65,10 @@ void CudaModel::prefill_experts(int i, int n) {
     }
 }
 
-// A batched step's experts on the device (moe_stream.cu): the experts' input as halves (FP8: one f16), then the
-// gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The scratch is the
-// passes' (moe_.mx holds 2 x [n][H] halves, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n K). A
-// model with FP8 experts streams them (half the bytes of the bf16 copy; the halves are then f16), where
+// A batched step's experts on the device (moe_stream.cu): the experts' input as halves (FP8: one f16),
+// then the gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The scratch
+// is the passes' (moe_.mx holds 2 x [n][H] halves, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n
+// K). A model with FP8 experts streams them (half the bytes of the bf16 copy; the input then f16), where
 // moe_stream takes their widths; int4 experts read the bf16 copy.
 void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];

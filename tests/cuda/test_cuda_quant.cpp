@@ -176,8 +176,9 @@ TEST(CudaQuantBatch, Fp8ExpertsInTheBatchedStepMatchTheCpu) {
         for (int s = 0; s < kSeq; ++s) in[s] = ids[s][kPrompt - 1 + k];
         gpu->decode_batch(slots.data(), in.data(), kSeq, lg.data());
         for (int s = 0; s < kSeq; ++s)
-            e_batch = std::max(e_batch, testing::rel_err(ref[s][k], std::vector<float>(lg.begin() + s * V,
-                                                                                      lg.begin() + (s + 1) * V)));
+            e_batch = std::max(
+                e_batch, testing::rel_err(ref[s][k],
+                                          std::vector<float>(lg.begin() + s * V, lg.begin() + (s + 1) * V)));
     }
     const std::string note = gpu->prefill_note();
     std::printf("  26b-a4b/2L fp8, %d sequences a step: rel err against the CPU %.2e\n  %s\n", kSeq, e_batch,

@@ -99,7 +99,8 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
         off[static_cast<size_t>(e) + 1] = static_cast<int>(entries.size());
     }
     const size_t nx = static_cast<size_t>(n) * H, nh = static_cast<size_t>(n) * K * Ie;
-    const Rows gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H), down(rng, fp8, static_cast<size_t>(E) * H, Ie);
+    const Rows gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H),
+        down(rng, fp8, static_cast<size_t>(E) * H, Ie);
     std::vector<uint16_t> x;  // the inputs as halves; FP8: f16_rows of fp32 values (a second copy unused)
     if (fp8) {
         std::vector<float> xf(nx);
@@ -107,7 +108,8 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
         float* d_xf = to_device(xf);
         uint16_t* d_f16 = nullptr;
         EXPECT_EQ(cudaMalloc(&d_f16, 2 * nx * sizeof(uint16_t)), cudaSuccess);
-        EXPECT_EQ(cudaMemset(d_f16, 0xff, 2 * nx * sizeof(uint16_t)), cudaSuccess);  // a NaN in what is unread
+        // NaN in what f16_rows leaves unwritten (the second copy the test keeps)
+        EXPECT_EQ(cudaMemset(d_f16, 0xff, 2 * nx * sizeof(uint16_t)), cudaSuccess);
         cuda::f16_rows(d_xf, H, H, n, false, nullptr, 1e-6f, d_f16, nullptr);
         x = to_host(d_f16, 2 * nx);
         cudaFree(d_xf);

@@ -33,9 +33,9 @@ constexpr int kMT = 2;  // row tiles of 16 per block
 constexpr int kG = 2;   // chunks of 32 k a warp loads per round
 
 struct ExpertStreamArgs {
-    const uint8_t* w = nullptr;  // expert e's rows at w + e * expert_stride bytes, K wide
-    int64_t expert_stride = 0;   // bytes
-    int64_t second = 0;          // gate/up: the up rows' offset from the gate rows (bytes); 0 for down
+    const uint8_t* w = nullptr;    // expert e's rows at w + e * expert_stride bytes, K wide
+    int64_t expert_stride = 0;     // bytes
+    int64_t second = 0;            // gate/up: the up rows' offset from the gate rows (bytes); 0 for down
     const float* scale = nullptr;  // FP8: a scale per row, expert e's at scale + e * expert_rows
     int64_t expert_rows = 0;
     bool h_f16 = false;  // gate/up: h as f16(h / 16) in h_hi alone (the down pass is FP8)

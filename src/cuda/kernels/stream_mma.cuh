@@ -1,9 +1,10 @@
 // The weight-streaming MMA loop that stream_gemm.cu (the projections of a few tokens) and moe_stream.cu (a
-// batched step's experts, bf16 or FP8 rows) share: 4 warps split a block's K range; each round a warp loads G chunks of 32 k of
-// MT tiles of 16 weight rows (16 contiguous bytes per lane: quad q of row g holds k = q*8 .. q*8+7) and hands
-// them to mma.sync m16n8k16 against NT tiles of 8 tokens, both bf16 halves (hi, lo) of each fp32 input. The k
-// order inside a chunk is permuted identically for the weights and the tokens (the fragment's k = 2q, 2q+1,
-// 2q+8, 2q+9 are physical q*8 + 4j + 0..3), so the 16-byte loads feed the fragments with no shuffle.
+// batched step's experts, bf16 or FP8 rows) share: 4 warps split a block's K range; each round a warp loads G
+// chunks of 32 k of MT tiles of 16 weight rows (16 contiguous bytes per lane: quad q of row g holds k = q*8
+// .. q*8+7) and hands them to mma.sync m16n8k16 against NT tiles of 8 tokens, both bf16 halves (hi, lo) of
+// each fp32 input. The k order inside a chunk is permuted identically for the weights and the tokens (the
+// fragment's k = 2q, 2q+1, 2q+8, 2q+9 are physical q*8 + 4j + 0..3), so the 16-byte loads feed the fragments
+// with no shuffle. FP8 rows: chunk_mma_fp8.
 #pragma once
 
 #include <cstdint>
