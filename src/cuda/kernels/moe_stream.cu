@@ -30,7 +30,7 @@ namespace {
 using namespace stream_mma;
 
 constexpr int kMT = 2;  // row tiles of 16 per block
-constexpr int kG = 2;   // chunks of 32 k a warp loads per round
+constexpr int kG = 2;   // chunks a warp loads per round (32 k of bf16 rows, 64 k of FP8)
 
 struct ExpertStreamArgs {
     const uint8_t* w = nullptr;    // expert e's rows at w + e * expert_stride bytes, K wide
