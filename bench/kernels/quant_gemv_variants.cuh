@@ -32,6 +32,7 @@ namespace qv {
 
 using namespace markbase::cuda::quant;  // NOLINT: the product's operand pieces
 using markbase::cuda::ld_stream;
+using markbase::cuda::mma_f16;
 
 // int4: nibbles sh/4 and sh/4 + 4 of w as the f16 pair (n - zero): 0x6400 | n is 1024 + n exactly, and
 // zz holds 1024 + zero in both halves (v3 without Trick: a shift, a LOP3 and a subtraction a pair)
@@ -62,7 +63,7 @@ __device__ __forceinline__ void step_of(float (&c)[4], uint4 v, const uint32_t (
         for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                mma_f16(d, ax[2 * i + h], ay[2 * i + h], nib2_to_f16x2(wv[i], 8 * h, zz),
+                mma_f16(d, ax[2 * i + h], 0u, ay[2 * i + h], 0u, nib2_to_f16x2(wv[i], 8 * h, zz),
                         nib2_to_f16x2(wv[i], 8 * h + 4, zz));
         c[0] = fmaf(d[0], sc.x, c[0]);
         c[1] = fmaf(d[1], sc.y, c[1]);

@@ -73,15 +73,14 @@ void CudaModel::prefill_experts(int i, int n) {
 void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    const bool fp8_fits = fp8_experts();
+    const bool fp8 = fp8_experts();  // an FP8 model at widths moe_stream's FP8 rows take
     const auto rows = [&](const bf16* w, const QuantMatrix& q) {
         ExpertRows r;
         r.w = w;
-        if (fp8_fits && q.q && format_of(q) == WeightFormat::kFp8) r.fp8 = q;
+        if (fp8 && q.q) r.fp8 = q;  // (a published checkpoint's ignored experts have none: bf16)
         return r;
     };
-    const LayerQuant none{};
-    const LayerQuant& lq = w_.quant.empty() ? none : w_.quant[static_cast<size_t>(i)];
+    const LayerQuant& lq = layer_quant(w_, i);
     const ExpertRows gate_up = rows(lw.experts_gate_up, lq.experts_gate_up);
     const ExpertRows down = rows(lw.experts_down, lq.experts_down);
     bf16* x_hi = static_cast<bf16*>(moe_.mx);

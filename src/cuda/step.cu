@@ -19,11 +19,6 @@ double step_wbytes(int64_t rows, int64_t cols, WeightFormat f = WeightFormat::kB
     const double per = f == WeightFormat::kInt4 ? 0.5 : f == WeightFormat::kFp8 ? 1.0 : 2.0;
     return per * static_cast<double>(rows) * static_cast<double>(cols);
 }
-// Layer i's quantised matrices (all null for a bf16 model).
-const LayerQuant& layer_quant(const Weights& w, int i) {
-    static const LayerQuant none{};
-    return w.quant.empty() ? none : w.quant[static_cast<size_t>(i)];
-}
 }  // namespace
 
 // A product's segment: its quantised form where the model has one.

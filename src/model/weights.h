@@ -87,4 +87,10 @@ struct Weights {
     std::vector<LayerQuant> quant;
 };
 
+// Layer i's quantised matrices: all null for a bf16 model.
+inline const LayerQuant& layer_quant(const Weights& w, int i) {
+    static const LayerQuant none{};
+    return w.quant.empty() ? none : w.quant[static_cast<size_t>(i)];
+}
+
 }  // namespace markbase

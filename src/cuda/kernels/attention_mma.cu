@@ -32,8 +32,6 @@ namespace markbase::cuda {
 
 namespace {
 
-using stream_mma::mma_bf16;
-
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxGroup = 8;  // query heads per KV group: the MMA's N

@@ -49,6 +49,28 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
     return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// mma.sync m16n8k16 with fp32 accumulation: A's rows g (a0, a2) and g + 8 (a1, a3; 0 where a kernel uses
+// 8 rows), B's k pairs (b0, b1), both bf16 (mma_bf16) or f16 (mma_f16: FP8 and int4 weights converted on the
+// way in). The two differ only in the operands' type.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MARKBASE_MMA_16816(T)                                                 \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T             \
+                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])             \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+#else
+#define MARKBASE_MMA_16816(T) ((void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1, __trap())
+#endif
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    MARKBASE_MMA_16816("bf16");
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+    MARKBASE_MMA_16816("f16");
+}
+#undef MARKBASE_MMA_16816
+
 // Weights are read exactly once per step: bypass L1 so they do not evict the activations staged there.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 r;

@@ -72,14 +72,6 @@ __device__ __forceinline__ uint32_t f16x2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
 // One super-step of one tile into c: FP8 straight into the sums; int4 from zero, then times the group scales
 // of this lane's C columns (rows 2t, 2t + 1 of the tile; sc), its weights less its row's (g) zero point (z).
 template <Fmt F>
@@ -94,15 +86,15 @@ __device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t 
         for (int i = 0; i < 4; ++i) {
             uint32_t b[4];
             int4_word_to_f16(wv[i], zz, zh, b);
-            mma_f16(d, ax[2 * i], ay[2 * i], b[0], b[1]);
-            mma_f16(d, ax[2 * i + 1], ay[2 * i + 1], b[2], b[3]);
+            mma_f16(d, ax[2 * i], 0u, ay[2 * i], 0u, b[0], b[1]);
+            mma_f16(d, ax[2 * i + 1], 0u, ay[2 * i + 1], 0u, b[2], b[3]);
         }
         c[0] = fmaf(d[0], sc.x, c[0]);
         c[1] = fmaf(d[1], sc.y, c[1]);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            mma_f16(c, ax[j], ay[j], fp8x2_to_f16x2(wv[j] & 0xffffu), fp8x2_to_f16x2(wv[j] >> 16));
+            mma_f16(c, ax[j], 0u, ay[j], 0u, fp8x2_to_f16x2(wv[j] & 0xffffu), fp8x2_to_f16x2(wv[j] >> 16));
     }
 }
 

@@ -15,35 +15,6 @@ namespace markbase::cuda::stream_mma {
 
 constexpr int kWarps = 4;
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
-    __trap();
-#endif
-}
-
-// m16n8k16 with f16 operands (FP8 rows converted on the way in), fp32 accumulation.
-__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
-    __trap();
-#endif
-}
-
 // The tokens: the previous kernel's output, read after the PDL wait with plain loads.
 __device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
     return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
