@@ -47,8 +47,9 @@ const char* kUsage =
     "        compressed-tensors FP8 and int4 pack-quantized checkpoints load as published)\n"
     "        --save DIR (the quantised model, --quantize's or a published one, written to a new folder as\n"
     "        a compressed-tensors checkpoint that vLLM reads and -m DIR loads; then the command goes on)\n"
-    "        --kv-cache-dtype auto|bf16|f32 (the KV cache; auto: bf16, half fp32's bytes, where sequences\n"
-    "        decode together on the GPU; f32 for one sequence and on the CPU)\n"
+    "        --kv-cache-dtype auto|bf16|f32|fp8 (the KV cache; auto: bf16, half fp32's bytes, where\n"
+    "        sequences decode together on the GPU; f32 for one sequence and on the CPU. fp8: e4m3 with no\n"
+    "        scale, a quarter of fp32's bytes; the CPU rounds its fp32 cache to bf16 or fp8 alike)\n"
     "VARIANT (random weights at real widths): e2b, e4b, 12b, 26b-a4b, 26b-standard, 31b\n"
     "without -m, the bundled model (models/default) or $MARKBASE_MODEL is used\n"
     "markbase COMMAND --help: that command's flags and their defaults\n";

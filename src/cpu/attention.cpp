@@ -10,10 +10,20 @@
 #include "cpu/matmul.h"
 #include "cpu/ops.h"
 #include "model/bf16.h"
+#include "model/fp8.h"
 
 namespace markbase::cpu {
 
 namespace {
+
+// A key or value row as the cache holds it: unchanged (fp32), or rounded to bf16 or e4m3 as the GPU's cache
+// stores it (kv_store in cuda/kernels/kv_elems.cuh: round to nearest even; e4m3 saturating at +-448).
+void round_kv(KvDtype t, float* x, int d) {
+    if (t == KvDtype::kBf16)
+        for (int c = 0; c < d; ++c) x[c] = round_to_bf16(x[c]);
+    else if (t == KvDtype::kFp8)
+        for (int c = 0; c < d; ++c) x[c] = fp8_e4m3_to_float(float_to_fp8_e4m3(x[c]));
+}
 
 // One query head against the keys lo..pos of its KV group g: scores q.k * 1.0, fp32 softmax (sum in double),
 // weighted sum of V into out[d].
@@ -100,12 +110,8 @@ void CpuModel::attention(int i, int n, const RowCaches& rows) {
                 rmsnorm(v, nullptr, d, eps, v);
                 KvCache& cache = rows.cache(t);
                 LayerCache& lc = cache.layers[i];
-                if (cache.bf16_values) {
-                    for (int c = 0; c < d; ++c) {
-                        k[c] = round_to_bf16(k[c]);
-                        v[c] = round_to_bf16(v[c]);
-                    }
-                }
+                round_kv(cache.values, k, d);
+                round_kv(cache.values, v, d);
                 std::copy(k, k + d, lc.k_at(rows.pos(t)) + g * d);
                 std::copy(v, v + d, lc.v_at(rows.pos(t)) + g * d);
             }

@@ -17,7 +17,7 @@ class CpuBackend final : public Backend {
           chunk_(std::max(1, opt.chunk)),
           model_(ck, pool_, chunk_),
           cache_(ck.config, clamp_ctx(ck.config, opt.ctx_size), chunk_) {
-        cache_.bf16_values = cpu_kv_bf16(opt.kv_dtype);
+        cache_.values = cpu_kv_dtype(opt.kv_dtype);
     }
 
     const ModelConfig& config() const override { return model_.config(); }

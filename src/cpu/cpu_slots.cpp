@@ -26,7 +26,7 @@ class CpuSlotBackend final : public SlotBackend {
         caches_.reserve(static_cast<size_t>(opt.slots));
         for (int s = 0; s < opt.slots; ++s) {
             caches_.emplace_back(ck.config, ctx, chunk_);
-            caches_.back().bf16_values = cpu_kv_bf16(opt.kv_dtype);
+            caches_.back().values = cpu_kv_dtype(opt.kv_dtype);
         }
     }
 

@@ -1,14 +1,15 @@
 // The CPU backend's KV cache. Full-attention layers keep every position; sliding layers keep a ring of
 // W + max_chunk slots (the window, plus room for one prefill chunk to be written before its queries read
 // the older keys they still need). KV-shared layers store nothing: they read their source layer's cache.
-// Entries are fp32, post-norm and post-RoPE, as attention consumes them; with bf16_values each is rounded to
-// bf16 first, the function of the GPU's bf16 cache.
+// Entries are fp32, post-norm and post-RoPE, as attention consumes them; with `values` bf16 or fp8 each is
+// rounded to that type first (runtime/kv_dtype.h), the function of the GPU's bf16 or fp8 cache.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "model/config.h"
+#include "runtime/kv_dtype.h"
 
 namespace markbase::cpu {
 
@@ -24,7 +25,7 @@ struct KvCache {
     int64_t max_ctx = 0;             // positions this cache can hold in total
     int max_chunk = 0;               // the most tokens one forward call may add
     int64_t n_past = 0;              // positions already in the cache
-    bool bf16_values = false;        // keys and values rounded to bf16 when written (--kv-cache-dtype bf16)
+    KvDtype values = KvDtype::kF32;  // what keys and values are rounded to when written (--kv-cache-dtype)
     std::vector<LayerCache> layers;  // [L]; empty (capacity 0) on KV-shared layers
 
     KvCache(const ModelConfig& c, int64_t max_ctx, int max_chunk);

@@ -306,7 +306,7 @@ class CudaModel {
         const LayerCache& lc = kv_.layers[i];
         const int64_t off = batch_ || lc.paged ? 0 : cur_slot_ * lc.slot_stride * kv_.elem_bytes;  // bytes
         a.cap = lc.cap;
-        a.kv_bf16 = kv_.elem_bytes == 2;
+        a.kv = kv_.elem_bytes == 1 ? KvElem::kFp8 : kv_.elem_bytes == 2 ? KvElem::kBf16 : KvElem::kF32;
         a.k_cache = static_cast<char*>(lc.k) + off;
         a.v_cache = static_cast<char*>(lc.v) + off;
         if (lc.paged) {

@@ -156,6 +156,7 @@ void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
         b.kv_blocks = s.kv_blocks > 0 ? s.kv_blocks : s.slots * b.kv_table_stride;
     }
     int64_t full_row = 0;  // the widest paged layer's K row (nKV * d)
+    int64_t widened = 0;   // fp8: the most elements of one slot's K of a layer, which prefill widens to bf16
     for (size_t i = 0; i < c.layers.size(); ++i) {
         const LayerSpec& l = c.layers[i];
         if (!l.has_own_kv()) continue;  // KV-shared layers read their source's cache
@@ -165,13 +166,15 @@ void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
         b.kv_paged[i] = s.paged() && !sliding;
         b.kv_elems[i] = b.kv_paged[i] ? b.kv_blocks * kKvBlock * row : b.kv_cap[i] * row * s.slots;
         if (b.kv_paged[i]) full_row = std::max(full_row, row);
+        widened = std::max(widened, b.kv_cap[i] * row);
     }
     if (s.slots > 1)
         for (CudaBuf k : {CudaBuf::kBatchPos, CudaBuf::kBatchSlot, CudaBuf::kBatchNext}) set(k, s.chunk);
-    if (s.paged()) {
-        set(CudaBuf::kKvTable, s.slots * b.kv_table_stride);
+    if (s.paged()) set(CudaBuf::kKvTable, s.slots * b.kv_table_stride);
+    if (s.kv_elem_bytes == 1)
+        set(CudaBuf::kKvGather, 2 * widened * 2);  // K then V, bf16
+    else if (s.paged())
         set(CudaBuf::kKvGather, 2 * s.ctx * full_row * s.kv_elem_bytes);  // K then V, positions [0, ctx)
-    }
     set(CudaBuf::kRopeSliding, wd.head_sliding / 2);  // RopeParams::inverse_frequencies: d / 2
     set(CudaBuf::kRopeFull, wd.head_full / 2);
     set(CudaBuf::kAllLogits, int64_t{s.chunk} * c.vocab_size);

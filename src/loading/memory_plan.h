@@ -65,7 +65,7 @@ struct CudaBufferSpec {
     bool sharded = false;        // a tensor-parallel rank: MoE partials doubled, no prenormed router input
     bool gemv_ring = false;      // the cp.async GeGLU ring (Tuning::gemv; by default the MoE on one GPU)
     int64_t attn_gemm_rows = 0;  // Tuning::attn_gemm_rows (tests); 0: every query head of a chunk
-    int kv_elem_bytes = 2;       // the KV cache's element: 2 bf16, 4 fp32 (runtime/kv_dtype.h's gpu_kv_bytes)
+    int kv_elem_bytes = 2;       // the KV cache's element: 1 e4m3, 2 bf16, 4 fp32 (kv_dtype.h's gpu_kv_bytes)
     int64_t kv_blocks = 0;       // paged (slots > 1): the pool's blocks; 0: every slot's whole context
     bool paged() const { return slots > 1; }
 };
@@ -137,7 +137,7 @@ struct CudaMemoryPlan {
     uint64_t total() const { return weights + kv_cache + workspace; }
 };
 
-// kv_elem_bytes: the KV cache's element size, 2 (bf16) or 4 (fp32); the backend's choice is
+// kv_elem_bytes: the KV cache's element size, 1 (e4m3), 2 (bf16) or 4 (fp32); the backend's choice is
 // runtime/kv_dtype.h's gpu_kv_bytes (auto: bf16 with more than one slot, fp32 for one sequence)
 // kv_blocks: the paged pool (slots > 1; 0: every slot's whole context, CudaBufferSpec::kv_blocks)
 uint64_t cuda_kv_cache_bytes(const ModelConfig& c, int64_t ctx, int chunk, int slots, int kv_elem_bytes = 2,

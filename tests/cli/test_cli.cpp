@@ -131,8 +131,8 @@ TEST_F(Cli, BadInputsGiveOneClearError) {
              {"frobnicate", "unknown command"},
              {"run " + model() + " --ids 2,3 --device cpu -tp 2", "use --device cuda"},
              {"run " + model() + " --ids 2,3 --tensor-parallel-size 0", "--tensor-parallel-size"},
-             {"run " + model() + " --ids 2,3 --kv-cache-dtype fp8",
-              "--kv-cache-dtype: unknown KV cache type 'fp8' (expected auto, bf16 or f32)"},
+             {"run " + model() + " --ids 2,3 --kv-cache-dtype fp8_e5m2",
+              "--kv-cache-dtype: unknown KV cache type 'fp8_e5m2' (expected auto, bf16, f32 or fp8)"},
 #ifdef MARKBASE_HAS_HTTP
              {"serve --device cpu --synthetic e2b", "draws its weights on the GPU"},
              {"serve --device cpu -tp 2", "--tensor-parallel-size needs --device cuda"},

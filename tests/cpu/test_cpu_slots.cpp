@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -198,6 +199,38 @@ TEST(CpuBf16Cache, RoundsEveryKeyAndValueAsTheGpusCacheDoes) {
     std::vector<float> row(V);
     sb->eval_slots({w}, row.data());
     EXPECT_EQ(0, std::memcmp(row.data(), b.data() + (ids.size() - 1) * V, V * sizeof(float)));
+}
+
+// --kv-cache-dtype fp8 on the CPU: every key and value rounded to e4m3 (no scale) as the GPU's fp8 cache
+// holds them (tests/cuda/test_cuda_kv_fp8.cpp). Further from the exact cache than bf16's rounding (3
+// mantissa bits against 8), still near it; the slot backend rounds alike.
+TEST(CpuFp8Cache, RoundsEveryKeyAndValueToE4m3AsTheGpusCacheDoes) {
+    testing::TempDir dir("cpu-fp8-cache");
+    write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 5);
+    auto ck = load_checkpoint(dir.path());
+    const int64_t V = ck->config.vocab_size;
+    const std::vector<int> ids = testing::random_ids(30, 256, 5);
+    BackendOptions o = options(1);
+    auto exact = make_cpu_backend(*ck, o);
+    o.kv_dtype = KvDtype::kBf16;
+    auto b16 = make_cpu_backend(*ck, o);
+    o.kv_dtype = KvDtype::kFp8;
+    auto f8 = make_cpu_backend(*ck, o);
+    const std::vector<float> a = testing::all_logits(*exact, ids, false);
+    const std::vector<float> b = testing::all_logits(*b16, ids, false);
+    const std::vector<float> f = testing::all_logits(*f8, ids, false);
+    const double e16 = testing::rel_err(a, b), e8 = testing::rel_err(a, f);
+    std::printf("  against the exact cache: bf16 %.2e, fp8 %.2e\n", e16, e8);
+    EXPECT_GT(e8, 2 * e16) << "the fp8 cache rounds no coarser than bf16, so it is not e4m3";
+    EXPECT_LT(e8, 0.3);
+    auto sb = make_cpu_slot_backend(*ck, o);
+    SlotWork w;
+    w.slot = 0;
+    w.ids = ids;
+    w.logits = true;
+    std::vector<float> row(V);
+    sb->eval_slots({w}, row.data());
+    EXPECT_EQ(0, std::memcmp(row.data(), f.data() + (ids.size() - 1) * V, V * sizeof(float)));
 }
 
 }  // namespace

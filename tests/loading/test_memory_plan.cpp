@@ -51,10 +51,30 @@ TEST(MemoryPlan, KvCacheBytesByHand) {
     EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1), 2ull * 768 * 256 * 2 + 2ull * 4096 * 2 * 512 * 2);
     // an fp32 cache (--kv-cache-dtype f32): twice that
     EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1, 4), 2ull * 768 * 256 * 4 + 2ull * 4096 * 2 * 512 * 4);
+    // an fp8 cache (--kv-cache-dtype fp8): half the bf16 cache
+    EXPECT_EQ(cuda_kv_cache_bytes(c, 4096, 256, 1, 1), 2ull * 768 * 256 + 2ull * 4096 * 2 * 512);
     // short context: the ring is the whole context
     EXPECT_EQ(cuda_kv_cache_bytes(c, 100, 256, 1), 2ull * 100 * 256 * 2 + 2ull * 100 * 2 * 512 * 2);
     // the context is clamped to max_positions as the backend clamps it
     EXPECT_EQ(cuda_kv_cache_bytes(c, 1 << 30, 256, 1), cuda_kv_cache_bytes(c, 131072, 256, 1));
+}
+
+// Prefill widens an fp8 layer's rows to bf16 for its attention GEMMs: room for the largest layer's K and V
+// of one slot (here the full layer's 4096 x 2 x 512), with one sequence as with several; a bf16 cache
+// gathers only a paged layer's rows (several slots), in its own type.
+TEST(MemoryPlan, AnFp8CacheHasRoomToWidenOneSlotsLargestLayer) {
+    const ModelConfig c = hand_config();
+    CudaBufferSpec spec;
+    spec.ctx = 4096;
+    spec.chunk = 256;
+    spec.kv_elem_bytes = 1;
+    EXPECT_EQ(cuda_buffers(c, spec)[CudaBuf::kKvGather], 2 * (4096 * 2 * 512) * 2);
+    spec.slots = 3;
+    EXPECT_EQ(cuda_buffers(c, spec)[CudaBuf::kKvGather], 2 * (4096 * 2 * 512) * 2);
+    spec.kv_elem_bytes = 2;
+    EXPECT_EQ(cuda_buffers(c, spec)[CudaBuf::kKvGather], 2 * 4096 * (2 * 512) * 2);
+    spec.slots = 1;
+    EXPECT_EQ(cuda_buffers(c, spec)[CudaBuf::kKvGather], 0);
 }
 
 TEST(MemoryPlan, WorkspaceGrowsWithChunkAndIncludesTheReserve) {

@@ -1,10 +1,10 @@
-// Attention over the KV cache (bf16 or fp32, kv_elems.cuh) at decode (one token, or batched decode's one
-// token per sequence), flash-decoding style: the key range a query sees is cut into nsplit pieces; one block
-// per (piece, head, token) computes an unnormalised partial softmax-weighted sum with its running max and sum
-// (online softmax over tiles of 128 keys), and the last piece of each head (decode) or a combine kernel
-// (batched decode) merges the pieces. Prefill runs attention_gemm.cu. Positions come from device memory, so a
-// captured graph stays valid as the sequence grows: pieces past the current range just report an empty
-// result. Ring slots: position p lives at p % cap, as in the CPU cache. Scale 1.0, no softcap
+// Attention over the KV cache (fp32, bf16 or e4m3, kv_elems.cuh) at decode (one token, or batched decode's
+// one token per sequence), flash-decoding style: the key range a query sees is cut into nsplit pieces; one
+// block per (piece, head, token) computes an unnormalised partial softmax-weighted sum with its running max
+// and sum (online softmax over tiles of 128 keys), and the last piece of each head (decode) or a combine
+// kernel (batched decode) merges the pieces. Prefill runs attention_gemm.cu. Positions come from device
+// memory, so a captured graph stays valid as the sequence grows: pieces past the current range just report an
+// empty result. Ring slots: position p lives at p % cap, as in the CPU cache. Scale 1.0, no softcap
 // (GEMMA4.md 2.5.3); GQA maps head h to KV head h / (nH/nKV).
 #include <algorithm>
 #include <cfloat>
@@ -418,8 +418,8 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
         throw Error("internal: attention head dim " + std::to_string(a.d) +
                     " unsupported (multiple of 4, <= 512)");
     if (a.nKV <= 0 || a.nH % a.nKV != 0) throw Error("internal: attention heads do not group evenly");
-    if (a.kv_bf16 && a.d % 8 != 0)
-        throw Error("internal: attention over a bf16 cache reads 8 values per load: head dim " +
+    if (a.kv != KvElem::kF32 && a.d % 8 != 0)
+        throw Error("internal: attention over a bf16 or fp8 cache reads 8 values per load: head dim " +
                     std::to_string(a.d));
     if (a.tok_pos && (a.split_len <= 0 || a.merge_counters))
         throw Error("internal: batched attention takes fixed pieces (split_len > 0) and a separate merge");
@@ -436,14 +436,14 @@ void attention_pieces(const AttnArgs& a, int n, cudaStream_t s) {
                             std::to_string(a.nsplit) + " pieces at " + std::to_string(n) + " tokens");
             const size_t smem = cluster_smem(a.d, a.nsplit);
             if (smem > 48 * 1024) throw Error("internal: attention cluster scratch exceeds 48 KB");
-            kv_dispatch(a.kv_bf16, [&](auto e) {
+            kv_dispatch(a.kv, [&](auto e) {
                 launch_kernel_cluster(attn_decode_v2_kernel<true, decltype(e)>, dim3(a.nsplit, a.nH, n),
                                       dim3(kThreads), smem, s, a.cluster, a);
             });
         } else {
             const size_t smem = (static_cast<size_t>(1 + kWarpsAttn) * a.d + a.nsplit) * sizeof(float);
             if (smem > 48 * 1024) throw Error("internal: attention v2 scratch exceeds 48 KB");
-            kv_dispatch(a.kv_bf16, [&](auto e) {
+            kv_dispatch(a.kv, [&](auto e) {
                 launch_kernel(attn_decode_v2_kernel<false, decltype(e)>, dim3(a.nsplit, a.nH, n),
                               dim3(kThreads), smem, s, a);
             });

@@ -47,20 +47,36 @@ __device__ __forceinline__ BatchPiece batch_piece(const AttnArgs& a, int t, int 
 // A lane's share of a cache row: kMaxDimsPerThread float4 columns (4 values each). An fp32 row gives lane its
 // columns lane + 32 i, one 16-byte load each; a bf16 row gives it columns 2 (lane + 32 j) and the one after,
 // both from one 16-byte load of 8 values, so the lane issues half the loads for half the bytes (with 8-byte
-// loads of 4 bf16 values the one-sequence decode measured 2-6% slower than fp32: docs/performance.md).
+// loads of 4 bf16 values the one-sequence decode measured 2-6% slower than fp32: docs/performance.md); an
+// e4m3 row the same columns from one 8-byte load.
 template <class KvT>
 __device__ __forceinline__ int lane_col(int lane, int i) {
-    if constexpr (sizeof(KvT) == 2)
+    if constexpr (sizeof(KvT) < 4)
         return 2 * (lane + 32 * (i >> 1)) + (i & 1);
     else
         return lane + 32 * i;
 }
-// The lane's columns of row (zero past d4 = d / 4; a bf16 row needs d % 8 == 0), read-only or (CG) from L2.
+// The lane's columns of row (zero past d4 = d / 4; a bf16 or e4m3 row needs d % 8 == 0), read-only or (CG)
+// from L2.
 template <class KvT, bool CG = false>
 __device__ __forceinline__ void load_lane_row(const KvT* row, int lane, int d4,
                                               float4 (&out)[kMaxDimsPerThread]) {
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if constexpr (sizeof(KvT) == 2) {
+    if constexpr (sizeof(KvT) == 1) {
+#pragma unroll
+        for (int j = 0; j < kMaxDimsPerThread / 2; ++j) {
+            const int unit = lane + 32 * j;
+            if (2 * unit < d4) {
+                const uint2* p = reinterpret_cast<const uint2*>(row) + unit;
+                const uint2 w = CG ? __ldcg(p) : __ldg(p);
+                out[2 * j] = widen4_fp8(w.x);
+                out[2 * j + 1] = widen4_fp8(w.y);
+            } else {
+                out[2 * j] = zero;
+                out[2 * j + 1] = zero;
+            }
+        }
+    } else if constexpr (sizeof(KvT) == 2) {
 #pragma unroll
         for (int j = 0; j < kMaxDimsPerThread / 2; ++j) {
             const int unit = lane + 32 * j;

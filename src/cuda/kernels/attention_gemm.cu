@@ -16,6 +16,7 @@
 // latest position of its residue class, which the mask recomputes; a slot outside a query's range scores 0
 // after the softmax. The full chunk x Ls rectangle is computed (the masked half of the chunk's own block
 // too). A paged layer's slot (kv_cache.h) is first gathered into one contiguous run of rows [0, pos0 + n).
+// An e4m3 cache's rows (every layer's) are gathered widened to bf16, exactly, and go the bf16 cache's way.
 #include <algorithm>
 #include <cfloat>
 
@@ -167,9 +168,49 @@ __global__ void gather_rows_kernel(const AttnArgs a, int64_t rows, int64_t row_b
     }
 }
 
+// An e4m3 cache's rows [0, rows) of its slot (kv_row: a paged layer's table pointer is the slot's row, a
+// ring's base its slot's), K then V, widened to bf16 into `out`: 8 values per thread.
+__global__ void widen_rows_kernel(const AttnArgs a, int64_t rows, int64_t row_elems, uint4* out) {
+    pdl_begin();
+    const int64_t per_row = row_elems / 8, total = 2 * rows * per_row;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        const int64_t which = i / (rows * per_row), j = i % (rows * per_row), r = j / per_row,
+                      c = j % per_row;
+        const uint8_t* base = static_cast<const uint8_t*>(which ? a.v_cache : a.k_cache);
+        const uint2 w = __ldg(reinterpret_cast<const uint2*>(base + kv_row(a, 0, r) * row_elems) + c);
+        uint32_t o[4];
+        const uint32_t words[2] = {w.x, w.y};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float2 f = fp8x2_to_float2(k & 1 ? words[k >> 1] >> 16 : words[k >> 1] & 0xffffu);
+            o[k] = (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);  // exact: e4m3 < bf16
+        }
+        out[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+// An e4m3 layer as a bf16 cache of its rows [0, rows) (a ring keeps its cap: rows <= cap, slot r at row r).
+AttnArgs widen_fp8(const AttnArgs& a, int64_t rows, const AttnGemm& g, cudaStream_t s) {
+    const int64_t row_elems = int64_t{a.nKV} * a.d;
+    if (!g.gather || row_elems % 8)
+        throw Error("internal: prefill attention over an fp8 cache cannot widen it");
+    const int64_t vecs = 2 * rows * row_elems / 8;
+    launch_kernel(widen_rows_kernel, dim3(static_cast<unsigned>(std::min<int64_t>((vecs + 255) / 256, 4096))),
+                  dim3(256), 0, s, a, rows, row_elems, static_cast<uint4*>(g.gather));
+    CUDA_CHECK_LAUNCH();
+    AttnArgs c = a;
+    c.kv = KvElem::kBf16;
+    c.k_cache = g.gather;
+    c.v_cache = static_cast<uint16_t*>(g.gather) + rows * row_elems;
+    if (a.block_table) c.cap = rows;
+    c.block_table = nullptr;
+    return c;
+}
+
 // The paged layer as a one-sequence cache of exactly its rows [0, rows): a gathered into g.gather.
 AttnArgs gather_paged(const AttnArgs& a, int64_t rows, const AttnGemm& g, cudaStream_t s) {
-    const int64_t row_bytes = int64_t{a.nKV} * a.d * (a.kv_bf16 ? 2 : 4);
+    const int64_t row_bytes = int64_t{a.nKV} * a.d * (a.kv == KvElem::kBf16 ? 2 : 4);
     if (!g.gather || row_bytes % 16)
         throw Error("internal: prefill attention over a paged cache cannot gather");
     const int64_t vecs = 2 * rows * row_bytes / 16;
@@ -190,10 +231,14 @@ AttnArgs gather_paged(const AttnArgs& a, int64_t rows, const AttnGemm& g, cudaSt
 void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g, cudaStream_t s) {
     if (args.tok_pos || args.nKV <= 0 || args.nH % args.nKV)
         throw Error("internal: prefill attention takes one sequence's cache and whole KV groups");
-    if (args.kv_bf16 && !g.q16) throw Error("internal: prefill attention over a bf16 cache without its q16");
+    if (args.kv != KvElem::kF32 && !g.q16)
+        throw Error("internal: prefill attention over a bf16 or fp8 cache without its q16");
     if (args.block_table && args.window > 0) throw Error("internal: a paged sliding layer");
-    // a paged layer (full attention, never a ring): its rows up to the chunk's last, gathered
-    const AttnArgs a = args.block_table ? gather_paged(args, pos0 + n, g, s) : args;
+    // an fp8 layer: its rows up to the chunk's last (or the ring's), widened; a paged layer (full attention,
+    // never a ring): its rows up to the chunk's last, gathered
+    const AttnArgs a = args.kv == KvElem::kFp8 ? widen_fp8(args, std::min<int64_t>(args.cap, pos0 + n), g, s)
+                       : args.block_table      ? gather_paged(args, pos0 + n, g, s)
+                                               : args;
     const int64_t Ls = std::min<int64_t>(a.cap, pos0 + n);
     const int64_t rows_fit = g.s_floats / Ls;  // query rows of one head the scratch holds
     if (rows_fit < std::min(n, kMinRows))
@@ -201,7 +246,8 @@ void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g
                     " rows of " + std::to_string(Ls) + " keys");
     const int nq = static_cast<int>(std::min<int64_t>(n, rows_fit));
     const int hb = static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{nq} * Ls), 1, a.nH));
-    if (a.kv_bf16) {
+    const bool b16 = a.kv == KvElem::kBf16;
+    if (b16) {
         const int64_t count = int64_t{n} * a.nH * a.d;
         launch_kernel(round_queries_kernel,
                       dim3(static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096))), dim3(256), 0,
@@ -209,19 +255,22 @@ void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g
         CUDA_CHECK_LAUNCH();
     }
     // fp32 cache: fp32 operands throughout; bf16: bf16 K, Q, V and P, fp32 S and O (products in fp32)
-    const cudaDataType kv_t = a.kv_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType kv_t = b16 ? CUDA_R_16BF : CUDA_R_32F;
     const float one = 1.0f, zero = 0.0f;
     const int ldq = a.nH * a.d, ldk = a.nKV * a.d, ldv = a.nKV * a.d, ldo = a.nH * a.d;
-    const int ls = static_cast<int>(Ls), ldp = a.kv_bf16 ? 2 * ls : ls;
+    const int ls = static_cast<int>(Ls), ldp = b16 ? 2 * ls : ls;
     void** p = g.ptrs;
     for (int q0 = 0; q0 < n; q0 += nq) {
         const int rows = std::min(nq, n - q0);
         for (int h0 = 0; h0 < a.nH; h0 += hb) {
             const int heads = std::min(hb, a.nH - h0);
-            kv_dispatch(a.kv_bf16, [&](auto e) {
-                launch_kernel(attn_gemm_ptrs_kernel<decltype(e)>, dim3((heads + 63) / 64), dim3(64), 0, s, a,
-                              g.q16, q0, rows, h0, heads, Ls, g.s, p);
-            });
+            const dim3 ptr_grid((heads + 63) / 64);
+            if (b16)
+                launch_kernel(attn_gemm_ptrs_kernel<uint16_t>, ptr_grid, dim3(64), 0, s, a, g.q16, q0, rows,
+                              h0, heads, Ls, g.s, p);
+            else
+                launch_kernel(attn_gemm_ptrs_kernel<float>, ptr_grid, dim3(64), 0, s, a, g.q16, q0, rows, h0,
+                              heads, Ls, g.s, p);
             CUDA_CHECK_LAUNCH();
             // row-major S[t][j] = sum_c Q[t][c] K[j][c]: column-major S^T (Ls x rows) = K^T(op T) Q^T
             CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d, &one, p, kv_t,
@@ -233,7 +282,7 @@ void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g
                 launch_kernel(kernel, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls, rows, q0, pos0, n, a.cap,
                               a.window);
             };
-            if (a.kv_bf16)
+            if (b16)
                 cached ? softmax(attn_gemm_softmax_kernel<true, true>)
                        : softmax(attn_gemm_softmax_kernel<false, true>);
             else

@@ -1,6 +1,6 @@
-// Batched decode's attention pieces on the tensor cores (bf16 cache, head dim 64 * NQ, at most 8 query heads
-// per KV group): one warp per piece of a (token, KV group), all of the group's query heads at once, rounds of
-// 16 keys through mma.sync m16n8k16.
+// Batched decode's attention pieces on the tensor cores (bf16 or e4m3 cache, head dim 64 * NQ, at most 8
+// query heads per KV group): one warp per piece of a (token, KV group), all of the group's query heads at
+// once, rounds of 16 keys through mma.sync m16n8k16.
 //
 // Why: the warp kernel (attention_warp.cu) scores and folds on the CUDA cores, each score reduced across the
 // warp by shuffles; per key row read it issues ~100 instructions per head, so with 8 heads per KV group (the
@@ -17,6 +17,10 @@
 //   O^T[dim][head] += V^T P^T: A = V^T, lane loads 16 contiguous bytes at columns 64 q + 8 r of key rows
 //     2c, 2c + 1, 2c + 8, 2c + 9 and pairs them by byte permutes (the M index of tile j is column
 //     64 q + 8 r + j, and + 4 for rows 8..15); B = P^T is the score fragment itself, in two bf16 halves.
+// An e4m3 cache (Fp8): a lane loads 8 bytes where a bf16 row gives it 16, the same 8 columns, converted to
+// f16 pairs (exact) in the bf16 fragments' places, and the MMAs take f16. The queries and the softmax weights
+// are one f16 each, not two halves: f16 keeps 2^-11 of them against the 2^-4 an e4m3 key or value keeps of
+// itself, and the score MMAs halve.
 // The pieces merge as the warp kernel's do (attention_combine).
 #include <cfloat>
 
@@ -48,10 +52,43 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& hi, uint3
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
+__device__ __forceinline__ uint32_t pack_f16(float lo_elem, float hi_elem) {
+    return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo_elem))) |
+           (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi_elem))) << 16);
+}
+// Two fp32 values as the MMA's operand words: bf16 halves (hi, lo) against a bf16 cache, one f16 (hi; lo 0)
+// against an e4m3 cache.
+template <bool Fp8>
+__device__ __forceinline__ void operand_pack(float a, float b, uint32_t& hi, uint32_t& lo) {
+    if constexpr (Fp8) {
+        hi = pack_f16(a, b);
+        lo = 0u;
+    } else {
+        split_pack(a, b, hi, lo);
+    }
+}
+// 8 consecutive cache values as four 16-bit pairs (value 2i in the low half of word i): a bf16 row's 16 bytes
+// as loaded, an e4m3 row's 8 bytes as f16.
+__device__ __forceinline__ uint4 load8(const uint16_t* p) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ uint4 load8(const uint8_t* p) {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+    return make_uint4(fp8x2_to_f16x2(w.x & 0xffffu), fp8x2_to_f16x2(w.x >> 16), fp8x2_to_f16x2(w.y & 0xffffu),
+                      fp8x2_to_f16x2(w.y >> 16));
+}
+template <bool Fp8>
+__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                    uint32_t b0, uint32_t b1) {
+    if constexpr (Fp8)
+        mma_f16(c, a0, a1, a2, a3, b0, b1);
+    else
+        mma_bf16(c, a0, a1, a2, a3, b0, b1);
+}
 
 // Stage the query fragments of token t's group g: qf[(2 p + half) * 32 + lane] for chunk p of 32 columns
-// (rows r >= G zero).
-template <int NP>
+// (rows r >= G zero; Fp8: the lo half zero).
+template <int NP, bool Fp8>
 __device__ __forceinline__ void stage_queries(const AttnArgs& a, int t, int h0, int G, uint4* qf) {
     const float* q = a.q + (static_cast<int64_t>(t) * a.nH + h0) * (NP * 32);
     for (int j = threadIdx.x; j < NP * 32; j += kThreads) {
@@ -60,21 +97,21 @@ __device__ __forceinline__ void stage_queries(const AttnArgs& a, int t, int h0, 
         if (r < G) {
             const float4* src = reinterpret_cast<const float4*>(q + r * (NP * 32) + 32 * p + 8 * c);
             const float4 x0 = src[0], x1 = src[1];
-            split_pack(x0.x, x0.y, hi.x, lo.x);
-            split_pack(x0.z, x0.w, hi.y, lo.y);
-            split_pack(x1.x, x1.y, hi.z, lo.z);
-            split_pack(x1.z, x1.w, hi.w, lo.w);
+            operand_pack<Fp8>(x0.x, x0.y, hi.x, lo.x);
+            operand_pack<Fp8>(x0.z, x0.w, hi.y, lo.y);
+            operand_pack<Fp8>(x1.x, x1.y, hi.z, lo.z);
+            operand_pack<Fp8>(x1.z, x1.w, hi.w, lo.w);
         }
         qf[(2 * p) * 32 + ln] = hi;
         qf[(2 * p + 1) * 32 + ln] = lo;
     }
 }
 
-// S for the round's two tiles of 8 keys (s[u]: head r, keys 8u + 2c, 8u + 2c + 1 in [0], [1]). Each tile
-// sums four independent chains (the query's hi and lo halves, even and odd k-steps), so a round waits on
-// NP MMAs in a row, not 4 NP.
-template <int NP>
-__device__ __forceinline__ void round_scores(const uint4* qf, const uint4* k0, const uint4* k1, int lane,
+// S for the round's two tiles of 8 keys (s[u]: head r, keys 8u + 2c, 8u + 2c + 1 in [0], [1]; k0, k1: the
+// lane's columns 8c.. of key rows r and 8 + r). Each tile sums four independent chains (the query's hi and lo
+// halves, even and odd k-steps; Fp8: two, no lo half), so a round waits on NP MMAs in a row, not 4 NP.
+template <int NP, bool Fp8, class KvT>
+__device__ __forceinline__ void round_scores(const uint4* qf, const KvT* k0, const KvT* k1, int lane,
                                              float (&s)[2][4]) {
     float part[2][4][4];
 #pragma unroll
@@ -85,14 +122,20 @@ __device__ __forceinline__ void round_scores(const uint4* qf, const uint4* k0, c
             for (int i = 0; i < 4; ++i) part[u][k][i] = 0.0f;
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
-        const uint4 w[2] = {__ldg(k0 + 4 * p), __ldg(k1 + 4 * p)};
-        const uint4 qh = qf[(2 * p) * 32 + lane], ql = qf[(2 * p + 1) * 32 + lane];
+        const uint4 w[2] = {load8(k0 + 32 * p), load8(k1 + 32 * p)};
+        const uint4 qh = qf[(2 * p) * 32 + lane];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            mma_bf16(part[u][0], qh.x, 0u, qh.y, 0u, w[u].x, w[u].y);
-            mma_bf16(part[u][1], qh.z, 0u, qh.w, 0u, w[u].z, w[u].w);
-            mma_bf16(part[u][2], ql.x, 0u, ql.y, 0u, w[u].x, w[u].y);
-            mma_bf16(part[u][3], ql.z, 0u, ql.w, 0u, w[u].z, w[u].w);
+            mma<Fp8>(part[u][0], qh.x, 0u, qh.y, 0u, w[u].x, w[u].y);
+            mma<Fp8>(part[u][1], qh.z, 0u, qh.w, 0u, w[u].z, w[u].w);
+        }
+        if constexpr (!Fp8) {
+            const uint4 ql = qf[(2 * p + 1) * 32 + lane];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                mma<Fp8>(part[u][2], ql.x, 0u, ql.y, 0u, w[u].x, w[u].y);
+                mma<Fp8>(part[u][3], ql.z, 0u, ql.w, 0u, w[u].z, w[u].w);
+            }
         }
     }
 #pragma unroll
@@ -102,16 +145,16 @@ __device__ __forceinline__ void round_scores(const uint4* qf, const uint4* k0, c
             s[u][i] = (part[u][0][i] + part[u][1][i]) + (part[u][2][i] + part[u][3][i]);
 }
 
-// acc[q][j] += V^T P^T for the 4 key rows v[0..3] (keys 2c, 2c + 1, 2c + 8, 2c + 9), after scaling head
-// 2c's column by ca and 2c + 1's by cb.
-template <int NQ>
-__device__ __forceinline__ void round_values(const uint4* const (&v)[4], uint32_t ph0, uint32_t ph1,
+// acc[q][j] += V^T P^T for the 4 key rows v[0..3] (keys 2c, 2c + 1, 2c + 8, 2c + 9; the lane's columns
+// 8r.. of each), after scaling head 2c's column by ca and 2c + 1's by cb.
+template <int NQ, bool Fp8, class KvT>
+__device__ __forceinline__ void round_values(const KvT* const (&v)[4], uint32_t ph0, uint32_t ph1,
                                              uint32_t pl0, uint32_t pl1, float ca, float cb,
                                              float (&acc)[NQ][4][4]) {
 #pragma unroll
     for (int q = 0; q < NQ; ++q) {
-        const uint4 v0 = __ldg(v[0] + 8 * q), v1 = __ldg(v[1] + 8 * q), v2 = __ldg(v[2] + 8 * q),
-                    v3 = __ldg(v[3] + 8 * q);
+        const uint4 v0 = load8(v[0] + 64 * q), v1 = load8(v[1] + 64 * q), v2 = load8(v[2] + 64 * q),
+                    v3 = load8(v[3] + 64 * q);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;
@@ -124,8 +167,8 @@ __device__ __forceinline__ void round_values(const uint4* const (&v)[4], uint32_
             y[1] *= cb;
             y[2] *= ca;
             y[3] *= cb;
-            mma_bf16(y, a0, a1, a2, a3, ph0, ph1);
-            mma_bf16(y, a0, a1, a2, a3, pl0, pl1);
+            mma<Fp8>(y, a0, a1, a2, a3, ph0, ph1);
+            if constexpr (!Fp8) mma<Fp8>(y, a0, a1, a2, a3, pl0, pl1);
         }
     }
 }
@@ -158,14 +201,15 @@ __device__ __forceinline__ void store_piece(const AttnArgs& a, const float (&acc
 
 // NQ: the head dim's chunks of 64 columns; NS: warps per piece, each holding NQ / NS chunks of the output
 // (the 512-column rows: 128 accumulators per lane for all of them would spill).
-template <int NQ, int NS>
+template <int NQ, int NS, class KvT>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
     constexpr int D = 64 * NQ, NP = 2 * NQ, NQW = NQ / NS;
+    constexpr bool Fp8 = sizeof(KvT) == 1;
     extern __shared__ uint4 qf[];  // [NP][2][32]: each lane's query fragments per 32 columns, hi then lo
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t = blockIdx.z, g = blockIdx.y, G = a.nH / a.nKV, h0 = g * G;
-    stage_queries<NP>(a, t, h0, G, qf);
+    stage_queries<NP, Fp8>(a, t, h0, G, qf);
     __syncthreads();
     const int sp = blockIdx.x * (kWarps / NS) + warp / NS, q0 = (warp % NS) * NQW * 64;
     if (sp >= a.nsplit) return;
@@ -173,8 +217,8 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
     const attn_kernels::BatchPiece piece = attn_kernels::batch_piece(a, t, sp);
     const int64_t start = piece.start, end = piece.end;
     const int slot = piece.slot;
-    const uint16_t* kc = static_cast<const uint16_t*>(a.k_cache) + static_cast<int64_t>(g) * D;
-    const uint16_t* vc = static_cast<const uint16_t*>(a.v_cache) + static_cast<int64_t>(g) * D + q0;
+    const KvT* kc = static_cast<const KvT*>(a.k_cache) + static_cast<int64_t>(g) * D;
+    const KvT* vc = static_cast<const KvT*>(a.v_cache) + static_cast<int64_t>(g) * D + q0;
     const int64_t row_stride = static_cast<int64_t>(a.nKV) * D;
     const int r = lane >> 2, c = lane & 3;
     auto row = [&](int64_t j) { return kv_row(a, slot, min(j, end - 1)) * row_stride; };
@@ -189,8 +233,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
     float m = -FLT_MAX, l = 0.0f;  // head r's, the same in each lane of its quad
     for (int64_t j0 = start; j0 < end; j0 += 16) {
         float s[2][4];
-        round_scores<NP>(qf, reinterpret_cast<const uint4*>(kc + row(j0 + r)) + c,
-                         reinterpret_cast<const uint4*>(kc + row(j0 + 8 + r)) + c, lane, s);
+        round_scores<NP, Fp8>(qf, kc + row(j0 + r) + 8 * c, kc + row(j0 + 8 + r) + 8 * c, lane, s);
         // head r's scores of keys j0 + 2c, 2c + 1, 8 + 2c, 9 + 2c; those at or past `end` weigh 0
         const float sv[4] = {s[0][0], s[0][1], s[1][0], s[1][1]};
         const int kk[4] = {2 * c, 2 * c + 1, 8 + 2 * c, 9 + 2 * c};
@@ -212,16 +255,14 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
         l = fmaf(l, corr, ps);
         m = mn;
         uint32_t ph0, pl0, ph1, pl1;
-        split_pack(p[0], p[1], ph0, pl0);
-        split_pack(p[2], p[3], ph1, pl1);
+        operand_pack<Fp8>(p[0], p[1], ph0, pl0);
+        operand_pack<Fp8>(p[2], p[3], ph1, pl1);
         // the accumulator's columns are heads 2c and 2c + 1: their quads' corrections
         const float ca = __shfl_sync(0xffffffffu, corr, 8 * c),
                     cb = __shfl_sync(0xffffffffu, corr, 8 * c + 4);
-        const uint4* const v[4] = {reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c)) + r,
-                                   reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c + 1)) + r,
-                                   reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c + 8)) + r,
-                                   reinterpret_cast<const uint4*>(vc + row(j0 + 2 * c + 9)) + r};
-        round_values<NQW>(v, ph0, ph1, pl0, pl1, ca, cb, acc);
+        const KvT* const v[4] = {vc + row(j0 + 2 * c) + 8 * r, vc + row(j0 + 2 * c + 1) + 8 * r,
+                                 vc + row(j0 + 2 * c + 8) + 8 * r, vc + row(j0 + 2 * c + 9) + 8 * r};
+        round_values<NQW, Fp8>(v, ph0, ph1, pl0, pl1, ca, cb, acc);
     }
     store_piece<NQW>(a, acc, m, l, t, h0, G, sp, start < end, lane, D, q0);
 }
@@ -230,21 +271,24 @@ template <int NQ, int NS = 1>
 void launch_mma(const AttnArgs& a, int n, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(NQ) * 4 * 32 * sizeof(uint4);
     constexpr int kPieces = kWarps / NS;  // per block
-    launch_kernel(attn_mma_kernel<NQ, NS>, dim3((a.nsplit + kPieces - 1) / kPieces, a.nKV, n), dim3(kThreads),
-                  smem, s, a);
+    const dim3 grid((a.nsplit + kPieces - 1) / kPieces, a.nKV, n);
+    if (a.kv == KvElem::kFp8)
+        launch_kernel(attn_mma_kernel<NQ, NS, uint8_t>, grid, dim3(kThreads), smem, s, a);
+    else
+        launch_kernel(attn_mma_kernel<NQ, NS, uint16_t>, grid, dim3(kThreads), smem, s, a);
 }
 
 }  // namespace
 
 bool attention_mma_fits(const AttnArgs& a) {
-    return a.kv_bf16 && a.nKV > 0 && a.nH % a.nKV == 0 && a.nH / a.nKV <= kMaxGroup &&
-           (a.d == 64 || a.d == 128 || a.d == 256 || a.d == 512);
+    return (a.kv == KvElem::kBf16 || a.kv == KvElem::kFp8) && a.nKV > 0 && a.nH % a.nKV == 0 &&
+           a.nH / a.nKV <= kMaxGroup && (a.d == 64 || a.d == 128 || a.d == 256 || a.d == 512);
 }
 
 void attention_mma_pieces(const AttnArgs& a, int n, cudaStream_t s) {
     if (!a.tok_pos || a.split_len <= 0 || a.merge_counters || !attention_mma_fits(a))
         throw Error(
-            "internal: tensor-core attention takes batched decode's fixed pieces over a bf16 cache, "
+            "internal: tensor-core attention takes batched decode's fixed pieces over a bf16 or fp8 cache, "
             "at most 8 query heads per KV head and a head dim of 64, 128, 256 or 512 (d = " +
             std::to_string(a.d) + ")");
     switch (a.d) {

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) attn_warp_kernel(const AttnArgs a) {
 template <int NV, int R>
 void launch_warp(const AttnArgs& a, int n, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(R) * a.d * sizeof(float);
-    kv_dispatch(a.kv_bf16, [&](auto e) {
+    kv_dispatch(a.kv, [&](auto e) {
         launch_kernel(attn_warp_kernel<NV, R, decltype(e)>,
                       dim3((a.nsplit + kWarps - 1) / kWarps, a.nH / R, n), dim3(kThreads), smem, s, a);
     });

@@ -214,18 +214,21 @@ StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, i
 void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, int n, int K,
                  StreamGemmShape shape, cudaStream_t s);
 
+// The KV cache's element (runtime/kv_dtype.h): fp32, bf16, or e4m3 with no scale (kv_elems.cuh).
+enum class KvElem : uint8_t { kF32, kBf16, kFp8 };
+
 // Per token t at position pos_base[0] + t: q heads get q_norm + RoPE in place; own-KV layers write
-// k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the cache slot (pos % cap), rounded to bf16
-// (round to nearest even) where the cache is bf16.
+// k = RoPE(k_norm(kraw)) and v = RMSNorm_noweight(vraw) into the cache slot (pos % cap), rounded to the
+// cache's element (round to nearest even; e4m3 saturating at +-448).
 struct QkvPost {
     float* q = nullptr;           // [n][nH][d]
     const float* kraw = nullptr;  // [n][nKV][d]; null on KV-shared layers
     const float* vraw = nullptr;  // [n][nKV][d]; = kraw on k_eq_v layers
     const bf16* q_norm = nullptr;
     const bf16* k_norm = nullptr;
-    void* k_cache = nullptr;  // [cap][nKV][d] bf16 (kv_bf16) or fp32
+    void* k_cache = nullptr;  // [cap][nKV][d] of `kv`
     void* v_cache = nullptr;
-    bool kv_bf16 = true;
+    KvElem kv = KvElem::kBf16;
     int64_t cap = 0;
     int nH = 0, nKV = 0, d = 0;
     const float* inv_freq = nullptr;  // [d/2]; 0 = the pair does not rotate
@@ -246,9 +249,9 @@ void qkv_post(const QkvPost& p, int n, cudaStream_t s);
 // ---- attention.cu: decode and prefill attention over the cache, split over the key range -----------------
 struct AttnArgs {
     const float* q = nullptr;       // [n][nH][d], normed and rotated
-    const void* k_cache = nullptr;  // [cap][nKV][d] bf16 (kv_bf16) or fp32; products in fp32 either way
+    const void* k_cache = nullptr;  // [cap][nKV][d] of `kv`; products in fp32 whatever the element
     const void* v_cache = nullptr;
-    bool kv_bf16 = true;
+    KvElem kv = KvElem::kBf16;
     int64_t cap = 0;
     int nH = 0, nKV = 0, d = 0;
     int window = 0;                 // sliding: a query at p sees keys (p - window, p]; 0 = full causal
@@ -314,9 +317,11 @@ struct AttnGemm {
     float* s = nullptr;             // scores scratch [s_floats]
     int64_t s_floats = 0;
     void** ptrs = nullptr;  // device [6][nH] pointer arrays
-    // A bf16 cache: the chunk's queries rounded to bf16 [n][nH][d] (the GEMMs' operands share one type)
+    // A bf16 or fp8 cache: the chunk's queries rounded to bf16 [n][nH][d] (the GEMMs' operands share one
+    // type)
     bf16* q16 = nullptr;
-    // A paged layer (AttnArgs.block_table): its rows [0, pos0 + n) gathered here first, K then V, contiguous
+    // A paged layer (AttnArgs.block_table): its rows [0, pos0 + n) gathered here first, K then V, contiguous;
+    // an fp8 cache's rows [0, min(cap, pos0 + n)) of every layer, widened to bf16
     void* gather = nullptr;
 };
 // Throws where it does not apply (batched decode) or the scratch cannot hold 16 rows of one head's scores.

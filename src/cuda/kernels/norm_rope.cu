@@ -257,7 +257,7 @@ void qkv_post(const QkvPost& p, int n, cudaStream_t s) {
                     std::to_string(kPostThreads * kPostPer));
     const int heads = p.nH + (p.kraw ? 2 * p.nKV : 0);
     const size_t smem = static_cast<size_t>(p.d) * sizeof(float);
-    kv_dispatch(p.kv_bf16, [&](auto e) {
+    kv_dispatch(p.kv, [&](auto e) {
         using KvT = decltype(e);
         if (p.tok_pos)
             launch_kernel(qkv_post_kernel<true, KvT>, dim3(heads, n), dim3(kPostThreads), smem, s, p);

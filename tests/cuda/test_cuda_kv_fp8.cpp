@@ -1,0 +1,138 @@
+// The GPU's fp8 KV cache (--kv-cache-dtype fp8: e4m3, no scale): the decode graph, a paged slot's prompt
+// (prefill widening its rows to bf16) and the batched steps after it against the CPU backend rounding its
+// cache to e4m3 (the same function), and a long prompt (the rings wrapping, the full layers' softmax rows
+// past 2048 keys) against the fp32 cache. Without a GPU every test skips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "loading/random_checkpoint.h"
+#include "runtime/backend.h"
+#include "support/logits_compare.h"
+#include "support/require_cuda.h"
+#include "support/tiny_models.h"
+#ifdef MARKBASE_HAS_CUDA
+#include "cuda/backend.h"
+#endif
+
+namespace markbase {
+namespace {
+
+class CudaKvFp8 : public ::testing::TestWithParam<std::string> {};
+
+// Against the CPU with its cache rounded to e4m3: one sequence through the decode graph, token by token;
+// three slots whose first kPrompt ids are one prompt each (slot_eval: the prefill's attention over the paged
+// pool, widened) and whose other ids are batched steps. The residue is rounding's: where the engines' fp32
+// keys differ a little (the decode graph ~1e-7 of a value, the prefill's and the batched step's hi/lo GEMMs
+// ~1e-5), one may round to the neighbouring e4m3 value, 2^-4 to 2^-3 of it away, so rarely, but by more
+// than bf16's neighbour. The MoE's router turns these into other experts: printed, not bounded.
+TEST_P(CudaKvFp8, ComputesTheCpusFp8Cache) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const std::string family = GetParam();
+    testing::TempDir dir("cuda-kv-fp8-cpu-" + family);
+    write_random_checkpoint(dir.path(), testing::tiny_config(family), 23);
+    auto ck = load_checkpoint(dir.path());
+    const int64_t V = ck->config.vocab_size;
+    constexpr int kLen = 40, kPrompt = 24, kSeqs = 3;  // > 9 sliding windows of 4
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.chunk = 8;
+    o.threads = 2;
+    o.kv_dtype = KvDtype::kFp8;
+    std::vector<std::vector<int>> ids;
+    std::vector<std::vector<float>> ref(kSeqs);  // [seq][kLen x V], the CPU's, token by token
+    auto cpu = make_cpu_backend(*ck, o);
+    for (int s = 0; s < kSeqs; ++s) {
+        ids.push_back(testing::random_ids(kLen, 256, 40 + s));
+        ref[s] = testing::all_logits(*cpu, ids[s], true);
+    }
+    auto one = make_cuda_backend(*ck, o);
+    const std::vector<float> got = testing::all_logits(*one, ids[0], true);
+    const double e_one = testing::rel_err(ref[0], got);
+
+    BackendOptions ob = o;
+    ob.slots = kSeqs;
+    auto batch = make_cuda_backend(*ck, ob);
+    for (int s = 0; s < kSeqs; ++s) batch->slot_eval(s, ids[s].data(), kPrompt);
+    const std::vector<int> order = {2, 0, 1};
+    double e_batch = 0;
+    std::vector<float> lg(kSeqs * V);
+    for (int k = kPrompt; k < kLen; ++k) {
+        const std::vector<int> in = {ids[2][k], ids[0][k], ids[1][k]};
+        batch->decode_batch(order.data(), in.data(), kSeqs, lg.data());
+        for (int t = 0; t < kSeqs; ++t) {
+            const int s = order[t];
+            const std::vector<float> want(ref[s].begin() + k * V, ref[s].begin() + (k + 1) * V);
+            const std::vector<float> row(lg.begin() + t * V, lg.begin() + (t + 1) * V);
+            e_batch = std::max(e_batch, testing::rel_err(want, row));
+        }
+    }
+    std::printf(
+        "  %s: against the CPU's fp8 cache over %d tokens: decode graph %.2e, prompt + batched steps "
+        "%.2e\n",
+        family.c_str(), kLen, e_one, e_batch);
+    EXPECT_LT(e_one, 5e-3) << family << " decode graph";
+    if (!ck->config.moe) {
+        EXPECT_LT(e_batch, 0.1) << family << " prompt + batched steps";
+    }
+#endif
+}
+
+// A long prompt through the prefill (its attention over every layer's rows widened to bf16) and then token by
+// token, against the fp32 cache: a quarter of the bytes, logits within 0.5 (a cache read as the wrong type,
+// a row widened from the wrong slot or a ring read past its rows is off by ~1 or more). Not the MoE's, whose
+// router turns the differences into other experts.
+TEST_P(CudaKvFp8, QuartersTheCacheAndStaysNearTheFp32Cache) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const std::string family = GetParam();
+    testing::TempDir dir("cuda-kv-fp8-" + family);
+    nlohmann::json cfg = testing::tiny_config(family);
+    cfg["max_position_embeddings"] = 4096;
+    write_random_checkpoint(dir.path(), cfg, 31);
+    auto ck = load_checkpoint(dir.path());
+    const int64_t V = ck->config.vocab_size;
+    constexpr int kPrompt = 2300, kSteps = 8;
+    const std::vector<int> ids = testing::random_ids(kPrompt, 256, 17);
+    BackendOptions o;
+    o.ctx_size = kPrompt + kSteps + 1;
+    o.chunk = 1024;  // the last chunk's queries see up to 2300 keys
+    o.kv_dtype = KvDtype::kF32;
+    auto f32 = make_cuda_backend(*ck, o);
+    o.kv_dtype = KvDtype::kFp8;
+    auto f8 = make_cuda_backend(*ck, o);
+    EXPECT_EQ(f8->cache_bytes() * 4, f32->cache_bytes());
+
+    std::vector<float> lf(static_cast<size_t>(kPrompt) * V), l8(lf.size());
+    f32->eval(ids.data(), kPrompt, lf.data(), true);
+    f8->eval(ids.data(), kPrompt, l8.data(), true);
+    const std::vector<float> tail_f(lf.end() - 1024 * V, lf.end()), tail_8(l8.end() - 1024 * V, l8.end());
+    const double e_batch = testing::rel_err(tail_f, tail_8);
+    double e_decode = 0;
+    std::vector<float> df(V), d8(V);
+    int next = static_cast<int>(std::max_element(lf.end() - V, lf.end()) - (lf.end() - V));
+    for (int k = 0; k < kSteps; ++k) {
+        f32->eval(&next, 1, df.data(), false);
+        f8->eval(&next, 1, d8.data(), false);
+        e_decode = std::max(e_decode, testing::rel_err(df, d8));
+        next = static_cast<int>(std::max_element(df.begin(), df.end()) - df.begin());
+    }
+    std::printf("  %s: fp8 vs fp32 cache after %d tokens: batched %.2e, token by token %.2e\n",
+                family.c_str(), kPrompt, e_batch, e_decode);
+    EXPECT_GT(e_batch, 0.0) << family << ": the fp8 cache changed nothing, so it is not the one being read";
+    if (ck->config.moe) return;
+    EXPECT_LT(e_batch, 0.5) << family << " batched";
+    EXPECT_LT(e_decode, 0.5) << family << " token by token";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaKvFp8, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                         [](const auto& p) { return testing::test_name(p.param); });
+
+}  // namespace
+}  // namespace markbase
