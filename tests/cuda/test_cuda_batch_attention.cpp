@@ -111,7 +111,7 @@ TEST_P(CudaBatchAttention, TensorCoresGiveTheWarpKernelsLogits) {
             const std::vector<float> a = batched_logits(*warp, prompts, 5),
                                      b = batched_logits(*mma, prompts, 5);
             const std::string label = family + (fp8 ? " fp8" : " bf16") + " [" + keys + "]";
-            if (fp8)
+            if (fp8)  // measured up to 8.7e-3 and 1.5e-2 (e2b)
                 expect_close(a, b, prompts.size() * ck->config.vocab_size, label, 2e-2, 5e-2);
             else
                 expect_close(a, b, prompts.size() * ck->config.vocab_size, label);
@@ -154,10 +154,7 @@ TEST_P(CudaBatchAttentionReal, TensorCoresGiveTheWarpKernelsLogits) {
             b = batched_logits(*mma, prompts, 3);
         }
         const std::string label = v + "/" + std::to_string(layers) + "L" + (fp8 ? " fp8" : " bf16");
-        if (fp8)
-            expect_close(a, b, prompts.size() * warp_vocab, label, 1e-2, 2e-2);
-        else
-            expect_close(a, b, prompts.size() * warp_vocab, label);
+        expect_close(a, b, prompts.size() * warp_vocab, label);  // fp8 measured 1.7e-4 and 2.3e-4
     }
 #endif
 }

@@ -76,9 +76,9 @@ TEST_P(CudaKvFp8, ComputesTheCpusFp8Cache) {
         "  %s: against the CPU's fp8 cache over %d tokens: decode graph %.2e, prompt + batched steps "
         "%.2e\n",
         family.c_str(), kLen, e_one, e_batch);
-    EXPECT_LT(e_one, 5e-3) << family << " decode graph";
+    EXPECT_LT(e_one, 1e-3) << family << " decode graph";  // measured 6e-7 to 9e-7
     if (!ck->config.moe) {
-        EXPECT_LT(e_batch, 0.1) << family << " prompt + batched steps";
+        EXPECT_LT(e_batch, 0.1) << family << " prompt + batched steps";  // measured 2.1e-2 to 5.8e-2
     }
 #endif
 }
@@ -126,8 +126,8 @@ TEST_P(CudaKvFp8, QuartersTheCacheAndStaysNearTheFp32Cache) {
                 family.c_str(), kPrompt, e_batch, e_decode);
     EXPECT_GT(e_batch, 0.0) << family << ": the fp8 cache changed nothing, so it is not the one being read";
     if (ck->config.moe) return;
-    EXPECT_LT(e_batch, 0.5) << family << " batched";
-    EXPECT_LT(e_decode, 0.5) << family << " token by token";
+    EXPECT_LT(e_batch, 0.5) << family << " batched";          // measured 0.24 to 0.29
+    EXPECT_LT(e_decode, 0.5) << family << " token by token";  // measured 0.14 to 0.18
 #endif
 }
 

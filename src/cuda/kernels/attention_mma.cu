@@ -145,16 +145,47 @@ __device__ __forceinline__ void round_scores(const uint4* qf, const KvT* k0, con
             s[u][i] = (part[u][0][i] + part[u][1][i]) + (part[u][2][i] + part[u][3][i]);
 }
 
-// acc[q][j] += V^T P^T for the 4 key rows v[0..3] (keys 2c, 2c + 1, 2c + 8, 2c + 9; the lane's columns
-// 8r.. of each), after scaling head 2c's column by ca and 2c + 1's by cb.
+// A round's value rows as the lane reads them (v[0..3]: keys 2c, 2c + 1, 2c + 8, 2c + 9 at the lane's
+// columns 8r.., chunk q 64 columns on): an e4m3 cache's loaded at once, before the round's scores, so the
+// round waits on memory once, not twice (8 bytes a row and chunk: 2 NQ registers a row); a bf16 cache's
+// where round_values uses them (16 bytes each, too many registers to hold beside the scores).
+template <int NQ, class KvT>
+struct RoundValues;
+template <int NQ>
+struct RoundValues<NQ, uint16_t> {
+    const uint16_t* v[4];
+    __device__ __forceinline__ void take(const uint16_t* const (&rows)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = rows[i];
+    }
+    __device__ __forceinline__ uint4 get(int i, int q) const {
+        return load8(v[i] + 64 * q);
+    }
+};
+template <int NQ>
+struct RoundValues<NQ, uint8_t> {
+    uint2 raw[4][NQ];
+    __device__ __forceinline__ void take(const uint8_t* const (&rows)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) raw[i][q] = __ldg(reinterpret_cast<const uint2*>(rows[i] + 64 * q));
+    }
+    __device__ __forceinline__ uint4 get(int i, int q) const {
+        const uint2 w = raw[i][q];
+        return make_uint4(fp8x2_to_f16x2(w.x & 0xffffu), fp8x2_to_f16x2(w.x >> 16),
+                          fp8x2_to_f16x2(w.y & 0xffffu), fp8x2_to_f16x2(w.y >> 16));
+    }
+};
+
+// acc[q][j] += V^T P^T for the round's 4 value rows, after scaling head 2c's column by ca and 2c + 1's by cb.
 template <int NQ, bool Fp8, class KvT>
-__device__ __forceinline__ void round_values(const KvT* const (&v)[4], uint32_t ph0, uint32_t ph1,
+__device__ __forceinline__ void round_values(const RoundValues<NQ, KvT>& v, uint32_t ph0, uint32_t ph1,
                                              uint32_t pl0, uint32_t pl1, float ca, float cb,
                                              float (&acc)[NQ][4][4]) {
 #pragma unroll
     for (int q = 0; q < NQ; ++q) {
-        const uint4 v0 = load8(v[0] + 64 * q), v1 = load8(v[1] + 64 * q), v2 = load8(v[2] + 64 * q),
-                    v3 = load8(v[3] + 64 * q);
+        const uint4 v0 = v.get(0, q), v1 = v.get(1, q), v2 = v.get(2, q), v3 = v.get(3, q);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;
@@ -231,7 +262,14 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[q][j][i] = 0.0f;
     float m = -FLT_MAX, l = 0.0f;  // head r's, the same in each lane of its quad
+    auto take_values = [&](int64_t j0, RoundValues<NQW, KvT>& v) {
+        const KvT* const rows[4] = {vc + row(j0 + 2 * c) + 8 * r, vc + row(j0 + 2 * c + 1) + 8 * r,
+                                    vc + row(j0 + 2 * c + 8) + 8 * r, vc + row(j0 + 2 * c + 9) + 8 * r};
+        v.take(rows);
+    };
     for (int64_t j0 = start; j0 < end; j0 += 16) {
+        RoundValues<NQW, KvT> v;
+        if constexpr (Fp8) take_values(j0, v);  // with the keys
         float s[2][4];
         round_scores<NP, Fp8>(qf, kc + row(j0 + r) + 8 * c, kc + row(j0 + 8 + r) + 8 * c, lane, s);
         // head r's scores of keys j0 + 2c, 2c + 1, 8 + 2c, 9 + 2c; those at or past `end` weigh 0
@@ -260,8 +298,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnArgs a) {
         // the accumulator's columns are heads 2c and 2c + 1: their quads' corrections
         const float ca = __shfl_sync(0xffffffffu, corr, 8 * c),
                     cb = __shfl_sync(0xffffffffu, corr, 8 * c + 4);
-        const KvT* const v[4] = {vc + row(j0 + 2 * c) + 8 * r, vc + row(j0 + 2 * c + 1) + 8 * r,
-                                 vc + row(j0 + 2 * c + 8) + 8 * r, vc + row(j0 + 2 * c + 9) + 8 * r};
+        if constexpr (!Fp8) take_values(j0, v);
         round_values<NQW, Fp8>(v, ph0, ph1, pl0, pl1, ca, cb, acc);
     }
     store_piece<NQW>(a, acc, m, l, t, h0, G, sp, start < end, lane, D, q0);
