@@ -369,11 +369,19 @@ struct ExpertRows {
 };
 bool moe_stream_fits(int H, int Ie);      // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704)
 bool moe_stream_fits_fp8(int H, int Ie);  // FP8 also: H % 64 == 0 and Ie % 64 == 0
+// A pass's blocks: mt row tiles of 16 (gate/up: 2, a gate tile and an up tile) and g chunks a warp loads
+// per round (32 k of bf16 rows, 64 k of FP8). Built: gate/up (2, 2), (2, 3); down also (1, 3), and (4, 1) for
+// FP8 rows (the down pass's H a multiple of 16 mt). {0, 0}: moe_stream_shape's, the product's rule.
+struct MoeStreamShape {
+    int mt = 0, g = 0;
+};
+MoeStreamShape moe_stream_shape(bool down, bool fp8);
 void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K, const ExpertRows& gate_up,
                         int Ie, const int* group_off, const int* entries, int E, int n, uint16_t* h_hi,
-                        uint16_t* h_lo, bool h_f16, cudaStream_t s);
+                        uint16_t* h_lo, bool h_f16, cudaStream_t s, MoeStreamShape shape = {});
 void moe_stream_down(const uint16_t* h_hi, const uint16_t* h_lo, int Ie, const ExpertRows& down, int H, int K,
-                     const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s);
+                     const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s,
+                     MoeStreamShape shape = {});
 
 // Decode (one token; moe_route wrote the K slot groups, slot g = entry g): the experts' gate/up rows, a warp
 // per row with 6 + 6 loads in flight per lane, registers capped for 3 blocks per SM.

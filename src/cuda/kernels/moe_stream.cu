@@ -29,9 +29,6 @@ namespace {
 
 using namespace stream_mma;
 
-constexpr int kMT = 2;  // row tiles of 16 per block
-constexpr int kG = 2;   // chunks a warp loads per round (32 k of bf16 rows, 64 k of FP8)
-
 struct ExpertStreamArgs {
     const uint8_t* w = nullptr;    // expert e's rows at w + e * expert_stride bytes, K wide
     int64_t expert_stride = 0;     // bytes
@@ -54,14 +51,14 @@ struct ExpertStreamArgs {
 // The block's warps summed in shared memory (in warp order), then the pass's stores: GeGLU of the gate
 // tile (mt 0) and the up tile (mt 1) as bf16 halves, or the 32 rows as fp32.
 // FP8: the sums times 16 (the inputs' 2^-4) and the rows' scales (rows of expert e's matrix).
-template <int NT, bool Geglu, bool Fp8>
-__device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], float* red,
+template <int NT, bool Geglu, bool Fp8, int MT>
+__device__ __forceinline__ void sum_and_store(const float (&acc)[MT][NT][4], float* red,
                                               const ExpertStreamArgs& a, int e, int row0, const int* ent,
                                               int count) {
-    constexpr int E = kMT * NT * 4 * 32;  // a warp's accumulators
-    sum_warps<kMT, NT>(acc, red);
+    constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators
+    sum_warps<MT, NT>(acc, red);
     __syncthreads();
-    constexpr int kStores = Geglu ? E / kMT : E;  // GeGLU: one output per gate and up pair
+    constexpr int kStores = Geglu ? E / MT : E;  // GeGLU: one output per gate and up pair
     const float* sc = Fp8 ? a.scale + e * a.expert_rows + row0 : nullptr;
     for (int i = threadIdx.x; i < kStores; i += blockDim.x) {
         int row, tok;
@@ -71,7 +68,7 @@ __device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], fl
         float v = red[i];
         if constexpr (Fp8) v *= 16.0f * __ldg(sc + row);
         if constexpr (Geglu) {
-            float up = red[i + E / kMT];
+            float up = red[i + E / MT];
             if constexpr (Fp8) up *= 16.0f * __ldg(sc + a.out_width + row);  // the up rows follow the gate's
             if (a.h_f16)
                 store_f16_sixteenth(gelu_tanh(v) * up, a.h_hi, o);
@@ -84,9 +81,12 @@ __device__ __forceinline__ void sum_and_store(const float (&acc)[kMT][NT][4], fl
     __syncthreads();  // red and ent are reused by the next pass
 }
 
-template <int NT, bool Geglu, bool Fp8>
+// MT row tiles of 16 per block (gate/up: 2, the gate tile and the up tile), G chunks a warp loads per round
+// (32 k of bf16 rows, 64 k of FP8): MoeStreamShape.
+template <int NT, bool Geglu, bool Fp8, int MT, int G>
 __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStreamArgs a) {
-    extern __shared__ float red[];  // [kWarps][kMT * NT * 4 * 32]
+    static_assert(!Geglu || MT == 2, "a gate/up block holds one gate tile and one up tile");
+    extern __shared__ float red[];  // [kWarps][MT * NT * 4 * 32]
     __shared__ int ent[NT * 8];     // the pass's entries
     pdl_begin();                    // the entry counts come from moe_bucket
     const int e = blockIdx.y;
@@ -96,11 +96,11 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
     const int K = a.K, c_end = K / (Fp8 ? 64 : 32);
     const int64_t row_bytes = int64_t{K} * (Fp8 ? 1 : 2);
     // gate/up: output columns j0.. from gate rows j0.. (mt 0) and up rows (mt 1); down: rows row0..row0+31
-    const int row0 = blockIdx.x * (Geglu ? 16 : 16 * kMT);
+    const int row0 = blockIdx.x * (Geglu ? 16 : 16 * MT);
     const uint8_t* we = a.w + e * a.expert_stride;
-    const uint4* wr[kMT][2];
+    const uint4* wr[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int64_t r = Geglu ? int64_t{row0 + g + 8 * h} : int64_t{row0 + mt * 16 + g + 8 * h};
@@ -124,9 +124,9 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
             xh[nt] = reinterpret_cast<const uint4*>(a.hi + off) + (Fp8 ? 2 * q : q);
             xl[nt] = Fp8 ? xh[nt] : reinterpret_cast<const uint4*>(a.lo + off) + q;
         }
-        float acc[kMT][NT][4];
-        stream_rounds<kG, kMT, NT, Fp8>(acc, wr, xh, xl, ok, warp * kG, c_end, 0);  // waited above
-        sum_and_store<NT, Geglu, Fp8>(acc, red, a, e, row0, ent, count);
+        float acc[MT][NT][4];
+        stream_rounds<G, MT, NT, Fp8>(acc, wr, xh, xl, ok, warp * G, c_end, 0);  // waited above
+        sum_and_store<NT, Geglu, Fp8, MT>(acc, red, a, e, row0, ent, count);
     }
 }
 
@@ -138,19 +138,40 @@ int token_tiles(int n, int K, int E) {
     return busiest <= 8.0 ? 1 : busiest <= 16.0 ? 2 : 4;
 }
 
+template <bool Geglu, bool Fp8, int MT, int G>
+void launch_nt(const ExpertStreamArgs& a, int rows, int E, int nt, cudaStream_t s) {
+    const dim3 grid(static_cast<unsigned>(rows / (16 * (Geglu ? 1 : MT))), static_cast<unsigned>(E)),
+        block(kWarps * 32);
+    const size_t smem = sizeof(float) * kWarps * MT * nt * 4 * 32;
+    if (nt == 1) return launch_kernel(expert_stream_kernel<1, Geglu, Fp8, MT, G>, grid, block, smem, s, a);
+    if (nt == 2) return launch_kernel(expert_stream_kernel<2, Geglu, Fp8, MT, G>, grid, block, smem, s, a);
+    launch_kernel(expert_stream_kernel<4, Geglu, Fp8, MT, G>, grid, block, smem, s, a);
+}
+
+// The shapes each pass is built for: gate/up (2, 2) and (2, 3); down also (1, 3), and (4, 1) for FP8 rows
+// (bf16's spills at 4 token tiles; (4, 2) spills either way).
 template <bool Geglu, bool Fp8>
-void launch_nt(const ExpertStreamArgs& a, int tiles, int E, int nt, cudaStream_t s) {
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(E)), block(kWarps * 32);
-    const size_t smem = sizeof(float) * kWarps * kMT * nt * 4 * 32;
-    if (nt == 1) return launch_kernel(expert_stream_kernel<1, Geglu, Fp8>, grid, block, smem, s, a);
-    if (nt == 2) return launch_kernel(expert_stream_kernel<2, Geglu, Fp8>, grid, block, smem, s, a);
-    launch_kernel(expert_stream_kernel<4, Geglu, Fp8>, grid, block, smem, s, a);
+void launch_shape(const ExpertStreamArgs& a, MoeStreamShape sh, int rows, int E, int nt, cudaStream_t s) {
+    if (sh.mt == 2 && sh.g == 2) return launch_nt<Geglu, Fp8, 2, 2>(a, rows, E, nt, s);
+    if (sh.mt == 2 && sh.g == 3) return launch_nt<Geglu, Fp8, 2, 3>(a, rows, E, nt, s);
+    if constexpr (!Geglu) {
+        if (sh.mt == 1 && sh.g == 3) return launch_nt<Geglu, Fp8, 1, 3>(a, rows, E, nt, s);
+        if constexpr (Fp8)
+            if (sh.mt == 4 && sh.g == 1) return launch_nt<Geglu, Fp8, 4, 1>(a, rows, E, nt, s);
+    }
+    throw Error(std::string("internal: moe_stream's ") + (Geglu ? "gate/up" : "down") +
+                " pass has no shape of " + std::to_string(sh.mt) + " row tiles and " + std::to_string(sh.g) +
+                " chunks a round");
 }
 
 template <bool Geglu>
-void launch(const ExpertStreamArgs& a, bool fp8, int tiles, int E, int nt, cudaStream_t s) {
-    if (fp8) return launch_nt<Geglu, true>(a, tiles, E, nt, s);
-    launch_nt<Geglu, false>(a, tiles, E, nt, s);
+void launch(const ExpertStreamArgs& a, bool fp8, MoeStreamShape sh, int rows, int E, int nt, cudaStream_t s) {
+    if (sh.mt == 0) sh = moe_stream_shape(!Geglu, fp8);
+    if (!Geglu && rows % (16 * sh.mt) != 0)
+        throw Error("internal: moe_stream's down pass takes " + std::to_string(16 * sh.mt) +
+                    " rows a block, found H " + std::to_string(rows));
+    if (fp8) return launch_shape<Geglu, true>(a, sh, rows, E, nt, s);
+    launch_shape<Geglu, false>(a, sh, rows, E, nt, s);
 }
 
 // The pass's rows: bf16 (w) or FP8 (q, scale), rows of K each, expert e's `rows` of them the e-th.
@@ -173,8 +194,13 @@ void set_rows(ExpertStreamArgs& a, const ExpertRows& m, int64_t rows, int K, con
 
 }  // namespace
 
+MoeStreamShape moe_stream_shape(bool down, bool fp8) {
+    (void)down, (void)fp8;
+    return {2, 2};
+}
+
 bool moe_stream_fits(int H, int Ie) {
-    return H > 0 && Ie > 0 && H % (16 * kMT) == 0 && Ie % 32 == 0;
+    return H > 0 && Ie > 0 && H % 32 == 0 && Ie % 32 == 0;
 }
 
 bool moe_stream_fits_fp8(int H, int Ie) {
@@ -183,7 +209,7 @@ bool moe_stream_fits_fp8(int H, int Ie) {
 
 void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K, const ExpertRows& gate_up,
                         int Ie, const int* group_off, const int* entries, int E, int n, uint16_t* h_hi,
-                        uint16_t* h_lo, bool h_f16, cudaStream_t s) {
+                        uint16_t* h_lo, bool h_f16, cudaStream_t s, MoeStreamShape shape) {
     if (!moe_stream_fits(H, Ie))
         throw Error("internal: moe_stream_gate_up needs H % 32 == 0 and Ie % 32 == 0, found H " +
                     std::to_string(H) + ", Ie " + std::to_string(Ie));
@@ -200,12 +226,13 @@ void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K
     a.entries = entries;
     a.h_hi = h_hi;
     a.h_lo = h_lo;
-    launch<true>(a, gate_up.fp8.q != nullptr, Ie / 16, E, token_tiles(n, K, E), s);
+    launch<true>(a, gate_up.fp8.q != nullptr, shape, Ie, E, token_tiles(n, K, E), s);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_stream_down(const uint16_t* h_hi, const uint16_t* h_lo, int Ie, const ExpertRows& down, int H, int K,
-                     const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s) {
+                     const int* group_off, const int* entries, int E, int n, float* slots, cudaStream_t s,
+                     MoeStreamShape shape) {
     if (!moe_stream_fits(H, Ie))
         throw Error("internal: moe_stream_down needs Ie % 32 == 0 and H % 32 == 0, found Ie " +
                     std::to_string(Ie) + ", H " + std::to_string(H));
@@ -219,7 +246,7 @@ void moe_stream_down(const uint16_t* h_hi, const uint16_t* h_lo, int Ie, const E
     a.group_off = group_off;
     a.entries = entries;
     a.y = slots;
-    launch<false>(a, down.fp8.q != nullptr, H / (16 * kMT), E, token_tiles(n, K, E), s);
+    launch<false>(a, down.fp8.q != nullptr, shape, H, E, token_tiles(n, K, E), s);
     CUDA_CHECK_LAUNCH();
 }
 
