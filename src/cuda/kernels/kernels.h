@@ -370,12 +370,13 @@ struct ExpertRows {
 bool moe_stream_fits(int H, int Ie);      // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704)
 bool moe_stream_fits_fp8(int H, int Ie);  // FP8 also: H % 64 == 0 and Ie % 64 == 0
 // A pass's blocks: mt row tiles of 16 (gate/up: 2, a gate tile and an up tile) and g chunks a warp loads
-// per round (32 k of bf16 rows, 64 k of FP8). Built: gate/up (2, 2), (2, 3); down also (1, 3), and (4, 1) for
-// FP8 rows (the down pass's H a multiple of 16 mt). {0, 0}: moe_stream_shape's, the product's rule.
+// per round (32 k of bf16 rows, 64 k of FP8). Built: (2, 2); for FP8 rows gate/up (2, 3), down (4, 1) (the
+// down pass's H a multiple of 16 mt). {0, 0}: moe_stream_shape's for the pass, the product's rule (rows: the
+// pass's output rows an expert, Ie for gate/up, H for down).
 struct MoeStreamShape {
     int mt = 0, g = 0;
 };
-MoeStreamShape moe_stream_shape(bool down, bool fp8);
+MoeStreamShape moe_stream_shape(bool down, bool fp8, int n, int K, int E, int rows);
 void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K, const ExpertRows& gate_up,
                         int Ie, const int* group_off, const int* entries, int E, int n, uint16_t* h_hi,
                         uint16_t* h_lo, bool h_f16, cudaStream_t s, MoeStreamShape shape = {});

@@ -148,28 +148,28 @@ void launch_nt(const ExpertStreamArgs& a, int rows, int E, int nt, cudaStream_t 
     launch_kernel(expert_stream_kernel<4, Geglu, Fp8, MT, G>, grid, block, smem, s, a);
 }
 
-// The shapes each pass is built for: gate/up (2, 2) and (2, 3); down also (1, 3), and (4, 1) for FP8 rows
-// (bf16's spills at 4 token tiles; (4, 2) spills either way).
+// The shapes each pass is built for: (2, 2), and for FP8 rows gate/up (2, 3) and down (4, 1)
+// (bench/kernels/moe_stream_lab.cu measured the others: moe_stream_shape says which won where).
 template <bool Geglu, bool Fp8>
 void launch_shape(const ExpertStreamArgs& a, MoeStreamShape sh, int rows, int E, int nt, cudaStream_t s) {
     if (sh.mt == 2 && sh.g == 2) return launch_nt<Geglu, Fp8, 2, 2>(a, rows, E, nt, s);
-    if (sh.mt == 2 && sh.g == 3) return launch_nt<Geglu, Fp8, 2, 3>(a, rows, E, nt, s);
-    if constexpr (!Geglu) {
-        if (sh.mt == 1 && sh.g == 3) return launch_nt<Geglu, Fp8, 1, 3>(a, rows, E, nt, s);
-        if constexpr (Fp8)
-            if (sh.mt == 4 && sh.g == 1) return launch_nt<Geglu, Fp8, 4, 1>(a, rows, E, nt, s);
-    }
-    throw Error(std::string("internal: moe_stream's ") + (Geglu ? "gate/up" : "down") +
-                " pass has no shape of " + std::to_string(sh.mt) + " row tiles and " + std::to_string(sh.g) +
-                " chunks a round");
+    if constexpr (Fp8 && Geglu)
+        if (sh.mt == 2 && sh.g == 3) return launch_nt<Geglu, Fp8, 2, 3>(a, rows, E, nt, s);
+    if constexpr (Fp8 && !Geglu)
+        if (sh.mt == 4 && sh.g == 1) return launch_nt<Geglu, Fp8, 4, 1>(a, rows, E, nt, s);
+    throw Error(std::string("internal: moe_stream's ") + (Geglu ? "gate/up" : "down") + " pass over " +
+                (Fp8 ? "FP8" : "bf16") + " rows has no shape of " + std::to_string(sh.mt) +
+                " row tiles and " + std::to_string(sh.g) + " chunks a round");
 }
 
 template <bool Geglu>
-void launch(const ExpertStreamArgs& a, bool fp8, MoeStreamShape sh, int rows, int E, int nt, cudaStream_t s) {
-    if (sh.mt == 0) sh = moe_stream_shape(!Geglu, fp8);
+void launch(const ExpertStreamArgs& a, bool fp8, MoeStreamShape sh, int rows, int E, int n, int K,
+            cudaStream_t s) {
+    if (sh.mt == 0) sh = moe_stream_shape(!Geglu, fp8, n, K, E, rows);
     if (!Geglu && rows % (16 * sh.mt) != 0)
         throw Error("internal: moe_stream's down pass takes " + std::to_string(16 * sh.mt) +
                     " rows a block, found H " + std::to_string(rows));
+    const int nt = token_tiles(n, K, E);
     if (fp8) return launch_shape<Geglu, true>(a, sh, rows, E, nt, s);
     launch_shape<Geglu, false>(a, sh, rows, E, nt, s);
 }
@@ -194,8 +194,14 @@ void set_rows(ExpertStreamArgs& a, const ExpertRows& m, int64_t rows, int K, con
 
 }  // namespace
 
-MoeStreamShape moe_stream_shape(bool down, bool fp8) {
-    (void)down, (void)fp8;
+// The H200 (moe_stream_lab, the 26B-A4B's experts): bf16 rows (2, 2) at every count. FP8 rows from a mean of
+// 4 entries an expert (64 tokens of top 8 over 128): the down pass (4, 1), 64 rows a block in three rounds of
+// 4 chunks (96 tokens 132 -> 103 us, 128 tokens 210 -> 161, 64 128 -> 100; at 8 and 32 tokens 1-5% slower),
+// gate/up (2, 3) (128 tokens 234 -> 220 us, 64 156 -> 153, 96 even).
+MoeStreamShape moe_stream_shape(bool down, bool fp8, int n, int K, int E, int rows) {
+    const bool many = fp8 && int64_t{n} * K >= 4 * int64_t{E};
+    if (many && down && rows % 64 == 0) return {4, 1};
+    if (many && !down) return {2, 3};
     return {2, 2};
 }
 
@@ -226,7 +232,7 @@ void moe_stream_gate_up(const uint16_t* x_hi, const uint16_t* x_lo, int H, int K
     a.entries = entries;
     a.h_hi = h_hi;
     a.h_lo = h_lo;
-    launch<true>(a, gate_up.fp8.q != nullptr, shape, Ie, E, token_tiles(n, K, E), s);
+    launch<true>(a, gate_up.fp8.q != nullptr, shape, Ie, E, n, K, s);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -246,7 +252,7 @@ void moe_stream_down(const uint16_t* h_hi, const uint16_t* h_lo, int Ie, const E
     a.group_off = group_off;
     a.entries = entries;
     a.y = slots;
-    launch<false>(a, down.fp8.q != nullptr, shape, H, E, token_tiles(n, K, E), s);
+    launch<false>(a, down.fp8.q != nullptr, shape, H, E, n, K, s);
     CUDA_CHECK_LAUNCH();
 }
 
