@@ -200,7 +200,9 @@ void check_format(bool fp8) {
     const int E = 16, K = 4, H = fp8 ? 192 : 96, Ie = 64;
     const char* f = fp8 ? "FP8" : "bf16";
     const double bound = fp8 ? 5e-4 : 1e-5;  // h; the down pass reads h as written: 1e-5 for both
-    // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule)
+    // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule); FP8 rows
+    // take the (2, 2) blocks at 1 and 6 tokens and the many-entry shapes at 20 and 40 (a mean of 5 and 10
+    // entries an expert: MoeStream.Fp8ShapesFollowTheLabsRule)
     for (int n : {1, 6, 20, 40}) {
         const Errors e = run_case(
             fp8, n, K, E, H, Ie, [&](int t, int k) { return (t * 7 + k * 5 + (t * k) % 3) % E; },
@@ -220,6 +222,27 @@ void check_format(bool fp8) {
     }
 }
 #endif
+
+// The block shapes moe_stream_shape picks (moe_stream_lab's winners, docs/performance.md): (2, 2) for bf16
+// rows and for FP8 rows under a mean of 4 entries an expert; from there FP8's 64-row down blocks (4, 1),
+// where H holds them, and gate/up rounds of three chunks (2, 3). check_format's FP8 counts reach both sides
+// of it.
+TEST(MoeStream, Fp8ShapesFollowTheLabsRule) {
+#ifdef MARKBASE_HAS_CUDA
+    auto is = [](cuda::MoeStreamShape s, int mt, int g) { return s.mt == mt && s.g == g; };
+    EXPECT_TRUE(is(cuda::moe_stream_shape(true, false, 128, 8, 128, 2816), 2, 2));  // bf16: always
+    EXPECT_TRUE(is(cuda::moe_stream_shape(false, false, 128, 8, 128, 704), 2, 2));
+    EXPECT_TRUE(is(cuda::moe_stream_shape(true, true, 63, 8, 128, 2816), 2, 2));  // mean 3.9
+    EXPECT_TRUE(is(cuda::moe_stream_shape(true, true, 64, 8, 128, 2816), 4, 1));  // mean 4
+    EXPECT_TRUE(is(cuda::moe_stream_shape(false, true, 64, 8, 128, 704), 2, 3));
+    EXPECT_TRUE(is(cuda::moe_stream_shape(true, true, 96, 8, 128, 2848), 2, 2));  // H % 64 != 0
+    EXPECT_TRUE(is(cuda::moe_stream_shape(true, true, 6, 4, 16, 192), 2, 2));     // check_format's
+    EXPECT_TRUE(is(cuda::moe_stream_shape(true, true, 20, 4, 16, 192), 4, 1));
+    EXPECT_TRUE(is(cuda::moe_stream_shape(false, true, 40, 4, 16, 64), 2, 3));
+#else
+    GTEST_SKIP() << "built without CUDA";
+#endif
+}
 
 TEST(MoeStream, GeGluAndDownMatchTheFp64Products) {
     REQUIRE_CUDA();
