@@ -13,6 +13,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/kv_long_prompt.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -82,54 +83,22 @@ TEST_P(CudaKvBf16, ComputesTheCpusBf16Cache) {
 #endif
 }
 
-// The prompt's path (attention as GEMMs over bf16 Q, K, V and P) over a long prompt, against the fp32 cache:
-// half the bytes, logits within 0.1 (measured 8.3e-3 to 3.2e-2 on the dense families: a cache read as the
-// wrong type or a softmax row stored over itself is off by ~1). Not the MoE's: its router turns these
-// differences into other experts (measured 0.81).
+// The prompt's path (attention as GEMMs over bf16 Q, K, V and P) over a long prompt, against the fp32 cache
+// (support/kv_long_prompt.h): half the bytes, logits within 0.1 (measured 8.3e-3 to 3.2e-2 on the dense
+// families: a cache read as the wrong type or a softmax row stored over itself is off by ~1). Not the MoE's:
+// its router turns these differences into other experts (measured 0.81).
 TEST_P(CudaKvBf16, HalvesTheCacheAndStaysNearTheFp32Cache) {
     REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
     const std::string family = GetParam();
-    testing::TempDir dir("cuda-kv-bf16-" + family);
-    nlohmann::json cfg = testing::tiny_config(family);
-    cfg["max_position_embeddings"] = 4096;
-    write_random_checkpoint(dir.path(), cfg, 31);
-    auto ck = load_checkpoint(dir.path());
-    const int64_t V = ck->config.vocab_size;
-    constexpr int kPrompt = 2300, kSteps = 8;
-    const std::vector<int> ids = testing::random_ids(kPrompt, 256, 17);
-    BackendOptions o;
-    o.ctx_size = kPrompt + kSteps + 1;
-    o.chunk = 1024;  // the last chunk's queries see up to 2300 keys
-    o.kv_dtype = KvDtype::kF32;
-    auto f32 = make_cuda_backend(*ck, o);
-    o.kv_dtype = KvDtype::kBf16;
-    auto b16 = make_cuda_backend(*ck, o);
-    EXPECT_EQ(b16->cache_bytes() * 2, f32->cache_bytes());
-
-    // batched: the prompt's last chunk's logits, every row
-    std::vector<float> lf(static_cast<size_t>(kPrompt) * V), lb(lf.size());
-    f32->eval(ids.data(), kPrompt, lf.data(), true);
-    b16->eval(ids.data(), kPrompt, lb.data(), true);
-    const std::vector<float> tail_f(lf.end() - 1024 * V, lf.end()), tail_b(lb.end() - 1024 * V, lb.end());
-    const double e_batch = testing::rel_err(tail_f, tail_b);
-    // token by token through the decode graph, both fed the fp32 cache's greedy ids
-    double e_decode = 0;
-    std::vector<float> df(V), db(V);
-    int next = static_cast<int>(std::max_element(lf.end() - V, lf.end()) - (lf.end() - V));
-    for (int k = 0; k < kSteps; ++k) {
-        f32->eval(&next, 1, df.data(), false);
-        b16->eval(&next, 1, db.data(), false);
-        e_decode = std::max(e_decode, testing::rel_err(df, db));
-        next = static_cast<int>(std::max_element(df.begin(), df.end()) - df.begin());
-    }
-    std::printf("  %s: bf16 vs fp32 cache after %d tokens: batched %.2e, token by token %.2e\n",
-                family.c_str(), kPrompt, e_batch, e_decode);
-    EXPECT_GT(e_batch, 0.0) << family << ": the bf16 cache changed nothing, so it is not the one being read";
-    if (ck->config.moe) return;
-    EXPECT_LT(e_batch, 0.1) << family << " batched";
-    EXPECT_LT(e_decode, 0.1) << family << " token by token";
-#endif
+    const testing::KvLongPrompt r = testing::kv_long_prompt_against_f32(family, KvDtype::kBf16);
+    EXPECT_EQ(r.bytes * 2, r.f32_bytes);
+    std::printf("  %s: bf16 vs fp32 cache after 2300 tokens: batched %.2e, token by token %.2e\n",
+                family.c_str(), r.batched, r.token_by_token);
+    EXPECT_GT(r.batched, 0.0) << family
+                              << ": the bf16 cache changed nothing, so it is not the one being read";
+    if (r.moe) return;
+    EXPECT_LT(r.batched, 0.1) << family << " batched";
+    EXPECT_LT(r.token_by_token, 0.1) << family << " token by token";
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaKvBf16, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),

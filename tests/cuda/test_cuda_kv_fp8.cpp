@@ -12,6 +12,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/kv_long_prompt.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -84,51 +85,20 @@ TEST_P(CudaKvFp8, ComputesTheCpusFp8Cache) {
 }
 
 // A long prompt through the prefill (its attention over every layer's rows widened to bf16) and then token by
-// token, against the fp32 cache: a quarter of the bytes, logits within 0.5 (a cache read as the wrong type,
-// a row widened from the wrong slot or a ring read past its rows is off by ~1 or more). Not the MoE's, whose
-// router turns the differences into other experts.
+// token, against the fp32 cache (support/kv_long_prompt.h): a quarter of the bytes, logits within 0.5 (a
+// cache read as the wrong type, a row widened from the wrong slot or a ring read past its rows is off by ~1
+// or more). Not the MoE's, whose router turns the differences into other experts.
 TEST_P(CudaKvFp8, QuartersTheCacheAndStaysNearTheFp32Cache) {
     REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
     const std::string family = GetParam();
-    testing::TempDir dir("cuda-kv-fp8-" + family);
-    nlohmann::json cfg = testing::tiny_config(family);
-    cfg["max_position_embeddings"] = 4096;
-    write_random_checkpoint(dir.path(), cfg, 31);
-    auto ck = load_checkpoint(dir.path());
-    const int64_t V = ck->config.vocab_size;
-    constexpr int kPrompt = 2300, kSteps = 8;
-    const std::vector<int> ids = testing::random_ids(kPrompt, 256, 17);
-    BackendOptions o;
-    o.ctx_size = kPrompt + kSteps + 1;
-    o.chunk = 1024;  // the last chunk's queries see up to 2300 keys
-    o.kv_dtype = KvDtype::kF32;
-    auto f32 = make_cuda_backend(*ck, o);
-    o.kv_dtype = KvDtype::kFp8;
-    auto f8 = make_cuda_backend(*ck, o);
-    EXPECT_EQ(f8->cache_bytes() * 4, f32->cache_bytes());
-
-    std::vector<float> lf(static_cast<size_t>(kPrompt) * V), l8(lf.size());
-    f32->eval(ids.data(), kPrompt, lf.data(), true);
-    f8->eval(ids.data(), kPrompt, l8.data(), true);
-    const std::vector<float> tail_f(lf.end() - 1024 * V, lf.end()), tail_8(l8.end() - 1024 * V, l8.end());
-    const double e_batch = testing::rel_err(tail_f, tail_8);
-    double e_decode = 0;
-    std::vector<float> df(V), d8(V);
-    int next = static_cast<int>(std::max_element(lf.end() - V, lf.end()) - (lf.end() - V));
-    for (int k = 0; k < kSteps; ++k) {
-        f32->eval(&next, 1, df.data(), false);
-        f8->eval(&next, 1, d8.data(), false);
-        e_decode = std::max(e_decode, testing::rel_err(df, d8));
-        next = static_cast<int>(std::max_element(df.begin(), df.end()) - df.begin());
-    }
-    std::printf("  %s: fp8 vs fp32 cache after %d tokens: batched %.2e, token by token %.2e\n",
-                family.c_str(), kPrompt, e_batch, e_decode);
-    EXPECT_GT(e_batch, 0.0) << family << ": the fp8 cache changed nothing, so it is not the one being read";
-    if (ck->config.moe) return;
-    EXPECT_LT(e_batch, 0.5) << family << " batched";          // measured 0.24 to 0.29
-    EXPECT_LT(e_decode, 0.5) << family << " token by token";  // measured 0.14 to 0.18
-#endif
+    const testing::KvLongPrompt r = testing::kv_long_prompt_against_f32(family, KvDtype::kFp8);
+    EXPECT_EQ(r.bytes * 4, r.f32_bytes);
+    std::printf("  %s: fp8 vs fp32 cache after 2300 tokens: batched %.2e, token by token %.2e\n",
+                family.c_str(), r.batched, r.token_by_token);
+    EXPECT_GT(r.batched, 0.0) << family << ": the fp8 cache changed nothing, so it is not the one being read";
+    if (r.moe) return;
+    EXPECT_LT(r.batched, 0.5) << family << " batched";                // measured 0.24 to 0.29
+    EXPECT_LT(r.token_by_token, 0.5) << family << " token by token";  // measured 0.14 to 0.18
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaKvFp8, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
