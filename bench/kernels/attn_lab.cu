@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
             a.q = q;
             a.k_cache = k;
             a.v_cache = v;
-            a.kv = KvElem::kF32;  // the lab's cache is fp32
+            a.kv = markbase::cuda::KvElem::kF32;  // the lab's cache is fp32
             a.cap = cap;
             a.nH = sh.nH;
             a.nKV = sh.nKV;
