@@ -171,8 +171,10 @@ void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
     if (s.slots > 1)
         for (CudaBuf k : {CudaBuf::kBatchPos, CudaBuf::kBatchSlot, CudaBuf::kBatchNext}) set(k, s.chunk);
     if (s.paged()) set(CudaBuf::kKvTable, s.slots * b.kv_table_stride);
+    // fp8: K then V of the largest layer, bf16: a fifth of what the 31B's ten full layers hold in fp8 at any
+    // context (~2 GB at 262k positions for one sequence)
     if (s.kv_elem_bytes == 1)
-        set(CudaBuf::kKvGather, 2 * widened * 2);  // K then V, bf16
+        set(CudaBuf::kKvGather, 2 * widened * 2);
     else if (s.paged())
         set(CudaBuf::kKvGather, 2 * s.ctx * full_row * s.kv_elem_bytes);  // K then V, positions [0, ctx)
     set(CudaBuf::kRopeSliding, wd.head_sliding / 2);  // RopeParams::inverse_frequencies: d / 2

@@ -41,7 +41,9 @@ TEST_P(CudaKvFp8, ComputesTheCpusFp8Cache) {
     const int64_t V = ck->config.vocab_size;
     constexpr int kLen = 40, kPrompt = 24, kSeqs = 3;  // > 9 sliding windows of 4
     BackendOptions o;
-    o.ctx_size = 64;
+    // 512 positions: the one sequence's decode graph below 256 keys runs its pieces as thread-block clusters
+    // of 16 (past the portable 8, each cache type's kernel opted in: attention_cluster_fits)
+    o.ctx_size = 512;
     o.chunk = 8;
     o.threads = 2;
     o.kv_dtype = KvDtype::kFp8;

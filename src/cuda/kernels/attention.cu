@@ -465,7 +465,7 @@ bool attention_cluster_fits(int C, int nH, int d) {
     const cudaLaunchConfig_t cfg =
         launch_config(dim3(C, nH), dim3(kThreads), cluster_smem(d, C), nullptr, C, false, attr);
     bool fits = true;
-    auto check = [&](auto kernel) {  // both caches' instantiations
+    auto check = [&](auto kernel) {  // every cache type's instantiation
         if (C > 8)
             CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         int clusters = 0;
@@ -477,6 +477,7 @@ bool attention_cluster_fits(int C, int nH, int d) {
     };
     check(attn_decode_v2_kernel<true, float>);
     check(attn_decode_v2_kernel<true, uint16_t>);
+    check(attn_decode_v2_kernel<true, uint8_t>);
     return fits;
 }
 

@@ -299,7 +299,7 @@ bool attention_cluster_fits(int C, int nH, int d);
 // of a KV group
 void attention_warp_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // attention_mma.cu: the same pieces on the tensor cores, all query heads of a KV group per warp; fits a bf16
-// cache, at most 8 query heads per KV head and head dims 64, 128, 256, 512
+// or fp8 cache, at most 8 query heads per KV head and head dims 64, 128, 256, 512
 bool attention_mma_fits(const AttnArgs& a);
 void attention_mma_pieces(const AttnArgs& a, int n, cudaStream_t s);
 // The two halves of attention(): the pieces, and their merge (skipped when merge_counters are given).
