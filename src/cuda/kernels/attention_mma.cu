@@ -67,15 +67,18 @@ __device__ __forceinline__ void operand_pack(float a, float b, uint32_t& hi, uin
         split_pack(a, b, hi, lo);
     }
 }
+// 8 e4m3 values (byte i is value i) as four f16 pairs, value 2i in the low half of word i
+__device__ __forceinline__ uint4 fp8x8_to_f16(uint2 w) {
+    return make_uint4(fp8x2_to_f16x2(w.x & 0xffffu), fp8x2_to_f16x2(w.x >> 16), fp8x2_to_f16x2(w.y & 0xffffu),
+                      fp8x2_to_f16x2(w.y >> 16));
+}
 // 8 consecutive cache values as four 16-bit pairs (value 2i in the low half of word i): a bf16 row's 16 bytes
 // as loaded, an e4m3 row's 8 bytes as f16.
 __device__ __forceinline__ uint4 load8(const uint16_t* p) {
     return __ldg(reinterpret_cast<const uint4*>(p));
 }
 __device__ __forceinline__ uint4 load8(const uint8_t* p) {
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
-    return make_uint4(fp8x2_to_f16x2(w.x & 0xffffu), fp8x2_to_f16x2(w.x >> 16), fp8x2_to_f16x2(w.y & 0xffffu),
-                      fp8x2_to_f16x2(w.y >> 16));
+    return fp8x8_to_f16(__ldg(reinterpret_cast<const uint2*>(p)));
 }
 template <bool Fp8>
 __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -172,9 +175,7 @@ struct RoundValues<NQ, uint8_t> {
             for (int q = 0; q < NQ; ++q) raw[i][q] = __ldg(reinterpret_cast<const uint2*>(rows[i] + 64 * q));
     }
     __device__ __forceinline__ uint4 get(int i, int q) const {
-        const uint2 w = raw[i][q];
-        return make_uint4(fp8x2_to_f16x2(w.x & 0xffffu), fp8x2_to_f16x2(w.x >> 16),
-                          fp8x2_to_f16x2(w.y & 0xffffu), fp8x2_to_f16x2(w.y >> 16));
+        return fp8x8_to_f16(raw[i][q]);
     }
 };
 
