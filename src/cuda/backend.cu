@@ -122,7 +122,9 @@ class CudaBackendImpl final : public CudaBackend {
     std::string prefill_note() const override {
         if (!config().moe) return {};
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();
-        return "MoE experts: " + std::to_string(m.gemm_layers) + " layers as batched GEMMs (" +
+        return "MoE experts: " + std::to_string(m.moe_gemm_layers) +
+               " layers through moe_gemm (grouped on the device; " + std::to_string(m.moe_gemm_fp8_layers) +
+               " of them FP8), " + std::to_string(m.gemm_layers) + " as batched GEMMs (" +
                std::to_string(m.compact_layers) + " in one pass over each expert's own rows, " +
                std::to_string(m.buckets) + " GEMMs of equal padded rows; " + std::to_string(m.passes) +
                " passes of <= " + std::to_string(m.cap) +

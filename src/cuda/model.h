@@ -241,7 +241,8 @@ class CudaModel {
     void prefill_experts_of(int i, int n, cudaStream_t s);  // router, routing, experts (2.6) on stream s
     void prefill_moe_combine(int i, int n);
     void prefill_ple(int i, int n);
-    void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy);  // Y[n][N] = (hi+lo)[n][K] W^T
+    // Y[n][N] = alpha (hi+lo)[n][K] W^T
+    void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha = 1.0f);
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
     bool streams(const GemvSeg* segs, int nseg, int K, int n) const;  // stream_gemm rather than cuBLAS

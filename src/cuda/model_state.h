@@ -21,6 +21,8 @@ struct MoePrefillStats {
     int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
     int stream_layers = 0;  // batched-step layers recorded through moe_stream (a graph's once, at capture)
     int stream_fp8_layers = 0;  // those of them reading FP8 experts
+    int moe_gemm_layers = 0;    // prefill layers through moe_gemm (grouped on the device)
+    int moe_gemm_fp8_layers = 0;  // those of them reading FP8 experts
     int busiest = 0, cap = 0;   // the most entries one expert had in a layer; entries per expert per pass
 };
 
@@ -58,6 +60,9 @@ struct DecodePlan {
     // A batched step of at most batch_experts_max sequences runs the MoE's experts on the device (moe_stream,
     // Tuning::batch_experts) and is captured as one graph; more run the compact pass (a sync per layer).
     int batch_experts_max = 0;
+    // A prefill chunk's experts run moe_gemm with column tiles of this many entries (Tuning::moe_gemm); 0 =
+    // the compact pass.
+    int moe_gemm = 0;
     int sms = 0;
 };
 

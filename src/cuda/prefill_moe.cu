@@ -12,6 +12,19 @@ namespace markbase::cuda {
 void CudaModel::prefill_experts(int i, int n) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
+    if (plan_.moe_gemm > 0 && moe_gemm_fits(H, Ie, E)) {  // grouped on the device: no plan, no sync
+        const bool fp8 = fp8_experts();
+        const LayerQuant& lq = layer_quant(w_, i);
+        ExpertRows gate_up, down;
+        gate_up.w = lw.experts_gate_up;
+        down.w = lw.experts_down;
+        if (fp8) gate_up.fp8 = lq.experts_gate_up, down.fp8 = lq.experts_down;
+        moe_gemm_experts(moe_.e_in, H, K, n, gate_up, down, Ie, moe_.gexp, moe_.goff, moe_.gent, E,
+                         plan_.moe_gemm, static_cast<bf16*>(moe_.mx), moe_.mh, moe_.eslots, stream_);
+        ++moe_.stats.moe_gemm_layers;
+        moe_.stats.moe_gemm_fp8_layers += fp8 && gate_up.fp8.q && down.fp8.q;
+        return;
+    }
     // the busiest expert sizes the batch: one small copy and a sync per MoE layer
     CUDA_CHECK(
         cudaMemcpyAsync(moe_.h_goff, moe_.goff, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));

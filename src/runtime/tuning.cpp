@@ -11,7 +11,7 @@ namespace {
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
     "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, "
-    "batch_experts, cpu_pin, skip";
+    "batch_experts, moe_gemm, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -84,6 +84,9 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "batch_experts") {
         t.batch_experts = static_cast<int>(parse_int(source, key, v, 0, 1024, "0 (off) to 1024"));
+    } else if (key == "moe_gemm") {
+        t.moe_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off), 32 or 64"));
+        if (t.moe_gemm != 0 && t.moe_gemm != 32 && t.moe_gemm != 64) bad(source, key, v, "0 (off), 32 or 64");
     } else if (key == "skip") {
         t.skip.clear();
         for (std::string_view rest = v; !rest.empty();) {
@@ -143,6 +146,7 @@ std::string tuning_string(const Tuning& t) {
         add(std::string("batch_attn=") + (t.batch_attn == Tuning::BatchAttn::kWarp ? "warp" : "mma"));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));
+    if (t.moe_gemm != d.moe_gemm) add("moe_gemm=" + std::to_string(t.moe_gemm));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));
     if (!t.skip.empty()) {
         std::string names;

@@ -97,6 +97,10 @@ struct Tuning {
     // -1.2%, 128 +8.4% (its MMAs over 4 token tiles issue-bound); a server's ~98-row steps measured even.
     // FP8 experts (half the bytes) take moe_stream up to at least 128 (cuda/batch.cu kFp8BatchExperts).
     int batch_experts = 96;
+    // moe_gemm=N (0, 32 or 64): a prefill chunk's experts (and a batched step's past batch_experts) run
+    // moe_gemm (cuda/kernels/moe_gemm.cu: grouped on the device, tensor-core tiles of 128 weight rows x N of
+    // an expert's entries, no host sync); 0 = the compact cuBLAS pass planned on the host.
+    int moe_gemm = 32;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel

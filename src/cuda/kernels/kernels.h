@@ -431,6 +431,17 @@ void moe_geglu_compact(const float* y2, const int* row_off, int E, int max_r, in
 void moe_scatter_compact(const float* y, int H, const int* entries, const int* group_off, const int* row_off,
                          int E, int max_r, float* slots, cudaStream_t s);
 
+// ---- moe_gemm.cu ----------------------------------------------------------------------------------------
+// A prefill chunk's experts on the tensor cores with no host in the loop (after moe_bucket over n tokens):
+// the tokens' inputs x [n][H] into x_rows (bf16 halves [2][n][H]; FP8 experts: f16 of x / 16, [n][H]), then
+// gate/up over each expert's entries in column tiles of bn (32 or 64) with GeGLU into h (entry order: bf16
+// halves [2][n K][Ie]; FP8 one f16 array), then down into out[entry][H] (an expert of group_expert < 0,
+// another rank's, gives zero rows). FP8 where both ExpertRows have FP8 rows, else the bf16 rows.
+bool moe_gemm_fits(int H, int Ie, int E);  // H % 128 == 0, Ie % 64 == 0, E <= 256
+void moe_gemm_experts(const float* x, int H, int K, int n, const ExpertRows& gate_up, const ExpertRows& down,
+                      int Ie, const int* group_expert, const int* group_off, const int* entries, int E, int bn,
+                      bf16* x_rows, bf16* h, float* out, cudaStream_t s);
+
 // buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its
 // x, w, scale, eps; n = H), then x = (x + RMSNorm(buf) * w) * scale. One block; every rank must call it in
 // the same order.
