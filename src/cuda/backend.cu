@@ -123,13 +123,8 @@ class CudaBackendImpl final : public CudaBackend {
         if (!config().moe) return {};
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();
         return "MoE experts: " + std::to_string(m.moe_gemm_layers) +
-               " layers through moe_gemm (grouped on the device; " + std::to_string(m.moe_gemm_fp8_layers) +
-               " of them FP8), " + std::to_string(m.gemm_layers) + " as batched GEMMs (" +
-               std::to_string(m.compact_layers) + " in one pass over each expert's own rows, " +
-               std::to_string(m.buckets) + " GEMMs of equal padded rows; " + std::to_string(m.passes) +
-               " passes of <= " + std::to_string(m.cap) +
-               " entries per expert in the others; busiest expert " + std::to_string(m.busiest) +
-               " entries), " + std::to_string(m.gemv_layers) + " as grouped GEMVs, " +
+               " layers through moe_gemm (grouped on the device), " + std::to_string(m.moe_gemm_fp8_layers) +
+               " with FP8 rows; " + std::to_string(m.gemv_layers) + " as grouped GEMVs; " +
                std::to_string(m.stream_layers) +
                " batched-step layers recorded with their experts on the device (" +
                std::to_string(m.stream_fp8_layers) +

@@ -5,9 +5,9 @@
 // of n sequences whose furthest position lies below a range class (batch_range), captured on first use,
 // reads the ids, positions and slots from device memory (E2B 8 sequences -5.4%, 32 -5.1%, the 31B's 16
 // -2.9%). The MoE's experts run on the device (moe_stream.cu) up to Tuning::batch_experts sequences (26B-A4B
-// 8 sequences 10.41 -> 9.28 ms per step, 64 19.85 -> 19.62, 128 23.77 -> 25.77, against the compact pass);
-// beyond, the step runs eagerly with the compact expert GEMMs planned on the host, one sync per layer. One
-// sequence alone takes its slot's decode graph, the one-sequence step.
+// 8 sequences 10.41 -> 9.28 ms per step, 64 19.85 -> 19.62, 128 23.77 -> 25.77, against the compact cuBLAS
+// pass then in use); beyond, the step runs eagerly with its experts through moe_gemm, as a prompt chunk's.
+// One sequence alone takes its slot's decode graph, the one-sequence step.
 #include <algorithm>
 #include <utility>
 
@@ -165,7 +165,7 @@ int64_t CudaModel::batch_range(int64_t max_pos) const {
 
 namespace {
 // FP8 experts stream through moe_stream up to at least this many sequences: 26B-A4B after 768 tokens, 128
-// sequences 27.29 ms per step against the compact pass's 29.21 (over the bf16 copy; bench/results/
+// sequences 27.29 ms per step against the compact cuBLAS pass's 29.21 (over the bf16 copy; bench/results/
 // cuda-batched-fp8-experts.json), where bf16 rows lose at 128.
 constexpr int kFp8BatchExperts = 128;
 }  // namespace

@@ -14,7 +14,6 @@ namespace {
 
 // The compact MoE prefill pass's GEMMs over this many streams (26B-A4B prefill of 512 tokens +3.4% at 2 and
 // at 3, the same bits).
-constexpr int kMoeCompactStreams = 2;
 
 }  // namespace
 
@@ -153,10 +152,8 @@ void CudaModel::alloc_step() {
     attn_gemm_.q16 = act_.hi;
 }
 
-// The 26B's routing and experts: decode's second stream, the prefill's expert scratch and the compact
-// pass's plan and streams.
-void CudaModel::alloc_moe(const Tuning& tuning) {
-    const int E = c_.n_experts;
+// The 26B's routing and experts: decode's second stream and the experts' scratch.
+void CudaModel::alloc_moe() {
     moe_.rlogits = take<float>(CudaBuf::kRouterLogits);
     moe_.sel_w = take<float>(CudaBuf::kSelW);
     moe_.sel_id = take<int>(CudaBuf::kSelId);
@@ -166,35 +163,8 @@ void CudaModel::alloc_moe(const Tuning& tuning) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&moe_.stream2, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&moe_.fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&moe_.join, cudaEventDisableTiming));
-    moe_.cap = layout_.moe_cap;
-    const int64_t rows = int64_t{E} * moe_.cap;  // the memory plan's; a pass may use less
-    if (tuning.moe_prefill_cap > 0) moe_.cap = std::clamp(tuning.moe_prefill_cap, 1, moe_.cap);
-    moe_.mx = take<float>(CudaBuf::kMx);  // = 2 x bf16 [rows][H] (hi, lo), later the fp32 [rows][H] output
-    moe_.mg = take<float>(CudaBuf::kMg);
-    moe_.mu = take<float>(CudaBuf::kMu);
-    moe_.mh = take<bf16>(CudaBuf::kMh);
-    const int srows = std::min(moe_.cap, kGemmStackMaxN);
-    moe_.ey2 = take<float>(CudaBuf::kEy2);  // [E][2 srows][max(2 Ie, H)] for the plan's cap (or more)
-    // the compact pass reuses the scratch: [2 R][H] bf16 in moe_.mx, [2 R][Ie] in moe_.mh, moe_.ey2 for both
-    // GEMMs' outputs
-    moe_.compact_rows = std::min<int64_t>(rows, int64_t{E} * srows);
-    for (int k = 0; k < kMoeCompactStreams; ++k) {
-        cudaEvent_t ev = nullptr;
-        CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        moe_.events.push_back(ev);
-    }
-    for (int k = 1; k < kMoeCompactStreams; ++k) {
-        cudaStream_t st = nullptr;
-        CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        moe_.streams.push_back(st);
-        cublasHandle_t hb = nullptr;
-        CUBLAS_CHECK(cublasCreate(&hb));
-        moe_.blas.push_back(hb);
-        CUBLAS_CHECK(cublasSetStream(hb, st));
-    }
-    CUDA_CHECK(cudaMallocHost(&moe_.h_mplan, layout_.bytes(CudaBuf::kMoePlan)));
-    moe_.d_mplan = take<char>(CudaBuf::kMoePlan);
-    CUDA_CHECK(cudaMallocHost(&moe_.h_goff, (E + 1) * sizeof(int)));
+    moe_.mx = take<float>(CudaBuf::kMx);  // the tokens' inputs: 2 x bf16 [n][H] (hi, lo), or f16 [n][H]
+    moe_.mh = take<bf16>(CudaBuf::kMh);   // GeGLU rows: 2 x bf16 [n K][Ie], or f16 [n K][Ie]
     moe_.gexp = take<int>(CudaBuf::kGroupExperts);
     moe_.goff = take<int>(CudaBuf::kGroupOffsets);
     moe_.gent = take<int>(CudaBuf::kGroupEntries);
@@ -268,12 +238,6 @@ void CudaModel::release() {
     stream_ = nullptr;
     if (moe_.stream2) cudaStreamDestroy(moe_.stream2);
     moe_.stream2 = nullptr;
-    for (cublasHandle_t hb : moe_.blas) cublasDestroy(hb);
-    moe_.blas.clear();
-    for (cudaStream_t st : moe_.streams) cudaStreamDestroy(st);
-    moe_.streams.clear();
-    for (cudaEvent_t ev : moe_.events) cudaEventDestroy(ev);
-    moe_.events.clear();
     for (cudaEvent_t* ev : {&moe_.fork, &moe_.join}) {
         if (*ev) cudaEventDestroy(*ev);
         *ev = nullptr;
@@ -285,13 +249,11 @@ void CudaModel::release() {
     if (st_.h_ids) cudaFreeHost(st_.h_ids);
     st_.h_ids = nullptr;
     for (void* p : {static_cast<void*>(st_.h_sel_top), static_cast<void*>(st_.h_sel_info),
-                    static_cast<void*>(st_.h_pen), static_cast<void*>(moe_.h_goff), moe_.h_mplan})
+                    static_cast<void*>(st_.h_pen)})
         if (p) cudaFreeHost(p);
     st_.h_sel_top = nullptr;
     st_.h_sel_info = nullptr;
     st_.h_pen = nullptr;
-    moe_.h_goff = nullptr;
-    moe_.h_mplan = nullptr;
 }
 template char* CudaModel::alloc<char>(size_t);
 template float* CudaModel::alloc<float>(size_t);

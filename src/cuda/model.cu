@@ -41,7 +41,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         spec.kv_blocks = kv_blocks;
         layout_ = cuda_buffers(c_, spec);
         alloc_step();
-        if (c_.moe) alloc_moe(tuning);
+        if (c_.moe) alloc_moe();
         alloc_cache(wd);
         check_layout();
         CUDA_CHECK(cudaDeviceSynchronize());

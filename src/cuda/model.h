@@ -248,22 +248,12 @@ class CudaModel {
     bool streams(const GemvSeg* segs, int nseg, int K, int n) const;  // stream_gemm rather than cuBLAS
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
-    // Y[b][rows][N] = (hi+lo)[b][rows][K] W_b^T for b < batch, W_b = W + b * w_stride ([N][K] each)
-    void gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows, const bf16* hi,
-                      const bf16* lo, float* Y);
-    // The same as one GEMM per entry over its stacked [hi; lo] rows (x: [batch][2 rows][K]), each W_b read
-    // once: Y2[batch][2 rows][N], the halves' sums left to the caller
-    void gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
-                              const bf16* x, float* y2);
-    // The experts of prefill layer i over n tokens (after moe_route and moe_bucket): the compact pass over
-    // each expert's own rows, else batched GEMMs in passes (a tensor-parallel rank: the compact pass over
-    // its experts, else the grouped GEMV kernels). Writes moe_.eslots. A batched step that batch_on_device
-    // allows runs batch_experts instead (moe_stream, no host in the loop; on any stream).
+    // The experts of prefill layer i over n tokens (after moe_route and moe_bucket), no host in the loop:
+    // moe_gemm where it tiles the widths (FP8 experts where the model has them), else the grouped GEMV
+    // kernels. Writes moe_.eslots. A batched step that batch_on_device allows runs batch_experts instead
+    // (moe_stream; on any stream).
     void prefill_experts(int i, int n);
     void batch_experts(int i, int n, cudaStream_t s);
-    bool prefill_experts_compact(int i);   // false: the layer does not fit the compact layout's scratch
-    bool compact_plan(int i, int* max_r);  // prefill_moe.cu: the compact pass's plan in moe_.h_mplan
-    void compact_buckets(int which, int N, int Kd, const int* roff);  // its GEMMs (0: gate/up, 1: down)
     // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
     // positions below plan_.attn_short_keys (Tuning::attn_cluster)
     cudaGraph_t capture_step(bool short_range = false);
@@ -288,7 +278,7 @@ class CudaModel {
     Widths widths() const;
     void plan_decode(const Tuning& tuning);
     void alloc_step();
-    void alloc_moe(const Tuning& tuning);
+    void alloc_moe();
     void alloc_cache(const Widths& wd);
     void upload_block_tables();  // the host's block tables to the device (stream-ordered), when changed
     template <class T>

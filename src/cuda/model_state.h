@@ -17,13 +17,11 @@ namespace markbase::cuda {
 
 // The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
 struct MoePrefillStats {
-    int gemm_layers = 0, passes = 0, gemv_layers = 0;
-    int compact_layers = 0, buckets = 0;  // of gemm_layers: in one pass over each expert's own rows
+    int moe_gemm_layers = 0;      // prefill layers through moe_gemm (grouped on the device)
+    int moe_gemm_fp8_layers = 0;  // those of them reading FP8 experts
+    int gemv_layers = 0;          // through the grouped GEMV kernels (widths moe_gemm does not tile)
     int stream_layers = 0;  // batched-step layers recorded through moe_stream (a graph's once, at capture)
     int stream_fp8_layers = 0;  // those of them reading FP8 experts
-    int moe_gemm_layers = 0;    // prefill layers through moe_gemm (grouped on the device)
-    int moe_gemm_fp8_layers = 0;  // those of them reading FP8 experts
-    int busiest = 0, cap = 0;   // the most entries one expert had in a layer; entries per expert per pass
 };
 
 // CudaModel's state, plain data (model.cu decides the plan, buffers.cu allocates the rest). Shapes: n = the
@@ -58,11 +56,11 @@ struct DecodePlan {
     // halves; sms sizes its K split.
     int stream_gemm_max = kStreamGemmMaxN;
     // A batched step of at most batch_experts_max sequences runs the MoE's experts on the device (moe_stream,
-    // Tuning::batch_experts) and is captured as one graph; more run the compact pass (a sync per layer).
+    // Tuning::batch_experts) and is captured as one graph; more run prefill_experts' path (moe_gemm).
     int batch_experts_max = 0;
-    // A prefill chunk's experts run moe_gemm with column tiles of this many entries (Tuning::moe_gemm); 0 =
-    // the compact pass.
-    int moe_gemm = 0;
+    // A prefill chunk's experts run moe_gemm where it tiles the widths (Tuning::moe_gemm), else the grouped
+    // GEMV kernels.
+    bool moe_gemm = true;
     int sms = 0;
 };
 
@@ -121,28 +119,11 @@ struct MoeScratch {
     // MLP, forked after o_proj and joined before the combine (26B-A4B -3.9%, tp2 -3.1%)
     cudaStream_t stream2 = nullptr;
     cudaEvent_t fork = nullptr, join = nullptr;
-    // Prefill as batched GEMMs: [E][cap][H] gathered inputs (bf16 hi + lo; reused as the fp32 down output),
-    // [E][cap][Ie] gate and up outputs, [E][cap][Ie] GeGLU hi + lo, the stacked GEMMs' output
-    // [E][2 * min(cap, kGemmStackMaxN)][max(2 Ie, H)]
+    // The experts' scratch (moe_gemm at prefill, moe_stream in a batched step): the tokens' inputs [2][n][H]
+    // (bf16 halves, or one f16 array) and the GeGLU rows [2][n K][Ie] (halves, or one f16 array)
     MoePrefillStats stats;
-    int cap = 0;
     void* mx = nullptr;
-    float *mg = nullptr, *mu = nullptr;
     bf16* mh = nullptr;
-    float* ey2 = nullptr;
-    int* h_goff = nullptr;  // pinned [E + 1]
-    // The compact pass (prefill_moe.cu; 26B-A4B prefill of 512 tokens 5.9k -> 13.3k tok/s): its plan, 6
-    // pointer arrays of E and the padded row offsets [E + 1], pinned on the host and its device copy; the
-    // rows its scratch holds
-    void* h_mplan = nullptr;
-    void* d_mplan = nullptr;
-    int64_t compact_rows = 0;
-    std::vector<int> order;  // the active experts by padded rows
-    // The compact pass's GEMMs spread over kMoeCompactStreams streams, stream_ and these (each with its own
-    // cuBLAS handle, so its own workspace); events: the fork, then one join per extra stream
-    std::vector<cudaStream_t> streams;
-    std::vector<cublasHandle_t> blas;
-    std::vector<cudaEvent_t> events;
 };
 
 }  // namespace markbase::cuda

@@ -337,26 +337,4 @@ void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
     for (int i = 0; i < nseg; ++i) gemm(segs[i].w, segs[i].rows, K, n, segs[i].y, segs[i].ldy);
 }
 
-void CudaModel::gemm_batched_stacked(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
-                                     const bf16* x, float* y2) {
-    const float one = 1.0f, zero = 0.0f;
-    const long long sx = 2LL * rows * K, sy = 2LL * rows * N;
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * rows, K, &one, W, CUDA_R_16BF, K, w_stride, x, CUDA_R_16BF, K,
-        sx, &zero, y2, CUDA_R_32F, N, sy, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-void CudaModel::gemm_batched(const bf16* W, int64_t w_stride, int N, int K, int batch, int rows,
-                             const bf16* hi, const bf16* lo, float* Y) {
-    // gemm() per batch entry, as one strided-batched call per half
-    const float one = 1.0f, zero = 0.0f;
-    const long long sx = static_cast<long long>(rows) * K, sy = static_cast<long long>(rows) * N;
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, W, CUDA_R_16BF,
-                                            K, w_stride, hi, CUDA_R_16BF, K, sx, &zero, Y, CUDA_R_32F, N, sy,
-                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, W, CUDA_R_16BF,
-                                            K, w_stride, lo, CUDA_R_16BF, K, sx, &one, Y, CUDA_R_32F, N, sy,
-                                            batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
 }  // namespace markbase::cuda

@@ -19,8 +19,7 @@ const std::array<CudaBufInfo, static_cast<size_t>(CudaBuf::kCount)> kCudaBufInfo
     {"sel_info", 4},       {"pen", 4},          {"hi", 2},            {"y2", 4},
     {"part_o", 4},         {"part_ml", 4},      {"scores", 4},        {"score_ptrs", 8},
     {"router_logits", 4},  {"sel_w", 4},        {"sel_id", 4},        {"xr", 4},
-    {"moe_mx", 4},         {"moe_mg", 4},       {"moe_mu", 4},        {"moe_mh", 2},
-    {"moe_ey2", 4},        {"moe_plan", 1},     {"group_experts", 4}, {"group_offsets", 4},
+    {"moe_mx", 4},         {"moe_mh", 2},       {"group_experts", 4}, {"group_offsets", 4},
     {"group_entries", 4},  {"expert_in", 4},    {"expert_hidden", 4}, {"expert_slots", 4},
     {"batch_pos", 4},      {"batch_slot", 4},   {"batch_next", 4},    {"rope_sliding", 4},
     {"rope_full", 4},      {"all_logits", 4},   {"kv_table", 4},      {"kv_gather", 1},
@@ -115,10 +114,8 @@ void step_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
     set(CudaBuf::kScorePtrs, 6 * nH);
 }
 
-// The MoE's routing, its prefill's batched-GEMM scratch and the compact pass's plan (alloc_moe). The prefill
-// scratch: gathered inputs (bf16 hi + lo, reused for the fp32 down output), gate and up outputs (fp32), the
-// GeGLU result (bf16 hi + lo), and the stacked GEMMs' output ([E][2 rows][max(2 Ie, H)] fp32, for the passes
-// of at most kGemmStackMaxN rows per expert).
+// The MoE's routing and its experts' scratch (alloc_moe): the tokens' inputs as bf16 halves (or one f16
+// array) and the GeGLU rows of every entry as bf16 halves (or one f16 array), for moe_gemm and moe_stream.
 void moe_buffers(const ModelConfig& c, CudaBuffers& b) {
     const int64_t H = c.hidden, E = c.n_experts, K = c.top_k, Ie = c.expert_width, n = b.spec.chunk;
     auto set = [&](CudaBuf k, int64_t v) { b.count[static_cast<size_t>(k)] = v; };
@@ -126,14 +123,8 @@ void moe_buffers(const ModelConfig& c, CudaBuffers& b) {
     set(CudaBuf::kSelW, n * K);
     set(CudaBuf::kSelId, n * K);
     if (!b.spec.sharded) set(CudaBuf::kXr, H);  // the prenormed router input (one GPU only)
-    b.moe_cap = moe_prefill_rows_cap(b.spec.chunk, c.n_experts, c.top_k);
-    const int64_t rows = E * b.moe_cap;
-    set(CudaBuf::kMx, rows * H);
-    set(CudaBuf::kMg, rows * Ie);
-    set(CudaBuf::kMu, rows * Ie);
-    set(CudaBuf::kMh, 2 * rows * Ie);
-    set(CudaBuf::kEy2, E * 2 * std::min(b.moe_cap, kGemmStackMaxN) * std::max(2 * Ie, H));
-    set(CudaBuf::kMoePlan, 6 * E * 8 + (E + 1) * 4);  // 6 pointer arrays of E, row offsets [E + 1]
+    set(CudaBuf::kMx, n * H);                   // 2 x bf16 [n][H] as fp32 words
+    set(CudaBuf::kMh, 2 * n * K * Ie);
     set(CudaBuf::kGroupExperts, std::max(E, K) + 1);
     set(CudaBuf::kGroupOffsets, std::max(E, K) + 1);
     set(CudaBuf::kGroupEntries, n * K);

@@ -22,16 +22,9 @@ namespace markbase {
 // Headroom for what is not a cudaMalloc of ours: cuBLAS workspaces, the CUDA graph, allocation rounding.
 constexpr uint64_t kCudaRuntimeReserve = uint64_t{256} << 20;
 
-// The MoE prefill's batched-GEMM scratch holds this many token rows per expert (a layer whose busiest expert
-// has more falls back to the grouped GEMV kernels): 4x the mean load of a full chunk, at least 64.
-inline int moe_prefill_rows_cap(int chunk, int n_experts, int top_k) {
-    if (n_experts <= 0) return 0;
-    const int64_t mean = (int64_t{chunk} * top_k + n_experts - 1) / n_experts;
-    return static_cast<int>(std::min<int64_t>(chunk, std::max<int64_t>(64, 4 * mean)));
-}
-// A GEMM over at most this many rows of fp32 activations (per expert, for the MoE's batched GEMMs) runs as
-// one bf16 GEMM over the stacked [hi; lo] halves, which reads the weights once, into an fp32 scratch of
-// twice the output rows whose halves are then summed.
+// A GEMM over at most this many rows of fp32 activations runs as one bf16 GEMM over the stacked [hi; lo]
+// halves, which reads the weights once, into an fp32 scratch of twice the output rows whose halves are
+// then summed.
 constexpr int kGemmStackMaxN = 128;
 
 // Prefill attention as GEMMs (cuda/kernels/attention_gemm.cu): fp32 scores for every query
@@ -78,8 +71,8 @@ enum class CudaBuf : int {
     // activations and the GEMMs' / attention's scratch
     kQ, kK, kV, kAttn, kO, kG, kU, kM, kOnes, kPleCtx, kPle, kLogits, kSelSlices, kSelTop, kSelInfo, kPen,
     kHi, kY2, kPartO, kPartMl, kScores, kScorePtrs,
-    // the MoE's routing, prefill scratch and compact plan
-    kRouterLogits, kSelW, kSelId, kXr, kMx, kMg, kMu, kMh, kEy2, kMoePlan, kGroupExperts, kGroupOffsets,
+    // the MoE's routing and experts' scratch
+    kRouterLogits, kSelW, kSelId, kXr, kMx, kMh, kGroupExperts, kGroupOffsets,
     kGroupEntries, kExpertIn, kExpertHidden, kExpertSlots,
     // batched decode's per-token arrays, the RoPE tables, all rows' logits
     kBatchPos, kBatchSlot, kBatchNext, kRopeSliding, kRopeFull, kAllLogits,
@@ -106,7 +99,6 @@ struct CudaBuffers {
     // shapes buffers.cu needs beyond the counts
     int64_t y2_cols = 0;            // the dense GEMMs' stacked output width
     int64_t max_pieces = 0;         // attention pieces part_o / part_ml hold
-    int moe_cap = 0;                // MoE prefill rows per expert
     std::vector<int64_t> kv_cap;    // [L] positions per slot (sliding: a ring); 0: KV-shared layer
     std::vector<int64_t> kv_elems;  // [L] elements of the layer's K (or V): every slot's ring, or the pool
     std::vector<char> kv_paged;     // [L] the layer's K and V are the pool's blocks

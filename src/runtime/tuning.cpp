@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, moe_prefill_cap, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, "
+    "attn_gemm_rows, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, "
     "batch_experts, moe_gemm, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
@@ -67,9 +67,6 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         t.attn_gemm_rows = parse_int(source, key, v, 0, int64_t{1} << 24, "0 (automatic) or 16 to 16777216");
         if (t.attn_gemm_rows > 0 && t.attn_gemm_rows < 16)
             bad(source, key, v, "0 (automatic) or 16 to 16777216");
-    } else if (key == "moe_prefill_cap") {
-        t.moe_prefill_cap =
-            static_cast<int>(parse_int(source, key, v, 0, 1 << 20, "0 (automatic) to 1048576"));
     } else if (key == "cpu_pin") {
         t.cpu_pin = parse_flag(source, key, v);
     } else if (key == "batch_attn_keys") {
@@ -85,8 +82,7 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "batch_experts") {
         t.batch_experts = static_cast<int>(parse_int(source, key, v, 0, 1024, "0 (off) to 1024"));
     } else if (key == "moe_gemm") {
-        t.moe_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off), 32 or 64"));
-        if (t.moe_gemm != 0 && t.moe_gemm != 32 && t.moe_gemm != 64) bad(source, key, v, "0 (off), 32 or 64");
+        t.moe_gemm = parse_flag(source, key, v);
     } else if (key == "skip") {
         t.skip.clear();
         for (std::string_view rest = v; !rest.empty();) {
@@ -138,7 +134,6 @@ std::string tuning_string(const Tuning& t) {
     if (t.load_chunk_mib != d.load_chunk_mib) add("load_chunk_mib=" + std::to_string(t.load_chunk_mib));
     if (t.load_direct != d.load_direct) add(std::string("load_direct=") + (t.load_direct ? "1" : "0"));
     if (t.attn_gemm_rows != d.attn_gemm_rows) add("attn_gemm_rows=" + std::to_string(t.attn_gemm_rows));
-    if (t.moe_prefill_cap != d.moe_prefill_cap) add("moe_prefill_cap=" + std::to_string(t.moe_prefill_cap));
     if (t.batch_attn_keys != d.batch_attn_keys) add("batch_attn_keys=" + std::to_string(t.batch_attn_keys));
     if (t.batch_attn_heads != d.batch_attn_heads)
         add("batch_attn_heads=" + std::to_string(t.batch_attn_heads));
@@ -146,7 +141,7 @@ std::string tuning_string(const Tuning& t) {
         add(std::string("batch_attn=") + (t.batch_attn == Tuning::BatchAttn::kWarp ? "warp" : "mma"));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));
-    if (t.moe_gemm != d.moe_gemm) add("moe_gemm=" + std::to_string(t.moe_gemm));
+    if (t.moe_gemm != d.moe_gemm) add(std::string("moe_gemm=") + (t.moe_gemm ? "1" : "0"));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));
     if (!t.skip.empty()) {
         std::string names;

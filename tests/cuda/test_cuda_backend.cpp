@@ -249,11 +249,10 @@ std::vector<std::string> with_common(std::initializer_list<const char*> own) {
     return v;
 }
 
-// Every family's tiny model through the same checks under each tuning, in this process. The MoE prefill's
-// passes (its experts' fallback when the compact pass's scratch is too small) at a small cap.
+// Every family's tiny model through the same checks under each tuning, in this process; the prefill
+// attention's scratch in batches of heads and rows.
 const std::vector<std::string> kTinyTunings = with_common({
-    "moe_prefill_cap=3",
-    "moe_prefill_cap=1,attn_gemm_rows=40",
+    "attn_gemm_rows=40",
 });
 
 using SwitchParam = std::tuple<std::string, std::string>;  // family, setting
@@ -385,10 +384,10 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSynthetic,
                          ::testing::Values("e2b", "e4b", "12b", "26b-a4b", "26b-standard", "31b"),
                          param_name);
 
-// The tunings at real widths (head dims 256/512, 128 experts), and the MoE prefill's passes.
+// The tunings at real widths (head dims 256/512, 128 experts), and the MoE prefill's experts through the
+// grouped GEMV kernels instead of moe_gemm.
 const std::vector<std::string> kSyntheticTunings = with_common({
-    "moe_prefill_cap=2",
-    "moe_prefill_cap=3",
+    "moe_gemm=0",
 });
 class CudaSyntheticSwitches : public ::testing::TestWithParam<SwitchParam> {};
 
@@ -486,29 +485,6 @@ TEST(CudaAttnGemm, RowBatchesMatchOneBatch) {
             std::printf("  %s [%s]: against one batch, rel err %.2e\n", v, s, e);
             EXPECT_LT(e, 1e-4) << v << " " << s;
         }
-    }
-#endif
-}
-
-// The 26B-A4B's prefill experts run in one pass over each expert's own rows (padded to 16 / 32 / 64, experts
-// with equal padding in one batched GEMM over two streams); where a layer's padded rows exceed the pass's
-// scratch they run in passes of up to the cap's rows of every expert instead. moe_prefill_cap=3 shrinks the
-// scratch so that the passes run: other GEMM shapes, so a tolerance. With one layer the routing sees the same
-// input either way, and two 272-token chunks' logits agree with the compact pass's. The tensor-parallel
-// ranks' compact pass (held experts only) is covered by CudaTp's comparisons with one GPU.
-TEST(CudaMoeCompact, MatchesThePasses) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
-    o.ctx_size = 1024;
-    o.chunk = 272;
-    const auto compact = synthetic_chain("26b-a4b", o, 53, "", 544, 0, 1);
-    for (const char* s : {"moe_prefill_cap=3", "moe_prefill_cap=64"}) {
-        const auto passes = synthetic_chain("26b-a4b", o, 53, s, 544, 0, 1);
-        ASSERT_EQ(passes.size(), compact.size());
-        const double e = rel_err(compact, passes);
-        std::printf("  26b-a4b/1L [%s]: the passes against the compact experts, rel err %.2e\n", s, e);
-        EXPECT_LT(e, 1e-4) << s;
     }
 #endif
 }

@@ -132,7 +132,7 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
 
 // Ten sequences of different lengths in one batched step: each row must be what that sequence's own step
 // gives (its slot's decode graph), on a dense model (the step's graph) and on the MoE: at the tiny widths
-// (expert width 24) the host-planned compact pass, at expert width 32 the step's graph with its experts on
+// (expert width 24) the grouped GEMV kernels, at expert width 32 the step's graph with its experts on
 // the device (moe_stream); the backend's note says which ran.
 TEST(CudaBatchPasses, TenSequencesMatchEachAlone) {
 #ifndef MARKBASE_HAS_CUDA

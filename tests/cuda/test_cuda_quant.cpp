@@ -96,11 +96,18 @@ TEST_P(CudaQuant, DecodeMatchesTheCpuOnTheDequantisedWeights) {
         bf16->eval(&ids[kPrompt + s], 1, got.data(), false);
         e_bf16 = std::max(e_bf16, testing::rel_err(got, quantised[s + 1]));
     }
+    // the prefill reads the bf16 copy, but for the MoE's FP8 experts (moe_gemm: the FP8 rows against f16
+    // inputs, 2^-11, as the decode's kernels do)
+    const bool fp8_prefill = f == WeightFormat::kFp8 && host->checkpoint.config.moe;
     std::printf(
-        "  %s/%dL %s: rel err prefill (bf16 copy) %.2e, decode (quantised kernels) %.2e; against the "
+        "  %s/%dL %s: rel err prefill (%s) %.2e, decode (quantised kernels) %.2e; against the "
         "unquantised model %.2e\n",
-        v.c_str(), layers, format_name(f), e_prefill, e_decode, e_bf16);
-    EXPECT_LT(e_prefill, 1e-4);
+        v.c_str(), layers, format_name(f), fp8_prefill ? "FP8 experts" : "bf16 copy", e_prefill, e_decode,
+        e_bf16);
+    EXPECT_LT(e_prefill, fp8_prefill ? 5e-3 : 1e-4);
+    if (fp8_prefill) {
+        EXPECT_GT(e_prefill, 1e-5) << "the prefill's experts read the bf16 copy";
+    }
     EXPECT_LT(e_decode, 5e-3);
     EXPECT_GT(e_decode, 0.0) << "bit-identical to the bf16 reference: the quantised kernels did not run";
     // a loose bound: random weights are as hard on a 4-bit grid as weights get (no outliers to spare)

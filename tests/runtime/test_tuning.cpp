@@ -29,7 +29,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.load_chunk_mib, 64);
     EXPECT_FALSE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 0);
-    EXPECT_EQ(t.moe_prefill_cap, 0);
+    EXPECT_TRUE(t.moe_gemm);
     EXPECT_EQ(t.batch_attn_keys, 64);
     EXPECT_EQ(t.batch_attn_heads, 0);
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kMma);
@@ -42,8 +42,8 @@ TEST(Tuning, EmptyIsTheDefaults) {
 TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
-        "load_direct=1,attn_gemm_rows=40,moe_prefill_cap=3,batch_attn_keys=16,batch_attn_heads=2,"
-        "batch_attn=warp,stream_gemm=0,cpu_pin=1,"
+        "load_direct=1,attn_gemm_rows=40,batch_attn_keys=16,batch_attn_heads=2,"
+        "batch_attn=warp,stream_gemm=0,moe_gemm=0,cpu_pin=1,"
         "skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
@@ -54,7 +54,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_EQ(t.load_chunk_mib, 1);
     EXPECT_TRUE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 40);
-    EXPECT_EQ(t.moe_prefill_cap, 3);
+    EXPECT_FALSE(t.moe_gemm);
     EXPECT_EQ(t.batch_attn_keys, 16);
     EXPECT_EQ(t.batch_attn_heads, 2);
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kWarp);

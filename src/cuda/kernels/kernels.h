@@ -409,37 +409,15 @@ void moe_down_decode_quant(WeightFormat f, const float* h, int Ie, const QuantMa
                            const int* group_expert, float* slots, cudaStream_t s);
 // Raises the quantised kernels' shared-memory limit (x staged, up to 32768 wide); gemv_prepare calls it.
 void gemv_quant_prepare();
-// Prefill experts as batched GEMMs, in passes of max_n rows (the fallback of the compact pass below): after
-// moe_bucket, expert e's entries [group_off[e] + first, group_off[e] + first + max_n) become rows [e][0, ..)
-// of hi/lo [E][max_n][H] (input row entry / K of x, split into bf16 halves; rows past the expert's entries
-// zeroed); and rows [e][p] of y [E][max_n][H] go back to slots[entries[group_off[e] + first + p]].
-// (e_stride: elements between experts' rows, 0 = max_n * H; halves: y is [E][2 max_n][H], hi then lo)
-void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
-                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s, int64_t e_stride = 0);
-void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
-                      int max_n, float* slots, cudaStream_t s, bool halves = false);
-// The stacked gate/up output [E][2 max_n][gate Ie | up Ie] to the down GEMM's stacked bf16 input [E][2
-// max_n][Ie]: gelu(g) * u of the halves' sums, split into hi and lo rows.
-void moe_geglu_halves(const float* y2, int E, int max_n, int Ie, bf16* h, cudaStream_t s);
-// The same in one pass over each expert's own rows (the compact pass): expert e's rows padded to r_e
-// = row_off[e + 1] - row_off[e] (max_r the largest), its stacked [hi; lo] block at row 2 row_off[e] of xs
-// [2 R][H] bf16, of the gate/up output [2 R][2 Ie], of h [2 R][Ie] and of the down output y [2 R][H].
-void moe_gather_compact(const float* x, int H, int K, const int* entries, const int* group_off,
-                        const int* row_off, int E, int max_r, bf16* xs, cudaStream_t s);
-void moe_geglu_compact(const float* y2, const int* row_off, int E, int max_r, int Ie, bf16* h,
-                       cudaStream_t s);
-void moe_scatter_compact(const float* y, int H, const int* entries, const int* group_off, const int* row_off,
-                         int E, int max_r, float* slots, cudaStream_t s);
-
 // ---- moe_gemm.cu ----------------------------------------------------------------------------------------
 // A prefill chunk's experts on the tensor cores with no host in the loop (after moe_bucket over n tokens):
 // the tokens' inputs x [n][H] into x_rows (bf16 halves [2][n][H]; FP8 experts: f16 of x / 16, [n][H]), then
-// gate/up over each expert's entries in column tiles of bn (32 or 64) with GeGLU into h (entry order: bf16
+// gate/up over each expert's entries in column tiles of 32 with GeGLU into h (entry order: bf16
 // halves [2][n K][Ie]; FP8 one f16 array), then down into out[entry][H] (an expert of group_expert < 0,
 // another rank's, gives zero rows). FP8 where both ExpertRows have FP8 rows, else the bf16 rows.
 bool moe_gemm_fits(int H, int Ie, int E);  // H % 128 == 0, Ie % 64 == 0, E <= 256
 void moe_gemm_experts(const float* x, int H, int K, int n, const ExpertRows& gate_up, const ExpertRows& down,
-                      int Ie, const int* group_expert, const int* group_off, const int* entries, int E, int bn,
+                      int Ie, const int* group_expert, const int* group_off, const int* entries, int E,
                       bf16* x_rows, bf16* h, float* out, cudaStream_t s);
 
 // buf[n] = the sum over the ranks of their buf (in rank order: every rank gets the same bits); with res (its

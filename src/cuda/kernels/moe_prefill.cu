@@ -1,6 +1,6 @@
 // The 26B-A4B's experts at prefill (moe.cu routes): the entries bucketed by expert, the grouped GEMV kernels
-// (a warp per weight row over each expert's entries), and the batched-GEMM passes' gather, GeGLU and scatter
-// (in passes of max_n rows per expert, or the compact pass's padded rows).
+// (a warp per weight row over each expert's entries: the widths moe_gemm does not tile), and the weighted sum
+// of a tensor-parallel rank's slots.
 #include <algorithm>
 #include <string>
 
@@ -107,107 +107,6 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
 }
-// Prefill experts as batched GEMMs: expert e's tokens gathered into rows [e][0, n_e) of a [E][max_n][H]
-// block (hi/lo bf16; rows past n_e zeroed; expert e's rows start at e * e_stride, so with lo = hi + max_n * H
-// and e_stride = 2 max_n H each expert's [hi; lo] is one stacked block), and back from a [E][max_n][H]
-// result to the (token, slot) rows (halves: from [E][2 max_n][H], the two halves summed).
-__global__ void gather_split_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
-                                    int first, int max_n, bf16* hi, bf16* lo, int64_t e_stride) {
-    pdl_begin();
-    const int p = blockIdx.x, e = blockIdx.y;
-    const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    const int64_t dst = static_cast<int64_t>(e) * e_stride + static_cast<int64_t>(p) * H;
-    if (first + p < ne) {
-        const float* src = x + static_cast<int64_t>(entries[o0 + first + p] / K) * H;
-        for (int k = threadIdx.x; k < H; k += blockDim.x) split_store(src[k], hi, lo, dst + k);
-    } else {
-        for (int k = threadIdx.x; k < H; k += blockDim.x) hi[dst + k] = lo[dst + k] = 0;
-    }
-}
-
-__global__ void scatter_rows_kernel(const float* y, int H, const int* entries, const int* group_off,
-                                    int first, int max_n, float* slots, bool halves) {
-    pdl_begin();
-    const int p = blockIdx.x, e = blockIdx.y;
-    const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    if (first + p >= ne) return;
-    float* dst = slots + static_cast<int64_t>(entries[o0 + first + p]) * H;
-    if (halves) {
-        const float* src = y + (static_cast<int64_t>(e) * 2 * max_n + p) * H;
-        const int64_t lo = static_cast<int64_t>(max_n) * H;
-        for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k] + src[lo + k];
-        return;
-    }
-    const float* src = y + (static_cast<int64_t>(e) * max_n + p) * H;
-    for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
-}
-
-// The stacked gate/up GEMM's output y2 [E][2 max_n][2 Ie] (gate columns, then up; hi rows, then lo) to the
-// down GEMM's stacked input: v = gelu(g) * u with g, u the halves' sums, as bf16 hi into rows [e][p] and lo
-// into rows [e][max_n + p] of [E][2 max_n][Ie].
-__global__ void geglu_halves_kernel(const float* y2, int max_n, int Ie, bf16* h) {
-    pdl_begin();
-    const int p = blockIdx.x, e = blockIdx.y;
-    const float* hi = y2 + (static_cast<int64_t>(e) * 2 * max_n + p) * 2 * Ie;
-    const float* lo = hi + static_cast<int64_t>(max_n) * 2 * Ie;
-    bf16* out_hi = h + (static_cast<int64_t>(e) * 2 * max_n + p) * Ie;
-    bf16* out_lo = out_hi + static_cast<int64_t>(max_n) * Ie;
-    for (int j = threadIdx.x; j < Ie; j += blockDim.x) {
-        const float g = hi[j] + lo[j], u = hi[Ie + j] + lo[Ie + j];
-        split_store(gelu_tanh(g) * u, out_hi, out_lo, j);  // as geglu_split
-    }
-}
-
-// The compact layout (one pass over each expert's own rows): expert e's rows padded to r_e = row_off[e + 1] -
-// row_off[e], its stacked block [hi: r_e rows; lo: r_e rows] at row 2 row_off[e]. grid (max r_e, E); a block
-// per (row p, expert e), rows past r_e exit, padding rows (p >= the expert's entries) are zeros.
-__global__ void gather_compact_kernel(const float* x, int H, int K, const int* entries, const int* group_off,
-                                      const int* row_off, bf16* xs) {
-    pdl_begin();
-    const int p = blockIdx.x, e = blockIdx.y;
-    const int r0 = row_off[e], re = row_off[e + 1] - r0;
-    if (p >= re) return;
-    const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    bf16* hi = xs + (2 * static_cast<int64_t>(r0) + p) * H;
-    bf16* lo = hi + static_cast<int64_t>(re) * H;
-    if (p < ne) {
-        const float* src = x + static_cast<int64_t>(entries[o0 + p] / K) * H;
-        for (int k = threadIdx.x; k < H; k += blockDim.x) split_store(src[k], hi, lo, k);
-    } else {
-        for (int k = threadIdx.x; k < H; k += blockDim.x) hi[k] = lo[k] = 0;
-    }
-}
-
-// gelu(g) * u of the halves' sums, [2 r_e][gate Ie | up Ie] fp32 -> [2 r_e][Ie] bf16 hi and lo rows
-__global__ void geglu_compact_kernel(const float* y2, const int* row_off, int Ie, bf16* h) {
-    pdl_begin();
-    const int p = blockIdx.x, e = blockIdx.y;
-    const int r0 = row_off[e], re = row_off[e + 1] - r0;
-    if (p >= re) return;
-    const float* hi = y2 + (2 * static_cast<int64_t>(r0) + p) * 2 * Ie;
-    const float* lo = hi + static_cast<int64_t>(re) * 2 * Ie;
-    bf16* out_hi = h + (2 * static_cast<int64_t>(r0) + p) * Ie;
-    bf16* out_lo = out_hi + static_cast<int64_t>(re) * Ie;
-    for (int j = threadIdx.x; j < Ie; j += blockDim.x) {
-        const float g = hi[j] + lo[j], u = hi[Ie + j] + lo[Ie + j];
-        split_store(gelu_tanh(g) * u, out_hi, out_lo, j);  // as geglu_split
-    }
-}
-
-// the down output's halves summed back into the (token, slot) rows
-__global__ void scatter_compact_kernel(const float* y, int H, const int* entries, const int* group_off,
-                                       const int* row_off, float* slots) {
-    pdl_begin();
-    const int p = blockIdx.x, e = blockIdx.y;
-    const int o0 = group_off[e], ne = group_off[e + 1] - o0;
-    const int r0 = row_off[e], re = row_off[e + 1] - r0;
-    if (p >= ne || p >= re) return;  // re = 0: an expert another rank holds (its entries stay zero here)
-    const float* src = y + (2 * static_cast<int64_t>(r0) + p) * H;
-    const int64_t lo = static_cast<int64_t>(re) * H;
-    float* dst = slots + static_cast<int64_t>(entries[o0 + p]) * H;
-    for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k] + src[lo + k];
-}
-
 // e[t][k'] = sum_k sel_w[t][k] * slots[t*K + k][k'], one block per token.
 __global__ void weighted_sum_kernel(const float* slots, const float* sel_w, int K, int H, float* e) {
     pdl_begin();
@@ -224,52 +123,6 @@ __global__ void weighted_sum_kernel(const float* slots, const float* sel_w, int 
 
 void moe_weighted_sum(const float* slots, const float* sel_w, int K, int H, int n, float* e, cudaStream_t s) {
     launch_kernel(weighted_sum_kernel, dim3(n), dim3(256), 0, s, slots, sel_w, K, H, e);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_gather_split(const float* x, int H, int K, const int* entries, const int* group_off, int E,
-                      int first, int max_n, bf16* hi, bf16* lo, cudaStream_t s, int64_t e_stride) {
-    if (max_n <= 0) return;
-    if (e_stride <= 0) e_stride = static_cast<int64_t>(max_n) * H;
-    launch_kernel(gather_split_kernel, dim3(max_n, E), dim3(256), 0, s, x, H, K, entries, group_off, first,
-                  max_n, hi, lo, e_stride);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_scatter_rows(const float* y, int H, const int* entries, const int* group_off, int E, int first,
-                      int max_n, float* slots, cudaStream_t s, bool halves) {
-    if (max_n <= 0) return;
-    launch_kernel(scatter_rows_kernel, dim3(max_n, E), dim3(256), 0, s, y, H, entries, group_off, first,
-                  max_n, slots, halves);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_geglu_halves(const float* y2, int E, int max_n, int Ie, bf16* h, cudaStream_t s) {
-    if (max_n <= 0) return;
-    launch_kernel(geglu_halves_kernel, dim3(max_n, E), dim3(256), 0, s, y2, max_n, Ie, h);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_gather_compact(const float* x, int H, int K, const int* entries, const int* group_off,
-                        const int* row_off, int E, int max_r, bf16* xs, cudaStream_t s) {
-    if (max_r <= 0) return;
-    launch_kernel(gather_compact_kernel, dim3(max_r, E), dim3(256), 0, s, x, H, K, entries, group_off,
-                  row_off, xs);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_geglu_compact(const float* y2, const int* row_off, int E, int max_r, int Ie, bf16* h,
-                       cudaStream_t s) {
-    if (max_r <= 0) return;
-    launch_kernel(geglu_compact_kernel, dim3(max_r, E), dim3(256), 0, s, y2, row_off, Ie, h);
-    CUDA_CHECK_LAUNCH();
-}
-
-void moe_scatter_compact(const float* y, int H, const int* entries, const int* group_off, const int* row_off,
-                         int E, int max_r, float* slots, cudaStream_t s) {
-    if (max_r <= 0) return;
-    launch_kernel(scatter_compact_kernel, dim3(max_r, E), dim3(256), 0, s, y, H, entries, group_off, row_off,
-                  slots);
     CUDA_CHECK_LAUNCH();
 }
 

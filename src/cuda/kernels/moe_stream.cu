@@ -3,8 +3,8 @@
 // cores, by the weight-streaming loop of stream_gemm (stream_mma.cuh). The grid is (row tiles, E): a block
 // reads its expert's entry count, and an expert no token chose costs its blocks only that read, so the launch
 // needs nothing from the host and a step is one graph. An expert with more entries than a block's token
-// tiles hold takes further passes over its rows (each of 8 NT entries). The compact pass it replaces
-// (prefill_moe.cu) planned cuBLAS GEMMs over pointer arrays on the host, one sync per layer.
+// tiles hold takes further passes over its rows (each of 8 NT entries). A prompt chunk's experts (tens of
+// entries an expert) run moe_gemm.cu's tiles instead.
 //   gate/up: a block holds 16 gate rows j0.. and the matching 16 up rows Ie + j0.. of its expert, so GeGLU
 //            happens in the store: h[entry][j] = gelu(gate_j . x) * (up_j . x), as bf16 hi and lo halves
 //            (split_store), the down pass's input. The input row of entry i is token i / K.
