@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/kernels/fp8_gemm.h"
 #include "cuda/model.h"
 #include "loading/memory_plan.h"
 
@@ -99,14 +98,6 @@ QkvPost CudaModel::qkv_post_args(int i) const {
     return p;
 }
 
-namespace {
-// A batched step past stream_gemm's rows reads a product's FP8 rows where the model has them (fp8_gemm.h:
-// moe_gemm's tiles, the inputs one f16 of x / 16) instead of cuBLAS over the bf16 copy's halves.
-bool fp8_step_rows(bool batch, int n, int stream_max, const QuantMatrix& m) {
-    return batch && n > stream_max && m.q != nullptr;
-}
-}  // namespace
-
 // One layer over the chunk's n tokens at positions pos0.., as cpu/forward.cpp's layer: attention, the FFN
 // (the MoE's routed experts beside the dense MLP), the per-layer input.
 void CudaModel::prefill_layer(int i, int n, int64_t pos0) {
@@ -127,18 +118,7 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     Profiler* pf = prefill_pf_;
     const double wb = 2.0 * H;  // bytes per weight row of H
 
-    const LayerQuant& lq = layer_quant(w_, i);
-    const bool f8 = fp8_step_rows(batch_, n, plan_.stream_gemm_max, lq.q_proj) && !sharded() && lq.o_proj.q &&
-                    (!own || (lq.k_proj.q && (!lw.v_proj || lq.v_proj.q))) && fp8_gemm_fits(qw, H) &&
-                    (!own || fp8_gemm_fits(kvw, H)) && fp8_gemm_fits(H, qw);
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
-        if (f8) {
-            f16_rows(act_.x, H, H, n, true, lw.input_norm, eps, act_.hi, stream_);
-            fp8_gemm(act_.hi, H, n, lq.q_proj, qw, act_.q, qw, stream_);
-            if (own) fp8_gemm(act_.hi, H, n, lq.k_proj, kvw, act_.k, kvw, stream_);
-            if (own && lw.v_proj) fp8_gemm(act_.hi, H, n, lq.v_proj, kvw, act_.v, kvw, stream_);
-            return;
-        }
         split_rows(act_.x, H, H, n, true, lw.input_norm, eps, act_.hi, lo_at(n, H), stream_);
         const GemvSeg segs[3] = {
             {lw.q_proj, act_.q, qw, qw}, {lw.k_proj, act_.k, kvw, kvw}, {lw.v_proj, act_.v, kvw, kvw}};
@@ -177,13 +157,8 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     });
 
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
-        if (f8) {
-            f16_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, stream_);
-            fp8_gemm(act_.hi, qw, n, lq.o_proj, H, act_.o, H, stream_);
-        } else {
-            split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
-            gemm(lw.o_proj, H, qw, n, act_.o, H);
-        }
+        split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
+        gemm(lw.o_proj, H, qw, n, act_.o, H);
         all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);
         residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
     });
@@ -210,16 +185,7 @@ void CudaModel::prefill_ffn(int i, int n) {
         CUDA_CHECK(cudaEventRecord(moe_.join, moe_.stream2));
     }
 
-    const LayerQuant& lq = layer_quant(w_, i);
-    const bool f8 = fp8_step_rows(batch_, n, plan_.stream_gemm_max, lq.gate_proj) && !sharded() &&
-                    lq.up_proj.q && lq.down_proj.q && fp8_geglu_fits(I, H) && fp8_gemm_fits(H, I);
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
-        if (f8) {  // x16 [n][H], then h16 [n][I] after it (kHi holds 2 n max(H, mlp))
-            f16_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, stream_);
-            fp8_geglu(act_.hi, H, n, lq.gate_proj, lq.up_proj, I, lo_at(n, H), stream_);
-            fp8_gemm(lo_at(n, H), I, n, lq.down_proj, H, act_.m, H, stream_);
-            return;
-        }
         split_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, lo_at(n, H), stream_);
         const GemvSeg segs[2] = {{lw.gate_proj, act_.g, I, I}, {lw.up_proj, act_.u, I, I}};
         gemm_many(segs, 2, H, n);

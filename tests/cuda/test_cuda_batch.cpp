@@ -178,7 +178,7 @@ TEST(CudaBatchPasses, TenSequencesMatchEachAlone) {
         if (family != "e2b") {
             const std::string note = together->prefill_note();
             const bool none =
-                note.find(", 0 batched-step layers recorded with their experts on the device") !=
+                note.find("; 0 batched-step layers recorded with their experts on the device") !=
                 std::string::npos;
             EXPECT_EQ(none, !stream) << note;
         }

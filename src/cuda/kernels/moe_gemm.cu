@@ -20,7 +20,6 @@
 
 #include "cuda/check.h"
 #include "cuda/kernels/device_common.cuh"
-#include "cuda/kernels/fp8_gemm.h"
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/launch.h"
 
@@ -249,53 +248,25 @@ __device__ __forceinline__ void input_rows(Operands<BN>& op, const uint16_t* x, 
     }
 }
 
-// The weights as the kernels take them: bf16 rows, or e4m3 rows with a scale each (Fp8). gate/up: the up
-// rows at Ie rows past the gate rows of each expert, or (a dense MLP) their own matrix `up`.
+// The experts' weights as the kernels take them: bf16 rows, or e4m3 rows with a scale each (Fp8).
 struct Weights {
     const uint8_t* w;    // [E][rows][K] of bf16 (2 bytes a value) or e4m3
     const float* scale;  // FP8: [E][rows]
-    const uint8_t* up = nullptr;
-    const float* up_scale = nullptr;
 };
-
-// Which entries a block's column tile holds: moe_bucket's groups of the (token, slot) entries by expert, or
-// (dense, dense_n > 0) one matrix over dense_n input rows in order, entry j being input and output row j.
-struct Groups {
-    const int* expert = nullptr;   // [E] the expert's index among the held ones (< 0: another rank's)
-    const int* off = nullptr;      // [E + 1]
-    const int* entries = nullptr;  // [n K] in expert order
-    int E = 0, K = 1;
-    int dense_n = 0;
-    __device__ int entry(int j) const { return dense_n ? j : entries[j]; }
-};
-
-// The block's tile: we the expert's weights (< 0: another rank's), entries [j0, j0 + nj); false past the
-// last.
-template <int BN>
-__device__ bool block_tile(const Groups& gr, int* s_off, int& we, int& j0, int& nj) {
-    if (gr.dense_n) {
-        we = 0;
-        j0 = static_cast<int>(blockIdx.y) * BN;
-        nj = min(BN, gr.dense_n - j0);
-        return nj > 0;
-    }
-    int e = 0;
-    if (!find_tile<BN>(gr.off, gr.E, s_off, e, j0, nj)) return false;
-    we = gr.expert[e];
-    return true;
-}
 
 // gate/up: x [n][H] per token (bf16: hi, then lo at n H; FP8: f16 of x / 16), w [E][gate Ie | up Ie][H];
 // h [entries][Ie] in entry order (bf16: hi, then lo at entries Ie; FP8: f16 of h / 16).
 template <int BN, bool Fp8>
-__global__ void __launch_bounds__(kThreads) gate_up_kernel(const uint16_t* x, int64_t x_lo, int H, Weights w,
-                                                           int Ie, Groups gr, uint16_t* h, int64_t h_lo) {
+__global__ void __launch_bounds__(kThreads)
+    gate_up_kernel(const uint16_t* x, int64_t x_lo, int H, int K, Weights w, int Ie, const int* group_expert,
+                   const int* group_off, const int* entries, int E, uint16_t* h, int64_t h_lo) {
     constexpr int NT = BN / 16;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_off[kMaxExperts + 1];
     pdl_begin();
-    int we = 0, j0 = 0, nj = 0;
-    if (!block_tile<BN>(gr, s_off, we, j0, nj)) return;
+    int e = 0, j0 = 0, nj = 0;
+    if (!find_tile<BN>(group_off, E, s_off, e, j0, nj)) return;
+    const int we = group_expert[e];
     if (we < 0) return;  // another rank's expert: its down pass writes the zeros
     const int r0 = blockIdx.x * (kRows / 2);
     const int64_t eb = static_cast<int64_t>(we) * 2 * Ie;  // the expert's first row
@@ -306,12 +277,9 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(const uint16_t* x, in
 #pragma unroll
     for (int i = 0; i < (Fp8 ? 2 : 4); ++i) {
         const int r = rt + rows_per * i;  // < 64: gate row r0 + r, else up row r0 + r - 64
-        if (w.up)
-            op.w[i] = (r < 64 ? w.w : w.up) + (r0 + (r & 63)) * row_bytes;
-        else
-            op.w[i] = w.w + (eb + (r < 64 ? r0 + r : Ie + r0 + r - 64)) * row_bytes;
+        op.w[i] = w.w + (eb + (r < 64 ? r0 + r : Ie + r0 + r - 64)) * row_bytes;
     }
-    input_rows<BN>(op, x, H, j0, nj, [&](int j) { return gr.entry(j) / gr.K; });
+    input_rows<BN>(op, x, H, j0, nj, [&](int j) { return entries[j] / K; });
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp & 3, wn = warp >> 2;
     float acc[2][NT][4];
     block_mma<BN, Fp8, NT>(acc, shared_addr(smem), op, H, 16 * wm, 64 + 16 * wm, wn * (BN / 2));
@@ -319,11 +287,8 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(const uint16_t* x, in
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
         const int col = r0 + 16 * wm + g + (v >= 2 ? 8 : 0);
-        float sg = 1.0f, su = 1.0f;
-        if constexpr (Fp8) {
-            sg = 16.0f * w.scale[eb + col];
-            su = 16.0f * (w.up ? w.up_scale[col] : w.scale[eb + Ie + col]);
-        }
+        const float sg = Fp8 ? 16.0f * w.scale[eb + col] : 1.0f,
+                    su = Fp8 ? 16.0f * w.scale[eb + Ie + col] : 1.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const int t = wn * (BN / 2) + nt * 8 + 2 * q + (v & 1);
@@ -338,21 +303,23 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(const uint16_t* x, in
     }
 }
 
-// down (and a dense product): h [entries][Ie] as gate_up_kernel writes it, w [E][H][Ie]; out[entry][H] at
-// the entry's row, of ldo floats.
+// down: h [entries][Ie] as gate_up_kernel writes it, w [E][H][Ie]; out[entry][H] at the entry's (token,
+// slot) row.
 template <int BN, bool Fp8>
-__global__ void __launch_bounds__(kThreads) down_kernel(const uint16_t* h, int64_t h_lo, int Ie, Weights w,
-                                                        int H, Groups gr, float* out, int64_t ldo) {
+__global__ void __launch_bounds__(kThreads)
+    down_kernel(const uint16_t* h, int64_t h_lo, int Ie, Weights w, int H, const int* group_expert,
+                const int* group_off, const int* entries, int E, float* out) {
     constexpr int NT = BN / 16;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_off[kMaxExperts + 1];
     pdl_begin();
-    int we = 0, j0 = 0, nj = 0;
-    if (!block_tile<BN>(gr, s_off, we, j0, nj)) return;
+    int e = 0, j0 = 0, nj = 0;
+    if (!find_tile<BN>(group_off, E, s_off, e, j0, nj)) return;
     const int r0 = blockIdx.x * kRows;
+    const int we = group_expert[e];
     if (we < 0) {  // another rank's expert: this rank's share of its entries is zero
         for (int i = threadIdx.x; i < nj * kRows; i += kThreads)
-            out[static_cast<int64_t>(gr.entry(j0 + i / kRows)) * ldo + r0 + i % kRows] = 0.0f;
+            out[static_cast<int64_t>(entries[j0 + i / kRows]) * H + r0 + i % kRows] = 0.0f;
         return;
     }
     const int64_t eb = static_cast<int64_t>(we) * H;
@@ -376,48 +343,44 @@ __global__ void __launch_bounds__(kThreads) down_kernel(const uint16_t* h, int64
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int t = wn * (BN / 2) + nt * 8 + 2 * q + (v & 1);
-                if (t < nj) out[static_cast<int64_t>(gr.entry(j0 + t)) * ldo + row] = sc * acc[m][nt][v];
+                if (t < nj) out[static_cast<int64_t>(entries[j0 + t]) * H + row] = sc * acc[m][nt][v];
             }
         }
-}
-
-template <int BN, bool Fp8>
-constexpr size_t smem_bytes() {
-    return static_cast<size_t>(kStages) * stage_bytes<BN, Fp8>();
-}
-template <int BN, bool Fp8>
-void set_smem_limit() {
-    CUDA_CHECK(cudaFuncSetAttribute(gate_up_kernel<BN, Fp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<BN, Fp8>())));
-    CUDA_CHECK(cudaFuncSetAttribute(down_kernel<BN, Fp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<BN, Fp8>())));
 }
 
 template <int BN, bool Fp8>
 void launch_experts(const float* x, int H, int K, int n, Weights gate_up, Weights down, int Ie,
                     const int* group_expert, const int* group_off, const int* entries, int E,
                     uint16_t* x_rows, uint16_t* h, float* out, cudaStream_t s) {
-    constexpr size_t kSmem = smem_bytes<BN, Fp8>();
+    constexpr size_t kSmem = static_cast<size_t>(kStages) * stage_bytes<BN, Fp8>();
+    // the shared-memory limit, once per device (a tensor-parallel rank drives its own)
+    static std::mutex m;
+    static std::bitset<64> ready;
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    {
+        const std::lock_guard<std::mutex> lock(m);
+        if (d >= 64 || !ready[static_cast<size_t>(d)]) {
+            CUDA_CHECK(cudaFuncSetAttribute(gate_up_kernel<BN, Fp8>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kSmem)));
+            CUDA_CHECK(cudaFuncSetAttribute(down_kernel<BN, Fp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kSmem)));
+            if (d < 64) ready[static_cast<size_t>(d)] = true;
+        }
+    }
     const int entries_n = n * K;
     const int64_t x_lo = static_cast<int64_t>(n) * H, h_lo = static_cast<int64_t>(entries_n) * Ie;
     if constexpr (Fp8)
         f16_rows(x, H, H, n, false, nullptr, 0.0f, x_rows, s);
     else
         split_rows(x, H, H, n, false, nullptr, 0.0f, x_rows, x_rows + x_lo, s);
-    Groups gr;
-    gr.expert = group_expert, gr.off = group_off, gr.entries = entries, gr.E = E, gr.K = K;
     // every expert's tiles: at most one partial tile per expert beside the full ones
     const unsigned tiles = static_cast<unsigned>(E + entries_n / BN);
     launch_kernel(gate_up_kernel<BN, Fp8>, dim3(Ie / (kRows / 2), tiles), dim3(kThreads), kSmem, s, x_rows,
-                  x_lo, H, gate_up, Ie, gr, h, h_lo);
+                  x_lo, H, K, gate_up, Ie, group_expert, group_off, entries, E, h, h_lo);
     launch_kernel(down_kernel<BN, Fp8>, dim3(H / kRows, tiles), dim3(kThreads), kSmem, s, h, h_lo, Ie, down,
-                  H, gr, out, static_cast<int64_t>(H));
-}
-
-Groups dense(int n) {
-    Groups gr;
-    gr.dense_n = n;
-    return gr;
+                  H, group_expert, group_off, entries, E, out);
 }
 
 }  // namespace
@@ -431,7 +394,6 @@ void moe_gemm_experts(const float* x, int H, int K, int n, const ExpertRows& gat
                       bf16* x_rows, bf16* h, float* out, cudaStream_t s) {
     if (!moe_gemm_fits(H, Ie, E)) throw Error("internal: moe_gemm_experts at widths it does not take");
     if (n * K == 0) return;
-    moe_gemm_prepare();
     // Column tiles of 32 entries. Tiles of 64 (half the input bytes per weight byte, but twice the MMAs
     // on a tile's empty columns and 2 blocks a SM instead of 3) measured slower with bf16 rows (H200,
     // 26B-A4B prefill of 512: experts 18.38 against 16.46 ms) and even with FP8 rows (26.8 against 27.0 ms
@@ -444,45 +406,6 @@ void moe_gemm_experts(const float* x, int H, int K, int n, const ExpertRows& gat
                                   {reinterpret_cast<const uint8_t*>(down.w), nullptr}, Ie, group_expert,
                                   group_off, entries, E, x_rows, h, out, s);
     }
-}
-
-void moe_gemm_prepare() {
-    static std::mutex m;
-    static std::bitset<64> ready;  // by device
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    const std::lock_guard<std::mutex> lock(m);
-    if (d < 64 && ready[static_cast<size_t>(d)]) return;
-    set_smem_limit<32, false>();
-    set_smem_limit<32, true>();
-    if (d < 64) ready[static_cast<size_t>(d)] = true;
-}
-
-bool fp8_gemm_fits(int N, int K) {
-    return N % kRows == 0 && K % kKc == 0;
-}
-bool fp8_geglu_fits(int I, int K) {
-    return I % (kRows / 2) == 0 && K % kKc == 0;
-}
-
-void fp8_gemm(const uint16_t* x16, int K, int n, const QuantMatrix& w, int N, float* y, int64_t ldy,
-              cudaStream_t s) {
-    if (!fp8_gemm_fits(N, K) || !w.q) throw Error("internal: fp8_gemm at widths it does not take");
-    if (n <= 0) return;
-    moe_gemm_prepare();
-    launch_kernel(down_kernel<32, true>, dim3(N / kRows, (n + 31) / 32), dim3(kThreads),
-                  smem_bytes<32, true>(), s, x16, int64_t{0}, K, Weights{w.q, w.scale}, N, dense(n), y, ldy);
-}
-
-void fp8_geglu(const uint16_t* x16, int K, int n, const QuantMatrix& gate, const QuantMatrix& up, int I,
-               uint16_t* h16, cudaStream_t s) {
-    if (!fp8_geglu_fits(I, K) || !gate.q || !up.q)
-        throw Error("internal: fp8_geglu at widths it does not take");
-    if (n <= 0) return;
-    moe_gemm_prepare();
-    launch_kernel(gate_up_kernel<32, true>, dim3(I / (kRows / 2), (n + 31) / 32), dim3(kThreads),
-                  smem_bytes<32, true>(), s, x16, int64_t{0}, K, Weights{gate.q, gate.scale, up.q, up.scale},
-                  I, dense(n), h16, int64_t{0});
 }
 
 }  // namespace markbase::cuda
