@@ -1,0 +1,194 @@
+// What the MoE kernel labs (moe_stream_lab.cu, moe_gemm_lab.cu) share: the 26B-A4B's expert shapes, random
+// weights and inputs drawn on the device, fp64 GPU references of the gate/up and down products, routings,
+// and graph timing.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "lab_common.cuh"
+
+namespace moe_lab {
+
+constexpr int kH = 2816, kIe = 704, kE = 128, kK = 8;
+
+__global__ void fill_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        p[i] = static_cast<uint16_t>(__float_as_uint(lab::uniform_pm1(seed, i) * scale) >> 16);
+}
+__global__ void fill_fp8(uint8_t* p, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        p[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(
+            448.0f * lab::uniform_pm1(seed, i) * lab::uniform_pm1(seed + 1, i), __NV_SATFINITE, __NV_E4M3));
+}
+__global__ void fill_scale(float* p, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        p[i] = (0.75f + 0.25f * lab::uniform_pm1(seed, i)) * (0.1f / 448.0f);
+}
+__global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        p[i] = lab::uniform_pm1(seed, i);
+}
+
+// The rows as the kernels read them: bf16 w, or e4m3 q times the row's scale
+struct DevRows {
+    const uint16_t* w;
+    const uint8_t* q;
+    const float* scale;
+    __device__ double at(int64_t row, int K, int k) const {
+        if (!q) return __uint_as_float(static_cast<uint32_t>(w[row * K + k]) << 16);
+        const __half_raw h = __nv_cvt_fp8_to_halfraw(q[row * K + k], __NV_E4M3);
+        return double(__half2float(__half(h))) * scale[row];
+    }
+};
+// An input as the kernels read it: bf16 hi + lo ([rows][K] each), or 16 x one f16
+__device__ double input_at(const uint16_t* hi, const uint16_t* lo, bool f16, int64_t i) {
+    if (f16) return 16.0 * double(__half2float(__ushort_as_half(hi[i])));
+    return double(__uint_as_float(static_cast<uint32_t>(hi[i]) << 16)) +
+           double(__uint_as_float(static_cast<uint32_t>(lo[i]) << 16));
+}
+
+// h_ref[entry][j] = gelu(gate_j . x) * (up_j . x), x = token entry / K's input; expert of each entry given
+__global__ void ref_gate_up(DevRows w, const uint16_t* hi, const uint16_t* lo, bool f16, const int* expert,
+                            int nK, double* h) {
+    const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (i >= int64_t{nK} * kIe) return;
+    const int entry = static_cast<int>(i / kIe), j = static_cast<int>(i % kIe), e = expert[entry];
+    const int64_t xrow = int64_t{entry / kK} * kH, g = int64_t{e} * 2 * kIe + j, u = g + kIe;
+    double a = 0, b = 0;
+    for (int k = 0; k < kH; ++k) {
+        const double x = input_at(hi, lo, f16, xrow + k);
+        a += w.at(g, kH, k) * x;
+        b += w.at(u, kH, k) * x;
+    }
+    h[i] = 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))) * b;
+}
+// y_ref[entry][r] = down_r . h[entry], h as the gate/up pass wrote it
+__global__ void ref_down(DevRows w, const uint16_t* hi, const uint16_t* lo, bool f16, const int* expert,
+                         int nK, double* y) {
+    const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (i >= int64_t{nK} * kH) return;
+    const int entry = static_cast<int>(i / kH), r = static_cast<int>(i % kH);
+    const int64_t row = int64_t{expert[entry]} * kH + r;
+    double acc = 0;
+    for (int k = 0; k < kIe; ++k) acc += w.at(row, kIe, k) * input_at(hi, lo, f16, int64_t{entry} * kIe + k);
+    y[i] = acc;
+}
+
+template <class T>
+T* dalloc(int64_t n) {
+    T* p = nullptr;
+    CK(cudaMalloc(&p, sizeof(T) * static_cast<size_t>(n)));
+    return p;
+}
+template <class T>
+std::vector<T> host(const T* d, int64_t n) {
+    std::vector<T> v(static_cast<size_t>(n));
+    CK(cudaMemcpy(v.data(), d, sizeof(T) * v.size(), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// Uniform routing: each token's K distinct experts; the entries grouped by expert (moe_bucket's layout)
+struct Routing {
+    std::vector<int> off, entries, expert;  // [E + 1], [n K] grouped, [n K] by entry
+    int touched = 0;
+};
+// skew > 0: expert e drawn with weight 1 / (e + 1)^skew (distinct per token), as a random-weight model's
+// router concentrates its choices (the 26B-A4B's busiest expert held ~500 of a 512-token chunk's 4,096)
+Routing route(int n, uint32_t seed, double skew = 0.0) {
+    std::mt19937 rng(seed);
+    Routing r;
+    r.expert.resize(static_cast<size_t>(n) * kK);
+    std::vector<std::vector<int>> by(kE);
+    std::vector<double> weight(kE);
+    for (int e = 0; e < kE; ++e) weight[e] = std::pow(e + 1.0, -skew);
+    for (int t = 0; t < n; ++t) {
+        std::vector<int> all(kE);
+        for (int e = 0; e < kE; ++e) all[e] = e;
+        for (int k = 0; k < kK; ++k) {
+            if (skew > 0) {  // a weighted draw among the experts not yet chosen
+                double sum = 0;
+                for (int i = k; i < kE; ++i) sum += weight[all[i]];
+                double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
+                int pick = k;
+                for (int i = k; i < kE; ++i) {
+                    u -= weight[all[i]];
+                    pick = i;
+                    if (u <= 0) break;
+                }
+                std::swap(all[k], all[pick]);
+            } else {
+                std::swap(all[k], all[k + rng() % (kE - k)]);
+            }
+            r.expert[t * kK + k] = all[k];
+            by[all[k]].push_back(t * kK + k);
+        }
+    }
+    r.off.push_back(0);
+    for (int e = 0; e < kE; ++e) {
+        r.entries.insert(r.entries.end(), by[e].begin(), by[e].end());
+        r.off.push_back(static_cast<int>(r.entries.size()));
+        r.touched += !by[e].empty();
+    }
+    return r;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
+    double e = 0, m = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        e = std::max(e, std::fabs(double(got[i]) - ref[i]));
+        m = std::max(m, std::fabs(ref[i]));
+    }
+    return e / (m > 0 ? m : 1);
+}
+// decode the kernel's h: bf16 halves or 16 x f16
+std::vector<float> h_values(const uint16_t* d_hi, const uint16_t* d_lo, bool f16, int64_t count) {
+    const std::vector<uint16_t> hi = host(d_hi, count), lo = f16 ? hi : host(d_lo, count);
+    std::vector<float> v(hi.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+        uint32_t b;
+        if (f16) {
+            const int e = (hi[i] >> 10) & 31, m = hi[i] & 1023;
+            const double x = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+            v[i] = static_cast<float>(16.0 * ((hi[i] & 0x8000) ? -x : x));
+            continue;
+        }
+        b = static_cast<uint32_t>(hi[i]) << 16;
+        float a;
+        std::memcpy(&a, &b, 4);
+        b = static_cast<uint32_t>(lo[i]) << 16;
+        float c;
+        std::memcpy(&c, &b, 4);
+        v[i] = a + c;
+    }
+    return v;
+}
+
+// Per-launch ms of `launch`, 20 launches in one graph, median of 5 replays.
+template <class F>
+float graph_ms(cudaStream_t s, F&& launch) {
+    constexpr int kLaunches = 20;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kLaunches; ++i) launch();
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const float ms = lab::time_ms(5, s, [&] { CK(cudaGraphLaunch(ge, s)); });
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return ms / kLaunches;
+}
+
+}  // namespace moe_lab
