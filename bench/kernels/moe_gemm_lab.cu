@@ -24,26 +24,6 @@
 using namespace markbase::cuda;
 using namespace moe_lab;
 
-namespace {
-
-// Per-call ms of `run`, 10 calls in one graph, median of 5 replays.
-template <class F>
-float graph_ms10(cudaStream_t s, F&& run) {
-    constexpr int kCalls = 10;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < kCalls; ++i) run();
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    const float ms = lab::time_ms(5, s, [&] { CK(cudaGraphLaunch(ge, s)); });
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    return ms / kCalls;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
     cudaDeviceProp prop;
@@ -51,17 +31,10 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    const int64_t gu = int64_t{kE} * 2 * kIe * kH, dn = int64_t{kE} * kH * kIe;
-    uint16_t *w_gu = dalloc<uint16_t>(gu), *w_dn = dalloc<uint16_t>(dn);
-    uint8_t *q_gu = dalloc<uint8_t>(gu), *q_dn = dalloc<uint8_t>(dn);
-    float *s_gu = dalloc<float>(int64_t{kE} * 2 * kIe), *s_dn = dalloc<float>(int64_t{kE} * kH);
-    fill_bf16<<<4096, 256, 0, s>>>(w_gu, gu, 1, 0.05f);
-    fill_bf16<<<4096, 256, 0, s>>>(w_dn, dn, 2, 0.05f);
-    fill_fp8<<<4096, 256, 0, s>>>(q_gu, gu, 3);
-    fill_fp8<<<4096, 256, 0, s>>>(q_dn, dn, 5);
-    fill_scale<<<256, 256, 0, s>>>(s_gu, int64_t{kE} * 2 * kIe, 7);
-    fill_scale<<<256, 256, 0, s>>>(s_dn, int64_t{kE} * kH, 8);
-    CK(cudaGetLastError());
+    const ExpertWeights wt = make_weights(s);
+    uint16_t *w_gu = wt.w_gu, *w_dn = wt.w_dn;
+    uint8_t *q_gu = wt.q_gu, *q_dn = wt.q_dn;
+    float *s_gu = wt.s_gu, *s_dn = wt.s_dn;
 
     const std::vector<int> counts =
         quick ? std::vector<int>{512} : std::vector<int>{128, 256, 512, 1024, 2048};
@@ -125,7 +98,7 @@ int main(int argc, char** argv) {
                                                                    ref);
                     err_dn = rel_err(host(y, int64_t{nK} * kH), host(ref, int64_t{nK} * kH));
                 }
-                const float ms = graph_ms10(s, run);
+                const float ms = graph_ms(s, run, 10);
                 const double gb = r.touched * 3.0 * kIe * kH * wbytes / 1e9;
                 const double tflop = nK * 3.0 * kIe * kH * 2.0 * (fp8 ? 1 : 2) / 1e12;
                 const bool bad = err_gu > bound || err_dn > bound;

@@ -175,20 +175,42 @@ std::vector<float> h_values(const uint16_t* d_hi, const uint16_t* d_lo, bool f16
     return v;
 }
 
-// Per-launch ms of `launch`, 20 launches in one graph, median of 5 replays.
+// Per-launch ms of `launch`, `launches` of them in one graph, median of 5 replays.
 template <class F>
-float graph_ms(cudaStream_t s, F&& launch) {
-    constexpr int kLaunches = 20;
+float graph_ms(cudaStream_t s, F&& launch, int launches = 20) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < kLaunches; ++i) launch();
+    for (int i = 0; i < launches; ++i) launch();
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     const float ms = lab::time_ms(5, s, [&] { CK(cudaGraphLaunch(ge, s)); });
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
-    return ms / kLaunches;
+    return ms / launches;
+}
+
+// The 128 experts' gate/up [E][2 Ie][H] and down [E][H][Ie] rows, bf16 and e4m3 with their row scales, drawn
+// on the device (fixed seeds).
+struct ExpertWeights {
+    uint16_t *w_gu = nullptr, *w_dn = nullptr;
+    uint8_t *q_gu = nullptr, *q_dn = nullptr;
+    float *s_gu = nullptr, *s_dn = nullptr;
+};
+ExpertWeights make_weights(cudaStream_t s) {
+    const int64_t gu = int64_t{kE} * 2 * kIe * kH, dn = int64_t{kE} * kH * kIe;
+    ExpertWeights w;
+    w.w_gu = dalloc<uint16_t>(gu), w.w_dn = dalloc<uint16_t>(dn);
+    w.q_gu = dalloc<uint8_t>(gu), w.q_dn = dalloc<uint8_t>(dn);
+    w.s_gu = dalloc<float>(int64_t{kE} * 2 * kIe), w.s_dn = dalloc<float>(int64_t{kE} * kH);
+    fill_bf16<<<4096, 256, 0, s>>>(w.w_gu, gu, 1, 0.05f);
+    fill_bf16<<<4096, 256, 0, s>>>(w.w_dn, dn, 2, 0.05f);
+    fill_fp8<<<4096, 256, 0, s>>>(w.q_gu, gu, 3);
+    fill_fp8<<<4096, 256, 0, s>>>(w.q_dn, dn, 5);
+    fill_scale<<<256, 256, 0, s>>>(w.s_gu, int64_t{kE} * 2 * kIe, 7);
+    fill_scale<<<256, 256, 0, s>>>(w.s_dn, int64_t{kE} * kH, 8);
+    CK(cudaGetLastError());
+    return w;
 }
 
 }  // namespace moe_lab

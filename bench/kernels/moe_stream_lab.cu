@@ -34,17 +34,10 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    const int64_t gu = int64_t{kE} * 2 * kIe * kH, dn = int64_t{kE} * kH * kIe;
-    uint16_t *w_gu = dalloc<uint16_t>(gu), *w_dn = dalloc<uint16_t>(dn);
-    uint8_t *q_gu = dalloc<uint8_t>(gu), *q_dn = dalloc<uint8_t>(dn);
-    float *s_gu = dalloc<float>(int64_t{kE} * 2 * kIe), *s_dn = dalloc<float>(int64_t{kE} * kH);
-    fill_bf16<<<4096, 256, 0, s>>>(w_gu, gu, 1, 0.05f);
-    fill_bf16<<<4096, 256, 0, s>>>(w_dn, dn, 2, 0.05f);
-    fill_fp8<<<4096, 256, 0, s>>>(q_gu, gu, 3);
-    fill_fp8<<<4096, 256, 0, s>>>(q_dn, dn, 5);
-    fill_scale<<<256, 256, 0, s>>>(s_gu, int64_t{kE} * 2 * kIe, 7);
-    fill_scale<<<256, 256, 0, s>>>(s_dn, int64_t{kE} * kH, 8);
-    CK(cudaGetLastError());
+    const ExpertWeights wt = make_weights(s);
+    uint16_t *w_gu = wt.w_gu, *w_dn = wt.w_dn;
+    uint8_t *q_gu = wt.q_gu, *q_dn = wt.q_dn;
+    float *s_gu = wt.s_gu, *s_dn = wt.s_dn;
 
     const std::vector<int> counts = quick ? std::vector<int>{8, 96} : std::vector<int>{8, 32, 64, 96, 128};
     const int nmax = 128;

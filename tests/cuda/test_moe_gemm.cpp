@@ -15,6 +15,7 @@
 #include "runtime/backend.h"
 #include "runtime/tuning.h"
 #include "support/device_arrays.h"
+#include "support/expert_rows.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 
@@ -30,62 +31,32 @@ namespace {
 
 #ifdef MARKBASE_HAS_CUDA
 using testing::from_bf16;
+using testing::from_f16;
+using testing::gelu_tanh;
 using testing::to_bf16;
 using testing::to_device;
 using testing::to_host;
-
-double gelu_tanh(double x) {
-    return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-}
 
 struct Errors {
     double h = 0.0, out = 0.0;  // the largest errors relative to the sums of |terms|
     int nonzero_foreign = 0;    // values of another rank's entries that are not 0
 };
 
-double from_f16(uint16_t b) {  // IEEE binary16
-    const int e = (b >> 10) & 31, m = b & 1023;
-    const double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? NAN : std::ldexp(1024 + m, e - 25);
-    return (b & 0x8000) ? -v : v;
+// Expert rows on the device as the kernels take them; the FP8 rows' bf16 slots hold NaN (the FP8 path must
+// not read them).
+cuda::ExpertRows upload(const testing::ExpertRowsHost& r, std::vector<void*>& owned) {
+    cuda::ExpertRows d;
+    if (r.fp8) {
+        d.fp8.q = to_device(r.q);
+        d.fp8.scale = to_device(r.scale);
+        owned.push_back(const_cast<uint8_t*>(d.fp8.q));
+        owned.push_back(const_cast<float*>(d.fp8.scale));
+    }
+    const std::vector<uint16_t> bf = r.fp8 ? std::vector<uint16_t>(r.q.size(), 0x7fc0) : r.w;
+    d.w = to_device(bf);
+    owned.push_back(const_cast<uint16_t*>(d.w));
+    return d;
 }
-
-// Expert rows of K: bf16 values, or e4m3 codes with a scale per row; value(r, k) as the kernel reads it.
-struct Rows {
-    bool fp8 = false;
-    int K = 0;
-    std::vector<uint16_t> w;
-    std::vector<uint8_t> q;
-    std::vector<float> scale;
-    Rows(std::mt19937& rng, bool is_fp8, size_t rows, int k) : fp8(is_fp8), K(k) {
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        if (!fp8) {
-            w.resize(rows * K);
-            for (uint16_t& v : w) v = to_bf16(0.1f * u(rng));
-            return;
-        }
-        q.resize(rows * K);
-        scale.resize(rows);
-        for (uint8_t& v : q) v = float_to_fp8_e4m3(448.0f * u(rng) * u(rng));  // small codes too
-        for (float& v : scale) v = (0.5f + 0.5f * (u(rng) + 1.0f)) * (0.1f / 448.0f);
-    }
-    double value(size_t r, size_t k) const {
-        return fp8 ? double(fp8_e4m3_to_float(q[r * K + k])) * scale[r] : from_bf16(w[r * K + k]);
-    }
-    cuda::ExpertRows upload(std::vector<void*>& owned) const {
-        cuda::ExpertRows d;
-        if (fp8) {
-            d.fp8.q = to_device(q);
-            d.fp8.scale = to_device(scale);
-            owned.push_back(const_cast<uint8_t*>(d.fp8.q));
-            owned.push_back(const_cast<float*>(d.fp8.scale));
-        }
-        // the bf16 rows the FP8 path must not read: NaN
-        std::vector<uint16_t> bf = fp8 ? std::vector<uint16_t>(q.size(), 0x7fc0) : w;
-        d.w = to_device(bf);
-        owned.push_back(const_cast<uint16_t*>(d.w));
-        return d;
-    }
-};
 
 // n tokens of K slots over E experts routed by expert_of; expert `foreign` belongs to another rank.
 template <class Route>
@@ -102,10 +73,10 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, int foreign, Route
     const int total = n * K;
     std::vector<float> x(static_cast<size_t>(n) * H);
     for (float& v : x) v = u(rng);
-    const Rows gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H),
+    const testing::ExpertRowsHost gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H),
         down(rng, fp8, static_cast<size_t>(E) * H, Ie);
     std::vector<void*> owned;
-    const cuda::ExpertRows d_gu = gu.upload(owned), d_down = down.upload(owned);
+    const cuda::ExpertRows d_gu = upload(gu, owned), d_down = upload(down, owned);
     float* d_x = to_device(x);
     int *d_off = to_device(off), *d_ent = to_device(entries), *d_gexp = to_device(group_expert);
     uint16_t *d_xr = nullptr, *d_h = nullptr;

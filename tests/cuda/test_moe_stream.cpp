@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/device_arrays.h"
+#include "support/expert_rows.h"
 #include "support/require_cuda.h"
 
 #ifdef MARKBASE_HAS_CUDA
@@ -28,13 +29,12 @@ namespace {
 
 #ifdef MARKBASE_HAS_CUDA
 using testing::from_bf16;
+using testing::from_f16;
+using testing::gelu_tanh;
 using testing::to_bf16;
 using testing::to_device;
 using testing::to_host;
 
-double gelu_tanh(double x) {
-    return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-}
 // bf16 halves of random values in [-1, 1): [rows][width] hi, then lo
 std::vector<uint16_t> random_halves(std::mt19937& rng, size_t count) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -46,41 +46,13 @@ std::vector<uint16_t> random_halves(std::mt19937& rng, size_t count) {
     }
     return hl;
 }
-double from_f16(uint16_t b) {  // IEEE binary16
-    const int e = (b >> 10) & 31, m = b & 1023;
-    const double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? NAN : std::ldexp(1024 + m, e - 25);
-    return (b & 0x8000) ? -v : v;
-}
 // The value of input i: bf16 hi + lo (hi's count values, then lo's), or 16 f16 (one array)
 double half_value(const std::vector<uint16_t>& hl, size_t count, size_t i, bool f16 = false) {
     if (f16) return 16.0 * from_f16(hl[i]);
     return double(from_bf16(hl[i])) + double(from_bf16(hl[count + i]));
 }
 
-// A matrix of `rows` rows of K: bf16 values, or e4m3 codes with a scale per row; value(r, k) as the kernel
-// reads it.
-struct Rows {
-    bool fp8 = false;
-    std::vector<uint16_t> w;
-    std::vector<uint8_t> q;
-    std::vector<float> scale;
-    int K = 0;
-    Rows(std::mt19937& rng, bool is_fp8, size_t rows, int k) : fp8(is_fp8), K(k) {
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        if (!fp8) {
-            w.resize(rows * K);
-            for (uint16_t& v : w) v = to_bf16(0.1f * u(rng));
-            return;
-        }
-        q.resize(rows * K);
-        scale.resize(rows);
-        for (uint8_t& v : q) v = float_to_fp8_e4m3(448.0f * u(rng) * u(rng));  // small codes too
-        for (float& v : scale) v = (0.5f + 0.5f * (u(rng) + 1.0f)) * (0.1f / 448.0f);
-    }
-    double value(size_t r, size_t k) const {
-        return fp8 ? double(fp8_e4m3_to_float(q[r * K + k])) * scale[r] : from_bf16(w[r * K + k]);
-    }
-};
+using Rows = testing::ExpertRowsHost;
 
 struct Errors {
     double h = 0.0, slots = 0.0;  // the largest errors relative to the sum of |terms|
