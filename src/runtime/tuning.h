@@ -89,10 +89,11 @@ struct Tuning {
     int stream_gemm = 16;
     // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
     // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host
-    // in the loop, so the step is one graph); 0 = the compact cuBLAS pass planned on the host, one sync per
-    // layer, for every count (what prefill chunks take). 96 on the H200 (bench/results/
-    // cuda-batched-moe-stream.json, 26B-A4B after 128 tokens): 8 sequences -10.8%, 16 -9.5%, 32 -4.9%, 64
-    // -1.2%, 128 +8.4% (its MMAs over 4 token tiles issue-bound); a server's ~98-row steps measured even.
+    // in the loop, so the step is one graph); 0 = what prefill chunks take for every count (moe_gemm since
+    // it replaced the compact cuBLAS pass; such steps run eagerly, not captured). 96 on the H200, measured
+    // against the compact pass (bench/results/cuda-batched-moe-stream.json, 26B-A4B after 128 tokens): 8
+    // sequences -10.8%, 16 -9.5%, 32 -4.9%, 64 -1.2%, 128 +8.4% (its MMAs over 4 token tiles issue-bound); a
+    // server's ~98-row steps measured even. Against moe_gemm the crossover is not yet measured.
     // FP8 experts (half the bytes) take moe_stream up to at least 128 (cuda/batch.cu kFp8BatchExperts).
     int batch_experts = 96;
     // moe_gemm=0|1: a prefill chunk's experts (and a batched step's past batch_experts) run moe_gemm
