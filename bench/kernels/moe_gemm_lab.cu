@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
+    moe_gemm_prepare();
     const ExpertWeights wt = make_weights(s);
     uint16_t *w_gu = wt.w_gu, *w_dn = wt.w_dn;
     uint8_t *q_gu = wt.q_gu, *q_dn = wt.q_dn;

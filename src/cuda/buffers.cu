@@ -10,13 +10,6 @@
 
 namespace markbase::cuda {
 
-namespace {
-
-// The compact MoE prefill pass's GEMMs over this many streams (26B-A4B prefill of 512 tokens +3.4% at 2 and
-// at 3, the same bits).
-
-}  // namespace
-
 // Every device buffer's bytes come from loading/memory_plan.h's cuda_buffers(), which the fit check sums
 // before any weight moves; its mirrored constants must be these.
 static_assert(CudaBuffers::kTopKMax == kTopKMax && CudaBuffers::kTopKSlice == kTopKSlice);

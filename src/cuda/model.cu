@@ -27,6 +27,7 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         const Widths wd = widths();
         plan_decode(tuning);
         gemv_prepare(std::max({c_.hidden, wd.q, wd.mlp, c_.ple_dim, c_.moe ? c_.expert_width : 0}));
+        if (c_.moe) moe_gemm_prepare();
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUBLAS_CHECK(cublasCreate(&blas_));
         CUBLAS_CHECK(cublasSetStream(blas_, stream_));

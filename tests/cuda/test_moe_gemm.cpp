@@ -87,6 +87,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, int foreign, Route
     EXPECT_EQ(cudaMalloc(&d_out, nout * sizeof(float)), cudaSuccess);
     EXPECT_EQ(cudaMemset(d_h, 0xff, 2 * nh * sizeof(uint16_t)), cudaSuccess);  // NaN: every value written
     EXPECT_EQ(cudaMemset(d_out, 0xff, nout * sizeof(float)), cudaSuccess);
+    cuda::moe_gemm_prepare();  // what a model's set-up does
     cuda::moe_gemm_experts(d_x, H, K, n, d_gu, d_down, Ie, d_gexp, d_off, d_ent, E, d_xr, d_h, d_out,
                            nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

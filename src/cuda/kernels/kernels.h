@@ -416,6 +416,7 @@ void gemv_quant_prepare();
 // halves [2][n K][Ie]; FP8 one f16 array), then down into out[entry][H] (an expert of group_expert < 0,
 // another rank's, gives zero rows). FP8 where both ExpertRows have FP8 rows, else the bf16 rows.
 bool moe_gemm_fits(int H, int Ie, int E);  // H % 128 == 0, Ie % 64 == 0, E <= 256
+void moe_gemm_prepare();  // its kernels' shared-memory limit on the current device (CudaModel's set-up)
 void moe_gemm_experts(const float* x, int H, int K, int n, const ExpertRows& gate_up, const ExpertRows& down,
                       int Ie, const int* group_expert, const int* group_off, const int* entries, int E,
                       bf16* x_rows, bf16* h, float* out, cudaStream_t s);

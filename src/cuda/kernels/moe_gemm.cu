@@ -15,8 +15,6 @@
 // up tile, so GeGLU is applied in registers) and its output is the down pass's input, h = gelu(gate) * up in
 // entry order. down: 128 rows of H, written to the entry's (token, slot) row of out.
 #include <algorithm>
-#include <bitset>
-#include <mutex>
 
 #include "cuda/check.h"
 #include "cuda/kernels/device_common.cuh"
@@ -349,26 +347,24 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int BN, bool Fp8>
+constexpr size_t smem_bytes() {
+    return static_cast<size_t>(kStages) * stage_bytes<BN, Fp8>();
+}
+// Over the 48 KB default: the limit belongs to the current device's context, so every model raises it where
+// it is built (moe_gemm_prepare, as gemv_prepare does its kernels').
+template <int BN, bool Fp8>
+void allow_smem() {
+    CUDA_CHECK(cudaFuncSetAttribute(gate_up_kernel<BN, Fp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes<BN, Fp8>())));
+    CUDA_CHECK(cudaFuncSetAttribute(down_kernel<BN, Fp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes<BN, Fp8>())));
+}
+
+template <int BN, bool Fp8>
 void launch_experts(const float* x, int H, int K, int n, Weights gate_up, Weights down, int Ie,
                     const int* group_expert, const int* group_off, const int* entries, int E,
                     uint16_t* x_rows, uint16_t* h, float* out, cudaStream_t s) {
-    constexpr size_t kSmem = static_cast<size_t>(kStages) * stage_bytes<BN, Fp8>();
-    // the shared-memory limit, once per device (a tensor-parallel rank drives its own)
-    static std::mutex m;
-    static std::bitset<64> ready;
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    {
-        const std::lock_guard<std::mutex> lock(m);
-        if (d >= 64 || !ready[static_cast<size_t>(d)]) {
-            CUDA_CHECK(cudaFuncSetAttribute(gate_up_kernel<BN, Fp8>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kSmem)));
-            CUDA_CHECK(cudaFuncSetAttribute(down_kernel<BN, Fp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kSmem)));
-            if (d < 64) ready[static_cast<size_t>(d)] = true;
-        }
-    }
+    constexpr size_t kSmem = smem_bytes<BN, Fp8>();
     const int entries_n = n * K;
     const int64_t x_lo = static_cast<int64_t>(n) * H, h_lo = static_cast<int64_t>(entries_n) * Ie;
     if constexpr (Fp8)
@@ -385,8 +381,13 @@ void launch_experts(const float* x, int H, int K, int n, Weights gate_up, Weight
 
 }  // namespace
 
+void moe_gemm_prepare() {
+    allow_smem<32, false>();
+    allow_smem<32, true>();
+}
+
 bool moe_gemm_fits(int H, int Ie, int E) {
-    return H % kRows == 0 && H % kKc == 0 && Ie % kKc == 0 && E <= kMaxExperts;
+    return H % kRows == 0 && Ie % kKc == 0 && E <= kMaxExperts;  // (kRows is a multiple of kKc)
 }
 
 void moe_gemm_experts(const float* x, int H, int K, int n, const ExpertRows& gate_up, const ExpertRows& down,
