@@ -61,6 +61,8 @@ struct DecodePlan {
     // A prefill chunk's experts run moe_gemm where it tiles the widths (Tuning::moe_gemm), else the grouped
     // GEMV kernels.
     bool moe_gemm = true;
+    // The cuBLAS products take their inputs' bf16 rounding alone (Tuning::gemm_inputs), not both halves.
+    bool gemm_bf16 = false;
     int sms = 0;
 };
 

@@ -228,9 +228,11 @@ void CudaModel::prefill_experts_of(int i, int n, cudaStream_t s) {
     in.norm_scale = 1.0f / std::sqrt(static_cast<float>(H));
     in.eps = eps;
     GemvSeg seg{lw.router_proj, moe_.rlogits, E, E};
-    // A prompt chunk's router logits as a GEMM over the normed input's halves (the GEMV kernels, made for a
-    // few tokens, took 87 us a layer at 512 tokens on the H200: 2.6 of a 26B-A4B prefill's 37.9 ms)
-    const bool as_gemm = !on_device && n > plan_.stream_gemm_max;
+    // The router logits of more tokens than stream_gemm takes (a prompt chunk, a batched step of 17 or more
+    // sequences, which then runs on stream_) as a GEMM over the normed input's halves: the GEMV kernels, made
+    // for a few tokens, took 87 us a layer at 512 tokens on the H200 (2.6 of a 26B-A4B prefill's 37.9 ms)
+    // and 0.83 ms of a 96-sequence step.
+    const bool as_gemm = n > plan_.stream_gemm_max;
     run(pf, "router", i, wb * E, [&] {
         if (as_gemm) {
             split_rows(act_.x, H, H, n, true, lw.router_scale, eps, act_.hi, lo_at(n, H), s);
@@ -296,8 +298,15 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
                     stream_);
         return;
     }
-    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 halves).
+    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 halves),
+    // or hi alone (Tuning::gemm_inputs=bf16: x rounded to bf16).
     const float zero = 0.0f;
+    if (plan_.gemm_bf16) {
+        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, W, CUDA_R_16BF, K,
+                                  act_.hi, CUDA_R_16BF, K, &zero, Y, CUDA_R_32F, static_cast<int>(ldy),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
     if (n <= kGemmStackMaxN && N <= act_.y2_cols) {  // one pass over W: [hi; lo] as 2n columns, then the sum
         CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * n, K, &alpha, W, CUDA_R_16BF, K,
                                   act_.hi, CUDA_R_16BF, K, &zero, act_.y2, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,

@@ -103,6 +103,12 @@ struct Tuning {
     // (planned on the host after a sync per layer): 26B-A4B prefill of 512 14.5k -> 16.2k tok/s with bf16
     // experts, 14.6k -> 18.9k with FP8; `serve` c100 with FP8 weights 3,621 -> 3,981 tok/s.
     bool moe_gemm = true;
+    // gemm_inputs=halves|bf16: what the cuBLAS products (prompt chunks, batched steps past stream_gemm's
+    // rows) take of their fp32 inputs. halves = two bf16 halves (hi + lo, stacked or as two GEMMs: within
+    // ~1e-6 of the fp32 decode path, twice the tensor-core work); bf16 = the input rounded to bf16 once (what
+    // transformers in bf16, vLLM, SGLang and llama.cpp's GPU path compute), half the work.
+    enum class GemmInputs : uint8_t { kHalves, kBf16 };
+    GemmInputs gemm_inputs = GemmInputs::kHalves;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel
