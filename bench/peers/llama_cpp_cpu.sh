@@ -11,7 +11,7 @@
 #        MARKBASE=PATH OUT=DIR [VARIANT=e2b] [WORK=/tmp/peer] bash bench/peers/llama_cpp_cpu.sh
 # Writes $OUT/cpu-vs-llama-cpp.json (every figure, both engines' command lines) and the raw outputs.
 set -u
-: "${LLAMA_SRC:?tarball of llama.cpp's source}" "${MAKER:?make_random_ckpt.py}" "${TOK:?tokenizer dir}"
+: "${LLAMA_SRC:?tarball of the llama.cpp source}" "${MAKER:?make_random_ckpt.py}" "${TOK:?tokenizer dir}"
 : "${MARKBASE:?markbase binary}" "${OUT:?output dir}"
 VARIANT=${VARIANT:-e2b}
 WORK=${WORK:-/tmp/peer}

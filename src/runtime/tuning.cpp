@@ -84,7 +84,7 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "moe_gemm") {
         t.moe_gemm = parse_flag(source, key, v);
     } else if (key == "gemm_inputs") {
-        if (v != "halves" && v != "bf16") bad(source, key, v, "halves or bf16");
+        if (v != "halves" && v != "bf16") bad(source, key, v, "bf16 or halves");
         t.gemm_inputs = v == "bf16" ? Tuning::GemmInputs::kBf16 : Tuning::GemmInputs::kHalves;
     } else if (key == "skip") {
         t.skip.clear();

@@ -26,6 +26,7 @@
 #include "loading/random_checkpoint.h"
 #include "model/error.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -106,7 +107,7 @@ void check_tiny(const std::string& family, const std::string& label, const Tunin
     auto ck = load_checkpoint(dir.path());
     const std::vector<int> ids = random_ids(23, 256, 42);  // > 5 windows of 4
 
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 512;
     o.chunk = 64;
     o.threads = 2;
@@ -186,7 +187,7 @@ void check_long(const std::string& family, const std::string& label, const Tunin
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 13);
     auto ck = load_checkpoint(dir.path());
     const std::vector<int> ids = random_ids(300, 256, 9);
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 512;
     o.chunk = 160;  // two prefill chunks; the second one's queries see up to 300 keys
     o.threads = 2;
@@ -262,7 +263,7 @@ TEST_P(CudaTinySwitches, MatchesCpu) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const auto& [family, setting] = GetParam();
-    const Tuning t = parse_tuning(setting);
+    const Tuning t = testing::exact_tuning(setting);
     check_tiny(family, " [" + setting + "]", t);
     check_long(family, " [" + setting + "]", t);
 #endif
@@ -285,10 +286,10 @@ TEST(CudaTuning, AClusterAskedForIsBuiltOrRefusedByName) {
     testing::TempDir dir("cuda-tuning");
     write_random_checkpoint(dir.path(), testing::tiny_config("e2b"), 7);
     auto ck = load_checkpoint(dir.path());
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     o.chunk = 8;
-    o.tuning = parse_tuning("attn_cluster=1");
+    o.tuning = testing::exact_tuning("attn_cluster=1");
     if (cuda_device_info().cc_major >= 9) {
         EXPECT_NO_THROW(make_cuda_backend(*ck, o));
     } else {
@@ -321,7 +322,7 @@ constexpr float kRouterMargin = 1e-3f;
 void check_synthetic(const std::string& v, const std::string& label, const Tuning& tuning = {}) {
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
     constexpr int kPrompt = 12, kSteps = 3;
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     o.chunk = 32;
     o.tuning = tuning;
@@ -395,7 +396,7 @@ TEST_P(CudaSyntheticSwitches, MatchesCpuAtRealWidths) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const auto& [variant, setting] = GetParam();
-    check_synthetic(variant, " [" + setting + "]", parse_tuning(setting));
+    check_synthetic(variant, " [" + setting + "]", testing::exact_tuning(setting));
 #endif
 }
 
@@ -411,7 +412,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaSyntheticSwitches,
 std::vector<float> synthetic_chain(const char* variant, BackendOptions o, uint64_t seed,
                                    const std::string& setting, int prompt, int steps, int layers = 2,
                                    uint32_t prompt_seed = 5) {
-    o.tuning = parse_tuning(setting);
+    o.tuning = testing::exact_tuning(setting);
     auto gpu = make_synthetic_cuda_backend(variant, layers, o, seed);
     const int64_t V = gpu->config().vocab_size;
     const std::vector<int> ids = random_ids(prompt, static_cast<int>(V), prompt_seed);
@@ -471,7 +472,7 @@ constexpr float kVariantRouterMargin = 1e-5f;
 TEST(CudaAttnGemm, RowBatchesMatchOneBatch) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 1200;
     o.chunk = 272;
     for (const char* v : {"e2b", "e4b", "26b-a4b", "31b"}) {

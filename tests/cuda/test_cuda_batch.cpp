@@ -16,6 +16,7 @@
 #include "loading/random_checkpoint.h"
 #include "model/error.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -38,7 +39,7 @@ TEST_P(CudaBatch, SequencesTogetherDecodeAsAlone) {
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 21);
     auto ck = load_checkpoint(dir.path());
     const int64_t V = ck->config.vocab_size;
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 640;
     // the exact cache: with bf16 the two paths' ~1e-6 differences round keys to neighbouring bf16 values now
     // and then (test_cuda_kv_bf16.cpp holds the bf16 batched step to the CPU's bf16 cache)
@@ -150,7 +151,7 @@ TEST(CudaBatchPasses, TenSequencesMatchEachAlone) {
         write_random_checkpoint(dir.path(), config, 22);
         auto ck = load_checkpoint(dir.path());
         const int64_t V = ck->config.vocab_size;
-        BackendOptions o;
+        BackendOptions o = testing::exact_options();
         o.ctx_size = 64;
         o.chunk = 16;
         o.slots = kSeq;

@@ -17,6 +17,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -99,14 +100,14 @@ TEST_P(CudaBatchAttention, TensorCoresGiveTheWarpKernelsLogits) {
     for (const KvDtype kv : {KvDtype::kBf16, KvDtype::kFp8})
         for (const char* keys : {"batch_attn_keys=16", "batch_attn_keys=48"}) {
             const bool fp8 = kv == KvDtype::kFp8;
-            BackendOptions o;
+            BackendOptions o = testing::exact_options();
             o.ctx_size = 320;
             o.chunk = 64;
             o.slots = 4;
             o.kv_dtype = kv;
-            o.tuning = parse_tuning(std::string(keys) + ",batch_attn=warp");
+            o.tuning = testing::exact_tuning(std::string(keys) + ",batch_attn=warp");
             auto warp = make_cuda_backend(*ck, o);
-            o.tuning = parse_tuning(std::string(keys) + ",batch_attn=mma");
+            o.tuning = testing::exact_tuning(std::string(keys) + ",batch_attn=mma");
             auto mma = make_cuda_backend(*ck, o);
             const std::vector<float> a = batched_logits(*warp, prompts, 5),
                                      b = batched_logits(*mma, prompts, 5);
@@ -133,12 +134,12 @@ TEST_P(CudaBatchAttentionReal, TensorCoresGiveTheWarpKernelsLogits) {
     const int layers = v == "e2b" ? 5 : 6;  // through the first full layer
     for (const KvDtype kv : {KvDtype::kBf16, KvDtype::kFp8}) {
         const bool fp8 = kv == KvDtype::kFp8;
-        BackendOptions o;
+        BackendOptions o = testing::exact_options();
         o.ctx_size = 1300;
         o.chunk = 256;
         o.slots = 3;
         o.kv_dtype = kv;
-        o.tuning = parse_tuning("batch_attn=warp");
+        o.tuning = testing::exact_tuning("batch_attn=warp");
         std::vector<float> a, b;
         std::vector<std::vector<int>> prompts;
         size_t warp_vocab = 0;
@@ -148,7 +149,7 @@ TEST_P(CudaBatchAttentionReal, TensorCoresGiveTheWarpKernelsLogits) {
             prompts = prompts_of({1200, 300, 37}, static_cast<int>(warp->config().vocab_size), 90);
             a = batched_logits(*warp, prompts, 3);
         }
-        o.tuning = parse_tuning("batch_attn=mma");
+        o.tuning = testing::exact_tuning("batch_attn=mma");
         {
             auto mma = make_synthetic_cuda_backend(v, layers, o, 77);
             b = batched_logits(*mma, prompts, 3);

@@ -17,6 +17,7 @@
 #include "loading/npy.h"
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "support/exact_options.h"
 #include "support/goldens.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -42,7 +43,7 @@ TEST_P(CudaGolden, LogitsAndGreedyIdsMatchTransformers) {
     auto ck = load_checkpoint(dir);
     for (const KvDtype kv : {KvDtype::kF32, KvDtype::kBf16}) {
         const std::string label = GetParam() + ", " + gpu_kv_name(kv, 1) + " KV cache";
-        BackendOptions o;
+        BackendOptions o = testing::exact_options();
         o.ctx_size = static_cast<int64_t>(prompt.size() + greedy.size() + 1);
         o.chunk = 16;  // two prefill chunks: the sliding rings (window 8) wrap inside and between them
         o.kv_dtype = kv;

@@ -13,6 +13,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/kv_long_prompt.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -42,7 +43,7 @@ TEST_P(CudaKvBf16, ComputesTheCpusBf16Cache) {
     auto ck = load_checkpoint(dir.path());
     const int64_t V = ck->config.vocab_size;
     constexpr int kLen = 40, kSeqs = 3;  // > 9 sliding windows of 4
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     o.chunk = 8;
     o.threads = 2;

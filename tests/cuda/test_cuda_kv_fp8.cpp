@@ -12,6 +12,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/kv_long_prompt.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -40,7 +41,7 @@ TEST_P(CudaKvFp8, ComputesTheCpusFp8Cache) {
     auto ck = load_checkpoint(dir.path());
     const int64_t V = ck->config.vocab_size;
     constexpr int kLen = 40, kPrompt = 24, kSeqs = 3;  // > 9 sliding windows of 4
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     // 512 positions: the one sequence's decode graph below 256 keys runs its pieces as thread-block clusters
     // of 16 (past the portable 8, each cache type's kernel opted in: attention_cluster_fits)
     o.ctx_size = 512;

@@ -15,6 +15,7 @@
 
 #include "loading/checkpoint.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -44,7 +45,7 @@ TEST_P(CudaQuant, DecodeMatchesTheCpuOnTheDequantisedWeights) {
     const WeightFormat f = std::get<1>(GetParam());
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
     constexpr int kPrompt = 12, kSteps = 4;
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     o.chunk = 32;
     o.kv_dtype = KvDtype::kF32;
@@ -131,7 +132,7 @@ TEST(CudaQuantBatch, Fp8ExpertsInTheBatchedStepMatchTheCpu) {
 #ifdef MARKBASE_HAS_CUDA
     constexpr int kSeq = 20, kPrompt = 12, kSteps = 3;
     constexpr float kMargin = 3e-3f;  // routing clear of a tie, as above
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     o.chunk = 32;
     o.kv_dtype = KvDtype::kF32;
@@ -213,7 +214,7 @@ TEST_P(CudaQuantCheckpoint, BundledModelQuantisedAtLoadMatchesTheCpu) {
     lo.quantize = GetParam();
     const auto ck = load_checkpoint(MARKBASE_TEST_DATA "/../../models/default", lo);
     ASSERT_FALSE(ck->weights.quant.empty());
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 128;
     o.chunk = 32;
     o.kv_dtype = KvDtype::kF32;

@@ -13,6 +13,7 @@
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "runtime/generate.h"
+#include "support/exact_options.h"
 #include "support/tiny_models.h"
 
 #ifdef MARKBASE_HAS_CUDA
@@ -46,7 +47,7 @@ TEST_P(CudaSampling, DeviceTopKEqualsHostTopK) {
     testing::TempDir dir("cuda_sampling");
     write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 11, 30000);
     const auto ck = load_checkpoint(dir.path());
-    BackendOptions opt;
+    BackendOptions opt = testing::exact_options();
     opt.ctx_size = 96;
     opt.chunk = 16;
     const auto be = make_cuda_backend(*ck, opt);
@@ -97,12 +98,12 @@ TEST_P(CudaSampling, GenerateDrawsTheSameIdsAsTheHostSampler) {
     testing::TempDir dir("cuda_sampling_gen");
     write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 12, 30000);
     const auto ck = load_checkpoint(dir.path());
-    BackendOptions opt;
+    BackendOptions opt = testing::exact_options();
     opt.ctx_size = 128;
     opt.chunk = 16;
     const auto be = make_cuda_backend(*ck, opt);
     BackendOptions off = opt;
-    off.tuning = parse_tuning("device_sampling=0");
+    off.tuning = testing::exact_tuning("device_sampling=0");
     const auto host_be = make_cuda_backend(*ck, off);  // the same weights, every row to the host sampler
     ASSERT_GT(be->max_select_k(), 0);
     EXPECT_EQ(host_be->max_select_k(), 0) << "device_sampling=0";

@@ -21,6 +21,7 @@
 #include "runtime/slot_backend.h"
 #include "server/engine_fixture.h"
 #include "support/cpu_alone.h"
+#include "support/exact_options.h"
 #include "support/goldens.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -30,7 +31,7 @@ namespace markbase {
 namespace {
 
 [[maybe_unused]] BackendOptions options(int slots) {
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.threads = 2;
     o.ctx_size = 64;
     o.chunk = 2;

@@ -19,6 +19,7 @@
 #include "model/error.h"
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -81,7 +82,7 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 7);
     auto ck = load_checkpoint(dir.path());
     const std::vector<int> ids = random_ids(23, 256, 42);
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 512;
     o.chunk = 64;
     o.threads = 2;
@@ -125,7 +126,7 @@ TEST_P(CudaTpTiny, TwoGpusComputeTheOneGpuModel) {
     // the decode step's sums through NCCL instead of the NVLink peer sums (the default where peers can map
     // each other's memory): the same chain
     BackendOptions o2n = o2;
-    o2n.tuning = parse_tuning("tp_allreduce=nccl");
+    o2n.tuning = testing::exact_tuning("tp_allreduce=nccl");
     auto two_nccl = make_cuda_backend(*ck, o2n);
     EXPECT_NE(two_nccl->name().find("NCCL"), std::string::npos) << two_nccl->name();
     std::printf("  %s: %s and %s\n", family.c_str(), two->name().c_str(), two_nccl->name().c_str());
@@ -148,7 +149,7 @@ TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
     testing::TempDir dir("cuda-tp-sampling");
     write_random_checkpoint(dir.path(), testing::tiny_config(GetParam()), 12, 30000);
     const auto ck = load_checkpoint(dir.path());
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 128;
     o.chunk = 16;
     o.tensor_parallel = 2;
@@ -156,7 +157,7 @@ TEST_P(CudaTpSampling, MergedCandidatesDrawTheHostSamplersIds) {
     ASSERT_GT(be->max_select_k(), 0) << "device-side selection on 2 GPUs";
     {
         BackendOptions off = o;
-        off.tuning = parse_tuning("device_sampling=0");
+        off.tuning = testing::exact_tuning("device_sampling=0");
         EXPECT_EQ(make_cuda_backend(*ck, off)->max_select_k(), 0) << "device_sampling=0";
     }
     const std::vector<int> prompt = {2, 30, 31, 32, 33};
@@ -203,7 +204,7 @@ TEST_P(CudaTpSynthetic, TwoGpusMatchOneAtRealWidths) {
 #ifdef MARKBASE_HAS_CUDA
     const std::string v = GetParam();
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 128;
     o.chunk = 32;
     auto one = make_synthetic_cuda_backend(v, layers, o, 99);
@@ -244,7 +245,7 @@ TEST(CudaTp, RefusesWhatCannotBeSplit) {
     testing::TempDir dir("cuda-tp-bad");
     write_random_checkpoint(dir.path(), testing::tiny_config("31b"), 7);
     auto ck = load_checkpoint(dir.path());
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     const int visible = NcclGroup::device_count();
     o.tensor_parallel = visible + 1;

@@ -1,8 +1,8 @@
-// Tuning::gemm_inputs: the cuBLAS products over their inputs' bf16 rounding alone against both bf16 halves
-// (the exact engine's products, which CudaSynthetic holds to the CPU). At real widths, four layers, a
-// 300-token prompt in chunks of 256 and 44 (the halves' two GEMM forms: two GEMMs, then one stacked): the
-// difference is bf16's rounding of every product's input (2^-9 relative), bounded here and printed for
-// docs/performance.md.
+// Tuning::gemm_inputs: the product's default, the cuBLAS products over their inputs' bf16 rounding alone,
+// against both bf16 halves (the exact products, which CudaSynthetic holds to the CPU). At real widths, four
+// layers, a 300-token prompt in chunks of 256 and 44 (the halves' two GEMM forms: two GEMMs, then one
+// stacked): the difference is bf16's rounding of every product's input (2^-9 relative), bounded here and
+// printed for docs/performance.md.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -43,8 +43,8 @@ class CudaGemmInputs : public ::testing::TestWithParam<const char*> {};
 TEST_P(CudaGemmInputs, Bf16InputsStayNearTheHalves) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    const std::vector<float> halves = prompt_logits(GetParam(), "");
-    const std::vector<float> bf16 = prompt_logits(GetParam(), "gemm_inputs=bf16");
+    const std::vector<float> halves = prompt_logits(GetParam(), "gemm_inputs=halves");
+    const std::vector<float> bf16 = prompt_logits(GetParam(), "");
     const double e = testing::rel_err(halves, bf16);
     std::printf("  %s prompt of 300, bf16 inputs against the halves: rel err %.2e\n", GetParam(), e);
     EXPECT_GT(e, 0.0) << "identical to the last bit: the bf16 inputs did not reach the products";

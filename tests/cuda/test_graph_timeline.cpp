@@ -14,6 +14,7 @@
 
 #include "model/error.h"
 #include "runtime/graph_timeline.h"
+#include "support/exact_options.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -244,7 +245,7 @@ TEST_P(CudaTimeline, EveryRecordChargedToItsLaunch) {
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 7);
     auto ck = load_checkpoint(dir.path());
     const ModelConfig& c = ck->config;
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 256;
     o.chunk = 64;
     auto gpu = make_cuda_backend(*ck, o);

@@ -15,6 +15,7 @@
 #include "runtime/backend.h"
 #include "runtime/tuning.h"
 #include "support/device_arrays.h"
+#include "support/exact_options.h"
 #include "support/expert_rows.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -188,12 +189,12 @@ TEST(MoeGemm, Fp8RowsMatchTheFp64ProductsOfTheirScaledCodes) {
 TEST(MoeGemm, PrefillGivesTheGemvKernelsLogits) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = 512;
     o.chunk = 256;
     std::vector<int> prompt;
     auto logits = [&](const char* tuning) {
-        o.tuning = parse_tuning(tuning);
+        o.tuning = testing::exact_tuning(tuning);
         auto be = make_synthetic_cuda_backend("26b-a4b", 2, o, 31);
         const auto V = static_cast<size_t>(be->config().vocab_size);
         if (prompt.empty()) prompt = testing::random_ids(300, static_cast<int>(V), 5);

@@ -15,6 +15,7 @@
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
 #include "support/device_arrays.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -168,7 +169,7 @@ TEST(StreamGemm, ModelMatchesTheCublasProjections) {
         std::vector<std::vector<float>> lg[2];
         std::vector<float> step[2];
         for (int sg = 0; sg < 2; ++sg) {
-            BackendOptions o;
+            BackendOptions o = testing::exact_options();
             o.ctx_size = 128;
             o.chunk = 8;
             o.slots = 3;

@@ -30,6 +30,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_FALSE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 0);
     EXPECT_TRUE(t.moe_gemm);
+    EXPECT_EQ(t.gemm_inputs, Tuning::GemmInputs::kBf16);
     EXPECT_EQ(t.batch_attn_keys, 64);
     EXPECT_EQ(t.batch_attn_heads, 0);
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kMma);
@@ -43,7 +44,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
         "load_direct=1,attn_gemm_rows=40,batch_attn_keys=16,batch_attn_heads=2,"
-        "batch_attn=warp,stream_gemm=0,moe_gemm=0,cpu_pin=1,"
+        "batch_attn=warp,stream_gemm=0,moe_gemm=0,gemm_inputs=halves,cpu_pin=1,"
         "skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
@@ -55,6 +56,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_TRUE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 40);
     EXPECT_FALSE(t.moe_gemm);
+    EXPECT_EQ(t.gemm_inputs, Tuning::GemmInputs::kHalves);
     EXPECT_EQ(t.batch_attn_keys, 16);
     EXPECT_EQ(t.batch_attn_heads, 2);
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kWarp);
@@ -87,6 +89,8 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
     EXPECT_NE(error_of("batch_attn_heads=16").find("batch_attn_heads=16: expected"), std::string::npos);
     EXPECT_NE(error_of("batch_attn=tc").find("batch_attn=tc: expected mma or warp"), std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);
+    EXPECT_NE(error_of("gemm_inputs=fp32").find("gemm_inputs=fp32: expected bf16 or halves"),
+              std::string::npos);
     EXPECT_NE(error_of("skip=").find("skip=: expected"), std::string::npos);
     EXPECT_NE(error_of("skip=qkv++ffn").find("skip=qkv++ffn"), std::string::npos);
 }

@@ -7,6 +7,7 @@
 #include "loading/random_checkpoint.h"
 #include "model/error.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/tiny_models.h"
 #ifdef MARKBASE_HAS_CUDA
@@ -27,7 +28,7 @@ KvLongPrompt kv_long_prompt_against_f32(const std::string& family, KvDtype kv) {
     r.moe = ck->config.moe;
     constexpr int kPrompt = 2300, kChunk = 1024, kSteps = 8;
     const std::vector<int> ids = random_ids(kPrompt, 256, 17);
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();
     o.ctx_size = kPrompt + kSteps + 1;
     o.chunk = kChunk;
     o.kv_dtype = KvDtype::kF32;

@@ -14,6 +14,7 @@
 #include "model/int4.h"
 #include "model/tensor_plan.h"
 #include "runtime/backend.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 
 namespace markbase::testing {
@@ -294,7 +295,7 @@ void expect_same_bf16(const Checkpoint& a, const Checkpoint& b) {
 
 void expect_same_logits(const Checkpoint& a, const Checkpoint& b) {
     auto logits = [](const Checkpoint& ck) {
-        BackendOptions o;
+        BackendOptions o = testing::exact_options();
         o.threads = 2;
         o.ctx_size = 64;
         auto be = make_cpu_backend(ck, o);
