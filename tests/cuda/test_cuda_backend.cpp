@@ -101,7 +101,8 @@ void expect_same_greedy(Backend& cpu, CudaBackend& gpu, const std::vector<int>& 
 }
 
 // Prefill, chunked prefill, the decode graph per token, greedy decoding, truncate, a profiled step.
-void check_tiny(const std::string& family, const std::string& label, const Tuning& tuning = {}) {
+void check_tiny(const std::string& family, const std::string& label,
+                const Tuning& tuning = testing::exact_tuning()) {
     testing::TempDir dir("cuda-" + family);
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 7);
     auto ck = load_checkpoint(dir.path());
@@ -182,7 +183,8 @@ void check_tiny(const std::string& family, const std::string& label, const Tunin
 
 // Long enough that prefill attention runs several 128-key tiles per piece and several pieces per head, and
 // that decode spreads full layers over many pieces merged by the last one.
-void check_long(const std::string& family, const std::string& label, const Tuning& tuning = {}) {
+void check_long(const std::string& family, const std::string& label,
+                const Tuning& tuning = testing::exact_tuning()) {
     testing::TempDir dir("cuda-long-" + family);
     write_random_checkpoint(dir.path(), testing::tiny_config(family), 13);
     auto ck = load_checkpoint(dir.path());
@@ -319,7 +321,8 @@ struct SyntheticRef {
 // backends' roundings: their inputs differ by up to ~1e-4 relative after a few layers.
 constexpr float kRouterMargin = 1e-3f;
 
-void check_synthetic(const std::string& v, const std::string& label, const Tuning& tuning = {}) {
+void check_synthetic(const std::string& v, const std::string& label,
+                     const Tuning& tuning = testing::exact_tuning()) {
     const int layers = v == "e2b" ? 10 : v == "e4b" ? 7 : 2;
     constexpr int kPrompt = 12, kSteps = 3;
     BackendOptions o = testing::exact_options();
