@@ -48,7 +48,7 @@ TEST_P(CudaGemmInputs, Bf16InputsStayNearTheHalves) {
     const double e = testing::rel_err(halves, bf16);
     std::printf("  %s prompt of 300, bf16 inputs against the halves: rel err %.2e\n", GetParam(), e);
     EXPECT_GT(e, 0.0) << "identical to the last bit: the bf16 inputs did not reach the products";
-    EXPECT_LT(e, 5e-2);
+    EXPECT_LT(e, 2e-2);  // the H200: E2B 4.9e-3, 26B-A4B 5.9e-3 (its router), 31B 1.6e-3
 #endif
 }
 
