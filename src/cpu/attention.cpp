@@ -1,7 +1,11 @@
 // 2.5: Gemma 4 attention on the CPU: q/k norms, RoPE (default or proportional), k_eq_v, weightless v_norm,
 // GQA, sliding-window and full causal masks, KV sharing, scale 1.0, no softcap. The projections take every
-// row of the pass at once; RoPE, the cache writes and the scores go row by row, each against its own cache
-// and position (RowCaches), so one code path serves a prompt chunk and a batched decode step.
+// row of the pass at once; RoPE and the cache writes go row by row, each against its own cache and position
+// (RowCaches), and the scores in blocks of a sequence's rows and a KV group's heads (each row's result the
+// same as alone), so one code path serves a prompt chunk and a batched decode step. On the H200 host's
+// 16-core Xeon the blocks took E2B's prefill of 512 from 194 to 216 tok/s (medians of four alternating
+// pairs, bench/results/cpu-attention-xeon.json; the prefill of 64 even); on a 2-core VM the attention's
+// share of that prefill went 1.10 -> 0.27 s.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -25,30 +29,97 @@ void round_kv(KvDtype t, float* x, int d) {
         for (int c = 0; c < d; ++c) x[c] = fp8_e4m3_to_float(float_to_fp8_e4m3(x[c]));
 }
 
-// One query head against the keys lo..pos of its KV group g: scores q.k * 1.0, fp32 softmax (sum in double),
-// weighted sum of V into out[d].
-void attend(const float* q, LayerCache& src, int g, int d, int64_t lo, int64_t pos,
-            std::vector<float>& scores, float* out) {
-    scores.resize(pos - lo + 1);
-    float mx = -INFINITY;
-    for (int64_t j = lo; j <= pos; ++j) {
-        // in SIMD lanes (a serial sum is one dependent add per element: ~40x slower at d = 256)
-        const float acc = dot_f32(q, src.k_at(j) + g * d, d);
-        scores[j - lo] = acc;
-        mx = std::max(mx, acc);
+// The queries of one task: rows [t0, t1) of one sequence (one cache; a prompt chunk's rows, or one row of a
+// batched decode step) and heads [h0, h1) of KV group g, which share their key and value rows: the kernels'
+// tiles read a key or value row once for several heads, and the block's rows find it in cache.
+struct QueryBlock {
+    int t0, t1, h0, h1, g;
+};
+
+// A thread's scratch across its blocks: the key and value rows' addresses, one row's scores.
+struct BlockScratch {
+    std::vector<const float*> k, v;
+    std::vector<float> scores;
+};
+
+// Each query against the keys lo..pos of its row: scores q.k * 1.0, fp32 softmax (sum in double), the
+// weighted sum of V into its out[d]. The block's rows share one range of keys (the union of theirs; a weight
+// outside a query's own range is 0), and attn_scores / attn_values compute each query's row the same whatever
+// the block around it, so a prompt's row equals the same row computed alone (given finite value rows).
+void attend_block(const QueryBlock& b, const float* q, int nH, int d, const RowCaches& rows, int src_layer,
+                  bool sliding, int64_t W, BlockScratch& scratch, float* out) {
+    LayerCache& src = rows.cache(b.t0).layers[src_layer];
+    auto lo_of = [&](int t) { return sliding ? std::max<int64_t>(0, rows.pos(t) - W + 1) : int64_t{0}; };
+    int64_t jlo = INT64_MAX, jhi = -1;
+    for (int t = b.t0; t < b.t1; ++t) {
+        jlo = std::min(jlo, lo_of(t));
+        jhi = std::max(jhi, rows.pos(t));
     }
-    double sum = 0.0;
-    for (float& sc : scores) {
-        sc = std::exp(sc - mx);
-        sum += sc;
+    const int nh = b.h1 - b.h0;
+    const int span = static_cast<int>(jhi - jlo + 1);
+    scratch.k.resize(static_cast<size_t>(span));
+    scratch.v.resize(static_cast<size_t>(span));
+    for (int64_t j = jlo; j <= jhi; ++j) {
+        scratch.k[j - jlo] = src.k_at(j) + b.g * d;
+        scratch.v[j - jlo] = src.v_at(j) + b.g * d;
     }
-    const float inv_sum = static_cast<float>(1.0 / sum);
-    std::fill(out, out + d, 0.0f);
-    for (int64_t j = lo; j <= pos; ++j) {
-        const float p = scores[j - lo] * inv_sum;
-        const float* v = src.v_at(j) + g * d;
-        for (int u = 0; u < d; ++u) out[u] += p * v[u];
+    scratch.scores.resize(static_cast<size_t>(nh) * span);
+    float* sc = scratch.scores.data();
+    for (int t = b.t0; t < b.t1; ++t) {
+        const int64_t q0 = (static_cast<int64_t>(t) * nH + b.h0) * d;  // the row's first query of the block
+        // in SIMD lanes, a tile of queries x keys at a time (a serial sum is one dependent add per element)
+        attn_scores(q + q0, d, nh, scratch.k.data(), span, d, sc, span);
+        const int64_t lo = lo_of(t) - jlo, hi = rows.pos(t) - jlo;
+        for (int h = 0; h < nh; ++h) {
+            float* r = sc + static_cast<int64_t>(h) * span;
+            float mx = -INFINITY;
+            for (int64_t j = lo; j <= hi; ++j) mx = std::max(mx, r[j]);
+            double sum = 0.0;
+            for (int64_t j = lo; j <= hi; ++j) {
+                r[j] = std::exp(r[j] - mx);
+                sum += r[j];
+            }
+            const float inv_sum = static_cast<float>(1.0 / sum);
+            for (int64_t j = 0; j < span; ++j) r[j] = j >= lo && j <= hi ? r[j] * inv_sum : 0.0f;
+        }
+        attn_values(sc, span, nh, scratch.v.data(), span, d, out + q0, d);
     }
+}
+
+// The attention's tasks: runs of at most kBlockRows consecutive rows of one cache (a prompt chunk's; a
+// batched decode step's rows are each their own) times each KV group, its heads split further while there
+// would be fewer than two tasks a thread (one token's decode: a task per head, as before). Ordered
+// heaviest-first alternating with lightest, so the pool's contiguous shares of a causal prompt carry even
+// work.
+constexpr int kBlockRows = 4;
+
+std::vector<QueryBlock> query_blocks(const RowCaches& rows, int n, int nH, int nKV, int threads) {
+    std::vector<std::pair<int, int>> runs;
+    for (int t = 0; t < n;) {
+        int e = t + 1;
+        while (e < n && e - t < kBlockRows && &rows.cache(e) == &rows.cache(t)) ++e;
+        runs.emplace_back(t, e);
+        t = e;
+    }
+    const int group = nH / nKV;
+    int split = 1;
+    while (split < group && static_cast<int64_t>(runs.size()) * nKV * split < 2 * int64_t{threads})
+        split *= 2;
+    while (group % split) --split;
+    std::vector<QueryBlock> blocks;
+    for (const auto& [t0, t1] : runs)
+        for (int g = 0; g < nKV; ++g)
+            for (int p = 0; p < split; ++p) {
+                const int h0 = g * group + p * (group / split);
+                blocks.push_back({t0, t1, h0, h0 + group / split, g});
+            }
+    std::vector<QueryBlock> order;
+    order.reserve(blocks.size());
+    for (size_t a = 0, z = blocks.size(); a < z;) {
+        order.push_back(blocks[--z]);
+        if (a < z) order.push_back(blocks[a++]);
+    }
+    return order;
 }
 
 // cos/sin per row at its position, [n][d/2], fp32 as HF computes them
@@ -121,24 +192,18 @@ void CpuModel::attention(int i, int n, const RowCaches& rows) {
     // Every query over its visible keys. KV-shared layers read their source layer's (already updated) cache
     // and apply their own layer type's mask.
     const int src_layer = s.has_own_kv() ? i : s.kv_source;
-    const int group = nH / nKV;
     const int64_t W = c_.sliding_window;
-    int64_t visible = 0;  // keys per query, at most: what a row's work costs
+    int64_t visible = 0;  // keys per query, at most: what a query's work costs
     for (int t = 0; t < n; ++t) {
         const int64_t keys = rows.pos(t) + 1;
         visible = std::max(visible, sliding ? std::min<int64_t>(W, keys) : keys);
     }
-    parallel_if(pool_, int64_t{n} * nH, 4 * visible * d, [&](int64_t b, int64_t e) {
-        std::vector<float> scores;
-        for (int64_t th = b; th < e; ++th) {
-            const int t = static_cast<int>(th / nH);
-            const int h = static_cast<int>(th % nH);
-            const int64_t pos = rows.pos(t);
-            const int64_t lo =
-                sliding ? std::max<int64_t>(0, pos - W + 1) : 0;  // last W positions incl. itself
-            attend(q_.data() + th * d, rows.cache(t).layers[src_layer], h / group, d, lo, pos, scores,
-                   attn_.data() + th * d);
-        }
+    const std::vector<QueryBlock> blocks = query_blocks(rows, n, nH, nKV, pool_.size());
+    const int64_t per_block = 4 * visible * d * int64_t{n} * nH / static_cast<int64_t>(blocks.size());
+    parallel_if(pool_, static_cast<int64_t>(blocks.size()), per_block, [&](int64_t b, int64_t e) {
+        BlockScratch scratch;
+        for (int64_t k = b; k < e; ++k)
+            attend_block(blocks[k], q_.data(), nH, d, rows, src_layer, sliding, W, scratch, attn_.data());
     });
 
     // o_proj(concat heads)

@@ -225,6 +225,16 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     return best_kernels().dot(a, b, n);
 }
 
+void attn_scores(const float* q, int64_t ldq, int m, const float* const* k, int nk, int64_t d, float* s,
+                 int64_t lds) {
+    best_kernels().attn_scores(q, ldq, m, k, nk, d, s, lds);
+}
+
+void attn_values(const float* p, int64_t ldp, int m, const float* const* v, int nk, int64_t d, float* out,
+                 int64_t ldo) {
+    best_kernels().attn_values(p, ldp, m, v, nk, d, out, ldo);
+}
+
 double fma_peak_rounds(int64_t rounds) {
     return best_kernels().fma_peak(rounds);
 }
@@ -246,6 +256,16 @@ void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, i
 
 float dot_f32_on(SimdPath path, const float* a, const float* b, int64_t n) {
     return kernels_on(path).dot(a, b, n);
+}
+
+void attn_scores_on(SimdPath path, const float* q, int64_t ldq, int m, const float* const* k, int nk,
+                    int64_t d, float* s, int64_t lds) {
+    kernels_on(path).attn_scores(q, ldq, m, k, nk, d, s, lds);
+}
+
+void attn_values_on(SimdPath path, const float* p, int64_t ldp, int m, const float* const* v, int nk,
+                    int64_t d, float* out, int64_t ldo) {
+    kernels_on(path).attn_values(p, ldp, m, v, nk, d, out, ldo);
 }
 
 }  // namespace markbase::cpu

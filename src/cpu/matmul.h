@@ -38,6 +38,16 @@ void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const f
 // sum_i a[i] * b[i], fp32 accumulation in several independent lanes.
 float dot_f32(const float* a, const float* b, int64_t n);
 
+// Attention's products over a block of queries (cpu/attention.cpp); each result is the same whatever m and nk
+// (a query's row does not depend on the others in its block). k and v hold one pointer per key row.
+// s[i * lds + j] = q_i . k_j for i < m, j < nk (q_i at q + i * ldq), fp32, one accumulator a pair.
+void attn_scores(const float* q, int64_t ldq, int m, const float* const* k, int nk, int64_t d, float* s,
+                 int64_t lds);
+// out[i * ldo + u] = sum_j p[i * ldp + j] * v[j][u] for i < m, u < d: one multiply-add per key, j ascending
+// (fused on the SIMD paths), so a zero weight changes nothing where the value row is finite.
+void attn_values(const float* p, int64_t ldp, int m, const float* const* v, int nk, int64_t d, float* out,
+                 int64_t ldo);
+
 // The best path's multiply-add ceiling loop on the calling thread (cpu/memory_bandwidth.h times it): `rounds`
 // rounds of independent fp32 FMAs; returns the flops done.
 double fma_peak_rounds(int64_t rounds);
@@ -67,6 +77,10 @@ void matmul_bf16_rowwise_on(SimdPath path, ThreadPool& pool, const float* x, int
 void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w,
                    int64_t out, float* y);
 float dot_f32_on(SimdPath path, const float* a, const float* b, int64_t n);
+void attn_scores_on(SimdPath path, const float* q, int64_t ldq, int m, const float* const* k, int nk,
+                    int64_t d, float* s, int64_t lds);
+void attn_values_on(SimdPath path, const float* p, int64_t ldp, int m, const float* const* v, int nk,
+                    int64_t d, float* out, int64_t ldo);
 
 // The name compiled into the kernels that path runs ("avx2" for Avx2 unless the dispatch is wrong); throws
 // as the functions above do.

@@ -19,8 +19,8 @@ namespace markbase::cpu {
 
 // Rows [r0, r1) of y = x w^T (see matmul.h for the layouts). The direct kernels take x [n][in]; the blocked
 // ones take it transposed tile by tile of outer_tokens tokens, x^T [tile][in][outer_tokens], the last tile's
-// padding zero (matmul.cpp transposes it once, for every thread). panel: fp32 scratch of MatmulKernels::panel_floats for
-// the blocked kernels, unused (may be null) by the direct ones.
+// padding zero (matmul.cpp transposes it once, for every thread). panel: fp32 scratch of
+// MatmulKernels::panel_floats for the blocked kernels, unused (may be null) by the direct ones.
 template <class WT>
 using RowsKernel = void (*)(const float* x, int64_t n, int64_t in, const WT* w, int64_t out, float* y,
                             int64_t r0, int64_t r1, float* panel);
@@ -34,6 +34,10 @@ struct MatmulKernels {
     RowsKernel<bf16> direct_bf16, blocked_bf16;
     RowsKernel<float> direct_f32, blocked_f32;
     float (*dot)(const float* a, const float* b, int64_t n);
+    void (*attn_scores)(const float* q, int64_t ldq, int m, const float* const* k, int nk, int64_t d,
+                        float* s, int64_t lds);
+    void (*attn_values)(const float* p, int64_t ldp, int m, const float* const* v, int nk, int64_t d,
+                        float* out, int64_t ldo);
     double (*fma_peak)(int64_t rounds);  // the multiply-add ceiling's loop: flops done in `rounds` rounds
 };
 
@@ -45,9 +49,9 @@ namespace {
 
 // Prefill blocking (rows_blocked): kBlockK inputs of kOuterRows weight rows are widened to fp32 (24 KB at 6
 // rows, L1) and swept by kBlockTiles tiles of outer_tokens tokens, whose x^T block (kBlockK x 128 fp32 = 512
-// KB at AVX-512's 64-token tiles) stays in L2. Measured on E2B's shapes, one thread of a Zen 5 VM: one tile per
-// block and 1024 inputs 136-141 GFLOP/s at 64..512 tokens; four tiles and 512 inputs 128-134 at 64, 151-159
-// at 256 and 512; two tiles and 1024 inputs 143-145 and 155-157.
+// KB at AVX-512's 64-token tiles) stays in L2. Measured on E2B's shapes, one thread of a Zen 5 VM: one tile
+// per block and 1024 inputs 136-141 GFLOP/s at 64..512 tokens; four tiles and 512 inputs 128-134 at 64,
+// 151-159 at 256 and 512; two tiles and 1024 inputs 143-145 and 155-157.
 constexpr int64_t kBlockK = 1024;
 constexpr int64_t kBlockTiles = 2;
 
@@ -230,10 +234,11 @@ void widen_block(const WT* w, int64_t in, int64_t rows, int64_t k0, int64_t k, f
 }
 
 // The outer-product micro-kernel: acc[r][v] (kOuterRows rows x kOuterVecs vectors of W tokens) += w[r][i] x
-// x^T[i][v*W ..] over k inputs, the weight broadcast and the tokens in the lanes. No horizontal sum: each lane
-// is one output, summed in input order. Writes the tile to tile_out[r][kOuterVecs * W].
+// x^T[i][v*W ..] over k inputs, the weight broadcast and the tokens in the lanes. No horizontal sum: each
+// lane is one output, summed in input order. Writes the tile to tile_out[r][kOuterVecs * W].
 template <class O>
-inline void outer_tile(const float* wp, int64_t ldw, const float* xt, int64_t ldx, int64_t k, float* tile_out) {
+inline void outer_tile(const float* wp, int64_t ldw, const float* xt, int64_t ldx, int64_t k,
+                       float* tile_out) {
     using V = typename O::V;
     constexpr int R = O::kOuterRows, NV = O::kOuterVecs;
     V acc[R][NV];
@@ -259,7 +264,7 @@ template <class O, class WT>
 void rows_blocked(const float* xt, int64_t n, int64_t in, const WT* w, int64_t out, float* y, int64_t r0,
                   int64_t r1, float* panel) {
     constexpr int64_t TT = int64_t{O::kOuterVecs} * O::W, R = O::kOuterRows;
-    float* wp = panel;                       // [R][kBlockK]
+    float* wp = panel;                      // [R][kBlockK]
     float* tile_out = panel + R * kBlockK;  // [R][TT]
     for (int64_t b0 = 0; b0 < n; b0 += kBlockTiles * TT) {
         const int64_t b1 = min_i64(n, b0 + kBlockTiles * TT);
@@ -296,6 +301,97 @@ float dot_impl(const float* a, const float* b, int64_t n) {
     for (; i + O::W <= n; i += O::W) s0 = O::fma(O::load(a + i), O::load(b + i), s0);
     if (i < n) s1 = O::fma(O::load_n(a + i, n - i), O::load_n(b + i, n - i), s1);
     return O::hsum(s0) + O::hsum(s1) + O::hsum(s2) + O::hsum(s3);
+}
+
+// Attention's two products over a block of queries (cpu/attention.cpp), written so that each result is the
+// same whatever the block's shape: a query's row does not depend on which other queries or keys share it.
+// Scores: s[i][j] = q_i . k_j for i < m, j < nk, by tiles of kTileRows queries (or one) x kTileTokens keys;
+// each pair one accumulator over d in lane chunks, reduced by hsum4 (a tile's missing keys repeat its last
+// one and are not stored).
+template <class O, int R>
+void attn_scores_tile(const float* q, int64_t ldq, const float* const* k, int nk, int64_t d, float* s,
+                      int64_t lds) {
+    using V = typename O::V;
+    constexpr int T = O::kTileTokens;
+    static_assert(T == 4, "the scores' tile reduces its keys by one hsum4");
+    for (int j0 = 0; j0 < nk; j0 += T) {
+        const float* kr[T];
+        for (int b = 0; b < T; ++b) kr[b] = k[j0 + b < nk ? j0 + b : nk - 1];
+        V acc[R][T];
+        for (int a = 0; a < R; ++a)
+            for (int b = 0; b < T; ++b) acc[a][b] = O::zero();
+        for (int64_t c = 0; c < d; c += O::W) {
+            const int64_t rest = d - c;
+            V qv[R];
+            for (int a = 0; a < R; ++a) {
+                qv[a] = rest >= O::W ? O::load(q + a * ldq + c) : O::load_n(q + a * ldq + c, rest);
+                O::pin(qv[a]);
+            }
+            for (int b = 0; b < T; ++b) {
+                const V kv = rest >= O::W ? O::load(kr[b] + c) : O::load_n(kr[b] + c, rest);
+                for (int a = 0; a < R; ++a) acc[a][b] = O::fma(qv[a], kv, acc[a][b]);
+            }
+        }
+        for (int a = 0; a < R; ++a) {
+            float out[T];
+            O::hsum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3], out);
+            for (int b = 0; b < T && j0 + b < nk; ++b) s[a * lds + j0 + b] = out[b];
+        }
+    }
+}
+
+// Whole tiles of kTileRows queries, then the rest one query at a time (the same arithmetic a pair).
+template <class O>
+void attn_scores_impl(const float* q, int64_t ldq, int m, const float* const* k, int nk, int64_t d, float* s,
+                      int64_t lds) {
+    constexpr int R = O::kTileRows;
+    int i = 0;
+    for (; i + R <= m; i += R) attn_scores_tile<O, R>(q + i * ldq, ldq, k, nk, d, s + i * lds, lds);
+    for (; i < m; ++i) attn_scores_tile<O, 1>(q + i * ldq, ldq, k, nk, d, s + i * lds, lds);
+}
+
+// Values: out[i][u] = sum_j p[i][j] v_j[u] for i < m, u < d, by tiles of kTileRows queries (or one) x
+// kTileTokens vectors of u; each element one multiply-add per key, j ascending from zero, so a zero weight
+// leaves it exactly as it was (for a finite value row).
+template <class O, int R>
+void attn_values_tile(const float* p, int64_t ldp, const float* const* v, int nk, int64_t d, float* out,
+                      int64_t ldo) {
+    using V = typename O::V;
+    constexpr int NV = O::kTileTokens;
+    for (int64_t u0 = 0; u0 < d; u0 += NV * O::W) {
+        V acc[R][NV];
+        for (int a = 0; a < R; ++a)
+            for (int c = 0; c < NV; ++c) acc[a][c] = O::zero();
+        for (int j = 0; j < nk; ++j) {
+            V pw[R];
+            for (int a = 0; a < R; ++a) pw[a] = O::bcast(p + a * ldp + j);
+            for (int c = 0; c < NV; ++c) {
+                const int64_t u = u0 + c * O::W;
+                if (u >= d) break;
+                const V vv = u + O::W <= d ? O::load(v[j] + u) : O::load_n(v[j] + u, d - u);
+                for (int a = 0; a < R; ++a) acc[a][c] = O::fma(pw[a], vv, acc[a][c]);
+            }
+        }
+        for (int a = 0; a < R; ++a)
+            for (int c = 0; c < NV; ++c) {
+                const int64_t u = u0 + c * O::W;
+                if (u >= d) break;
+                float* o = out + a * ldo + u;
+                if (u + O::W <= d)
+                    O::store(o, acc[a][c]);
+                else
+                    O::store_n(o, acc[a][c], d - u);
+            }
+    }
+}
+
+template <class O>
+void attn_values_impl(const float* p, int64_t ldp, int m, const float* const* v, int nk, int64_t d,
+                      float* out, int64_t ldo) {
+    constexpr int R = O::kTileRows;
+    int i = 0;
+    for (; i + R <= m; i += R) attn_values_tile<O, R>(p + i * ldp, ldp, v, nk, d, out + i * ldo, ldo);
+    for (; i < m; ++i) attn_values_tile<O, 1>(p + i * ldp, ldp, v, nk, d, out + i * ldo, ldo);
 }
 
 // The instruction set's multiply-add ceiling on one core: kChains independent accumulators (more than FMA
@@ -335,6 +431,8 @@ constexpr MatmulKernels make_matmul_kernels(const char* name) {
             &rows_direct<O, float>,
             &rows_blocked<O, float>,
             &dot_impl<O>,
+            &attn_scores_impl<O>,
+            &attn_values_impl<O>,
             &fma_peak_loop<O>};
 }
 

@@ -121,6 +121,9 @@ TEST(Matmul, UnsupportedPathThrows) {
         EXPECT_THROW(matmul_bf16_on(p, pool, x, 1, 2, wb, 1, y), Error) << simd_path_name(p);
         EXPECT_THROW(matmul_f32_on(p, pool, x, 1, 2, x, 1, y), Error) << simd_path_name(p);
         EXPECT_THROW(dot_f32_on(p, x, x, 2), Error) << simd_path_name(p);
+        const float* rows[1] = {x};
+        EXPECT_THROW(attn_scores_on(p, x, 2, 1, rows, 1, 2, y, 1), Error) << simd_path_name(p);
+        EXPECT_THROW(attn_values_on(p, x, 2, 1, rows, 1, 1, y, 1), Error) << simd_path_name(p);
         EXPECT_THROW(matmul_kernels_name(p), Error) << simd_path_name(p);
     }
 }
@@ -141,6 +144,11 @@ TEST(Matmul, DefaultEntryPointsRunTheBestPath) {
     matmul_f32_on(best, pool, x.data(), n, in, wf.data(), out, yp.data());
     EXPECT_EQ(y, yp);
     EXPECT_EQ(dot_f32(x.data(), wf.data(), in), dot_f32_on(best, x.data(), wf.data(), in));
+    const float* rows[2] = {wf.data(), wf.data() + in};
+    std::vector<float> a(6), b(6);
+    attn_scores(x.data(), in, 3, rows, 2, in, a.data(), 2);
+    attn_scores_on(best, x.data(), in, 3, rows, 2, in, b.data(), 2);
+    EXPECT_EQ(a, b);
 }
 
 // Every test below runs on every path in supported_simd_paths(): Matmul/MatmulOnPath.<test>/<path>.
@@ -274,6 +282,58 @@ TEST_P(MatmulOnPath, DotF32) {
         EXPECT_NEAR(dot_f32_on(GetParam(), a.data(), b.data(), n), ref, 1e-5 * mag) << n;
     }
     EXPECT_EQ(dot_f32_on(GetParam(), nullptr, nullptr, 0), 0.0f);
+}
+
+// Attention's products over a block of queries: each within fp32 rounding of the double-precision value, and
+// each query's row identical whatever the block's shape (m queries, nk keys: the prompt attention's blocks
+// rely on it), the d tail (d = 37) included; nothing past m rows or d columns written.
+TEST_P(MatmulOnPath, AttnScoresAndValues) {
+    for (int64_t d : {int64_t{37}, int64_t{256}}) {
+        const int m = 7, nk = 11;
+        const auto q = random_floats(static_cast<size_t>(m * d), 25);
+        const auto kv = random_floats(static_cast<size_t>(nk * d), 26);
+        const auto p = random_floats(static_cast<size_t>(m * nk), 27);
+        std::vector<const float*> rows(nk);
+        for (int j = 0; j < nk; ++j) rows[j] = kv.data() + j * d;
+        std::vector<float> s(static_cast<size_t>(m * nk + 1), -1.0f),
+            o(static_cast<size_t>(m * d + 1), -1.0f);
+        attn_scores_on(GetParam(), q.data(), d, m, rows.data(), nk, d, s.data(), nk);
+        attn_values_on(GetParam(), p.data(), nk, m, rows.data(), nk, d, o.data(), d);
+        EXPECT_EQ(s.back(), -1.0f) << "scores written past m x nk";
+        EXPECT_EQ(o.back(), -1.0f) << "values written past m x d";
+        for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < nk; ++j) {
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < d; ++c) {
+                    ref += static_cast<double>(q[i * d + c]) * kv[j * d + c];
+                    mag += std::fabs(static_cast<double>(q[i * d + c]) * kv[j * d + c]);
+                }
+                EXPECT_NEAR(s[i * nk + j], ref, 1e-5 * mag) << "d " << d << ", score " << i << ", " << j;
+                float one = 0.0f;  // the same pair alone
+                attn_scores_on(GetParam(), q.data() + i * d, d, 1, rows.data() + j, 1, d, &one, 1);
+                ASSERT_EQ(one, s[i * nk + j]) << "d " << d << ", score " << i << ", " << j << " alone";
+            }
+            for (int64_t u = 0; u < d; ++u) {
+                double ref = 0, mag = 0;
+                for (int j = 0; j < nk; ++j) {
+                    ref += static_cast<double>(p[i * nk + j]) * kv[j * d + u];
+                    mag += std::fabs(static_cast<double>(p[i * nk + j]) * kv[j * d + u]);
+                }
+                EXPECT_NEAR(o[i * d + u], ref, 1e-5 * mag) << "d " << d << ", value " << i << ", " << u;
+            }
+            std::vector<float> alone(
+                static_cast<size_t>(d));  // the query's row alone, with zero weights past
+            std::vector<float> pw(p.begin() + i * nk, p.begin() + (i + 1) * nk);  // its 6 keys
+            for (int j = 6; j < nk; ++j) pw[j] = 0.0f;
+            attn_values_on(GetParam(), pw.data(), nk, 1, rows.data(), nk, d, alone.data(), d);
+            std::vector<float> six(static_cast<size_t>(d));
+            attn_values_on(GetParam(), pw.data(), 6, 1, rows.data(), 6, d, six.data(), d);
+            ASSERT_EQ(alone, six) << "d " << d << ", row " << i << ": zero weights changed it";
+            std::vector<float> whole(o.begin() + i * d, o.begin() + (i + 1) * d);
+            attn_values_on(GetParam(), p.data() + i * nk, nk, 1, rows.data(), nk, d, alone.data(), d);
+            ASSERT_EQ(alone, whole) << "d " << d << ", row " << i << " alone";
+        }
+    }
 }
 
 TEST_P(MatmulOnPath, PropagatesNonFiniteInputs) {
