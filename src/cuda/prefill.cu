@@ -290,7 +290,8 @@ void CudaModel::prefill_ple(int i, int n) {
     });
 }
 
-// The prefill's GEMMs (and batched decode's): fp32 activations as two bf16 halves through cuBLAS.
+// The prefill's GEMMs (and batched decode's) through cuBLAS: the fp32 activations rounded to bf16 (hi), or
+// as two bf16 halves (hi + lo, Tuning::gemm_inputs=halves).
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha) {
     const GemvSeg seg{W, Y, N, ldy};
     if (alpha == 1.0f && streams(&seg, 1, K, n)) {
@@ -298,29 +299,24 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
                     stream_);
         return;
     }
-    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T; X = hi + lo (two bf16 halves),
-    // or hi alone (Tuning::gemm_inputs=bf16: x rounded to bf16).
-    const float zero = 0.0f;
-    if (plan_.gemm_bf16) {
-        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, W, CUDA_R_16BF, K,
-                                  act_.hi, CUDA_R_16BF, K, &zero, Y, CUDA_R_32F, static_cast<int>(ldy),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        return;
-    }
-    if (n <= kGemmStackMaxN && N <= act_.y2_cols) {  // one pass over W: [hi; lo] as 2n columns, then the sum
+    // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T.
+    const float zero = 0.0f, one = 1.0f;
+    const bool halves = !plan_.gemm_bf16;
+    // the halves over at most kGemmStackMaxN rows: one pass over W, [hi; lo] as 2n columns, then the sum
+    if (halves && n <= kGemmStackMaxN && N <= act_.y2_cols) {
         CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * n, K, &alpha, W, CUDA_R_16BF, K,
                                   act_.hi, CUDA_R_16BF, K, &zero, act_.y2, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT));
         sum_halves(act_.y2, n, N, Y, ldy, stream_);
         return;
     }
-    const float one = 1.0f;
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, W, CUDA_R_16BF, K, act_.hi,
                               CUDA_R_16BF, K, &zero, Y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, W, CUDA_R_16BF, K,
-                              lo_at(n, K), CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy),
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (halves)
+        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &alpha, W, CUDA_R_16BF, K,
+                                  lo_at(n, K), CUDA_R_16BF, K, &one, Y, CUDA_R_32F, static_cast<int>(ldy),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // Whether these matrices of one input go to stream_gemm: it takes their shapes at n tokens and beats cuBLAS
