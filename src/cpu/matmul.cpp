@@ -221,10 +221,6 @@ void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const f
     matmul_impl(best_kernels(), pool, x, n, in, w, out, y);
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-    return best_kernels().dot(a, b, n);
-}
-
 void attn_scores(const float* q, int64_t ldq, int m, const float* const* k, int nk, int64_t d, float* s,
                  int64_t lds) {
     best_kernels().attn_scores(q, ldq, m, k, nk, d, s, lds);
@@ -252,10 +248,6 @@ void matmul_bf16_rowwise_on(SimdPath path, ThreadPool& pool, const float* x, int
 void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w,
                    int64_t out, float* y) {
     matmul_impl(kernels_on(path), pool, x, n, in, w, out, y);
-}
-
-float dot_f32_on(SimdPath path, const float* a, const float* b, int64_t n) {
-    return kernels_on(path).dot(a, b, n);
 }
 
 void attn_scores_on(SimdPath path, const float* q, int64_t ldq, int m, const float* const* k, int nk,

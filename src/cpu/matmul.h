@@ -35,9 +35,6 @@ void matmul_bf16_rowwise(ThreadPool& pool, const float* x, int64_t n, int64_t in
 void matmul_f32(ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w, int64_t out,
                 float* y);
 
-// sum_i a[i] * b[i], fp32 accumulation in several independent lanes.
-float dot_f32(const float* a, const float* b, int64_t n);
-
 // Attention's products over a block of queries (cpu/attention.cpp); each result is the same whatever m and nk
 // (a query's row does not depend on the others in its block). k and v hold one pointer per key row.
 // s[i * lds + j] = q_i . k_j for i < m, j < nk (q_i at q + i * ldq), fp32, one accumulator a pair.
@@ -62,21 +59,22 @@ const char* simd_path_name(SimdPath path);
 // The paths this build has compiled in and this CPU runs, in increasing preference; Scalar always.
 std::vector<SimdPath> supported_simd_paths();
 
-// The last of supported_simd_paths(): what matmul_bf16, matmul_f32 and dot_f32 run.
+// The last of supported_simd_paths(): what matmul_bf16, matmul_f32 and attn_scores / attn_values run.
 SimdPath best_simd_path();
 
-// The name of the path matmul_bf16 / matmul_f32 / dot_f32 run, as the kernels' own TU spells it.
+// The name of the path matmul_bf16 / matmul_f32 / attn_scores / attn_values run, as the kernels' own TU
+// spells it.
 const char* matmul_simd_path();
 
-// matmul_bf16 / matmul_bf16_rowwise / matmul_f32 / dot_f32 on the given path (the tests run every supported
-// path). Throw markbase::Error when the path is not compiled into this build or this CPU cannot run it.
+// matmul_bf16 / matmul_bf16_rowwise / matmul_f32 / attn_scores / attn_values on the given path (the tests run
+// every supported path). Throw markbase::Error when the path is not compiled into this build or this CPU
+// cannot run it.
 void matmul_bf16_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w,
                     int64_t out, float* y);
 void matmul_bf16_rowwise_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in,
                             const bf16* w, int64_t out, float* y);
 void matmul_f32_on(SimdPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in, const float* w,
                    int64_t out, float* y);
-float dot_f32_on(SimdPath path, const float* a, const float* b, int64_t n);
 void attn_scores_on(SimdPath path, const float* q, int64_t ldq, int m, const float* const* k, int nk,
                     int64_t d, float* s, int64_t lds);
 void attn_values_on(SimdPath path, const float* p, int64_t ldp, int m, const float* const* v, int nk,

@@ -33,7 +33,6 @@ struct MatmulKernels {
     int64_t panel_floats;  // the per-thread scratch the blocked kernels need
     RowsKernel<bf16> direct_bf16, blocked_bf16;
     RowsKernel<float> direct_f32, blocked_f32;
-    float (*dot)(const float* a, const float* b, int64_t n);
     void (*attn_scores)(const float* q, int64_t ldq, int m, const float* const* k, int nk, int64_t d,
                         float* s, int64_t lds);
     void (*attn_values)(const float* p, int64_t ldp, int m, const float* const* v, int nk, int64_t d,
@@ -287,22 +286,6 @@ void rows_blocked(const float* xt, int64_t n, int64_t in, const WT* w, int64_t o
     }
 }
 
-template <class O>
-float dot_impl(const float* a, const float* b, int64_t n) {
-    using V = typename O::V;
-    V s0 = O::zero(), s1 = O::zero(), s2 = O::zero(), s3 = O::zero();
-    int64_t i = 0;
-    for (; i + 4 * O::W <= n; i += 4 * O::W) {
-        s0 = O::fma(O::load(a + i), O::load(b + i), s0);
-        s1 = O::fma(O::load(a + i + O::W), O::load(b + i + O::W), s1);
-        s2 = O::fma(O::load(a + i + 2 * O::W), O::load(b + i + 2 * O::W), s2);
-        s3 = O::fma(O::load(a + i + 3 * O::W), O::load(b + i + 3 * O::W), s3);
-    }
-    for (; i + O::W <= n; i += O::W) s0 = O::fma(O::load(a + i), O::load(b + i), s0);
-    if (i < n) s1 = O::fma(O::load_n(a + i, n - i), O::load_n(b + i, n - i), s1);
-    return O::hsum(s0) + O::hsum(s1) + O::hsum(s2) + O::hsum(s3);
-}
-
 // Attention's two products over a block of queries (cpu/attention.cpp), written so that each result is the
 // same whatever the block's shape: a query's row does not depend on which other queries or keys share it.
 // Scores: s[i][j] = q_i . k_j for i < m, j < nk, by tiles of kTileRows queries (or one) x kTileTokens keys;
@@ -430,7 +413,6 @@ constexpr MatmulKernels make_matmul_kernels(const char* name) {
             &rows_blocked<O, bf16>,
             &rows_direct<O, float>,
             &rows_blocked<O, float>,
-            &dot_impl<O>,
             &attn_scores_impl<O>,
             &attn_values_impl<O>,
             &fma_peak_loop<O>};

@@ -120,7 +120,6 @@ TEST(Matmul, UnsupportedPathThrows) {
         if (contains(paths, p)) continue;
         EXPECT_THROW(matmul_bf16_on(p, pool, x, 1, 2, wb, 1, y), Error) << simd_path_name(p);
         EXPECT_THROW(matmul_f32_on(p, pool, x, 1, 2, x, 1, y), Error) << simd_path_name(p);
-        EXPECT_THROW(dot_f32_on(p, x, x, 2), Error) << simd_path_name(p);
         const float* rows[1] = {x};
         EXPECT_THROW(attn_scores_on(p, x, 2, 1, rows, 1, 2, y, 1), Error) << simd_path_name(p);
         EXPECT_THROW(attn_values_on(p, x, 2, 1, rows, 1, 1, y, 1), Error) << simd_path_name(p);
@@ -128,7 +127,7 @@ TEST(Matmul, UnsupportedPathThrows) {
     }
 }
 
-// matmul_bf16, matmul_f32 and dot_f32 run the best path: the same bits as asking for it.
+// matmul_bf16, matmul_f32 and attn_scores run the best path: the same bits as asking for it.
 TEST(Matmul, DefaultEntryPointsRunTheBestPath) {
     ThreadPool pool(2);
     const SimdPath best = best_simd_path();
@@ -143,7 +142,6 @@ TEST(Matmul, DefaultEntryPointsRunTheBestPath) {
     matmul_f32(pool, x.data(), n, in, wf.data(), out, y.data());
     matmul_f32_on(best, pool, x.data(), n, in, wf.data(), out, yp.data());
     EXPECT_EQ(y, yp);
-    EXPECT_EQ(dot_f32(x.data(), wf.data(), in), dot_f32_on(best, x.data(), wf.data(), in));
     const float* rows[2] = {wf.data(), wf.data() + in};
     std::vector<float> a(6), b(6);
     attn_scores(x.data(), in, 3, rows, 2, in, a.data(), 2);
@@ -268,20 +266,6 @@ TEST_P(MatmulOnPath, F32WeightMatchesDoubleReference) {
             }
         }
     }
-}
-
-TEST_P(MatmulOnPath, DotF32) {
-    for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 1000, 21504}) {
-        const auto a = random_floats(static_cast<size_t>(n), 21);
-        const auto b = random_floats(static_cast<size_t>(n), 22);
-        double ref = 0, mag = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            ref += static_cast<double>(a[i]) * b[i];
-            mag += std::fabs(static_cast<double>(a[i]) * b[i]);
-        }
-        EXPECT_NEAR(dot_f32_on(GetParam(), a.data(), b.data(), n), ref, 1e-5 * mag) << n;
-    }
-    EXPECT_EQ(dot_f32_on(GetParam(), nullptr, nullptr, 0), 0.0f);
 }
 
 // Attention's products over a block of queries: each within fp32 rounding of the double-precision value, and
