@@ -15,7 +15,7 @@ class CpuBackend final : public Backend {
     CpuBackend(const Checkpoint& ck, const BackendOptions& opt)
         : pool_(opt.threads, opt.tuning.cpu_pin),
           chunk_(std::max(1, opt.chunk)),
-          model_(ck, pool_, chunk_),
+          model_(ck, pool_, chunk_, cpu::prompt_products(opt.tuning)),
           cache_(ck.config, clamp_ctx(ck.config, opt.ctx_size), chunk_) {
         cache_.values = cpu_kv_dtype(opt.kv_dtype);
     }

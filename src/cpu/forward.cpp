@@ -24,8 +24,13 @@ void for_rows(ThreadPool& pool, int n, int64_t width, Fn fn) {
 
 }  // namespace
 
-CpuModel::CpuModel(const Checkpoint& ck, ThreadPool& pool, int max_chunk)
-    : c_(ck.config), resident_(ck, pool), w_(resident_.weights()), pool_(pool), max_chunk_(max_chunk) {
+CpuModel::CpuModel(const Checkpoint& ck, ThreadPool& pool, int max_chunk, PromptProducts products)
+    : c_(ck.config),
+      resident_(ck, pool),
+      w_(resident_.weights()),
+      pool_(pool),
+      max_chunk_(max_chunk),
+      products_(products) {
     int max_q = 0, max_kv = 0, max_I = 0;
     for (const LayerSpec& s : c_.layers) {
         max_q = std::max(max_q, c_.n_heads * s.head_dim);
@@ -57,7 +62,7 @@ void CpuModel::matmul(const float* x, int n, int64_t in, const bf16* w, int64_t 
     if (rowwise_)
         matmul_bf16_rowwise(pool_, x, n, in, w, out, y);
     else
-        matmul_bf16(pool_, x, n, in, w, out, y);
+        matmul_bf16(pool_, x, n, in, w, out, y, products_);
 }
 
 // 2.2: h0 = embed_tokens[ids] * bf16(sqrt(H))

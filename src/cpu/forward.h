@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "cpu/kv_cache.h"
+#include "cpu/matmul.h"
 #include "cpu/resident_weights.h"
 #include "cpu/thread_pool.h"
 #include "loading/checkpoint.h"
+#include "runtime/tuning.h"
 
 namespace markbase::cpu {
 
@@ -32,10 +34,18 @@ class RowCaches {
     int64_t pos0_ = 0;
 };
 
+// The prompt products a backend's tuning selects: gemm_inputs=bf16 (the default) the bf16 ones where the
+// CPU has them, halves the exact ones.
+inline PromptProducts prompt_products(const Tuning& t) {
+    return t.gemm_inputs == Tuning::GemmInputs::kBf16 ? PromptProducts::kBf16 : PromptProducts::kExact;
+}
+
 class CpuModel {
   public:
     // max_chunk: the most tokens one forward() may take (prompts are fed in chunks of this size).
-    CpuModel(const Checkpoint& ck, ThreadPool& pool, int max_chunk = 256);
+    // products: what the prompt products take of x (matmul.h; the exact fp32 products by default).
+    CpuModel(const Checkpoint& ck, ThreadPool& pool, int max_chunk = 256,
+             PromptProducts products = PromptProducts::kExact);
 
     const ModelConfig& config() const { return c_; }
     int max_chunk() const { return max_chunk_; }
@@ -76,6 +86,7 @@ class CpuModel {
     ThreadPool& pool_;
     int max_chunk_;
     float router_margin_ = INFINITY;
+    PromptProducts products_;
     bool rowwise_ = false;  // set by forward_decode for its pass, cleared by forward
     std::vector<float> rope_inv_freq_sliding_, rope_inv_freq_full_;  // [d/2] each; 0 = pair not rotated
 

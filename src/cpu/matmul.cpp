@@ -85,6 +85,18 @@ const MatmulKernels& best_kernels() {
     return k;
 }
 
+// The bf16 prompt products' kernels where this build has them and this CPU runs them, else null.
+const PairKernels* pair_kernels() {
+#if defined(MARKBASE_MATMUL_X86)
+    static const PairKernels* k = cpu_runs(SimdPath::Avx512) && __builtin_cpu_supports("avx512bf16")
+                                      ? &kPairKernelsAvx512Bf16
+                                      : nullptr;
+    return k;
+#else
+    return nullptr;
+#endif
+}
+
 // The fp32 scratch of the blocked kernels; one per thread, since a thread runs one matmul at a time.
 float* blocked_panel(int64_t floats) {
     thread_local std::vector<float> panel;
@@ -121,6 +133,21 @@ const float* transposed_x(ThreadPool& pool, const float* x, int64_t n, int64_t i
     return d;
 }
 
+// x [n][in] rounded to bf16 and packed in pairs (PairKernels) into the calling thread's scratch, over the pool.
+const uint32_t* packed_pairs(const PairKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in) {
+    const int64_t tiles = (n + k.tokens - 1) / k.tokens, pairs = in / 2;
+    thread_local std::vector<uint32_t> xp;
+    if (xp.size() < static_cast<size_t>(tiles * pairs * k.tokens))
+        xp.resize(static_cast<size_t>(tiles * pairs * k.tokens));
+    uint32_t* d = xp.data();
+    constexpr int64_t kStrip = 64;  // pairs per work item
+    const int64_t strips = (pairs + kStrip - 1) / kStrip;
+    pool.parallel_for(strips, [&](int64_t s0, int64_t s1) {
+        k.pack(x, n, in, s0 * kStrip, std::min(pairs, s1 * kStrip), d);
+    });
+    return d;
+}
+
 template <class WT>
 RowsKernel<WT> rows_kernel(const MatmulKernels& k, bool direct) {
     if constexpr (std::is_same_v<WT, float>) {
@@ -130,32 +157,16 @@ RowsKernel<WT> rows_kernel(const MatmulKernels& k, bool direct) {
     }
 }
 
-// rowwise: the direct kernel whatever the shape (matmul_bf16_rowwise).
-template <class WT>
-void matmul_impl(const MatmulKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, const WT* w,
-                 int64_t out, float* y, bool rowwise = false) {
-    if (n <= 0 || out <= 0) return;
-    if (in <= 0) {
-        std::fill(y, y + n * out, 0.0f);
-        return;
-    }
-    // The blocked kernel computes whole tiles of outer_tokens (64 on AVX-512): below 3/4 of one, the padding
-    // costs more than the direct kernel loses (measured at 8..32 tokens: direct 1.3-1.7x faster).
-    const bool direct = rowwise || n <= kDirectMaxTokens ||
-                        n * in * int64_t{sizeof(float)} <= kDirectMaxXBytes || 4 * n < 3 * k.outer_tokens;
-    const RowsKernel<WT> rows = rows_kernel<WT>(k, direct);
-    const float* xs = direct ? x : transposed_x(pool, x, n, in, k.outer_tokens);
-    // Work is handed out in contiguous runs of whole row tiles, so each run streams one contiguous slice of
-    // the weight. There are a few runs per thread, taken from a shared counter: a thread slowed down by
-    // another process (or a slower core) takes fewer runs instead of holding everyone up at the end.
-    const int64_t unit = direct ? k.tile_rows : k.outer_rows;
+// Rows [0, out) in whole groups of `unit` over the pool, run(r0, r1) for each run. Work is handed out in
+// contiguous runs of whole row tiles, so each run streams one contiguous slice of the weight. There are a few
+// runs per thread, taken from a shared counter: a thread slowed down by another process (or a slower core)
+// takes fewer runs instead of holding everyone up at the end.
+template <class Run>
+void split_rows(ThreadPool& pool, int64_t macs, int64_t out, int64_t unit, const Run& run_rows) {
     const int64_t groups = (out + unit - 1) / unit;
-    auto run = [&](int64_t g0, int64_t g1) {
-        const int64_t r0 = g0 * unit, r1 = std::min(out, g1 * unit);
-        rows(xs, n, in, w, out, y, r0, r1, direct ? nullptr : blocked_panel(k.panel_floats));
-    };
+    auto run = [&](int64_t g0, int64_t g1) { run_rows(g0 * unit, std::min(out, g1 * unit)); };
     const int threads = pool.size();
-    if (threads == 1 || n * in * out < kMinParallelMacs) {
+    if (threads == 1 || macs < kMinParallelMacs) {
         run(0, groups);
         return;
     }
@@ -168,6 +179,37 @@ void matmul_impl(const MatmulKernels& k, ThreadPool& pool, const float* x, int64
             if (g >= groups) break;
             run(g, std::min(groups, g + per_run));
         }
+    });
+}
+
+// rowwise: the direct kernel whatever the shape (matmul_bf16_rowwise).
+template <class WT>
+void matmul_impl(const MatmulKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, const WT* w,
+                 int64_t out, float* y, bool rowwise = false,
+                 PromptProducts products = PromptProducts::kExact) {
+    if (n <= 0 || out <= 0) return;
+    if (in <= 0) {
+        std::fill(y, y + n * out, 0.0f);
+        return;
+    }
+    // The blocked kernel computes whole tiles of outer_tokens (64 on AVX-512): below 3/4 of one, the padding
+    // costs more than the direct kernel loses (measured at 8..32 tokens: direct 1.3-1.7x faster).
+    const bool direct = rowwise || n <= kDirectMaxTokens ||
+                        n * in * int64_t{sizeof(float)} <= kDirectMaxXBytes || 4 * n < 3 * k.outer_tokens;
+    if constexpr (std::is_same_v<WT, bf16>) {
+        const PairKernels* pk = pair_kernels();
+        if (!direct && products == PromptProducts::kBf16 && pk != nullptr && in % 2 == 0) {
+            const uint32_t* xp = packed_pairs(*pk, pool, x, n, in);
+            split_rows(pool, n * in * out, out, pk->rows, [&](int64_t r0, int64_t r1) {
+                pk->rows_pairs(xp, n, in, w, out, y, r0, r1, blocked_panel(pk->tile_floats));
+            });
+            return;
+        }
+    }
+    const RowsKernel<WT> rows = rows_kernel<WT>(k, direct);
+    const float* xs = direct ? x : transposed_x(pool, x, n, in, k.outer_tokens);
+    split_rows(pool, n * in * out, out, direct ? k.tile_rows : k.outer_rows, [&](int64_t r0, int64_t r1) {
+        rows(xs, n, in, w, out, y, r0, r1, direct ? nullptr : blocked_panel(k.panel_floats));
     });
 }
 
@@ -206,9 +248,18 @@ const char* matmul_kernels_name(SimdPath path) {
     return kernels_on(path).name;
 }
 
-void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
-                 float* y) {
-    matmul_impl(best_kernels(), pool, x, n, in, w, out, y);
+void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out, float* y,
+                 PromptProducts products) {
+    matmul_impl(best_kernels(), pool, x, n, in, w, out, y, false, products);
+}
+
+bool bf16_products_supported() {
+    return pair_kernels() != nullptr;
+}
+
+double bf16_peak_rounds(int64_t rounds) {
+    const PairKernels* k = pair_kernels();
+    return k != nullptr ? k->peak(rounds) : 0.0;
 }
 
 void matmul_bf16_rowwise(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,

@@ -18,10 +18,21 @@
 
 namespace markbase::cpu {
 
+// What a prompt's products (the blocked regime: past ~48 tokens at real widths) take of x. kExact: fp32 x,
+// each product exact and summed in fp32 (the reference the goldens hold). kBf16: x rounded to bf16 (nearest
+// even) once, multiplied two products a lane by vdpbf16ps, on CPUs with AVX-512-BF16 (elsewhere kExact):
+// what llama.cpp computes for a bf16 model and what transformers computes in bf16; the CUDA backend's
+// prompt products do the same (runtime/tuning.h gemm_inputs, which selects both). Decode and short batches
+// (the direct regime) are exact either way.
+enum class PromptProducts : uint8_t { kExact, kBf16 };
+
 // y[t][o] = sum_i x[t][i] * w[o][i]
 //   x: fp32 [n][in], w: bf16 [out][in], y: fp32 [n][out]; all row-major and dense. y must not alias x.
-void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
-                 float* y);
+void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out, float* y,
+                 PromptProducts products = PromptProducts::kExact);
+
+// Whether kBf16 runs the bf16 products on this CPU (AVX-512-BF16 compiled in and present).
+bool bf16_products_supported();
 
 // The same product with every row of y bit-identical to that row computed alone (n = 1), whatever n is: the
 // direct kernel at every n, whose arithmetic per output does not depend on the tile it falls in (the blocked
@@ -48,6 +59,8 @@ void attn_values(const float* p, int64_t ldp, int m, const float* const* v, int 
 // The best path's multiply-add ceiling loop on the calling thread (cpu/memory_bandwidth.h times it): `rounds`
 // rounds of independent fp32 FMAs; returns the flops done.
 double fma_peak_rounds(int64_t rounds);
+// The same for the bf16 dot product (vdpbf16ps); 0 where bf16_products_supported() is false.
+double bf16_peak_rounds(int64_t rounds);
 
 // The SIMD paths, in increasing preference. Avx2 needs AVX2 and FMA; Avx512 AVX-512 F, BW and VL (and AVX2,
 // FMA).

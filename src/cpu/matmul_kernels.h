@@ -44,6 +44,24 @@ struct MatmulKernels {
 extern const MatmulKernels kMatmulKernelsAvx2;
 extern const MatmulKernels kMatmulKernelsAvx512;
 
+// The bf16 prompt products (matmul.h, PromptProducts::kBf16) on a path with a bf16 dot product: x rounded
+// to bf16 and packed as pairs, xp[tile][in / 2][tokens] of 32-bit words (bf16(x[t][2i]) low, bf16(x[t][2i +
+// 1]) high), the padding tokens zero; rows as the blocked kernels split them (whole groups of `rows`).
+struct PairKernels {
+    const char* name;
+    int64_t rows;         // rows of a tile: the threads are given whole ones
+    int64_t tokens;       // tokens of a tile
+    int64_t tile_floats;  // the per-thread scratch rows_pairs needs
+    // Tokens [0, n) of x [n][in] (in even), pairs [p0, p1) of each, into xp.
+    void (*pack)(const float* x, int64_t n, int64_t in, int64_t p0, int64_t p1, uint32_t* xp);
+    void (*rows_pairs)(const uint32_t* xp, int64_t n, int64_t in, const bf16* w, int64_t out, float* y,
+                       int64_t r0, int64_t r1, float* scratch);
+    double (*peak)(int64_t rounds);  // the bf16 dot product's ceiling loop: flops done in `rounds` rounds
+};
+
+// Defined in matmul_avx512bf16.cpp (x86-64 builds whose compiler knows AVX-512-BF16: MARKBASE_MATMUL_BF16).
+extern const PairKernels kPairKernelsAvx512Bf16;
+
 namespace {
 
 // Prefill blocking (rows_blocked): kBlockK inputs of kOuterRows weight rows are widened to fp32 (24 KB at 6

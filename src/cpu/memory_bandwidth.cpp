@@ -58,9 +58,9 @@ uint64_t sum_rows(const uint64_t* p, int64_t n) {
 
 std::atomic<uint64_t> g_sink{0};  // keeps the sums alive
 
-}  // namespace
-
-double measure_fma_peak_gflops(ThreadPool& pool) {
+// Every thread of the pool runs `loop` (flops done in `rounds` rounds) at once; the sum of their rates, median
+// of 3 passes.
+double measure_peak_gflops(ThreadPool& pool, double (*loop)(int64_t rounds)) {
     // rounds per timed call: ~0.1 s at 100 GFLOP/s per core on the widest path (16 chains x 16 lanes x 2)
     constexpr int64_t kRounds = int64_t{20} << 20;
     const int threads = pool.size();
@@ -70,7 +70,7 @@ double measure_fma_peak_gflops(ThreadPool& pool) {
         pool.parallel_for(threads, [&](int64_t b, int64_t e) {
             for (int64_t t = b; t < e; ++t) {
                 const auto t0 = Clock::now();
-                const double flops = fma_peak_rounds(kRounds);
+                const double flops = loop(kRounds);
                 rate[static_cast<size_t>(t)] = flops / seconds_since(t0) / 1e9;
             }
         });
@@ -79,6 +79,16 @@ double measure_fma_peak_gflops(ThreadPool& pool) {
         passes.push_back(sum);
     }
     return median(passes);
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(ThreadPool& pool) {
+    return measure_peak_gflops(pool, &fma_peak_rounds);
+}
+
+double measure_bf16_peak_gflops(ThreadPool& pool) {
+    return bf16_products_supported() ? measure_peak_gflops(pool, &bf16_peak_rounds) : 0.0;
 }
 
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes) {

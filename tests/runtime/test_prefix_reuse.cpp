@@ -10,6 +10,7 @@
 #include "runtime/backend.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_reuse.h"
+#include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
@@ -72,7 +73,7 @@ TEST(PrefixReuse, SecondChatTurnThroughTheCacheEqualsTheWholeConversation) {
     auto ck = load_checkpoint(kModel);
     const Tokenizer tok = Tokenizer::load(kModel);
     const nlohmann::json g = nlohmann::json::parse(std::ifstream(kModel + "/goldens.json"));
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();  // chunkings compared at 1e-5: the exact products
     o.threads = 2;
     o.ctx_size = 512;
     std::vector<int> reply;
@@ -97,7 +98,7 @@ TEST(PrefixReuse, WhenTheRingsCannotRollBackItStartsOverAndStillAgrees) {
     // conversation fed again.
     auto ck = load_checkpoint(kModel);
     const Tokenizer tok = Tokenizer::load(kModel);
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();  // chunkings compared at 1e-5: the exact products
     o.threads = 2;
     o.ctx_size = 512;
     o.chunk = 1;
@@ -113,7 +114,7 @@ TEST(PrefixReuse, WhenTheRingsCannotRollBackItStartsOverAndStillAgrees) {
 
 TEST(PrefixReuse, APromptEqualToTheCacheStillFeedsItsLastId) {
     auto ck = load_checkpoint(kModel);
-    BackendOptions o;
+    BackendOptions o = testing::exact_options();  // chunkings compared at 1e-5: the exact products
     o.threads = 1;
     auto be = make_cpu_backend(*ck, o);
     const std::vector<int> ids{2, 677, 540, 705};

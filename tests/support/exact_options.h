@@ -1,7 +1,9 @@
 // The CUDA engine's exact products (Tuning::gemm_inputs=halves: every cuBLAS product over both bf16 halves of
 // its fp32 input), which the CUDA tests hold to the CPU and to transformers' goldens at 1e-4. The product's
 // default rounds those inputs to bf16 once (half the tensor-core work); test_gemm_inputs.cpp bounds that
-// against these.
+// against these. The CPU backend's prompt products follow the same key (cpu/matmul.h PromptProducts: x
+// rounded to bf16 where the CPU has AVX-512-BF16), so its tests of exactness across chunkings or against
+// transformers' fp32 goldens past the direct regime's ~48 tokens take these options too.
 #pragma once
 
 #include <string>

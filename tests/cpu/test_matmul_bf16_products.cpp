@@ -1,0 +1,134 @@
+// The bf16 prompt products (cpu/matmul.h PromptProducts::kBf16, AVX-512-BF16): x rounded to bf16 once, so
+// each product is exact on the rounded x and only the fp32 sums round. Held to a double-precision reference
+// over the rounded x at 1e-5 of sum |x w| (the exact products' bound), which the unrounded x would miss by
+// ~100x: a kernel that skipped the rounding, mixed up a pair's halves or a token's column fails it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpu/matmul.h"
+#include "model/bf16.h"
+
+namespace markbase::cpu {
+namespace {
+
+std::vector<float> random_floats(size_t count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> mag(0.05f, 1.0f);
+    std::vector<float> v(count);
+    for (auto& f : v) f = (rng() & 1u) ? mag(rng) : -mag(rng);
+    return v;
+}
+
+std::vector<bf16> random_bf16(size_t count, uint32_t seed) {
+    std::vector<float> f = random_floats(count, seed);
+    std::vector<bf16> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = float_to_bf16(f[i]);
+    return v;
+}
+
+// The largest |y - reference| / sum |x w| over every output, the reference in double over x rounded to bf16
+// (round_x) or as given.
+double worst_error(const std::vector<float>& x, int64_t n, int64_t in, const std::vector<bf16>& w, int64_t out,
+                   const std::vector<float>& y, bool round_x) {
+    double worst = 0;
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t o = 0; o < out; ++o) {
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < in; ++i) {
+                const float xi = x[t * in + i];
+                const double p =
+                    double(round_x ? bf16_to_float(float_to_bf16(xi)) : xi) * bf16_to_float(w[o * in + i]);
+                ref += p;
+                mag += std::fabs(p);
+            }
+            const float got = y[t * out + o];
+            worst = std::max(worst, std::isfinite(got) ? std::fabs(got - ref) / mag : INFINITY);
+        }
+    return worst;
+}
+
+constexpr const char* kNoBf16 = "this CPU has no AVX-512-BF16: the bf16 prompt products run the exact ones";
+
+// Shapes past the direct regime's threshold (so the blocked products run) crossing the 64-token tiles, the
+// input blocks of 1024, the groups of 6 rows and the packing's chunks of 16 pairs, with tails.
+TEST(MatmulBf16Products, ExactOnTheRoundedInputs) {
+    if (!bf16_products_supported()) GTEST_SKIP() << kNoBf16;
+    ThreadPool pool(3);
+    const int64_t cases[][3] = {{130, 2100, 67}, {70, 1030, 97}, {48, 1500, 13}, {200, 2050, 7}, {65, 1058, 12}};
+    uint32_t seed = 300;
+    for (const auto& c : cases) {
+        const int64_t n = c[0], in = c[1], out = c[2];
+        const auto x = random_floats(static_cast<size_t>(n * in), seed++);
+        const auto w = random_bf16(static_cast<size_t>(out * in), seed++);
+        std::vector<float> y(static_cast<size_t>(n * out), NAN);
+        matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data(), PromptProducts::kBf16);
+        EXPECT_LE(worst_error(x, n, in, w, out, y, true), 1e-5) << "n=" << n << " in=" << in << " out=" << out;
+        // and the rounding is really there: against the unrounded x the error is x's rounding (~2^-9 of a
+        // product, ~1e-3 of the sum's magnitude here)
+        EXPECT_GT(worst_error(x, n, in, w, out, y, false), 1e-4) << "n=" << n << " in=" << in;
+    }
+}
+
+// Odd inputs cannot be paired: those products stay exact. Short batches (the direct regime) too.
+TEST(MatmulBf16Products, OddInputsAndShortBatchesStayExact) {
+    ThreadPool pool(2);
+    const int64_t cases[][3] = {{130, 1537, 67}, {4, 2048, 9}, {40, 1024, 5}};
+    uint32_t seed = 400;
+    for (const auto& c : cases) {
+        const int64_t n = c[0], in = c[1], out = c[2];
+        const auto x = random_floats(static_cast<size_t>(n * in), seed++);
+        const auto w = random_bf16(static_cast<size_t>(out * in), seed++);
+        std::vector<float> y(static_cast<size_t>(n * out), NAN), exact(y.size(), NAN);
+        matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data(), PromptProducts::kBf16);
+        matmul_bf16(pool, x.data(), n, in, w.data(), out, exact.data(), PromptProducts::kExact);
+        EXPECT_EQ(y, exact) << "n=" << n << " in=" << in;
+    }
+}
+
+TEST(MatmulBf16Products, ResultDoesNotDependOnThreadCount) {
+    if (!bf16_products_supported()) GTEST_SKIP() << kNoBf16;
+    const int64_t n = 100, in = 2304, out = 257;
+    const auto x = random_floats(static_cast<size_t>(n * in), 11);
+    const auto w = random_bf16(static_cast<size_t>(out * in), 12);
+    std::vector<float> first;
+    for (int threads : {1, 2, 5}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(static_cast<size_t>(n * out), NAN);
+        matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data(), PromptProducts::kBf16);
+        if (first.empty())
+            first = y;
+        else
+            EXPECT_EQ(y, first) << threads << " threads";
+    }
+}
+
+// A NaN or an infinity in one token's x makes that token's outputs non-finite and leaves the others alone.
+TEST(MatmulBf16Products, NonFiniteInputsStayInTheirRow) {
+    if (!bf16_products_supported()) GTEST_SKIP() << kNoBf16;
+    ThreadPool pool(2);
+    const int64_t n = 96, in = 1024, out = 20;
+    auto x = random_floats(static_cast<size_t>(n * in), 21);
+    const auto w = random_bf16(static_cast<size_t>(out * in), 22);
+    x[5 * in + 17] = NAN;
+    x[70 * in + 1000] = INFINITY;
+    std::vector<float> y(static_cast<size_t>(n * out), 0.0f);
+    matmul_bf16(pool, x.data(), n, in, w.data(), out, y.data(), PromptProducts::kBf16);
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t o = 0; o < out; ++o)
+            EXPECT_EQ(std::isfinite(y[t * out + o]), t != 5 && t != 70) << "t=" << t << " o=" << o;
+}
+
+// The dot product's ceiling is measured where it runs and is absent elsewhere.
+TEST(MatmulBf16Products, PeakLoopCountsItsFlops) {
+    if (!bf16_products_supported()) {
+        EXPECT_EQ(bf16_peak_rounds(10), 0.0);
+        GTEST_SKIP() << kNoBf16;
+    }
+    EXPECT_EQ(bf16_peak_rounds(10), 10.0 * 16 * 16 * 4);  // 16 chains x 16 lanes x 2 pairs' multiply-adds
+}
+
+}  // namespace
+}  // namespace markbase::cpu
