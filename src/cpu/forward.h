@@ -34,10 +34,11 @@ class RowCaches {
     int64_t pos0_ = 0;
 };
 
-// The prompt products a backend's tuning selects: gemm_inputs=bf16 (the default) the bf16 ones where the
-// CPU has them, halves the exact ones.
+// The prompt products a backend's tuning selects: gemm_inputs=bf16 (the default) the bf16 ones where they
+// are the faster ones on this CPU (matmul.h bf16_products_faster), halves the exact ones.
 inline PromptProducts prompt_products(const Tuning& t) {
-    return t.gemm_inputs == Tuning::GemmInputs::kBf16 ? PromptProducts::kBf16 : PromptProducts::kExact;
+    return t.gemm_inputs == Tuning::GemmInputs::kBf16 && bf16_products_faster() ? PromptProducts::kBf16
+                                                                                 : PromptProducts::kExact;
 }
 
 class CpuModel {

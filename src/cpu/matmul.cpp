@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -255,6 +256,25 @@ void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const 
 
 bool bf16_products_supported() {
     return pair_kernels() != nullptr;
+}
+
+bool bf16_products_faster() {
+    static const bool faster = [] {
+        if (!bf16_products_supported()) return false;
+        // three alternating pairs of ~0.1-0.3 ms loops; the best of each
+        constexpr int64_t kRounds = int64_t{1} << 14;
+        double fma = 0, dp = 0;
+        for (int i = 0; i < 3; ++i) {
+            auto t0 = std::chrono::steady_clock::now();
+            double f = fma_peak_rounds(kRounds);
+            fma = std::max(fma, f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            t0 = std::chrono::steady_clock::now();
+            f = bf16_peak_rounds(kRounds);
+            dp = std::max(dp, f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        return dp >= 1.5 * fma;
+    }();
+    return faster;
 }
 
 double bf16_peak_rounds(int64_t rounds) {

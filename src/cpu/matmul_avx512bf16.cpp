@@ -110,7 +110,6 @@ double dp_peak_loop(int64_t rounds) {
     for (int64_t i = 0; i < rounds; ++i) {
 #pragma GCC unroll 16
         for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], b, b);
-        asm("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
     }
     // (a store and scalar sums: GCC 12's _mm512_reduce_add_ps trips its own -Wuninitialized)
     alignas(64) float lanes[16];

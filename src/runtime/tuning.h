@@ -112,8 +112,9 @@ struct Tuning {
     // sequences), 36.2 to 31.6 (31B, 64); the bundled model's held-out perplexity 44.5637 -> 44.5660. The
     // one-sequence decode (GEMVs over fp32 inputs) and stream_gemm's few rows keep both halves either way.
     // The CPU backend's prompt products (cpu/matmul.h PromptProducts) follow the same key: bf16 rounds x
-    // once and multiplies by vdpbf16ps where the CPU has AVX-512-BF16 (exact fp32 elsewhere), halves keeps
-    // the exact fp32 products the goldens hold.
+    // once and multiplies by vdpbf16ps where the CPU's bf16 dot product outruns its fp32 FMA (Zen 4 and 5;
+    // not Sapphire Rapids, where it runs at half the FMA's flops: exact fp32 there and elsewhere), halves
+    // keeps the exact fp32 products the goldens hold.
     enum class GemmInputs : uint8_t { kBf16, kHalves };
     GemmInputs gemm_inputs = GemmInputs::kBf16;
 
