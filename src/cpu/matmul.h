@@ -36,9 +36,9 @@ bool bf16_products_supported();
 
 // Whether they are also the faster ones here: the bf16 dot product's measured flops at least 1.5x the fp32
 // FMA's on one thread (timed once, ~1 ms). Zen 4 and 5 run vdpbf16ps at the FMA's rate, two products a lane:
-// ~2x (a Zen 5 VM's E2B products 1.9x). Sapphire Rapids runs it at a quarter of the FMA's instructions: the
-// H200 host's Xeon measured 1,126 against 2,366 GFLOP/s on 16 threads, and a bf16 prefill of 512 tokens
-// 182 against the exact products' 223 tok/s. The backends' default (prompt_products in cpu/forward.h)
+// ~2x (a Zen 5 VM: 452 against 227 GFLOP/s a thread, E2B's products 1.9x). The H200 host's Xeon (Sapphire
+// Rapids class) runs it at a quarter of the FMA's instructions: 1,206 against 2,505 GFLOP/s on 16 threads,
+// and a bf16 prefill of 512 tokens 182 against the exact products' 223 tok/s. The backends' default (prompt_products in cpu/forward.h)
 // takes the bf16 products only where this holds.
 bool bf16_products_faster();
 
