@@ -3,8 +3,8 @@
 // products over x transposed once, src/cpu/matmul_kernels.h rows_blocked), numbered variants, a correctness
 // gate and a GFLOP/s sweep over the matrices of an E2B prompt at 64, 256 and 512 tokens, on 1 and 2 threads,
 // each cell also shown as a share of the FMA ceiling that cpu::measure_fma_peak_gflops measures with the same
-// pool (the bf16 dot product's ceiling, which v3 runs on, is printed beside it). v3's gate allows x's rounding
-// to bf16 (2^-9 of each product).
+// pool (the bf16 unit's ceiling, AMX where present, else the dot product, is printed beside it). The gate of
+// v3 and v4 allows x's rounding to bf16 (2^-9 of each product).
 //   markbase_cpu_gemm_lab [--gate] [--reps N] [--threads N]...
 // --gate checks every variant against the reference on shapes that cross every blocking boundary and exits
 // (ctest runs it). A cell is the median of --reps (default 5) timed calls, the variants interleaved call by
@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
-
 
 #include "cpu/matmul.h"
 #include "cpu/memory_bandwidth.h"
@@ -55,8 +54,12 @@ void v1_direct(ThreadPool& pool, const Problem& p, float* y) {
 }
 
 #if defined(__x86_64__)
-void v3_product_bf16(ThreadPool& pool, const Problem& p, float* y) {
-    mc::matmul_bf16(pool, p.x, p.n, p.in, p.w, p.out, y, mc::PromptProducts::kBf16);
+void v3_dot_bf16(ThreadPool& pool, const Problem& p, float* y) {
+    mc::matmul_bf16_pairs_on(mc::PairPath::kDot, pool, p.x, p.n, p.in, p.w, p.out, y);
+}
+
+void v4_amx_bf16(ThreadPool& pool, const Problem& p, float* y) {
+    mc::matmul_bf16_pairs_on(mc::PairPath::kAmx, pool, p.x, p.n, p.in, p.w, p.out, y);
 }
 
 void v2_product_avx2(ThreadPool& pool, const Problem& p, float* y) {
@@ -69,8 +72,10 @@ const Variant kVariants[] = {
     {"v1", "the direct kernel at every n (dot-product tiles on bf16 in place)", v1_direct},
 #if defined(__x86_64__)
     {"v2", "product on the AVX2 path (6 rows x 16 tokens)", v2_product_avx2},
-    {"v3", "product's bf16 prompt products (AVX-512-BF16: x rounded to bf16 pairs, vdpbf16ps, 6 rows x 64)",
-     v3_product_bf16},
+    {"v3", "bf16 products on vdpbf16ps (AVX-512-BF16: x rounded to bf16 pairs, 6 rows x 64 tokens)",
+     v3_dot_bf16},
+    {"v4", "bf16 products on the AMX tile unit (the same pairs; 32 rows x 32 tokens of C in four tiles)",
+     v4_amx_bf16},
 #endif
 };
 
@@ -80,9 +85,10 @@ bool runs_here(const Variant& v) {
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
-    if (std::string(v.name) == "v3") {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512bf16");
+    if (std::string(v.name) == "v3" || std::string(v.name) == "v4") {
+        const auto paths = mc::supported_pair_paths();
+        const mc::PairPath want = std::string(v.name) == "v3" ? mc::PairPath::kDot : mc::PairPath::kAmx;
+        return std::find(paths.begin(), paths.end(), want) != paths.end();
     }
 #endif
     (void)v;
@@ -109,7 +115,8 @@ Data make_data(int64_t n, int64_t in, int64_t out, uint64_t seed) {
 // Every variant within 1e-5 of sum |w x| of the fp64 reference, on shapes crossing every blocking boundary
 // (token tiles and their pairs, input blocks of 1024, groups of 6 rows, with tails).
 bool gate(ThreadPool& pool) {
-    const int64_t shapes[][3] = {{130, 1537, 67}, {70, 1031, 97}, {200, 2100, 13}, {48, 300, 7}, {64, 64, 6}};
+    const int64_t shapes[][3] = {{130, 1537, 67}, {70, 1031, 97},  {200, 2100, 13}, {48, 300, 7},
+                                 {64, 64, 6},     {130, 2112, 67}, {70, 1056, 40}};
     bool ok = true;
     for (const auto& s : shapes) {
         const Data d = make_data(s[0], s[1], s[2], static_cast<uint64_t>(s[0] * 31 + s[2]));
@@ -127,6 +134,9 @@ bool gate(ThreadPool& pool) {
             }
         for (const Variant& v : kVariants) {
             if (!runs_here(v)) continue;
+            // the bf16 units take pairs of inputs, AMX whole tiles of 32
+            if ((std::string(v.name) == "v3" && d.in % 2) || (std::string(v.name) == "v4" && d.in % 32))
+                continue;
             std::vector<float> y(ref.size(), NAN);
             v.fn(pool, d.p(), y.data());
             double worst = 0;
@@ -165,9 +175,10 @@ const Shape kShapes[] = {{"q_proj slide", 2048, 1536},
                          {"k/v_proj", 256, 1536}};
 
 void sweep(ThreadPool& pool, int reps, double peak) {
-    std::printf("threads %d, FMA ceiling %.1f GFLOP/s, bf16 dot-product ceiling %.1f (GFLOP/s, %% of the FMA "
-                "ceiling)\n",
-                pool.size(), peak, mc::measure_bf16_peak_gflops(pool));
+    std::printf(
+        "threads %d, FMA ceiling %.1f GFLOP/s, bf16 unit ceiling %.1f (GFLOP/s, %% of the FMA "
+        "ceiling)\n",
+        pool.size(), peak, mc::measure_bf16_peak_gflops(pool));
     std::printf("%-14s %5s", "shape", "n");
     for (const Variant& v : kVariants)
         if (runs_here(v)) std::printf(" %14s", v.name);

@@ -18,7 +18,9 @@ namespace {
 class CpuSlotBackend final : public SlotBackend {
   public:
     CpuSlotBackend(const Checkpoint& ck, const BackendOptions& opt)
-        : pool_(opt.threads), chunk_(std::max(1, opt.chunk)), model_(ck, pool_, chunk_, cpu::prompt_products(opt.tuning)) {
+        : pool_(opt.threads),
+          chunk_(std::max(1, opt.chunk)),
+          model_(ck, pool_, chunk_, cpu::prompt_products(opt.tuning)) {
         if (opt.slots < 1) throw Error("slots must be at least 1, found " + std::to_string(opt.slots));
         if (opt.ctx_size <= 0)
             throw Error("--ctx-size must be positive, found " + std::to_string(opt.ctx_size));

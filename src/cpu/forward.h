@@ -38,7 +38,7 @@ class RowCaches {
 // are the faster ones on this CPU (matmul.h bf16_products_faster), halves the exact ones.
 inline PromptProducts prompt_products(const Tuning& t) {
     return t.gemm_inputs == Tuning::GemmInputs::kBf16 && bf16_products_faster() ? PromptProducts::kBf16
-                                                                                 : PromptProducts::kExact;
+                                                                                : PromptProducts::kExact;
 }
 
 class CpuModel {

@@ -10,6 +10,11 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "cpu/matmul_kernels.h"
 #include "model/error.h"
 
@@ -86,16 +91,50 @@ const MatmulKernels& best_kernels() {
     return k;
 }
 
-// The bf16 prompt products' kernels where this build has them and this CPU runs them, else null.
-const PairKernels* pair_kernels() {
+// Whether the bf16 products' units run here: vdpbf16ps needs AVX-512-BF16; the AMX tile unit AMX-TILE and
+// AMX-BF16 (and AVX-512-BF16 for the packing) and the kernel's grant of the tile data state to the process
+// (Linux's ARCH_REQ_XCOMP_PERM), asked once.
+bool pair_path_runs(PairPath path) {
+    if (path == PairPath::kAmxModel) return true;
 #if defined(MARKBASE_MATMUL_X86)
-    static const PairKernels* k = cpu_runs(SimdPath::Avx512) && __builtin_cpu_supports("avx512bf16")
-                                      ? &kPairKernelsAvx512Bf16
-                                      : nullptr;
-    return k;
+    const bool dot = cpu_runs(SimdPath::Avx512) && __builtin_cpu_supports("avx512bf16");
+    if (path == PairPath::kDot) return dot;
+    static const bool amx = [dot] {
+        if (!dot || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+#if defined(__linux__)
+        constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 #else
-    return nullptr;
+        return false;
 #endif
+    }();
+    return amx;
+#else
+    return false;
+#endif
+}
+
+const PairKernels* pair_kernels_of(PairPath path) {
+    switch (path) {
+#if defined(MARKBASE_MATMUL_X86)
+        case PairPath::kDot:
+            return &kPairKernelsAvx512Bf16;
+        case PairPath::kAmx:
+            return &kPairKernelsAmx;
+#endif
+        case PairPath::kAmxModel:
+            return &kPairKernelsAmxModel;
+        default:
+            return nullptr;
+    }
+}
+
+// The bf16 prompt products' kernels: the AMX unit's where it runs, else vdpbf16ps's, else null.
+const PairKernels* pair_kernels() {
+    static const PairKernels* k = pair_path_runs(PairPath::kAmx)   ? pair_kernels_of(PairPath::kAmx)
+                                  : pair_path_runs(PairPath::kDot) ? pair_kernels_of(PairPath::kDot)
+                                                                   : nullptr;
+    return k;
 }
 
 // The fp32 scratch of the blocked kernels; one per thread, since a thread runs one matmul at a time.
@@ -134,12 +173,14 @@ const float* transposed_x(ThreadPool& pool, const float* x, int64_t n, int64_t i
     return d;
 }
 
-// x [n][in] rounded to bf16 and packed in pairs (PairKernels) into the calling thread's scratch, over the pool.
+// x [n][in] rounded to bf16 and packed in pairs (PairKernels) into the calling thread's scratch, over the
+// pool.
 const uint32_t* packed_pairs(const PairKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in) {
-    const int64_t tiles = (n + k.tokens - 1) / k.tokens, pairs = in / 2;
+    constexpr int64_t kTokens = 64;  // a packed tile's tokens (matmul_pairs.h kPairTokens)
+    const int64_t tiles = (n + kTokens - 1) / kTokens, pairs = in / 2;
     thread_local std::vector<uint32_t> xp;
-    if (xp.size() < static_cast<size_t>(tiles * pairs * k.tokens))
-        xp.resize(static_cast<size_t>(tiles * pairs * k.tokens));
+    if (xp.size() < static_cast<size_t>(tiles * pairs * kTokens))
+        xp.resize(static_cast<size_t>(tiles * pairs * kTokens));
     uint32_t* d = xp.data();
     constexpr int64_t kStrip = 64;  // pairs per work item
     const int64_t strips = (pairs + kStrip - 1) / kStrip;
@@ -183,6 +224,16 @@ void split_rows(ThreadPool& pool, int64_t macs, int64_t out, int64_t unit, const
     });
 }
 
+// The bf16 products on k (in a multiple of k.in_multiple).
+void run_pairs(const PairKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w,
+               int64_t out, float* y) {
+    const uint32_t* xp = packed_pairs(k, pool, x, n, in);
+    split_rows(pool, n * in * out, out, k.rows, [&](int64_t r0, int64_t r1) {
+        k.rows_pairs(xp, n, in, w, out, y, r0, r1,
+                     blocked_panel(k.scratch_floats + k.scratch_per_input * in));
+    });
+}
+
 // rowwise: the direct kernel whatever the shape (matmul_bf16_rowwise).
 template <class WT>
 void matmul_impl(const MatmulKernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, const WT* w,
@@ -199,11 +250,8 @@ void matmul_impl(const MatmulKernels& k, ThreadPool& pool, const float* x, int64
                         n * in * int64_t{sizeof(float)} <= kDirectMaxXBytes || 4 * n < 3 * k.outer_tokens;
     if constexpr (std::is_same_v<WT, bf16>) {
         const PairKernels* pk = pair_kernels();
-        if (!direct && products == PromptProducts::kBf16 && pk != nullptr && in % 2 == 0) {
-            const uint32_t* xp = packed_pairs(*pk, pool, x, n, in);
-            split_rows(pool, n * in * out, out, pk->rows, [&](int64_t r0, int64_t r1) {
-                pk->rows_pairs(xp, n, in, w, out, y, r0, r1, blocked_panel(pk->tile_floats));
-            });
+        if (!direct && products == PromptProducts::kBf16 && pk != nullptr && in % pk->in_multiple == 0) {
+            run_pairs(*pk, pool, x, n, in, w, out, y);
             return;
         }
     }
@@ -249,8 +297,8 @@ const char* matmul_kernels_name(SimdPath path) {
     return kernels_on(path).name;
 }
 
-void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out, float* y,
-                 PromptProducts products) {
+void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
+                 float* y, PromptProducts products) {
     matmul_impl(best_kernels(), pool, x, n, in, w, out, y, false, products);
 }
 
@@ -267,10 +315,12 @@ bool bf16_products_faster() {
         for (int i = 0; i < 3; ++i) {
             auto t0 = std::chrono::steady_clock::now();
             double f = fma_peak_rounds(kRounds);
-            fma = std::max(fma, f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            fma = std::max(fma,
+                           f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             t0 = std::chrono::steady_clock::now();
             f = bf16_peak_rounds(kRounds);
-            dp = std::max(dp, f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            dp = std::max(dp,
+                          f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         return dp >= 1.5 * fma;
     }();
@@ -280,6 +330,41 @@ bool bf16_products_faster() {
 double bf16_peak_rounds(int64_t rounds) {
     const PairKernels* k = pair_kernels();
     return k != nullptr ? k->peak(rounds) : 0.0;
+}
+
+const char* bf16_products_unit() {
+    const PairKernels* k = pair_kernels();
+    return k != nullptr ? k->name : "none";
+}
+
+const char* pair_path_name(PairPath path) {
+    switch (path) {
+        case PairPath::kDot:
+            return "avx512bf16";
+        case PairPath::kAmx:
+            return "amx";
+        case PairPath::kAmxModel:
+            return "amx-model";
+    }
+    return "unknown";
+}
+
+std::vector<PairPath> supported_pair_paths() {
+    std::vector<PairPath> paths;
+    for (PairPath p : {PairPath::kAmxModel, PairPath::kDot, PairPath::kAmx})
+        if (pair_kernels_of(p) != nullptr && pair_path_runs(p)) paths.push_back(p);
+    return paths;
+}
+
+void matmul_bf16_pairs_on(PairPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in,
+                          const bf16* w, int64_t out, float* y) {
+    const PairKernels* k = pair_kernels_of(path);
+    if (k == nullptr || !pair_path_runs(path))
+        throw Error(std::string("matmul: the bf16 products on ") + pair_path_name(path) + " do not run here");
+    if (in % k->in_multiple != 0)
+        throw Error(std::string("matmul: the bf16 products on ") + pair_path_name(path) + " take inputs in " +
+                    "multiples of " + std::to_string(k->in_multiple) + ", found " + std::to_string(in));
+    if (n > 0 && out > 0) run_pairs(*k, pool, x, n, in, w, out, y);
 }
 
 void matmul_bf16_rowwise(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,

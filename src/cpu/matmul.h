@@ -28,18 +28,19 @@ enum class PromptProducts : uint8_t { kExact, kBf16 };
 
 // y[t][o] = sum_i x[t][i] * w[o][i]
 //   x: fp32 [n][in], w: bf16 [out][in], y: fp32 [n][out]; all row-major and dense. y must not alias x.
-void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out, float* y,
-                 PromptProducts products = PromptProducts::kExact);
+void matmul_bf16(ThreadPool& pool, const float* x, int64_t n, int64_t in, const bf16* w, int64_t out,
+                 float* y, PromptProducts products = PromptProducts::kExact);
 
-// Whether kBf16 runs the bf16 products on this CPU (AVX-512-BF16 compiled in and present).
+// Whether kBf16 runs the bf16 products on this CPU: on the AMX tile unit where the CPU has AMX-BF16 (and
+// the kernel grants the process its tile state), else on vdpbf16ps where it has AVX-512-BF16.
 bool bf16_products_supported();
 
-// Whether they are also the faster ones here: the bf16 dot product's measured flops at least 1.5x the fp32
-// FMA's on one thread (timed once, ~1 ms). Zen 4 and 5 run vdpbf16ps at the FMA's rate, two products a lane:
+// Whether they are also the faster ones here: that unit's measured flops at least 1.5x the fp32 FMA's on one
+// thread (timed once, ~1 ms). Zen 4 and 5 run vdpbf16ps at the FMA's rate, two products a lane:
 // ~2x (a Zen 5 VM: 452 against 227 GFLOP/s a thread, E2B's products 1.9x). The H200 host's Xeon (Sapphire
 // Rapids class) runs it at a quarter of the FMA's instructions: 1,206 against 2,505 GFLOP/s on 16 threads,
-// and a bf16 prefill of 512 tokens 182 against the exact products' 223 tok/s. The backends' default (prompt_products in cpu/forward.h)
-// takes the bf16 products only where this holds.
+// and a bf16 prefill of 512 tokens 182 against the exact products' 223 tok/s. The backends' default
+// (prompt_products in cpu/forward.h) takes the bf16 products only where this holds.
 bool bf16_products_faster();
 
 // The same product with every row of y bit-identical to that row computed alone (n = 1), whatever n is: the
@@ -67,8 +68,23 @@ void attn_values(const float* p, int64_t ldp, int m, const float* const* v, int 
 // The best path's multiply-add ceiling loop on the calling thread (cpu/memory_bandwidth.h times it): `rounds`
 // rounds of independent fp32 FMAs; returns the flops done.
 double fma_peak_rounds(int64_t rounds);
-// The same for the bf16 dot product (vdpbf16ps); 0 where bf16_products_supported() is false.
+// The same for the unit the bf16 products run on (AMX or vdpbf16ps); 0 where bf16_products_supported() is
+// false.
 double bf16_peak_rounds(int64_t rounds);
+
+// The unit kBf16 runs on here: "amx", "avx512bf16" or "none".
+const char* bf16_products_unit();
+
+// The units the bf16 products can run on. kAmxModel is a scalar model of the AMX unit running the AMX tile
+// loop (matmul_pairs.h): for the tests, on every CPU; never chosen.
+enum class PairPath { kDot, kAmx, kAmxModel };
+const char* pair_path_name(PairPath path);
+// The paths this build and CPU run (kAmxModel always).
+std::vector<PairPath> supported_pair_paths();
+// The bf16 products on that path at any n (in a multiple of 2 for kDot, of 32 for the AMX loop); throws
+// markbase::Error where the path does not run or cannot take in.
+void matmul_bf16_pairs_on(PairPath path, ThreadPool& pool, const float* x, int64_t n, int64_t in,
+                          const bf16* w, int64_t out, float* y);
 
 // The SIMD paths, in increasing preference. Avx2 needs AVX2 and FMA; Avx512 AVX-512 F, BW and VL (and AVX2,
 // FMA).

@@ -13,16 +13,18 @@
 #include <cstring>
 
 #include "cpu/matmul_kernels.h"
+#include "cpu/matmul_pairs.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512BF16__)
-#error "matmul_avx512bf16.cpp must be compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (CMakeLists.txt)"
+#error \
+    "matmul_avx512bf16.cpp must be compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (CMakeLists.txt)"
 #endif
 
 namespace markbase::cpu {
 namespace {
 
 constexpr int kRows = 6, kVecs = 4;
-constexpr int64_t kTokens = kVecs * 16;
+constexpr int64_t kTokens = kPairTokens;  // kVecs vectors of 16
 constexpr int64_t kBlockPairs = kBlockK / 2;
 
 // acc[r][v] += pairs of w row r . xp pairs, over `pairs` words; writes the tile as tile_out[r][64].
@@ -43,34 +45,6 @@ void dp_tile(const char* const* wrow, const uint32_t* xp, int64_t pairs, float* 
     }
     for (int r = 0; r < kRows; ++r)
         for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(tile_out + (r * kVecs + v) * 16, acc[r][v]);
-}
-
-// Tokens [t0, t1) of x [n][in] (in even) into xp's words for pairs [p0, p1): each row rounded to bf16 (nearest
-// even, vcvtne2ps2bf16) 32 inputs at a time, its words scattered to their token's column. The padding
-// tokens of the last tile are zero.
-void pack_pairs(const float* x, int64_t n, int64_t in, int64_t p0, int64_t p1, uint32_t* xp) {
-    const int64_t pairs = in / 2, tiles = (n + kTokens - 1) / kTokens;
-    alignas(64) uint32_t words[16];
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-        uint32_t* dt = xp + tile * pairs * kTokens;
-        for (int64_t tt = 0; tt < kTokens; ++tt) {
-            const int64_t t = tile * kTokens + tt;
-            if (t >= n) {
-                for (int64_t p = p0; p < p1; ++p) dt[p * kTokens + tt] = 0;
-                continue;
-            }
-            const float* xr = x + t * in;
-            for (int64_t p = p0; p < p1; p += 16) {
-                const int64_t m = p1 - p < 16 ? p1 - p : 16;  // pairs in this chunk
-                const __mmask16 lo = static_cast<__mmask16>(m >= 8 ? 0xffff : (1u << (2 * m)) - 1u);
-                const __mmask16 hi = static_cast<__mmask16>(m <= 8 ? 0 : (1u << (2 * (m - 8))) - 1u);
-                const __m512 a = _mm512_maskz_loadu_ps(lo, xr + 2 * p);
-                const __m512 b = _mm512_maskz_loadu_ps(hi, xr + 2 * p + 16);
-                _mm512_store_si512(words, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
-                for (int64_t j = 0; j < m; ++j) dt[(p + j) * kTokens + tt] = words[j];
-            }
-        }
-    }
 }
 
 // Rows [r0, r1) of y from xp (as rows_blocked in matmul_kernels.h, with pairs for inputs). A row's sum runs
@@ -124,7 +98,7 @@ double dp_peak_loop(int64_t rounds) {
 
 }  // namespace
 
-constinit const PairKernels kPairKernelsAvx512Bf16 = {
-    "avx512bf16", kRows, kTokens, kRows * kTokens, &pack_pairs, &rows_pairs, &dp_peak_loop};
+constinit const PairKernels kPairKernelsAvx512Bf16 = {"avx512bf16", kRows,       kRows* kTokens, 0, 2,
+                                                      &pack_pairs,  &rows_pairs, &dp_peak_loop};
 
 }  // namespace markbase::cpu

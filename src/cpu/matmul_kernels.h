@@ -47,20 +47,26 @@ extern const MatmulKernels kMatmulKernelsAvx512;
 // The bf16 prompt products (matmul.h, PromptProducts::kBf16) on a path with a bf16 dot product: x rounded
 // to bf16 and packed as pairs, xp[tile][in / 2][tokens] of 32-bit words (bf16(x[t][2i]) low, bf16(x[t][2i +
 // 1]) high), the padding tokens zero; rows as the blocked kernels split them (whole groups of `rows`).
+// Tiles are 64 tokens (matmul_pairs.h kPairTokens).
 struct PairKernels {
     const char* name;
-    int64_t rows;         // rows of a tile: the threads are given whole ones
-    int64_t tokens;       // tokens of a tile
-    int64_t tile_floats;  // the per-thread scratch rows_pairs needs
+    int64_t rows;               // rows of a tile: the threads are given whole ones
+    int64_t scratch_floats;     // the per-thread scratch rows_pairs needs: this many floats
+    int64_t scratch_per_input;  // and this many more per input
+    int64_t in_multiple;        // the inputs it takes are a multiple of this (others run the exact products)
     // Tokens [0, n) of x [n][in] (in even), pairs [p0, p1) of each, into xp.
     void (*pack)(const float* x, int64_t n, int64_t in, int64_t p0, int64_t p1, uint32_t* xp);
     void (*rows_pairs)(const uint32_t* xp, int64_t n, int64_t in, const bf16* w, int64_t out, float* y,
                        int64_t r0, int64_t r1, float* scratch);
-    double (*peak)(int64_t rounds);  // the bf16 dot product's ceiling loop: flops done in `rounds` rounds
+    double (*peak)(int64_t rounds);  // the unit's ceiling loop: flops done in `rounds` rounds (null: none)
 };
 
-// Defined in matmul_avx512bf16.cpp (x86-64 builds whose compiler knows AVX-512-BF16: MARKBASE_MATMUL_BF16).
+// x86-64 only: vdpbf16ps (matmul_avx512bf16.cpp), the AMX tile unit (matmul_amx.cpp), and a scalar model
+// of the AMX unit running the same tile loop (matmul_amx_model.cpp; the tests' view of that loop on every
+// CPU).
 extern const PairKernels kPairKernelsAvx512Bf16;
+extern const PairKernels kPairKernelsAmx;
+extern const PairKernels kPairKernelsAmxModel;
 
 namespace {
 

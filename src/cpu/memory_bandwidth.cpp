@@ -58,8 +58,8 @@ uint64_t sum_rows(const uint64_t* p, int64_t n) {
 
 std::atomic<uint64_t> g_sink{0};  // keeps the sums alive
 
-// Every thread of the pool runs `loop` (flops done in `rounds` rounds) at once; the sum of their rates, median
-// of 3 passes.
+// Every thread of the pool runs `loop` (flops done in `rounds` rounds) at once; the sum of their rates,
+// median of 3 passes.
 double measure_peak_gflops(ThreadPool& pool, double (*loop)(int64_t rounds)) {
     // rounds per timed call: ~0.1 s at 100 GFLOP/s per core on the widest path (16 chains x 16 lanes x 2)
     constexpr int64_t kRounds = int64_t{20} << 20;

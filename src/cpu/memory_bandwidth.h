@@ -23,8 +23,8 @@ BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1
 // multiply-add), median of 3 passes. Prefill GFLOP/s is reported as a share of it.
 double measure_fma_peak_gflops(ThreadPool& pool);
 
-// The same for the bf16 dot product the bf16 prompt products run (vdpbf16ps: 4 flops a lane); 0 where this
-// CPU has none (matmul.h bf16_products_supported).
+// The same for the unit the bf16 prompt products run on (AMX tiles, or vdpbf16ps: 4 flops a lane); 0 where
+// this CPU has none (matmul.h bf16_products_supported).
 double measure_bf16_peak_gflops(ThreadPool& pool);
 
 // A lab bench, not a test: prints the read bandwidth, GEMV (n = 1) GB/s and % of it at 2816x2816, 21504x5376

@@ -28,8 +28,8 @@ struct Turns {
 };
 
 // Turn 1 (first_user) from an empty cache, greedy until a chat stop id; then turn 2 through the cache.
-Turns two_turns(const Checkpoint& ck, const Tokenizer& tok, const BackendOptions& o, const std::string& first_user,
-                std::vector<int>* first_reply) {
+Turns two_turns(const Checkpoint& ck, const Tokenizer& tok, const BackendOptions& o,
+                const std::string& first_user, std::vector<int>* first_reply) {
     auto be = make_cpu_backend(ck, o);
     std::vector<ChatMessage> history{{"user", first_user}};
     const std::vector<int> first = tok.encode(render_gemma4_chat(history, true));
@@ -61,8 +61,8 @@ Turns two_turns(const Checkpoint& ck, const Tokenizer& tok, const BackendOptions
 }
 
 // The rows of the whole conversation's logits (from an empty cache) for its last `n` ids.
-std::vector<float> full_tail_logits(const Checkpoint& ck, const BackendOptions& o, const std::vector<int>& ids,
-                                    size_t n) {
+std::vector<float> full_tail_logits(const Checkpoint& ck, const BackendOptions& o,
+                                    const std::vector<int>& ids, size_t n) {
     auto be = make_cpu_backend(ck, o);
     const std::vector<float> all = testing::all_logits(*be, ids, false);
     const size_t V = static_cast<size_t>(ck.config.vocab_size);
@@ -107,7 +107,8 @@ TEST(PrefixReuse, WhenTheRingsCannotRollBackItStartsOverAndStillAgrees) {
     std::vector<int> reply;
     const Turns t = two_turns(*ck, tok, o, long_turn, &reply);
     ASSERT_GT(t.second_ids.size(), 200u);
-    EXPECT_EQ(t.fresh, t.second_ids) << "expected a reset: " << t.fresh.size() << " of " << t.second_ids.size();
+    EXPECT_EQ(t.fresh, t.second_ids) << "expected a reset: " << t.fresh.size() << " of "
+                                     << t.second_ids.size();
     o.chunk = 256;
     EXPECT_LE(testing::rel_err(full_tail_logits(*ck, o, t.second_ids, t.fresh.size()), t.logits), 1e-5);
 }

@@ -78,8 +78,8 @@ BenchRuns time_runs(Backend& be, int n_prompt, int n_gen, int reps) {
 // The measurements and the medians the receipt and the JSON report show.
 struct BenchResult {
     int n_prompt = 0, n_gen = 0, reps = 0;
-    double read_gbs = 0;     // this machine's measured read bandwidth
-    double fma_gflops = 0;   // and its measured fp32 multiply-add ceiling on the matmul's SIMD path
+    double read_gbs = 0;    // this machine's measured read bandwidth
+    double fma_gflops = 0;  // and its measured fp32 multiply-add ceiling on the matmul's SIMD path
     // the measured ceiling of the bf16 dot product when the prompt products run on it (0: they are fp32)
     double bf16_gflops = 0;
     double prefill_flops = 0;  // the prompt's matmul flops: 2 per weight per token, the lm_head's one row
@@ -103,7 +103,9 @@ void print_receipt(const ModelOptions& mo, const Backend& be, const ModelCounts&
         "prefill   %d tok: %.1f ms, %.1f tok/s (median of %d), %.1f GFLOP/s = %.0f%% of the measured %s peak "
         "(%.1f GFLOP/s)\n",
         r.n_prompt, r.prefill_s * 1e3, r.n_prompt / r.prefill_s, r.reps, gflops, 100.0 * gflops / peak,
-        bf16 ? "avx512bf16 dot-product" : (std::string(cpu::matmul_simd_path()) + " FMA").c_str(), peak);
+        bf16 ? (std::string(cpu::bf16_products_unit()) + " bf16").c_str()
+             : (std::string(cpu::matmul_simd_path()) + " FMA").c_str(),
+        peak);
     std::printf(
         "decode    %d tok after %d: %.2f ms/tok, %.2f tok/s, %.2f GB/s = %.0f%% of measured bandwidth\n",
         r.n_gen, r.n_prompt, r.decode_s * 1e3, 1.0 / r.decode_s, r.decode_gbs,
@@ -118,37 +120,39 @@ void write_bench_json(const std::string& path, const ModelOptions& mo, const Bac
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
     const char* commit = std::getenv("MARKBASE_COMMIT");
-    nlohmann::json j = {{"kind", "cpu-bench"},
-                        {"model", mo.model_dir},
-                        {"device", cpu_name()},
-                        {"threads", be.name()},
-                        {"date", date},
-                        {"commit", commit ? commit : "unknown"},
-                        {"layers", c.n_layers},
-                        {"hidden", c.hidden},
-                        {"active_params", counts.active_params},
-                        {"bytes_per_token", counts.bytes_per_token},
-                        {"n_prompt", r.n_prompt},
-                        {"n_gen", r.n_gen},
-                        {"repetitions", r.reps},
-                        {"prefill_s_median", r.prefill_s},
-                        {"prefill_tok_s", r.n_prompt / r.prefill_s},
-                        {"prefill_s_all", r.runs.prefill},
-                        {"prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9},
-                        {"measured_fma_peak_gflop_s", r.fma_gflops},
-                        {"prefill_pct_of_fma_peak", 100.0 * r.prefill_flops / r.prefill_s / 1e9 / r.fma_gflops},
-                        {"prompt_products", r.bf16_gflops > 0 ? "bf16 (avx512bf16)" : "exact fp32"},
-                        {"measured_bf16_dot_peak_gflop_s", r.bf16_gflops},
-                        {"prefill_pct_of_bf16_dot_peak",
-                         r.bf16_gflops > 0 ? 100.0 * r.prefill_flops / r.prefill_s / 1e9 / r.bf16_gflops : 0.0},
-                        {"simd_path", cpu::matmul_simd_path()},
-                        {"decode_ms_per_tok_median", r.decode_s * 1e3},
-                        {"decode_s_per_tok_all", r.runs.decode},
-                        {"decode_tok_s", 1.0 / r.decode_s},
-                        {"decode_gb_s", r.decode_gbs},
-                        {"measured_read_gb_s", r.read_gbs},
-                        {"decode_pct_of_measured_bw", 100.0 * r.decode_gbs / r.read_gbs},
-                        {"logits_hash", r.hash}};
+    nlohmann::json j = {
+        {"kind", "cpu-bench"},
+        {"model", mo.model_dir},
+        {"device", cpu_name()},
+        {"threads", be.name()},
+        {"date", date},
+        {"commit", commit ? commit : "unknown"},
+        {"layers", c.n_layers},
+        {"hidden", c.hidden},
+        {"active_params", counts.active_params},
+        {"bytes_per_token", counts.bytes_per_token},
+        {"n_prompt", r.n_prompt},
+        {"n_gen", r.n_gen},
+        {"repetitions", r.reps},
+        {"prefill_s_median", r.prefill_s},
+        {"prefill_tok_s", r.n_prompt / r.prefill_s},
+        {"prefill_s_all", r.runs.prefill},
+        {"prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9},
+        {"measured_fma_peak_gflop_s", r.fma_gflops},
+        {"prefill_pct_of_fma_peak", 100.0 * r.prefill_flops / r.prefill_s / 1e9 / r.fma_gflops},
+        {"prompt_products",
+         r.bf16_gflops > 0 ? std::string("bf16 on ") + cpu::bf16_products_unit() : std::string("exact fp32")},
+        {"measured_bf16_unit_peak_gflop_s", r.bf16_gflops},
+        {"prefill_pct_of_bf16_unit_peak",
+         r.bf16_gflops > 0 ? 100.0 * r.prefill_flops / r.prefill_s / 1e9 / r.bf16_gflops : 0.0},
+        {"simd_path", cpu::matmul_simd_path()},
+        {"decode_ms_per_tok_median", r.decode_s * 1e3},
+        {"decode_s_per_tok_all", r.runs.decode},
+        {"decode_tok_s", 1.0 / r.decode_s},
+        {"decode_gb_s", r.decode_gbs},
+        {"measured_read_gb_s", r.read_gbs},
+        {"decode_pct_of_measured_bw", 100.0 * r.decode_gbs / r.read_gbs},
+        {"logits_hash", r.hash}};
     std::ofstream f(path);
     f << j.dump(2) << "\n";
     if (!f) throw Error(path + ": cannot write");
