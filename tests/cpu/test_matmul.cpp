@@ -12,6 +12,7 @@
 #include "cpu/matmul.h"
 #include "cpu/memory_bandwidth.h"
 #include "model/error.h"
+#include "support/random_values.h"
 
 namespace markbase::cpu {
 
@@ -22,21 +23,8 @@ static void PrintTo(SimdPath path, std::ostream* os) {
 
 namespace {
 
-// Random inputs, never zeros: uniform in +-[0.05, 1) with a random sign.
-std::vector<float> random_floats(size_t count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> mag(0.05f, 1.0f);
-    std::vector<float> v(count);
-    for (auto& f : v) f = (rng() & 1u) ? mag(rng) : -mag(rng);
-    return v;
-}
-
-std::vector<bf16> random_bf16(size_t count, uint32_t seed) {
-    std::vector<float> f = random_floats(count, seed);
-    std::vector<bf16> v(count);
-    for (size_t i = 0; i < count; ++i) v[i] = float_to_bf16(f[i]);
-    return v;
-}
+using testing::random_bf16;
+using testing::random_floats;
 
 float to_float(float v) {
     return v;

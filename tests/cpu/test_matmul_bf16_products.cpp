@@ -14,24 +14,13 @@
 #include "cpu/matmul.h"
 #include "model/bf16.h"
 #include "model/error.h"
+#include "support/random_values.h"
 
 namespace markbase::cpu {
 namespace {
 
-std::vector<float> random_floats(size_t count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> mag(0.05f, 1.0f);
-    std::vector<float> v(count);
-    for (auto& f : v) f = (rng() & 1u) ? mag(rng) : -mag(rng);
-    return v;
-}
-
-std::vector<bf16> random_bf16(size_t count, uint32_t seed) {
-    std::vector<float> f = random_floats(count, seed);
-    std::vector<bf16> v(count);
-    for (size_t i = 0; i < count; ++i) v[i] = float_to_bf16(f[i]);
-    return v;
-}
+using testing::random_bf16;
+using testing::random_floats;
 
 // The largest |y - reference| / sum |x w| over every output, the reference in double over x rounded to bf16
 // (round_x) or as given.
