@@ -14,6 +14,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "cpu/matmul_kernels.h"
 #include "model/error.h"
@@ -100,7 +103,11 @@ bool pair_path_runs(PairPath path) {
     const bool dot = cpu_runs(SimdPath::Avx512) && __builtin_cpu_supports("avx512bf16");
     if (path == PairPath::kDot) return dot;
     static const bool amx = [dot] {
-        if (!dot || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+        // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (asked directly: clang 14's
+        // __builtin_cpu_supports does not know the AMX names)
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (!dot || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+        if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return false;
 #if defined(__linux__)
         constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
         return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;

@@ -7,7 +7,9 @@
 #include "cpu/matmul_kernels.h"
 #include "cpu/matmul_pairs.h"
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__) || !defined(__AVX512BF16__)
+// (GCC spells the AMX macros __AMX_TILE__ / __AMX_BF16__, clang __AMXTILE__ / __AMXBF16__)
+#if !(defined(__AMX_TILE__) || defined(__AMXTILE__)) || !(defined(__AMX_BF16__) || defined(__AMXBF16__)) || \
+    !defined(__AVX512BF16__)
 #error "matmul_amx.cpp must be compiled with -mamx-tile -mamx-bf16 -mavx512bf16 (CMakeLists.txt)"
 #endif
 
