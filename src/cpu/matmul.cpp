@@ -316,20 +316,18 @@ bool bf16_products_supported() {
 bool bf16_products_faster() {
     static const bool faster = [] {
         if (!bf16_products_supported()) return false;
-        // three alternating pairs of ~0.1-0.3 ms loops; the best of each
-        constexpr int64_t kRounds = int64_t{1} << 14;
-        double fma = 0, dp = 0;
+        // three alternating pairs of ~0.1-0.3 ms loops; the best rate of each
+        auto rate = [](double (*loop)(int64_t)) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const double flops = loop(int64_t{1} << 14);
+            return flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        };
+        double fma = 0, unit = 0;
         for (int i = 0; i < 3; ++i) {
-            auto t0 = std::chrono::steady_clock::now();
-            double f = fma_peak_rounds(kRounds);
-            fma = std::max(fma,
-                           f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-            t0 = std::chrono::steady_clock::now();
-            f = bf16_peak_rounds(kRounds);
-            dp = std::max(dp,
-                          f / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            fma = std::max(fma, rate(&fma_peak_rounds));
+            unit = std::max(unit, rate(&bf16_peak_rounds));
         }
-        return dp >= 1.5 * fma;
+        return unit >= 1.5 * fma;
     }();
     return faster;
 }

@@ -20,8 +20,9 @@ namespace markbase::cpu {
 
 // What a prompt's products (the blocked regime: past ~48 tokens at real widths) take of x. kExact: fp32 x,
 // each product exact and summed in fp32 (the reference the goldens hold). kBf16: x rounded to bf16 (nearest
-// even) once, multiplied two products a lane by vdpbf16ps, on CPUs with AVX-512-BF16 (elsewhere kExact):
-// what llama.cpp computes for a bf16 model and what transformers computes in bf16; the CUDA backend's
+// even) once, multiplied on a bf16 unit (AMX tiles, else vdpbf16ps; elsewhere kExact, as for widths the unit
+// cannot take): what llama.cpp computes for a bf16 model and what transformers computes in bf16; the CUDA
+// backend's
 // prompt products do the same (runtime/tuning.h gemm_inputs, which selects both). Decode and short batches
 // (the direct regime) are exact either way.
 enum class PromptProducts : uint8_t { kExact, kBf16 };

@@ -44,7 +44,7 @@ struct MatmulKernels {
 extern const MatmulKernels kMatmulKernelsAvx2;
 extern const MatmulKernels kMatmulKernelsAvx512;
 
-// The bf16 prompt products (matmul.h, PromptProducts::kBf16) on a path with a bf16 dot product: x rounded
+// The bf16 prompt products (matmul.h, PromptProducts::kBf16) on a bf16 unit (vdpbf16ps, AMX): x rounded
 // to bf16 and packed as pairs, xp[tile][in / 2][tokens] of 32-bit words (bf16(x[t][2i]) low, bf16(x[t][2i +
 // 1]) high), the padding tokens zero; rows as the blocked kernels split them (whole groups of `rows`).
 // Tiles are 64 tokens (matmul_pairs.h kPairTokens).
