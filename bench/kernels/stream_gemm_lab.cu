@@ -1,14 +1,18 @@
-// Kernel lab for the projections of a few tokens (the batched decode step, short prompt chunks): Y[n][N] =
-// (hi + lo)[n][K] W[N][K]^T, the fp32 activations as two bf16 halves (split_rows). Variants:
-//   v0  cuBLAS, as the product ran it before stream_gemm: per matrix one GEMM over [hi; lo] (2n columns)
-//       into a scratch, then sum_halves
-//   v1  stream_gemm (src/cuda/kernels/stream_gemm.cu) with the product's shape rule (stream_gemm_shape)
-//   v2+ stream_gemm with each forced shape (mt row tiles per block x ks K splits per cluster)
-// Correctness gate: every output of v0, v1 and the forced shapes against an fp64 GPU reference of the same
-// hi + lo and weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing:
-// each variant's launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve
-// them) captured as one CUDA graph; per-launch time, median of 5 replays; GB/s = weight bytes / time.
-//   markbase_stream_gemm_lab [--quick] [--only SUBSTRING]
+// Kernel lab for the projections of a few tokens (the batched step, short prompt chunks): Y[n][N] =
+// x[n][K] W[N][K]^T. Two operand modes (--inputs): halves, the fp32 activations as two bf16 halves (hi + lo,
+// split_rows; gemm_inputs=halves), and bf16, their one bf16 rounding (hi; gemm_inputs=bf16, the default).
+// Variants:
+//   v0  cuBLAS as the product runs it: halves, per matrix one GEMM over [hi; lo] (2n columns) into a
+//       scratch, then sum_halves; bf16, per matrix one GEMM over hi
+//   v1  stream_gemm (src/cuda/kernels/stream_gemm.cu) with the product's shape rule (stream_gemm_shape; in
+//       bf16 the warps split rows past 16 tokens)
+//   v2  stream_gemm, warps splitting K, with each forced shape (mt row tiles per block x ks K splits)
+//   v3  stream_gemm, warps splitting rows (bf16 only), with each forced shape (mt row tiles per warp x ks)
+// Correctness gate: every output of every variant against an fp64 GPU reference of the same operands and
+// weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing: each variant's
+// launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve them) captured
+// as one CUDA graph; per-launch time, median of 5 replays; GB/s = weight bytes / time.
+//   markbase_stream_gemm_lab [--inputs halves|bf16] [--n 8,16,...] [--only SUBSTRING]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -36,16 +40,27 @@ struct Shape {
 
 // Every projection a batched step runs, per variant (real widths; E2B's full layers have head dim 512).
 const std::vector<Shape> kShapes = {
-    {"e2b qkv", {2048, 256, 256}, 1536}, {"e2b qkv full", {4096, 512, 512}, 1536},
-    {"e2b o_proj", {1536}, 2048},        {"e2b gate+up", {12288, 12288}, 1536},
-    {"e2b down", {1536}, 12288},         {"e2b ple gate", {256}, 1536},
-    {"e2b ple proj", {1536}, 256},       {"e2b ple inputs", {8960}, 1536},
-    {"e2b lm_head", {262144}, 1536},     {"e4b qkv", {2048, 512, 512}, 2560},
-    {"e4b o_proj", {2560}, 2048},        {"e4b gate+up", {10240, 10240}, 2560},
-    {"e4b down", {2560}, 10240},         {"26b qkv", {4096, 2048, 2048}, 2816},
-    {"26b o_proj", {2816}, 4096},        {"26b gate+up", {2112, 2112}, 2816},
-    {"26b down", {2816}, 2112},          {"31b qkv", {8192, 4096, 4096}, 5376},
-    {"31b o_proj", {5376}, 8192},        {"31b gate+up", {21504, 21504}, 5376},
+    {"e2b qkv", {2048, 256, 256}, 1536},
+    {"e2b qkv full", {4096, 512, 512}, 1536},
+    {"e2b o_proj", {1536}, 2048},
+    {"e2b gate+up", {12288, 12288}, 1536},
+    {"e2b down", {1536}, 12288},
+    {"e2b ple gate", {256}, 1536},
+    {"e2b ple proj", {1536}, 256},
+    {"e2b ple inputs", {8960}, 1536},
+    {"e2b lm_head", {262144}, 1536},
+    {"e4b qkv", {2048, 512, 512}, 2560},
+    {"e4b o_proj", {2560}, 2048},
+    {"e4b gate+up", {10240, 10240}, 2560},
+    {"e4b down", {2560}, 10240},
+    {"26b qkv", {4096, 2048, 2048}, 2816},
+    {"26b o_proj", {2816}, 4096},
+    {"26b gate+up", {2112, 2112}, 2816},
+    {"26b down", {2816}, 2112},
+    {"26b router", {128}, 2816},
+    {"31b qkv", {8192, 4096, 4096}, 5376},
+    {"31b o_proj", {5376}, 8192},
+    {"31b gate+up", {21504, 21504}, 5376},
     {"31b down", {5376}, 21504},
 };
 
@@ -82,6 +97,7 @@ __global__ void reference(const bf16* w, const bf16* hi, const bf16* lo, int N, 
 }
 
 struct Bench {
+    bool bf16 = false;  // --inputs bf16: one operand (lo zeros for the reference, null for stream_gemm)
     cudaStream_t s = nullptr;
     cublasHandle_t blas = nullptr;
     int sms = 0;
@@ -91,6 +107,7 @@ struct Bench {
 struct Variant {
     std::string name;
     int mt = 0, ks = 0;  // 0: cuBLAS (v0); -1: the shape rule (v1)
+    bool rows = false;   // v3: the warps split rows
 };
 
 // One launch of variant v over weight copy `w` (one pointer per segment).
@@ -100,6 +117,12 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
     if (v.mt == 0) {
         const float one = 1.0f, zero = 0.0f;
         for (int i = 0; i < nseg; ++i) {
+            if (b.bf16) {
+                CB(cublasGemmEx(b.blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.rows[i], n, sh.K, &one, w[i],
+                                CUDA_R_16BF, sh.K, hi, CUDA_R_16BF, sh.K, &zero, y[i], CUDA_R_32F, sh.rows[i],
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                continue;
+            }
             CB(cublasGemmEx(b.blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.rows[i], 2 * n, sh.K, &one, w[i],
                             CUDA_R_16BF, sh.K, hi, CUDA_R_16BF, sh.K, &zero, b.y2, CUDA_R_32F, sh.rows[i],
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -109,9 +132,9 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
     }
     GemvSeg segs[kStreamGemmMaxSegs];
     for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
-    StreamGemmShape shape = stream_gemm_shape(segs, nseg, sh.K, n, b.sms);
-    if (v.mt > 0) shape = StreamGemmShape{v.mt, v.ks};
-    stream_gemm(segs, nseg, hi, lo, n, sh.K, shape, b.s);
+    StreamGemmShape shape = stream_gemm_shape(segs, nseg, sh.K, n, b.sms, b.bf16 && n > 16);
+    if (v.mt > 0) shape = StreamGemmShape{v.mt, v.ks, v.rows};
+    stream_gemm(segs, nseg, hi, b.bf16 ? nullptr : lo, n, sh.K, shape, b.s);
 }
 
 // One shape's weights: `copies` rotating copies of its segments (>= 256 MB in all), and its outputs.
@@ -187,27 +210,45 @@ double time_us(const Bench& b, const Variant& v, const ShapeRun& run, const bf16
     return 1e3 * ms / per_graph;
 }
 
+std::vector<int> parse_ns(const char* s) {
+    std::vector<int> ns;
+    for (const char* p = s; *p;) {
+        ns.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+    }
+    return ns;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     bool quick = false;
     std::string only;
+    Bench b;
+    std::vector<int> ns;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick"))
             quick = true;
         else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!std::strcmp(argv[i], "--inputs") && i + 1 < argc)
+            b.bf16 = !std::strcmp(argv[++i], "bf16");
+        else if (!std::strcmp(argv[i], "--n") && i + 1 < argc)
+            ns = parse_ns(argv[++i]);
     }
-    Bench b;
+    if (ns.empty())
+        ns = quick    ? std::vector<int>{8, 32}
+             : b.bf16 ? std::vector<int>{8, 16, 32, 64, 96, 128}
+                      : std::vector<int>{1, 4, 8, 16, 32, 64};
     CK(cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking));
     CB(cublasCreate(&b.blas));
     CB(cublasSetStream(b.blas, b.s));
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     b.sms = prop.multiProcessorCount;
-    std::printf("device %s, %d SMs\n", prop.name, b.sms);
-    const std::vector<int> ns = quick ? std::vector<int>{8, 32} : std::vector<int>{1, 4, 8, 16, 32, 64};
-    const int max_n = kStreamGemmMaxN;
+    std::printf("device %s, %d SMs, inputs %s\n", prop.name, b.sms, b.bf16 ? "bf16" : "halves");
+    const int max_n = *std::max_element(ns.begin(), ns.end());
     int max_rows = 0, max_k = 0;
     for (const Shape& sh : kShapes) {
         for (int r : sh.rows) max_rows = std::max(max_rows, r);
@@ -225,8 +266,13 @@ int main(int argc, char** argv) {
     for (int mt : {1, 2, 4})
         for (int ks : {1, 2, 4, 8})
             variants.push_back({"v2 mt" + std::to_string(mt) + " ks" + std::to_string(ks), mt, ks});
+    if (b.bf16)
+        for (int mt : {1, 2})
+            for (int ks : {1, 2, 4, 8})
+                variants.push_back(
+                    {"v3 rows mt" + std::to_string(mt) + " ks" + std::to_string(ks), mt, ks, true});
     bool failed = false;
-    std::printf("%-16s %3s  %-12s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
+    std::printf("%-16s %3s  %-16s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
     for (const Shape& sh : kShapes) {
         if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
         ShapeRun run(sh, b, max_n);
@@ -235,13 +281,16 @@ int main(int argc, char** argv) {
             fill_f32<<<256, 256, 0, b.s>>>(x, int64_t{n} * sh.K, 1000 + n);
             split_rows(x, sh.K, sh.K, n, false, nullptr, 1e-6f, hl, hl + int64_t{n} * sh.K, b.s);
             const bf16 *hi = hl, *lo = hl + int64_t{n} * sh.K;
+            if (b.bf16) CK(cudaMemsetAsync(hl + int64_t{n} * sh.K, 0, sizeof(bf16) * n * sh.K, b.s));
+            const int nt = (n + 7) / 8;
             for (const Variant& v : variants) {
-                if (v.mt > 0 && v.mt * ((n + 7) / 8) > 16) continue;
+                if (v.mt > 0 && !v.rows && (v.mt * nt > 16 || nt > 8)) continue;
+                if (v.rows && nt > 16) continue;
                 const double worst = max_error(b, v, run, hi, lo, n, ref, mag);
                 const double us = time_us(b, v, run, hi, lo, n);
                 const bool bad = !(worst <= 1e-5);
                 failed |= bad;
-                std::printf("%-16s %3d  %-12s %9.2f %8.0f %10.2e%s\n", sh.name, n, v.name.c_str(), us,
+                std::printf("%-16s %3d  %-16s %9.2f %8.0f %10.2e%s\n", sh.name, n, v.name.c_str(), us,
                             bytes / us * 1e-3, worst, bad ? "  FAIL" : "");
             }
         }

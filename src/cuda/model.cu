@@ -84,6 +84,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     plan_.batch_attn_heads = tuning.batch_attn_heads;
     plan_.batch_attn_mma = tuning.batch_attn == Tuning::BatchAttn::kMma;
     plan_.stream_gemm_max = tuning.stream_gemm;
+    plan_.stream_rows_max = tuning.stream_rows;
     plan_.batch_experts_max = tuning.batch_experts;
     plan_.moe_gemm = tuning.moe_gemm;
     plan_.gemm_bf16 = tuning.gemm_inputs == Tuning::GemmInputs::kBf16;

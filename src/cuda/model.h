@@ -10,6 +10,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -245,7 +246,7 @@ class CudaModel {
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha = 1.0f);
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
-    bool streams(const GemvSeg* segs, int nseg, int K, int n) const;  // stream_gemm rather than cuBLAS
+    std::optional<StreamGemmShape> stream_shape(const GemvSeg* segs, int nseg, int K, int n) const;
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket), no host in the loop:

@@ -5,6 +5,7 @@
 // sequence, takes the decode pieces. Norms, routing and the experts reuse the decode kernels with n tokens.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "cuda/model.h"
 #include "loading/memory_plan.h"
@@ -290,14 +291,15 @@ void CudaModel::prefill_ple(int i, int n) {
     });
 }
 
-// The prefill's GEMMs (and batched decode's) through cuBLAS: the fp32 activations rounded to bf16 (hi), or
-// as two bf16 halves (hi + lo, Tuning::gemm_inputs=halves).
+// The prefill's GEMMs (and batched decode's): stream_gemm for a few tokens where it pays, else cuBLAS; the
+// fp32 activations rounded to bf16 (hi), or as two bf16 halves (hi + lo, Tuning::gemm_inputs=halves).
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha) {
     const GemvSeg seg{W, Y, N, ldy};
-    if (alpha == 1.0f && streams(&seg, 1, K, n)) {
-        stream_gemm(&seg, 1, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(&seg, 1, K, n, plan_.sms),
-                    stream_);
-        return;
+    if (alpha == 1.0f) {
+        if (const std::optional<StreamGemmShape> shape = stream_shape(&seg, 1, K, n)) {
+            stream_gemm(&seg, 1, act_.hi, plan_.gemm_bf16 ? nullptr : lo_at(n, K), n, K, *shape, stream_);
+            return;
+        }
     }
     // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T.
     const float zero = 0.0f, one = 1.0f;
@@ -319,24 +321,28 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// Whether these matrices of one input go to stream_gemm: it takes their shapes at n tokens and beats cuBLAS
-// (stream_gemm_pays), or cuBLAS would read a matrix twice (wider than the stacked scratch: lm_head).
-bool CudaModel::streams(const GemvSeg* segs, int nseg, int K, int n) const {
-    if (n > plan_.stream_gemm_max) return false;
+// stream_gemm's shape for these matrices of one input at n tokens, or none where cuBLAS takes them. Both
+// halves, up to stream_gemm_max tokens: the warps split K where it beats cuBLAS (stream_gemm_pays) or cuBLAS
+// would read a matrix twice (wider than the stacked scratch: lm_head). The bf16 operand, past that up to
+// stream_rows_max tokens: the warps split rows where that beats cuBLAS (stream_rows_pay).
+std::optional<StreamGemmShape> CudaModel::stream_shape(const GemvSeg* segs, int nseg, int K, int n) const {
+    const bool rows = plan_.gemm_bf16 && n > plan_.stream_gemm_max;
+    if (n > (rows ? plan_.stream_rows_max : plan_.stream_gemm_max)) return std::nullopt;
     int64_t bytes = 0;
     bool wide = false;
     for (int i = 0; i < nseg; ++i) {
-        if (!stream_gemm_fits(segs[i].rows, K, n)) return false;
+        if (!stream_gemm_fits(segs[i].rows, K, n)) return std::nullopt;
         bytes += 2 * int64_t{segs[i].rows} * K;
         wide = wide || segs[i].rows > act_.y2_cols;
     }
-    return wide || stream_gemm_pays(bytes, nseg, n);
+    if (rows ? !stream_rows_pay(bytes, nseg, n) : !(wide || stream_gemm_pays(bytes, nseg, n)))
+        return std::nullopt;
+    return stream_gemm_shape(segs, nseg, K, n, plan_.sms, rows);
 }
 
 void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
-    if (streams(segs, nseg, K, n)) {
-        stream_gemm(segs, nseg, act_.hi, lo_at(n, K), n, K, stream_gemm_shape(segs, nseg, K, n, plan_.sms),
-                    stream_);
+    if (const std::optional<StreamGemmShape> shape = stream_shape(segs, nseg, K, n)) {
+        stream_gemm(segs, nseg, act_.hi, plan_.gemm_bf16 ? nullptr : lo_at(n, K), n, K, *shape, stream_);
         return;
     }
     for (int i = 0; i < nseg; ++i) gemm(segs[i].w, segs[i].rows, K, n, segs[i].y, segs[i].ldy);

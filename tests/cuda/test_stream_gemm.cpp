@@ -1,7 +1,9 @@
 // stream_gemm (cuda/kernels/stream_gemm.cu), the batched step's projections: every output of every launch
-// shape (row tiles per block x K splits per cluster) against an fp64 host product of the same bf16 halves and
-// weights, with token counts that leave token tiles partly empty, matrices whose rows end inside a block's
-// tiles, and three matrices in one launch; the shape rule and the eligibility checks on the host (no device).
+// shape (row tiles per block or per warp x K splits per cluster; the warps splitting K over both bf16 halves
+// or the one bf16 operand, or splitting rows over the one operand) against an fp64 host product of the same
+// operands and weights, with token counts that leave token tiles partly empty, matrices whose rows end inside
+// a block's tiles, and three matrices in one launch; the shape rule and the eligibility checks on the host
+// (no device).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,15 +37,17 @@ using testing::from_bf16;
 using testing::to_bf16;
 using testing::to_device;
 // Runs one launch over matrices of `rows` (K columns each) at n tokens with the given shape and checks every
-// output against the fp64 product; the largest error relative to the row's sum of |x| |w|.
-double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmShape shape, uint32_t seed) {
+// output against the fp64 product; the largest error relative to the row's sum of |x| |w|. one: the tokens
+// are one bf16 operand (lo null), else both halves.
+double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmShape shape, uint32_t seed,
+                 bool one = false) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<uint16_t> hl(2 * static_cast<size_t>(n) * K);  // [n][K] hi, then [n][K] lo
     for (size_t i = 0; i < static_cast<size_t>(n) * K; ++i) {
         const float x = u(rng);
         hl[i] = to_bf16(x);
-        hl[static_cast<size_t>(n) * K + i] = to_bf16(x - from_bf16(hl[i]));
+        hl[static_cast<size_t>(n) * K + i] = one ? 0 : to_bf16(x - from_bf16(hl[i]));
     }
     uint16_t* d_hl = to_device(hl);
     std::vector<std::vector<uint16_t>> w(rows.size());
@@ -60,8 +64,8 @@ double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmSha
                   cudaSuccess);  // NaN: every output written
         segs[s] = {d_w[s], d_y[s], rows[s], ldy, {}, {}};
     }
-    cuda::stream_gemm(segs.data(), static_cast<int>(segs.size()), d_hl, d_hl + static_cast<size_t>(n) * K, n,
-                      K, shape, nullptr);
+    cuda::stream_gemm(segs.data(), static_cast<int>(segs.size()), d_hl,
+                      one ? nullptr : d_hl + static_cast<size_t>(n) * K, n, K, shape, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     double worst = 0.0;
     for (size_t s = 0; s < rows.size(); ++s) {
@@ -109,12 +113,41 @@ TEST(StreamGemm, EveryShapeMatchesTheFp64Product) {
 #endif
 }
 
+TEST(StreamGemm, OneBf16OperandMatchesTheFp64Product) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const std::vector<int> rows = {208, 80, 48};
+    for (int K : {256, 1056}) {
+        for (int n : {3, 16, 40, 64})  // the warps split K
+            for (int mt : {1, 2, 4})
+                for (int ks : {1, 4, 8}) {
+                    if (mt * ((n + 7) / 8) > 16) continue;
+                    const double e = max_error(rows, K, n, {mt, ks, false},
+                                               static_cast<uint32_t>(K + n * 5 + mt + ks), true);
+                    EXPECT_LT(e, 1e-5)
+                        << "split K, K " << K << ", " << n << " tokens, mt " << mt << ", ks " << ks;
+                }
+        // the warps split rows: odd token counts (a zero tile rounds nt up to even), a block's 64 or 128 rows
+        // past every matrix's end, K ranks with no chunks (K = 1056 over 8 ranks of 5)
+        for (int n : {5, 17, 64, 95, 128})
+            for (int mt : {1, 2})
+                for (int ks : {1, 2, 4, 8}) {
+                    const double e = max_error(rows, K, n, {mt, ks, true},
+                                               static_cast<uint32_t>(K + n * 3 + mt + ks), true);
+                    EXPECT_LT(e, 1e-5)
+                        << "split rows, K " << K << ", " << n << " tokens, mt " << mt << ", ks " << ks;
+                }
+    }
+#endif
+}
+
 TEST(StreamGemm, ShapeRuleAndEligibility) {
 #ifndef MARKBASE_HAS_CUDA
     GTEST_SKIP() << "built without CUDA";
 #else
     EXPECT_TRUE(cuda::stream_gemm_fits(2048, 1536, 8));
-    EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1536, cuda::kStreamGemmMaxN + 1)) << "too many tokens";
+    EXPECT_TRUE(cuda::stream_gemm_fits(2048, 1536, cuda::kStreamGemmRowsMaxN));
+    EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1536, cuda::kStreamGemmRowsMaxN + 1)) << "too many tokens";
     EXPECT_FALSE(cuda::stream_gemm_fits(2056, 1536, 8)) << "rows not a multiple of 16";
     EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1520, 8)) << "K not a multiple of 32";
     EXPECT_FALSE(cuda::stream_gemm_fits(2048, 1536, 0));
@@ -125,8 +158,8 @@ TEST(StreamGemm, ShapeRuleAndEligibility) {
                                   {nullptr, nullptr, 256, 0, {}, {}}};
     const cuda::GemvSeg lm{nullptr, nullptr, 262144, 0, {}, {}};
     for (int n : {1, 8, 16, 32, 64}) {
-        const cuda::StreamGemmShape a = cuda::stream_gemm_shape(qkv, 3, 1536, n, 132);
-        const cuda::StreamGemmShape b = cuda::stream_gemm_shape(&lm, 1, 1536, n, 132);
+        const cuda::StreamGemmShape a = cuda::stream_gemm_shape(qkv, 3, 1536, n, 132, false);
+        const cuda::StreamGemmShape b = cuda::stream_gemm_shape(&lm, 1, 1536, n, 132, false);
         EXPECT_GT(a.ks, 1) << n;
         EXPECT_EQ(b.ks, 1) << n;
         EXPECT_LE(a.mt * ((n + 7) / 8), 16) << n;
@@ -199,6 +232,58 @@ TEST(StreamGemm, ModelMatchesTheCublasProjections) {
         for (size_t c = 0; c < lg[0].size(); ++c)
             EXPECT_LT(testing::rel_err(lg[0][c], lg[1][c]), 1e-4) << "prompt chunk " << c;
         for (int t = 0; t < 3; ++t) {
+            const std::vector<float> a(step[0].begin() + t * V, step[0].begin() + (t + 1) * V);
+            const std::vector<float> b(step[1].begin() + t * V, step[1].begin() + (t + 1) * V);
+            EXPECT_LT(testing::rel_err(a, b), 1e-4) << "batched row " << t;
+            EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(),
+                      std::max_element(b.begin(), b.end()) - b.begin())
+                << "batched row " << t;
+        }
+    }
+#endif
+}
+
+// The one bf16 operand (gemm_inputs=bf16, the default) past 16 tokens: a prompt chunk of 48 and a batched
+// step of 20 sequences with the warps splitting rows (stream_rows=128), against cuBLAS over the same operand
+// (stream_rows=0): logits within 1e-4 of the range and the same greedy ids on every family, and not
+// bit-identical anywhere (so the rows path ran: the two sum in different orders).
+TEST(StreamGemm, SplitRowsModelMatchesCublasOverTheBf16Operand) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    for (const std::string family : {"e2b", "e4b", "26b-a4b", "31b"}) {
+        SCOPED_TRACE(family);
+        testing::TempDir dir("stream-rows-" + family);
+        write_random_checkpoint(dir.path(), testing::tiny_config(family), 37);
+        auto ck = load_checkpoint(dir.path());
+        const int64_t V = ck->config.vocab_size;
+        constexpr int kSeqs = 20;
+        const std::vector<int> prompt = testing::random_ids(48, 256, 5);
+        std::vector<float> chunk[2], step[2];
+        for (int rows = 0; rows < 2; ++rows) {
+            BackendOptions o;
+            o.ctx_size = 128;
+            o.chunk = 48;
+            o.tuning.stream_rows = rows ? cuda::kStreamGemmRowsMaxN : 0;
+            o.kv_dtype = KvDtype::kF32;
+            chunk[rows].resize(V);
+            make_cuda_backend(*ck, o)->eval(prompt.data(), 48, chunk[rows].data(), false);
+            o.slots = kSeqs;  // a backend's slots or its one sequence, not both
+            auto b = make_cuda_backend(*ck, o);
+            std::vector<int> order(kSeqs), in(kSeqs);
+            for (int s = 0; s < kSeqs; ++s) {
+                const std::vector<int> p = testing::random_ids(3 + s % 5, 256, 100 + s);
+                b->slot_reset(s);
+                b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
+                order[s] = kSeqs - 1 - s;
+                in[s] = (7 * s + 3) % 256;
+            }
+            step[rows].resize(kSeqs * V);
+            b->decode_batch(order.data(), in.data(), kSeqs, step[rows].data());
+        }
+        EXPECT_LT(testing::rel_err(chunk[0], chunk[1]), 1e-4) << "prompt chunk of 48";
+        EXPECT_NE(chunk[0], chunk[1]) << "bit-identical: the chunk did not run the rows path";
+        EXPECT_NE(step[0], step[1]) << "bit-identical: the step did not run the rows path";
+        for (int t = 0; t < kSeqs; ++t) {
             const std::vector<float> a(step[0].begin() + t * V, step[0].begin() + (t + 1) * V);
             const std::vector<float> b(step[1].begin() + t * V, step[1].begin() + (t + 1) * V);
             EXPECT_LT(testing::rel_err(a, b), 1e-4) << "batched row " << t;

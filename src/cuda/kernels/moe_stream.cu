@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kWarps * 32) expert_stream_kernel(ExpertStream
             xl[nt] = Fp8 ? xh[nt] : reinterpret_cast<const uint4*>(a.lo + off) + q;
         }
         float acc[MT][NT][4];
-        stream_rounds<G, MT, NT, Fp8>(acc, wr, xh, xl, ok, warp * G, c_end, 0);  // waited above
+        stream_rounds<G, MT, NT, Fp8 ? Tokens::kFp8 : Tokens::kHalves>(acc, wr, xh, xl, ok, warp * G, c_end,
+                                                                       0);  // waited above
         sum_and_store<NT, Geglu, Fp8, MT>(acc, red, a, e, row0, ent, count);
     }
 }

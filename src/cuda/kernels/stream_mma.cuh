@@ -4,7 +4,7 @@
 // .. q*8+7) and hands them to mma.sync m16n8k16 against NT tiles of 8 tokens, both bf16 halves (hi, lo) of
 // each fp32 input. The k order inside a chunk is permuted identically for the weights and the tokens (the
 // fragment's k = 2q, 2q+1, 2q+8, 2q+9 are physical q*8 + 4j + 0..3), so the 16-byte loads feed the fragments
-// with no shuffle. FP8 rows: chunk_mma_fp8.
+// with no shuffle. One bf16 operand (gemm_inputs=bf16): chunk_mma_one. FP8 rows: chunk_mma_fp8.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,10 @@
 namespace markbase::cuda::stream_mma {
 
 constexpr int kWarps = 4;
+
+// What the tokens are: both bf16 halves of the fp32 input (hi, lo), the one bf16 rounding of it (hi), or one
+// f16 operand against FP8 rows.
+enum class Tokens { kHalves, kBf16, kFp8 };
 
 // The tokens: the previous kernel's output, read after the PDL wait with plain loads.
 __device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
@@ -34,6 +38,21 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[MT][NT][4], const uint4 (
             mma_bf16(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, l.x, l.y);
             mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, h.z, h.w);
             mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, l.z, l.w);
+        }
+    }
+}
+
+// The same chunk against one bf16 operand: half the MMAs.
+template <int MT, int NT>
+__device__ __forceinline__ void chunk_mma_one(float (&acc)[MT][NT][4], const uint4 (&w)[MT][2],
+                                              const uint4* const (&x)[NT], const bool (&ok)[NT], int c) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint4 h = ld_x(x[nt] + c * 4, ok[nt]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, h.x, h.y);
+            mma_bf16(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, h.z, h.w);
         }
     }
 }
@@ -95,12 +114,13 @@ __device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
     tok = nt * 8 + 2 * (lane & 3) + (e & 1);
 }
 
-// A warp's whole K range [c0, c_end) in rounds of G chunks (c0 advancing by kWarps G), into acc (zeroed
-// here), software-pipelined: the next round's weights are in flight while this round's MMAs run. pdl_after:
-// nonzero, the PDL wait comes after the first round's loads (weights do not depend on the previous kernel, so
-// they stream during its tail: pdl_begin_after_loads); 0, the caller has waited. Fp8: the rows are e4m3
-// (chunk_mma_fp8: chunks of 64 k, the tokens one f16 operand, xh; xl unused), else bf16 (chunk_mma).
-template <int G, int MT, int NT, bool Fp8 = false>
+// A warp's whole K range [c0, c_end) in rounds of G chunks (c0 advancing by Step: kWarps G where a block's
+// warps split the K range, G where each warp takes all of it), into acc (zeroed here), software-pipelined:
+// the next round's weights are in flight while this round's MMAs run. pdl_after: nonzero, the PDL wait comes
+// after the first round's loads (weights do not depend on the previous kernel, so they stream during its
+// tail: pdl_begin_after_loads); 0, the caller has waited. T: the tokens (chunk_mma, chunk_mma_one, or
+// chunk_mma_fp8 against e4m3 rows in chunks of 64 k); xl is read only for kHalves.
+template <int G, int MT, int NT, Tokens T = Tokens::kHalves, int Step = kWarps* G>
 __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uint4* const (&wr)[MT][2],
                                               const uint4* const (&xh)[NT], const uint4* const (&xl)[NT],
                                               const bool (&ok)[NT], int c0, int c_end, int pdl_after) {
@@ -109,7 +129,7 @@ __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uin
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
             acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-    constexpr int step = kWarps * G;
+    constexpr int step = Step;
     uint4 w[G][MT][2];
     load_round<G, MT>(w, wr, c0, c_end);
     pdl_begin_after_loads(pdl_after);
@@ -119,8 +139,10 @@ __device__ __forceinline__ void stream_rounds(float (&acc)[MT][NT][4], const uin
 #pragma unroll
         for (int u = 0; u < G; ++u)
             if (c0 + u < c_end) {
-                if constexpr (Fp8)
+                if constexpr (T == Tokens::kFp8)
                     chunk_mma_fp8<MT, NT>(acc, w[u], xh, ok, c0 + u);
+                else if constexpr (T == Tokens::kBf16)
+                    chunk_mma_one<MT, NT>(acc, w[u], xh, ok, c0 + u);
                 else
                     chunk_mma<MT, NT>(acc, w[u], xh, xl, ok, c0 + u);
             }
