@@ -4,10 +4,10 @@
 // Variants:
 //   v0  cuBLAS as the product runs it: halves, per matrix one GEMM over [hi; lo] (2n columns) into a
 //       scratch, then sum_halves; bf16, per matrix one GEMM over hi
-//   v1  stream_gemm (src/cuda/kernels/stream_gemm.cu) with the product's shape rule (stream_gemm_shape; in
-//       bf16 the warps split rows past 16 tokens)
-//   v2  stream_gemm, warps splitting K, with each forced shape (mt row tiles per block x ks K splits)
-//   v3  stream_gemm, warps splitting rows (bf16 only), with each forced shape (mt row tiles per warp x ks)
+//   v1  the product's kernel with its shape rule: stream_gemm (src/cuda/kernels/stream_gemm.cu,
+//       stream_gemm_shape) up to 16 tokens, tile_gemm (tile_gemm.cu, tile_gemm_shape) past that in bf16
+//   v2  stream_gemm with each forced shape (mt row tiles per block x ks K splits)
+//   v3  tile_gemm (bf16 only) with each K split ks
 // Correctness gate: every output of every variant against an fp64 GPU reference of the same operands and
 // weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing: each variant's
 // launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve them) captured
@@ -107,7 +107,7 @@ struct Bench {
 struct Variant {
     std::string name;
     int mt = 0, ks = 0;  // 0: cuBLAS (v0); -1: the shape rule (v1)
-    bool rows = false;   // v3: the warps split rows
+    bool tile = false;   // v3: tile_gemm with K split ks
 };
 
 // One launch of variant v over weight copy `w` (one pointer per segment).
@@ -132,8 +132,14 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
     }
     GemvSeg segs[kStreamGemmMaxSegs];
     for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
-    StreamGemmShape shape = stream_gemm_shape(segs, nseg, sh.K, n, b.sms, b.bf16 && n > 16);
-    if (v.mt > 0) shape = StreamGemmShape{v.mt, v.ks, v.rows};
+    if (v.tile || (v.mt < 0 && b.bf16 && n > 16)) {
+        const TileGemmShape shape =
+            v.tile ? TileGemmShape{v.ks} : tile_gemm_shape(segs, nseg, sh.K, n, b.sms);
+        tile_gemm(segs, nseg, hi, n, sh.K, shape, b.s);
+        return;
+    }
+    StreamGemmShape shape = stream_gemm_shape(segs, nseg, sh.K, n, b.sms);
+    if (v.mt > 0) shape = StreamGemmShape{v.mt, v.ks};
     stream_gemm(segs, nseg, hi, b.bf16 ? nullptr : lo, n, sh.K, shape, b.s);
 }
 
@@ -242,6 +248,7 @@ int main(int argc, char** argv) {
              : b.bf16 ? std::vector<int>{8, 16, 32, 64, 96, 128}
                       : std::vector<int>{1, 4, 8, 16, 32, 64};
     CK(cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking));
+    tile_gemm_prepare();
     CB(cublasCreate(&b.blas));
     CB(cublasSetStream(b.blas, b.s));
     cudaDeviceProp prop{};
@@ -267,10 +274,7 @@ int main(int argc, char** argv) {
         for (int ks : {1, 2, 4, 8})
             variants.push_back({"v2 mt" + std::to_string(mt) + " ks" + std::to_string(ks), mt, ks});
     if (b.bf16)
-        for (int mt : {1, 2})
-            for (int ks : {1, 2, 4, 8})
-                variants.push_back(
-                    {"v3 rows mt" + std::to_string(mt) + " ks" + std::to_string(ks), mt, ks, true});
+        for (int ks : {1, 2, 4, 8}) variants.push_back({"v3 tile ks" + std::to_string(ks), 1, ks, true});
     bool failed = false;
     std::printf("%-16s %3s  %-16s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
     for (const Shape& sh : kShapes) {
@@ -284,8 +288,9 @@ int main(int argc, char** argv) {
             if (b.bf16) CK(cudaMemsetAsync(hl + int64_t{n} * sh.K, 0, sizeof(bf16) * n * sh.K, b.s));
             const int nt = (n + 7) / 8;
             for (const Variant& v : variants) {
-                if (v.mt > 0 && !v.rows && (v.mt * nt > 16 || nt > 8)) continue;
-                if (v.rows && nt > 16) continue;
+                if (v.mt > 0 && !v.tile && (v.mt * nt > 16 || nt > 8)) continue;
+                if ((v.tile || (v.mt < 0 && b.bf16 && n > 16)) && !tile_gemm_fits(sh.rows[0], sh.K, n))
+                    continue;
                 const double worst = max_error(b, v, run, hi, lo, n, ref, mag);
                 const double us = time_us(b, v, run, hi, lo, n);
                 const bool bad = !(worst <= 1e-5);

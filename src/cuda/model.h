@@ -10,7 +10,6 @@
 #include <array>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -246,7 +245,7 @@ class CudaModel {
     void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha = 1.0f);
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
-    std::optional<StreamGemmShape> stream_shape(const GemvSeg* segs, int nseg, int K, int n) const;
+    bool own_product(const GemvSeg* segs, int nseg, int K, int n);  // stream_gemm or tile_gemm ran them
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket), no host in the loop:

@@ -5,7 +5,6 @@
 // sequence, takes the decode pieces. Norms, routing and the experts reuse the decode kernels with n tokens.
 #include <algorithm>
 #include <cmath>
-#include <optional>
 
 #include "cuda/model.h"
 #include "loading/memory_plan.h"
@@ -295,12 +294,7 @@ void CudaModel::prefill_ple(int i, int n) {
 // fp32 activations rounded to bf16 (hi), or as two bf16 halves (hi + lo, Tuning::gemm_inputs=halves).
 void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha) {
     const GemvSeg seg{W, Y, N, ldy};
-    if (alpha == 1.0f) {
-        if (const std::optional<StreamGemmShape> shape = stream_shape(&seg, 1, K, n)) {
-            stream_gemm(&seg, 1, act_.hi, plan_.gemm_bf16 ? nullptr : lo_at(n, K), n, K, *shape, stream_);
-            return;
-        }
-    }
+    if (alpha == 1.0f && own_product(&seg, 1, K, n)) return;
     // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T.
     const float zero = 0.0f, one = 1.0f;
     const bool halves = !plan_.gemm_bf16;
@@ -321,30 +315,33 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// stream_gemm's shape for these matrices of one input at n tokens, or none where cuBLAS takes them. Both
-// halves, up to stream_gemm_max tokens: the warps split K where it beats cuBLAS (stream_gemm_pays) or cuBLAS
-// would read a matrix twice (wider than the stacked scratch: lm_head). The bf16 operand, past that up to
-// stream_rows_max tokens: the warps split rows where that beats cuBLAS (stream_rows_pay).
-std::optional<StreamGemmShape> CudaModel::stream_shape(const GemvSeg* segs, int nseg, int K, int n) const {
-    const bool rows = plan_.gemm_bf16 && n > plan_.stream_gemm_max;
-    if (n > (rows ? plan_.stream_rows_max : plan_.stream_gemm_max)) return std::nullopt;
+// These matrices of one input at n tokens through stream_gemm (up to stream_gemm_max tokens) or tile_gemm
+// (past that, with the bf16 operand, up to tile_gemm_max) where the kernel takes them and beats cuBLAS (the
+// kernel labs' rules); false where cuBLAS should run them. Both halves: stream_gemm also where cuBLAS would
+// read a matrix twice (wider than the stacked scratch: lm_head).
+bool CudaModel::own_product(const GemvSeg* segs, int nseg, int K, int n) {
+    const bool one = plan_.gemm_bf16;
     int64_t bytes = 0;
-    bool wide = false;
+    bool wide = false, stream_fits = true, tile_fits = true;
     for (int i = 0; i < nseg; ++i) {
-        if (!stream_gemm_fits(segs[i].rows, K, n)) return std::nullopt;
+        stream_fits = stream_fits && stream_gemm_fits(segs[i].rows, K, n);
+        tile_fits = tile_fits && tile_gemm_fits(segs[i].rows, K, n);
         bytes += 2 * int64_t{segs[i].rows} * K;
         wide = wide || segs[i].rows > act_.y2_cols;
     }
-    if (rows ? !stream_rows_pay(bytes, nseg, n) : !(wide || stream_gemm_pays(bytes, nseg, n)))
-        return std::nullopt;
-    return stream_gemm_shape(segs, nseg, K, n, plan_.sms, rows);
+    if (n <= plan_.stream_gemm_max) {
+        if (!stream_fits || !((!one && wide) || stream_gemm_pays(bytes, nseg, n, one))) return false;
+        stream_gemm(segs, nseg, act_.hi, one ? nullptr : lo_at(n, K), n, K,
+                    stream_gemm_shape(segs, nseg, K, n, plan_.sms), stream_);
+        return true;
+    }
+    if (!one || n > plan_.tile_gemm_max || !tile_fits || !tile_gemm_pays(bytes, nseg, n)) return false;
+    tile_gemm(segs, nseg, act_.hi, n, K, tile_gemm_shape(segs, nseg, K, n, plan_.sms), stream_);
+    return true;
 }
 
 void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
-    if (const std::optional<StreamGemmShape> shape = stream_shape(segs, nseg, K, n)) {
-        stream_gemm(segs, nseg, act_.hi, plan_.gemm_bf16 ? nullptr : lo_at(n, K), n, K, *shape, stream_);
-        return;
-    }
+    if (own_product(segs, nseg, K, n)) return;
     for (int i = 0; i < nseg; ++i) gemm(segs[i].w, segs[i].rows, K, n, segs[i].y, segs[i].ldy);
 }
 

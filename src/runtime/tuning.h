@@ -87,11 +87,11 @@ struct Tuning {
     // 0 = cuBLAS for every count. 16 on the H200 (docs/performance.md: E2B at 8 sequences 5.03 -> 4.01 ms per
     // step, the 26B-A4B 12.22 -> 10.95, the 26B-Standard 5.41 -> 4.61; at 32 and 64 tokens it lost).
     int stream_gemm = 16;
-    // stream_rows=N (0..128): with gemm_inputs=bf16, the projections of stream_gemm + 1 .. N tokens (a
-    // serving step's ~100 rows, short prompt chunks) run stream_gemm with its 4 warps splitting a block's
-    // rows, each over the whole K range (so they share the tokens' loads in L1), on the one bf16 operand,
-    // where stream_rows_pay says it beats cuBLAS; 0 = cuBLAS for every count past stream_gemm.
-    int stream_rows = 128;
+    // tile_gemm=N (0..128): with gemm_inputs=bf16, the projections of stream_gemm + 1 .. N tokens (a serving
+    // step's ~100 rows, short prompt chunks) run tile_gemm (cuda/kernels/tile_gemm.cu: tiles of 128 weight
+    // rows x every token through a cp.async ring, q/k/v and gate/up in one launch each) where tile_gemm_pays
+    // says it beats cuBLAS; 0 = cuBLAS for every count past stream_gemm.
+    int tile_gemm = 128;
     // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
     // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host
     // in the loop, so the step is one graph); 0 = what prefill chunks take for every count (moe_gemm since

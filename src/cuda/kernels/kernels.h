@@ -193,34 +193,45 @@ void geglu_split(const float* a, const float* b, int64_t ld_b, int width, int n,
 // stride ldy): Y[t][j] = y2[t][j] + y2[n + t][j].
 void sum_halves(const float* y2, int n, int N, float* Y, int64_t ldy, cudaStream_t s);
 
-// ---- stream_gemm.cu: the projections of a few tokens, each weight byte read once -------------------------
+// ---- stream_gemm.cu: the projections of at most kStreamGemmMaxN tokens, each weight byte read once ------
 // Y[t][r] = sum_k (hi[t][k] + lo[t][k]) W[r][k] (lo null: hi alone, the one bf16 operand of
 // gemm_inputs=bf16) for each segment (up to kStreamGemmMaxSegs matrices of one input: q/k/v, gate/up), on the
-// tensor cores; hi, lo as split_rows writes them ([n][K] each). Up to kStreamGemmMaxN tokens a block's warps
-// split K; up to kStreamGemmRowsMaxN (one operand only) they split rows.
+// tensor cores; hi, lo as split_rows writes them ([n][K] each).
 constexpr int kStreamGemmMaxN = 64;
-constexpr int kStreamGemmRowsMaxN = 128;
 constexpr int kStreamGemmMaxSegs = 3;
-// How a launch is cut: mt tiles of 16 rows per block (split K: 1, 2, 4) or per warp (rows: 1, 2), the K
-// range over a cluster of ks blocks (1, 2, 4, 8).
+// How a launch is cut: mt tiles of 16 rows per block (1, 2, 4), the K range over a cluster of ks blocks (1,
+// 2, 4, 8).
 struct StreamGemmShape {
     int mt = 1;
     int ks = 1;
-    bool rows = false;  // the warps split rows (one operand), not K
 };
 // Whether a matrix of N rows and K columns at n tokens is one stream_gemm takes (N % 16, K % 32).
 bool stream_gemm_fits(int N, int K, int n);
-// Whether split-K stream_gemm over both halves beats cuBLAS over the stacked halves (a GEMM and a sum per
-// matrix) for nseg matrices of `bytes` weight bytes in all at n tokens: up to 48 MB per matrix at 8 tokens,
-// less beyond (the kernel lab).
-bool stream_gemm_pays(int64_t bytes, int nseg, int n);
-// Whether split rows over the one bf16 operand beats cuBLAS over it (the kernel lab).
-bool stream_rows_pay(int64_t bytes, int nseg, int n);
-// The shape for these matrices at n tokens on a GPU of `sms` SMs (the kernel lab's rule); rows: the warps
-// split rows (lo null), else K.
-StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms, bool rows);
+// Whether stream_gemm beats cuBLAS for nseg matrices of `bytes` weight bytes in all at n tokens (the kernel
+// lab): over both halves, against cuBLAS over the stacked halves (a GEMM and a sum per matrix), up to 48 MB
+// per matrix at 8 tokens, less beyond; over the one bf16 operand (one_operand) against cuBLAS over it.
+bool stream_gemm_pays(int64_t bytes, int nseg, int n, bool one_operand);
+// The shape for these matrices at n tokens on a GPU of `sms` SMs (the kernel lab's rule).
+StreamGemmShape stream_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms);
 void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, int n, int K,
                  StreamGemmShape shape, cudaStream_t s);
+
+// ---- tile_gemm.cu: the projections of up to kTileGemmMaxN tokens over the one bf16 operand -------------
+// Y[t][r] = sum_k x[t][k] W[r][k] for each segment (up to kStreamGemmMaxSegs matrices of one input), x [n][K]
+// bf16 (split_rows' hi); tiles of 128 weight rows x every token through a cp.async ring, the K range
+// optionally cut across a cluster of ks blocks (1, 2, 4, 8).
+constexpr int kTileGemmMaxN = 128;
+struct TileGemmShape {
+    int ks = 1;
+};
+bool tile_gemm_fits(int N, int K, int n);  // K % 64, 1 <= n <= kTileGemmMaxN
+// Whether tile_gemm beats cuBLAS over the bf16 operand for nseg matrices of `bytes` bytes at n tokens (the
+// kernel lab).
+bool tile_gemm_pays(int64_t bytes, int nseg, int n);
+TileGemmShape tile_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms);
+void tile_gemm_prepare();  // its kernels' shared-memory limit on the current device (CudaModel's set-up)
+void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileGemmShape shape,
+               cudaStream_t s);
 
 // The KV cache's element (runtime/kv_dtype.h): fp32, bf16, or e4m3 with no scale (kv_elems.cuh).
 enum class KvElem : uint8_t { kF32, kBf16, kFp8 };

@@ -1,0 +1,178 @@
+// tile_gemm (cuda/kernels/tile_gemm.cu), a serving step's projections over the one bf16 operand: every
+// output of every K split against an fp64 host product of the same operands, with token counts that leave
+// 16-token tiles partly empty, matrices whose rows end inside a 128-row tile, K ranges that leave a rank no
+// stage, and three matrices in one launch; then the model both ways (tile_gemm=128 against cuBLAS over the
+// same operand) on every family; the shape rule and the eligibility checks on the host.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "loading/random_checkpoint.h"
+#include "runtime/backend.h"
+#include "support/device_arrays.h"
+#include "support/logits_compare.h"
+#include "support/require_cuda.h"
+#include "support/tiny_models.h"
+
+#ifdef MARKBASE_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/backend.h"
+#include "cuda/kernels/kernels.h"
+#endif
+
+namespace markbase {
+namespace {
+
+#ifdef MARKBASE_HAS_CUDA
+using testing::from_bf16;
+using testing::to_bf16;
+using testing::to_device;
+
+// One launch over matrices of `rows` (K columns each) at n tokens with K split ks ways; the largest error
+// of any output against the fp64 product, relative to the row's sum of |x| |w|.
+double max_error(const std::vector<int>& rows, int K, int n, int ks, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<uint16_t> x(static_cast<size_t>(n) * K);
+    for (uint16_t& v : x) v = to_bf16(u(rng));
+    uint16_t* d_x = to_device(x);
+    std::vector<std::vector<uint16_t>> w(rows.size());
+    std::vector<uint16_t*> d_w(rows.size());
+    std::vector<float*> d_y(rows.size());
+    std::vector<cuda::GemvSeg> segs(rows.size());
+    const int64_t ldy = 4096;  // wider than any row count here: the stride is honoured
+    for (size_t s = 0; s < rows.size(); ++s) {
+        w[s].resize(static_cast<size_t>(rows[s]) * K);
+        for (uint16_t& v : w[s]) v = to_bf16(0.05f * u(rng));
+        d_w[s] = to_device(w[s]);
+        EXPECT_EQ(cudaMalloc(&d_y[s], sizeof(float) * ldy * n), cudaSuccess);
+        EXPECT_EQ(cudaMemset(d_y[s], 0xff, sizeof(float) * ldy * n),
+                  cudaSuccess);  // NaN: every output written
+        segs[s] = {d_w[s], d_y[s], rows[s], ldy, {}, {}};
+    }
+    cuda::tile_gemm(segs.data(), static_cast<int>(segs.size()), d_x, n, K, {ks}, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    double worst = 0.0;
+    for (size_t s = 0; s < rows.size(); ++s) {
+        std::vector<float> y(static_cast<size_t>(ldy) * n);
+        EXPECT_EQ(cudaMemcpy(y.data(), d_y[s], sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (int t = 0; t < n; ++t)
+            for (int r = 0; r < rows[s]; ++r) {
+                double want = 0.0, mag = 0.0;
+                for (int k = 0; k < K; ++k) {
+                    const double p = double(from_bf16(x[static_cast<size_t>(t) * K + k])) *
+                                     double(from_bf16(w[s][static_cast<size_t>(r) * K + k]));
+                    want += p;
+                    mag += std::fabs(p);
+                }
+                const float got = y[static_cast<size_t>(t) * ldy + r];
+                worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) / mag : 1e30);
+            }
+        cudaFree(d_w[s]);
+        cudaFree(d_y[s]);
+    }
+    cudaFree(d_x);
+    return worst;
+}
+#endif
+
+TEST(TileGemm, EveryKSplitMatchesTheFp64Product) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    cuda::tile_gemm_prepare();
+    // rows ending inside a 128-row tile (200, 72) and a matrix of one tile's part (16); K = 320 (5 stages:
+    // over 8 ranks of 1, three ranks hold none) and 1088 (17 stages); every ring depth (token tiles 2..16)
+    const std::vector<int> rows = {200, 72, 16};
+    for (int K : {320, 1088})
+        for (int n : {1, 17, 33, 64, 90, 96, 113, 128})
+            for (int ks : {1, 2, 4, 8}) {
+                const double e = max_error(rows, K, n, ks, static_cast<uint32_t>(K + n * 7 + ks));
+                EXPECT_LT(e, 1e-5) << "K " << K << ", " << n << " tokens, ks " << ks;
+            }
+#endif
+}
+
+// The model both ways at real-width-like tiny shapes: a prompt chunk of 48 and a batched step of 20
+// sequences with tile_gemm against cuBLAS over the same bf16 operand. The two sum in different orders, and a
+// layer's input rounded to bf16 can land on the neighbouring value (2^-8 relative) either way, so the
+// logits agree to the bf16 path's bound (CudaGemmInputs: 2e-2 of the range), not to fp32 rounding; and they
+// must not be bit-identical (so tile_gemm ran).
+TEST(TileGemm, ModelMatchesCublasOverTheBf16Operand) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    for (const std::string family : {"e2b", "e4b", "26b-a4b", "31b"}) {
+        SCOPED_TRACE(family);
+        testing::TempDir dir("tile-gemm-" + family);
+        write_random_checkpoint(dir.path(), testing::tiny_config(family), 37);
+        auto ck = load_checkpoint(dir.path());
+        const int64_t V = ck->config.vocab_size;
+        constexpr int kSeqs = 20;
+        const std::vector<int> prompt = testing::random_ids(48, 256, 5);
+        std::vector<float> chunk[2], step[2];
+        for (int tile = 0; tile < 2; ++tile) {
+            BackendOptions o;
+            o.ctx_size = 128;
+            o.chunk = 48;
+            o.tuning.tile_gemm = tile ? cuda::kTileGemmMaxN : 0;
+            o.kv_dtype = KvDtype::kF32;
+            chunk[tile].resize(V);
+            make_cuda_backend(*ck, o)->eval(prompt.data(), 48, chunk[tile].data(), false);
+            o.slots = kSeqs;  // a backend's slots or its one sequence, not both
+            auto b = make_cuda_backend(*ck, o);
+            std::vector<int> order(kSeqs), in(kSeqs);
+            for (int s = 0; s < kSeqs; ++s) {
+                const std::vector<int> p = testing::random_ids(3 + s % 5, 256, 100 + s);
+                b->slot_reset(s);
+                b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
+                order[s] = kSeqs - 1 - s;
+                in[s] = (7 * s + 3) % 256;
+            }
+            step[tile].resize(kSeqs * V);
+            b->decode_batch(order.data(), in.data(), kSeqs, step[tile].data());
+        }
+        EXPECT_LT(testing::rel_err(chunk[0], chunk[1]), 2e-2) << "prompt chunk of 48";
+        EXPECT_NE(chunk[0], chunk[1]) << "bit-identical: the chunk did not run tile_gemm";
+        EXPECT_NE(step[0], step[1]) << "bit-identical: the step did not run tile_gemm";
+        for (int t = 0; t < kSeqs; ++t) {
+            const std::vector<float> a(step[0].begin() + t * V, step[0].begin() + (t + 1) * V);
+            const std::vector<float> b(step[1].begin() + t * V, step[1].begin() + (t + 1) * V);
+            EXPECT_LT(testing::rel_err(a, b), 2e-2) << "batched row " << t;
+        }
+    }
+#endif
+}
+
+TEST(TileGemm, ShapeRuleAndEligibility) {
+#ifndef MARKBASE_HAS_CUDA
+    GTEST_SKIP() << "built without CUDA";
+#else
+    EXPECT_TRUE(cuda::tile_gemm_fits(2056, 1536, 96)) << "any row count";
+    EXPECT_TRUE(cuda::tile_gemm_fits(2048, 1536, cuda::kTileGemmMaxN));
+    EXPECT_FALSE(cuda::tile_gemm_fits(2048, 1536, cuda::kTileGemmMaxN + 1)) << "too many tokens";
+    EXPECT_FALSE(cuda::tile_gemm_fits(2048, 1504, 96)) << "K not a multiple of 64";
+    EXPECT_FALSE(cuda::tile_gemm_fits(2048, 1536, 0));
+    // few rows get a K split (a block per SM at most twice over), many rows none
+    const cuda::GemvSeg down{nullptr, nullptr, 1536, 0, {}, {}};
+    const cuda::GemvSeg gate_up[2] = {{nullptr, nullptr, 12288, 0, {}, {}},
+                                      {nullptr, nullptr, 12288, 0, {}, {}}};
+    EXPECT_EQ(cuda::tile_gemm_shape(gate_up, 2, 1536, 96, 132).ks, 1);
+    EXPECT_EQ(cuda::tile_gemm_shape(&down, 1, 12288, 96, 132).ks, 8);
+    try {
+        cuda::tile_gemm(&down, 1, nullptr, 96, 12288, {3}, nullptr);
+        ADD_FAILURE() << "ks 3 accepted";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("tile_gemm K split 3"), std::string::npos) << e.what();
+    }
+#endif
+}
+
+}  // namespace
+}  // namespace markbase
