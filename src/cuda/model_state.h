@@ -55,8 +55,8 @@ struct DecodePlan {
     // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
     // halves; sms sizes its K split.
     int stream_gemm_max = kStreamGemmMaxN;
-    // With the bf16 operand (gemm_bf16), the projections of stream_gemm_max + 1 .. tile_gemm_max tokens run
-    // tile_gemm where it pays (Tuning::tile_gemm).
+    // With the bf16 operand (gemm_bf16), the projections of up to tile_gemm_max tokens that stream_gemm does
+    // not take run tile_gemm where it pays (Tuning::tile_gemm).
     int tile_gemm_max = 0;
     // A batched step of at most batch_experts_max sequences runs the MoE's experts on the device (moe_stream,
     // Tuning::batch_experts) and is captured as one graph; more run prefill_experts' path (moe_gemm).

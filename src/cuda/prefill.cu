@@ -316,9 +316,9 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
 }
 
 // These matrices of one input at n tokens through stream_gemm (up to stream_gemm_max tokens) or tile_gemm
-// (past that, with the bf16 operand, up to tile_gemm_max) where the kernel takes them and beats cuBLAS (the
-// kernel labs' rules); false where cuBLAS should run them. Both halves: stream_gemm also where cuBLAS would
-// read a matrix twice (wider than the stacked scratch: lm_head).
+// (the bf16 operand, up to tile_gemm_max) where the kernel takes them and beats cuBLAS (the kernel labs'
+// rules); false where cuBLAS should run them. Both halves: stream_gemm also where cuBLAS would read a matrix
+// twice (wider than the stacked scratch: lm_head).
 bool CudaModel::own_product(const GemvSeg* segs, int nseg, int K, int n) {
     const bool one = plan_.gemm_bf16;
     int64_t bytes = 0;
@@ -329,13 +329,14 @@ bool CudaModel::own_product(const GemvSeg* segs, int nseg, int K, int n) {
         bytes += 2 * int64_t{segs[i].rows} * K;
         wide = wide || segs[i].rows > act_.y2_cols;
     }
-    if (n <= plan_.stream_gemm_max) {
-        if (!stream_fits || !((!one && wide) || stream_gemm_pays(bytes, nseg, n, one))) return false;
+    if (n <= plan_.stream_gemm_max && stream_fits &&
+        ((!one && wide) || stream_gemm_pays(bytes, nseg, n, one))) {
         stream_gemm(segs, nseg, act_.hi, one ? nullptr : lo_at(n, K), n, K,
                     stream_gemm_shape(segs, nseg, K, n, plan_.sms), stream_);
         return true;
     }
-    if (!one || n > plan_.tile_gemm_max || !tile_fits || !tile_gemm_pays(bytes, nseg, n)) return false;
+    if (!one || n > plan_.tile_gemm_max || !tile_fits || !tile_gemm_pays(bytes, nseg, n, plan_.sms, segs))
+        return false;
     tile_gemm(segs, nseg, act_.hi, n, K, tile_gemm_shape(segs, nseg, K, n, plan_.sms), stream_);
     return true;
 }

@@ -87,10 +87,11 @@ struct Tuning {
     // 0 = cuBLAS for every count. 16 on the H200 (docs/performance.md: E2B at 8 sequences 5.03 -> 4.01 ms per
     // step, the 26B-A4B 12.22 -> 10.95, the 26B-Standard 5.41 -> 4.61; at 32 and 64 tokens it lost).
     int stream_gemm = 16;
-    // tile_gemm=N (0..128): with gemm_inputs=bf16, the projections of stream_gemm + 1 .. N tokens (a serving
-    // step's ~100 rows, short prompt chunks) run tile_gemm (cuda/kernels/tile_gemm.cu: tiles of 128 weight
-    // rows x every token through a cp.async ring, q/k/v and gate/up in one launch each) where tile_gemm_pays
-    // says it beats cuBLAS; 0 = cuBLAS for every count past stream_gemm.
+    // tile_gemm=N (0..128): with gemm_inputs=bf16, the projections of up to N tokens (batched steps, short
+    // prompt chunks) that stream_gemm does not take (it keeps single matrices up to 8 MB up to stream_gemm
+    // tokens) run tile_gemm (cuda/kernels/tile_gemm.cu: tiles of 128 weight rows x every token through a
+    // cp.async ring, q/k/v and gate/up in one launch each) where tile_gemm_pays says it beats cuBLAS: up to
+    // 16 tokens nearly everywhere, past that launches of several matrices (docs/performance.md); 0 = never.
     int tile_gemm = 128;
     // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
     // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host

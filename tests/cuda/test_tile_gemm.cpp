@@ -1,19 +1,18 @@
 // tile_gemm (cuda/kernels/tile_gemm.cu), a serving step's projections over the one bf16 operand: every
 // output of every K split against an fp64 host product of the same operands, with token counts that leave
 // 16-token tiles partly empty, matrices whose rows end inside a 128-row tile, K ranges that leave a rank no
-// stage, and three matrices in one launch; then the model both ways (tile_gemm=128 against cuBLAS over the
-// same operand) on every family; the shape rule and the eligibility checks on the host.
+// stage, and three matrices in one launch; then the model both ways at real widths (tile_gemm=128 against
+// cuBLAS over the same operand) on every family; the shape rule and the eligibility checks on the host.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "loading/checkpoint.h"
-#include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
 #include "support/device_arrays.h"
 #include "support/logits_compare.h"
@@ -100,55 +99,64 @@ TEST(TileGemm, EveryKSplitMatchesTheFp64Product) {
 #endif
 }
 
-// The model both ways at real-width-like tiny shapes: a prompt chunk of 48 and a batched step of 20
-// sequences with tile_gemm against cuBLAS over the same bf16 operand. The two sum in different orders, and a
-// layer's input rounded to bf16 can land on the neighbouring value (2^-8 relative) either way, so the
-// logits agree to the bf16 path's bound (CudaGemmInputs: 2e-2 of the range), not to fp32 rounding; and they
-// must not be bit-identical (so tile_gemm ran).
-TEST(TileGemm, ModelMatchesCublasOverTheBf16Operand) {
+// The model both ways at real widths (two layers, synthetic weights): a prompt chunk of 48 and a batched step
+// of 20 sequences with tile_gemm (tile_gemm=128) against cuBLAS over the same bf16 operand (tile_gemm=0).
+// The two sum in different orders (q/k/v's K split across 8 blocks), and a layer's input rounded to bf16 can
+// land on the neighbouring value (2^-8 relative) either way, so the logits agree to the bf16 path's bound
+// (CudaGemmInputs: 2e-2 of the range), not to fp32 rounding; and they must not be bit-identical (so tile_gemm
+// ran: with K = 64 both would sum in the same order, which is why tiny widths cannot tell).
+class TileGemmModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TileGemmModel, MatchesCublasOverTheBf16Operand) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    for (const std::string family : {"e2b", "e4b", "26b-a4b", "31b"}) {
-        SCOPED_TRACE(family);
-        testing::TempDir dir("tile-gemm-" + family);
-        write_random_checkpoint(dir.path(), testing::tiny_config(family), 37);
-        auto ck = load_checkpoint(dir.path());
-        const int64_t V = ck->config.vocab_size;
-        constexpr int kSeqs = 20;
-        const std::vector<int> prompt = testing::random_ids(48, 256, 5);
-        std::vector<float> chunk[2], step[2];
-        for (int tile = 0; tile < 2; ++tile) {
-            BackendOptions o;
-            o.ctx_size = 128;
-            o.chunk = 48;
-            o.tuning.tile_gemm = tile ? cuda::kTileGemmMaxN : 0;
-            o.kv_dtype = KvDtype::kF32;
+    constexpr int kSeqs = 20;
+    std::vector<float> chunk[2], step[2];
+    int64_t V = 0;
+    for (int tile = 0; tile < 2; ++tile) {
+        BackendOptions o;
+        o.ctx_size = 128;
+        o.chunk = 48;
+        o.tuning.tile_gemm = tile ? cuda::kTileGemmMaxN : 0;
+        {
+            auto one = make_synthetic_cuda_backend(GetParam(), 2, o, 41);
+            V = one->config().vocab_size;
+            const std::vector<int> prompt = testing::random_ids(48, static_cast<int>(V), 5);
             chunk[tile].resize(V);
-            make_cuda_backend(*ck, o)->eval(prompt.data(), 48, chunk[tile].data(), false);
-            o.slots = kSeqs;  // a backend's slots or its one sequence, not both
-            auto b = make_cuda_backend(*ck, o);
-            std::vector<int> order(kSeqs), in(kSeqs);
-            for (int s = 0; s < kSeqs; ++s) {
-                const std::vector<int> p = testing::random_ids(3 + s % 5, 256, 100 + s);
-                b->slot_reset(s);
-                b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
-                order[s] = kSeqs - 1 - s;
-                in[s] = (7 * s + 3) % 256;
-            }
-            step[tile].resize(kSeqs * V);
-            b->decode_batch(order.data(), in.data(), kSeqs, step[tile].data());
+            one->eval(prompt.data(), 48, chunk[tile].data(), false);
         }
-        EXPECT_LT(testing::rel_err(chunk[0], chunk[1]), 2e-2) << "prompt chunk of 48";
-        EXPECT_NE(chunk[0], chunk[1]) << "bit-identical: the chunk did not run tile_gemm";
-        EXPECT_NE(step[0], step[1]) << "bit-identical: the step did not run tile_gemm";
-        for (int t = 0; t < kSeqs; ++t) {
-            const std::vector<float> a(step[0].begin() + t * V, step[0].begin() + (t + 1) * V);
-            const std::vector<float> b(step[1].begin() + t * V, step[1].begin() + (t + 1) * V);
-            EXPECT_LT(testing::rel_err(a, b), 2e-2) << "batched row " << t;
+        o.slots = kSeqs;  // a backend's slots or its one sequence, not both
+        auto b = make_synthetic_cuda_backend(GetParam(), 2, o, 41);
+        std::vector<int> order(kSeqs), in(kSeqs);
+        for (int s = 0; s < kSeqs; ++s) {
+            const std::vector<int> p = testing::random_ids(3 + s % 5, static_cast<int>(V), 100 + s);
+            b->slot_reset(s);
+            b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
+            order[s] = kSeqs - 1 - s;
+            in[s] = (7 * s + 3) % static_cast<int>(V);
         }
+        step[tile].resize(kSeqs * V);
+        b->decode_batch(order.data(), in.data(), kSeqs, step[tile].data());
+    }
+    const double e = testing::rel_err(chunk[0], chunk[1]);
+    std::printf("  %s prompt chunk of 48, tile_gemm against cuBLAS: rel err %.2e\n", GetParam(), e);
+    EXPECT_LT(e, 2e-2) << "prompt chunk of 48";
+    EXPECT_NE(chunk[0], chunk[1]) << "bit-identical: the chunk did not run tile_gemm";
+    EXPECT_NE(step[0], step[1]) << "bit-identical: the step did not run tile_gemm";
+    for (int t = 0; t < kSeqs; ++t) {
+        const std::vector<float> a(step[0].begin() + t * V, step[0].begin() + (t + 1) * V);
+        const std::vector<float> b(step[1].begin() + t * V, step[1].begin() + (t + 1) * V);
+        EXPECT_LT(testing::rel_err(a, b), 2e-2) << "batched row " << t;
     }
 #endif
 }
+
+std::string family_name(const ::testing::TestParamInfo<const char*>& p) {
+    return testing::test_name(p.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TileGemmModel, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                         family_name);
 
 TEST(TileGemm, ShapeRuleAndEligibility) {
 #ifndef MARKBASE_HAS_CUDA
@@ -159,12 +167,35 @@ TEST(TileGemm, ShapeRuleAndEligibility) {
     EXPECT_FALSE(cuda::tile_gemm_fits(2048, 1536, cuda::kTileGemmMaxN + 1)) << "too many tokens";
     EXPECT_FALSE(cuda::tile_gemm_fits(2048, 1504, 96)) << "K not a multiple of 64";
     EXPECT_FALSE(cuda::tile_gemm_fits(2048, 1536, 0));
-    // few rows get a K split (a block per SM at most twice over), many rows none
+    // the lab's K splits (H200, 132 SMs): few rows get 8, E2B's gate+up none
     const cuda::GemvSeg down{nullptr, nullptr, 1536, 0, {}, {}};
     const cuda::GemvSeg gate_up[2] = {{nullptr, nullptr, 12288, 0, {}, {}},
                                       {nullptr, nullptr, 12288, 0, {}, {}}};
+    const cuda::GemvSeg qkv[3] = {{nullptr, nullptr, 2048, 0, {}, {}},
+                                  {nullptr, nullptr, 256, 0, {}, {}},
+                                  {nullptr, nullptr, 256, 0, {}, {}}};
+    const cuda::GemvSeg lm{nullptr, nullptr, 262144, 0, {}, {}};
+    const cuda::GemvSeg ple_proj{nullptr, nullptr, 1536, 0, {}, {}};
     EXPECT_EQ(cuda::tile_gemm_shape(gate_up, 2, 1536, 96, 132).ks, 1);
-    EXPECT_EQ(cuda::tile_gemm_shape(&down, 1, 12288, 96, 132).ks, 8);
+    EXPECT_EQ(cuda::tile_gemm_shape(&lm, 1, 1536, 8, 132).ks, 1);
+    EXPECT_EQ(cuda::tile_gemm_shape(&down, 1, 12288, 8, 132).ks, 8);
+    EXPECT_EQ(cuda::tile_gemm_shape(qkv, 3, 1536, 96, 132).ks, 8);
+    EXPECT_EQ(cuda::tile_gemm_shape(&ple_proj, 1, 256, 8, 132).ks, 1) << "K = 256: 4 stages, no split";
+    // where it pays, from the lab's timings
+    const int64_t MB = int64_t{1} << 20;
+    EXPECT_TRUE(cuda::tile_gemm_pays(int64_t{2} * 12288 * 1536 * 2, 2, 8, 132, gate_up))
+        << "E2B gate+up at 8 (19.6 against 24.5)";
+    EXPECT_FALSE(cuda::tile_gemm_pays(int64_t{1536} * 12288 * 2, 1, 8, 132, &down))
+        << "E2B down (14.9 against 13.7)";
+    EXPECT_TRUE(cuda::tile_gemm_pays(int64_t{2} * 12288 * 1536 * 2, 2, 32, 132, gate_up))
+        << "E2B gate+up at 32 (22.7 against 25.2)";
+    EXPECT_FALSE(cuda::tile_gemm_pays(int64_t{2} * 12288 * 1536 * 2, 2, 96, 132, gate_up))
+        << "E2B gate+up at 96 (30.6 against 26.6)";
+    EXPECT_TRUE(cuda::tile_gemm_pays(8 * MB, 3, 96, 132, qkv)) << "E2B q/k/v at 96 (11.8 against 15.0)";
+    EXPECT_TRUE(cuda::tile_gemm_pays(int64_t{262144} * 1536 * 2, 1, 64, 132, &lm))
+        << "lm_head at 64 (224 against 232)";
+    EXPECT_FALSE(cuda::tile_gemm_pays(int64_t{262144} * 1536 * 2, 1, 96, 132, &lm))
+        << "lm_head at 96 (260 against 230)";
     try {
         cuda::tile_gemm(&down, 1, nullptr, 96, 12288, {3}, nullptr);
         ADD_FAILURE() << "ks 3 accepted";

@@ -225,9 +225,9 @@ struct TileGemmShape {
     int ks = 1;
 };
 bool tile_gemm_fits(int N, int K, int n);  // K % 64, 1 <= n <= kTileGemmMaxN
-// Whether tile_gemm beats cuBLAS over the bf16 operand for nseg matrices of `bytes` bytes at n tokens (the
-// kernel lab).
-bool tile_gemm_pays(int64_t bytes, int nseg, int n);
+// Whether tile_gemm beats cuBLAS over the bf16 operand for these nseg matrices of `bytes` bytes in all at n
+// tokens on a GPU of `sms` SMs (the kernel lab).
+bool tile_gemm_pays(int64_t bytes, int nseg, int n, int sms, const GemvSeg* segs);
 TileGemmShape tile_gemm_shape(const GemvSeg* segs, int nseg, int K, int n, int sms);
 void tile_gemm_prepare();  // its kernels' shared-memory limit on the current device (CudaModel's set-up)
 void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileGemmShape shape,

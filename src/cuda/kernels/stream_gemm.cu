@@ -177,12 +177,12 @@ bool stream_gemm_fits(int N, int K, int n) {
 // MB) 25.4 us against 28.5, the 26B-Standard's (2 x 44 MB) ahead in the step, E4B's (2 x 52 MB) 37.1 against
 // 34.6, E2B's down (38 MB) 14.2 against 15.3, E4B's (52 MB) 22.2 against 19.4, the 31B's o_proj (88 MB) 32.9
 // against 27.6. At 16 tokens the MMAs weigh more (E2B's gate+up 33.8 against 30.0): the allowance falls as
-// 8 / n. The one bf16 operand, against cuBLAS over it (no sum, and faster per byte than over the stacked
-// halves; cuda-stream-gemm-lab-bf16.txt at 16 tokens): a launch of one matrix wins to ~8 MB (E2B's o_proj,
-// 6 MB, 4.4 us against 5.7; E4B's, 10.5 MB, loses 8.3 against 6.1), of several to ~8 MB a matrix past the
-// first's 8 (E4B's q/k/v, 15.7 MB, 11.0 against 18.8; the 26B-A4B's gate+up, 23.8 MB, 14.5 against 15.2).
+// 8 / n. The one bf16 operand (cuda-stream-gemm-lab-bf16.txt, 1-16 tokens): tile_gemm beats it on every
+// launch of several matrices and on large ones; it keeps the single small matrices (up to 8 MB: E2B's o_proj
+// 4.1 us against tile_gemm's 4.6 and cuBLAS's 5.7 at 8 tokens, its PLE gate 2.7 against 3.5 and 4.6, the
+// 26B-A4B's router 3.9 against 4.6 and 6.0).
 bool stream_gemm_pays(int64_t bytes, int nseg, int n, bool one_operand) {
-    if (one_operand) return bytes <= (2 * int64_t{nseg} - 1) * (int64_t{8} << 20);
+    if (one_operand) return nseg == 1 && bytes <= (int64_t{8} << 20);
     const int64_t per_matrix = (int64_t{48} << 20) * 8 / std::max(n, 8);
     return bytes <= nseg * per_matrix;
 }
