@@ -285,18 +285,20 @@ int row_tiles(const GemvSeg* segs, int nseg) {
 }  // namespace
 
 // From the kernel lab (bench/results/cuda-stream-gemm-lab-bf16.txt: every projection of the four models at
-// 1-128 tokens against cuBLAS over the same operand, each with its K split by tile_gemm_shape). Up to 16
-// tokens it streams at the read rate (the 31B's gate+up, 462 MB, 110 us at one token: 4.2 TB/s) and wins
-// wherever its K split can fill the GPU (E2B's down, 12 tiles of 128 rows, loses 14.9 us against 13.7). Past
-// that its mma.sync tiles become compute-bound at ~250 TFLOP/s where cuBLAS's run ~300-350: at 32 tokens it
-// still wins the launches of several matrices up to ~80 MB (E2B's gate+up 22.7 against 25.2, q/k/v 6.2
-// against 14.8; E4B's gate+up, 105 MB, loses 35.2 against 31.6) and the lm_head (199 against 204), at 64 the
-// lm_head (224 against 232); past 32 only q/k/v while n x bytes stays under ~1.6e9 (E2B's 7.9 MB at 96
-// tokens 11.8 against 15.0, E4B's 15.7 MB 14.4 against 19.5; E2B's full layers' 15.7 MB at 128 lose 20.9
-// against 16.2). What would take the rest: wgmma tiles (cuBLAS's rate) with this kernel's fused launches.
+// 1-128 tokens against cuBLAS over the same operand, each with its K split by tile_gemm_shape) and the
+// batched steps around it (bench/results/cuda-tile-gemm.json). Up to 16 tokens it streams at the read rate
+// (the 31B's gate+up, 462 MB, 110 us at one token: 4.2 TB/s) and wins in the lab wherever its K split can
+// fill the GPU (E2B's down, 12 tiles of 128 rows, loses 14.9 us against 13.7); in the steps the 31B's
+// launches of 88-462 MB lost (x16 21.69 -> 22.06 ms), so it takes launches up to 80 MB. Past 16 tokens its
+// mma.sync tiles become compute-bound at ~250 TFLOP/s where cuBLAS's run ~300-350: at 32 tokens it still
+// wins the launches of several matrices up to ~80 MB (E2B's gate+up 22.7 against 25.2, q/k/v 6.2 against
+// 14.8; E4B's gate+up, 105 MB, loses 35.2 against 31.6) and the lm_head (199 against 204), at 64 the lm_head
+// (224 against 232); past 32 only q/k/v while n x bytes stays under ~1.6e9 (E2B's 7.9 MB at 96 tokens 11.8
+// against 15.0, E4B's 15.7 MB 14.4 against 19.5; E2B's full layers' 15.7 MB at 128 lose 20.9 against 16.2).
+// What would take the rest: wgmma tiles (cuBLAS's rate) with this kernel's fused launches.
 bool tile_gemm_pays(int64_t bytes, int nseg, int n, int sms, const GemvSeg* segs) {
     const int64_t MB = int64_t{1} << 20;
-    if (n <= 16) return row_tiles(segs, nseg) * 8 >= sms;
+    if (n <= 16) return row_tiles(segs, nseg) * 8 >= sms && bytes <= 80 * MB;
     const bool lm_head = nseg == 1 && bytes >= 256 * MB;
     if (n <= 32) return (nseg >= 2 && bytes <= 80 * MB) || lm_head;
     if (n <= 64 && lm_head) return true;
