@@ -109,18 +109,18 @@ struct Tuning {
     // (planned on the host after a sync per layer): 26B-A4B prefill of 512 14.5k -> 16.2k tok/s with bf16
     // experts, 14.6k -> 18.9k with FP8; `serve` c100 with FP8 weights 3,621 -> 3,981 tok/s.
     bool moe_gemm = true;
-    // gemm_inputs=bf16|halves: what the cuBLAS products (prompt chunks, batched steps past stream_gemm's 16
-    // rows) take of their fp32 inputs. bf16, the default: the input rounded to bf16 once, as transformers in
-    // bf16, vLLM, SGLang and llama.cpp's GPU path compute; halves: both bf16 halves (hi + lo, within ~1e-6 of
-    // the fp32 decode path, twice the tensor-core work), the exact products the CUDA tests hold to the CPU.
-    // On the H200 (docs/performance.md) bf16 took prefill of 512 from 35.7k to 52.5k tok/s (E2B), 4.28k to
-    // 7.20k (31B), 19.0k to 21.8k (26B-A4B, FP8 experts) and the serving step from 6.82 to 5.33 ms (E2B, 96
-    // sequences), 36.2 to 31.6 (31B, 64); the bundled model's held-out perplexity 44.5637 -> 44.5660. The
-    // one-sequence decode (GEMVs over fp32 inputs) and stream_gemm's few rows keep both halves either way.
-    // The CPU backend's prompt products (cpu/matmul.h PromptProducts) follow the same key: bf16 rounds x
-    // once and multiplies by vdpbf16ps where the CPU's bf16 dot product outruns its fp32 FMA (Zen 4 and 5;
-    // not Sapphire Rapids, where it runs at half the FMA's flops: exact fp32 there and elsewhere), halves
-    // keeps the exact fp32 products the goldens hold.
+    // gemm_inputs=bf16|halves: what the products of prompt chunks and batched steps (cuBLAS, stream_gemm,
+    // tile_gemm) take of their fp32 inputs. bf16, the default: the input rounded to bf16 once, as
+    // transformers in bf16, vLLM, SGLang and llama.cpp's GPU path compute; halves: both bf16 halves (hi + lo,
+    // within ~1e-6 of the fp32 decode path, twice the tensor-core work), the exact products the CUDA tests
+    // hold to the CPU. On the H200 (docs/performance.md) bf16 took prefill of 512 from 35.7k to 52.5k tok/s
+    // (E2B), 4.28k to 7.20k (31B), 19.0k to 21.8k (26B-A4B, FP8 experts) and the serving step from 6.82
+    // to 5.33 ms (E2B, 96 sequences), 36.2 to 31.6 (31B, 64); the bundled model's held-out perplexity 44.5637
+    // -> 44.5660. The one-sequence decode's GEMVs keep fp32 inputs either way; stream_gemm and tile_gemm take
+    // what this says. The CPU backend's prompt products (cpu/matmul.h PromptProducts) follow the same key:
+    // bf16 rounds x once and multiplies by vdpbf16ps where the CPU's bf16 dot product outruns its fp32 FMA
+    // (Zen 4 and 5; not Sapphire Rapids, where it runs at half the FMA's flops: exact fp32 there and
+    // elsewhere), halves keeps the exact fp32 products the goldens hold.
     enum class GemmInputs : uint8_t { kBf16, kHalves };
     GemmInputs gemm_inputs = GemmInputs::kBf16;
 
