@@ -103,24 +103,32 @@ __global__ void __launch_bounds__(kThreads) ple_block_kernel(PleArgs a) {
         *reinterpret_cast<float4*>(xs + t * ldx + k) = v;
     }
     __syncthreads();
-    // gate outputs warp * 4 .. + 3 of this rank's 32, then GeGLU with the tokens' PLE values
-    for (int u = 0; u < kGateRows / 8; ++u) {
-        const int ol = warp * (kGateRows / 8) + u, o = rank * kGateRows + ol;
-        const uint4* w = reinterpret_cast<const uint4*>(a.gate + int64_t{o} * H);
-        uint4 wc[C];
+    // gate outputs warp * 4 .. + 3 of this rank's 32, two at a time (2 C loads a lane in flight), then GeGLU
+    // with the tokens' PLE values
+    for (int u = 0; u < kGateRows / 8; u += 2) {
+        const int ol0 = warp * (kGateRows / 8) + u;
+        uint4 wc[2][C];
 #pragma unroll
-        for (int c = 0; c < C; ++c) wc[c] = w[lane + 32 * c];
-        float acc[kTokens] = {};
+        for (int v = 0; v < 2; ++v) {
+            const uint4* w = reinterpret_cast<const uint4*>(a.gate + int64_t{rank * kGateRows + ol0 + v} * H);
 #pragma unroll
-        for (int c = 0; c < C; ++c) dot8_tokens(wc[c], xs + (lane + 32 * c) * 8, ldx, acc);
-        warp_sum(acc);
+            for (int c = 0; c < C; ++c) wc[v][c] = w[lane + 32 * c];
+        }
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t)
-            if (lane == t) {
-                float h = 0.0f;
-                if (tok0 + t < a.n) h = gelu_tanh(acc[t]) * a.ple[int64_t{tok0 + t} * a.ld_ple + o];
-                mine[t * kGateRows + ol] = a.round_inputs ? round_bf16(h) : h;
-            }
+        for (int v = 0; v < 2; ++v) {
+            const int ol = ol0 + v, o = rank * kGateRows + ol;
+            float acc[kTokens] = {};
+#pragma unroll
+            for (int c = 0; c < C; ++c) dot8_tokens(wc[v][c], xs + (lane + 32 * c) * 8, ldx, acc);
+            warp_sum(acc);
+#pragma unroll
+            for (int t = 0; t < kTokens; ++t)
+                if (lane == t) {
+                    float h = 0.0f;
+                    if (tok0 + t < a.n) h = gelu_tanh(acc[t]) * a.ple[int64_t{tok0 + t} * a.ld_ple + o];
+                    mine[t * kGateRows + ol] = a.round_inputs ? round_bf16(h) : h;
+                }
+        }
     }
     __syncthreads();
     cluster_arrive_release();
@@ -131,16 +139,26 @@ __global__ void __launch_bounds__(kThreads) ple_block_kernel(PleArgs a) {
             cluster_map(mine, static_cast<unsigned>(p / kGateRows))[t * kGateRows + p % kGateRows];
     }
     __syncthreads();
-    // projection columns warp + 8 m of this rank's: a lane's 8 of the 256
-    for (int m = 0; m < cols / 8; ++m) {
-        const int jl = warp + 8 * m;
-        const uint4 wc = reinterpret_cast<const uint4*>(a.proj + int64_t{rank * cols + jl} * kP)[lane];
-        float acc[kTokens] = {};
-        dot8_tokens(wc, hs + lane * 8, ldh, acc);
-        warp_sum(acc);
+    // projection columns warp + 8 m of this rank's, 8 at a time (8 loads a lane in flight): a lane's 8 of
+    // the 256
+    constexpr int kBatch = 8;
+    static_assert(cols % (8 * kBatch) == 0, "whole batches of columns");
+    for (int m0 = 0; m0 < cols / 8; m0 += kBatch) {
+        uint4 wc[kBatch];
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t)
-            if (lane == t) ys[t * cols + jl] = acc[t];
+        for (int b = 0; b < kBatch; ++b)
+            wc[b] = reinterpret_cast<const uint4*>(a.proj +
+                                                   int64_t{rank * cols + warp + 8 * (m0 + b)} * kP)[lane];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int jl = warp + 8 * (m0 + b);
+            float acc[kTokens] = {};
+            dot8_tokens(wc[b], hs + lane * 8, ldh, acc);
+            warp_sum(acc);
+#pragma unroll
+            for (int t = 0; t < kTokens; ++t)
+                if (lane == t) ys[t * cols + jl] = acc[t];
+        }
     }
     __syncthreads();
     {  // warp t: token t's sum of squares over this rank's columns
