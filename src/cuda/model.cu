@@ -29,7 +29,6 @@ CudaModel::CudaModel(std::unique_ptr<DeviceWeights> dw, int64_t ctx, int chunk, 
         gemv_prepare(std::max({c_.hidden, wd.q, wd.mlp, c_.ple_dim, c_.moe ? c_.expert_width : 0}));
         if (c_.moe) moe_gemm_prepare();
         tile_gemm_prepare();
-        if (c_.ple_dim) ple_block_prepare();
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUBLAS_CHECK(cublasCreate(&blas_));
         CUBLAS_CHECK(cublasSetStream(blas_, stream_));
@@ -87,7 +86,6 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     plan_.batch_attn_mma = tuning.batch_attn == Tuning::BatchAttn::kMma;
     plan_.stream_gemm_max = tuning.stream_gemm;
     plan_.tile_gemm_max = tuning.tile_gemm;
-    plan_.ple_block = tuning.ple_block;
     plan_.batch_experts_max = tuning.batch_experts;
     plan_.moe_gemm = tuning.moe_gemm;
     plan_.gemm_bf16 = tuning.gemm_inputs == Tuning::GemmInputs::kBf16;

@@ -281,13 +281,6 @@ void CudaModel::prefill_ple(int i, int n) {
     const int64_t LP = int64_t{c_.n_layers} * P;
     const float eps = c_.rms_eps;
     const double wb = 2.0 * H;  // bytes per weight row of H
-    if (plan_.ple_block && !sharded() && ple_block_fits(H, P, n)) {
-        run(prefill_pf_, "ple", i, 2.0 * wb * P, [&] {
-            ple_block(act_.x, act_.ple + int64_t{i} * P, LP, lw.ple_gate, lw.ple_proj, lw.ple_post_norm, H, P,
-                      n, eps, lw.layer_scalar, plan_.gemm_bf16, stream_);
-        });
-        return;
-    }
     run(prefill_pf_, "ple", i, 2.0 * wb * P, [&] {
         split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
         gemm(lw.ple_gate, P, H, n, act_.g, P);

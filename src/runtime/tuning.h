@@ -93,11 +93,6 @@ struct Tuning {
     // cp.async ring, q/k/v and gate/up in one launch each) where tile_gemm_pays says it beats cuBLAS: up to
     // 16 tokens nearly everywhere, past that launches of several matrices (docs/performance.md); 0 = never.
     int tile_gemm = 128;
-    // ple_block=0|1: the per-layer-input block of up to 128 tokens (batched steps, short chunks; E2B and E4B)
-    // as one launch (cuda/kernels/ple_block.cu: a cluster of 8 blocks per 8 tokens, the gate's outputs and
-    // the norm's sums shared through distributed shared memory) instead of five (the bf16 rounding, two
-    // cuBLAS or stream_gemm products, GeGLU, the residual update).
-    bool ple_block = true;
     // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
     // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host
     // in the loop, so the step is one graph); 0 = what prefill chunks take for every count (moe_gemm since

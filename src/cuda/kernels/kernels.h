@@ -233,17 +233,6 @@ void tile_gemm_prepare();  // its kernels' shared-memory limit on the current de
 void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileGemmShape shape,
                cudaStream_t s);
 
-// ---- ple_block.cu: the per-layer-input block (GEMMA4.md 2.4) of up to kPleBlockMaxN tokens in one launch --
-// x[t] = (x[t] + RMSNorm(proj(gelu(gate(x[t])) * ple[t])) * norm) * scale, gate [256][H], proj [H][256]
-// (hidden 1536 or 2560); round_inputs: x and the GeGLU output rounded to bf16 before their products
-// (gemm_inputs=bf16), else fp32.
-constexpr int kPleBlockMaxN = 128;
-bool ple_block_fits(int H, int P, int n);
-void ple_block_prepare();  // its shared-memory limit on the current device (CudaModel's set-up)
-void ple_block(float* x, const float* ple, int64_t ld_ple, const bf16* gate, const bf16* proj,
-               const bf16* norm, int H, int P, int n, float eps, float scale, bool round_inputs,
-               cudaStream_t s);
-
 // The KV cache's element (runtime/kv_dtype.h): fp32, bf16, or e4m3 with no scale (kv_elems.cuh).
 enum class KvElem : uint8_t { kF32, kBf16, kFp8 };
 
