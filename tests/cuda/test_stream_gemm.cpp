@@ -17,6 +17,7 @@
 #include "loading/random_checkpoint.h"
 #include "runtime/backend.h"
 #include "support/device_arrays.h"
+#include "support/device_segments.h"
 #include "support/exact_options.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
@@ -44,52 +45,17 @@ double max_error(const std::vector<int>& rows, int K, int n, cuda::StreamGemmSha
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<uint16_t> hl(2 * static_cast<size_t>(n) * K);  // [n][K] hi, then [n][K] lo
-    for (size_t i = 0; i < static_cast<size_t>(n) * K; ++i) {
-        const float x = u(rng);
-        hl[i] = to_bf16(x);
-        hl[static_cast<size_t>(n) * K + i] = one ? 0 : to_bf16(x - from_bf16(hl[i]));
+    std::vector<double> x(static_cast<size_t>(n) * K);         // what the kernel sums: hi + lo
+    for (size_t i = 0; i < x.size(); ++i) {
+        const float v = u(rng);
+        hl[i] = to_bf16(v);
+        hl[x.size() + i] = one ? 0 : to_bf16(v - from_bf16(hl[i]));
+        x[i] = double(from_bf16(hl[i])) + double(from_bf16(hl[x.size() + i]));
     }
     uint16_t* d_hl = to_device(hl);
-    std::vector<std::vector<uint16_t>> w(rows.size());
-    std::vector<uint16_t*> d_w(rows.size());
-    std::vector<float*> d_y(rows.size());
-    std::vector<cuda::GemvSeg> segs(rows.size());
-    const int64_t ldy = 4096;  // wider than any row count here: the stride is honoured
-    for (size_t s = 0; s < rows.size(); ++s) {
-        w[s].resize(static_cast<size_t>(rows[s]) * K);
-        for (uint16_t& v : w[s]) v = to_bf16(0.05f * u(rng));
-        d_w[s] = to_device(w[s]);
-        EXPECT_EQ(cudaMalloc(&d_y[s], sizeof(float) * ldy * n), cudaSuccess);
-        EXPECT_EQ(cudaMemset(d_y[s], 0xff, sizeof(float) * ldy * n),
-                  cudaSuccess);  // NaN: every output written
-        segs[s] = {d_w[s], d_y[s], rows[s], ldy, {}, {}};
-    }
-    cuda::stream_gemm(segs.data(), static_cast<int>(segs.size()), d_hl,
-                      one ? nullptr : d_hl + static_cast<size_t>(n) * K, n, K, shape, nullptr);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    double worst = 0.0;
-    for (size_t s = 0; s < rows.size(); ++s) {
-        std::vector<float> y(static_cast<size_t>(ldy) * n);
-        EXPECT_EQ(cudaMemcpy(y.data(), d_y[s], sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        for (int t = 0; t < n; ++t)
-            for (int r = 0; r < rows[s]; ++r) {
-                double want = 0.0, mag = 0.0;
-                for (int k = 0; k < K; ++k) {
-                    const size_t xi = static_cast<size_t>(t) * K + k;
-                    const double x =
-                        double(from_bf16(hl[xi])) + double(from_bf16(hl[static_cast<size_t>(n) * K + xi]));
-                    const double p = x * double(from_bf16(w[s][static_cast<size_t>(r) * K + k]));
-                    want += p;
-                    mag += std::fabs(p);
-                }
-                const float got = y[static_cast<size_t>(t) * ldy + r];
-                const double e = std::isfinite(got) ? std::fabs(got - want) / mag : 1e30;
-                worst = std::max(worst, e);
-            }
-        cudaFree(d_w[s]);
-        cudaFree(d_y[s]);
-    }
+    testing::DeviceSegments segs(rows, K, n, rng);
+    cuda::stream_gemm(segs.segs(), segs.count(), d_hl, one ? nullptr : d_hl + x.size(), n, K, shape, nullptr);
+    const double worst = segs.worst_error(x);
     cudaFree(d_hl);
     return worst;
 }

@@ -15,6 +15,7 @@
 
 #include "runtime/backend.h"
 #include "support/device_arrays.h"
+#include "support/device_segments.h"
 #include "support/logits_compare.h"
 #include "support/require_cuda.h"
 #include "support/tiny_models.h"
@@ -40,44 +41,15 @@ double max_error(const std::vector<int>& rows, int K, int n, int ks, uint32_t se
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<uint16_t> x(static_cast<size_t>(n) * K);
-    for (uint16_t& v : x) v = to_bf16(u(rng));
+    std::vector<double> xd(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = to_bf16(u(rng));
+        xd[i] = from_bf16(x[i]);
+    }
     uint16_t* d_x = to_device(x);
-    std::vector<std::vector<uint16_t>> w(rows.size());
-    std::vector<uint16_t*> d_w(rows.size());
-    std::vector<float*> d_y(rows.size());
-    std::vector<cuda::GemvSeg> segs(rows.size());
-    const int64_t ldy = 4096;  // wider than any row count here: the stride is honoured
-    for (size_t s = 0; s < rows.size(); ++s) {
-        w[s].resize(static_cast<size_t>(rows[s]) * K);
-        for (uint16_t& v : w[s]) v = to_bf16(0.05f * u(rng));
-        d_w[s] = to_device(w[s]);
-        EXPECT_EQ(cudaMalloc(&d_y[s], sizeof(float) * ldy * n), cudaSuccess);
-        EXPECT_EQ(cudaMemset(d_y[s], 0xff, sizeof(float) * ldy * n),
-                  cudaSuccess);  // NaN: every output written
-        segs[s] = {d_w[s], d_y[s], rows[s], ldy, {}, {}};
-    }
-    cuda::tile_gemm(segs.data(), static_cast<int>(segs.size()), d_x, n, K, {ks}, nullptr);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    double worst = 0.0;
-    for (size_t s = 0; s < rows.size(); ++s) {
-        std::vector<float> y(static_cast<size_t>(ldy) * n);
-        EXPECT_EQ(cudaMemcpy(y.data(), d_y[s], sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        for (int t = 0; t < n; ++t)
-            for (int r = 0; r < rows[s]; ++r) {
-                double want = 0.0, mag = 0.0;
-                for (int k = 0; k < K; ++k) {
-                    const double p = double(from_bf16(x[static_cast<size_t>(t) * K + k])) *
-                                     double(from_bf16(w[s][static_cast<size_t>(r) * K + k]));
-                    want += p;
-                    mag += std::fabs(p);
-                }
-                const float got = y[static_cast<size_t>(t) * ldy + r];
-                worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) / mag : 1e30);
-            }
-        cudaFree(d_w[s]);
-        cudaFree(d_y[s]);
-    }
+    testing::DeviceSegments segs(rows, K, n, rng);
+    cuda::tile_gemm(segs.segs(), segs.count(), d_x, n, K, {ks}, nullptr);
+    const double worst = segs.worst_error(xd);
     cudaFree(d_x);
     return worst;
 }

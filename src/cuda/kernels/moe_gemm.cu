@@ -20,6 +20,7 @@
 #include "cuda/kernels/device_common.cuh"
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/launch.h"
+#include "cuda/kernels/smem_ring.cuh"
 
 namespace markbase::cuda {
 
@@ -30,24 +31,6 @@ constexpr int kKc = 64;        // k a stage: a 128-byte shared row of bf16
 constexpr int kStages = 3;     // the cp.async ring
 constexpr int kThreads = 256;  // 8 warps: 4 row groups x 2 entry halves
 constexpr int kMaxExperts = 256;
-
-__device__ __forceinline__ uint32_t shared_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, zeros where !ok (src-size 0 reads nothing)
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// The byte offset of 16-byte chunk c (0..7) of shared row `row`: chunks XOR-swizzled by row & 7.
-__device__ __forceinline__ uint32_t swz(int row, int c) {
-    return static_cast<uint32_t>(row * 128 + ((c ^ (row & 7)) << 4));
-}
 
 // The block's column tile: blockIdx.y counts the experts' tiles of BN entries in expert order (the first
 // warp scans the counts into s_off); false past the last. e is the expert, [j0, j0 + nj) its entries.
@@ -218,14 +201,14 @@ __device__ __forceinline__ void block_mma(float (&acc)[2][NT][4], uint32_t smem,
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < nk) load_stage<BN, Fp8>(smem + s * kStage, op, s * kKc);
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        cp_commit();
     }
     for (int kc = 0; kc < nk; ++kc) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
+        cp_wait<kStages - 2>();
         __syncthreads();  // stage kc landed for every thread; stage kc - 1 is free to refill
         const int next = kc + kStages - 1;
         if (next < nk) load_stage<BN, Fp8>(smem + (next % kStages) * kStage, op, next * kKc);
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        cp_commit();
         const uint32_t st = smem + (kc % kStages) * kStage;
         if constexpr (Fp8)
             mma_stage_fp8<NT>(acc, st, ra0, ra1, rn);
