@@ -11,13 +11,12 @@
 // lane (g, q) holds k = q*8 .. q*8+7 of rows g and g+8 and of token g, and the MMA's k-step j takes 4 of them
 // (the fragment's k = 2q, 2q+1, 2q+8, 2q+9 are physical q*8 + 4j + 0..3). A dot product does not depend on
 // the order of its terms, so the 16-byte loads feed the fragments with no shuffle. (At 32-128 tokens a
-// variant whose warps split rows, each over the whole K range, read the tokens from L1 and L2 with nothing
-// in flight and ran 2-10x slower than cuBLAS: bench/results/cuda-stream-gemm-lab-bf16.txt; tile_gemm.cu
+// variant whose warps split rows, each over the whole K range, read the tokens from L1 and L2 with nothing in
+// flight and ran 2-10x slower than cuBLAS: bench/results/cuda-stream-gemm-lab-split-rows.txt; tile_gemm.cu
 // takes those counts.)
-// K split. With few row tiles (q/k/v of E2B: 128 tiles of 16 rows), the K range is also cut
-// across a cluster of KS blocks (grid x); each block sums its warps in shared memory (split K) and the
-// cluster sums its blocks through distributed shared memory, every rank a share of the outputs, in rank
-// order: deterministic, no atomics.
+// K split. With few row tiles (q/k/v of E2B: 128 tiles of 16 rows), the K range is also cut across a cluster
+// of KS blocks (grid x); each block sums its warps in shared memory and the cluster sums its blocks through
+// distributed shared memory, every rank a share of the outputs, in rank order: deterministic, no atomics.
 #include <algorithm>
 #include <string>
 
