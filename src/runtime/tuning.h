@@ -83,9 +83,10 @@ struct Tuning {
 
     // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
     // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) where it pays
-    // (stream_gemm_pays: up to 48 MB per matrix at 8 tokens), instead of cuBLAS over the stacked bf16 halves;
-    // 0 = cuBLAS for every count. 16 on the H200 (docs/performance.md: E2B at 8 sequences 5.03 -> 4.01 ms per
-    // step, the 26B-A4B 12.22 -> 10.95, the 26B-Standard 5.41 -> 4.61; at 32 and 64 tokens it lost).
+    // (stream_gemm_pays: over both halves up to 48 MB per matrix at 8 tokens; over the one bf16 operand the
+    // single matrices up to 8 MB, tile_gemm taking the rest), instead of cuBLAS; 0 = none. 16 on the H200
+    // (docs/performance.md: E2B at 8 sequences 5.03 -> 4.01 ms per step, the 26B-A4B 12.22 -> 10.95, the
+    // 26B-Standard 5.41 -> 4.61; at 32 and 64 tokens it lost).
     int stream_gemm = 16;
     // tile_gemm=N (0..128): with gemm_inputs=bf16, the projections of up to N tokens (batched steps, short
     // prompt chunks) that stream_gemm does not take (it keeps single matrices up to 8 MB up to stream_gemm

@@ -12,8 +12,7 @@
 // (the fragment's k = 2q, 2q+1, 2q+8, 2q+9 are physical q*8 + 4j + 0..3). A dot product does not depend on
 // the order of its terms, so the 16-byte loads feed the fragments with no shuffle. (At 32-128 tokens a
 // variant whose warps split rows, each over the whole K range, read the tokens from L1 and L2 with nothing in
-// flight and ran 2-10x slower than cuBLAS: bench/results/cuda-stream-gemm-lab-split-rows.txt; tile_gemm.cu
-// takes those counts.)
+// flight and ran 2-10x slower than cuBLAS, its lab at cdbef31 in git history; tile_gemm.cu takes those.)
 // K split. With few row tiles (q/k/v of E2B: 128 tiles of 16 rows), the K range is also cut across a cluster
 // of KS blocks (grid x); each block sums its warps in shared memory and the cluster sums its blocks through
 // distributed shared memory, every rank a share of the outputs, in rank order: deterministic, no atomics.
@@ -132,14 +131,11 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(StreamArgs a) 
     sum_and_store<MT, NT, Cluster>(acc, red, sg, row0, a);
 }
 
-// How a launch runs: over both halves or the one bf16 operand.
-enum class Mode { kHalves, kBf16 };
-
-template <Mode M, int MT, int NT>
+// T: both halves (kHalves) or the one bf16 operand (kBf16).
+template <Tokens T, int MT, int NT>
 void launch_mt_nt(const StreamArgs& a, int tiles, int ks, cudaStream_t s) {
     const size_t smem = sizeof(float) * kWarps * MT * NT * 4 * 32;
     const dim3 grid(static_cast<unsigned>(ks), static_cast<unsigned>(tiles)), block(kWarps * 32);
-    constexpr Tokens T = M == Mode::kHalves ? Tokens::kHalves : Tokens::kBf16;
     if (ks > 1)
         launch_kernel_cluster(stream_gemm_kernel<MT, NT, true, T>, grid, block, smem, s, ks, a);
     else
@@ -152,17 +148,24 @@ constexpr bool compiled() {
     return MT * NT <= 16 && NT <= 8;
 }
 
-template <Mode M, int MT, int NT = 1>
+template <Tokens T, int MT, int NT = 1>
 void launch_mt(const StreamArgs& a, int nt, int tiles, int ks, cudaStream_t s) {
     if constexpr (NT <= 8) {
         if (nt == NT) {
-            if constexpr (compiled<MT, NT>()) return launch_mt_nt<M, MT, NT>(a, tiles, ks, s);
+            if constexpr (compiled<MT, NT>()) return launch_mt_nt<T, MT, NT>(a, tiles, ks, s);
         } else {
-            return launch_mt<M, MT, NT + 1>(a, nt, tiles, ks, s);
+            return launch_mt<T, MT, NT + 1>(a, nt, tiles, ks, s);
         }
     }
     throw Error("internal: stream_gemm has no kernel for " + std::to_string(MT) + " row tiles and " +
                 std::to_string(nt) + " token tiles");
+}
+
+template <Tokens T>
+void launch(const StreamArgs& a, int mt, int nt, int tiles, int ks, cudaStream_t s) {
+    if (mt == 1) return launch_mt<T, 1>(a, nt, tiles, ks, s);
+    if (mt == 2) return launch_mt<T, 2>(a, nt, tiles, ks, s);
+    launch_mt<T, 4>(a, nt, tiles, ks, s);
 }
 
 }  // namespace
@@ -225,14 +228,8 @@ void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, 
     }
     const int chunks = K / 32;
     a.split_chunks = (chunks + ks - 1) / ks;
-    if (lo) {
-        if (mt == 1) return launch_mt<Mode::kHalves, 1>(a, nt, tiles, ks, s);
-        if (mt == 2) return launch_mt<Mode::kHalves, 2>(a, nt, tiles, ks, s);
-        return launch_mt<Mode::kHalves, 4>(a, nt, tiles, ks, s);
-    }
-    if (mt == 1) return launch_mt<Mode::kBf16, 1>(a, nt, tiles, ks, s);
-    if (mt == 2) return launch_mt<Mode::kBf16, 2>(a, nt, tiles, ks, s);
-    launch_mt<Mode::kBf16, 4>(a, nt, tiles, ks, s);
+    if (lo) return launch<Tokens::kHalves>(a, mt, nt, tiles, ks, s);
+    launch<Tokens::kBf16>(a, mt, nt, tiles, ks, s);
 }
 
 }  // namespace markbase::cuda
