@@ -46,25 +46,38 @@ __device__ __forceinline__ void bar_named(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// One super-step of one tile: FP8 straight into the sums; int4 from zero, then times the group scales of
-// this lane's C columns (rows 2t, 2t + 1), sc.
-// Trick (and FP8): the product's step (quant_operands.cuh); otherwise int4 codes to f16 by a shift, a LOP3
-// and a subtraction a pair (nib2_to_f16x2).
+// One super-step of one tile, the weights as B (8 rows a tile), x as A's rows 0 (hi) and 1 (lo): FP8 straight
+// into the sums; int4 from zero, then times the group scales of this lane's C columns (rows 2t, 2t + 1), sc.
+// int4 codes to f16 by int4_word_to_f16 (Trick) or by a shift, a LOP3 and a subtraction a pair
+// (nib2_to_f16x2). (The product's step takes the weights as A, 16 rows a tile: quant_operands.cuh.)
 template <Fmt F, bool Trick>
 __device__ __forceinline__ void step_of(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
                                         const uint32_t (&ay)[kMmas<F>], float2 sc) {
-    if constexpr (Trick || F == Fmt::kFp8) {
-        mma_step<F>(c, v, ax, ay, sc, 8u);
+    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (F == Fmt::kFp8) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            mma_f16(c, ax[j], 0u, ay[j], 0u, markbase::cuda::fp8x2_to_f16x2(wv[j] & 0xffffu),
+                    markbase::cuda::fp8x2_to_f16x2(wv[j] >> 16));
     } else {
         constexpr uint32_t zz = 0x64086408u;  // 1024 + 8 in both halves: symmetric codes
-        const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+        constexpr uint32_t zh = 0xd480d480u;  // -(64 + 8) in both halves
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i) {
+            uint32_t b[4];
+            if constexpr (Trick) {
+                int4_word_to_f16(wv[i], zz, zh, b);
+            } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                mma_f16(d, ax[2 * i + h], 0u, ay[2 * i + h], 0u, nib2_to_f16x2(wv[i], 8 * h, zz),
-                        nib2_to_f16x2(wv[i], 8 * h + 4, zz));
+                for (int h = 0; h < 2; ++h) {
+                    b[2 * h] = nib2_to_f16x2(wv[i], 8 * h, zz);
+                    b[2 * h + 1] = nib2_to_f16x2(wv[i], 8 * h + 4, zz);
+                }
+            }
+            mma_f16(d, ax[2 * i], 0u, ay[2 * i], 0u, b[0], b[1]);
+            mma_f16(d, ax[2 * i + 1], 0u, ay[2 * i + 1], 0u, b[2], b[3]);
+        }
         c[0] = fmaf(d[0], sc.x, c[0]);
         c[1] = fmaf(d[1], sc.y, c[1]);
     }

@@ -220,7 +220,7 @@ bool decode_reads_quantized(const PlannedTensor& p, WeightFormat f) {
     int64_t rows = p.shape[p.shape.size() - 2];
     // the experts' gate and up halves are read as two matrices of Ie rows each
     if (p.name.ends_with("experts.gate_up_proj")) rows /= 2;
-    return K % 64 == 0 && rows % 8 == 0;
+    return K % 64 == 0 && rows % 16 == 0;  // gemv_quant.cu: tiles of 16 rows
 }
 
 double quantized_bytes_per_weight(const PlannedTensor& p, WeightFormat f, bool zero_points) {

@@ -83,8 +83,9 @@ ModelCounts count_params(const ModelConfig& c, WeightFormat f = WeightFormat::kB
                          bool zero_points = false);
 // Whether the GPU's decode step reads this planned tensor quantised in a model of format f: the layers'
 // projections and experts (not the router, the PLE matrices, embeddings or norms), at its kernels' shapes
-// (cuda/kernels/gemv_quant.cu): rows of 8, K a multiple of 64 (int4: a row's last group of 128 may be half
-// one; published int4 checkpoints hold only whole groups). The GPU's quantised upload takes the same rule.
+// (cuda/kernels/gemv_quant.cu): rows in multiples of 16, K a multiple of 64 (int4: a row's last group of 128
+// may be half one; published int4 checkpoints hold only whole groups). The GPU's quantised upload takes the
+// same rule.
 struct PlannedTensor;
 bool decode_reads_quantized(const PlannedTensor& p, WeightFormat f);
 // The bytes a weight of p costs the decode step in format f (its scales and zero points included), 0 where

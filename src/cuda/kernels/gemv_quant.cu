@@ -5,20 +5,23 @@
 // lab (bench/kernels/quant_gemv_lab.cu) streamed FP8 at 1.2-1.9 TB/s, slower per weight than bf16 at 3.7-4.3
 // TB/s. Here the weights become f16 pairs in one or two instructions (e4m3x2 -> f16x2 in hardware; a nibble
 // pair OR 0x6400 is 1024 + n exactly, less 1024 + zero: quant_operands.cuh's int4_word_to_f16) and mma.sync
-// m16n8k16 does 16 x 8 x 16 multiply-adds in another: the weights are the B operand (8 rows a tile), x the A
-// operand's first two rows (its f16 high and low halves, so x keeps ~22 bits), the other 14 rows zero.
-//  - A lane's 16-byte load is 16 FP8 or 32 int4 weights of row g = lane / 4; the 4 lanes of a row cover a
-//    "super-step" of 64 bytes: 64 FP8 weights (4 MMAs a lane), or 128 int4 weights (8 MMAs), one group.
+// m16n8k16 does 16 x 8 x 16 multiply-adds in another: the weights are the A operand (16 rows a tile), x B's
+// first two columns (its f16 high and low halves, so x keeps ~22 bits), the other 6 columns never read.
+// (The weights as B, 8 rows a tile against x as A's first two rows, took twice the MMAs and x fragments a
+// byte: int4 ran issue-bound at 2.0-2.1 TB/s; docs/performance.md.)
+//  - A lane's two 16-byte loads are 16 FP8 or 32 int4 weights of rows g = lane / 4 and g + 8; the 4 lanes of
+//    a row cover a "super-step" of 64 bytes: 64 FP8 weights (4 MMAs a lane for both rows), or 128 int4
+//    weights (8 MMAs), one group.
 //    Both sides of each MMA take their k in the same (permuted) order, so the loads feed the fragments
 //    as they are; x is staged in that order.
 //  - int4: each super-step's MMAs start from zero and are added into the sums times the rows' group scales
 //    (fp32), so the weights enter the MMA as exact small integers; a row's last group may be shorter (K a
 //    multiple of 64: the 26B-A4B's 704- and 2112-wide inputs), its missing half zero on both sides.
-//  - Persistent blocks: at most 2 a SM, each staging x once and walking tiles of 8 rows, KS warps a tile
+//  - Persistent blocks: at most 2 a SM, each staging x once and walking tiles of 16 rows, KS warps a tile
 //    (each a contiguous K / KS of it; KS the fewest that give every warp work), every block the same number
 //    of rounds. A block per tile (the kernel before, the lab's v3 the step between) staged all of x for 8-32
 //    rows and lived about as long as that prologue: on the 31B's int4 q/k/v a warp walked ~5 super-steps.
-//  - x is staged in shared memory as the MMA's A pairs, scaled by 2^-4 (f16's range then holds |x| up to
+//  - x is staged in shared memory as the MMA's B pairs, scaled by 2^-4 (f16's range then holds |x| up to
 //    10^6 and resolves 2^-20 absolute), the input norm's weight folded in; the norm's sum of squares is a
 //    block reduction there.
 //  - The weights' first U super-steps are loaded before the PDL wait (they never depend on the previous
@@ -59,75 +62,78 @@ __device__ __forceinline__ void bar_named(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// A tile's sums (c; Geglu's up c2) out: C rows 0 (hi) and 1 (lo) sit in lanes t and 4 + t, rows 2t and
-// 2t + 1 of the tile. With KS > 1 the tile's warps meet in `part` (this round's half) behind a named barrier
-// of their own (the block's other tiles run on), the first adding the parts in a fixed order (deterministic).
+// A tile's sums (c; Geglu's up c2) out: lane (g, t = 0) holds rows g (x's hi and lo columns in c[0], c[1])
+// and g + 8 (c[2], c[3]) of the tile. With KS > 1 the tile's warps meet in `part` (this round's half) behind
+// a named barrier of their own (the block's other tiles run on), the first adding the parts in a fixed order
+// (deterministic).
 template <Fmt F, int KS, bool Geglu>
 __device__ __forceinline__ void finish_tile(const QuantParams& p, const float (&c)[4], const float (&c2)[4],
-                                            float (*part)[8][Geglu ? 2 : 1], int warp, int lane, int tile,
-                                            int64_t erow, int slot, float inv) {
-    float r[2][2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        r[e][0] = c[e] + __shfl_down_sync(0xffffffffu, c[e], 4);
-        r[e][1] = Geglu ? c2[e] + __shfl_down_sync(0xffffffffu, c2[e], 4) : 0.0f;
-    }
+                                            float (*part)[kTileRows][Geglu ? 2 : 1], int warp, int lane,
+                                            int tile, int64_t erow, int slot, float inv) {
+    const int g = lane >> 2, row = tile * kTileRows;
+    const float r[2][2] = {{c[0] + c[1], Geglu ? c2[0] + c2[1] : 0.0f},
+                           {c[2] + c[3], Geglu ? c2[2] + c2[3] : 0.0f}};
     if constexpr (KS == 1) {
-        if (lane < 4)
+        if ((lane & 3) == 0)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-                store_row<F, Geglu>(p, tile * 8 + 2 * lane + e, erow, slot, r[e][0] * inv, r[e][1] * inv);
+                store_row<F, Geglu>(p, row + g + 8 * e, erow, slot, r[e][0] * inv, r[e][1] * inv);
     } else {
-        if (lane < 4)
+        if ((lane & 3) == 0)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                part[warp][2 * lane + e][0] = r[e][0];
-                if constexpr (Geglu) part[warp][2 * lane + e][Geglu ? 1 : 0] = r[e][1];
+                part[warp][g + 8 * e][0] = r[e][0];
+                if constexpr (Geglu) part[warp][g + 8 * e][Geglu ? 1 : 0] = r[e][1];
             }
         const int tslot = warp / KS;
         bar_named(1 + tslot, KS * 32);
-        if (warp % KS == 0 && lane < 8) {
+        if (warp % KS == 0 && lane < kTileRows) {
             float a = 0.0f, b = 0.0f;
 #pragma unroll
             for (int w = 0; w < KS; ++w) {
                 a += part[tslot * KS + w][lane][0];
                 if constexpr (Geglu) b += part[tslot * KS + w][lane][Geglu ? 1 : 0];
             }
-            store_row<F, Geglu>(p, tile * 8 + lane, erow, slot, a * inv, b * inv);
+            store_row<F, Geglu>(p, row + lane, erow, slot, a * inv, b * inv);
         }
     }
 }
 
-// KS warps walk a tile of 8 rows, each K / KS of it; U super-steps per register buffer, two buffers.
+// KS warps walk a tile of 16 rows, each K / KS of it; U super-steps per register buffer, two buffers.
 template <Fmt F, int KS, int U, bool Geglu>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(const QuantParams p) {
     extern __shared__ uint2 xs[];
     __shared__ float red[32];
-    __shared__ float part[2][kWarps][8][Geglu ? 2 : 1];
+    __shared__ float part[2][kWarps][kTileRows][Geglu ? 2 : 1];
     constexpr int kSlots = kWarps / KS;  // tiles a block walks at once
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tslot = warp / KS, ks = warp % KS, slot = blockIdx.y;
     if (p.group_expert) pdl_begin();  // the experts were chosen by the previous kernel
     const int64_t erow = expert_row(p, slot);
-    const int ntiles = p.total_rows / 8, stride = gridDim.x * kSlots;
+    const int ntiles = p.total_rows / kTileRows, stride = gridDim.x * kSlots;
     int tile = blockIdx.x * kSlots + tslot;
     if (erow < 0) {  // a slot of another rank's expert: zero rows
-        if (ks == 0 && lane < 8)
-            for (; tile < ntiles; tile += stride) store_zero(p, tile * 8 + lane, slot);
+        if (ks == 0 && lane < kTileRows)
+            for (; tile < ntiles; tile += stride) store_zero(p, tile * kTileRows + lane, slot);
         return;
     }
     const int nss_row = static_cast<int>(row_bytes<F>(p.K) / 16);  // 16-byte chunks of a row
     const int nss = (nss_row + 3) / 4, G = static_cast<int>(int4_groups(p.K));
     const int s_lo = ks * nss / KS, s_hi = (ks + 1) * nss / KS;
 
-    // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run
-    uint4 v[2][U], v2[2][U];
+    // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run; rows
+    // g (wa) and g + 8 (wb), Geglu's up rows (ua, ub)
+    uint4 wa[2][U], wb[2][U], ua[2][U], ub[2][U];
     float2 sc[2][U], sc2[2][U];
-    // int4's zero points of row g, a byte each in one register a buffer: step u's at byte u (Geglu, whose
-    // int4 buffers hold one step: the gate's at byte 0, the up's at byte 1)
-    static_assert(U * (Geglu ? 2 : 1) <= 4 || F != Fmt::kInt4, "int4's zero points: 4 bytes a buffer");
+    // int4's zero points of rows g and g + 8, a byte each in one register a buffer: step u's at bytes 2u and
+    // 2u + 1 (Geglu, whose buffers hold one step: the gate's at bytes 0, 1, the up's at 2, 3)
+    static_assert(U * (Geglu ? 4 : 2) <= 4 || F != Fmt::kInt4, "int4's zero points: 4 bytes a buffer");
     uint32_t z[2];
     TileRows<F, Geglu> tr;
+    // a zero point of row g (r8 = 0) or g + 8 (r8 = 8 G on), 8 where the matrix has none (symmetric)
+    auto zero_of = [&](const uint8_t* zp, int r8, int s, bool in) {
+        return in && zp ? static_cast<uint32_t>(__ldg(zp + r8 + s)) : 8u;
+    };
     auto load = [&](int k, int base) {
         if constexpr (F == Fmt::kInt4) z[k] = 0;
 #pragma unroll
@@ -135,22 +141,27 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             const int s = base + u;
             // (int4's short last group: the lanes past K load nothing)
             const bool ok = s < s_hi && (F == Fmt::kFp8 || s * 4 + t < nss_row);
-            v[k][u] = ok ? ld_stream(tr.a + s * 4 + t) : make_uint4(0, 0, 0, 0);
-            if constexpr (Geglu) v2[k][u] = ok ? ld_stream(tr.b + s * 4 + t) : make_uint4(0, 0, 0, 0);
+            const uint4 none = make_uint4(0, 0, 0, 0);
+            wa[k][u] = ok ? ld_stream(tr.a + s * 4 + t) : none;
+            wb[k][u] = ok ? ld_stream(tr.a + tr.r8 + s * 4 + t) : none;
+            if constexpr (Geglu) {
+                ua[k][u] = ok ? ld_stream(tr.b + s * 4 + t) : none;
+                ub[k][u] = ok ? ld_stream(tr.b + tr.r8 + s * 4 + t) : none;
+            }
             if constexpr (F == Fmt::kInt4) {
-                const bool in = s < s_hi;
-                sc[k][u] = in ? make_float2(__ldg(tr.sa + s), __ldg(tr.sa + G + s)) : float2{};
-                const int at = 8 * (Geglu ? 2 * u : u);
-                z[k] |= (in && tr.za ? static_cast<uint32_t>(__ldg(tr.za + s)) : 8u) << at;
+                const bool in = s < s_hi, sin = in && t == 0;  // (the scales: lanes t = 0 only)
+                const int at = 8 * (Geglu ? 4 * u : 2 * u);
+                sc[k][u] = sin ? make_float2(__ldg(tr.sa + s), __ldg(tr.sa + 8 * G + s)) : float2{};
+                z[k] |= zero_of(tr.za, 0, s, in) << at | zero_of(tr.za, 8 * G, s, in) << (at + 8);
                 if constexpr (Geglu) {
-                    sc2[k][u] = in ? make_float2(__ldg(tr.sb + s), __ldg(tr.sb + G + s)) : float2{};
-                    z[k] |= (in && tr.zb ? static_cast<uint32_t>(__ldg(tr.zb + s)) : 8u) << (at + 8);
+                    sc2[k][u] = sin ? make_float2(__ldg(tr.sb + s), __ldg(tr.sb + 8 * G + s)) : float2{};
+                    z[k] |= zero_of(tr.zb, 0, s, in) << (at + 16) | zero_of(tr.zb, 8 * G, s, in) << (at + 24);
                 }
             }
         }
     };
     if (tile < ntiles) {
-        tr = tile_rows<F, Geglu>(p, tile, erow, g, t);
+        tr = tile_rows<F, Geglu>(p, tile, erow, g);
         load(0, s_lo);  // weights only: safe before the previous kernel has finished
     }
     if (!p.group_expert) pdl_begin_after_loads(p.K);  // from here on x may be touched
@@ -162,7 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
     bool loaded = true;
     for (int par = 0; tile < ntiles; tile += stride, par ^= 1) {
         if (!loaded) {  // (a guard: every tile after the first was loaded under the last one's set)
-            tr = tile_rows<F, Geglu>(p, tile, erow, g, t);
+            tr = tile_rows<F, Geglu>(p, tile, erow, g);
             load(0, s_lo);
         }
         loaded = false;
@@ -172,13 +183,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             for (int u = 0; u < U; ++u) {
                 const int s = base + u;
                 if (s >= s_hi) break;
-                // A rows 2..7 (lanes g >= 2) are left as they are: their C rows are never read, so what
-                // they hold does not matter, and loading or zeroing them would cost wavefronts or moves
-                uint32_t ax[kMmas<F>], ay[kMmas<F>];
-                if (g < 2) x_fragments<F>(xs, s, g, t, ax, ay);
-                const int at = 8 * (Geglu ? 2 * u : u);
-                mma_step<F>(c, v[k][u], ax, ay, sc[k][u], (z[k] >> at) & 0xffu);
-                if constexpr (Geglu) mma_step<F>(c2, v2[k][u], ax, ay, sc2[k][u], (z[k] >> (at + 8)) & 0xffu);
+                // B columns 2..7 (lanes g >= 2) are left as they are: their C columns are never read, so
+                // what they hold does not matter, and loading or zeroing them would cost wavefronts or moves
+                uint32_t bx[kMmas<F>], by[kMmas<F>];
+                if (g < 2) x_fragments<F>(xs, s, g, t, bx, by);
+                const int at = 8 * (Geglu ? 4 * u : 2 * u);
+                mma_step<F>(c, wa[k][u], wb[k][u], bx, by, sc[k][u], (z[k] >> at) & 0xffu,
+                            (z[k] >> (at + 8)) & 0xffu);
+                if constexpr (Geglu)
+                    mma_step<F>(c2, ua[k][u], ub[k][u], bx, by, sc2[k][u], (z[k] >> (at + 16)) & 0xffu,
+                                (z[k] >> (at + 24)) & 0xffu);
             }
         };
         // unrolled by two so that the buffers' index is a constant (registers, not local memory); a tile's
@@ -191,7 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             if (!last) {
                 load(0, base + 2 * U);
             } else if (tile + stride < ntiles) {
-                tr = tile_rows<F, Geglu>(p, tile + stride, erow, g, t);
+                tr = tile_rows<F, Geglu>(p, tile + stride, erow, g);
                 load(0, s_lo);
                 loaded = true;
             }
@@ -205,7 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
 template <Fmt F, int KS, int U, bool Geglu>
 void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
     constexpr int kSlots = kWarps / KS;
-    const int ntiles = p.total_rows / 8;
+    const int ntiles = p.total_rows / kTileRows;
     blocks = std::max(1, std::min(blocks, (ntiles + kSlots - 1) / kSlots));
     // every block walks the same number of rounds: the grid's last wave is not a tail of a few blocks
     const int rounds = (ntiles + blocks * kSlots - 1) / (blocks * kSlots);
@@ -218,14 +232,17 @@ void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
 // The grid: at most kMinBlocks blocks a SM in all (persistent: a block stages x once and walks tiles). KS:
 // the fewest warps a tile that still give every warp a tile, halved while a warp would walk fewer than two
 // super-steps. U: super-steps per buffer, so that each of the two buffers holds kChunksInFlight 16-byte
-// loads per lane (Geglu: twice).
-template <Fmt F>
+// loads per lane (a step loads 2 rows, Geglu 4).
 constexpr int kChunksInFlight = 4;
-// (int4's GeGLU: one, its scales and zero points beside the two rows' loads fill the registers)
 template <Fmt F, bool Geglu>
 constexpr int buffer_steps() {
-    return !Geglu ? kChunksInFlight<F> : F == Fmt::kInt4 ? kChunksInFlight<F> / 4 : kChunksInFlight<F> / 2;
+    return kChunksInFlight / (Geglu ? 4 : 2);
 }
+// int4's GeGLU (4 rows' loads, their scales and zero points a step) spills at KS = 1, where the tile's sums
+// are stored from every lane t = 0: it takes KS 2 at least (a tile's K in two halves; no model's GeGLU has
+// the 2 x 2 x SMs x 8 tiles that would take KS = 1 anyway)
+template <Fmt F, bool Geglu>
+constexpr int kMinKs = F == Fmt::kInt4&& Geglu ? 2 : 1;
 template <Fmt F, bool Geglu>
 void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     if (p.K <= 0 || p.K % kSuper || p.K > kMaxK)
@@ -234,22 +251,23 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) {
         const int rows = p.seg_end[i];
-        if (rows % 8)
-            throw Error("internal: quantised GEMV segments take multiples of 8 rows, not " +
+        if (rows % kTileRows)
+            throw Error("internal: quantised GEMV segments take multiples of 16 rows, not " +
                         std::to_string(rows));
         p.seg_end[i] = (p.total_rows += rows);
     }
     if (p.total_rows == 0) return;
     const int blocks = std::max(1, kMinBlocks * device_sms() / slots);
-    const int ntiles = p.total_rows / 8, warps = blocks * kWarps;
+    const int ntiles = p.total_rows / kTileRows, warps = blocks * kWarps;
     const int nss = static_cast<int>((row_bytes<F>(p.K) / 16 + 3) / 4);
     int ks = 1;
     while (ks < kWarps && ntiles * ks < warps) ks *= 2;
     while (ks > 1 && nss / ks < 2) ks /= 2;
     constexpr int U = buffer_steps<F, Geglu>();
-    switch (ks) {
+    switch (std::max(ks, kMinKs<F, Geglu>)) {
         case 1:
-            return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
+            if constexpr (kMinKs<F, Geglu> == 1) return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
+            [[fallthrough]];
         case 2:
             return launch_ks<F, 2, U, Geglu>(p, blocks, slots, s);
         case 4:
@@ -297,7 +315,7 @@ void allow_smem() {
 
 template <Fmt F, bool Geglu>
 void allow_all() {
-    allow_smem<F, 1, Geglu>();
+    if constexpr (kMinKs<F, Geglu> == 1) allow_smem<F, 1, Geglu>();
     allow_smem<F, 2, Geglu>();
     allow_smem<F, 4, Geglu>();
     allow_smem<F, 8, Geglu>();

@@ -72,29 +72,39 @@ __device__ __forceinline__ uint32_t f16x2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// One super-step of one tile into c: FP8 straight into the sums; int4 from zero, then times the group scales
-// of this lane's C columns (rows 2t, 2t + 1 of the tile; sc), its weights less its row's (g) zero point (z).
+// One super-step of one tile of 16 rows into c. The weights are the A operand: a lane's 16 bytes of rows g
+// (wa) and g + 8 (wb) give a0/a2 and a1/a3 of its MMAs; x's f16 hi and lo halves are B's columns 0 and 1
+// (lanes g = 0, 1; the other columns' products are never read). Lane (g, t = 0) ends with row g's two
+// columns in c[0], c[1] and row g + 8's in c[2], c[3]. FP8 goes straight into the sums; int4 from zero, then
+// times the group scales of rows g and g + 8 (sc.x, sc.y: only lanes t = 0 need them), its weights less the
+// rows' zero points (za, zb).
 template <Fmt F>
-__device__ __forceinline__ void mma_step(float (&c)[4], uint4 v, const uint32_t (&ax)[kMmas<F>],
-                                         const uint32_t (&ay)[kMmas<F>], float2 sc, uint32_t z) {
-    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+__device__ __forceinline__ void mma_step(float (&c)[4], uint4 wa, uint4 wb, const uint32_t (&bx)[kMmas<F>],
+                                         const uint32_t (&by)[kMmas<F>], float2 sc, uint32_t za,
+                                         uint32_t zb) {
+    const uint32_t va[4] = {wa.x, wa.y, wa.z, wa.w}, vb[4] = {wb.x, wb.y, wb.z, wb.w};
     if constexpr (F == Fmt::kInt4) {
         // 1024 + z and -(64 + z) as f16, in both halves (int4_word_to_f16)
-        const uint32_t zz = 0x00010001u * (0x6400u + z), zh = 0x00010001u * (0xd400u + 16u * z);
+        const uint32_t zza = 0x00010001u * (0x6400u + za), zha = 0x00010001u * (0xd400u + 16u * za);
+        const uint32_t zzb = 0x00010001u * (0x6400u + zb), zhb = 0x00010001u * (0xd400u + 16u * zb);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            uint32_t b[4];
-            int4_word_to_f16(wv[i], zz, zh, b);
-            mma_f16(d, ax[2 * i], 0u, ay[2 * i], 0u, b[0], b[1]);
-            mma_f16(d, ax[2 * i + 1], 0u, ay[2 * i + 1], 0u, b[2], b[3]);
+            uint32_t a[4], b[4];
+            int4_word_to_f16(va[i], zza, zha, a);
+            int4_word_to_f16(vb[i], zzb, zhb, b);
+            mma_f16(d, a[0], b[0], a[1], b[1], bx[2 * i], by[2 * i]);
+            mma_f16(d, a[2], b[2], a[3], b[3], bx[2 * i + 1], by[2 * i + 1]);
         }
         c[0] = fmaf(d[0], sc.x, c[0]);
-        c[1] = fmaf(d[1], sc.y, c[1]);
+        c[1] = fmaf(d[1], sc.x, c[1]);
+        c[2] = fmaf(d[2], sc.y, c[2]);
+        c[3] = fmaf(d[3], sc.y, c[3]);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            mma_f16(c, ax[j], 0u, ay[j], 0u, fp8x2_to_f16x2(wv[j] & 0xffffu), fp8x2_to_f16x2(wv[j] >> 16));
+            mma_f16(c, fp8x2_to_f16x2(va[j] & 0xffffu), fp8x2_to_f16x2(vb[j] & 0xffffu),
+                    fp8x2_to_f16x2(va[j] >> 16), fp8x2_to_f16x2(vb[j] >> 16), bx[j], by[j]);
     }
 }
 
@@ -110,10 +120,10 @@ __device__ __forceinline__ Halves halves(float a, float b, float c, float d) {
     return {make_uint2(f16x2_bits(h01), f16x2_bits(h23)), make_uint2(f16x2_bits(l01), f16x2_bits(l23))};
 }
 
-// x staged as A pairs: for super-step s, part (0 hi, 1 lo), lane column t, MMA j: the uint2 (a0, a2) of the
+// x staged as B pairs: for super-step s, part (0 hi, 1 lo), lane column t, MMA j: the uint2 (b0, b1) of the
 // x values that lane t's weights meet in MMA j, laid out [s][part][t][j]. FP8: MMA j takes bytes 4j..4j+3
-// of the lane's 16 (a0 = x 0, 1; a2 = x 2, 3). int4: word i of the lane's 16 bytes holds 8 weights, nibble m
-// at bits 4m; MMA 2i + h takes nibbles (2h, 2h + 4) as b0 and (2h + 1, 2h + 5) as b1. x past K (int4's
+// of the lane's 16 (b0 = x 0, 1; b1 = x 2, 3). int4: word i of the lane's 16 bytes holds 8 weights, nibble m
+// at bits 4m; MMA 2i + h takes nibbles (2h, 2h + 4) as a0 and (2h + 1, 2h + 5) as a2. x past K (int4's
 // short last group) is zero. Returns the block's sum of x^2 (norm only; every thread gets it).
 template <Fmt F>
 __device__ __forceinline__ float stage_x(const QuantParams& p, const float* x, uint2* xs, float* red) {
@@ -196,9 +206,11 @@ __device__ __forceinline__ RowAt row_at(const QuantParams& p, int r, int64_t ero
     return a;
 }
 
-// What a lane streams of tile `tile` (rows 8 tile .. + 7 of all the segments, one segment's): its weight row
-// g (a; Geglu's up row b), and for int4 the group scales of its C columns, rows 2t and 2t + 1 (sa, the
-// second G on; Geglu sb) and the zero points of row g (za, zb; null: 8).
+constexpr int kTileRows = 16;  // rows of a tile: the MMA's A rows
+
+// What a lane streams of tile `tile` (rows 16 tile .. + 15 of all the segments, one segment's): its weight
+// row g (a; Geglu's up row b; row g + 8 is `r8` chunks on), and for int4 the group scales of row g (sa; row
+// g + 8's 8 G on; Geglu sb) and its zero points (za, zb; null: 8; row g + 8's 8 G on).
 template <Fmt F, bool Geglu>
 struct TileRows {
     const uint4* a = nullptr;
@@ -207,40 +219,41 @@ struct TileRows {
     const float* sb = nullptr;
     const uint8_t* za = nullptr;
     const uint8_t* zb = nullptr;
+    int64_t r8 = 0;
 };
 template <Fmt F, bool Geglu>
-__device__ __forceinline__ TileRows<F, Geglu> tile_rows(const QuantParams& p, int tile, int64_t erow, int g,
-                                                        int t) {
+__device__ __forceinline__ TileRows<F, Geglu> tile_rows(const QuantParams& p, int tile, int64_t erow, int g) {
     TileRows<F, Geglu> tr;
-    const RowAt at = row_at(p, tile * 8, erow);
+    const RowAt at = row_at(p, tile * kTileRows, erow);
     const QuantMatrix m = pick(p.m, at.seg);
     tr.a = reinterpret_cast<const uint4*>(m.q + (at.row + g) * row_bytes<F>(p.K));
+    tr.r8 = 8 * row_bytes<F>(p.K) / 16;
     if constexpr (Geglu) tr.b = reinterpret_cast<const uint4*>(p.m2.q + (at.row + g) * row_bytes<F>(p.K));
     if constexpr (F == Fmt::kInt4) {
         const int64_t G = int4_groups(p.K);
-        tr.sa = m.scale + (at.row + 2 * t) * G;
+        tr.sa = m.scale + (at.row + g) * G;
         tr.za = m.zero ? m.zero + (at.row + g) * G : nullptr;
         if constexpr (Geglu) {
-            tr.sb = p.m2.scale + (at.row + 2 * t) * G;
+            tr.sb = p.m2.scale + (at.row + g) * G;
             tr.zb = p.m2.zero ? p.m2.zero + (at.row + g) * G : nullptr;
         }
     }
     return tr;
 }
 
-// The A pairs of super-step s for lane (g < 2, t): x's f16 hi (g = 0) or lo (g = 1) halves (stage_x's
-// layout).
+// The B pairs of super-step s for lane (g < 2, t): x's f16 hi (g = 0) or lo (g = 1) halves (stage_x's
+// layout), B's columns 0 and 1.
 template <Fmt F>
-__device__ __forceinline__ void x_fragments(const uint2* xs, int s, int g, int t, uint32_t (&ax)[kMmas<F>],
-                                            uint32_t (&ay)[kMmas<F>]) {
+__device__ __forceinline__ void x_fragments(const uint2* xs, int s, int g, int t, uint32_t (&bx)[kMmas<F>],
+                                            uint32_t (&by)[kMmas<F>]) {
     const uint2* src = xs + ((s * 2 + g) * 4 + t) * kMmas<F>;
 #pragma unroll
     for (int j = 0; j < kMmas<F>; j += 2) {
         const uint4 a = *reinterpret_cast<const uint4*>(src + j);
-        ax[j] = a.x;
-        ay[j] = a.y;
-        ax[j + 1] = a.z;
-        ay[j + 1] = a.w;
+        bx[j] = a.x;
+        by[j] = a.y;
+        bx[j + 1] = a.z;
+        by[j + 1] = a.w;
     }
 }
 
