@@ -1,6 +1,7 @@
 // gemv_quant.cu, the decode step's products over FP8 and int4 weights, against an fp64 host product of the
 // same codes, scales and zero points: three segments in one launch (tiles that end where a segment ends),
-// the input norm folded in, matrices large and small enough for every K split (KS 1..8), int4 symmetric and
+// the input norm folded in, matrices large and small enough for every K split (KS 1..8) and for the launch of
+// a tile a block on fewer blocks than SMs (twice the loads in flight a warp), int4 symmetric and
 // asymmetric (a zero point per row and group, rows g and g + 8 of a tile with different ones) with a short
 // last group (K = 704), the GeGLU launch, and the MoE's expert launches with a slot of another rank's
 // expert (zero rows). Outputs are poisoned with NaN first, so every row must be written.
@@ -194,7 +195,7 @@ TEST(GemvQuant, SegmentsMatchTheFp64Product) {
     cuda::gemv_quant_prepare();
     // (q, k, v)-like segments whose tiles end at each segment's end; K 704 leaves int4 a short last group
     for (Kind k : kKinds)
-        for (int K : {704, 2048})
+        for (int K : {704, 2048, 4096})  // (21 tiles at 4096: one block a tile, both formats)
             for (bool norm : {false, true}) {
                 const double e = segments_error(k, {48, 16, 272}, K, norm, 11 + K);
                 EXPECT_LT(e, kBound) << kind_name(k) << " K " << K << (norm ? " with" : " without")
@@ -228,7 +229,7 @@ TEST(GemvQuant, GegluMatchesTheFp64Product) {
     cuda::gemv_quant_prepare();
     for (Kind kind : kKinds)
         for (int rows : {96, 4096}) {
-            constexpr int K = 1536;
+            constexpr int K = 2048;  // (96 rows: a block a tile, both formats)
             std::mt19937 rng(23 + rows);
             const std::vector<float> x = random_x(K, rng);
             const std::vector<double> xd(x.begin(), x.end());

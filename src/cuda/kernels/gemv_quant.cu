@@ -34,6 +34,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "cuda/check.h"
@@ -99,9 +100,10 @@ __device__ __forceinline__ void finish_tile(const QuantParams& p, const float (&
     }
 }
 
-// KS warps walk a tile of 16 rows, each K / KS of it; U super-steps per register buffer, two buffers.
-template <Fmt F, int KS, int U, bool Geglu>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(const QuantParams p) {
+// KS warps walk a tile of 16 rows, each K / KS of it; U super-steps per register buffer, two buffers;
+// registers for MinB blocks a SM.
+template <Fmt F, int KS, int U, bool Geglu, int MinB>
+__global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const QuantParams p) {
     extern __shared__ uint2 xs[];
     __shared__ float red[32];
     __shared__ float part[2][kWarps][kTileRows][Geglu ? 2 : 1];
@@ -125,17 +127,19 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
     // g (wa) and g + 8 (wb), Geglu's up rows (ua, ub)
     uint4 wa[2][U], wb[2][U], ua[2][U], ub[2][U];
     float2 sc[2][U], sc2[2][U];
-    // int4's zero points of rows g and g + 8, a byte each in one register a buffer: step u's at bytes 2u and
-    // 2u + 1 (Geglu, whose buffers hold one step: the gate's at bytes 0, 1, the up's at 2, 3)
-    static_assert(U * (Geglu ? 4 : 2) <= 4 || F != Fmt::kInt4, "int4's zero points: 4 bytes a buffer");
-    uint32_t z[2];
+    // int4's zero points of rows g and g + 8, a byte each, packed in words: step u's at bytes 2u and 2u + 1
+    // (Geglu 4u, 4u + 1 for the gate, 4u + 2, 4u + 3 for the up)
+    constexpr int kZeroWords = (U * (Geglu ? 4 : 2) + 3) / 4;
+    uint32_t z[2][kZeroWords];
     TileRows<F, Geglu> tr;
     // a zero point of row g (r8 = 0) or g + 8 (r8 = 8 G on), 8 where the matrix has none (symmetric)
     auto zero_of = [&](const uint8_t* zp, int r8, int s, bool in) {
         return in && zp ? static_cast<uint32_t>(__ldg(zp + r8 + s)) : 8u;
     };
     auto load = [&](int k, int base) {
-        if constexpr (F == Fmt::kInt4) z[k] = 0;
+        if constexpr (F == Fmt::kInt4)
+#pragma unroll
+            for (int i = 0; i < kZeroWords; ++i) z[k][i] = 0;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = base + u;
@@ -150,12 +154,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
             }
             if constexpr (F == Fmt::kInt4) {
                 const bool in = s < s_hi, sin = in && t == 0;  // (the scales: lanes t = 0 only)
-                const int at = 8 * (Geglu ? 4 * u : 2 * u);
+                const int at = 8 * (Geglu ? 4 * u : 2 * u), w = at / 32, b = at % 32;
                 sc[k][u] = sin ? make_float2(__ldg(tr.sa + s), __ldg(tr.sa + 8 * G + s)) : float2{};
-                z[k] |= zero_of(tr.za, 0, s, in) << at | zero_of(tr.za, 8 * G, s, in) << (at + 8);
+                z[k][w] |= zero_of(tr.za, 0, s, in) << b | zero_of(tr.za, 8 * G, s, in) << (b + 8);
                 if constexpr (Geglu) {
                     sc2[k][u] = sin ? make_float2(__ldg(tr.sb + s), __ldg(tr.sb + 8 * G + s)) : float2{};
-                    z[k] |= zero_of(tr.zb, 0, s, in) << (at + 16) | zero_of(tr.zb, 8 * G, s, in) << (at + 24);
+                    z[k][w] |= zero_of(tr.zb, 0, s, in) << (b + 16) | zero_of(tr.zb, 8 * G, s, in)
+                                                                          << (b + 24);
                 }
             }
         }
@@ -187,12 +192,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
                 // what they hold does not matter, and loading or zeroing them would cost wavefronts or moves
                 uint32_t bx[kMmas<F>], by[kMmas<F>];
                 if (g < 2) x_fragments<F>(xs, s, g, t, bx, by);
-                const int at = 8 * (Geglu ? 4 * u : 2 * u);
-                mma_step<F>(c, wa[k][u], wb[k][u], bx, by, sc[k][u], (z[k] >> at) & 0xffu,
-                            (z[k] >> (at + 8)) & 0xffu);
+                const int at = 8 * (Geglu ? 4 * u : 2 * u), b = at % 32;
+                const uint32_t zw = F == Fmt::kInt4 ? z[k][at / 32] : 0u;
+                mma_step<F>(c, wa[k][u], wb[k][u], bx, by, sc[k][u], (zw >> b) & 0xffu,
+                            (zw >> (b + 8)) & 0xffu);
                 if constexpr (Geglu)
-                    mma_step<F>(c2, ua[k][u], ub[k][u], bx, by, sc2[k][u], (z[k] >> (at + 16)) & 0xffu,
-                                (z[k] >> (at + 24)) & 0xffu);
+                    mma_step<F>(c2, ua[k][u], ub[k][u], bx, by, sc2[k][u], (zw >> (b + 16)) & 0xffu,
+                                (zw >> (b + 24)) & 0xffu);
             }
         };
         // unrolled by two so that the buffers' index is a constant (registers, not local memory); a tile's
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) quant_mma_kernel(cons
     }
 }
 
-template <Fmt F, int KS, int U, bool Geglu>
+template <Fmt F, int KS, int U, bool Geglu, int MinB = kMinBlocks>
 void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
     constexpr int kSlots = kWarps / KS;
     const int ntiles = p.total_rows / kTileRows;
@@ -225,14 +231,14 @@ void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
     const int rounds = (ntiles + blocks * kSlots - 1) / (blocks * kSlots);
     blocks = (ntiles + rounds * kSlots - 1) / (rounds * kSlots);
     const size_t smem = static_cast<size_t>(padded_k<F>(p.K) * 4);
-    launch_kernel(quant_mma_kernel<F, KS, U, Geglu>, dim3(blocks, slots), dim3(kWarps * 32), smem, s, p);
+    launch_kernel(quant_mma_kernel<F, KS, U, Geglu, MinB>, dim3(blocks, slots), dim3(kWarps * 32), smem, s,
+                  p);
     CUDA_CHECK_LAUNCH();
 }
 
-// The grid: at most kMinBlocks blocks a SM in all (persistent: a block stages x once and walks tiles). KS:
-// the fewest warps a tile that still give every warp a tile, halved while a warp would walk fewer than two
-// super-steps. U: super-steps per buffer, so that each of the two buffers holds kChunksInFlight 16-byte
-// loads per lane (a step loads 2 rows, Geglu 4).
+// The grid: at most kMinBlocks blocks a SM in all (persistent: a block stages x once and walks tiles). U:
+// super-steps per buffer, so that each of the two buffers holds kChunksInFlight 16-byte loads per lane (a
+// step loads 2 rows, Geglu 4).
 constexpr int kChunksInFlight = 4;
 template <Fmt F, bool Geglu>
 constexpr int buffer_steps() {
@@ -242,7 +248,27 @@ constexpr int buffer_steps() {
 // are stored from every lane t = 0: it takes KS 2 at least (a tile's K in two halves; no model's GeGLU has
 // the 2 x 2 x SMs x 8 tiles that would take KS = 1 anyway)
 template <Fmt F, bool Geglu>
-constexpr int kMinKs = F == Fmt::kInt4&& Geglu ? 2 : 1;
+constexpr int kMinKs = (F == Fmt::kInt4 && Geglu) ? 2 : 1;
+
+// KS, warps a tile: the one whose busiest warp walks the fewest super-steps (its rounds of tiles times its
+// share of a tile's nss; the fewer warps on a tie), a warp walking at least two super-steps. (Filling every
+// warp first, the rule before, left the 31B's 1,344 GeGLU tiles at KS 2 in one round on 1,344 of 2,112
+// warps, where KS 4 walks three rounds of 21 steps on all of them: 63 steps against 84.)
+int choose_ks(int ntiles, int nss, int blocks, int min_ks) {
+    int best = min_ks;
+    int64_t best_steps = INT64_MAX;
+    for (int ks = min_ks; ks <= kWarps; ks *= 2) {
+        if (ks > min_ks && nss / ks < 2) break;
+        const int64_t tiles_at_once = int64_t{blocks} * (kWarps / ks);
+        const int64_t steps = (ntiles + tiles_at_once - 1) / tiles_at_once * ((nss + ks - 1) / ks);
+        if (steps < best_steps) {
+            best_steps = steps;
+            best = ks;
+        }
+    }
+    return best;
+}
+
 template <Fmt F, bool Geglu>
 void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     if (p.K <= 0 || p.K % kSuper || p.K > kMaxK)
@@ -257,14 +283,17 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
         p.seg_end[i] = (p.total_rows += rows);
     }
     if (p.total_rows == 0) return;
-    const int blocks = std::max(1, kMinBlocks * device_sms() / slots);
-    const int ntiles = p.total_rows / kTileRows, warps = blocks * kWarps;
+    const int sms = device_sms(), blocks = std::max(1, kMinBlocks * sms / slots);
+    const int ntiles = p.total_rows / kTileRows;
     const int nss = static_cast<int>((row_bytes<F>(p.K) / 16 + 3) / 4);
-    int ks = 1;
-    while (ks < kWarps && ntiles * ks < warps) ks *= 2;
-    while (ks > 1 && nss / ks < 2) ks /= 2;
+    const int ks = choose_ks(ntiles, nss, blocks, kMinKs<F, Geglu>);
     constexpr int U = buffer_steps<F, Geglu>();
-    switch (std::max(ks, kMinKs<F, Geglu>)) {
+    // a tile a block on fewer blocks than SMs (E2B's o_proj and down: 96 tiles): one block a SM, so twice
+    // the loads in flight a warp, where the registers of two blocks a SM would leave half the SM's loads
+    // unissued
+    if (ks == kWarps && int64_t{ntiles} * slots <= sms)
+        return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
+    switch (ks) {
         case 1:
             if constexpr (kMinKs<F, Geglu> == 1) return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
             [[fallthrough]];
@@ -305,20 +334,21 @@ QuantParams params_of(const GemvInput& in) {
     return p;
 }
 
-template <Fmt F, int KS, bool Geglu>
+template <Fmt F, int KS, int U, bool Geglu, int MinB>
 void allow_smem() {
-    constexpr int U = buffer_steps<F, Geglu>();
-    CUDA_CHECK(cudaFuncSetAttribute(quant_mma_kernel<F, KS, U, Geglu>,
+    CUDA_CHECK(cudaFuncSetAttribute(quant_mma_kernel<F, KS, U, Geglu, MinB>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(padded_k<F>(kMaxK) * 4)));
 }
 
 template <Fmt F, bool Geglu>
 void allow_all() {
-    if constexpr (kMinKs<F, Geglu> == 1) allow_smem<F, 1, Geglu>();
-    allow_smem<F, 2, Geglu>();
-    allow_smem<F, 4, Geglu>();
-    allow_smem<F, 8, Geglu>();
+    constexpr int U = buffer_steps<F, Geglu>();
+    if constexpr (kMinKs<F, Geglu> == 1) allow_smem<F, 1, U, Geglu, kMinBlocks>();
+    allow_smem<F, 2, U, Geglu, kMinBlocks>();
+    allow_smem<F, 4, U, Geglu, kMinBlocks>();
+    allow_smem<F, 8, U, Geglu, kMinBlocks>();
+    allow_smem<F, 8, 2 * U, Geglu, 1>();
 }
 
 }  // namespace
