@@ -9,18 +9,24 @@
 // first two columns (its f16 high and low halves, so x keeps ~22 bits), the other 6 columns never read.
 // (The weights as B, 8 rows a tile against x as A's first two rows, took twice the MMAs and x fragments a
 // byte: int4 ran issue-bound at 2.0-2.1 TB/s; docs/performance.md.)
-//  - A lane's two 16-byte loads are 16 FP8 or 32 int4 weights of rows g = lane / 4 and g + 8; the 4 lanes of
-//    a row cover a "super-step" of 64 bytes: 64 FP8 weights (4 MMAs a lane for both rows), or 128 int4
-//    weights (8 MMAs), one group.
+//  - A lane's two 16-byte loads are 16 FP8 or 32 int4 weights of A's rows g = lane / 4 and g + 8; the 4
+//    lanes of a row cover a "super-step" of 64 bytes: 64 FP8 weights (4 MMAs a lane for both rows), or 128
+//    int4 weights (8 MMAs), one group. A's rows are the matrix's rows g and g + 8 of the tile, or with the
+//    GeGLU row g of the gate and of the up (8 output rows a tile): lane (g, 0) then holds both halves of its
+//    output and the GeGLU streams as a plain product does (two loads a step; the gate and up as separate
+//    tiles took twice the registers, half the super-steps a buffer, and ran the 31B's FP8 gate/up at 78 us
+//    against 62 for the plain product of the same bytes).
 //    Both sides of each MMA take their k in the same (permuted) order, so the loads feed the fragments
 //    as they are; x is staged in that order.
 //  - int4: each super-step's MMAs start from zero and are added into the sums times the rows' group scales
 //    (fp32), so the weights enter the MMA as exact small integers; a row's last group may be shorter (K a
 //    multiple of 64: the 26B-A4B's 704- and 2112-wide inputs), its missing half zero on both sides.
-//  - Persistent blocks: at most 2 a SM, each staging x once and walking tiles of 16 rows, KS warps a tile
-//    (each a contiguous K / KS of it; KS the fewest that give every warp work), every block the same number
-//    of rounds. A block per tile (the kernel before, the lab's v3 the step between) staged all of x for 8-32
-//    rows and lived about as long as that prologue: on the 31B's int4 q/k/v a warp walked ~5 super-steps.
+//  - Persistent blocks: at most 2 a SM, each staging x once and walking tiles, KS warps a tile (each a
+//    contiguous K / KS of it; KS the split whose busiest warp walks the fewest super-steps), every block the
+//    same number of rounds; a launch of fewer tiles than SMs takes one block a SM with twice the loads in
+//    flight a warp. A block per tile (the kernel before, the lab's v3 the step between) staged all of x for
+//    8-32 rows and lived about as long as that prologue: on the 31B's int4 q/k/v a warp walked ~5
+//    super-steps.
 //  - x is staged in shared memory as the MMA's B pairs, scaled by 2^-4 (f16's range then holds |x| up to
 //    10^6 and resolves 2^-20 absolute), the input norm's weight folded in; the norm's sum of squares is a
 //    block reduction there.
@@ -63,79 +69,81 @@ __device__ __forceinline__ void bar_named(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// A tile's sums (c; Geglu's up c2) out: lane (g, t = 0) holds rows g (x's hi and lo columns in c[0], c[1])
-// and g + 8 (c[2], c[3]) of the tile. With KS > 1 the tile's warps meet in `part` (this round's half) behind
-// a named barrier of their own (the block's other tiles run on), the first adding the parts in a fixed order
-// (deterministic).
+// A tile's sums out: lane (g, t = 0) holds A's rows g (x's hi and lo columns in c[0], c[1]) and g + 8
+// (c[2], c[3]): rows g and g + 8 of the tile, or (Geglu) row g's gate and up. With KS > 1 the tile's warps
+// meet in `part` (this round's half) behind a named barrier of their own (the block's other tiles run on),
+// the first adding the parts in a fixed order (deterministic).
 template <Fmt F, int KS, bool Geglu>
-__device__ __forceinline__ void finish_tile(const QuantParams& p, const float (&c)[4], const float (&c2)[4],
-                                            float (*part)[kTileRows][Geglu ? 2 : 1], int warp, int lane,
-                                            int tile, int64_t erow, int slot, float inv) {
-    const int g = lane >> 2, row = tile * kTileRows;
-    const float r[2][2] = {{c[0] + c[1], Geglu ? c2[0] + c2[1] : 0.0f},
-                           {c[2] + c[3], Geglu ? c2[2] + c2[3] : 0.0f}};
+__device__ __forceinline__ void finish_tile(const QuantParams& p, const float (&c)[4], float (*part)[16],
+                                            int warp, int lane, int tile, int64_t erow, int slot, float inv) {
+    const int g = lane >> 2, row = tile * kTileRows<Geglu>;
+    const float lo = c[0] + c[1], hi = c[2] + c[3];
     if constexpr (KS == 1) {
-        if ((lane & 3) == 0)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-                store_row<F, Geglu>(p, row + g + 8 * e, erow, slot, r[e][0] * inv, r[e][1] * inv);
-    } else {
-        if ((lane & 3) == 0)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                part[warp][g + 8 * e][0] = r[e][0];
-                if constexpr (Geglu) part[warp][g + 8 * e][Geglu ? 1 : 0] = r[e][1];
+        if ((lane & 3) == 0) {
+            if constexpr (Geglu) {
+                store_row<F, true>(p, row + g, erow, slot, lo * inv, hi * inv);
+            } else {
+                store_row<F, false>(p, row + g, erow, slot, lo * inv, 0.0f);
+                store_row<F, false>(p, row + g + 8, erow, slot, hi * inv, 0.0f);
             }
+        }
+    } else {
+        if ((lane & 3) == 0) {
+            part[warp][g] = lo;
+            part[warp][g + 8] = hi;
+        }
         const int tslot = warp / KS;
         bar_named(1 + tslot, KS * 32);
-        if (warp % KS == 0 && lane < kTileRows) {
+        if (warp % KS == 0 && lane < kTileRows<Geglu>) {
             float a = 0.0f, b = 0.0f;
 #pragma unroll
             for (int w = 0; w < KS; ++w) {
-                a += part[tslot * KS + w][lane][0];
-                if constexpr (Geglu) b += part[tslot * KS + w][lane][Geglu ? 1 : 0];
+                a += part[tslot * KS + w][lane];
+                if constexpr (Geglu) b += part[tslot * KS + w][lane + 8];
             }
             store_row<F, Geglu>(p, row + lane, erow, slot, a * inv, b * inv);
         }
     }
 }
 
-// KS warps walk a tile of 16 rows, each K / KS of it; U super-steps per register buffer, two buffers;
-// registers for MinB blocks a SM.
+// KS warps walk a tile (16 rows, or Geglu's 8 gate and 8 up rows), each K / KS of it; U super-steps per
+// register buffer, two buffers; registers for MinB blocks a SM.
 template <Fmt F, int KS, int U, bool Geglu, int MinB>
 __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const QuantParams p) {
     extern __shared__ uint2 xs[];
     __shared__ float red[32];
-    __shared__ float part[2][kWarps][kTileRows][Geglu ? 2 : 1];
+    __shared__ float part[2][kWarps][16];
     constexpr int kSlots = kWarps / KS;  // tiles a block walks at once
+    constexpr int kRows = kTileRows<Geglu>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tslot = warp / KS, ks = warp % KS, slot = blockIdx.y;
     if (p.group_expert) pdl_begin();  // the experts were chosen by the previous kernel
     const int64_t erow = expert_row(p, slot);
-    const int ntiles = p.total_rows / kTileRows, stride = gridDim.x * kSlots;
+    const int ntiles = p.total_rows / kRows, stride = gridDim.x * kSlots;
     int tile = blockIdx.x * kSlots + tslot;
     if (erow < 0) {  // a slot of another rank's expert: zero rows
-        if (ks == 0 && lane < kTileRows)
-            for (; tile < ntiles; tile += stride) store_zero(p, tile * kTileRows + lane, slot);
+        if (ks == 0 && lane < kRows)
+            for (; tile < ntiles; tile += stride) store_zero(p, tile * kRows + lane, slot);
         return;
     }
     const int nss_row = static_cast<int>(row_bytes<F>(p.K) / 16);  // 16-byte chunks of a row
     const int nss = (nss_row + 3) / 4, G = static_cast<int>(int4_groups(p.K));
     const int s_lo = ks * nss / KS, s_hi = (ks + 1) * nss / KS;
 
-    // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run; rows
-    // g (wa) and g + 8 (wb), Geglu's up rows (ua, ub)
-    uint4 wa[2][U], wb[2][U], ua[2][U], ub[2][U];
-    float2 sc[2][U], sc2[2][U];
-    // int4's zero points of rows g and g + 8, a byte each, packed in words: step u's at bytes 2u and 2u + 1
-    // (Geglu 4u, 4u + 1 for the gate, 4u + 2, 4u + 3 for the up)
-    constexpr int kZeroWords = (U * (Geglu ? 4 : 2) + 3) / 4;
+    // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run; A's
+    // rows g (wa) and g + 8 (wb)
+    uint4 wa[2][U], wb[2][U];
+    float2 sc[2][U];
+    // int4's zero points of A's rows g and g + 8, a byte each, packed in words: step u's at bytes 2u, 2u + 1
+    constexpr int kZeroWords = (2 * U + 3) / 4;
     uint32_t z[2][kZeroWords];
-    TileRows<F, Geglu> tr;
-    // a zero point of row g (r8 = 0) or g + 8 (r8 = 8 G on), 8 where the matrix has none (symmetric)
-    auto zero_of = [&](const uint8_t* zp, int r8, int s, bool in) {
-        return in && zp ? static_cast<uint32_t>(__ldg(zp + r8 + s)) : 8u;
+    TileRows<F> tr;
+    // a zero point of group s (off: 8 G for row g + 8 of a plain product), 8 where the matrix has none
+    auto zero_of = [&](const uint8_t* zp, int off, int s, bool in) {
+        return in && zp ? static_cast<uint32_t>(__ldg(zp + off + s)) : 8u;
     };
+    // A's row g + 8: the up's row g (Geglu), else 8 rows on in the matrix (offsets: fewer registers)
+    const int q8 = Geglu ? 0 : 8 * nss_row, g8 = Geglu ? 0 : 8 * G;
     auto load = [&](int k, int base) {
         if constexpr (F == Fmt::kInt4)
 #pragma unroll
@@ -146,22 +154,15 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
             // (int4's short last group: the lanes past K load nothing)
             const bool ok = s < s_hi && (F == Fmt::kFp8 || s * 4 + t < nss_row);
             const uint4 none = make_uint4(0, 0, 0, 0);
-            wa[k][u] = ok ? ld_stream(tr.a + s * 4 + t) : none;
-            wb[k][u] = ok ? ld_stream(tr.a + tr.r8 + s * 4 + t) : none;
-            if constexpr (Geglu) {
-                ua[k][u] = ok ? ld_stream(tr.b + s * 4 + t) : none;
-                ub[k][u] = ok ? ld_stream(tr.b + tr.r8 + s * 4 + t) : none;
-            }
+            wa[k][u] = ok ? ld_stream(tr.lo + s * 4 + t) : none;
+            wb[k][u] = ok ? ld_stream((Geglu ? tr.hi : tr.lo) + q8 + s * 4 + t) : none;
             if constexpr (F == Fmt::kInt4) {
                 const bool in = s < s_hi, sin = in && t == 0;  // (the scales: lanes t = 0 only)
-                const int at = 8 * (Geglu ? 4 * u : 2 * u), w = at / 32, b = at % 32;
-                sc[k][u] = sin ? make_float2(__ldg(tr.sa + s), __ldg(tr.sa + 8 * G + s)) : float2{};
-                z[k][w] |= zero_of(tr.za, 0, s, in) << b | zero_of(tr.za, 8 * G, s, in) << (b + 8);
-                if constexpr (Geglu) {
-                    sc2[k][u] = sin ? make_float2(__ldg(tr.sb + s), __ldg(tr.sb + 8 * G + s)) : float2{};
-                    z[k][w] |= zero_of(tr.zb, 0, s, in) << (b + 16) | zero_of(tr.zb, 8 * G, s, in)
-                                                                          << (b + 24);
-                }
+                const int at = 16 * u, w = at / 32, b = at % 32;
+                sc[k][u] = sin ? make_float2(__ldg(tr.slo + s), __ldg((Geglu ? tr.shi : tr.slo) + g8 + s))
+                               : float2{};
+                z[k][w] |= zero_of(tr.zlo, 0, s, in) << b | zero_of(Geglu ? tr.zhi : tr.zlo, g8, s, in)
+                                                                << (b + 8);
             }
         }
     };
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
             load(0, s_lo);
         }
         loaded = false;
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         auto step = [&](int k, int base) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -192,13 +193,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
                 // what they hold does not matter, and loading or zeroing them would cost wavefronts or moves
                 uint32_t bx[kMmas<F>], by[kMmas<F>];
                 if (g < 2) x_fragments<F>(xs, s, g, t, bx, by);
-                const int at = 8 * (Geglu ? 4 * u : 2 * u), b = at % 32;
+                const int at = 16 * u, b = at % 32;
                 const uint32_t zw = F == Fmt::kInt4 ? z[k][at / 32] : 0u;
                 mma_step<F>(c, wa[k][u], wb[k][u], bx, by, sc[k][u], (zw >> b) & 0xffu,
                             (zw >> (b + 8)) & 0xffu);
-                if constexpr (Geglu)
-                    mma_step<F>(c2, ua[k][u], ub[k][u], bx, by, sc2[k][u], (zw >> (b + 16)) & 0xffu,
-                                (zw >> (b + 24)) & 0xffu);
             }
         };
         // unrolled by two so that the buffers' index is a constant (registers, not local memory); a tile's
@@ -218,14 +216,14 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
             step(1, base + U);
             if (last) break;
         }
-        finish_tile<F, KS, Geglu>(p, c, c2, part[par], warp, lane, tile, erow, slot, inv);
+        finish_tile<F, KS, Geglu>(p, c, part[par], warp, lane, tile, erow, slot, inv);
     }
 }
 
 template <Fmt F, int KS, int U, bool Geglu, int MinB = kMinBlocks>
 void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
     constexpr int kSlots = kWarps / KS;
-    const int ntiles = p.total_rows / kTileRows;
+    const int ntiles = p.total_rows / kTileRows<Geglu>;
     blocks = std::max(1, std::min(blocks, (ntiles + kSlots - 1) / kSlots));
     // every block walks the same number of rounds: the grid's last wave is not a tail of a few blocks
     const int rounds = (ntiles + blocks * kSlots - 1) / (blocks * kSlots);
@@ -237,28 +235,19 @@ void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
 }
 
 // The grid: at most kMinBlocks blocks a SM in all (persistent: a block stages x once and walks tiles). U:
-// super-steps per buffer, so that each of the two buffers holds kChunksInFlight 16-byte loads per lane (a
-// step loads 2 rows, Geglu 4).
-constexpr int kChunksInFlight = 4;
-template <Fmt F, bool Geglu>
-constexpr int buffer_steps() {
-    return kChunksInFlight / (Geglu ? 4 : 2);
-}
-// int4's GeGLU (4 rows' loads, their scales and zero points a step) spills at KS = 1, where the tile's sums
-// are stored from every lane t = 0: it takes KS 2 at least (a tile's K in two halves; no model's GeGLU has
-// the 2 x 2 x SMs x 8 tiles that would take KS = 1 anyway)
-template <Fmt F, bool Geglu>
-constexpr int kMinKs = (F == Fmt::kInt4 && Geglu) ? 2 : 1;
+// super-steps per buffer, so that each of the two buffers holds 4 16-byte loads per lane (a step loads 2
+// rows).
+constexpr int kBufferSteps = 2;
 
 // KS, warps a tile: the one whose busiest warp walks the fewest super-steps (its rounds of tiles times its
 // share of a tile's nss; the fewer warps on a tie), a warp walking at least two super-steps. (Filling every
 // warp first, the rule before, left the 31B's 1,344 GeGLU tiles at KS 2 in one round on 1,344 of 2,112
 // warps, where KS 4 walks three rounds of 21 steps on all of them: 63 steps against 84.)
-int choose_ks(int ntiles, int nss, int blocks, int min_ks) {
-    int best = min_ks;
+int choose_ks(int ntiles, int nss, int blocks) {
+    int best = 1;
     int64_t best_steps = INT64_MAX;
-    for (int ks = min_ks; ks <= kWarps; ks *= 2) {
-        if (ks > min_ks && nss / ks < 2) break;
+    for (int ks = 1; ks <= kWarps; ks *= 2) {
+        if (ks > 1 && nss / ks < 2) break;
         const int64_t tiles_at_once = int64_t{blocks} * (kWarps / ks);
         const int64_t steps = (ntiles + tiles_at_once - 1) / tiles_at_once * ((nss + ks - 1) / ks);
         if (steps < best_steps) {
@@ -277,17 +266,17 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     p.total_rows = 0;
     for (int i = 0; i < p.nseg; ++i) {
         const int rows = p.seg_end[i];
-        if (rows % kTileRows)
-            throw Error("internal: quantised GEMV segments take multiples of 16 rows, not " +
-                        std::to_string(rows));
+        if (rows % kTileRows<Geglu>)
+            throw Error("internal: quantised GEMV segments take multiples of " +
+                        std::to_string(kTileRows<Geglu>) + " rows, not " + std::to_string(rows));
         p.seg_end[i] = (p.total_rows += rows);
     }
     if (p.total_rows == 0) return;
     const int sms = device_sms(), blocks = std::max(1, kMinBlocks * sms / slots);
-    const int ntiles = p.total_rows / kTileRows;
+    const int ntiles = p.total_rows / kTileRows<Geglu>;
     const int nss = static_cast<int>((row_bytes<F>(p.K) / 16 + 3) / 4);
-    const int ks = choose_ks(ntiles, nss, blocks, kMinKs<F, Geglu>);
-    constexpr int U = buffer_steps<F, Geglu>();
+    const int ks = choose_ks(ntiles, nss, blocks);
+    constexpr int U = kBufferSteps;
     // a tile a block on fewer blocks than SMs (E2B's o_proj and down: 96 tiles): one block a SM, so twice
     // the loads in flight a warp, where the registers of two blocks a SM would leave half the SM's loads
     // unissued
@@ -295,8 +284,7 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
         return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
     switch (ks) {
         case 1:
-            if constexpr (kMinKs<F, Geglu> == 1) return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
-            [[fallthrough]];
+            return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
         case 2:
             return launch_ks<F, 2, U, Geglu>(p, blocks, slots, s);
         case 4:
@@ -343,8 +331,8 @@ void allow_smem() {
 
 template <Fmt F, bool Geglu>
 void allow_all() {
-    constexpr int U = buffer_steps<F, Geglu>();
-    if constexpr (kMinKs<F, Geglu> == 1) allow_smem<F, 1, U, Geglu, kMinBlocks>();
+    constexpr int U = kBufferSteps;
+    allow_smem<F, 1, U, Geglu, kMinBlocks>();
     allow_smem<F, 2, U, Geglu, kMinBlocks>();
     allow_smem<F, 4, U, Geglu, kMinBlocks>();
     allow_smem<F, 8, U, Geglu, kMinBlocks>();

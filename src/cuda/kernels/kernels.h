@@ -413,7 +413,7 @@ void moe_down_sum_decode(const float* h, int Ie, const bf16* down, int H, int K,
                          const float* sel_w, float* e, cudaStream_t s);
 // ---- gemv_quant.cu: quantised weights (model/weights.h QuantMatrix) at one token on the tensor cores ------
 // The decode step's products over FP8 or int4 matrices: y = W @ xn, xn as GemvInput makes it (the input norm
-// folded in or not). K a multiple of 64, each segment's rows a multiple of 8. gemv() routes segments with a
+// folded in or not). K a multiple of 64, each segment's rows a multiple of 16. gemv() routes segments with a
 // quantised matrix here.
 void gemv_quant(const GemvInput& in, const GemvSeg* segs, int nseg, cudaStream_t s);
 // y = gelu_tanh(Wg @ xn) * (Wu @ xn) over quantised gate and up projections.

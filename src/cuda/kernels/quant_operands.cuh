@@ -72,12 +72,12 @@ __device__ __forceinline__ uint32_t f16x2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// One super-step of one tile of 16 rows into c. The weights are the A operand: a lane's 16 bytes of rows g
-// (wa) and g + 8 (wb) give a0/a2 and a1/a3 of its MMAs; x's f16 hi and lo halves are B's columns 0 and 1
-// (lanes g = 0, 1; the other columns' products are never read). Lane (g, t = 0) ends with row g's two
-// columns in c[0], c[1] and row g + 8's in c[2], c[3]. FP8 goes straight into the sums; int4 from zero, then
-// times the group scales of rows g and g + 8 (sc.x, sc.y: only lanes t = 0 need them), its weights less the
-// rows' zero points (za, zb).
+// One super-step of one tile into c. The weights are the A operand: a lane's 16 bytes of A's rows g (wa)
+// and g + 8 (wb; tile_rows says which matrix rows they are) give a0/a2 and a1/a3 of its MMAs; x's f16 hi and
+// lo halves are B's columns 0 and 1 (lanes g = 0, 1; the other columns' products are never read). Lane (g, t
+// = 0) ends with row g's two columns in c[0], c[1] and row g + 8's in c[2], c[3]. FP8 goes straight into the
+// sums; int4 from zero, then times the group scales of rows g and g + 8 (sc.x, sc.y: only lanes t = 0 need
+// them), its weights less the rows' zero points (za, zb).
 template <Fmt F>
 __device__ __forceinline__ void mma_step(float (&c)[4], uint4 wa, uint4 wb, const uint32_t (&bx)[kMmas<F>],
                                          const uint32_t (&by)[kMmas<F>], float2 sc, uint32_t za,
@@ -206,36 +206,39 @@ __device__ __forceinline__ RowAt row_at(const QuantParams& p, int r, int64_t ero
     return a;
 }
 
-constexpr int kTileRows = 16;  // rows of a tile: the MMA's A rows
+// Output rows of a tile: 16 (the MMA's A rows), or with Geglu 8, whose gate rows are A's rows 0..7 and
+// whose up rows are A's rows 8..15 (so a lane's C holds both halves of its output row).
+template <bool Geglu>
+constexpr int kTileRows = Geglu ? 8 : 16;
 
-// What a lane streams of tile `tile` (rows 16 tile .. + 15 of all the segments, one segment's): its weight
-// row g (a; Geglu's up row b; row g + 8 is `r8` chunks on), and for int4 the group scales of row g (sa; row
-// g + 8's 8 G on; Geglu sb) and its zero points (za, zb; null: 8; row g + 8's 8 G on).
-template <Fmt F, bool Geglu>
+// What a lane streams of tile `tile` (output rows kTileRows tile on, of all the segments, one segment's):
+// the weights of A's rows g (lo) and g + 8 (hi), and for int4 their group scales (slo, shi) and zero points
+// (zlo, zhi; null: 8). With Geglu row g of the gate and of the up; otherwise rows g and g + 8 of the matrix,
+// whose hi pointers the kernel makes from lo (8 rows on: fewer registers), leaving these null.
+template <Fmt F>
 struct TileRows {
-    const uint4* a = nullptr;
-    const uint4* b = nullptr;
-    const float* sa = nullptr;
-    const float* sb = nullptr;
-    const uint8_t* za = nullptr;
-    const uint8_t* zb = nullptr;
-    int64_t r8 = 0;
+    const uint4* lo = nullptr;
+    const uint4* hi = nullptr;
+    const float* slo = nullptr;
+    const float* shi = nullptr;
+    const uint8_t* zlo = nullptr;
+    const uint8_t* zhi = nullptr;
 };
 template <Fmt F, bool Geglu>
-__device__ __forceinline__ TileRows<F, Geglu> tile_rows(const QuantParams& p, int tile, int64_t erow, int g) {
-    TileRows<F, Geglu> tr;
-    const RowAt at = row_at(p, tile * kTileRows, erow);
-    const QuantMatrix m = pick(p.m, at.seg);
-    tr.a = reinterpret_cast<const uint4*>(m.q + (at.row + g) * row_bytes<F>(p.K));
-    tr.r8 = 8 * row_bytes<F>(p.K) / 16;
-    if constexpr (Geglu) tr.b = reinterpret_cast<const uint4*>(p.m2.q + (at.row + g) * row_bytes<F>(p.K));
+__device__ __forceinline__ TileRows<F> tile_rows(const QuantParams& p, int tile, int64_t erow, int g) {
+    TileRows<F> tr;
+    const RowAt at = row_at(p, tile * kTileRows<Geglu>, erow);
+    const QuantMatrix m = pick(p.m, at.seg), mh = Geglu ? p.m2 : m;
+    const int64_t rlo = at.row + g, rhi = Geglu ? rlo : rlo + 8;
+    tr.lo = reinterpret_cast<const uint4*>(m.q + rlo * row_bytes<F>(p.K));
+    if constexpr (Geglu) tr.hi = reinterpret_cast<const uint4*>(mh.q + rhi * row_bytes<F>(p.K));
     if constexpr (F == Fmt::kInt4) {
         const int64_t G = int4_groups(p.K);
-        tr.sa = m.scale + (at.row + g) * G;
-        tr.za = m.zero ? m.zero + (at.row + g) * G : nullptr;
+        tr.slo = m.scale + rlo * G;
+        tr.zlo = m.zero ? m.zero + rlo * G : nullptr;
         if constexpr (Geglu) {
-            tr.sb = p.m2.scale + (at.row + g) * G;
-            tr.zb = p.m2.zero ? p.m2.zero + (at.row + g) * G : nullptr;
+            tr.shi = mh.scale + rhi * G;
+            tr.zhi = mh.zero ? mh.zero + rhi * G : nullptr;
         }
     }
     return tr;
