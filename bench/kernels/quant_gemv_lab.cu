@@ -8,15 +8,15 @@
 // each at 4 and 8 16-byte chunks in flight per lane. "p fp8" and "p int4" are the product kernels
 // (gemv_quant.cu: the tensor cores, weights to f16 pairs and mma.sync with x as f16 halves; int4's codes are
 // the first half of the FP8 bytes, its scales its own), "p bf16" the product's bf16 kernel (gemv_rows.cu) on
-// the same shape, with twice FP8's bytes. v3 (quant_gemv_variants.cuh): the persistent blocks on their way
-// into the product, with the int4 conversion and the every-lane x load as switches.
-// Run 1 (v1, v2 and an FP8 warp-per-row product on the CUDA cores; H200): 1.2-1.9 TB/s of FP8, slower per
-// token than bf16 on every model (31B's listed products 16.0-17.4 ms against bf16's 13.3): instruction and
-// L1 bound, hence the tensor cores.
-// Correctness gate: every output against an fp64 GPU reference whose e4m3 table is model/fp8.h's decoding
-// (unit-tested exhaustively on the host), int4's against its own fp64 reference; bound 1e-5 of sum |w x|
-// (bf16: 4e-3, its copy rounds each weight; the tensor-core kernels: 1e-5, x's f16 halves keep ~22 bits).
-// Timing: launches over rotating copies
+// the same shape, with twice FP8's bytes; "p fp8 long" the FP8 product with 4 super-steps a buffer (the
+// dense models' decode: GemvInput::fp8_long_buffers). v3 (quant_gemv_variants.cuh): the persistent blocks on
+// their way into the product, with the int4 conversion and the every-lane x load as switches. Run 1 (v1, v2
+// and an FP8 warp-per-row product on the CUDA cores; H200): 1.2-1.9 TB/s of FP8, slower per token than bf16
+// on every model (31B's listed products 16.0-17.4 ms against bf16's 13.3): instruction and L1 bound, hence
+// the tensor cores. Correctness gate: every output against an fp64 GPU reference whose e4m3 table is
+// model/fp8.h's decoding (unit-tested exhaustively on the host), int4's against its own fp64 reference; bound
+// 1e-5 of sum |w x| (bf16: 4e-3, its copy rounds each weight; the tensor-core kernels: 1e-5, x's f16 halves
+// keep ~22 bits). Timing: launches over rotating copies
 // (>= 256 MB distinct, so the 60 MB L2 serves none), captured as one graph, per-launch time, median of 5.
 //   markbase_quant_gemv_lab [--only SUBSTRING] [--gate-only: one launch of each variant, no timing]
 #include <cuda_fp8.h>
@@ -239,6 +239,16 @@ void launch_p8(const Buffers& b, int c, const float* x, float* y, cudaStream_t s
     seg.rows = b.N;
     markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
 }
+void launch_p8_long(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
+    markbase::cuda::GemvSeg seg;
+    seg.q = {b.W + b.n * c, b.sc + int64_t{b.N} * c, nullptr};
+    seg.format = markbase::WeightFormat::kFp8;
+    seg.y = y;
+    seg.rows = b.N;
+    markbase::cuda::GemvInput in = input_of(x, b.K);
+    in.fp8_long_buffers = true;
+    markbase::cuda::gemv(in, &seg, 1, 1, s);
+}
 void launch_p4(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
     markbase::cuda::GemvSeg seg;
     seg.q = {b.W + b.n * c, b.sc4 + int64_t{b.N} * b.G * c, nullptr};
@@ -282,6 +292,7 @@ const Variant kVariants[] = {
     {"v2 bits U4", launch_v<false, 4>},
     {"v2 bits U8", launch_v<false, 8>},
     {"p fp8", launch_p8},
+    {"p fp8 long", launch_p8_long},
     {"p int4", launch_p4, 0.5, true},
     {"p bf16", launch_p16, 2.0},
     {"v3 fp8", launch_v3<kF8, 0, 4>},

@@ -67,6 +67,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     // tensor parallelism, so a sharded model keeps them off.
     plan_.geglu_split = !sharded();
     plan_.min_waves = sharded() ? 0 : 3;
+    plan_.fp8_long_buffers = !c_.moe;
     plan_.prenorm = !sharded();
     plan_.moe_prenorm = plan_.prenorm && c_.moe;
     hooks_.skip = tuning.skip;

@@ -37,6 +37,7 @@ struct DecodePlan {
     GemvKernel gemv_kernel = GemvKernel::kRows;
     bool geglu_split = false;
     int min_waves = 0;
+    bool fp8_long_buffers = false;  // the dense models (GemvInput)
     GemvStreamScratch gemv_stream;
     bool prenorm = false;  // residual updates write the next GEMV's normalised input (CudaModel::pending_)
     bool moe_prenorm = false;        // ... and on the MoE, the router's and the experts' inputs

@@ -44,6 +44,7 @@ GemvInput CudaModel::gemv_input(const float* x, int K) const {
     in.stream = plan_.gemv_stream;
     in.geglu_split = plan_.geglu_split;
     in.min_waves = plan_.min_waves;
+    in.fp8_long_buffers = plan_.fp8_long_buffers;
     in.x = x;
     in.K = K;
     return in;

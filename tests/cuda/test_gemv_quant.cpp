@@ -3,8 +3,9 @@
 // the input norm folded in, matrices large and small enough for every K split (KS 1..8) and for the launch of
 // a tile a block on fewer blocks than SMs (twice the loads in flight a warp), int4 symmetric and
 // asymmetric (a zero point per row and group, rows g and g + 8 of a tile with different ones) with a short
-// last group (K = 704), the GeGLU launch, and the MoE's expert launches with a slot of another rank's
-// expert (zero rows). Outputs are poisoned with NaN first, so every row must be written.
+// last group (K = 704), FP8's long buffers (GemvInput::fp8_long_buffers) and short, the GeGLU launch, and the
+// MoE's expert launches with a slot of another rank's expert (zero rows). Outputs are poisoned with NaN
+// first, so every row must be written.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -131,7 +132,8 @@ std::vector<float> random_x(int K, std::mt19937& rng) {
 }
 
 // Segments of `rows` over one input, norm folded in or not; the worst error of any output.
-double segments_error(Kind kind, const std::vector<int>& rows, int K, bool norm, uint32_t seed) {
+double segments_error(Kind kind, const std::vector<int>& rows, int K, bool norm, uint32_t seed,
+                      bool long_buffers = false) {
     std::mt19937 rng(seed);
     const std::vector<float> x = random_x(K, rng);
     std::vector<uint16_t> nw(K);
@@ -168,6 +170,7 @@ double segments_error(Kind kind, const std::vector<int>& rows, int K, bool norm,
     in.norm_w = norm ? reinterpret_cast<const bf16*>(dnw) : nullptr;
     in.norm_scale = kScale;
     in.eps = kEps;
+    in.fp8_long_buffers = long_buffers;
     cuda::gemv_quant(in, segs.data(), static_cast<int>(segs.size()), nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     double worst = 0.0;
@@ -196,11 +199,12 @@ TEST(GemvQuant, SegmentsMatchTheFp64Product) {
     // (q, k, v)-like segments whose tiles end at each segment's end; K 704 leaves int4 a short last group
     for (Kind k : kKinds)
         for (int K : {704, 2048, 4096})  // (21 tiles at 4096: one block a tile, both formats)
-            for (bool norm : {false, true}) {
-                const double e = segments_error(k, {48, 16, 272}, K, norm, 11 + K);
-                EXPECT_LT(e, kBound) << kind_name(k) << " K " << K << (norm ? " with" : " without")
-                                     << " norm";
-            }
+            for (bool norm : {false, true})
+                for (bool long_buffers : {false, true}) {
+                    const double e = segments_error(k, {48, 16, 272}, K, norm, 11 + K, long_buffers);
+                    EXPECT_LT(e, kBound) << kind_name(k) << " K " << K << (norm ? " with" : " without")
+                                         << " norm" << (long_buffers ? ", long buffers" : "");
+                }
 #endif
 }
 
@@ -217,7 +221,7 @@ TEST(GemvQuant, EveryKSplit) {
     for (Kind k : kKinds)
         for (int div : {1, 2, 4, 8}) {
             const int rows = full / div;
-            const double e = segments_error(k, {rows}, 1024, false, 5 + div);
+            const double e = segments_error(k, {rows}, 1024, false, 5 + div, div % 2 == 0);
             EXPECT_LT(e, kBound) << kind_name(k) << " " << rows << " rows";
         }
 #endif
@@ -239,6 +243,7 @@ TEST(GemvQuant, GegluMatchesTheFp64Product) {
             cuda::GemvInput in;
             in.x = dx;
             in.K = K;
+            in.fp8_long_buffers = rows == 4096;
             cuda::gemv_quant_geglu(in, gate.format, gate.dev, up.dev, rows, y, nullptr);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             const std::vector<float> got = to_host(y, rows);

@@ -235,9 +235,12 @@ void launch_ks(const QuantParams& p, int blocks, int slots, cudaStream_t s) {
 }
 
 // The grid: at most kMinBlocks blocks a SM in all (persistent: a block stages x once and walks tiles). U:
-// super-steps per buffer, so that each of the two buffers holds 4 16-byte loads per lane (a step loads 2
-// rows).
+// super-steps per buffer (a step loads 2 rows): 2, or 4 for FP8 where the plan asks (GemvInput's
+// fp8_long_buffers: E2B and E4B -3% a token against 2; the 26B-A4B +1.7% with 4 everywhere, +2.5% with 4
+// for its dense products only); int4's registers hold 2.
 constexpr int kBufferSteps = 2;
+template <Fmt F>
+constexpr int kLongBufferSteps = F == Fmt::kFp8 ? 4 : 2;
 
 // KS, warps a tile: the one whose busiest warp walks the fewest super-steps (its rounds of tiles times its
 // share of a tile's nss; the fewer warps on a tie), a warp walking at least two super-steps. (Filling every
@@ -258,6 +261,25 @@ int choose_ks(int ntiles, int nss, int blocks) {
     return best;
 }
 
+template <Fmt F, bool Geglu, int U>
+void launch_u(const QuantParams& p, int ks, int sms, int blocks, int slots, cudaStream_t s) {
+    // a tile a block on fewer blocks than SMs (E2B's o_proj and down: 96 tiles): one block a SM, so twice
+    // the loads in flight a warp, where the registers of two blocks a SM would leave half the SM's loads
+    // unissued
+    if (ks == kWarps && int64_t{p.total_rows / kTileRows<Geglu>} * slots <= sms)
+        return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
+    switch (ks) {
+        case 1:
+            return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
+        case 2:
+            return launch_ks<F, 2, U, Geglu>(p, blocks, slots, s);
+        case 4:
+            return launch_ks<F, 4, U, Geglu>(p, blocks, slots, s);
+        default:
+            return launch_ks<F, 8, U, Geglu>(p, blocks, slots, s);
+    }
+}
+
 template <Fmt F, bool Geglu>
 void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     if (p.K <= 0 || p.K % kSuper || p.K > kMaxK)
@@ -276,22 +298,8 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     const int ntiles = p.total_rows / kTileRows<Geglu>;
     const int nss = static_cast<int>((row_bytes<F>(p.K) / 16 + 3) / 4);
     const int ks = choose_ks(ntiles, nss, blocks);
-    constexpr int U = kBufferSteps;
-    // a tile a block on fewer blocks than SMs (E2B's o_proj and down: 96 tiles): one block a SM, so twice
-    // the loads in flight a warp, where the registers of two blocks a SM would leave half the SM's loads
-    // unissued
-    if (ks == kWarps && int64_t{ntiles} * slots <= sms)
-        return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
-    switch (ks) {
-        case 1:
-            return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
-        case 2:
-            return launch_ks<F, 2, U, Geglu>(p, blocks, slots, s);
-        case 4:
-            return launch_ks<F, 4, U, Geglu>(p, blocks, slots, s);
-        default:
-            return launch_ks<F, 8, U, Geglu>(p, blocks, slots, s);
-    }
+    if (p.fp8_long_buffers) return launch_u<F, Geglu, kLongBufferSteps<F>>(p, ks, sms, blocks, slots, s);
+    launch_u<F, Geglu, kBufferSteps>(p, ks, sms, blocks, slots, s);
 }
 
 template <bool Geglu>
@@ -319,6 +327,7 @@ QuantParams params_of(const GemvInput& in) {
     p.norm_w = in.norm_w;
     p.norm_scale = in.norm_scale;
     p.eps = in.eps;
+    p.fp8_long_buffers = in.fp8_long_buffers;
     return p;
 }
 
@@ -329,14 +338,19 @@ void allow_smem() {
                                     static_cast<int>(padded_k<F>(kMaxK) * 4)));
 }
 
-template <Fmt F, bool Geglu>
-void allow_all() {
-    constexpr int U = kBufferSteps;
+template <Fmt F, bool Geglu, int U>
+void allow_u() {
     allow_smem<F, 1, U, Geglu, kMinBlocks>();
     allow_smem<F, 2, U, Geglu, kMinBlocks>();
     allow_smem<F, 4, U, Geglu, kMinBlocks>();
     allow_smem<F, 8, U, Geglu, kMinBlocks>();
     allow_smem<F, 8, 2 * U, Geglu, 1>();
+}
+
+template <Fmt F, bool Geglu>
+void allow_all() {
+    allow_u<F, Geglu, kBufferSteps>();
+    if constexpr (kLongBufferSteps<F> != kBufferSteps) allow_u<F, Geglu, kLongBufferSteps<F>>();
 }
 
 }  // namespace

@@ -52,6 +52,9 @@ struct GemvInput {
     // warps per row while it still has at least this many waves of blocks (the kernel lab's one-warp-per-row
     // v11 ran the 31B's q/k/v at 98% of the roofline; 4 warps per row at ~73%; E4B's K = 2560 lost 1.7%).
     int min_waves = 0;
+    // gemv_quant.cu: FP8 products with 4 super-steps a register buffer, not 2 (E2B and E4B -3% a token; the
+    // 26B-A4B, whose dense products run beside its experts, +2.5%)
+    bool fp8_long_buffers = false;
     // > 0: warps per row for the warp-per-row launch, instead of the rule above (the kernel lab's sweep)
     int force_warps = 0;
 };

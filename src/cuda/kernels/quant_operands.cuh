@@ -44,6 +44,7 @@ struct QuantParams {
     const int* group_expert = nullptr;  // experts: slot -> expert (< 0: a zero row)
     int64_t expert_rows = 0;            // rows of one expert (its q, scales and zero points follow)
     int64_t out_stride = 0;
+    bool fp8_long_buffers = false;  // GemvInput's
 };
 
 // int4: a word's 8 codes (nibble m at bits 4m) as the 4 f16 pairs (n - zero) the MMAs take: o[j] holds
