@@ -231,22 +231,16 @@ template <bool Hw, int U>
 void launch_v(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
     warp_kernel<Hw, U><<<(b.N + 7) / 8, 256, 0, s>>>(b.W + b.n * c, b.sc + int64_t{b.N} * c, x, y, b.N, b.K);
 }
+// Long: 4 super-steps a register buffer (GemvInput::fp8_long_buffers, the dense models' decode)
+template <bool Long>
 void launch_p8(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
     markbase::cuda::GemvSeg seg;
     seg.q = {b.W + b.n * c, b.sc + int64_t{b.N} * c, nullptr};
     seg.format = markbase::WeightFormat::kFp8;
     seg.y = y;
     seg.rows = b.N;
-    markbase::cuda::gemv(input_of(x, b.K), &seg, 1, 1, s);
-}
-void launch_p8_long(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
-    markbase::cuda::GemvSeg seg;
-    seg.q = {b.W + b.n * c, b.sc + int64_t{b.N} * c, nullptr};
-    seg.format = markbase::WeightFormat::kFp8;
-    seg.y = y;
-    seg.rows = b.N;
     markbase::cuda::GemvInput in = input_of(x, b.K);
-    in.fp8_long_buffers = true;
+    in.fp8_long_buffers = Long;
     markbase::cuda::gemv(in, &seg, 1, 1, s);
 }
 void launch_p4(const Buffers& b, int c, const float* x, float* y, cudaStream_t s) {
@@ -291,8 +285,8 @@ const Variant kVariants[] = {
     {"v1 hwcvt U8", launch_v<true, 8>},
     {"v2 bits U4", launch_v<false, 4>},
     {"v2 bits U8", launch_v<false, 8>},
-    {"p fp8", launch_p8},
-    {"p fp8 long", launch_p8_long},
+    {"p fp8", launch_p8<false>},
+    {"p fp8 long", launch_p8<true>},
     {"p int4", launch_p4, 0.5, true},
     {"p bf16", launch_p16, 2.0},
     {"v3 fp8", launch_v3<kF8, 0, 4>},
