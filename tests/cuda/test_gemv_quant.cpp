@@ -1,7 +1,7 @@
 // gemv_quant.cu, the decode step's products over FP8 and int4 weights, against an fp64 host product of the
 // same codes, scales and zero points: three segments in one launch (tiles that end where a segment ends),
-// the input norm folded in, matrices large and small enough for every K split (KS 1..8) and for the launch of
-// a tile a block on fewer blocks than SMs (twice the loads in flight a warp), int4 symmetric and
+// the input norm folded in, matrices large and small enough for every K split (KS 1..8) and for both
+// launches of one block a SM (fewer tiles than SMs; 336 tiles, balanced), int4 symmetric and
 // asymmetric (a zero point per row and group, rows g and g + 8 of a tile with different ones) with a short
 // last group (K = 704), FP8's long buffers (GemvInput::fp8_long_buffers) and short, the GeGLU launch, and the
 // MoE's expert launches with a slot of another rank's expert (zero rows). Outputs are poisoned with NaN
@@ -223,6 +223,12 @@ TEST(GemvQuant, EveryKSplit) {
             const int rows = full / div;
             const double e = segments_error(k, {rows}, 1024, false, 5 + div, div % 2 == 0);
             EXPECT_LT(e, kBound) << kind_name(k) << " " << rows << " rows";
+        }
+    // 336 tiles (the 31B's down): two blocks a SM would give 36 SMs four tiles, one block a SM gives three
+    for (Kind k : kKinds)
+        for (bool long_buffers : {false, true}) {
+            const double e = segments_error(k, {5376}, 2048, true, 9, long_buffers);
+            EXPECT_LT(e, kBound) << kind_name(k) << " 5376 rows" << (long_buffers ? ", long buffers" : "");
         }
 #endif
 }

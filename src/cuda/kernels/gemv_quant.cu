@@ -261,13 +261,27 @@ int choose_ks(int ntiles, int nss, int blocks) {
     return best;
 }
 
+// The most tiles one SM walks in a launch at KS of at most max_blocks blocks (launch_ks's grid: its rounds
+// times its tiles at once, times the blocks the busiest SM holds).
+int64_t busiest_sm_tiles(int ntiles, int ks, int max_blocks, int sms) {
+    const int64_t at_once = kWarps / ks;
+    const int64_t rounds = (ntiles + max_blocks * at_once - 1) / (max_blocks * at_once);
+    const int64_t blocks = (ntiles + rounds * at_once - 1) / (rounds * at_once);
+    return rounds * at_once * ((blocks + sms - 1) / sms);
+}
+
 template <Fmt F, bool Geglu, int U>
-void launch_u(const QuantParams& p, int ks, int sms, int blocks, int slots, cudaStream_t s) {
-    // a tile a block on fewer blocks than SMs (E2B's o_proj and down: 96 tiles): one block a SM, so twice
-    // the loads in flight a warp, where the registers of two blocks a SM would leave half the SM's loads
-    // unissued
-    if (ks == kWarps && int64_t{p.total_rows / kTileRows<Geglu>} * slots <= sms)
-        return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
+void launch_u(const QuantParams& p, int ks, int nss, int sms, int blocks, int slots, cudaStream_t s) {
+    const int ntiles = p.total_rows / kTileRows<Geglu>;
+    // One block a SM at KS 8, twice the loads in flight a warp: where there are fewer tiles than SMs (E2B's
+    // o_proj and down: 96 tiles), whose blocks at two a SM would leave half each SM's loads unissued; and
+    // where it takes the busiest SM under 4/5 of the tiles two blocks a SM give it (the 31B's down and
+    // o_proj: 336 tiles, 168 blocks of two, so 36 SMs walk four tiles and 96 two; one block a SM walks three)
+    const bool few = ks == kWarps && int64_t{ntiles} * slots <= sms;
+    const bool balance =
+        slots == 1 && nss / kWarps >= 2 &&
+        5 * busiest_sm_tiles(ntiles, kWarps, sms, sms) <= 4 * busiest_sm_tiles(ntiles, ks, blocks, sms);
+    if (few || balance) return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
     switch (ks) {
         case 1:
             return launch_ks<F, 1, U, Geglu>(p, blocks, slots, s);
@@ -298,8 +312,8 @@ void launch_quant(QuantParams& p, int slots, cudaStream_t s) {
     const int ntiles = p.total_rows / kTileRows<Geglu>;
     const int nss = static_cast<int>((row_bytes<F>(p.K) / 16 + 3) / 4);
     const int ks = choose_ks(ntiles, nss, blocks);
-    if (p.fp8_long_buffers) return launch_u<F, Geglu, kLongBufferSteps<F>>(p, ks, sms, blocks, slots, s);
-    launch_u<F, Geglu, kBufferSteps>(p, ks, sms, blocks, slots, s);
+    if (p.fp8_long_buffers) return launch_u<F, Geglu, kLongBufferSteps<F>>(p, ks, nss, sms, blocks, slots, s);
+    launch_u<F, Geglu, kBufferSteps>(p, ks, nss, sms, blocks, slots, s);
 }
 
 template <bool Geglu>
