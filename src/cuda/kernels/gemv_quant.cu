@@ -274,12 +274,16 @@ template <Fmt F, bool Geglu, int U>
 void launch_u(const QuantParams& p, int ks, int nss, int sms, int blocks, int slots, cudaStream_t s) {
     const int ntiles = p.total_rows / kTileRows<Geglu>;
     // One block a SM at KS 8, twice the loads in flight a warp: where there are fewer tiles than SMs (E2B's
-    // o_proj and down: 96 tiles), whose blocks at two a SM would leave half each SM's loads unissued; and
-    // where it takes the busiest SM under 4/5 of the tiles two blocks a SM give it (the 31B's down and
-    // o_proj: 336 tiles, 168 blocks of two, so 36 SMs walk four tiles and 96 two; one block a SM walks three)
+    // o_proj and down: 96 tiles), whose blocks at two a SM would leave half each SM's loads unissued; and,
+    // for FP8's long buffers, where it takes the busiest SM under 4/5 of the tiles two blocks a SM give it
+    // (the 31B's down and o_proj: 336 tiles, 168 blocks of two, so 36 SMs walk four tiles and 96 two; one
+    // block a SM walks three). That took the 31B's FP8 decode 10.75 -> 10.10 ms (its down 40.7 -> 36.0 us in
+    // the lab, o_proj 14.3 -> 15.4); int4 moved 8.75 -> 8.81 ms (down -4%, o_proj +6%) and FP8's short
+    // buffers' down +25%, so they keep two blocks a SM.
     const bool few = ks == kWarps && int64_t{ntiles} * slots <= sms;
+    constexpr bool kMayBalance = F == Fmt::kFp8 && U == kLongBufferSteps<F>;
     const bool balance =
-        slots == 1 && nss / kWarps >= 2 &&
+        kMayBalance && slots == 1 && nss / kWarps >= 2 &&
         5 * busiest_sm_tiles(ntiles, kWarps, sms, sms) <= 4 * busiest_sm_tiles(ntiles, ks, blocks, sms);
     if (few || balance) return launch_ks<F, 8, 2 * U, Geglu, 1>(p, sms, slots, s);
     switch (ks) {
