@@ -24,9 +24,9 @@
 //  - Persistent blocks: at most 2 a SM, each staging x once and walking tiles, KS warps a tile (each a
 //    contiguous K / KS of it; KS the split whose busiest warp walks the fewest super-steps), every block the
 //    same number of rounds; a launch of fewer tiles than SMs takes one block a SM with twice the loads in
-//    flight a warp. A block per tile (the kernel before, the lab's v3 the step between) staged all of x for
-//    8-32 rows and lived about as long as that prologue: on the 31B's int4 q/k/v a warp walked ~5
-//    super-steps.
+//    flight a warp (FP8's long buffers also where that evens the SMs' share of tiles). A block per tile (the
+//    kernel before, the lab's v3 the step between) staged all of x for 8-32 rows and lived about as long as
+//    that prologue: on the 31B's int4 q/k/v a warp walked ~5 super-steps.
 //  - x is staged in shared memory as the MMA's B pairs, scaled by 2^-4 (f16's range then holds |x| up to
 //    10^6 and resolves 2^-20 absolute), the input norm's weight folded in; the norm's sum of squares is a
 //    block reduction there.
