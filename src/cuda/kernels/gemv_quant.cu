@@ -130,42 +130,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
     const int nss = (nss_row + 3) / 4, G = static_cast<int>(int4_groups(p.K));
     const int s_lo = ks * nss / KS, s_hi = (ks + 1) * nss / KS;
 
-    // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run; A's
-    // rows g (wa) and g + 8 (wb)
-    uint4 wa[2][U], wb[2][U];
-    float2 sc[2][U];
-    // int4's zero points of A's rows g and g + 8, a byte each, packed in words: step u's at bytes 2u, 2u + 1
-    constexpr int kZeroWords = (2 * U + 3) / 4;
-    uint32_t z[2][kZeroWords];
+    // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run
+    StepSet<F, U> buf[2];
     TileRows<F> tr;
-    // a zero point of group s (off: 8 G for row g + 8 of a plain product), 8 where the matrix has none
-    auto zero_of = [&](const uint8_t* zp, int off, int s, bool in) {
-        return in && zp ? static_cast<uint32_t>(__ldg(zp + off + s)) : 8u;
-    };
-    // A's row g + 8: the up's row g (Geglu), else 8 rows on in the matrix (offsets: fewer registers)
-    const int q8 = Geglu ? 0 : 8 * nss_row, g8 = Geglu ? 0 : 8 * G;
-    auto load = [&](int k, int base) {
-        if constexpr (F == Fmt::kInt4)
-#pragma unroll
-            for (int i = 0; i < kZeroWords; ++i) z[k][i] = 0;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int s = base + u;
-            // (int4's short last group: the lanes past K load nothing)
-            const bool ok = s < s_hi && (F == Fmt::kFp8 || s * 4 + t < nss_row);
-            const uint4 none = make_uint4(0, 0, 0, 0);
-            wa[k][u] = ok ? ld_stream(tr.lo + s * 4 + t) : none;
-            wb[k][u] = ok ? ld_stream((Geglu ? tr.hi : tr.lo) + q8 + s * 4 + t) : none;
-            if constexpr (F == Fmt::kInt4) {
-                const bool in = s < s_hi, sin = in && t == 0;  // (the scales: lanes t = 0 only)
-                const int at = 16 * u, w = at / 32, b = at % 32;
-                sc[k][u] = sin ? make_float2(__ldg(tr.slo + s), __ldg((Geglu ? tr.shi : tr.slo) + g8 + s))
-                               : float2{};
-                z[k][w] |= zero_of(tr.zlo, 0, s, in) << b | zero_of(Geglu ? tr.zhi : tr.zlo, g8, s, in)
-                                                                << (b + 8);
-            }
-        }
-    };
+    const StepRange range{s_hi, nss_row, Geglu ? 0 : 8 * nss_row, Geglu ? 0 : 8 * G};
+    auto load = [&](int k, int base) { load_steps<F, U, Geglu>(buf[k], tr, range, base, t); };
     if (tile < ntiles) {
         tr = tile_rows<F, Geglu>(p, tile, erow, g);
         load(0, s_lo);  // weights only: safe before the previous kernel has finished
@@ -184,21 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
         }
         loaded = false;
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        auto step = [&](int k, int base) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int s = base + u;
-                if (s >= s_hi) break;
-                // B columns 2..7 (lanes g >= 2) are left as they are: their C columns are never read, so
-                // what they hold does not matter, and loading or zeroing them would cost wavefronts or moves
-                uint32_t bx[kMmas<F>], by[kMmas<F>];
-                if (g < 2) x_fragments<F>(xs, s, g, t, bx, by);
-                const int at = 16 * u, b = at % 32;
-                const uint32_t zw = F == Fmt::kInt4 ? z[k][at / 32] : 0u;
-                mma_step<F>(c, wa[k][u], wb[k][u], bx, by, sc[k][u], (zw >> b) & 0xffu,
-                            (zw >> (b + 8)) & 0xffu);
-            }
-        };
+        auto step = [&](int k, int base) { mma_steps<F, U>(c, buf[k], xs, base, s_hi, g, t); };
         // unrolled by two so that the buffers' index is a constant (registers, not local memory); a tile's
         // steps are padded to pairs of buffers, so its last set is always buffer 1's, and buffer 0 takes the
         // warp's next tile while it runs: the loads stay in flight across the tile's end

@@ -1,7 +1,7 @@
 // The pieces of gemv_quant.cu's kernel that prepare its MMA operands and find its rows: the parameters,
 // the weight conversions (e4m3 pairs, int4 nibble pairs) and one super-step's MMAs, x staged as f16 halves in
-// the fragments' order, and the rows' pointers, group scales and zero points. gemv_quant.cu's header comment
-// describes the layout.
+// the fragments' order, the rows' pointers, group scales and zero points, and a register buffer's loads and
+// MMAs (StepSet). gemv_quant.cu's header comment describes the layout.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -258,6 +258,71 @@ __device__ __forceinline__ void x_fragments(const uint2* xs, int s, int g, int t
         by[j] = a.y;
         bx[j + 1] = a.z;
         by[j + 1] = a.w;
+    }
+}
+
+// One register buffer of a warp's loads: U super-steps of A's rows g (wa) and g + 8 (wb), int4's group scales
+// of both rows (sc; lanes t = 0 only) and their zero points, a byte each packed in words (step u's at bytes
+// 2u, 2u + 1). The kernel keeps two: the next set's loads in flight while this one's MMAs run.
+template <Fmt F, int U>
+struct StepSet {
+    static constexpr int kZeroWords = (2 * U + 3) / 4;
+    uint4 wa[U], wb[U];
+    float2 sc[U];
+    uint32_t z[kZeroWords];
+};
+
+// Where a warp's super-steps of a tile end and how its row g + 8 lies from row g: the up's row g (Geglu:
+// q8 = g8 = 0), else 8 rows on in the matrix, q8 16-byte chunks and g8 groups (offsets: fewer registers).
+struct StepRange {
+    int s_hi, nss_row, q8, g8;
+};
+
+// Loads super-steps base .. base + U - 1 (those below s_hi) of lane (g, t)'s rows into b.
+template <Fmt F, int U, bool Geglu>
+__device__ __forceinline__ void load_steps(StepSet<F, U>& b, const TileRows<F>& tr, const StepRange& r,
+                                           int base, int t) {
+    // a zero point of group s (off: g8 for row g + 8), 8 where the matrix has none
+    auto zero_of = [&](const uint8_t* zp, int off, int s, bool in) {
+        return in && zp ? static_cast<uint32_t>(__ldg(zp + off + s)) : 8u;
+    };
+    if constexpr (F == Fmt::kInt4)
+#pragma unroll
+        for (int i = 0; i < StepSet<F, U>::kZeroWords; ++i) b.z[i] = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int s = base + u;
+        // (int4's short last group: the lanes past K load nothing)
+        const bool ok = s < r.s_hi && (F == Fmt::kFp8 || s * 4 + t < r.nss_row);
+        const uint4 none = make_uint4(0, 0, 0, 0);
+        b.wa[u] = ok ? ld_stream(tr.lo + s * 4 + t) : none;
+        b.wb[u] = ok ? ld_stream((Geglu ? tr.hi : tr.lo) + r.q8 + s * 4 + t) : none;
+        if constexpr (F == Fmt::kInt4) {
+            const bool in = s < r.s_hi, sin = in && t == 0;  // (the scales: lanes t = 0 only)
+            const int at = 16 * u, w = at / 32, sh = at % 32;
+            b.sc[u] =
+                sin ? make_float2(__ldg(tr.slo + s), __ldg((Geglu ? tr.shi : tr.slo) + r.g8 + s)) : float2{};
+            b.z[w] |= zero_of(tr.zlo, 0, s, in) << sh | zero_of(Geglu ? tr.zhi : tr.zlo, r.g8, s, in)
+                                                            << (sh + 8);
+        }
+    }
+}
+
+// The MMAs of b's super-steps (base .. below s_hi) into c, x's B pairs from xs.
+template <Fmt F, int U>
+__device__ __forceinline__ void mma_steps(float (&c)[4], const StepSet<F, U>& b, const uint2* xs, int base,
+                                          int s_hi, int g, int t) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int s = base + u;
+        if (s >= s_hi) break;
+        // B columns 2..7 (lanes g >= 2) are left as they are: their C columns are never read, so what they
+        // hold does not matter, and loading or zeroing them would cost wavefronts or moves
+        uint32_t bx[kMmas<F>], by[kMmas<F>];
+        if (g < 2) x_fragments<F>(xs, s, g, t, bx, by);
+        const int at = 16 * u, sh = at % 32;
+        const uint32_t zw = F == Fmt::kInt4 ? b.z[at / 32] : 0u;
+        mma_step<F>(c, b.wa[u], b.wb[u], bx, by, b.sc[u], (zw >> sh) & 0xffu, (zw >> (sh + 8)) & 0xffu);
     }
 }
 
