@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinB) quant_mma_kernel(const Quan
 
     // two sets of U super-steps: the next one's loads are in flight while the current one's MMAs run
     StepSet<F, U> buf[2];
-    TileRows<F> tr;
+    TileRows tr;
     const StepRange range{s_hi, nss_row, Geglu ? 0 : 8 * nss_row, Geglu ? 0 : 8 * G};
     auto load = [&](int k, int base) { load_steps<F, U, Geglu>(buf[k], tr, range, base, t); };
     if (tile < ntiles) {

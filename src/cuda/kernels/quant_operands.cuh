@@ -216,7 +216,6 @@ constexpr int kTileRows = Geglu ? 8 : 16;
 // the weights of A's rows g (lo) and g + 8 (hi), and for int4 their group scales (slo, shi) and zero points
 // (zlo, zhi; null: 8). With Geglu row g of the gate and of the up; otherwise rows g and g + 8 of the matrix,
 // whose hi pointers the kernel makes from lo (8 rows on: fewer registers), leaving these null.
-template <Fmt F>
 struct TileRows {
     const uint4* lo = nullptr;
     const uint4* hi = nullptr;
@@ -226,8 +225,8 @@ struct TileRows {
     const uint8_t* zhi = nullptr;
 };
 template <Fmt F, bool Geglu>
-__device__ __forceinline__ TileRows<F> tile_rows(const QuantParams& p, int tile, int64_t erow, int g) {
-    TileRows<F> tr;
+__device__ __forceinline__ TileRows tile_rows(const QuantParams& p, int tile, int64_t erow, int g) {
+    TileRows tr;
     const RowAt at = row_at(p, tile * kTileRows<Geglu>, erow);
     const QuantMatrix m = pick(p.m, at.seg), mh = Geglu ? p.m2 : m;
     const int64_t rlo = at.row + g, rhi = Geglu ? rlo : rlo + 8;
@@ -280,8 +279,8 @@ struct StepRange {
 
 // Loads super-steps base .. base + U - 1 (those below s_hi) of lane (g, t)'s rows into b.
 template <Fmt F, int U, bool Geglu>
-__device__ __forceinline__ void load_steps(StepSet<F, U>& b, const TileRows<F>& tr, const StepRange& r,
-                                           int base, int t) {
+__device__ __forceinline__ void load_steps(StepSet<F, U>& b, const TileRows& tr, const StepRange& r, int base,
+                                           int t) {
     // a zero point of group s (off: g8 for row g + 8), 8 where the matrix has none
     auto zero_of = [&](const uint8_t* zp, int off, int s, bool in) {
         return in && zp ? static_cast<uint32_t>(__ldg(zp + off + s)) : 8u;
