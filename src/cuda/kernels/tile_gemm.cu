@@ -4,11 +4,12 @@
 // small matrix (E2B's k: 0.8 MB in 4.8 us) and streams large ones at ~3 TB/s; stream_gemm, which holds the
 // weights in registers, runs out of bytes in flight past ~32 tokens (cuda-stream-gemm-lab-bf16.txt).
 //
-// A block holds 128 weight rows (4 warps of 32) and every token; both stream through a ring of kStages
-// stages of 64 k by cp.async (weights 16 KB a stage, tokens 128 B a token), so three stages of weights are in
-// flight while one is multiplied. Shared rows are 128 bytes, their 16-byte chunks XOR-swizzled by row & 7
-// so that ldmatrix's 8 rows hit distinct banks. Each warp's k16 step: two ldmatrix.x4 of its weights (A),
-// one per 16 tokens (B, two n8 tiles), mma.sync m16n8k16 with fp32 accumulation. The K range may be cut
+// A block (one warpgroup) holds 128 weight rows and every token; both stream through a ring of 3-4 stages of
+// 64 k by cp.async (weights 16 KB a stage, tokens 128 B a token), so two or three stages are in flight while
+// one is multiplied. Shared rows are 128 bytes, their 16-byte chunks XOR-swizzled by row & 7: the layout the
+// tensor cores read as a 128-byte-swizzled K-major tile, so each k16 step is two wgmma m64nNk16 (N the tokens
+// rounded up to 16; weights as A, tokens as B, fp32 accumulation) straight from shared memory (wgmma.cuh; the
+// kernel is built for sm_90a). The K range may be cut
 // across a cluster of ks blocks (matrices of few rows: o_proj, down), whose partial sums add in rank order
 // through distributed shared memory: deterministic, no atomics.
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/launch.h"
 #include "cuda/kernels/smem_ring.cuh"
+#include "cuda/kernels/wgmma.cuh"
 #include "model/error.h"
 
 namespace markbase::cuda {
@@ -40,8 +42,12 @@ constexpr int stage_bytes() {
     return (kRows + NT * 8) * 128;
 }
 template <int NT>
-constexpr size_t smem_bytes() {
+constexpr size_t ring_bytes() {
     return static_cast<size_t>(stages<NT>()) * stage_bytes<NT>();
+}
+template <int NT>
+constexpr size_t smem_bytes() {
+    return ring_bytes<NT>() + 1024;  // + the slack that aligns the ring to 1 KB
 }
 
 struct TileArgs {
@@ -75,75 +81,65 @@ __device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<NT>& cp, i
     for (int i = 0; i < NT / 2; ++i) cp16(st + kRows * 128 + swz(r + 16 * i, c), cp.x[i] + k0, cp.x_ok[i]);
 }
 
-// One stage's 4 k16 steps: warp w's rows 32 w .. 32 w + 31 against every token tile.
+// One stage's 4 k16 steps on the warpgroup: weight rows 64 mt .. 64 mt + 63 (A) against every token (B), both
+// read by the tensor cores from the stage's swizzled rows; the stage's MMAs complete before it returns, so
+// its slot may be refilled after the next barrier.
 template <int NT>
-__device__ __forceinline__ void mma_stage(float (&acc)[2][NT][4], uint32_t st) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ void mma_stage(float (&acc)[2][NT * 4], uint32_t st) {
     const uint32_t xs = st + kRows * 128;
+    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        uint32_t a[2][4];
+    for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-            ldmatrix4(a[mt], st + swz(warp * 32 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-            uint32_t b[4];  // tokens np*16 + 0..7: b[0], b[1]; + 8..15: b[2], b[3]
-            ldmatrix4(b, xs + swz(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                mma_bf16(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[0], b[1]);
-                mma_bf16(acc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[2], b[3]);
-            }
-        }
-    }
+            wgmma_bf16<NT * 8>(acc[mt], wgmma_desc(st + mt * 64 * 128 + kk * 32), wgmma_desc(xs + kk * 32));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(acc[0]);
+    wgmma_pin(acc[1]);
 }
 
-// Output element i of a warp's [2][NT][4][32] fragments: its row within the warp's 32 rows and its token.
-__device__ __forceinline__ void fragment_at(int i, int NT, int& row, int& tok) {
-    const int lane = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, mt = (i >> 7) / NT;
-    row = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+// Accumulator e of n8 tile nt of A tile mt (acc[mt][4 nt + e]): its row within the block and its token.
+__device__ __forceinline__ void fragment_at(int warp, int lane, int mt, int nt, int e, int& row, int& tok) {
+    row = mt * 64 + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
     tok = nt * 8 + 2 * (lane & 3) + (e & 1);
 }
 
 // The stores: straight from the accumulators, or (a K split) each rank's partial sums through distributed
 // shared memory, every rank storing a share of the block's outputs, summed in rank order.
 template <int NT, bool Cluster>
-__device__ __forceinline__ void store(const float (&acc)[2][NT][4], uint8_t* smem, const GemvSeg& sg,
-                                      int row0, int n) {
+__device__ __forceinline__ void store(const float (&acc)[2][NT * 4], float* red, const GemvSeg& sg, int row0,
+                                      int n) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if constexpr (!Cluster) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = row0 + warp * 32 + mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-                    const int tok = nt * 8 + 2 * (lane & 3) + (e & 1);
-                    if (row < sg.rows && tok < n) sg.y[int64_t{tok} * sg.ldy + row] = acc[mt][nt][e];
-                }
+            for (int i = 0; i < NT * 4; ++i) {
+                int row, tok;
+                fragment_at(warp, lane, mt, i >> 2, i & 3, row, tok);
+                row += row0;
+                if (row < sg.rows && tok < n) sg.y[int64_t{tok} * sg.ldy + row] = acc[mt][i];
+            }
     } else {
-        constexpr int E = 2 * NT * 4 * 32;  // a warp's accumulators
-        float* red = reinterpret_cast<float*>(smem);
+        constexpr int E = 2 * NT * 4 * 32;  // a warp's accumulators, [mt][i][lane]
         float* mine = red + warp * E;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) mine[((mt * NT + nt) * 4 + e) * 32 + lane] = acc[mt][nt][e];
+            for (int i = 0; i < NT * 4; ++i) mine[(mt * NT * 4 + i) * 32 + lane] = acc[mt][i];
         __syncthreads();
         cluster_arrive_release();
         cluster_wait_acquire();
         const int share = 4 * E / static_cast<int>(gridDim.x);
         const int begin = static_cast<int>(blockIdx.x) * share;
-        for (int i = begin + threadIdx.x; i < begin + share; i += blockDim.x) {
-            float v = cluster_map(red, 0)[i];
-            for (unsigned r = 1; r < gridDim.x; ++r) v += cluster_map(red, r)[i];
+        for (int j = begin + threadIdx.x; j < begin + share; j += blockDim.x) {
+            float v = cluster_map(red, 0)[j];
+            for (unsigned r = 1; r < gridDim.x; ++r) v += cluster_map(red, r)[j];
+            const int w = j / E, f = (j % E) >> 5, i = f % (NT * 4);
             int row, tok;
-            fragment_at(i % E, NT, row, tok);
-            row += row0 + (i / E) * 32;
+            fragment_at(w, j & 31, f / (NT * 4), i >> 2, i & 3, row, tok);
+            row += row0;
             if (row < sg.rows && tok < n) sg.y[int64_t{tok} * sg.ldy + row] = v;
         }
         cluster_arrive_relaxed();  // no block leaves while another still reads its shared memory
@@ -154,8 +150,10 @@ __device__ __forceinline__ void store(const float (&acc)[2][NT][4], uint8_t* sme
 template <int NT, bool Cluster>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     constexpr int S = stages<NT>();
-    extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t base = shared_addr(smem);
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    // the 128-byte swizzle's 8-row groups start 1024-aligned (the ring is allocated with 1 KB to spare)
+    const uint32_t raw = shared_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+    float* red = reinterpret_cast<float*>(smem_raw + (base - raw));
     const int tile = blockIdx.y;
     int s = 0;
     while (s + 1 < a.nseg && tile >= a.tiles_end[s]) ++s;
@@ -192,15 +190,15 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
         if (j < ns) copy_tokens<NT>(base + j * stage_bytes<NT>(), cp, j * kKc);
         cp_commit();
     }
-    float acc[2][NT][4];
+    float acc[2][NT * 4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        for (int i = 0; i < NT * 4; ++i) acc[mt][i] = 0.0f;
     for (int j = 0; j < ns; ++j) {
         cp_wait<S - 2>();
-        __syncthreads();  // stage j landed for every thread; stage j - 1's slot is free again
+        fence_proxy_async();  // this thread's copies of stage j, visible to the tensor cores' reads
+        __syncthreads();      // stage j landed for every thread; stage j - 1's slot is free again
         const int next = j + S - 1;
         if (next < ns) {
             const uint32_t st = base + (next % S) * stage_bytes<NT>();
@@ -212,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     }
     cp_wait<0>();
     if constexpr (Cluster) __syncthreads();  // the ring's memory becomes the partial sums'
-    store<NT, Cluster>(acc, smem, sg, row0, a.n);
+    store<NT, Cluster>(acc, red, sg, row0, a.n);
 }
 
 template <int NT>
@@ -226,7 +224,7 @@ void launch_nt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
 
 template <int NT>
 void allow_smem() {
-    static_assert(2 * NT * 4 * 32 * 4 * sizeof(float) <= smem_bytes<NT>(), "the partial sums fit the ring");
+    static_assert(2 * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<NT>(), "the partial sums fit the ring");
     CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<NT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_bytes<NT>())));
     CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<NT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -263,21 +261,22 @@ int row_tiles(const GemvSeg* segs, int nseg) {
 // From the kernel lab (bench/results/cuda-stream-gemm-lab-bf16.txt: every projection of the four models at
 // 1-128 tokens against cuBLAS over the same operand, each with its K split by tile_gemm_shape) and the
 // batched steps around it (bench/results/cuda-tile-gemm.json). Up to 16 tokens it streams at the read rate
-// (the 31B's gate+up, 462 MB, 110 us at one token: 4.2 TB/s) and wins in the lab wherever its K split can
-// fill the GPU (E2B's down, 12 tiles of 128 rows, loses 14.9 us against 13.7); in the steps the 31B's
-// launches of 88-462 MB lost (x16 21.69 -> 22.06 ms), so it takes launches up to 80 MB. Past 16 tokens its
-// mma.sync tiles become compute-bound at ~250 TFLOP/s where cuBLAS's run ~300-350: at 32 tokens it still
-// wins the launches of several matrices up to ~80 MB (E2B's gate+up 22.7 against 25.2, q/k/v 6.2 against
-// 14.8; E4B's gate+up, 105 MB, loses 35.2 against 31.6) and the lm_head (199 against 204), at 64 the lm_head
-// (224 against 232); past 32 only q/k/v while n x bytes stays under ~1.6e9 (E2B's 7.9 MB at 96 tokens 11.8
-// against 15.0, E4B's 15.7 MB 14.4 against 19.5; E2B's full layers' 15.7 MB at 128 lose 20.9 against 16.2).
-// What would take the rest: wgmma tiles (cuBLAS's rate) with this kernel's fused launches.
+// (the 31B's gate+up, 462 MB, 118 us at 16 tokens: 3.9 TB/s) and wins in the lab wherever its K split can
+// fill the GPU (E2B's down, 12 tiles of 128 rows, ties cuBLAS); in the steps the 31B's launches of 88-462 MB
+// lost (x16 21.69 -> 22.06 ms), so it takes launches up to 80 MB. Up to 64 tokens it wins the launches of
+// several matrices up to ~80 MB (at 64: E2B's gate+up 25.7 against 26.4 us, the 26B-A4B's q/k/v 21.6 against
+// 25.0, its gate+up 14.5 against 16.0; E4B's gate+up, 105 MB, loses 37.3 against 32.7) and the lm_head (222
+// against 238); past that only q/k/v while n x bytes stays under ~1.6e9 (E2B's 7.9 MB at 96 tokens 10.9
+// against 15.0, E4B's 15.7 MB 13.0 against 19.3; E2B's full layers' 15.7 MB at 128 lose 18.3 against 16.2).
+// Single matrices of few rows (o_proj, down) lose past 16 tokens: 12-40 tiles cannot fill the GPU, and their
+// K split's partial sums grow with the tokens. What holds it under the read rate past ~32 tokens is its
+// bytes in flight (two or three stages a block, two blocks an SM once a stage carries 128 tokens) and the
+// tiles' waves (the 31B's 336 tiles over 264 block slots), not the MMAs.
 bool tile_gemm_pays(int64_t bytes, int nseg, int n, int sms, const GemvSeg* segs) {
     const int64_t MB = int64_t{1} << 20;
     if (n <= 16) return row_tiles(segs, nseg) * 8 >= sms && bytes <= 80 * MB;
     const bool lm_head = nseg == 1 && bytes >= 256 * MB;
-    if (n <= 32) return (nseg >= 2 && bytes <= 80 * MB) || lm_head;
-    if (n <= 64 && lm_head) return true;
+    if (n <= 64) return (nseg >= 2 && bytes <= 80 * MB) || lm_head;
     return nseg == 3 && static_cast<double>(n) * static_cast<double>(bytes) <= 1.6e9;
 }
 
