@@ -7,7 +7,8 @@
 //   v1  the product's kernel with its shape rule: stream_gemm (src/cuda/kernels/stream_gemm.cu,
 //       stream_gemm_shape) up to 16 tokens, tile_gemm (tile_gemm.cu, tile_gemm_shape) past that in bf16
 //   v2  stream_gemm with each forced shape (mt row tiles per block x ks K splits)
-//   v3  tile_gemm (bf16 only) with each K split ks
+//   v3  tile_gemm (bf16 only) with each K split ks, tiles of 128 weight rows
+//   v4  tile_gemm (bf16 only) with each K split ks, tiles of 64 weight rows
 // Correctness gate: every output of every variant against an fp64 GPU reference of the same operands and
 // weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing: each variant's
 // launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve them) captured
@@ -107,7 +108,8 @@ struct Bench {
 struct Variant {
     std::string name;
     int mt = 0, ks = 0;  // 0: cuBLAS (v0); -1: the shape rule (v1)
-    bool tile = false;   // v3: tile_gemm with K split ks
+    bool tile = false;   // v3, v4: tile_gemm with K split ks
+    int tile_mt = 2;     // v3: 128-row tiles (two m64); v4: 64-row tiles
 };
 
 // One launch of variant v over weight copy `w` (one pointer per segment).
@@ -134,7 +136,7 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
     for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
     if (v.tile || (v.mt < 0 && b.bf16 && n > 16)) {
         const TileGemmShape shape =
-            v.tile ? TileGemmShape{v.ks} : tile_gemm_shape(segs, nseg, sh.K, n, b.sms);
+            v.tile ? TileGemmShape{v.ks, v.tile_mt} : tile_gemm_shape(segs, nseg, sh.K, n, b.sms);
         tile_gemm(segs, nseg, hi, n, sh.K, shape, b.s);
         return;
     }
@@ -273,8 +275,10 @@ int main(int argc, char** argv) {
     for (int mt : {1, 2, 4})
         for (int ks : {1, 2, 4, 8})
             variants.push_back({"v2 mt" + std::to_string(mt) + " ks" + std::to_string(ks), mt, ks});
-    if (b.bf16)
-        for (int ks : {1, 2, 4, 8}) variants.push_back({"v3 tile ks" + std::to_string(ks), 1, ks, true});
+    if (b.bf16) {
+        for (int ks : {1, 2, 4, 8}) variants.push_back({"v3 tile ks" + std::to_string(ks), 1, ks, true, 2});
+        for (int ks : {1, 2, 4, 8}) variants.push_back({"v4 tile64 ks" + std::to_string(ks), 1, ks, true, 1});
+    }
     bool failed = false;
     std::printf("%-16s %3s  %-16s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
     for (const Shape& sh : kShapes) {

@@ -35,9 +35,9 @@ using testing::from_bf16;
 using testing::to_bf16;
 using testing::to_device;
 
-// One launch over matrices of `rows` (K columns each) at n tokens with K split ks ways; the largest error
-// of any output against the fp64 product, relative to the row's sum of |x| |w|.
-double max_error(const std::vector<int>& rows, int K, int n, int ks, uint32_t seed) {
+// One launch over matrices of `rows` (K columns each) at n tokens with K split ks ways and row tiles of
+// mt x 64; the largest error of any output against the fp64 product, relative to the row's sum of |x| |w|.
+double max_error(const std::vector<int>& rows, int K, int n, int ks, int mt, uint32_t seed) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<uint16_t> x(static_cast<size_t>(n) * K);
@@ -48,7 +48,7 @@ double max_error(const std::vector<int>& rows, int K, int n, int ks, uint32_t se
     }
     uint16_t* d_x = to_device(x);
     testing::DeviceSegments segs(rows, K, n, rng);
-    cuda::tile_gemm(segs.segs(), segs.count(), d_x, n, K, {ks}, nullptr);
+    cuda::tile_gemm(segs.segs(), segs.count(), d_x, n, K, {ks, mt}, nullptr);
     const double worst = segs.worst_error(xd);
     cudaFree(d_x);
     return worst;
@@ -59,15 +59,18 @@ TEST(TileGemm, EveryKSplitMatchesTheFp64Product) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     cuda::tile_gemm_prepare();
-    // rows ending inside a 128-row tile (200, 72) and a matrix of one tile's part (16); K = 320 (5 stages:
-    // over 8 ranks of 1, three ranks hold none) and 1088 (17 stages); every ring depth (token tiles 2..16)
+    // rows ending inside a 128-row and a 64-row tile (200, 72) and a matrix of one tile's part (16); K = 320
+    // (5 stages: over 8 ranks of 1, three ranks hold none) and 1088 (17 stages); every ring depth (token
+    // tiles 2..16) of both tile heights
     const std::vector<int> rows = {200, 72, 16};
     for (int K : {320, 1088})
         for (int n : {1, 17, 33, 64, 90, 96, 113, 128})
-            for (int ks : {1, 2, 4, 8}) {
-                const double e = max_error(rows, K, n, ks, static_cast<uint32_t>(K + n * 7 + ks));
-                EXPECT_LT(e, 1e-5) << "K " << K << ", " << n << " tokens, ks " << ks;
-            }
+            for (int ks : {1, 2, 4, 8})
+                for (int mt : {1, 2}) {
+                    const double e =
+                        max_error(rows, K, n, ks, mt, static_cast<uint32_t>(K + n * 7 + ks + mt));
+                    EXPECT_LT(e, 1e-5) << "K " << K << ", " << n << " tokens, ks " << ks << ", mt " << mt;
+                }
 #endif
 }
 
@@ -179,6 +182,12 @@ TEST(TileGemm, ShapeRuleAndEligibility) {
         ADD_FAILURE() << "ks 3 accepted";
     } catch (const std::exception& e) {
         EXPECT_NE(std::string(e.what()).find("tile_gemm K split 3"), std::string::npos) << e.what();
+    }
+    try {
+        cuda::tile_gemm(&down, 1, nullptr, 96, 12288, {1, 3}, nullptr);
+        ADD_FAILURE() << "row tiles of 3 x 64 accepted";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("row tiles of 3 x 64"), std::string::npos) << e.what();
     }
 #endif
 }

@@ -221,11 +221,12 @@ void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, 
 
 // ---- tile_gemm.cu: the projections of up to kTileGemmMaxN tokens over the one bf16 operand -------------
 // Y[t][r] = sum_k x[t][k] W[r][k] for each segment (up to kStreamGemmMaxSegs matrices of one input), x [n][K]
-// bf16 (split_rows' hi); tiles of 128 weight rows x every token through a cp.async ring, the K range
-// optionally cut across a cluster of ks blocks (1, 2, 4, 8).
+// bf16 (split_rows' hi); tiles of mt x 64 weight rows (1, 2) x every token through a cp.async ring, the K
+// range optionally cut across a cluster of ks blocks (1, 2, 4, 8).
 constexpr int kTileGemmMaxN = 128;
 struct TileGemmShape {
     int ks = 1;
+    int mt = 2;
 };
 bool tile_gemm_fits(int N, int K, int n);  // K % 64, 1 <= n <= kTileGemmMaxN
 // Whether tile_gemm beats cuBLAS over the bf16 operand for these nseg matrices of `bytes` bytes in all at n

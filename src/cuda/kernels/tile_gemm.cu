@@ -28,26 +28,32 @@ namespace markbase::cuda {
 
 namespace {
 
-constexpr int kRows = 128;     // weight rows a block
 constexpr int kKc = 64;        // k a stage: one 128-byte shared row
-constexpr int kThreads = 128;  // 4 warps of 32 rows
+constexpr int kThreads = 128;  // one warpgroup
 
-// Stages in the ring: four, three where the tokens' stages are large (so that two blocks fit an SM's 228 KB).
-template <int NT>
-constexpr int stages() {
-    return NT >= 12 ? 3 : 4;
+// A block holds MT m64 tiles of weight rows (MT = 1 or 2) and NT n8 tiles of tokens.
+template <int MT>
+constexpr int rows() {
+    return 64 * MT;
 }
-template <int NT>
+template <int MT, int NT>
 constexpr int stage_bytes() {
-    return (kRows + NT * 8) * 128;
+    return (rows<MT>() + NT * 8) * 128;
 }
-template <int NT>
+// Stages in the ring. 128 rows: four, three where the tokens' stages are large (so that two blocks fit an
+// SM's 228 KB). 64 rows: as many as keep a block within 74 KB (three blocks an SM), at most six.
+template <int MT, int NT>
+constexpr int stages() {
+    if constexpr (MT == 2) return NT >= 12 ? 3 : 4;
+    return (74 * 1024) / stage_bytes<MT, NT>() < 6 ? (74 * 1024) / stage_bytes<MT, NT>() : 6;
+}
+template <int MT, int NT>
 constexpr size_t ring_bytes() {
-    return static_cast<size_t>(stages<NT>()) * stage_bytes<NT>();
+    return static_cast<size_t>(stages<MT, NT>()) * stage_bytes<MT, NT>();
 }
-template <int NT>
+template <int MT, int NT>
 constexpr size_t smem_bytes() {
-    return ring_bytes<NT>() + 1024;  // + the slack that aligns the ring to 1 KB
+    return ring_bytes<MT, NT>() + 1024;  // + the slack that aligns the ring to 1 KB
 }
 
 struct TileArgs {
@@ -59,44 +65,45 @@ struct TileArgs {
     int split_stages = 0;  // stages of 64 k per rank of the K split
 };
 
-// Thread t copies chunk t & 7 of rows (t >> 3) + 16 i: 8 weight rows and NT / 2 token rows a stage.
-template <int NT>
+// Thread t copies chunk t & 7 of rows (t >> 3) + 16 i: 4 MT weight rows and NT / 2 token rows a stage.
+template <int MT, int NT>
 struct Copies {
-    const bf16* w[kRows / 16];
-    bool w_ok[kRows / 16];
+    const bf16* w[4 * MT];
+    bool w_ok[4 * MT];
     const bf16* x[NT / 2];
     bool x_ok[NT / 2];
 };
 
-template <int NT>
-__device__ __forceinline__ void copy_weights(uint32_t st, const Copies<NT>& cp, int k0) {
+template <int MT, int NT>
+__device__ __forceinline__ void copy_weights(uint32_t st, const Copies<MT, NT>& cp, int k0) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < kRows / 16; ++i) cp16(st + swz(r + 16 * i, c), cp.w[i] + k0, cp.w_ok[i]);
+    for (int i = 0; i < 4 * MT; ++i) cp16(st + swz(r + 16 * i, c), cp.w[i] + k0, cp.w_ok[i]);
 }
-template <int NT>
-__device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<NT>& cp, int k0) {
+template <int MT, int NT>
+__device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<MT, NT>& cp, int k0) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < NT / 2; ++i) cp16(st + kRows * 128 + swz(r + 16 * i, c), cp.x[i] + k0, cp.x_ok[i]);
+    for (int i = 0; i < NT / 2; ++i)
+        cp16(st + rows<MT>() * 128 + swz(r + 16 * i, c), cp.x[i] + k0, cp.x_ok[i]);
 }
 
 // One stage's 4 k16 steps on the warpgroup: weight rows 64 mt .. 64 mt + 63 (A) against every token (B), both
 // read by the tensor cores from the stage's swizzled rows; the stage's MMAs complete before it returns, so
 // its slot may be refilled after the next barrier.
-template <int NT>
-__device__ __forceinline__ void mma_stage(float (&acc)[2][NT * 4], uint32_t st) {
-    const uint32_t xs = st + kRows * 128;
+template <int MT, int NT>
+__device__ __forceinline__ void mma_stage(float (&acc)[MT][NT * 4], uint32_t st) {
+    const uint32_t xs = st + rows<MT>() * 128;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
             wgmma_bf16<NT * 8>(acc[mt], wgmma_desc(st + mt * 64 * 128 + kk * 32), wgmma_desc(xs + kk * 32));
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_pin(acc[0]);
-    wgmma_pin(acc[1]);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
 }
 
 // Accumulator e of n8 tile nt of A tile mt (acc[mt][4 nt + e]): its row within the block and its token.
@@ -107,13 +114,13 @@ __device__ __forceinline__ void fragment_at(int warp, int lane, int mt, int nt, 
 
 // The stores: straight from the accumulators, or (a K split) each rank's partial sums through distributed
 // shared memory, every rank storing a share of the block's outputs, summed in rank order.
-template <int NT, bool Cluster>
-__device__ __forceinline__ void store(const float (&acc)[2][NT * 4], float* red, const GemvSeg& sg, int row0,
+template <int MT, int NT, bool Cluster>
+__device__ __forceinline__ void store(const float (&acc)[MT][NT * 4], float* red, const GemvSeg& sg, int row0,
                                       int n) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if constexpr (!Cluster) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int i = 0; i < NT * 4; ++i) {
                 int row, tok;
@@ -122,10 +129,10 @@ __device__ __forceinline__ void store(const float (&acc)[2][NT * 4], float* red,
                 if (row < sg.rows && tok < n) sg.y[int64_t{tok} * sg.ldy + row] = acc[mt][i];
             }
     } else {
-        constexpr int E = 2 * NT * 4 * 32;  // a warp's accumulators, [mt][i][lane]
+        constexpr int E = MT * NT * 4 * 32;  // a warp's accumulators, [mt][i][lane]
         float* mine = red + warp * E;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int i = 0; i < NT * 4; ++i) mine[(mt * NT * 4 + i) * 32 + lane] = acc[mt][i];
         __syncthreads();
@@ -147,9 +154,10 @@ __device__ __forceinline__ void store(const float (&acc)[2][NT * 4], float* red,
     }
 }
 
-template <int NT, bool Cluster>
+template <int MT, int NT, bool Cluster>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
-    constexpr int S = stages<NT>();
+    constexpr int S = stages<MT, NT>();
+    constexpr int SB = stage_bytes<MT, NT>();
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // the 128-byte swizzle's 8-row groups start 1024-aligned (the ring is allocated with 1 KB to spare)
     const uint32_t raw = shared_addr(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -158,15 +166,15 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     int s = 0;
     while (s + 1 < a.nseg && tile >= a.tiles_end[s]) ++s;
     const GemvSeg& sg = a.seg[s];
-    const int row0 = (tile - (s ? a.tiles_end[s - 1] : 0)) * kRows;
+    const int row0 = (tile - (s ? a.tiles_end[s - 1] : 0)) * rows<MT>();
     const int K = a.K;
     const int s_begin = blockIdx.x * a.split_stages;
     const int ns = max(0, min(K / kKc, s_begin + a.split_stages) - s_begin);
 
-    Copies<NT> cp;
+    Copies<MT, NT> cp;
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < kRows / 16; ++i) {
+    for (int i = 0; i < 4 * MT; ++i) {
         const int row = row0 + r + 16 * i;
         cp.w_ok[i] = row < sg.rows;
         cp.w[i] = sg.w + int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc + c * 8;
@@ -181,18 +189,18 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     // tokens after it; a group each, so that group S - 1 + j always holds stage j's tokens (wait_group S - 2)
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < ns) copy_weights<NT>(base + j * stage_bytes<NT>(), cp, j * kKc);
+        if (j < ns) copy_weights<MT, NT>(base + j * SB, cp, j * kKc);
         cp_commit();
     }
     pdl_begin();
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < ns) copy_tokens<NT>(base + j * stage_bytes<NT>(), cp, j * kKc);
+        if (j < ns) copy_tokens<MT, NT>(base + j * SB, cp, j * kKc);
         cp_commit();
     }
-    float acc[2][NT * 4];
+    float acc[MT][NT * 4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i) acc[mt][i] = 0.0f;
     for (int j = 0; j < ns; ++j) {
@@ -201,47 +209,78 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
         __syncthreads();      // stage j landed for every thread; stage j - 1's slot is free again
         const int next = j + S - 1;
         if (next < ns) {
-            const uint32_t st = base + (next % S) * stage_bytes<NT>();
-            copy_weights<NT>(st, cp, next * kKc);
-            copy_tokens<NT>(st, cp, next * kKc);
+            const uint32_t st = base + (next % S) * SB;
+            copy_weights<MT, NT>(st, cp, next * kKc);
+            copy_tokens<MT, NT>(st, cp, next * kKc);
         }
         cp_commit();
-        mma_stage<NT>(acc, base + (j % S) * stage_bytes<NT>());
+        mma_stage<MT, NT>(acc, base + (j % S) * SB);
     }
     cp_wait<0>();
     if constexpr (Cluster) __syncthreads();  // the ring's memory becomes the partial sums'
-    store<NT, Cluster>(acc, red, sg, row0, a.n);
+    store<MT, NT, Cluster>(acc, red, sg, row0, a.n);
 }
 
-template <int NT>
+template <int MT, int NT>
 void launch_nt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>(ks), static_cast<unsigned>(tiles)), block(kThreads);
     if (ks > 1)
-        launch_kernel_cluster(tile_gemm_kernel<NT, true>, grid, block, smem_bytes<NT>(), s, ks, a);
+        launch_kernel_cluster(tile_gemm_kernel<MT, NT, true>, grid, block, smem_bytes<MT, NT>(), s, ks, a);
     else
-        launch_kernel_cluster(tile_gemm_kernel<NT, false>, grid, block, smem_bytes<NT>(), s, 0, a);
+        launch_kernel_cluster(tile_gemm_kernel<MT, NT, false>, grid, block, smem_bytes<MT, NT>(), s, 0, a);
 }
 
-template <int NT>
+// Token tiles of 8, rounded up to even: N a multiple of 16.
+template <int MT>
+void launch_mt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
+    switch ((a.n + 15) / 16) {
+        case 1:
+            return launch_nt<MT, 2>(a, tiles, ks, s);
+        case 2:
+            return launch_nt<MT, 4>(a, tiles, ks, s);
+        case 3:
+            return launch_nt<MT, 6>(a, tiles, ks, s);
+        case 4:
+            return launch_nt<MT, 8>(a, tiles, ks, s);
+        case 5:
+            return launch_nt<MT, 10>(a, tiles, ks, s);
+        case 6:
+            return launch_nt<MT, 12>(a, tiles, ks, s);
+        case 7:
+            return launch_nt<MT, 14>(a, tiles, ks, s);
+        default:
+            return launch_nt<MT, 16>(a, tiles, ks, s);
+    }
+}
+
+template <int MT, int NT>
 void allow_smem() {
-    static_assert(2 * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<NT>(), "the partial sums fit the ring");
-    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<NT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<NT>())));
-    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<NT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<NT>())));
+    static_assert(MT * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<MT, NT>(),
+                  "the partial sums fit the ring");
+    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<MT, NT, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes<MT, NT>())));
+    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<MT, NT, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes<MT, NT>())));
+}
+template <int MT>
+void allow_smem_mt() {
+    allow_smem<MT, 2>();
+    allow_smem<MT, 4>();
+    allow_smem<MT, 6>();
+    allow_smem<MT, 8>();
+    allow_smem<MT, 10>();
+    allow_smem<MT, 12>();
+    allow_smem<MT, 14>();
+    allow_smem<MT, 16>();
 }
 
 }  // namespace
 
 void tile_gemm_prepare() {
-    allow_smem<2>();
-    allow_smem<4>();
-    allow_smem<6>();
-    allow_smem<8>();
-    allow_smem<10>();
-    allow_smem<12>();
-    allow_smem<14>();
-    allow_smem<16>();
+    allow_smem_mt<1>();
+    allow_smem_mt<2>();
 }
 
 bool tile_gemm_fits(int N, int K, int n) {
@@ -250,9 +289,9 @@ bool tile_gemm_fits(int N, int K, int n) {
 
 namespace {
 
-int row_tiles(const GemvSeg* segs, int nseg) {
+int row_tiles(const GemvSeg* segs, int nseg, int rows = 128) {
     int tiles = 0;
-    for (int i = 0; i < nseg; ++i) tiles += (segs[i].rows + kRows - 1) / kRows;
+    for (int i = 0; i < nseg; ++i) tiles += (segs[i].rows + rows - 1) / rows;
     return tiles;
 }
 
@@ -294,9 +333,11 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
                cudaStream_t s) {
     if (nseg < 1 || nseg > kStreamGemmMaxSegs)
         throw Error("internal: tile_gemm takes 1 to " + std::to_string(kStreamGemmMaxSegs) + " matrices");
-    const int ks = shape.ks;
+    const int ks = shape.ks, mt = shape.mt;
     if (ks != 1 && ks != 2 && ks != 4 && ks != 8)
         throw Error("internal: tile_gemm K split " + std::to_string(ks) + " (1, 2, 4 or 8)");
+    if (mt != 1 && mt != 2)
+        throw Error("internal: tile_gemm row tiles of " + std::to_string(mt) + " x 64 (1 or 2)");
     TileArgs a;
     a.nseg = nseg;
     a.x = x;
@@ -308,28 +349,12 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
             throw Error("internal: tile_gemm cannot take " + std::to_string(segs[i].rows) + " x " +
                         std::to_string(K) + " at " + std::to_string(n) + " tokens");
         a.seg[i] = segs[i];
-        tiles += (segs[i].rows + kRows - 1) / kRows;
+        tiles += (segs[i].rows + 64 * mt - 1) / (64 * mt);
         a.tiles_end[i] = tiles;
     }
     a.split_stages = (K / kKc + ks - 1) / ks;
-    switch ((n + 15) / 16) {  // token tiles of 8, rounded up to even: 16 tokens a ldmatrix.x4
-        case 1:
-            return launch_nt<2>(a, tiles, ks, s);
-        case 2:
-            return launch_nt<4>(a, tiles, ks, s);
-        case 3:
-            return launch_nt<6>(a, tiles, ks, s);
-        case 4:
-            return launch_nt<8>(a, tiles, ks, s);
-        case 5:
-            return launch_nt<10>(a, tiles, ks, s);
-        case 6:
-            return launch_nt<12>(a, tiles, ks, s);
-        case 7:
-            return launch_nt<14>(a, tiles, ks, s);
-        default:
-            return launch_nt<16>(a, tiles, ks, s);
-    }
+    if (mt == 1) return launch_mt<1>(a, tiles, ks, s);
+    return launch_mt<2>(a, tiles, ks, s);
 }
 
 }  // namespace markbase::cuda
