@@ -86,7 +86,11 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     plan_.batch_attn_heads = tuning.batch_attn_heads;
     plan_.batch_attn_mma = tuning.batch_attn == Tuning::BatchAttn::kMma;
     plan_.stream_gemm_max = tuning.stream_gemm;
-    plan_.tile_gemm_max = tuning.tile_gemm;
+    // tile_gemm's machine code is sm_90a's (wgmma): on any other device its PTX traps, so cuBLAS takes them
+    int cc_major = 0, cc_minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+    plan_.tile_gemm_max = cc_major == 9 && cc_minor == 0 ? tuning.tile_gemm : 0;
     plan_.batch_experts_max = tuning.batch_experts;
     plan_.moe_gemm = tuning.moe_gemm;
     plan_.gemm_bf16 = tuning.gemm_inputs == Tuning::GemmInputs::kBf16;
