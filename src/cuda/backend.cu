@@ -68,6 +68,10 @@ class CudaBackendImpl final : public CudaBackend {
                                     req.frequency_penalty, req.k, &out->top, &out->n_finite, logits);
     }
 
+    int batch_select_rows() const override { return device_select_ ? model_.batch_select_rows() : 0; }
+    void batch_row_logits(int row, float* out) override { model_.batch_row_logits(row, out); }
+    void batch_select(BatchRowSelect* rows, int m) override { model_.batch_select(rows, m); }
+
     std::vector<int> decode_greedy(int steps, float* last_logits) override {
         if (model_.n_past == 0) throw Error("decode_greedy: evaluate a prompt first");
         return model_.decode_greedy(steps, last_logits);

@@ -35,6 +35,14 @@ struct CudaProfileEntry {
     double bytes = 0;  // weight bytes the kernel streams (0 where not counted)
 };
 
+// One row of the last batched step cut to its best candidates on the device (CudaBackend::batch_select).
+struct BatchRowSelect {
+    int row = 0;                        // in the step's order
+    const DeviceSelect* req = nullptr;  // k, the penalty window and the penalties
+    DeviceSelection* out = nullptr;     // the candidates; ok false where the row held NaN or +inf
+    float* fallback = nullptr;          // [V]: then the row goes here
+};
+
 class CudaBackend : public Backend {
   public:
     // Decodes `steps` tokens greedily on the device, starting from the argmax of the last evaluated position
@@ -75,6 +83,18 @@ class CudaBackend : public Backend {
     virtual std::vector<CudaProfileEntry> profile_batch(const int* slots, const int* ids, int n) = 0;
     // The most sequences one decode_batch takes besides the slots: the prefill chunk (-b) bounds its rows.
     virtual int batch_rows() const { return 1; }
+    // After a decode_batch that copied no logits, whose rows stay on the device until the next call: the
+    // most rows batch_select takes at once (0: none), row r's logits to the host, and each listed row's best
+    // candidates as eval_select chooses them (the engine's sampled rows: k pairs cross the bus, not a row).
+    virtual int batch_select_rows() const { return 0; }
+    virtual void batch_row_logits(int row, float* out) {
+        (void)row, (void)out;
+        throw Error("internal: this backend keeps no batched rows on the device");
+    }
+    virtual void batch_select(BatchRowSelect* rows, int m) {
+        (void)rows, (void)m;
+        throw Error("internal: this backend selects no batched rows on the device");
+    }
     // Whether a batched step of n sequences reads the MoE's experts as FP8 (moe_stream's FP8 rows), not the
     // bf16 copy: what its byte roofline counts.
     virtual bool batch_reads_fp8_experts(int n) const {

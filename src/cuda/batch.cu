@@ -100,9 +100,14 @@ std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int 
         slot[static_cast<size_t>(t)] = s;
         max_pos = std::max(max_pos, p);
     }
+    batch_rows_ = nullptr;  // until this step has run
+    batch_n_ = 0;
     if (n == 1 && !pf) {
         upload_block_tables();
-        return {decode_slot(slot[0], ids[0], logits)};
+        const int next = decode_slot(slot[0], ids[0], logits);
+        batch_rows_ = act_.logits;
+        batch_n_ = 1;
+        return {next};
     }
     const int64_t V = c_.vocab_size;
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned ids and the positions are free
@@ -130,6 +135,8 @@ std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int 
                                    cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (int t = 0; t < n; ++t) ++slot_pos_[static_cast<size_t>(slot[static_cast<size_t>(t)])];
+    batch_rows_ = act_.all_logits;
+    batch_n_ = n;
     return next;
 }
 

@@ -119,10 +119,11 @@ void CudaModel::alloc_step() {
     st_.d_sel_top = take<unsigned long long>(CudaBuf::kSelTop);
     st_.d_sel_info = take<int>(CudaBuf::kSelInfo);
     st_.d_pen = take<int>(CudaBuf::kPen);
-    if (st_.d_sel_top) {
-        CUDA_CHECK(cudaMallocHost(&st_.h_sel_top, kTopKMax * sizeof(unsigned long long)));
-        CUDA_CHECK(cudaMallocHost(&st_.h_sel_info, 2 * sizeof(int)));
-        CUDA_CHECK(cudaMallocHost(&st_.h_pen, 2 * kMaxPenaltyIds * sizeof(int)));
+    if (st_.d_sel_top) {  // pinned mirrors of every row's candidates, counts and penalty window
+        st_.sel_rows = static_cast<int>(layout_[CudaBuf::kSelInfo] / 2);
+        CUDA_CHECK(cudaMallocHost(&st_.h_sel_top, layout_.bytes(CudaBuf::kSelTop)));
+        CUDA_CHECK(cudaMallocHost(&st_.h_sel_info, layout_.bytes(CudaBuf::kSelInfo)));
+        CUDA_CHECK(cudaMallocHost(&st_.h_pen, layout_.bytes(CudaBuf::kPen)));
     }
     act_.hi = take<bf16>(CudaBuf::kHi);
     // the dense GEMMs' widest output (lm_head's vocabulary, for all logits, keeps the two GEMMs)

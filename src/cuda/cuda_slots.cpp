@@ -6,7 +6,8 @@
 //      decode_batch: one pass over the weights for all of them, their logits rows in work order.
 // Each row's argmax is taken on the device; a group whose items all want only that copies no logits (a
 // 262,144-float row is 1 MB: at 64 sequences a copy and a host pass per row would cost more than the step's
-// own weight reads).
+// own weight reads), and a sampled row the engine lets the backend select (SlotWork::select) comes back as
+// its k best candidates after the penalties (CudaModel::batch_select), the rows staying on the device.
 // The engine asks logits only of an item's last id, so phase 2 covers every wanted row and a prompt's last
 // position is computed exactly as a decode token at that position would be.
 #include <algorithm>
@@ -47,7 +48,7 @@ class CudaSlotBackend final : public SlotBackend {
         check_slot_work(*this, work);
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<int> dslots, dids;  // phase 2's items, in work order
-        std::vector<char> copy;         // whether the item's logits row is wanted on the host
+        std::vector<const SlotWork*> items;
         for (const SlotWork& w : work) {
             const int64_t n = static_cast<int64_t>(w.ids.size());
             const int64_t prefill = w.logits ? n - 1 : n;
@@ -58,20 +59,13 @@ class CudaSlotBackend final : public SlotBackend {
             if (w.logits) {
                 dslots.push_back(w.slot);
                 dids.push_back(w.ids.back());
-                copy.push_back(logits && !w.argmax_only);
+                items.push_back(&w);
             }
         }
         const auto t1 = std::chrono::steady_clock::now();  // slot_eval returns once its chunk has run
-        const int64_t V = config().vocab_size;
-        const int group = std::max(1, std::min(be_->slots(), be_->batch_rows()));
-        for (size_t b = 0; b < dslots.size(); b += static_cast<size_t>(group)) {
-            const int n = static_cast<int>(std::min(dslots.size() - b, static_cast<size_t>(group)));
-            const auto first = copy.begin() + static_cast<std::ptrdiff_t>(b);
-            const bool rows = std::any_of(first, first + n, [](char c) { return c != 0; });
-            const std::vector<int> ids = be_->decode_batch(
-                dslots.data() + b, dids.data() + b, n, rows ? logits + static_cast<int64_t>(b) * V : nullptr);
-            if (next) std::copy(ids.begin(), ids.end(), next + b);
-            for (int t = 0; t < n; ++t) ++past_[static_cast<size_t>(dslots[b + static_cast<size_t>(t)])];
+        for (size_t b = 0; b < dslots.size(); b += static_cast<size_t>(group())) {
+            const int n = static_cast<int>(std::min(dslots.size() - b, static_cast<size_t>(group())));
+            decode_group(items.data() + b, dslots.data() + b, dids.data() + b, n, logits, next, b);
         }
         const auto t2 = std::chrono::steady_clock::now();  // decode_batch returns with its ids on the host
         last_.prefill = std::chrono::duration<double>(t1 - t0).count();
@@ -83,8 +77,41 @@ class CudaSlotBackend final : public SlotBackend {
     void set_kv_blocks(int slot, std::span<const int32_t> blocks) override {
         be_->slot_set_blocks(slot, blocks.data(), static_cast<int64_t>(blocks.size()));
     }
+    // Sampled rows cut on the device where every row of a step's decode_batch fits its selection buffers.
+    int max_select_k() const override {
+        return be_->batch_select_rows() >= group() ? be_->max_select_k() : 0;
+    }
+    int max_select_penalty_ids() const override { return be_->max_select_penalty_ids(); }
 
   private:
+    int group() const { return std::max(1, std::min(be_->slots(), be_->batch_rows())); }
+
+    // One decode_batch over n items (rows b.. of the step's logits): its argmax ids to next; the rows the
+    // engine reads to logits, all in one copy where none selects; else the step's rows stay on the device,
+    // each selecting row gets its candidates and each other wanted row its own copy.
+    void decode_group(const SlotWork* const* items, const int* slots, const int* ids, int n, float* logits,
+                      int* next, size_t b) {
+        const int64_t V = config().vocab_size;
+        bool copy = false, select = false;
+        for (int t = 0; t < n; ++t) {
+            select = select || items[t]->select;
+            copy = copy || (!items[t]->argmax_only && !items[t]->select);
+        }
+        float* rows = logits ? logits + static_cast<int64_t>(b) * V : nullptr;
+        const std::vector<int> out = be_->decode_batch(slots, ids, n, copy && !select ? rows : nullptr);
+        if (next) std::copy(out.begin(), out.end(), next + b);
+        for (int t = 0; t < n; ++t) ++past_[static_cast<size_t>(slots[t])];
+        if (!select) return;
+        std::vector<BatchRowSelect> sel;
+        for (int t = 0; t < n; ++t) {
+            if (items[t]->select)
+                sel.push_back({t, items[t]->select, items[t]->selection, rows + static_cast<int64_t>(t) * V});
+            else if (!items[t]->argmax_only)
+                be_->batch_row_logits(t, rows + static_cast<int64_t>(t) * V);
+        }
+        be_->batch_select(sel.data(), static_cast<int>(sel.size()));
+    }
+
     std::unique_ptr<CudaBackend> be_;
     int slots_;
     std::vector<int64_t> past_;

@@ -247,9 +247,15 @@ bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float
         return false;
     }
     *n_finite = st_.h_sel_info[0];
+    unpack_top(st_.h_sel_top, k, shard_.vocab_begin, top);
+    return true;
+}
+
+void CudaModel::unpack_top(const unsigned long long* keys, int k, int64_t id_offset,
+                           std::vector<Sampler::Top>* top) {
     top->clear();
     for (int i = 0; i < k; ++i) {
-        const unsigned long long key = st_.h_sel_top[i];
+        const unsigned long long key = keys[i];
         if (!key) break;
         // argmax_key inverted: the high word is the float's bits made order-preserving, the low word ~id
         const uint32_t hi = static_cast<uint32_t>(key >> 32);
@@ -257,9 +263,8 @@ bool CudaModel::decode_select(int id, const int* pen, int n_pen, float rp, float
         float v;
         std::memcpy(&v, &bits, sizeof v);
         const int local = static_cast<int>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffull));
-        top->push_back({v, static_cast<int>(local + shard_.vocab_begin)});
+        top->push_back({v, static_cast<int>(local + id_offset)});
     }
-    return true;
 }
 
 std::vector<int> CudaModel::decode_greedy(int steps, float* last_logits) {

@@ -149,6 +149,9 @@ class CudaModel {
     bool decode_select(int id, const int* pen, int n_pen, float rp, float pp, float fp, int k,
                        std::vector<Sampler::Top>* top, int64_t* n_finite, float* logits);
     bool can_select() const { return st_.d_sel_top != nullptr; }
+    // topk_select's keys (k of them, 0 = none) as candidates, id_offset added to each id
+    static void unpack_top(const unsigned long long* keys, int k, int64_t id_offset,
+                           std::vector<Sampler::Top>* top);
 
     // Batched decode (batch.cu, docs/batched-decode.md): slots() sequences, each with its own cache and
     // position. The single-sequence API above is slot 0's when nothing else is used; do not mix the two.
@@ -164,6 +167,13 @@ class CudaModel {
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
+    // After a decode_batch that copied no logits (its rows stay on the device until the next step): the most
+    // rows batch_select takes at once (0: none; a tensor-parallel rank holds part of each row), row r's
+    // logits to the host, and each listed row's best candidates as decode_select chooses them, with its own
+    // penalties (batch_sample.cu).
+    int batch_select_rows() const { return sharded() ? 0 : st_.sel_rows; }
+    void batch_row_logits(int row, float* host);
+    void batch_select(BatchRowSelect* rows, int m);
     bool batch_reads_fp8_experts(int n) const;  // batch.cu
     // decode_batch's step run eagerly with events around each phase of each layer (the positions advance).
     std::vector<CudaProfileEntry> profile_batch(const int* slot_ids, const int* ids, int n);
@@ -366,6 +376,9 @@ class CudaModel {
     int cur_slot_ = 0;
     bool batch_ = false;
     int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
+    // the last decode_batch's logits rows on the device ([n][V]; one sequence's in act_.logits)
+    const float* batch_rows_ = nullptr;
+    int batch_n_ = 0;
     // batch.cu: the batched step's graphs by (sequences, range class), captured on first use
     std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
     int64_t batch_range(int64_t max_pos) const;

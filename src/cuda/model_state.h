@@ -86,6 +86,8 @@ struct StepState {
     // penalty ids then counts [2 kMaxPenaltyIds]; null when V is too wide for it
     unsigned long long *d_sel_slices = nullptr, *d_sel_top = nullptr, *h_sel_top = nullptr;
     int *d_sel_info = nullptr, *h_sel_info = nullptr, *d_pen = nullptr, *h_pen = nullptr;
+    int sel_rows = 0;  // rows of a batched step the candidates, counts and windows above hold (kTopKMax, 2,
+                       // 2 kMaxPenaltyIds each)
 };
 
 // Activations, [n][width] row-major, and the scratch of the GEMMs and of decode attention.

@@ -98,10 +98,12 @@ void step_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
     const int64_t V = c.vocab_size, slice = CudaBuffers::kTopKSlice, top = CudaBuffers::kTopKMax;
     set(CudaBuf::kLogits, V);
     if (V <= slice / top * slice) {  // the device-side top-k; a wider vocabulary samples on the host
+        // candidates, their counts and the penalty windows for every row of a batched step (one sequence: 1)
+        const int64_t rows = s.slots > 1 ? std::min<int64_t>(s.chunk, s.slots) : 1;
         set(CudaBuf::kSelSlices, (V + slice - 1) / slice * top);
-        set(CudaBuf::kSelTop, top);
-        set(CudaBuf::kSelInfo, 2);
-        set(CudaBuf::kPen, 2 * CudaBuffers::kMaxPenaltyIds);
+        set(CudaBuf::kSelTop, rows * top);
+        set(CudaBuf::kSelInfo, rows * 2);
+        set(CudaBuf::kPen, rows * 2 * CudaBuffers::kMaxPenaltyIds);
     }
     set(CudaBuf::kHi, 2 * n * std::max({H, wd.q, wd.mlp, P}));  // bf16 hi, then lo
     b.y2_cols = std::max({LP, wd.q, wd.kv, H, wd.mlp, P});

@@ -26,6 +26,7 @@ struct DeviceSelect {
 struct DeviceSelection {
     std::vector<Sampler::Top> top;  // min(k, n_finite) candidates, logit descending, id ascending
     int64_t n_finite = 0;           // logits that are not -inf after the penalties
+    bool ok = false;                // SlotBackend::eval_slots: selected (false: the row came back instead)
 };
 
 struct BackendOptions {

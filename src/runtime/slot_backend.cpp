@@ -6,6 +6,31 @@
 
 namespace markbase {
 
+namespace {
+
+void check_select(const SlotBackend& be, const SlotWork& w) {
+    const std::string where = "slot " + std::to_string(w.slot) + ": device selection ";
+    if (!w.logits || w.argmax_only || !w.selection)
+        throw Error(where +
+                    "needs a logits row that is not argmax-only, and somewhere to put the candidates");
+    const DeviceSelect& s = *w.select;
+    if (s.k < 1 || s.k > be.max_select_k())
+        throw Error(where + "of k = " + std::to_string(s.k) + "; this backend selects 1 to " +
+                    std::to_string(be.max_select_k()));
+    if (s.pen_ids.size() != s.pen_counts.size() ||
+        static_cast<int64_t>(s.pen_ids.size()) > be.max_select_penalty_ids())
+        throw Error(where + "with " + std::to_string(s.pen_ids.size()) + " penalty ids and " +
+                    std::to_string(s.pen_counts.size()) + " counts; at most " +
+                    std::to_string(be.max_select_penalty_ids()) + ", one count each");
+    const int64_t V = be.config().vocab_size;
+    for (int id : s.pen_ids)
+        if (id < 0 || id >= V)
+            throw Error(where + "penalty id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(V) + ")");
+}
+
+}  // namespace
+
 void check_slot_work(const SlotBackend& be, const std::vector<SlotWork>& work) {
     std::vector<char> seen(static_cast<size_t>(be.slots()), 0);
     for (const SlotWork& w : work) {
@@ -26,6 +51,7 @@ void check_slot_work(const SlotBackend& be, const std::vector<SlotWork>& work) {
             if (id < 0 || id >= V)
                 throw Error("slot " + std::to_string(w.slot) + ": id " + std::to_string(id) +
                             " is outside the vocabulary [0, " + std::to_string(V) + ")");
+        if (w.select) check_select(be, w);
     }
 }
 

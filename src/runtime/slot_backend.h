@@ -37,6 +37,12 @@ struct SlotWork {
     bool logits = false;       // the last id's row is wanted: its logits, and its argmax in `next`
     bool argmax_only = false;  // (with logits) only the argmax is read: a GPU backend leaves the row's logits
                                // on the device (no copy) and takes the argmax there
+    // (with logits, not argmax_only) the row's select->k best candidates after select's penalties, chosen
+    // by the backend as Backend::eval_select does (1 <= k <= max_select_k(), at most
+    // max_select_penalty_ids() penalty ids): it fills *selection and sets selection->ok, leaving the logits
+    // row unwritten; where it cannot (NaN or +inf in the row) ok is false and the row is written.
+    const DeviceSelect* select = nullptr;
+    DeviceSelection* selection = nullptr;
 };
 
 // Where the last eval_slots call's time went, in seconds of wall time: its prompt chunks (prefill) and its
@@ -68,6 +74,9 @@ class SlotBackend {
     virtual int64_t kv_pool_blocks() const { return 0; }
     virtual int kv_block_size() const { return 0; }
     virtual void set_kv_blocks(int slot, std::span<const int32_t> blocks) { (void)slot, (void)blocks; }
+    // SlotWork::select: the largest k and the most penalty ids it takes (0: none; the engine sends rows).
+    virtual int max_select_k() const { return 0; }
+    virtual int max_select_penalty_ids() const { return 0; }
 };
 
 // BackendOptions::slots caches of ctx_size positions each (slots >= 1).

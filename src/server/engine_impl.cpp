@@ -116,8 +116,9 @@ class EngineImpl final : public Engine {
     void loop();
     bool drain();  // false when shutting down
     void step();
-    void on_logits(Live& r, const float* row, int argmax);
+    void on_logits(Live& r, const float* row, int argmax, const DeviceSelection* sel);
     static bool argmax_only(const GenerationRequest& req);
+    bool select_on_device(const Live& r, DeviceSelect* sel) const;
     void finish(Live& r, FinishReason why, const std::string& text, const std::string& error = "");
     void fail_all(const std::string& error);
     void publish_counts();  // the scheduler's counts to submit() and the gauges
@@ -132,8 +133,10 @@ class EngineImpl final : public Engine {
     Scheduler sched_;
     std::map<uint64_t, Live> live_;
     std::vector<float> logits_;
-    std::vector<int> next_;  // each wanted row's argmax
-    double intake_s_ = 0;    // drain()'s busy time since the last step (its wait for work excluded)
+    std::vector<int> next_;              // each wanted row's argmax
+    std::vector<DeviceSelect> selects_;  // each wanted row's device selection, where it has one
+    std::vector<DeviceSelection> selections_;
+    double intake_s_ = 0;  // drain()'s busy time since the last step (its wait for work excluded)
 
     // shared with the callers, under mu_
     std::mutex mu_;
@@ -225,10 +228,19 @@ void EngineImpl::step() {
     if (!st.preempted.empty()) book_.preempted(st.preempted.size());
     std::vector<SlotWork> work;
     int64_t rows = 0, decode_rows = 0, prompt_tokens = 0;
+    selects_.resize(st.work.size());  // pointers into these stay valid through eval_slots
+    selections_.resize(st.work.size());
     for (const StepWork& w : st.work) {
         if (w.pos0 == 0) be_.reset_slot(w.slot);
-        work.push_back(
-            SlotWork{w.slot, w.ids, w.wants_logits, w.wants_logits && argmax_only(live_.at(w.seq).req)});
+        const Live& r = live_.at(w.seq);
+        SlotWork sw{w.slot, w.ids, w.wants_logits, w.wants_logits && argmax_only(r.req)};
+        const size_t row = static_cast<size_t>(rows);
+        selections_[row].ok = false;
+        if (w.wants_logits && !sw.argmax_only && select_on_device(r, &selects_[row])) {
+            sw.select = &selects_[row];
+            sw.selection = &selections_[row];
+        }
+        work.push_back(sw);
         rows += w.wants_logits ? 1 : 0;
         if (w.ids.size() == 1)
             ++decode_rows;
@@ -253,7 +265,8 @@ void EngineImpl::step() {
         if (!w.wants_logits) continue;
         Live& r = live_.at(w.seq);
         try {
-            on_logits(r, logits_.data() + row * V, next_[static_cast<size_t>(row)]);
+            on_logits(r, logits_.data() + row * V, next_[static_cast<size_t>(row)],
+                      &selections_[static_cast<size_t>(row)]);
         } catch (const std::exception& e) {
             if (live_.count(w.seq)) finish(r, FinishReason::Error, "", e.what());
         }
@@ -275,9 +288,29 @@ bool EngineImpl::argmax_only(const GenerationRequest& req) {
     return s.temperature == 0.0f && !penalised && req.top_logprobs < 0;
 }
 
-void EngineImpl::on_logits(Live& r, const float* row, int argmax) {
+// A sampled row the backend can cut to its k best candidates (after the penalties) where it computed them:
+// what generate() asks of Backend::eval_select, so the draw is the host sampler's on either path. Not with
+// logprobs (they read the whole row) or a penalty window the backend cannot take.
+bool EngineImpl::select_on_device(const Live& r, DeviceSelect* sel) const {
+    const SamplingParams& s = r.req.sampling;
+    const int k = s.temperature == 0.0f ? 1 : s.top_k;
+    if (r.req.top_logprobs >= 0 || k < 1 || k > be_.max_select_k()) return false;
+    sel->k = k;
+    penalty_window(r.history, s, &sel->pen_ids, &sel->pen_counts);
+    if (static_cast<int>(sel->pen_ids.size()) > be_.max_select_penalty_ids() ||
+        (!sel->pen_ids.empty() && (sel->pen_ids.front() < 0 || sel->pen_ids.back() >= cfg_.vocab_size)))
+        return false;  // the host sampler names a bad id
+    sel->repeat_penalty = s.repeat_penalty;
+    sel->presence_penalty = s.presence_penalty;
+    sel->frequency_penalty = s.frequency_penalty;
+    return true;
+}
+
+void EngineImpl::on_logits(Live& r, const float* row, int argmax, const DeviceSelection* sel) {
     const int64_t V = cfg_.vocab_size;
-    const int id = argmax_only(r.req) ? argmax : r.sampler.sample(row, V, r.history);
+    const int id = argmax_only(r.req) ? argmax
+                   : sel->ok          ? r.sampler.sample_top(sel->top, sel->n_finite)
+                                      : r.sampler.sample(row, V, r.history);
     const double now = now_s();
     if (r.generated == 0) {
         r.t_first = now;
