@@ -47,36 +47,16 @@ if [ ! -f "$GGUF" ]; then
     say "converted to GGUF"
 fi
 
-# serve_and_bench NAME CMD...: starts the server, waits for GET /health, runs both loads, stops it (SIGTERM).
+# shared: start_server, load, stop_server
+. "$ROOT/bench/serve_common.sh"
 serve_and_bench() {
     local name=$1
     shift
-    "$@" > "$OUT/$name-server.txt" 2>&1 &
-    local pid=$!
-    local ok=0
-    for _ in $(seq 1 240); do
-        if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" \
-            > /dev/null 2>&1; then ok=1; break; fi
-        kill -0 $pid 2> /dev/null || break
-        sleep 0.5
-    done
-    if [ $ok -ne 1 ]; then
-        say "$name did not come up"; tail -20 "$OUT/$name-server.txt"; kill $pid 2> /dev/null; return 1
-    fi
-    say "$name up"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/$name-mem.txt" 2>&1 &
-    local smi=$!
-    local common=(--base-url "http://127.0.0.1:$PORT" --input-len "$IN_LEN" --output-len "$OUT_LEN" --ignore-eos
-                  --seed 1 --id-high 8000 --allow-failures)
-    timeout 330 python3 "$BENCH" "${common[@]}" --num-prompts "$PROMPTS" --max-concurrency 100 \
-        --json-out "$OUT/$name-c100.json" > "$OUT/$name-c100.txt" 2>&1
-    say "$name concurrency 100 rc=$?"
-    timeout 120 python3 "$BENCH" "${common[@]}" --num-prompts 16 --max-concurrency 1 \
-        --json-out "$OUT/$name-c1.json" > "$OUT/$name-c1.txt" 2>&1
-    say "$name concurrency 1 rc=$?"
-    kill $smi 2> /dev/null
-    kill -TERM $pid 2> /dev/null
-    wait $pid 2> /dev/null
+    start_server "$name" "$@" || return 1
+    local common=(--input-len "$IN_LEN" --output-len "$OUT_LEN" --ignore-eos --seed 1 --id-high 8000)
+    load "$name-c100" 330 "${common[@]}" --num-prompts "$PROMPTS" --max-concurrency 100
+    load "$name-c1" 120 "${common[@]}" --num-prompts 16 --max-concurrency 1
+    stop_server
 }
 
 LLAMA_CMD=("$LLAMA_BIN" -m "$GGUF" -ngl 999 -np 100 -c $((100 * (IN_LEN + OUT_LEN + 76))) -fa on
