@@ -49,8 +49,9 @@ struct Usage {
     double decode_tok_s = 0;  // completion tokens after the first, per second
 };
 
-// Where a request's results go. Called on the scheduler thread: implementations must not block (queue the
-// event for the HTTP thread and return). on_finish is called exactly once, last.
+// Where a request's results go. Called on the engine's emitter thread (sink_emitter.h), a request's events in
+// order: implementations must not block (queue the event for the HTTP thread and return). on_finish is called
+// exactly once, last.
 class RequestSink {
   public:
     virtual ~RequestSink() = default;
@@ -98,7 +99,7 @@ class Engine {
     virtual const EngineLimits& limits() const = 0;
     virtual int vocab_size() const = 0;
     // Ends every running and queued request with on_finish(Error, "server shutting down") and joins the
-    // scheduler thread. Idempotent; the destructor calls it.
+    // scheduler and emitter threads (the last events delivered). Idempotent; the destructor calls it.
     virtual void shutdown() = 0;
 };
 

@@ -15,6 +15,7 @@
 #include "server/engine_metrics.h"
 #include "server/logprobs.h"
 #include "server/reply_text.h"
+#include "server/sink_emitter.h"
 
 namespace markbase::server {
 
@@ -83,6 +84,7 @@ class EngineImpl final : public Engine {
         cv_.notify_one();
         std::lock_guard<std::mutex> lk(join_mu_);
         if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+        emitter_.stop();  // after the scheduler's last events (fail_all's) are queued
     }
 
   private:
@@ -136,7 +138,8 @@ class EngineImpl final : public Engine {
     std::vector<int> next_;              // each wanted row's argmax
     std::vector<DeviceSelect> selects_;  // each wanted row's device selection, where it has one
     std::vector<DeviceSelection> selections_;
-    double intake_s_ = 0;  // drain()'s busy time since the last step (its wait for work excluded)
+    double intake_s_ = 0;        // drain()'s busy time since the last step (its wait for work excluded)
+    std::vector<Emission> out_;  // the sinks' events since the last hand-over to emitter_
 
     // shared with the callers, under mu_
     std::mutex mu_;
@@ -147,6 +150,7 @@ class EngineImpl final : public Engine {
     uint64_t next_id_ = 1;
     int64_t waiting_ = 0, running_ = 0;  // the scheduler's, as of its last publish_counts()
 
+    SinkEmitter emitter_;  // delivers out_'s events to the sinks (sink_emitter.h)
     std::mutex join_mu_;
     std::thread thread_;
 };
@@ -187,9 +191,12 @@ uint64_t EngineImpl::submit(GenerationRequest req, std::shared_ptr<RequestSink> 
 }
 
 void EngineImpl::loop() {
-    while (drain())
+    while (drain()) {
         if (!sched_.idle()) step();
+        emitter_.post(out_);  // the step's events, one hand-over, delivered while the next step runs
+    }
     fail_all("server shutting down");
+    emitter_.post(out_);
 }
 
 bool EngineImpl::drain() {
@@ -206,7 +213,7 @@ bool EngineImpl::drain() {
         stop = stopping_;
         waiting_ += static_cast<int64_t>(in.size());  // still counted by submit() until they are queued
     }
-    // sinks are called with no lock held: one may call cancel() or submit()
+    // (sinks are called on emitter_'s thread with no lock of ours held: one may call cancel() or submit())
     for (Pending& p : in) {
         const uint64_t id = p.id;
         Live& r = live_.emplace(id, Live(std::move(p), tok_)).first->second;
@@ -218,6 +225,7 @@ bool EngineImpl::drain() {
         if (it != live_.end()) finish(it->second, FinishReason::Cancelled, "");
     }
     publish_counts();
+    emitter_.post(out_);  // refusals and cancellations
     intake_s_ += now_s() - t0;
     return !stop;
 }
@@ -336,7 +344,10 @@ void EngineImpl::on_logits(Live& r, const float* row, int argmax, const DeviceSe
         for (const auto& [alt, p] : ev.top)
             ev.top_text.emplace_back(tok_.decode(std::span<const int>(&alt, 1)), p);
     }
-    r.sink->on_token(ev);
+    Emission e;
+    e.sink = r.sink;
+    e.token = std::move(ev);
+    out_.push_back(std::move(e));
     if (stopped) {
         finish(r, FinishReason::Stop, "");
         return;
@@ -362,10 +373,14 @@ void EngineImpl::finish(Live& r, FinishReason why, const std::string& text, cons
         book_.tpot((r.t_last - r.t_first) / (r.generated - 1));
     }
     book_.finished(why);
-    try {
-        r.sink->on_finish(why, text, u, error);
-    } catch (...) {  // a sink must not throw; if one does, the engine goes on
-    }
+    Emission e;
+    e.sink = r.sink;
+    e.finish = true;
+    e.reason = why;
+    e.text = text;
+    e.error = error;
+    e.usage = u;
+    out_.push_back(std::move(e));
     live_.erase(r.id);
 }
 

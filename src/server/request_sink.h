@@ -1,6 +1,6 @@
-// The RequestSink an HTTP thread waits on: the engine's scheduler thread queues each event and returns at
-// once (never blocking on a slow client); the thread serving the request takes them in order, waiting on a
-// condition variable with a timeout so it can look at its client between events.
+// The RequestSink an HTTP thread waits on: the engine's emitter thread (sink_emitter.h) queues each event and
+// returns at once (never blocking on a slow client); the thread serving the request takes them in order,
+// waiting on a condition variable with a timeout so it can look at its client between events.
 #pragma once
 
 #include <chrono>
