@@ -15,6 +15,7 @@ namespace markbase::cuda {
 static_assert(CudaBuffers::kTopKMax == kTopKMax && CudaBuffers::kTopKSlice == kTopKSlice);
 static_assert(CudaBuffers::kAttnMinKeys == kAttnMinKeys);
 static_assert(CudaBuffers::kMaxPenaltyIds == CudaModel::kMaxPenaltyIds);
+static_assert(CudaBuffers::kTopKRowsMax == kTopKRowsMax);
 
 template <class T>
 T* CudaModel::alloc(size_t count) {

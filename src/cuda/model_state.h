@@ -82,8 +82,9 @@ struct StepState {
     unsigned long long* d_argmax = nullptr;   // [1] the step's argmax key (sampling.cu)
     unsigned int* d_counter = nullptr;        // [1] lm_head's finished blocks
     unsigned int* d_attn_counters = nullptr;  // [nH] finished attention pieces per head
-    // top-k: slices' winners [ceil(V / kTopKSlice) * kTopKMax], the k best [kTopKMax], [n_finite, bad], the
-    // penalty ids then counts [2 kMaxPenaltyIds]; null when V is too wide for it
+    // top-k: slices' winners [ceil(V / kTopKSlice) * kTopKMax] (for min(sel_rows, kTopKRowsMax) rows), the k
+    // best [kTopKMax], [n_finite, bad], the penalty ids then counts [2 kMaxPenaltyIds]; null when V is too
+    // wide for it
     unsigned long long *d_sel_slices = nullptr, *d_sel_top = nullptr, *h_sel_top = nullptr;
     int *d_sel_info = nullptr, *h_sel_info = nullptr, *d_pen = nullptr, *h_pen = nullptr;
     int sel_rows = 0;  // rows of a batched step the candidates, counts and windows above hold (kTopKMax, 2,

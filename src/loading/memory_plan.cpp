@@ -100,7 +100,8 @@ void step_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
     if (V <= slice / top * slice) {  // the device-side top-k; a wider vocabulary samples on the host
         // candidates, their counts and the penalty windows for every row of a batched step (one sequence: 1)
         const int64_t rows = s.slots > 1 ? std::min<int64_t>(s.chunk, s.slots) : 1;
-        set(CudaBuf::kSelSlices, (V + slice - 1) / slice * top);
+        const int64_t slices_rows = std::min<int64_t>(rows, CudaBuffers::kTopKRowsMax);  // one launch's rows
+        set(CudaBuf::kSelSlices, slices_rows * ((V + slice - 1) / slice) * top);
         set(CudaBuf::kSelTop, rows * top);
         set(CudaBuf::kSelInfo, rows * 2);
         set(CudaBuf::kPen, rows * 2 * CudaBuffers::kMaxPenaltyIds);

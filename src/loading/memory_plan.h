@@ -89,7 +89,8 @@ extern const std::array<CudaBufInfo, static_cast<size_t>(CudaBuf::kCount)> kCuda
 
 struct CudaBuffers {
     // Mirrors of cuda/kernels/kernels.h's and CudaModel's constants (buffers.cu static_asserts they agree).
-    static constexpr int kTopKMax = 64, kTopKSlice = 4096, kMaxPenaltyIds = 1024, kAttnMinKeys = 16;
+    static constexpr int kTopKMax = 64, kTopKSlice = 4096, kMaxPenaltyIds = 1024, kAttnMinKeys = 16,
+                         kTopKRowsMax = 128;
     // The cp.async GeGLU ring's partial sums: 2 blocks of 8 warps per SM on up to 256 SMs (a larger GPU's
     // launch falls back to the warp-per-row kernel, which needs none).
     static constexpr int64_t kGemvRingWarps = 2 * 8 * 256;

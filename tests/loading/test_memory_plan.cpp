@@ -202,18 +202,19 @@ TEST(MemoryPlan, SlotsAddBatchArraysAndAllRowsLogits) {
     // batched decode's positions, slots and next ids [chunk] ints, the [chunk][V] logits it always needs,
     // the paged cache's block tables (4096 / 16 ints per slot), prefill's gather of one slot's full-layer
     // K and V (4096 rows of 2 x 512, bf16) and, for each row of a step (min(chunk, slots)) beyond the one
-    // sequence's, the device top-k's candidates, counts and penalty window (64 keys, 2 ints, 2 x 1024 ints)
+    // sequence's, the device top-k's candidates, counts, penalty window and slices' winners (64 keys, 2 ints,
+    // 2 x 1024 ints, 64 keys a slice of 4,096 ids)
     const ModelConfig c = hand_config();
     const uint64_t w1 = cuda_workspace_bytes(c, 4096, 256, 1);
     const uint64_t gather = 2ull * 4096 * 1024 * 2;
-    const uint64_t select = 64 * 8 + 2 * 4 + 2 * 1024 * 4;
+    const uint64_t select = 64 * 8 + 2 * 4 + 2 * 1024 * 4 + 64 * 8;  // V 1000: one slice
     EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 2),
               w1 + 3 * 256 * 4 + 256ull * 1000 * 4 + 2 * 256 * 4 + gather + select);
     EXPECT_EQ(cuda_workspace_bytes(c, 4096, 256, 64),
               cuda_workspace_bytes(c, 4096, 256, 2) + 62 * 256 * 4 + 62 * select);
     const ModelConfig big = variant("26b-a4b");
     EXPECT_EQ(cuda_workspace_bytes(big, 4096, 512, 64) - cuda_workspace_bytes(big, 4096, 512, 1),
-              3 * 512 * 4 + 512ull * 262144 * 4 + 64 * 256 * 4 + gather + 63 * select);
+              3 * 512 * 4 + 512ull * 262144 * 4 + 64 * 256 * 4 + gather + 63 * (select + 63 * 64 * 8));
 }
 
 TEST(MemoryPlan, PagedPoolBytesAndTheLargestPoolThatFits) {

@@ -464,6 +464,24 @@ constexpr int kTopKSlice = 4096;
 void topk_select(const float* logits, int V, const int* pen, int n_pen, float repeat_penalty,
                  float presence_penalty, float frequency_penalty, int k, unsigned long long* slices,
                  unsigned long long* out, int* info, cudaStream_t s);
+// topk_select for up to kTopKRowsMax rows of a batched step at once (row[i] of logits [.][row_stride]), each
+// with its own penalty window (pen + i pen_stride: n_pen[i] ids, then their counts), penalties and k; row
+// i's slices at slices + i ceil(V / kTopKSlice) kTopKMax, its keys at out + i kTopKMax, its info at
+// info + 2 i. Passed by value (the rows' scalars fit a launch's parameters).
+constexpr int kTopKRowsMax = 128;
+struct TopkRows {
+    const float* logits = nullptr;
+    int64_t row_stride = 0;
+    const int* pen = nullptr;
+    int pen_stride = 0;
+    unsigned long long* slices = nullptr;
+    unsigned long long* out = nullptr;
+    int* info = nullptr;
+    int n = 0;
+    int row[kTopKRowsMax], n_pen[kTopKRowsMax], k[kTopKRowsMax];
+    float rp[kTopKRowsMax], pp[kTopKRowsMax], fp[kTopKRowsMax];
+};
+void topk_select_rows(const TopkRows& rows, int V, cudaStream_t s);
 // out[r] = the argmax of row r of logits [rows][V] (ties to the lower id), one block per row.
 void argmax_rows(const float* logits, int rows, int64_t V, int* out, cudaStream_t s);
 // logits = cap * tanh(logits / cap) over n values.

@@ -53,13 +53,10 @@ __device__ void bitonic_desc(unsigned long long* a, int n) {
 // Stage 1: one block per slice of kTopKSlice logits: penalties (as Sampler's apply_penalties: repeat, then
 // presence + frequency * count, one fma), keys, a sort, the slice's best kTopKMax out. info[0] += the finite
 // candidates, info[1] |= 1 on NaN or +inf (the host then reports them from the full row).
-__global__ void __launch_bounds__(kSelThreads)
-    topk_slices_kernel(const float* logits, int V, const int* pen, int n_pen, float rp, float pp, float fp,
-                       unsigned long long* out, int* info) {
-    __shared__ unsigned long long keys[kTopKSlice];
-    __shared__ float red[32];
-    pdl_begin();
-    const int base = blockIdx.x * kTopKSlice;
+__device__ __forceinline__ void topk_slice(const float* logits, int V, const int* pen, int n_pen, float rp,
+                                           float pp, float fp, unsigned long long* out, int* info,
+                                           unsigned slice, unsigned long long* keys, float* red) {
+    const int base = slice * kTopKSlice;
     float finite = 0.0f;
     bool bad = false;
     for (int i = threadIdx.x; i < kTopKSlice; i += blockDim.x) {
@@ -88,18 +85,61 @@ __global__ void __launch_bounds__(kSelThreads)
     if (threadIdx.x == 0) atomicAdd(info, static_cast<int>(finite));
     if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(info + 1, 1);
     bitonic_desc(keys, kTopKSlice);
-    for (int i = threadIdx.x; i < kTopKMax; i += blockDim.x) out[blockIdx.x * kTopKMax + i] = keys[i];
+    for (int i = threadIdx.x; i < kTopKMax; i += blockDim.x) out[slice * kTopKMax + i] = keys[i];
 }
 
 // Stage 2: one block sorts the slices' winners (n_in <= kTopKSlice, padded to n2) and keeps the best k.
-__global__ void __launch_bounds__(kSelThreads)
-    topk_merge_kernel(const unsigned long long* in, int n_in, int n2, int k, unsigned long long* out) {
-    __shared__ unsigned long long keys[kTopKSlice];
-    pdl_begin();
+__device__ __forceinline__ void topk_merge(const unsigned long long* in, int n_in, int n2, int k,
+                                           unsigned long long* out, unsigned long long* keys) {
     for (int i = threadIdx.x; i < n2; i += blockDim.x) keys[i] = i < n_in ? in[i] : 0ull;
     __syncthreads();
     bitonic_desc(keys, n2);
     for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = keys[i];
+}
+
+__global__ void __launch_bounds__(kSelThreads)
+    topk_slices_kernel(const float* logits, int V, const int* pen, int n_pen, float rp, float pp, float fp,
+                       unsigned long long* out, int* info) {
+    __shared__ unsigned long long keys[kTopKSlice];
+    __shared__ float red[32];
+    pdl_begin();
+    topk_slice(logits, V, pen, n_pen, rp, pp, fp, out, info, blockIdx.x, keys, red);
+}
+
+__global__ void __launch_bounds__(kSelThreads)
+    topk_merge_kernel(const unsigned long long* in, int n_in, int n2, int k, unsigned long long* out) {
+    __shared__ unsigned long long keys[kTopKSlice];
+    pdl_begin();
+    topk_merge(in, n_in, n2, k, out, keys);
+}
+
+// The same two stages for the rows of a batched step at once: a grid of slices x rows, then a block a row.
+__global__ void __launch_bounds__(kSelThreads) topk_rows_slices_kernel(TopkRows a, int V) {
+    __shared__ unsigned long long keys[kTopKSlice];
+    __shared__ float red[32];
+    pdl_begin();
+    const int i = blockIdx.y, nb = gridDim.x;
+    topk_slice(a.logits + a.row[i] * a.row_stride, V, a.pen + i * a.pen_stride, a.n_pen[i], a.rp[i], a.pp[i],
+               a.fp[i], a.slices + int64_t{i} * nb * kTopKMax, a.info + 2 * i, blockIdx.x, keys, red);
+}
+
+__global__ void __launch_bounds__(kSelThreads) topk_rows_merge_kernel(TopkRows a, int nb, int n2) {
+    __shared__ unsigned long long keys[kTopKSlice];
+    pdl_begin();
+    const int i = blockIdx.x;
+    topk_merge(a.slices + int64_t{i} * nb * kTopKMax, nb * kTopKMax, n2, a.k[i], a.out + i * kTopKMax, keys);
+}
+
+// Slices of a vocabulary and the merge's padded count; throws where topk_select cannot take them.
+int topk_slices(int V, int k, int& n2) {
+    const int nb = (V + kTopKSlice - 1) / kTopKSlice;
+    if (V <= 0 || nb * kTopKMax > kTopKSlice || k < 1 || k > kTopKMax)
+        throw Error(
+            "internal: topk_select supports vocab <= " + std::to_string(kTopKSlice / kTopKMax * kTopKSlice) +
+            " and 1 <= k <= " + std::to_string(kTopKMax));
+    n2 = 1;
+    while (n2 < nb * kTopKMax) n2 <<= 1;
+    return nb;
 }
 
 }  // namespace
@@ -107,18 +147,26 @@ __global__ void __launch_bounds__(kSelThreads)
 void topk_select(const float* logits, int V, const int* pen, int n_pen, float repeat_penalty,
                  float presence_penalty, float frequency_penalty, int k, unsigned long long* slices,
                  unsigned long long* out, int* info, cudaStream_t s) {
-    const int nb = (V + kTopKSlice - 1) / kTopKSlice;
-    if (V <= 0 || nb * kTopKMax > kTopKSlice || k < 1 || k > kTopKMax)
-        throw Error(
-            "internal: topk_select supports vocab <= " + std::to_string(kTopKSlice / kTopKMax * kTopKSlice) +
-            " and 1 <= k <= " + std::to_string(kTopKMax));
+    int n2 = 0;
+    const int nb = topk_slices(V, k, n2);
     CUDA_CHECK(cudaMemsetAsync(info, 0, 2 * sizeof(int), s));
     launch_kernel(topk_slices_kernel, dim3(nb), dim3(kSelThreads), 0, s, logits, V, pen, n_pen,
                   repeat_penalty, presence_penalty, frequency_penalty, slices, info);
     CUDA_CHECK_LAUNCH();
-    int n2 = 1;
-    while (n2 < nb * kTopKMax) n2 <<= 1;
     launch_kernel(topk_merge_kernel, dim3(1), dim3(kSelThreads), 0, s, slices, nb * kTopKMax, n2, k, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+void topk_select_rows(const TopkRows& a, int V, cudaStream_t s) {
+    if (a.n < 1 || a.n > kTopKRowsMax)
+        throw Error("internal: topk_select_rows of " + std::to_string(a.n) + " rows (1 to " +
+                    std::to_string(kTopKRowsMax) + ")");
+    int n2 = 0, nb = 0;
+    for (int i = 0; i < a.n; ++i) nb = topk_slices(V, a.k[i], n2);
+    CUDA_CHECK(cudaMemsetAsync(a.info, 0, 2 * sizeof(int) * a.n, s));
+    launch_kernel(topk_rows_slices_kernel, dim3(nb, a.n), dim3(kSelThreads), 0, s, a, V);
+    CUDA_CHECK_LAUNCH();
+    launch_kernel(topk_rows_merge_kernel, dim3(a.n), dim3(kSelThreads), 0, s, a, nb, n2);
     CUDA_CHECK_LAUNCH();
 }
 
