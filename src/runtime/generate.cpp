@@ -23,6 +23,20 @@ void check_prompt(const Backend& be, const std::vector<int>& prompt, int64_t n_p
                     std::to_string(be.config().max_positions) + ")");
 }
 
+bool device_select_request(const SamplingParams& sp, const std::vector<int>& history, int64_t vocab,
+                           int max_k, int max_ids, DeviceSelect* req) {
+    req->k = sp.temperature == 0.0f ? 1 : sp.top_k;
+    if (req->k < 1 || req->k > max_k) return false;
+    penalty_window(history, sp, &req->pen_ids, &req->pen_counts);
+    if (static_cast<int64_t>(req->pen_ids.size()) > max_ids ||
+        (!req->pen_ids.empty() && (req->pen_ids.front() < 0 || req->pen_ids.back() >= vocab)))
+        return false;
+    req->repeat_penalty = sp.repeat_penalty;
+    req->presence_penalty = sp.presence_penalty;
+    req->frequency_penalty = sp.frequency_penalty;
+    return true;
+}
+
 GenerateStats generate(Backend& be, const std::vector<int>& prompt, const GenerateOptions& opt,
                        const std::function<bool(int)>& on_token, std::vector<int>* out_ids) {
     GenerateStats st;
@@ -43,13 +57,8 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
     // draw stays here, so the ids are exactly the host sampler's). Tuning::device_sampling (the backend's
     // max_select_k is then 0) or opt.device_select turns it off.
     const SamplingParams& sp = opt.sampling;
-    const int select_k = sp.temperature == 0.0f ? 1 : sp.top_k;
-    const bool device_select = opt.device_select && select_k >= 1 && select_k <= be.max_select_k();
+    const int max_k = opt.device_select ? be.max_select_k() : 0;
     DeviceSelect req;
-    req.k = select_k;
-    req.repeat_penalty = sp.repeat_penalty;
-    req.presence_penalty = sp.presence_penalty;
-    req.frequency_penalty = sp.frequency_penalty;
     DeviceSelection sel;
 
     double t1 = now_s();
@@ -61,14 +70,7 @@ GenerateStats generate(Backend& be, const std::vector<int>& prompt, const Genera
                 break;
             }
             const int last = history.back();
-            bool host = !device_select;
-            if (!host) {  // the penalties' window (empty when they are off)
-                penalty_window(history, sp, &req.pen_ids, &req.pen_counts);
-                // too many for the device, or ids outside the vocabulary (the host sampler names them)
-                host = static_cast<int>(req.pen_ids.size()) > be.max_select_penalty_ids() ||
-                       (!req.pen_ids.empty() && (req.pen_ids.front() < 0 || req.pen_ids.back() >= V));
-            }
-            if (host)
+            if (!device_select_request(sp, history, V, max_k, be.max_select_penalty_ids(), &req))
                 be.eval(&last, 1, logits.data(), false);
             else if (be.eval_select(last, req, &sel, logits.data()))
                 id = sampler.sample_top(sel.top, sel.n_finite);

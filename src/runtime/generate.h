@@ -34,6 +34,13 @@ struct GenerateStats {
 // be.n_past()); a caller that prints or changes anything before generating checks it before that.
 void check_prompt(const Backend& be, const std::vector<int>& prompt, int64_t n_past);
 
+// The device-side selection (Backend::eval_select, SlotWork::select) for a sequence's next token: k (1 at
+// temperature 0, else top_k), the penalties and the window of `history`. False where a backend taking at most
+// max_k candidates and max_ids penalty ids cannot serve it (top_k 0 or too large, too long a window, or ids
+// outside the vocabulary, which the host sampler names): the row goes to the host sampler then.
+bool device_select_request(const SamplingParams& sp, const std::vector<int>& history, int64_t vocab,
+                           int max_k, int max_ids, DeviceSelect* req);
+
 // on_token(id) is called for each generated id (stop ids included); returning false stops generation.
 GenerateStats generate(Backend& be, const std::vector<int>& prompt, const GenerateOptions& opt,
                        const std::function<bool(int)>& on_token, std::vector<int>* out_ids = nullptr);

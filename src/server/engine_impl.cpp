@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/error.h"
+#include "runtime/generate.h"
 #include "runtime/scheduler.h"
 #include "runtime/timing.h"
 #include "server/engine_metrics.h"
@@ -298,20 +299,11 @@ bool EngineImpl::argmax_only(const GenerationRequest& req) {
 
 // A sampled row the backend can cut to its k best candidates (after the penalties) where it computed them:
 // what generate() asks of Backend::eval_select, so the draw is the host sampler's on either path. Not with
-// logprobs (they read the whole row) or a penalty window the backend cannot take.
+// logprobs (they read the whole row).
 bool EngineImpl::select_on_device(const Live& r, DeviceSelect* sel) const {
-    const SamplingParams& s = r.req.sampling;
-    const int k = s.temperature == 0.0f ? 1 : s.top_k;
-    if (r.req.top_logprobs >= 0 || k < 1 || k > be_.max_select_k()) return false;
-    sel->k = k;
-    penalty_window(r.history, s, &sel->pen_ids, &sel->pen_counts);
-    if (static_cast<int>(sel->pen_ids.size()) > be_.max_select_penalty_ids() ||
-        (!sel->pen_ids.empty() && (sel->pen_ids.front() < 0 || sel->pen_ids.back() >= cfg_.vocab_size)))
-        return false;  // the host sampler names a bad id
-    sel->repeat_penalty = s.repeat_penalty;
-    sel->presence_penalty = s.presence_penalty;
-    sel->frequency_penalty = s.frequency_penalty;
-    return true;
+    return r.req.top_logprobs < 0 &&
+           device_select_request(r.req.sampling, r.history, cfg_.vocab_size, be_.max_select_k(),
+                                 be_.max_select_penalty_ids(), sel);
 }
 
 void EngineImpl::on_logits(Live& r, const float* row, int argmax, const DeviceSelection* sel) {

@@ -45,7 +45,7 @@ constexpr int stage_bytes() {
 template <int MT, int NT>
 constexpr int stages() {
     if constexpr (MT == 2) return NT >= 12 ? 3 : 4;
-    return (74 * 1024) / stage_bytes<MT, NT>() < 6 ? (74 * 1024) / stage_bytes<MT, NT>() : 6;
+    return std::min(6, (74 * 1024) / stage_bytes<MT, NT>());
 }
 template <int MT, int NT>
 constexpr size_t ring_bytes() {
@@ -289,9 +289,9 @@ bool tile_gemm_fits(int N, int K, int n) {
 
 namespace {
 
-int row_tiles(const GemvSeg* segs, int nseg, int rows = 128) {
+int row_tiles(const GemvSeg* segs, int nseg) {  // of 128 rows, the tiles the rule was measured with
     int tiles = 0;
-    for (int i = 0; i < nseg; ++i) tiles += (segs[i].rows + rows - 1) / rows;
+    for (int i = 0; i < nseg; ++i) tiles += (segs[i].rows + 127) / 128;
     return tiles;
 }
 
