@@ -9,6 +9,9 @@
 //   v2  stream_gemm with each forced shape (mt row tiles per block x ks K splits)
 //   v3  tile_gemm (bf16 only) with each K split ks, tiles of 128 weight rows
 //   v4  tile_gemm (bf16 only) with each K split ks, tiles of 64 weight rows
+//   v5  tile_gemm over FP8 rows (bf16 inputs only; e4m3 with a scale per row, quantize_rows_fp8, which
+//       rewrites the bf16 weights every variant reads as the FP8 values, so all compute one product), with
+//       each K split ks and both tile heights; GB/s counts its FP8 bytes
 // Correctness gate: every output of every variant against an fp64 GPU reference of the same operands and
 // weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing: each variant's
 // launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve them) captured
@@ -108,13 +111,15 @@ struct Bench {
 struct Variant {
     std::string name;
     int mt = 0, ks = 0;  // 0: cuBLAS (v0); -1: the shape rule (v1)
-    bool tile = false;   // v3, v4: tile_gemm with K split ks
-    int tile_mt = 2;     // v3: 128-row tiles (two m64); v4: 64-row tiles
+    bool tile = false;   // v3, v4, v5: tile_gemm with K split ks
+    int tile_mt = 2;     // v3: 128-row tiles (two m64); v4: 64-row tiles; v5 either
+    bool fp8 = false;    // v5: the FP8 rows
 };
 
-// One launch of variant v over weight copy `w` (one pointer per segment).
+// One launch of variant v over weight copy `w` (one pointer per segment; v5 its FP8 rows q).
 void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector<const bf16*>& w,
-            const std::vector<float*>& y, const bf16* hi, const bf16* lo, int n) {
+            const std::vector<markbase::QuantMatrix>& q, const std::vector<float*>& y, const bf16* hi,
+            const bf16* lo, int n) {
     const int nseg = static_cast<int>(sh.rows.size());
     if (v.mt == 0) {
         const float one = 1.0f, zero = 0.0f;
@@ -133,7 +138,14 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
         return;
     }
     GemvSeg segs[kStreamGemmMaxSegs];
-    for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
+    for (int i = 0; i < nseg; ++i) {
+        segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
+        if (v.fp8) {
+            segs[i].w = nullptr;
+            segs[i].q = q[i];
+            segs[i].format = markbase::WeightFormat::kFp8;
+        }
+    }
     if (v.tile || (v.mt < 0 && b.bf16 && n > 16)) {
         const TileGemmShape shape =
             v.tile ? TileGemmShape{v.ks, v.tile_mt} : tile_gemm_shape(segs, nseg, sh.K, n, b.sms);
@@ -148,16 +160,26 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
 // One shape's weights: `copies` rotating copies of its segments (>= 256 MB in all), and its outputs.
 struct ShapeRun {
     const Shape& sh;
-    int64_t elems = 0;  // weights of one copy
+    int64_t elems = 0, all_rows = 0;  // weights and rows of one copy
     int copies = 1;
     bf16* wall = nullptr;
+    uint8_t* qall = nullptr;  // bf16 inputs: every copy's FP8 rows (v5), wall rewritten as their values
+    float* scall = nullptr;
     std::vector<float*> y;
 
     ShapeRun(const Shape& s, const Bench& b, int max_n) : sh(s) {
-        for (int r : sh.rows) elems += int64_t{r} * sh.K;
+        for (int r : sh.rows) {
+            elems += int64_t{r} * sh.K;
+            all_rows += r;
+        }
         copies = static_cast<int>(std::max<double>(1.0, std::ceil(256e6 / (2.0 * elems))));
         CK(cudaMalloc(&wall, sizeof(bf16) * elems * copies));
         fill_bf16<<<1024, 256, 0, b.s>>>(wall, elems * copies, 7, 0.05f);
+        if (b.bf16) {
+            CK(cudaMalloc(&qall, elems * copies));
+            CK(cudaMalloc(&scall, sizeof(float) * all_rows * copies));
+            quantize_rows_fp8(reinterpret_cast<uint16_t*>(wall), all_rows * copies, sh.K, qall, scall, b.s);
+        }
         for (int r : sh.rows) {
             y.push_back(nullptr);
             CK(cudaMalloc(&y.back(), sizeof(float) * max_n * r));
@@ -166,6 +188,8 @@ struct ShapeRun {
     ~ShapeRun() {
         for (float* p : y) CK(cudaFree(p));
         CK(cudaFree(wall));
+        if (qall) CK(cudaFree(qall));
+        if (scall) CK(cudaFree(scall));
     }
     std::vector<const bf16*> weights(int c) const {
         std::vector<const bf16*> w;
@@ -176,6 +200,17 @@ struct ShapeRun {
         }
         return w;
     }
+    std::vector<markbase::QuantMatrix> quant(int c) const {  // copy c's FP8 rows, segment by segment
+        std::vector<markbase::QuantMatrix> q;
+        if (!qall) return q;
+        int64_t off = int64_t{c} * elems, row = int64_t{c} * all_rows;
+        for (int r : sh.rows) {
+            q.push_back(markbase::QuantMatrix{qall + off, scall + row, nullptr});
+            off += int64_t{r} * sh.K;
+            row += r;
+        }
+        return q;
+    }
 };
 
 // Variant v's largest error on copy 0 against the fp64 reference, segment by segment (outputs poisoned
@@ -184,7 +219,7 @@ double max_error(const Bench& b, const Variant& v, ShapeRun& run, const bf16* hi
                  double* ref, double* mag) {
     const Shape& sh = run.sh;
     double worst = 0.0;
-    launch(b, v, sh, run.weights(0), run.y, hi, lo, n);
+    launch(b, v, sh, run.weights(0), run.quant(0), run.y, hi, lo, n);
     for (size_t i = 0; i < sh.rows.size(); ++i) {
         const int N = sh.rows[i];
         reference<<<dim3((N + 127) / 128, n), 128, 0, b.s>>>(run.weights(0)[i], hi, lo, N, sh.K, n, ref, mag);
@@ -209,7 +244,8 @@ double time_us(const Bench& b, const Variant& v, const ShapeRun& run, const bf16
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeRelaxed));
-    for (int r = 0; r < per_graph; ++r) launch(b, v, run.sh, run.weights(r % run.copies), run.y, hi, lo, n);
+    for (int r = 0; r < per_graph; ++r)
+        launch(b, v, run.sh, run.weights(r % run.copies), run.quant(r % run.copies), run.y, hi, lo, n);
     CK(cudaStreamEndCapture(b.s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     const float ms = lab::time_ms(5, b.s, [&] { CK(cudaGraphLaunch(ge, b.s)); });
@@ -278,6 +314,11 @@ int main(int argc, char** argv) {
     if (b.bf16) {
         for (int ks : {1, 2, 4, 8}) variants.push_back({"v3 tile ks" + std::to_string(ks), 1, ks, true, 2});
         for (int ks : {1, 2, 4, 8}) variants.push_back({"v4 tile64 ks" + std::to_string(ks), 1, ks, true, 1});
+        for (int mt : {2, 1})
+            for (int ks : {1, 2, 4, 8})
+                variants.push_back(
+                    {std::string("v5 fp8 ") + (mt == 2 ? "tile" : "tile64") + " ks" + std::to_string(ks), 1,
+                     ks, true, mt, true});
     }
     bool failed = false;
     std::printf("%-16s %3s  %-16s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
@@ -300,7 +341,7 @@ int main(int argc, char** argv) {
                 const bool bad = !(worst <= 1e-5);
                 failed |= bad;
                 std::printf("%-16s %3d  %-16s %9.2f %8.0f %10.2e%s\n", sh.name, n, v.name.c_str(), us,
-                            bytes / us * 1e-3, worst, bad ? "  FAIL" : "");
+                            (v.fp8 ? bytes / 2 : bytes) / us * 1e-3, worst, bad ? "  FAIL" : "");
             }
         }
     }

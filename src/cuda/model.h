@@ -256,6 +256,7 @@ class CudaModel {
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
     bool own_product(const GemvSeg* segs, int nseg, int K, int n);  // stream_gemm or tile_gemm ran them
+    GemvSeg product_seg(const bf16* w, const QuantMatrix& q, float* y, int rows) const;
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket), no host in the loop:

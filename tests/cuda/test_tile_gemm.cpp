@@ -1,8 +1,9 @@
 // tile_gemm (cuda/kernels/tile_gemm.cu), a serving step's projections over the one bf16 operand: every
 // output of every K split against an fp64 host product of the same operands, with token counts that leave
 // 16-token tiles partly empty, matrices whose rows end inside a 128-row tile, K ranges that leave a rank no
-// stage, and three matrices in one launch; then the model both ways at real widths (tile_gemm=128 against
-// cuBLAS over the same operand) on every family; the shape rule and the eligibility checks on the host.
+// stage, and three matrices in one launch, over bf16 and over FP8 rows; then the model both ways at real
+// widths (tile_gemm=128 against cuBLAS over the same operand; FP8 rows against the bf16 copy) on every
+// family; the shape rule and the eligibility checks on the host.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,8 +37,10 @@ using testing::to_bf16;
 using testing::to_device;
 
 // One launch over matrices of `rows` (K columns each) at n tokens with K split ks ways and row tiles of
-// mt x 64; the largest error of any output against the fp64 product, relative to the row's sum of |x| |w|.
-double max_error(const std::vector<int>& rows, int K, int n, int ks, int mt, uint32_t seed) {
+// mt x 64, over bf16 or FP8 rows; the largest error of any output against the fp64 product, relative to the
+// row's sum of |x| |w|.
+double max_error(const std::vector<int>& rows, int K, int n, int ks, int mt, uint32_t seed,
+                 bool fp8 = false) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<uint16_t> x(static_cast<size_t>(n) * K);
@@ -48,6 +51,7 @@ double max_error(const std::vector<int>& rows, int K, int n, int ks, int mt, uin
     }
     uint16_t* d_x = to_device(x);
     testing::DeviceSegments segs(rows, K, n, rng);
+    if (fp8) segs.quantize_fp8();
     cuda::tile_gemm(segs.segs(), segs.count(), d_x, n, K, {ks, mt}, nullptr);
     const double worst = segs.worst_error(xd);
     cudaFree(d_x);
@@ -74,56 +78,88 @@ TEST(TileGemm, EveryKSplitMatchesTheFp64Product) {
 #endif
 }
 
-// The model both ways at real widths (two layers, synthetic weights): a prompt chunk of 24 and a batched step
-// of 20 sequences with tile_gemm (tile_gemm=128) against cuBLAS over the same bf16 operand (tile_gemm=0).
-// The two sum in different orders (q/k/v's K split across 8 blocks), and a layer's input rounded to bf16 can
-// land on the neighbouring value (2^-8 relative) either way, so the logits agree to the bf16 path's bound
-// (CudaGemmInputs: 2e-2 of the range), not to fp32 rounding; and they must not be bit-identical (so tile_gemm
-// ran: with K = 64 both would sum in the same order, which is why tiny widths cannot tell). Not the 31B:
-// every launch of its products is over tile_gemm_pays' 80 MB, so cuBLAS runs them all.
+#ifdef MARKBASE_HAS_CUDA
+// A model at real widths (two layers, synthetic weights) under options o: the logits of a prompt chunk of 24
+// and of a batched step of 20 sequences (prompts of 3-7 tokens in their slots).
+struct ModelLogits {
+    std::vector<float> chunk, step;
+    int64_t V = 0;
+};
+constexpr int kModelSeqs = 20;
+ModelLogits model_logits(const char* variant, BackendOptions o) {
+    ModelLogits out;
+    o.ctx_size = 128;
+    o.chunk = 24;
+    {
+        auto one = make_synthetic_cuda_backend(variant, 2, o, 41);
+        out.V = one->config().vocab_size;
+        const std::vector<int> prompt = testing::random_ids(24, static_cast<int>(out.V), 5);
+        out.chunk.resize(out.V);
+        one->eval(prompt.data(), 24, out.chunk.data(), false);
+    }
+    o.slots = kModelSeqs;  // a backend's slots or its one sequence, not both
+    auto b = make_synthetic_cuda_backend(variant, 2, o, 41);
+    std::vector<int> order(kModelSeqs), in(kModelSeqs);
+    for (int s = 0; s < kModelSeqs; ++s) {
+        const std::vector<int> p = testing::random_ids(3 + s % 5, static_cast<int>(out.V), 100 + s);
+        b->slot_reset(s);
+        b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
+        order[s] = kModelSeqs - 1 - s;
+        in[s] = (7 * s + 3) % static_cast<int>(out.V);
+    }
+    out.step.resize(kModelSeqs * out.V);
+    b->decode_batch(order.data(), in.data(), kModelSeqs, out.step.data());
+    return out;
+}
+
+// Two runs of one model whose products differ in kernels (so in summation order), not in values: the
+// logits within the bf16 path's bound (CudaGemmInputs: 2e-2 of the range; a layer's input rounded to bf16
+// can land on the neighbouring value either way), and not bit-identical (the kernel under test ran).
+void expect_same_model(const ModelLogits& a, const ModelLogits& b, const char* what) {
+    const double e = testing::rel_err(a.chunk, b.chunk);
+    std::printf("  prompt chunk of 24, %s: rel err %.2e\n", what, e);
+    EXPECT_LT(e, 2e-2) << "prompt chunk of 24";
+    EXPECT_NE(a.chunk, b.chunk) << "bit-identical: the chunk did not run it";
+    EXPECT_NE(a.step, b.step) << "bit-identical: the step did not run it";
+    const int64_t V = a.V;
+    for (int t = 0; t < kModelSeqs; ++t) {
+        const std::vector<float> x(a.step.begin() + t * V, a.step.begin() + (t + 1) * V);
+        const std::vector<float> y(b.step.begin() + t * V, b.step.begin() + (t + 1) * V);
+        EXPECT_LT(testing::rel_err(x, y), 2e-2) << "batched row " << t;
+    }
+}
+#endif
+
+// The model both ways: tile_gemm (tile_gemm=128) against cuBLAS over the same bf16 operand (tile_gemm=0).
+// With K = 64 both would sum in the same order, which is why tiny widths cannot tell. Not the 31B: every
+// launch of its products is over tile_gemm_pays' 80 MB, so cuBLAS runs them all.
 class TileGemmModel : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TileGemmModel, MatchesCublasOverTheBf16Operand) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    constexpr int kSeqs = 20;
-    std::vector<float> chunk[2], step[2];
-    int64_t V = 0;
-    for (int tile = 0; tile < 2; ++tile) {
-        BackendOptions o;
-        o.ctx_size = 128;
-        o.chunk = 24;
-        o.tuning.tile_gemm = tile ? cuda::kTileGemmMaxN : 0;
-        {
-            auto one = make_synthetic_cuda_backend(GetParam(), 2, o, 41);
-            V = one->config().vocab_size;
-            const std::vector<int> prompt = testing::random_ids(24, static_cast<int>(V), 5);
-            chunk[tile].resize(V);
-            one->eval(prompt.data(), 24, chunk[tile].data(), false);
-        }
-        o.slots = kSeqs;  // a backend's slots or its one sequence, not both
-        auto b = make_synthetic_cuda_backend(GetParam(), 2, o, 41);
-        std::vector<int> order(kSeqs), in(kSeqs);
-        for (int s = 0; s < kSeqs; ++s) {
-            const std::vector<int> p = testing::random_ids(3 + s % 5, static_cast<int>(V), 100 + s);
-            b->slot_reset(s);
-            b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
-            order[s] = kSeqs - 1 - s;
-            in[s] = (7 * s + 3) % static_cast<int>(V);
-        }
-        step[tile].resize(kSeqs * V);
-        b->decode_batch(order.data(), in.data(), kSeqs, step[tile].data());
-    }
-    const double e = testing::rel_err(chunk[0], chunk[1]);
-    std::printf("  %s prompt chunk of 24, tile_gemm against cuBLAS: rel err %.2e\n", GetParam(), e);
-    EXPECT_LT(e, 2e-2) << "prompt chunk of 24";
-    EXPECT_NE(chunk[0], chunk[1]) << "bit-identical: the chunk did not run tile_gemm";
-    EXPECT_NE(step[0], step[1]) << "bit-identical: the step did not run tile_gemm";
-    for (int t = 0; t < kSeqs; ++t) {
-        const std::vector<float> a(step[0].begin() + t * V, step[0].begin() + (t + 1) * V);
-        const std::vector<float> b(step[1].begin() + t * V, step[1].begin() + (t + 1) * V);
-        EXPECT_LT(testing::rel_err(a, b), 2e-2) << "batched row " << t;
-    }
+    BackendOptions o;
+    o.tuning.tile_gemm = 0;
+    const ModelLogits cublas = model_logits(GetParam(), o);
+    o.tuning.tile_gemm = cuda::kTileGemmMaxN;
+    expect_same_model(cublas, model_logits(GetParam(), o), "tile_gemm against cuBLAS");
+#endif
+}
+
+// A model quantised to FP8 on the device: its projections of the chunk and the step through tile_gemm over
+// the FP8 rows (quant_tiles=1, wherever the kernel takes the shape) against the same model reading its
+// bf16 copy (quant_tiles=0), which holds the FP8 rows' values: the 31B too (the FP8 rows go to tile_gemm at
+// any size).
+class TileGemmFp8Model : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TileGemmFp8Model, MatchesTheBf16Copy) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    BackendOptions o;
+    o.weights = WeightFormat::kFp8;
+    const ModelLogits copy = model_logits(GetParam(), o);
+    o.tuning.quant_tiles = true;
+    expect_same_model(copy, model_logits(GetParam(), o), "FP8 rows through tile_gemm against the bf16 copy");
 #endif
 }
 
@@ -131,7 +167,30 @@ std::string family_name(const ::testing::TestParamInfo<const char*>& p) {
     return testing::test_name(p.param);
 }
 
+// FP8 rows (a quantised model's projections): the weights cross the ring as e4m3 and each thread converts
+// its A fragments in registers (times the row's scale, rounded to bf16), so the products are those of the
+// model's bf16 copy: the same fp64 bound as bf16 rows, over every ring depth of both tile heights, K splits
+// that leave ranks no stage, and rows that end inside a tile (whose scales must not be read).
+TEST(TileGemm, Fp8RowsMatchTheFp64ProductOfTheirValues) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    cuda::tile_gemm_prepare();
+    const std::vector<int> rows = {200, 72, 16};
+    for (int K : {320, 1088})
+        for (int n : {1, 17, 33, 64, 90, 96, 113, 128})
+            for (int ks : {1, 2, 4, 8})
+                for (int mt : {1, 2}) {
+                    const double e =
+                        max_error(rows, K, n, ks, mt, static_cast<uint32_t>(3 * K + n + ks + mt), true);
+                    EXPECT_LT(e, 1e-5)
+                        << "FP8, K " << K << ", " << n << " tokens, ks " << ks << ", mt " << mt;
+                }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, TileGemmModel, ::testing::Values("e2b", "e4b", "26b-a4b"), family_name);
+INSTANTIATE_TEST_SUITE_P(Families, TileGemmFp8Model, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                         family_name);
 
 TEST(TileGemm, ShapeRuleAndEligibility) {
 #ifndef MARKBASE_HAS_CUDA
@@ -188,6 +247,23 @@ TEST(TileGemm, ShapeRuleAndEligibility) {
         ADD_FAILURE() << "row tiles of 3 x 64 accepted";
     } catch (const std::exception& e) {
         EXPECT_NE(std::string(e.what()).find("row tiles of 3 x 64"), std::string::npos) << e.what();
+    }
+    cuda::GemvSeg int4 = down;
+    int4.format = WeightFormat::kInt4;
+    try {
+        cuda::tile_gemm(&int4, 1, nullptr, 96, 12288, {}, nullptr);
+        ADD_FAILURE() << "int4 rows accepted";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("bf16 or FP8 weights, not int4"), std::string::npos) << e.what();
+    }
+    cuda::GemvSeg no_scales = down;
+    no_scales.format = WeightFormat::kFp8;
+    no_scales.q.q = reinterpret_cast<const uint8_t*>(&no_scales);  // never read: the launch is refused
+    try {
+        cuda::tile_gemm(&no_scales, 1, nullptr, 96, 12288, {}, nullptr);
+        ADD_FAILURE() << "FP8 rows without scales accepted";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("FP8, with their scales"), std::string::npos) << e.what();
     }
 #endif
 }

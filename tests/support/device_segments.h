@@ -1,6 +1,7 @@
 // The projection kernels' tests (stream_gemm, tile_gemm): random bf16 weight matrices of one input on the
-// device as GemvSeg segments, their outputs poisoned with NaN (so every output must be written, at a row
-// stride wider than any matrix), and each output checked against the fp64 product of the tokens' values.
+// device as GemvSeg segments (or their FP8 rows), their outputs poisoned with NaN (so every output must be
+// written, at a row stride wider than any matrix), and each output checked against the fp64 product of the
+// tokens' values.
 #pragma once
 
 #ifdef MARKBASE_HAS_CUDA
@@ -37,9 +38,29 @@ class DeviceSegments {
     ~DeviceSegments() {
         for (uint16_t* p : d_w_) cudaFree(p);
         for (float* p : d_y_) cudaFree(p);
+        for (void* p : d_quant_) cudaFree(p);
     }
     DeviceSegments(const DeviceSegments&) = delete;
     DeviceSegments& operator=(const DeviceSegments&) = delete;
+
+    // The segments read FP8 rows from here on: each matrix quantised on the device (quantize_rows_fp8: e4m3
+    // with a scale per row, the bf16 rows rewritten as the values those hold, and copied back here), so
+    // worst_error's fp64 products are the FP8 values'.
+    void quantize_fp8() {
+        for (size_t s = 0; s < segs_.size(); ++s) {
+            uint8_t* q = nullptr;
+            float* scale = nullptr;
+            EXPECT_EQ(cudaMalloc(&q, static_cast<size_t>(rows_[s]) * K_), cudaSuccess);
+            EXPECT_EQ(cudaMalloc(&scale, sizeof(float) * rows_[s]), cudaSuccess);
+            d_quant_.push_back(q);
+            d_quant_.push_back(scale);
+            cuda::quantize_rows_fp8(d_w_[s], rows_[s], K_, q, scale, nullptr);
+            w_[s] = to_host(d_w_[s], w_[s].size());
+            segs_[s].w = nullptr;
+            segs_[s].q = QuantMatrix{q, scale, nullptr};
+            segs_[s].format = WeightFormat::kFp8;
+        }
+    }
 
     const cuda::GemvSeg* segs() const { return segs_.data(); }
     int count() const { return static_cast<int>(segs_.size()); }
@@ -73,6 +94,7 @@ class DeviceSegments {
     std::vector<std::vector<uint16_t>> w_;
     std::vector<uint16_t*> d_w_;
     std::vector<float*> d_y_;
+    std::vector<void*> d_quant_;  // quantize_fp8's rows and scales
     std::vector<cuda::GemvSeg> segs_;
 };
 

@@ -12,6 +12,12 @@
 // kernel is built for sm_90a). The K range may be cut
 // across a cluster of ks blocks (matrices of few rows: o_proj, down), whose partial sums add in rank order
 // through distributed shared memory: deterministic, no atomics.
+//
+// FP8 weights (a quantised model's e4m3 rows with a scale per row, the decode step's own copy) travel the
+// ring as they are, 64 bytes a row a stage, at a row stride of 80 bytes so that the 8 rows a warp reads hit
+// distinct banks. Each thread converts its A fragments in registers (e4m3 -> f32, times the row's scale,
+// rounded to bf16: the values of the model's bf16 copy, bit for bit) and the tensor cores take A from
+// registers, B from the stage's swizzled token rows: the same MMAs over half the weight bytes.
 #include <algorithm>
 #include <string>
 
@@ -31,29 +37,47 @@ namespace {
 constexpr int kKc = 64;        // k a stage: one 128-byte shared row
 constexpr int kThreads = 128;  // one warpgroup
 
+constexpr int kFp8Row = 80;  // an FP8 row's stride in a stage: 64 bytes, padded (bank = 20 row + ...)
+
+using Fmt = WeightFormat;
+
 // A block holds MT m64 tiles of weight rows (MT = 1 or 2) and NT n8 tiles of tokens.
 template <int MT>
 constexpr int rows() {
     return 64 * MT;
 }
-template <int MT, int NT>
+// A stage: bf16 weights (128-byte swizzled rows, 1 KB-aligned) then the tokens' rows; FP8 the tokens' rows
+// first (they are the tile that must be 1 KB-aligned), then the weights' 80-byte rows.
+template <Fmt F, int MT>
+constexpr int weight_bytes() {
+    return rows<MT>() * (F == Fmt::kFp8 ? kFp8Row : 128);
+}
+template <Fmt F, int MT>
+constexpr int tokens_at() {
+    return F == Fmt::kFp8 ? 0 : weight_bytes<F, MT>();
+}
+template <Fmt F, int NT>
+constexpr int weights_at() {
+    return F == Fmt::kFp8 ? NT * 8 * 128 : 0;
+}
+template <Fmt F, int MT, int NT>
 constexpr int stage_bytes() {
-    return (rows<MT>() + NT * 8) * 128;
+    return weight_bytes<F, MT>() + NT * 8 * 128;
 }
-// Stages in the ring. 128 rows: four, three where the tokens' stages are large (so that two blocks fit an
+// Stages in the ring. 128 rows: four, three where bf16 tokens' stages are large (so that two blocks fit an
 // SM's 228 KB). 64 rows: as many as keep a block within 74 KB (three blocks an SM), at most six.
-template <int MT, int NT>
+template <Fmt F, int MT, int NT>
 constexpr int stages() {
-    if constexpr (MT == 2) return NT >= 12 ? 3 : 4;
-    return std::min(6, (74 * 1024) / stage_bytes<MT, NT>());
+    if constexpr (MT == 2) return F == Fmt::kBf16 && NT >= 12 ? 3 : 4;
+    return std::min(6, (74 * 1024) / stage_bytes<F, MT, NT>());
 }
-template <int MT, int NT>
+template <Fmt F, int MT, int NT>
 constexpr size_t ring_bytes() {
-    return static_cast<size_t>(stages<MT, NT>()) * stage_bytes<MT, NT>();
+    return static_cast<size_t>(stages<F, MT, NT>()) * stage_bytes<F, MT, NT>();
 }
-template <int MT, int NT>
+template <Fmt F, int MT, int NT>
 constexpr size_t smem_bytes() {
-    return ring_bytes<MT, NT>() + 1024;  // + the slack that aligns the ring to 1 KB
+    return ring_bytes<F, MT, NT>() + 1024;  // + the slack that aligns the ring to 1 KB
 }
 
 struct TileArgs {
@@ -65,27 +89,41 @@ struct TileArgs {
     int split_stages = 0;  // stages of 64 k per rank of the K split
 };
 
-// Thread t copies chunk t & 7 of rows (t >> 3) + 16 i: 4 MT weight rows and NT / 2 token rows a stage.
-template <int MT, int NT>
+// A stage's weight copies a thread makes: bf16 chunk t & 7 of rows (t >> 3) + 16 i (4 MT rows), FP8 chunk t
+// & 3 of rows (t >> 2) + 32 i (2 MT rows); and chunk t & 7 of token rows (t >> 3) + 16 i (NT / 2 rows).
+template <Fmt F, int MT>
+constexpr int weight_copies() {
+    return F == Fmt::kFp8 ? 2 * MT : 4 * MT;
+}
+template <Fmt F, int MT, int NT>
 struct Copies {
-    const bf16* w[4 * MT];
-    bool w_ok[4 * MT];
+    const uint8_t* w[weight_copies<F, MT>()];
+    bool w_ok[weight_copies<F, MT>()];
     const bf16* x[NT / 2];
     bool x_ok[NT / 2];
 };
 
-template <int MT, int NT>
-__device__ __forceinline__ void copy_weights(uint32_t st, const Copies<MT, NT>& cp, int k0) {
-    const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+// Stage j's weights (j counted from the rank's first stage: kKc weights a row a stage).
+template <Fmt F, int MT, int NT>
+__device__ __forceinline__ void copy_weights(uint32_t st, const Copies<F, MT, NT>& cp, int j) {
+    const uint32_t ws = st + weights_at<F, NT>();
 #pragma unroll
-    for (int i = 0; i < 4 * MT; ++i) cp16(st + swz(r + 16 * i, c), cp.w[i] + k0, cp.w_ok[i]);
+    for (int i = 0; i < weight_copies<F, MT>(); ++i) {
+        if constexpr (F == Fmt::kFp8) {
+            const int r = threadIdx.x >> 2, c = threadIdx.x & 3;
+            cp16(ws + (r + 32 * i) * kFp8Row + c * 16, cp.w[i] + j * kKc, cp.w_ok[i]);
+        } else {
+            const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+            cp16(ws + swz(r + 16 * i, c), cp.w[i] + j * kKc * 2, cp.w_ok[i]);
+        }
+    }
 }
-template <int MT, int NT>
-__device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<MT, NT>& cp, int k0) {
+template <Fmt F, int MT, int NT>
+__device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<F, MT, NT>& cp, int j) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i)
-        cp16(st + rows<MT>() * 128 + swz(r + 16 * i, c), cp.x[i] + k0, cp.x_ok[i]);
+        cp16(st + tokens_at<F, MT>() + swz(r + 16 * i, c), cp.x[i] + j * kKc, cp.x_ok[i]);
 }
 
 // One stage's 4 k16 steps on the warpgroup: weight rows 64 mt .. 64 mt + 63 (A) against every token (B), both
@@ -93,13 +131,55 @@ __device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<MT, NT>& c
 // its slot may be refilled after the next barrier.
 template <int MT, int NT>
 __device__ __forceinline__ void mma_stage(float (&acc)[MT][NT * 4], uint32_t st) {
-    const uint32_t xs = st + rows<MT>() * 128;
+    const uint32_t xs = st + tokens_at<Fmt::kBf16, MT>();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             wgmma_bf16<NT * 8>(acc[mt], wgmma_desc(st + mt * 64 * 128 + kk * 32), wgmma_desc(xs + kk * 32));
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+}
+
+// Two e4m3 codes (a shared u16, the first in the low byte) times their row's scale, as the bf16 pair the
+// model's bf16 copy holds (fp32 product rounded to nearest even: quantize_rows.cu's and model/fp8.cpp's).
+__device__ __forceinline__ uint32_t fp8_pair_bf16(uint32_t addr, float scale) {
+    uint16_t two;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(two) : "r"(addr) : "memory");
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// One stage of FP8 weights: each thread's A fragments of its rows (16 w + l / 4 and 8 on, in each m64 tile)
+// converted from the stage's rows (k 2 (l & 3) + 16 kk and + 8), then the warpgroup's MMAs with A from those
+// registers and the tokens' swizzled rows as B. sc: the scales of the thread's rows.
+template <int MT, int NT>
+__device__ __forceinline__ void mma_stage_fp8(float (&acc)[MT][NT * 4], uint32_t st,
+                                              const float (&sc)[MT][2]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t xs = st + tokens_at<Fmt::kFp8, MT>();
+    uint32_t a[4][MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = mt * 64 + warp * 16 + (lane >> 2) + 8 * h;
+            const uint32_t at = st + weights_at<Fmt::kFp8, NT>() + row * kFp8Row + 2 * (lane & 3);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                a[kk][mt][h] = fp8_pair_bf16(at + 16 * kk, sc[mt][h]);
+                a[kk][mt][2 + h] = fp8_pair_bf16(at + 16 * kk + 8, sc[mt][h]);
+            }
+        }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) wgmma_bf16_rs<NT * 8>(acc[mt], a[kk][mt], wgmma_desc(xs + kk * 32));
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -154,10 +234,10 @@ __device__ __forceinline__ void store(const float (&acc)[MT][NT * 4], float* red
     }
 }
 
-template <int MT, int NT, bool Cluster>
+template <Fmt F, int MT, int NT, bool Cluster>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
-    constexpr int S = stages<MT, NT>();
-    constexpr int SB = stage_bytes<MT, NT>();
+    constexpr int S = stages<F, MT, NT>();
+    constexpr int SB = stage_bytes<F, MT, NT>();
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // the 128-byte swizzle's 8-row groups start 1024-aligned (the ring is allocated with 1 KB to spare)
     const uint32_t raw = shared_addr(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -171,14 +251,28 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     const int s_begin = blockIdx.x * a.split_stages;
     const int ns = max(0, min(K / kKc, s_begin + a.split_stages) - s_begin);
 
-    Copies<MT, NT> cp;
+    Copies<F, MT, NT> cp;
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < 4 * MT; ++i) {
-        const int row = row0 + r + 16 * i;
+    for (int i = 0; i < weight_copies<F, MT>(); ++i) {
+        // FP8: 64-byte rows of 4 chunks, 32 rows a pass; bf16: 128-byte rows of 8, 16 a pass (bytes either
+        // way)
+        constexpr bool q = F == Fmt::kFp8;
+        const int row = row0 + (q ? (threadIdx.x >> 2) + 32 * i : r + 16 * i);
         cp.w_ok[i] = row < sg.rows;
-        cp.w[i] = sg.w + int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc + c * 8;
+        const int64_t at = int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc;
+        cp.w[i] =
+            q ? sg.q.q + at + (threadIdx.x & 3) * 16 : reinterpret_cast<const uint8_t*>(sg.w + at + c * 8);
     }
+    // FP8: the scales of the thread's A rows (mma_stage_fp8), 0 past the matrix's rows
+    float sc[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mt * 64 + (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * h;
+            sc[mt][h] = F == Fmt::kFp8 && row < sg.rows ? __ldg(sg.q.scale + row) : 0.0f;
+        }
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) {
         const int tok = r + 16 * i;
@@ -189,13 +283,13 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     // tokens after it; a group each, so that group S - 1 + j always holds stage j's tokens (wait_group S - 2)
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < ns) copy_weights<MT, NT>(base + j * SB, cp, j * kKc);
+        if (j < ns) copy_weights<F, MT, NT>(base + j * SB, cp, j);
         cp_commit();
     }
     pdl_begin();
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < ns) copy_tokens<MT, NT>(base + j * SB, cp, j * kKc);
+        if (j < ns) copy_tokens<F, MT, NT>(base + j * SB, cp, j);
         cp_commit();
     }
     float acc[MT][NT * 4];
@@ -210,77 +304,83 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
         const int next = j + S - 1;
         if (next < ns) {
             const uint32_t st = base + (next % S) * SB;
-            copy_weights<MT, NT>(st, cp, next * kKc);
-            copy_tokens<MT, NT>(st, cp, next * kKc);
+            copy_weights<F, MT, NT>(st, cp, next);
+            copy_tokens<F, MT, NT>(st, cp, next);
         }
         cp_commit();
-        mma_stage<MT, NT>(acc, base + (j % S) * SB);
+        if constexpr (F == Fmt::kFp8)
+            mma_stage_fp8<MT, NT>(acc, base + (j % S) * SB, sc);
+        else
+            mma_stage<MT, NT>(acc, base + (j % S) * SB);
     }
     cp_wait<0>();
     if constexpr (Cluster) __syncthreads();  // the ring's memory becomes the partial sums'
     store<MT, NT, Cluster>(acc, red, sg, row0, a.n);
 }
 
-template <int MT, int NT>
+template <Fmt F, int MT, int NT>
 void launch_nt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>(ks), static_cast<unsigned>(tiles)), block(kThreads);
+    constexpr size_t smem = smem_bytes<F, MT, NT>();
     if (ks > 1)
-        launch_kernel_cluster(tile_gemm_kernel<MT, NT, true>, grid, block, smem_bytes<MT, NT>(), s, ks, a);
+        launch_kernel_cluster(tile_gemm_kernel<F, MT, NT, true>, grid, block, smem, s, ks, a);
     else
-        launch_kernel_cluster(tile_gemm_kernel<MT, NT, false>, grid, block, smem_bytes<MT, NT>(), s, 0, a);
+        launch_kernel_cluster(tile_gemm_kernel<F, MT, NT, false>, grid, block, smem, s, 0, a);
 }
 
 // Token tiles of 8, rounded up to even: N a multiple of 16.
-template <int MT>
+template <Fmt F, int MT>
 void launch_mt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
     switch ((a.n + 15) / 16) {
         case 1:
-            return launch_nt<MT, 2>(a, tiles, ks, s);
+            return launch_nt<F, MT, 2>(a, tiles, ks, s);
         case 2:
-            return launch_nt<MT, 4>(a, tiles, ks, s);
+            return launch_nt<F, MT, 4>(a, tiles, ks, s);
         case 3:
-            return launch_nt<MT, 6>(a, tiles, ks, s);
+            return launch_nt<F, MT, 6>(a, tiles, ks, s);
         case 4:
-            return launch_nt<MT, 8>(a, tiles, ks, s);
+            return launch_nt<F, MT, 8>(a, tiles, ks, s);
         case 5:
-            return launch_nt<MT, 10>(a, tiles, ks, s);
+            return launch_nt<F, MT, 10>(a, tiles, ks, s);
         case 6:
-            return launch_nt<MT, 12>(a, tiles, ks, s);
+            return launch_nt<F, MT, 12>(a, tiles, ks, s);
         case 7:
-            return launch_nt<MT, 14>(a, tiles, ks, s);
+            return launch_nt<F, MT, 14>(a, tiles, ks, s);
         default:
-            return launch_nt<MT, 16>(a, tiles, ks, s);
+            return launch_nt<F, MT, 16>(a, tiles, ks, s);
     }
 }
 
-template <int MT, int NT>
+template <Fmt F, int MT, int NT>
 void allow_smem() {
-    static_assert(MT * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<MT, NT>(),
+    static_assert(MT * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<F, MT, NT>(),
                   "the partial sums fit the ring");
-    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<MT, NT, false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<MT, NT>())));
-    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<MT, NT, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes<MT, NT>())));
+    static_assert(2 * smem_bytes<F, MT, NT>() <= 226 * 1024, "two blocks an SM");
+    constexpr int smem = static_cast<int>(smem_bytes<F, MT, NT>());
+    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<F, MT, NT, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<F, MT, NT, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
-template <int MT>
+template <Fmt F, int MT>
 void allow_smem_mt() {
-    allow_smem<MT, 2>();
-    allow_smem<MT, 4>();
-    allow_smem<MT, 6>();
-    allow_smem<MT, 8>();
-    allow_smem<MT, 10>();
-    allow_smem<MT, 12>();
-    allow_smem<MT, 14>();
-    allow_smem<MT, 16>();
+    allow_smem<F, MT, 2>();
+    allow_smem<F, MT, 4>();
+    allow_smem<F, MT, 6>();
+    allow_smem<F, MT, 8>();
+    allow_smem<F, MT, 10>();
+    allow_smem<F, MT, 12>();
+    allow_smem<F, MT, 14>();
+    allow_smem<F, MT, 16>();
 }
 
 }  // namespace
 
 void tile_gemm_prepare() {
-    allow_smem_mt<1>();
-    allow_smem_mt<2>();
+    allow_smem_mt<Fmt::kBf16, 1>();
+    allow_smem_mt<Fmt::kBf16, 2>();
+    allow_smem_mt<Fmt::kFp8, 1>();
+    allow_smem_mt<Fmt::kFp8, 2>();
 }
 
 bool tile_gemm_fits(int N, int K, int n) {
@@ -338,6 +438,9 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
         throw Error("internal: tile_gemm K split " + std::to_string(ks) + " (1, 2, 4 or 8)");
     if (mt != 1 && mt != 2)
         throw Error("internal: tile_gemm row tiles of " + std::to_string(mt) + " x 64 (1 or 2)");
+    const Fmt f = segs[0].format;
+    if (f != Fmt::kBf16 && f != Fmt::kFp8)
+        throw Error("internal: tile_gemm reads bf16 or FP8 weights, not int4");
     TileArgs a;
     a.nseg = nseg;
     a.x = x;
@@ -348,13 +451,20 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
         if (!tile_gemm_fits(segs[i].rows, K, n))
             throw Error("internal: tile_gemm cannot take " + std::to_string(segs[i].rows) + " x " +
                         std::to_string(K) + " at " + std::to_string(n) + " tokens");
+        if (segs[i].format != f || (f == Fmt::kFp8 ? !segs[i].q.q || !segs[i].q.scale : !segs[i].w))
+            throw Error(std::string("internal: tile_gemm's matrices must all be ") +
+                        (f == Fmt::kFp8 ? "FP8, with their scales" : "bf16"));
         a.seg[i] = segs[i];
         tiles += (segs[i].rows + 64 * mt - 1) / (64 * mt);
         a.tiles_end[i] = tiles;
     }
     a.split_stages = (K / kKc + ks - 1) / ks;
-    if (mt == 1) return launch_mt<1>(a, tiles, ks, s);
-    return launch_mt<2>(a, tiles, ks, s);
+    if (f == Fmt::kFp8) {
+        if (mt == 1) return launch_mt<Fmt::kFp8, 1>(a, tiles, ks, s);
+        return launch_mt<Fmt::kFp8, 2>(a, tiles, ks, s);
+    }
+    if (mt == 1) return launch_mt<Fmt::kBf16, 1>(a, tiles, ks, s);
+    return launch_mt<Fmt::kBf16, 2>(a, tiles, ks, s);
 }
 
 }  // namespace markbase::cuda
