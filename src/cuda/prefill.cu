@@ -322,12 +322,12 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
 }
 
 // A prompt chunk's or batched step's product of the bf16 matrix w (rows x K, into y at a row stride of rows),
-// with the FP8 rows the model has of it attached (own_product decides which of the two it reads).
+// with the quantised rows the model has of it attached (own_product decides which of the two it reads).
 GemvSeg CudaModel::product_seg(const bf16* w, const QuantMatrix& q, float* y, int rows) const {
     GemvSeg s{w, y, rows, rows};
-    if (q.q && dw_->quant_format == WeightFormat::kFp8) {
+    if (q.q) {
         s.q = q;
-        s.format = WeightFormat::kFp8;
+        s.format = dw_->quant_format;
     }
     return s;
 }
@@ -335,8 +335,8 @@ GemvSeg CudaModel::product_seg(const bf16* w, const QuantMatrix& q, float* y, in
 // These matrices of one input at n tokens through stream_gemm (up to stream_gemm_max tokens) or tile_gemm
 // (the bf16 operand, up to tile_gemm_max) where the kernel takes them and beats cuBLAS (the kernel labs'
 // rules); false where cuBLAS should run them (over the bf16 copy). Both halves: stream_gemm also where cuBLAS
-// would read a matrix twice (wider than the stacked scratch: lm_head). FP8 rows (every segment's;
-// Tuning::quant_tiles) go to tile_gemm wherever it takes the shape.
+// would read a matrix twice (wider than the stacked scratch: lm_head). Quantised rows (FP8 or int4, every
+// segment's; Tuning::quant_tiles) go to tile_gemm wherever it takes the shape.
 bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
     const bool one = plan_.gemm_bf16;
     // Not beside the MoE's experts: a batched step of up to stream_gemm_max sequences runs them on a second
@@ -344,10 +344,10 @@ bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
     // clusters of 8) took the SMs they stream on: the 26B-A4B's 8 sequences 8.93 -> 9.88 ms per step.
     const bool beside_experts = c_.moe && n <= plan_.stream_gemm_max;
     const bool tiles = one && !beside_experts && n <= plan_.tile_gemm_max;
-    bool fp8 = tiles && plan_.quant_tiles;
+    bool quant = tiles && plan_.quant_tiles;
     for (int i = 0; i < nseg; ++i)
-        fp8 = fp8 && in[i].format == WeightFormat::kFp8 && tile_gemm_fits(in[i].rows, K, n);
-    if (fp8) {
+        quant = quant && in[i].format != WeightFormat::kBf16 && tile_gemm_fits(in[i].rows, K, n);
+    if (quant) {
         tile_gemm(in, nseg, act_.hi, n, K, tile_gemm_shape(in, nseg, K, n, plan_.sms), stream_);
         return true;
     }

@@ -1,9 +1,9 @@
 // tile_gemm (cuda/kernels/tile_gemm.cu), a serving step's projections over the one bf16 operand: every
 // output of every K split against an fp64 host product of the same operands, with token counts that leave
 // 16-token tiles partly empty, matrices whose rows end inside a 128-row tile, K ranges that leave a rank no
-// stage, and three matrices in one launch, over bf16 and over FP8 rows; then the model both ways at real
-// widths (tile_gemm=128 against cuBLAS over the same operand; FP8 rows against the bf16 copy) on every
-// family; the shape rule and the eligibility checks on the host.
+// stage, and three matrices in one launch, over bf16, FP8 and int4 rows; then the model both ways at real
+// widths (tile_gemm=128 against cuBLAS over the same operand; quantised rows against the bf16 copy) on
+// every family; the shape rule and the eligibility checks on the host.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -37,10 +38,10 @@ using testing::to_bf16;
 using testing::to_device;
 
 // One launch over matrices of `rows` (K columns each) at n tokens with K split ks ways and row tiles of
-// mt x 64, over bf16 or FP8 rows; the largest error of any output against the fp64 product, relative to the
-// row's sum of |x| |w|.
+// mt x 64, over bf16 rows or quantised ones (int4 with zero points where `zeros`); the largest error of any
+// output against the fp64 product of the rows' values, relative to the row's sum of |x| |w|.
 double max_error(const std::vector<int>& rows, int K, int n, int ks, int mt, uint32_t seed,
-                 bool fp8 = false) {
+                 WeightFormat f = WeightFormat::kBf16, bool zeros = false) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<uint16_t> x(static_cast<size_t>(n) * K);
@@ -51,7 +52,8 @@ double max_error(const std::vector<int>& rows, int K, int n, int ks, int mt, uin
     }
     uint16_t* d_x = to_device(x);
     testing::DeviceSegments segs(rows, K, n, rng);
-    if (fp8) segs.quantize_fp8();
+    if (f == WeightFormat::kFp8) segs.quantize_fp8();
+    if (f == WeightFormat::kInt4) segs.quantize_int4(rng, zeros);
     cuda::tile_gemm(segs.segs(), segs.count(), d_x, n, K, {ks, mt}, nullptr);
     const double worst = segs.worst_error(xd);
     cudaFree(d_x);
@@ -75,6 +77,35 @@ TEST(TileGemm, EveryKSplitMatchesTheFp64Product) {
                         max_error(rows, K, n, ks, mt, static_cast<uint32_t>(K + n * 7 + ks + mt));
                     EXPECT_LT(e, 1e-5) << "K " << K << ", " << n << " tokens, ks " << ks << ", mt " << mt;
                 }
+#endif
+}
+
+// Quantised rows (a quantised model's projections): the weights cross the ring as they are stored and each
+// thread converts its A fragments in registers to the model's bf16 copy's values, so the products are the
+// copy's: the same fp64 bound as bf16 rows, over every ring depth of both tile heights, K splits that leave
+// ranks no stage, and rows that end inside a tile (whose scales must not be read). int4: K = 1088 ends in a
+// short group (64 of 128), and K splits start ranks mid-group; zero points both stored and symmetric.
+TEST(TileGemm, QuantisedRowsMatchTheFp64ProductOfTheirValues) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    cuda::tile_gemm_prepare();
+    const std::vector<int> rows = {200, 72, 16};
+    struct Case {
+        WeightFormat f;
+        bool zeros;
+        const char* name;
+    };
+    for (const Case c : {Case{WeightFormat::kFp8, false, "FP8"}, Case{WeightFormat::kInt4, true, "int4"},
+                         Case{WeightFormat::kInt4, false, "int4 symmetric"}})
+        for (int K : {320, 1088})
+            for (int n : {1, 17, 33, 64, 90, 96, 113, 128})
+                for (int ks : {1, 2, 4, 8})
+                    for (int mt : {1, 2}) {
+                        const uint32_t seed = static_cast<uint32_t>(3 * K + n + ks + mt);
+                        const double e = max_error(rows, K, n, ks, mt, seed, c.f, c.zeros);
+                        EXPECT_LT(e, 1e-5)
+                            << c.name << ", K " << K << ", " << n << " tokens, ks " << ks << ", mt " << mt;
+                    }
 #endif
 }
 
@@ -146,20 +177,23 @@ TEST_P(TileGemmModel, MatchesCublasOverTheBf16Operand) {
 #endif
 }
 
-// A model quantised to FP8 on the device: its projections of the chunk and the step through tile_gemm over
-// the FP8 rows (quant_tiles=1, wherever the kernel takes the shape) against the same model reading its
-// bf16 copy (quant_tiles=0), which holds the FP8 rows' values: the 31B too (the FP8 rows go to tile_gemm at
-// any size).
-class TileGemmFp8Model : public ::testing::TestWithParam<const char*> {};
+// A model quantised on the device (FP8, int4): its projections of the chunk and the step through tile_gemm
+// over the quantised rows (quant_tiles=1, wherever the kernel takes the shape) against the same model
+// reading its bf16 copy (quant_tiles=0), which holds the rows' values: the 31B too (quantised rows go to
+// tile_gemm at any size).
+using QuantModelCase = std::tuple<const char*, WeightFormat>;
+class TileGemmQuantModel : public ::testing::TestWithParam<QuantModelCase> {};
 
-TEST_P(TileGemmFp8Model, MatchesTheBf16Copy) {
+TEST_P(TileGemmQuantModel, MatchesTheBf16Copy) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
+    const char* variant = std::get<0>(GetParam());
     BackendOptions o;
-    o.weights = WeightFormat::kFp8;
-    const ModelLogits copy = model_logits(GetParam(), o);
+    o.weights = std::get<1>(GetParam());
+    const ModelLogits copy = model_logits(variant, o);
     o.tuning.quant_tiles = true;
-    expect_same_model(copy, model_logits(GetParam(), o), "FP8 rows through tile_gemm against the bf16 copy");
+    expect_same_model(copy, model_logits(variant, o),
+                      "quantised rows through tile_gemm against the bf16 copy");
 #endif
 }
 
@@ -167,30 +201,16 @@ std::string family_name(const ::testing::TestParamInfo<const char*>& p) {
     return testing::test_name(p.param);
 }
 
-// FP8 rows (a quantised model's projections): the weights cross the ring as e4m3 and each thread converts
-// its A fragments in registers (times the row's scale, rounded to bf16), so the products are those of the
-// model's bf16 copy: the same fp64 bound as bf16 rows, over every ring depth of both tile heights, K splits
-// that leave ranks no stage, and rows that end inside a tile (whose scales must not be read).
-TEST(TileGemm, Fp8RowsMatchTheFp64ProductOfTheirValues) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    cuda::tile_gemm_prepare();
-    const std::vector<int> rows = {200, 72, 16};
-    for (int K : {320, 1088})
-        for (int n : {1, 17, 33, 64, 90, 96, 113, 128})
-            for (int ks : {1, 2, 4, 8})
-                for (int mt : {1, 2}) {
-                    const double e =
-                        max_error(rows, K, n, ks, mt, static_cast<uint32_t>(3 * K + n + ks + mt), true);
-                    EXPECT_LT(e, 1e-5)
-                        << "FP8, K " << K << ", " << n << " tokens, ks " << ks << ", mt " << mt;
-                }
-#endif
-}
-
 INSTANTIATE_TEST_SUITE_P(Families, TileGemmModel, ::testing::Values("e2b", "e4b", "26b-a4b"), family_name);
-INSTANTIATE_TEST_SUITE_P(Families, TileGemmFp8Model, ::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
-                         family_name);
+
+std::string quant_case_name(const ::testing::TestParamInfo<QuantModelCase>& p) {
+    return testing::test_name(std::get<0>(p.param)) +
+           (std::get<1>(p.param) == WeightFormat::kInt4 ? "_int4" : "_fp8");
+}
+INSTANTIATE_TEST_SUITE_P(Families, TileGemmQuantModel,
+                         ::testing::Combine(::testing::Values("e2b", "e4b", "26b-a4b", "31b"),
+                                            ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4)),
+                         quant_case_name);
 
 TEST(TileGemm, ShapeRuleAndEligibility) {
 #ifndef MARKBASE_HAS_CUDA
@@ -252,9 +272,9 @@ TEST(TileGemm, ShapeRuleAndEligibility) {
     int4.format = WeightFormat::kInt4;
     try {
         cuda::tile_gemm(&int4, 1, nullptr, 96, 12288, {}, nullptr);
-        ADD_FAILURE() << "int4 rows accepted";
+        ADD_FAILURE() << "int4 rows without their bytes accepted";
     } catch (const std::exception& e) {
-        EXPECT_NE(std::string(e.what()).find("bf16 or FP8 weights, not int4"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("int4, with their scales"), std::string::npos) << e.what();
     }
     cuda::GemvSeg no_scales = down;
     no_scales.format = WeightFormat::kFp8;

@@ -13,13 +13,13 @@
 // across a cluster of ks blocks (matrices of few rows: o_proj, down), whose partial sums add in rank order
 // through distributed shared memory: deterministic, no atomics.
 //
-// FP8 weights (a quantised model's e4m3 rows with a scale per row, the decode step's own copy) travel the
-// ring as they are, 64 bytes a row a stage, at a row stride of 80 bytes so that the 8 rows a warp reads hit
-// distinct banks. Each thread converts its A fragments in registers (e4m3 -> f32, times the row's scale,
-// rounded to bf16: the values of the model's bf16 copy, bit for bit) and the tensor cores take A from
-// registers, B from the stage's swizzled token rows: the same MMAs over half the weight bytes.
+// Quantised weights (a model's FP8 or int4 rows, the decode step's own copy) travel the ring as they are;
+// each thread converts its A fragments in registers to the values of the model's bf16 copy and the tensor
+// cores take A from registers, B from the stage's swizzled token rows: the same MMAs over a half or a
+// quarter of the weight bytes (tile_quant.cuh).
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/kernels/cluster.cuh"
@@ -27,6 +27,7 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/launch.h"
 #include "cuda/kernels/smem_ring.cuh"
+#include "cuda/kernels/tile_quant.cuh"
 #include "cuda/kernels/wgmma.cuh"
 #include "model/error.h"
 
@@ -37,8 +38,6 @@ namespace {
 constexpr int kKc = 64;        // k a stage: one 128-byte shared row
 constexpr int kThreads = 128;  // one warpgroup
 
-constexpr int kFp8Row = 80;  // an FP8 row's stride in a stage: 64 bytes, padded (bank = 20 row + ...)
-
 using Fmt = WeightFormat;
 
 // A block holds MT m64 tiles of weight rows (MT = 1 or 2) and NT n8 tiles of tokens.
@@ -46,19 +45,19 @@ template <int MT>
 constexpr int rows() {
     return 64 * MT;
 }
-// A stage: bf16 weights (128-byte swizzled rows, 1 KB-aligned) then the tokens' rows; FP8 the tokens' rows
-// first (they are the tile that must be 1 KB-aligned), then the weights' 80-byte rows.
+// A stage: bf16 weights (128-byte swizzled rows, 1 KB-aligned) then the tokens' rows; quantised rows the
+// tokens' rows first (they are the tile that must be 1 KB-aligned), then the weights' padded rows.
 template <Fmt F, int MT>
 constexpr int weight_bytes() {
-    return rows<MT>() * (F == Fmt::kFp8 ? kFp8Row : 128);
+    return rows<MT>() * (F == Fmt::kBf16 ? 128 : tile::quant_row<F>());
 }
 template <Fmt F, int MT>
 constexpr int tokens_at() {
-    return F == Fmt::kFp8 ? 0 : weight_bytes<F, MT>();
+    return F == Fmt::kBf16 ? weight_bytes<F, MT>() : 0;
 }
 template <Fmt F, int NT>
 constexpr int weights_at() {
-    return F == Fmt::kFp8 ? NT * 8 * 128 : 0;
+    return F == Fmt::kBf16 ? 0 : NT * 8 * 128;
 }
 template <Fmt F, int MT, int NT>
 constexpr int stage_bytes() {
@@ -90,14 +89,24 @@ struct TileArgs {
 };
 
 // A stage's weight copies a thread makes: bf16 chunk t & 7 of rows (t >> 3) + 16 i (4 MT rows), FP8 chunk t
-// & 3 of rows (t >> 2) + 32 i (2 MT rows); and chunk t & 7 of token rows (t >> 3) + 16 i (NT / 2 rows).
+// & 3 of rows (t >> 2) + 32 i (2 MT), int4 chunk t & 1 of rows (t >> 1) + 64 i (MT); and chunk t & 7 of
+// token rows (t >> 3) + 16 i (NT / 2 rows).
+template <Fmt F>
+constexpr int chunks_log2() {  // 16-byte chunks of a row's stage, log 2
+    return F == Fmt::kBf16 ? 3 : F == Fmt::kFp8 ? 2 : 1;
+}
 template <Fmt F, int MT>
 constexpr int weight_copies() {
-    return F == Fmt::kFp8 ? 2 * MT : 4 * MT;
+    return rows<MT>() >> (7 - chunks_log2<F>());
+}
+template <Fmt F>
+constexpr int stage_row_bytes() {  // a row's bytes a stage (kKc weights)
+    return 16 << chunks_log2<F>();
 }
 template <Fmt F, int MT, int NT>
 struct Copies {
-    const uint8_t* w[weight_copies<F, MT>()];
+    using Row = std::conditional_t<F == Fmt::kBf16, const bf16*, const uint8_t*>;  // bf16: k counts weights
+    Row w[weight_copies<F, MT>()];
     bool w_ok[weight_copies<F, MT>()];
     const bf16* x[NT / 2];
     bool x_ok[NT / 2];
@@ -107,15 +116,15 @@ struct Copies {
 template <Fmt F, int MT, int NT>
 __device__ __forceinline__ void copy_weights(uint32_t st, const Copies<F, MT, NT>& cp, int j) {
     const uint32_t ws = st + weights_at<F, NT>();
+    constexpr int L = chunks_log2<F>(), per_pass = 128 >> L;
+    const int r = threadIdx.x >> L, c = threadIdx.x & ((1 << L) - 1);
 #pragma unroll
     for (int i = 0; i < weight_copies<F, MT>(); ++i) {
-        if constexpr (F == Fmt::kFp8) {
-            const int r = threadIdx.x >> 2, c = threadIdx.x & 3;
-            cp16(ws + (r + 32 * i) * kFp8Row + c * 16, cp.w[i] + j * kKc, cp.w_ok[i]);
-        } else {
-            const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
-            cp16(ws + swz(r + 16 * i, c), cp.w[i] + j * kKc * 2, cp.w_ok[i]);
-        }
+        if constexpr (F == Fmt::kBf16)
+            cp16(ws + swz(r + per_pass * i, c), cp.w[i] + j * kKc, cp.w_ok[i]);
+        else
+            cp16(ws + (r + per_pass * i) * tile::quant_row<F>() + c * 16, cp.w[i] + j * stage_row_bytes<F>(),
+                 cp.w_ok[i]);
     }
 }
 template <Fmt F, int MT, int NT>
@@ -138,48 +147,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[MT][NT * 4], uint32_t st)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             wgmma_bf16<NT * 8>(acc[mt], wgmma_desc(st + mt * 64 * 128 + kk * 32), wgmma_desc(xs + kk * 32));
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
-}
-
-// Two e4m3 codes (a shared u16, the first in the low byte) times their row's scale, as the bf16 pair the
-// model's bf16 copy holds (fp32 product rounded to nearest even: quantize_rows.cu's and model/fp8.cpp's).
-__device__ __forceinline__ uint32_t fp8_pair_bf16(uint32_t addr, float scale) {
-    uint16_t two;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(two) : "r"(addr) : "memory");
-    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-    return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-// One stage of FP8 weights: each thread's A fragments of its rows (16 w + l / 4 and 8 on, in each m64 tile)
-// converted from the stage's rows (k 2 (l & 3) + 16 kk and + 8), then the warpgroup's MMAs with A from those
-// registers and the tokens' swizzled rows as B. sc: the scales of the thread's rows.
-template <int MT, int NT>
-__device__ __forceinline__ void mma_stage_fp8(float (&acc)[MT][NT * 4], uint32_t st,
-                                              const float (&sc)[MT][2]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t xs = st + tokens_at<Fmt::kFp8, MT>();
-    uint32_t a[4][MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = mt * 64 + warp * 16 + (lane >> 2) + 8 * h;
-            const uint32_t at = st + weights_at<Fmt::kFp8, NT>() + row * kFp8Row + 2 * (lane & 3);
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                a[kk][mt][h] = fp8_pair_bf16(at + 16 * kk, sc[mt][h]);
-                a[kk][mt][2 + h] = fp8_pair_bf16(at + 16 * kk + 8, sc[mt][h]);
-            }
-        }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) wgmma_bf16_rs<NT * 8>(acc[mt], a[kk][mt], wgmma_desc(xs + kk * 32));
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -234,6 +201,28 @@ __device__ __forceinline__ void store(const float (&acc)[MT][NT * 4], float* red
     }
 }
 
+// The thread's A rows' scales (and int4's 2^23 + zero points) of K group `group` (FP8: the row's); 0 past
+// the matrix's rows.
+template <Fmt F, int MT>
+__device__ __forceinline__ void load_row_scales(tile::RowScales<MT>& rs, const GemvSeg& sg, int row0, int K,
+                                                int group) {
+    const int G = (K + 127) / 128;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mt * 64 + (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * h;
+            const bool ok = row < sg.rows;
+            if constexpr (F == Fmt::kFp8) {
+                rs.scale[mt][h] = ok ? __ldg(sg.q.scale + row) : 0.0f;
+            } else {
+                const int64_t at = int64_t{ok ? row : 0} * G + group;
+                rs.scale[mt][h] = ok ? __ldg(sg.q.scale + at) : 0.0f;
+                rs.zf[mt][h] = 8388608.0f + static_cast<float>(sg.q.zero ? __ldg(sg.q.zero + at) : 8);
+            }
+        }
+}
+
 template <Fmt F, int MT, int NT, bool Cluster>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     constexpr int S = stages<F, MT, NT>();
@@ -255,24 +244,20 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
     for (int i = 0; i < weight_copies<F, MT>(); ++i) {
-        // FP8: 64-byte rows of 4 chunks, 32 rows a pass; bf16: 128-byte rows of 8, 16 a pass (bytes either
-        // way)
-        constexpr bool q = F == Fmt::kFp8;
-        const int row = row0 + (q ? (threadIdx.x >> 2) + 32 * i : r + 16 * i);
-        cp.w_ok[i] = row < sg.rows;
-        const int64_t at = int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc;
-        cp.w[i] =
-            q ? sg.q.q + at + (threadIdx.x & 3) * 16 : reinterpret_cast<const uint8_t*>(sg.w + at + c * 8);
-    }
-    // FP8: the scales of the thread's A rows (mma_stage_fp8), 0 past the matrix's rows
-    float sc[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + mt * 64 + (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * h;
-            sc[mt][h] = F == Fmt::kFp8 && row < sg.rows ? __ldg(sg.q.scale + row) : 0.0f;
+        if constexpr (F == Fmt::kBf16) {
+            const int row = row0 + r + 16 * i;
+            cp.w_ok[i] = row < sg.rows;
+            cp.w[i] = sg.w + int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc + c * 8;
+        } else {
+            constexpr int L = chunks_log2<F>(), B = stage_row_bytes<F>();
+            const int row = row0 + (threadIdx.x >> L) + (128 >> L) * i;
+            cp.w_ok[i] = row < sg.rows;
+            cp.w[i] = sg.q.q + int64_t{cp.w_ok[i] ? row : 0} * (K / kKc * B) + s_begin * B +
+                      (threadIdx.x & ((1 << L) - 1)) * 16;
         }
+    }
+    tile::RowScales<MT> rs;
+    if constexpr (F == Fmt::kFp8) load_row_scales<F, MT>(rs, sg, row0, K, 0);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) {
         const int tok = r + 16 * i;
@@ -298,6 +283,8 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i) acc[mt][i] = 0.0f;
     for (int j = 0; j < ns; ++j) {
+        // int4: the group's scales and zero points (a group is two stages), loaded before the wait
+        if constexpr (F == Fmt::kInt4) load_row_scales<F, MT>(rs, sg, row0, K, (s_begin + j) >> 1);
         cp_wait<S - 2>();
         fence_proxy_async();  // this thread's copies of stage j, visible to the tensor cores' reads
         __syncthreads();      // stage j landed for every thread; stage j - 1's slot is free again
@@ -308,10 +295,11 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
             copy_tokens<F, MT, NT>(st, cp, next);
         }
         cp_commit();
-        if constexpr (F == Fmt::kFp8)
-            mma_stage_fp8<MT, NT>(acc, base + (j % S) * SB, sc);
+        const uint32_t st = base + (j % S) * SB;
+        if constexpr (F == Fmt::kBf16)
+            mma_stage<MT, NT>(acc, st);
         else
-            mma_stage<MT, NT>(acc, base + (j % S) * SB);
+            tile::mma_stage_quant<F, MT, NT>(acc, st + weights_at<F, NT>(), st + tokens_at<F, MT>(), rs);
     }
     cp_wait<0>();
     if constexpr (Cluster) __syncthreads();  // the ring's memory becomes the partial sums'
@@ -381,6 +369,8 @@ void tile_gemm_prepare() {
     allow_smem_mt<Fmt::kBf16, 2>();
     allow_smem_mt<Fmt::kFp8, 1>();
     allow_smem_mt<Fmt::kFp8, 2>();
+    allow_smem_mt<Fmt::kInt4, 1>();
+    allow_smem_mt<Fmt::kInt4, 2>();
 }
 
 bool tile_gemm_fits(int N, int K, int n) {
@@ -439,8 +429,6 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
     if (mt != 1 && mt != 2)
         throw Error("internal: tile_gemm row tiles of " + std::to_string(mt) + " x 64 (1 or 2)");
     const Fmt f = segs[0].format;
-    if (f != Fmt::kBf16 && f != Fmt::kFp8)
-        throw Error("internal: tile_gemm reads bf16 or FP8 weights, not int4");
     TileArgs a;
     a.nseg = nseg;
     a.x = x;
@@ -451,9 +439,11 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
         if (!tile_gemm_fits(segs[i].rows, K, n))
             throw Error("internal: tile_gemm cannot take " + std::to_string(segs[i].rows) + " x " +
                         std::to_string(K) + " at " + std::to_string(n) + " tokens");
-        if (segs[i].format != f || (f == Fmt::kFp8 ? !segs[i].q.q || !segs[i].q.scale : !segs[i].w))
+        if (segs[i].format != f || (f == Fmt::kBf16 ? !segs[i].w : !segs[i].q.q || !segs[i].q.scale))
             throw Error(std::string("internal: tile_gemm's matrices must all be ") +
-                        (f == Fmt::kFp8 ? "FP8, with their scales" : "bf16"));
+                        (f == Fmt::kBf16  ? "bf16"
+                         : f == Fmt::kFp8 ? "FP8, with their scales"
+                                          : "int4, with their scales"));
         a.seg[i] = segs[i];
         tiles += (segs[i].rows + 64 * mt - 1) / (64 * mt);
         a.tiles_end[i] = tiles;
@@ -462,6 +452,10 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
     if (f == Fmt::kFp8) {
         if (mt == 1) return launch_mt<Fmt::kFp8, 1>(a, tiles, ks, s);
         return launch_mt<Fmt::kFp8, 2>(a, tiles, ks, s);
+    }
+    if (f == Fmt::kInt4) {
+        if (mt == 1) return launch_mt<Fmt::kInt4, 1>(a, tiles, ks, s);
+        return launch_mt<Fmt::kInt4, 2>(a, tiles, ks, s);
     }
     if (mt == 1) return launch_mt<Fmt::kBf16, 1>(a, tiles, ks, s);
     return launch_mt<Fmt::kBf16, 2>(a, tiles, ks, s);
