@@ -336,7 +336,9 @@ GemvSeg CudaModel::product_seg(const bf16* w, const QuantMatrix& q, float* y, in
 // (the bf16 operand, up to tile_gemm_max) where the kernel takes them and beats cuBLAS (the kernel labs'
 // rules); false where cuBLAS should run them (over the bf16 copy). Both halves: stream_gemm also where cuBLAS
 // would read a matrix twice (wider than the stacked scratch: lm_head). Quantised rows (FP8 or int4, every
-// segment's; Tuning::quant_tiles) go to tile_gemm wherever it takes the shape.
+// segment's; Tuning::quant_tiles) go to tile_gemm wherever it takes the shape, a longer chunk's tokens in
+// slices of kTileGemmMaxN (each slice reads the rows again: a 512-token chunk four times a quarter or an
+// eighth of the bf16 bytes).
 bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
     const bool one = plan_.gemm_bf16;
     // Not beside the MoE's experts: a batched step of up to stream_gemm_max sequences runs them on a second
@@ -344,11 +346,22 @@ bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
     // clusters of 8) took the SMs they stream on: the 26B-A4B's 8 sequences 8.93 -> 9.88 ms per step.
     const bool beside_experts = c_.moe && n <= plan_.stream_gemm_max;
     const bool tiles = one && !beside_experts && n <= plan_.tile_gemm_max;
-    bool quant = tiles && plan_.quant_tiles;
+    // quantised rows at any n (tile_gemm on this GPU): a prompt chunk in slices of kTileGemmMaxN tokens
+    bool quant = one && !beside_experts && plan_.tile_gemm_max > 0 && plan_.quant_tiles;
     for (int i = 0; i < nseg; ++i)
-        quant = quant && in[i].format != WeightFormat::kBf16 && tile_gemm_fits(in[i].rows, K, n);
+        quant = quant && in[i].format != WeightFormat::kBf16 &&
+                tile_gemm_fits(in[i].rows, K, std::min(n, kTileGemmMaxN));
     if (quant) {
-        tile_gemm(in, nseg, act_.hi, n, K, tile_gemm_shape(in, nseg, K, n, plan_.sms), stream_);
+        GemvSeg slice[kStreamGemmMaxSegs];
+        for (int t0 = 0; t0 < n; t0 += kTileGemmMaxN) {
+            const int m = std::min(kTileGemmMaxN, n - t0);
+            for (int i = 0; i < nseg; ++i) {
+                slice[i] = in[i];
+                slice[i].y = in[i].y + int64_t{t0} * in[i].ldy;
+            }
+            tile_gemm(slice, nseg, act_.hi + int64_t{t0} * K, m, K,
+                      tile_gemm_shape(slice, nseg, K, m, plan_.sms), stream_);
+        }
         return true;
     }
     GemvSeg segs[kStreamGemmMaxSegs];  // the bf16 copy's

@@ -95,9 +95,10 @@ struct Tuning {
     // 16 tokens nearly everywhere, past that launches of several matrices (docs/performance.md); 0 = never.
     int tile_gemm = 128;
     // quant_tiles=0|1: a model with quantised projections (--quantize fp8|int4, a compressed-tensors FP8 or
-    // W4A16 checkpoint) runs those of batched steps and prompt chunks of up to tile_gemm tokens through
-    // tile_gemm over the quantised rows (a half or a quarter of the bf16 copy's bytes, converted in
-    // registers to the copy's values), wherever the kernel takes the shape; 0 reads the bf16 copy as before.
+    // W4A16 checkpoint) runs those of batched steps and prompt chunks through tile_gemm over the quantised
+    // rows (a half or a quarter of the bf16 copy's bytes, converted in registers to the copy's values),
+    // wherever the kernel takes the shape, chunks past 128 tokens in slices of 128 (tile_gemm=0 turns it
+    // off with the bf16 tiles); 0 reads the bf16 copy as before.
     // Off until measured on the H200: the A/B that decides it, and the rule it then needs, are the kernel
     // lab's and the batched step's.
     bool quant_tiles = false;

@@ -180,7 +180,7 @@ TEST_P(TileGemmModel, MatchesCublasOverTheBf16Operand) {
 // A model quantised on the device (FP8, int4): its projections of the chunk and the step through tile_gemm
 // over the quantised rows (quant_tiles=1, wherever the kernel takes the shape) against the same model
 // reading its bf16 copy (quant_tiles=0), which holds the rows' values: the 31B too (quantised rows go to
-// tile_gemm at any size).
+// tile_gemm at any size); then a chunk of 200 tokens, which takes them in slices.
 using QuantModelCase = std::tuple<const char*, WeightFormat>;
 class TileGemmQuantModel : public ::testing::TestWithParam<QuantModelCase> {};
 
@@ -194,6 +194,22 @@ TEST_P(TileGemmQuantModel, MatchesTheBf16Copy) {
     o.tuning.quant_tiles = true;
     expect_same_model(copy, model_logits(variant, o),
                       "quantised rows through tile_gemm against the bf16 copy");
+    // a chunk of 200: the quantised rows in slices of 128 and 72 tokens, against cuBLAS over the copy
+    std::vector<float> whole[2];
+    for (int q = 0; q < 2; ++q) {
+        o.tuning.quant_tiles = q == 1;
+        o.ctx_size = 256;
+        o.chunk = 200;
+        auto b = make_synthetic_cuda_backend(variant, 2, o, 41);
+        const int V = static_cast<int>(b->config().vocab_size);
+        const std::vector<int> prompt = testing::random_ids(200, V, 9);
+        whole[q].resize(V);
+        b->eval(prompt.data(), 200, whole[q].data(), false);
+    }
+    const double e = testing::rel_err(whole[0], whole[1]);
+    std::printf("  a chunk of 200 in slices, against the bf16 copy: rel err %.2e\n", e);
+    EXPECT_LT(e, 2e-2) << "a chunk of 200";
+    EXPECT_NE(whole[0], whole[1]) << "bit-identical: the chunk of 200 did not read the quantised rows";
 #endif
 }
 
