@@ -118,7 +118,7 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_batch(slots, ids, n);
     }
     int batch_rows() const override { return model_.chunk(); }
-    bool batch_reads_fp8_experts(int n) const override { return model_.batch_reads_fp8_experts(n); }
+    double batch_expert_weight_bytes(int n) const override { return model_.batch_expert_weight_bytes(n); }
     int64_t kv_pool_blocks() const override { return model_.kv_pool_blocks(); }
     void slot_set_blocks(int slot, const int* blocks, int64_t n) override {
         model_.set_slot_blocks(slot, blocks, n);
@@ -131,8 +131,8 @@ class CudaBackendImpl final : public CudaBackend {
                " with FP8 rows; " + std::to_string(m.gemv_layers) + " as grouped GEMVs; " +
                std::to_string(m.stream_layers) +
                " batched-step layers recorded with their experts on the device (" +
-               std::to_string(m.stream_fp8_layers) +
-               " of them FP8; since the model was built; a step's graph counts once, when captured)";
+               std::to_string(m.stream_fp8_layers) + " of them FP8, " + std::to_string(m.stream_int4_layers) +
+               " int4; since the model was built; a step's graph counts once, when captured)";
     }
     uint64_t weight_bytes() const override { return model_.weights().bytes + model_.weights().quant_bytes; }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }

@@ -95,11 +95,11 @@ class CudaBackend : public Backend {
         (void)rows, (void)m;
         throw Error("internal: this backend selects no batched rows on the device");
     }
-    // Whether a batched step of n sequences reads the MoE's experts as FP8 (moe_stream's FP8 rows), not the
-    // bf16 copy: what its byte roofline counts.
-    virtual bool batch_reads_fp8_experts(int n) const {
+    // The bytes a weight of the MoE's experts a batched step of n sequences reads: 1 (moe_stream's FP8 rows)
+    // or 0.5 (int4) where it reads them quantised, else 2 (bf16): what its byte roofline counts.
+    virtual double batch_expert_weight_bytes(int n) const {
         (void)n;
-        return false;
+        return 2.0;
     }
     // The paged KV cache (slots > 1; cuda/kv_cache.h): its pool of blocks of kKvBlock positions (0: none),
     // and a slot's block table, block numbers [0, n) (slot_eval / decode_batch use it from then on; by

@@ -194,9 +194,17 @@ bool CudaModel::batch_on_device(int n) const {
     return !c_.moe || (n <= most && !sharded() && moe_stream_fits(c_.hidden, c_.expert_width));
 }
 
-// Whether the step of n sequences streams FP8 experts.
-bool CudaModel::batch_reads_fp8_experts(int n) const {
-    return fp8_experts() && batch_on_device(n);
+// Whether the model's batched steps can read int4 experts (an int4 model at widths moe_stream takes; a last
+// group of K % 128 != 0 is short).
+bool CudaModel::int4_experts() const {
+    return c_.moe && dw_->quant_format == WeightFormat::kInt4 && !w_.quant.empty() &&
+           moe_stream_fits(c_.hidden, c_.expert_width);
+}
+
+// The bytes an expert weight costs the step of n sequences: its FP8 or int4 rows, else the bf16 copy's.
+double CudaModel::batch_expert_weight_bytes(int n) const {
+    if (!batch_on_device(n)) return 2.0;
+    return fp8_experts() ? 1.0 : int4_experts() ? 0.5 : 2.0;
 }
 
 cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {

@@ -174,7 +174,7 @@ class CudaModel {
     int batch_select_rows() const { return sharded() ? 0 : st_.sel_rows; }
     void batch_row_logits(int row, float* host);
     void batch_select(BatchRowSelect* rows, int m);
-    bool batch_reads_fp8_experts(int n) const;  // batch.cu
+    double batch_expert_weight_bytes(int n) const;  // batch.cu
     // decode_batch's step run eagerly with events around each phase of each layer (the positions advance).
     std::vector<CudaProfileEntry> profile_batch(const int* slot_ids, const int* ids, int n);
     using MoePrefillStats = cuda::MoePrefillStats;
@@ -386,6 +386,7 @@ class CudaModel {
     cudaGraphExec_t batch_graph(int n, int64_t range);
     bool batch_on_device(int n) const;  // no host in the step's loop: it can be one graph
     bool fp8_experts() const;           // batched steps can stream FP8 experts (batch.cu)
+    bool int4_experts() const;          // ... int4 experts (batch.cu)
     void record_batch(int n, int64_t range);
     int decode_slot(int slot, int id, float* logits);  // one sequence: its slot's decode graph
     std::vector<int> batch_step(const int* slot_ids, const int* ids, int n, float* logits, Profiler* pf);

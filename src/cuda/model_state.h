@@ -21,7 +21,8 @@ struct MoePrefillStats {
     int moe_gemm_fp8_layers = 0;  // those of them reading FP8 experts
     int gemv_layers = 0;          // through the grouped GEMV kernels (widths moe_gemm does not tile)
     int stream_layers = 0;  // batched-step layers recorded through moe_stream (a graph's once, at capture)
-    int stream_fp8_layers = 0;  // those of them reading FP8 experts
+    int stream_fp8_layers = 0;   // those of them reading FP8 experts
+    int stream_int4_layers = 0;  // and int4
 };
 
 // CudaModel's state, plain data (model.cu decides the plan, buffers.cu allocates the rest). Shapes: n = the

@@ -7,12 +7,14 @@
 
 namespace markbase::cuda {
 
-// A layer's experts as ExpertRows: FP8 rows where the model streams them (fp8_experts), else bf16 (int4
-// experts, and a published checkpoint's ignored experts, read the bf16 copy).
-static ExpertRows expert_rows(const bf16* w, const QuantMatrix& q, bool fp8) {
+// A layer's experts as ExpertRows: FP8 rows where the model streams them (fp8_experts), int4 rows where the
+// batched step does (int4: moe_stream only), else bf16 (a published checkpoint's ignored experts read the
+// bf16 copy, as do moe_gemm's prompt chunks of int4 experts).
+static ExpertRows expert_rows(const bf16* w, const QuantMatrix& q, bool fp8, bool int4 = false) {
     ExpertRows r;
     r.w = w;
     if (fp8 && q.q) r.fp8 = q;
+    if (int4 && q.q) r.int4 = q;
     return r;
 }
 
@@ -40,31 +42,32 @@ void CudaModel::prefill_experts(int i, int n) {
     ++moe_.stats.gemv_layers;
 }
 
-// A batched step's experts on the device (moe_stream.cu): the experts' input as halves (FP8: one f16),
-// then the gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The scratch
-// is the passes' (moe_.mx holds 2 x [n][H] halves, moe_.mh 2 x [n K][Ie]: the memory plan's rows are >= n
-// K). A model with FP8 experts streams them (half the bytes of the bf16 copy; the input then f16), where
-// moe_stream takes their widths; int4 experts read the bf16 copy.
+// A batched step's experts on the device (moe_stream.cu): the experts' input as halves (quantised rows: one
+// f16), then the gate/up pass (GeGLU in its store) and the down pass over each touched expert's rows. The
+// scratch is the passes' (moe_.mx holds 2 x [n][H] halves, moe_.mh 2 x [n K][Ie]: the memory plan's rows are
+// >= n K). A model with FP8 or int4 experts streams them (a half or a quarter of the bf16 copy's bytes; the
+// input then f16), where moe_stream takes their widths.
 void CudaModel::batch_experts(int i, int n, cudaStream_t s) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
-    const bool fp8 = fp8_experts();  // an FP8 model at widths moe_stream's FP8 rows take
+    const bool fp8 = fp8_experts(), int4 = int4_experts();  // at widths moe_stream's rows take
     const LayerQuant& lq = layer_quant(w_, i);
-    const ExpertRows gate_up = expert_rows(lw.experts_gate_up, lq.experts_gate_up, fp8);
-    const ExpertRows down = expert_rows(lw.experts_down, lq.experts_down, fp8);
+    const ExpertRows gate_up = expert_rows(lw.experts_gate_up, lq.experts_gate_up, fp8, int4);
+    const ExpertRows down = expert_rows(lw.experts_down, lq.experts_down, fp8, int4);
     bf16* x_hi = static_cast<bf16*>(moe_.mx);
     bf16* x_lo = x_hi + int64_t{n} * H;
-    if (gate_up.fp8.q)
+    if (gate_up.fp8.q || gate_up.int4.q)
         f16_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, s);  // x_lo unused
     else
         split_rows(moe_.e_in, H, H, n, false, nullptr, c_.rms_eps, x_hi, x_lo, s);
     bf16* h_hi = moe_.mh;
     bf16* h_lo = h_hi + int64_t{n} * K * Ie;
     moe_stream_gate_up(x_hi, x_lo, H, K, gate_up, Ie, moe_.goff, moe_.gent, E, n, h_hi, h_lo,
-                       down.fp8.q != nullptr, s);
+                       down.fp8.q != nullptr || down.int4.q != nullptr, s);
     moe_stream_down(h_hi, h_lo, Ie, down, H, K, moe_.goff, moe_.gent, E, n, moe_.eslots, s);
     ++moe_.stats.stream_layers;
     moe_.stats.stream_fp8_layers += gate_up.fp8.q != nullptr;
+    moe_.stats.stream_int4_layers += gate_up.int4.q != nullptr;
 }
 
 }  // namespace markbase::cuda

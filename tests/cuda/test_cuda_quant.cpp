@@ -122,21 +122,26 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaQuant,
                                             ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4)),
                          param_name);
 
-// A batched step of the MoE with FP8 experts (moe_stream's FP8 rows; the step's other products read the
-// bf16 copy) at real widths: 4 sequences decoding together (the projections through stream_gemm, the
-// experts forked beside the dense MLP), then 20 (cuBLAS projections, one stream), each row against the CPU
-// decoding that sequence alone on the bf16 copy, within the quantised decode's bound; the backend's note
-// says the FP8 experts ran.
-TEST(CudaQuantBatch, Fp8ExpertsInTheBatchedStepMatchTheCpu) {
+// A batched step of the MoE with FP8 or int4 experts (moe_stream's quantised rows; the step's other
+// products read the bf16 copy) at real widths: 4 sequences decoding together (the projections through
+// stream_gemm, the experts forked beside the dense MLP), then 20 (cuBLAS projections, one stream), each row
+// against the CPU decoding that sequence alone on the bf16 copy, within the quantised decode's bound; the
+// backend's note says the quantised experts ran (int4: the expert width 704 ends each down row in half a
+// group).
+class CudaQuantBatch : public ::testing::TestWithParam<WeightFormat> {};
+
+TEST_P(CudaQuantBatch, QuantisedExpertsInTheBatchedStepMatchTheCpu) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
+    const WeightFormat f = GetParam();
+    const char* fname = format_name(f);
     constexpr int kSeq = 20, kPrompt = 12, kSteps = 3;
     constexpr float kMargin = 3e-3f;  // routing clear of a tie, as above
     BackendOptions o = testing::exact_options();
     o.ctx_size = 64;
     o.chunk = 32;
     o.kv_dtype = KvDtype::kF32;
-    o.weights = WeightFormat::kFp8;
+    o.weights = f;
     o.slots = kSeq;
     auto gpu = make_synthetic_cuda_backend("26b-a4b", 2, o, 99);
     const int64_t V = gpu->config().vocab_size;
@@ -190,17 +195,24 @@ TEST(CudaQuantBatch, Fp8ExpertsInTheBatchedStepMatchTheCpu) {
                 e = std::max(e, testing::rel_err(ref[s][k], std::vector<float>(lg.begin() + s * V,
                                                                                lg.begin() + (s + 1) * V)));
         }
-        std::printf("  26b-a4b/2L fp8, %d sequences a step: rel err against the CPU %.2e\n", m, e);
+        std::printf("  26b-a4b/2L %s, %d sequences a step: rel err against the CPU %.2e\n", fname, m, e);
         EXPECT_LT(e, 5e-3) << m << " sequences";
-        EXPECT_GT(e, 0.0) << m << " sequences: bit-identical to the bf16 reference: the FP8 rows did not run";
+        EXPECT_GT(e, 0.0)
+            << m << " sequences: bit-identical to the bf16 reference: the quantised rows did not run";
         e_batch = std::max(e_batch, e);
     }
     const std::string note = gpu->prefill_note();
     std::printf("  worst %.2e\n  %s\n", e_batch, note.c_str());
-    EXPECT_NE(note.find(" of them FP8"), std::string::npos) << note;
-    EXPECT_EQ(note.find("(0 of them FP8"), std::string::npos) << "the batched step read the bf16 experts";
+    const std::string none = f == WeightFormat::kFp8 ? "(0 of them FP8" : " FP8, 0 int4";
+    EXPECT_NE(note.find(" of them FP8, "), std::string::npos) << note;
+    EXPECT_EQ(note.find(none), std::string::npos) << "the batched step read the bf16 experts: " << note;
 #endif
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantBatch, ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
+                         [](const ::testing::TestParamInfo<WeightFormat>& p) {
+                             return std::string(format_name(p.param));
+                         });
 
 // The bundled trained model quantised at load (--quantize fp8|int4): the GPU's decode (the projections
 // through gemv_quant.cu where their widths fit it) against the CPU on the same checkpoint, whose bf16 slots

@@ -2,8 +2,9 @@
 // pass's GeGLU halves and the down pass's slots against fp64 host products of the same inputs and weights,
 // over routings that leave experts empty, give one expert more entries than a block's token tiles hold
 // (further passes over its rows), and take each token-tile count (1, 2, 4 tiles of 8 entries); with bf16
-// rows (inputs as bf16 halves) and with FP8 rows and their scales (inputs made by f16_rows from fp32: one
-// f16 of x / 16, h written so too).
+// rows (inputs as bf16 halves), with FP8 rows and their scales, and with int4 rows (group scales; zero
+// points stored for gate/up, symmetric for down; K not a multiple of 128, so a row's last chunk is ragged)
+// (quantised rows: inputs made by f16_rows from fp32, one f16 of x / 16, h written so too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,7 +61,8 @@ struct Errors {
 
 // n tokens of K slots over E experts, routed by `expert_of(t, k)`; both passes against fp64.
 template <class Route>
-Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, uint32_t seed) {
+Errors run_case(WeightFormat f, int n, int K, int E, int H, int Ie, Route expert_of, uint32_t seed) {
+    const bool fp8 = f == WeightFormat::kFp8, int4 = f == WeightFormat::kInt4, quant = fp8 || int4;
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     // moe_bucket's grouping: group e = expert e, its entries t * K + k in entry order
@@ -71,10 +73,13 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
         off[static_cast<size_t>(e) + 1] = static_cast<int>(entries.size());
     }
     const size_t nx = static_cast<size_t>(n) * H, nh = static_cast<size_t>(n) * K * Ie;
-    const Rows gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H),
-        down(rng, fp8, static_cast<size_t>(E) * H, Ie);
-    std::vector<uint16_t> x;  // the inputs as halves; FP8: f16_rows of fp32 values (a second copy unused)
-    if (fp8) {
+    const Rows gu = int4 ? Rows::int4(rng, static_cast<size_t>(E) * 2 * Ie, H, true)
+                         : Rows(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H);
+    const Rows down = int4 ? Rows::int4(rng, static_cast<size_t>(E) * H, Ie, false)
+                           : Rows(rng, fp8, static_cast<size_t>(E) * H, Ie);
+    // the inputs as halves; quantised rows: f16_rows of fp32 values (a second copy unused)
+    std::vector<uint16_t> x;
+    if (quant) {
         std::vector<float> xf(nx);
         for (float& v : xf) v = u(rng);
         float* d_xf = to_device(xf);
@@ -99,11 +104,14 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
     cuda::ExpertRows d_gu, d_down;
     std::vector<void*> owned;
     for (auto [rows, dst] : {std::pair{&gu, &d_gu}, std::pair{&down, &d_down}}) {
-        if (fp8) {
-            dst->fp8.q = to_device(rows->q);
-            dst->fp8.scale = to_device(rows->scale);
-            owned.push_back(const_cast<uint8_t*>(dst->fp8.q));
-            owned.push_back(const_cast<float*>(dst->fp8.scale));
+        if (quant) {
+            QuantMatrix& m = fp8 ? dst->fp8 : dst->int4;
+            m.q = to_device(rows->q);
+            m.scale = to_device(rows->scale);
+            m.zero = rows->zero.empty() ? nullptr : to_device(rows->zero);
+            owned.push_back(const_cast<uint8_t*>(m.q));
+            owned.push_back(const_cast<float*>(m.scale));
+            if (m.zero) owned.push_back(const_cast<uint8_t*>(m.zero));
         } else {
             dst->w = to_device(rows->w);
             owned.push_back(const_cast<uint16_t*>(dst->w));
@@ -116,7 +124,8 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
     EXPECT_EQ(cudaMalloc(&d_slots, static_cast<size_t>(n) * K * H * sizeof(float)), cudaSuccess);
     EXPECT_EQ(cudaMemset(d_h, 0xff, 2 * nh * sizeof(uint16_t)), cudaSuccess);  // NaN: every output written
     EXPECT_EQ(cudaMemset(d_slots, 0xff, static_cast<size_t>(n) * K * H * sizeof(float)), cudaSuccess);
-    cuda::moe_stream_gate_up(d_x, d_x + nx, H, K, d_gu, Ie, d_off, d_ent, E, n, d_h, d_h + nh, fp8, nullptr);
+    cuda::moe_stream_gate_up(d_x, d_x + nx, H, K, d_gu, Ie, d_off, d_ent, E, n, d_h, d_h + nh, quant,
+                             nullptr);
     cuda::moe_stream_down(d_h, d_h + nh, Ie, d_down, H, K, d_off, d_ent, E, n, d_slots, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint16_t> h = to_host(d_h, 2 * nh);
@@ -127,7 +136,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
         for (int j = 0; j < Ie; ++j) {  // GeGLU of the gate and up products
             double g = 0, up = 0, mag_g = 0, mag_u = 0;
             for (int k = 0; k < H; ++k) {
-                const double xv = half_value(x, nx, static_cast<size_t>(i / K) * H + k, fp8);
+                const double xv = half_value(x, nx, static_cast<size_t>(i / K) * H + k, quant);
                 const size_t row = static_cast<size_t>(e) * 2 * Ie + j;
                 const double wg = gu.value(row, k), wu = gu.value(row + Ie, k);
                 g += xv * wg;
@@ -136,7 +145,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
                 mag_u += std::fabs(xv * wu);
             }
             const double want = gelu_tanh(g) * up;
-            const double got = half_value(h, nh, static_cast<size_t>(i) * Ie + j, fp8);
+            const double got = half_value(h, nh, static_cast<size_t>(i) * Ie + j, quant);
             // |gelu(g) up| <= |g| |up|: the error relative to the product of the two sums of |terms|
             // (the kernel's h is rounded as its next pass reads it: bf16 halves ~2^-16, one f16 2^-11)
             const double scale = mag_g * mag_u + 1e-12;
@@ -145,7 +154,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
         for (int r = 0; r < H; ++r) {  // the down product of the h the kernel wrote
             double want = 0, mag = 0;
             for (int k = 0; k < Ie; ++k) {
-                const double p = half_value(h, nh, static_cast<size_t>(i) * Ie + k, fp8) *
+                const double p = half_value(h, nh, static_cast<size_t>(i) * Ie + k, quant) *
                                  down.value(static_cast<size_t>(e) * H + r, k);
                 want += p;
                 mag += std::fabs(p);
@@ -165,19 +174,21 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, Route expert_of, u
 
 #ifdef MARKBASE_HAS_CUDA
 // Both passes over the routings above for one format. H: bf16 3 chunks of 32 (an uneven round of 2 chunks a
-// warp), FP8 3 chunks of 64; 3 and 6 row blocks of 32. The bound is the products' own rounding: ~2^-16 of a
-// term with bf16 halves, f16's 2^-11 of h once it is written (FP8: the inputs are exact here, the values
-// f16_rows made).
-void check_format(bool fp8) {
-    const int E = 16, K = 4, H = fp8 ? 192 : 96, Ie = 64;
-    const char* f = fp8 ? "FP8" : "bf16";
-    const double bound = fp8 ? 5e-4 : 1e-5;  // h; the down pass reads h as written: 1e-5 for both
+// warp), FP8 3 chunks of 64, int4 2.5 chunks of 128 (320: a ragged last chunk of 2 lanes); Ie 64, int4 96
+// (one ragged chunk of 3 lanes); row blocks of 32. The bound is the products' own rounding: ~2^-16 of a
+// term with bf16 halves, f16's 2^-11 of h once it is written (quantised rows: the inputs are exact here,
+// the values f16_rows made).
+void check_format(WeightFormat fmt) {
+    const bool fp8 = fmt == WeightFormat::kFp8, int4 = fmt == WeightFormat::kInt4;
+    const int E = 16, K = 4, H = int4 ? 320 : fp8 ? 192 : 96, Ie = int4 ? 96 : 64;
+    const char* f = fp8 ? "FP8" : int4 ? "int4" : "bf16";
+    const double bound = fp8 || int4 ? 5e-4 : 1e-5;  // h; the down pass reads h as written: 1e-5 for all
     // uniform routing at 1, 6, 20, 40 tokens: the token tiles go 1, 1, 2, 4 (moe_stream's rule); FP8 rows
     // take the (2, 2) blocks at 1 and 6 tokens and the many-entry shapes at 20 and 40 (a mean of 5 and 10
     // entries an expert: MoeStream.Fp8ShapesFollowTheLabsRule)
     for (int n : {1, 6, 20, 40}) {
         const Errors e = run_case(
-            fp8, n, K, E, H, Ie, [&](int t, int k) { return (t * 7 + k * 5 + (t * k) % 3) % E; },
+            fmt, n, K, E, H, Ie, [&](int t, int k) { return (t * 7 + k * 5 + (t * k) % 3) % E; },
             static_cast<uint32_t>(n));
         EXPECT_LT(e.h, bound) << f << ", " << n << " tokens: GeGLU";
         EXPECT_LT(e.slots, 1e-5) << f << ", " << n << " tokens: down";
@@ -186,7 +197,7 @@ void check_format(bool fp8) {
     // one tile: passes of 8, 8, 2); 100 tokens with their first slot on expert 3 (4 tiles: 32, 32, 32, 4)
     for (int n : {6, 100}) {
         const Errors e = run_case(
-            fp8, n, K, E, H, Ie,
+            fmt, n, K, E, H, Ie,
             [&](int t, int k) { return n == 6 ? (k < 3 ? 3 : 9) : (k == 0 ? 3 : 9 + (t + k) % 3); },
             static_cast<uint32_t>(n + 1));
         EXPECT_LT(e.h, bound) << f << ", " << n << " tokens, one busy expert: GeGLU";
@@ -219,14 +230,21 @@ TEST(MoeStream, Fp8ShapesFollowTheLabsRule) {
 TEST(MoeStream, GeGluAndDownMatchTheFp64Products) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    check_format(false);
+    check_format(WeightFormat::kBf16);
 #endif
 }
 
 TEST(MoeStream, Fp8RowsMatchTheFp64ProductsOfTheirScaledCodes) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    check_format(true);
+    check_format(WeightFormat::kFp8);
+#endif
+}
+
+TEST(MoeStream, Int4RowsMatchTheFp64ProductsOfTheirGroups) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    check_format(WeightFormat::kInt4);
 #endif
 }
 

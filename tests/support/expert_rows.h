@@ -23,14 +23,36 @@ inline double from_f16(uint16_t b) {  // IEEE binary16
     return (b & 0x8000) ? -v : v;
 }
 
-// A matrix of `rows` rows of K: bf16 values, or e4m3 codes with a scale per row; value(r, k) as the kernel
-// reads it.
+// A matrix of `rows` rows of K: bf16 values, e4m3 codes with a scale per row, or (int4()) nibbles with a
+// scale and zero point per group of 128 along K; value(r, k) as the kernel reads it.
 struct ExpertRowsHost {
     bool fp8 = false;
+    bool is_int4 = false;
     std::vector<uint16_t> w;
     std::vector<uint8_t> q;
     std::vector<float> scale;
+    std::vector<uint8_t> zero;  // int4 with zero points (else the symmetric 8)
     int K = 0;
+    ExpertRowsHost() = default;
+    // int4: nibbles 0..15 (k even in the low one), scales in [0.002, 0.01), zero points 0..15 where
+    // `zeros`, else none
+    static ExpertRowsHost int4(std::mt19937& rng, size_t rows, int k, bool zeros) {
+        ExpertRowsHost m;
+        m.K = k;
+        m.is_int4 = true;
+        const size_t G = (static_cast<size_t>(k) + 127) / 128;
+        std::uniform_int_distribution<int> nib(0, 15);
+        std::uniform_real_distribution<float> sc(0.002f, 0.01f);
+        m.q.assign(rows * k / 2, 0);
+        for (uint8_t& v : m.q) v = static_cast<uint8_t>(nib(rng) | (nib(rng) << 4));
+        m.scale.resize(rows * G);
+        for (float& v : m.scale) v = sc(rng);
+        if (zeros) {
+            m.zero.resize(rows * G);
+            for (uint8_t& z : m.zero) z = static_cast<uint8_t>(nib(rng));
+        }
+        return m;
+    }
     ExpertRowsHost(std::mt19937& rng, bool is_fp8, size_t rows, int k) : fp8(is_fp8), K(k) {
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         if (!fp8) {
@@ -44,6 +66,11 @@ struct ExpertRowsHost {
         for (float& v : scale) v = (0.5f + 0.5f * (u(rng) + 1.0f)) * (0.1f / 448.0f);
     }
     double value(size_t r, size_t k) const {
+        if (is_int4) {
+            const size_t G = (static_cast<size_t>(K) + 127) / 128, g = r * G + k / 128;
+            const int n = (q[(r * K + k) / 2] >> (4 * (k & 1))) & 15, z = zero.empty() ? 8 : zero[g];
+            return double(n - z) * double(scale[g]);
+        }
         return fp8 ? double(fp8_e4m3_to_float(q[r * K + k])) * scale[r] : from_bf16(w[r * K + k]);
     }
 };

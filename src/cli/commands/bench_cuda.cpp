@@ -444,7 +444,7 @@ int cmd_bench_cuda(ArgReader& a) {
     if (m.slots > 1) {
         r.batch_step = bench_batched(be, c, b, m.slots, d.dc, &r.batch_ids_hash);
         r.batch_bytes = batched_step_bytes(c, m.slots, b.n_prompt + 1 + b.n_gen / 2, kv_elem,
-                                           be->batch_reads_fp8_experts(m.slots) ? 1.0 : 2.0);
+                                           be->batch_expert_weight_bytes(m.slots));
         print_step_roofline(r.batch_bytes, r.batch_step, r.roofline, c.n_experts);
     }
 

@@ -390,8 +390,11 @@ void moe_down(const float* h, int Ie, const bf16* down, int H, const int* group_
 struct ExpertRows {
     const bf16* w = nullptr;  // bf16: [E][rows][K]
     QuantMatrix fp8;          // FP8 where q is set: [E][rows][K] bytes, scale [E][rows]
+    // int4 where q is set (moe_stream only): [E][rows][K / 2] bytes, scale and zero (or null) [E][rows][G]
+    QuantMatrix int4;
 };
-bool moe_stream_fits(int H, int Ie);      // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704)
+bool moe_stream_fits(int H, int Ie);      // H % 32 == 0 and Ie % 32 == 0 (the 26B-A4B's 2816 and 704);
+                                          // int4 rows too (a last group of K % 128 != 0 is short)
 bool moe_stream_fits_fp8(int H, int Ie);  // FP8 also: H % 64 == 0 and Ie % 64 == 0
 // A pass's blocks: mt row tiles of 16 (gate/up: 2, a gate tile and an up tile) and g chunks a warp loads
 // per round (32 k of bf16 rows, 64 k of FP8). Built: (2, 2); for FP8 rows gate/up (2, 3), down (4, 1) (the
