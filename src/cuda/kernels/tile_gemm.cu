@@ -63,12 +63,19 @@ template <Fmt F, int MT, int NT>
 constexpr int stage_bytes() {
     return weight_bytes<F, MT>() + NT * 8 * 128;
 }
-// Stages in the ring. 128 rows: four, three where bf16 tokens' stages are large (so that two blocks fit an
-// SM's 228 KB). 64 rows: as many as keep a block within 74 KB (three blocks an SM), at most six.
+// Stages in the ring. bf16, 128 rows: four, three where the tokens' stages are large (so that two blocks fit
+// an SM's 228 KB); 64 rows: as many as keep a block within 74 KB (three blocks an SM), at most six. Quantised
+// rows move a half or a quarter of bf16's weight bytes a stage, so they keep more stages in flight where
+// the same blocks an SM hold them (up to eight: at 16 tokens an FP8 stage is 12 KB, 8 KB of it weights, so
+// eight stages keep 56 KB of weights in flight a block where four kept 24).
 template <Fmt F, int MT, int NT>
 constexpr int stages() {
-    if constexpr (MT == 2) return F == Fmt::kBf16 && NT >= 12 ? 3 : 4;
-    return std::min(6, (74 * 1024) / stage_bytes<F, MT, NT>());
+    constexpr int most = F == Fmt::kBf16 ? 6 : 8;
+    if constexpr (MT == 2) {
+        if constexpr (F == Fmt::kBf16) return NT >= 12 ? 3 : 4;
+        return std::min(most, (111 * 1024) / stage_bytes<F, MT, NT>());
+    }
+    return std::min(most, (74 * 1024) / stage_bytes<F, MT, NT>());
 }
 template <Fmt F, int MT, int NT>
 constexpr size_t ring_bytes() {
