@@ -55,11 +55,25 @@ struct DeviceWeights {
     void* quant_arena = nullptr;
     uint64_t quant_bytes = 0;
     WeightFormat quant_format = WeightFormat::kBf16;
+    // The bf16 copy of quantised matrices freed (drop_bf16_copy: every product reads their rows); their
+    // Weights pointers hold kDroppedBf16, their tensors a null ptr, and `dropped` where the rows are.
+    struct Dropped {
+        size_t tensor = 0;  // index in tensors
+        QuantMatrix q;
+        int64_t rows = 0;
+        int K = 0;
+    };
+    std::vector<Dropped> dropped;
+    bool dense_dropped = false, experts_dropped = false;
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
     DeviceWeights& operator=(const DeviceWeights&) = delete;
     ~DeviceWeights();
 };
+
+// What a dropped matrix's bf16 pointer holds: not null (the pointers also say which tensors a layer has),
+// and no device memory, so a read of it faults rather than computing with stale values.
+inline const bf16* const kDroppedBf16 = reinterpret_cast<const bf16*>(uintptr_t{256});
 
 // cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
 bf16* device_alloc(uint64_t bytes, const std::string& what);

@@ -346,11 +346,17 @@ bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
     // clusters of 8) took the SMs they stream on: the 26B-A4B's 8 sequences 8.93 -> 9.88 ms per step.
     const bool beside_experts = c_.moe && n <= plan_.stream_gemm_max;
     const bool tiles = one && !beside_experts && n <= plan_.tile_gemm_max;
-    // quantised rows at any n (tile_gemm on this GPU): a prompt chunk in slices of kTileGemmMaxN tokens
-    bool quant = one && !beside_experts && plan_.tile_gemm_max > 0 && plan_.quant_tiles;
+    // quantised rows at any n (tile_gemm on this GPU): a prompt chunk in slices of kTileGemmMaxN tokens;
+    // beside the experts too where there is no bf16 copy left to read (drop_bf16_copy)
+    bool quant =
+        one && (!beside_experts || dw_->dense_dropped) && plan_.tile_gemm_max > 0 && plan_.quant_tiles;
     for (int i = 0; i < nseg; ++i)
         quant = quant && in[i].format != WeightFormat::kBf16 &&
                 tile_gemm_fits(in[i].rows, K, std::min(n, kTileGemmMaxN));
+    if (!quant && dw_->dense_dropped && in[0].format != WeightFormat::kBf16)
+        throw Error("internal: a product of " + std::to_string(n) + " tokens over " +
+                    std::to_string(in[0].rows) + " x " + std::to_string(K) +
+                    " quantised rows that tile_gemm does not take, and no bf16 copy");
     if (quant) {
         GemvSeg slice[kStreamGemmMaxSegs];
         for (int t0 = 0; t0 < n; t0 += kTileGemmMaxN) {

@@ -1,12 +1,14 @@
 // The decode step's quantised weights (model/weights.h LayerQuant, FP8 or int4) in one device allocation
 // beside the bf16 tensors: a checkpoint's bytes, scales and zero points copied from the host (loading/ made
 // them, as published or by --quantize), or random bf16 weights quantised on the device (bench at real
-// widths). The bf16 tensors stay resident and hold the same values rounded to bf16 (the loader's dequantised
-// copy, or quantize_rows.cu's rewrite), for the prefill and the batched step, which read bf16.
+// widths). The bf16 tensors hold the same values rounded to bf16 (the loader's dequantised copy, or
+// quantize_rows.cu's rewrite), for the prefill and the batched step where those read bf16; with
+// Tuning::quant_tiles every product of them reads the quantised rows, and drop_bf16_copy frees the copy.
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/kernels/kernels.h"
 #include "cuda/loader.h"
 #include "cuda/model.h"
 #include "loading/checkpoint.h"
@@ -109,6 +111,50 @@ void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host
         *s.dst = {q, scale, zero};
     }
     CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Bf16Drop bf16_drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t, int cc_major, int cc_minor) {
+    Bf16Drop d;
+    if (f == WeightFormat::kBf16 || !t.quant_tiles) return d;
+    // CudaModel's own_product: the quantised rows through tile_gemm (sm_90a, tile_gemm > 0) over the bf16
+    // operand, at every token count
+    d.dense = cc_major == 9 && cc_minor == 0 && t.tile_gemm > 0 && t.gemm_inputs == Tuning::GemmInputs::kBf16;
+    // the experts: decode and moe_stream read FP8 or int4 rows, but a prompt chunk's go through moe_gemm,
+    // which reads FP8 rows only (and its widths, else the grouped GEMVs over bf16)
+    d.experts = d.dense && c.moe && f == WeightFormat::kFp8 && t.moe_gemm &&
+                moe_gemm_fits(c.hidden, c.expert_width, c.n_experts);
+    return d;
+}
+
+// A class (the projections, the experts) goes whole or not at all: a published checkpoint's ignored
+// modules keep theirs, and with them their class's (one launch of several matrices reads one format).
+void drop_bf16_copy(DeviceWeights& dw, Bf16Drop what) {
+    if (dw.arena || dw.quant_format == WeightFormat::kBf16 || (!what.dense && !what.experts)) return;
+    const std::vector<PlannedTensor> plan = plan_bound_tensors(dw.config, dw.w);
+    const auto is_expert = [](const PlannedTensor& p) {
+        return p.name.find("experts.") != std::string::npos;
+    };
+    bool dense_all = true, experts_all = true;
+    for (const PlannedTensor& p : plan) {
+        if (!p.quant_eligible || !*p.slot) continue;
+        (is_expert(p) ? experts_all : dense_all) &= p.quant && p.quant->q;
+    }
+    const bool dense = what.dense && dense_all, experts = what.experts && experts_all;
+    for (const PlannedTensor& p : plan) {
+        if (!p.quant || !p.quant->q || !*p.slot || !(is_expert(p) ? experts : dense)) continue;
+        size_t j = 0;
+        while (j < dw.tensors.size() && dw.tensors[j].ptr != *p.slot) ++j;
+        if (j == dw.tensors.size()) throw Error("internal: " + p.name + "'s bf16 tensor is not the model's");
+        int64_t rows = 1;
+        for (size_t k = 0; k + 1 < p.shape.size(); ++k) rows *= p.shape[k];
+        CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
+        dw.bytes -= dw.tensors[j].bytes;
+        dw.tensors[j].ptr = nullptr;
+        dw.dropped.push_back({j, *p.quant, rows, static_cast<int>(p.shape.back())});
+        *p.slot = kDroppedBf16;
+    }
+    dw.dense_dropped = dense;
+    dw.experts_dropped = experts;
 }
 
 }  // namespace markbase::cuda

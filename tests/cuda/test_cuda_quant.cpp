@@ -264,5 +264,49 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantCheckpoint,
                              return format_name(p.param);
                          });
 
+// quant_tiles: the bf16 copy of the quantised matrices is freed where every product reads their rows
+// (drop_bf16_copy): the GPU then holds fewer bytes (the 26B-A4B's FP8 experts' copy too; its int4 experts
+// keep theirs, which moe_gemm reads), and the host copy of the weights (the tests' CPU reference) still
+// holds the copy's values, made from the rows: FP8 bit for bit, int4 within a bf16 step (the device rounds
+// the fp32 product, the host the exact one).
+class CudaQuantDrop : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(CudaQuantDrop, TheCopyGoesAndItsValuesComeBackFromTheRows) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const auto& [variant, f] = GetParam();
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.weights = f;
+    const auto kept = make_synthetic_cuda_backend(variant, 2, o, 17);
+    o.tuning.quant_tiles = true;
+    const auto dropped = make_synthetic_cuda_backend(variant, 2, o, 17);
+    const double gb_kept = kept->weight_bytes() / 1e9, gb_dropped = dropped->weight_bytes() / 1e9;
+    std::printf("  %s/2L %s: %.3f GB on the GPU with the bf16 copy, %.3f without\n", variant.c_str(),
+                format_name(f), gb_kept, gb_dropped);
+    EXPECT_LT(dropped->weight_bytes(), kept->weight_bytes()) << "the bf16 copy stayed";
+    const auto a = copy_weights_to_host(*kept), b = copy_weights_to_host(*dropped);
+    ASSERT_EQ(a->storage.size(), b->storage.size());
+    size_t differ = 0, far = 0;
+    for (size_t t = 0; t < a->storage.size(); ++t) {
+        ASSERT_EQ(a->storage[t].size(), b->storage[t].size());
+        for (size_t i = 0; i < a->storage[t].size(); ++i) {
+            const uint16_t x = a->storage[t][i], y = b->storage[t][i];
+            differ += x != y;
+            far += (x > y ? x - y : y - x) > 1;  // same-sign neighbours are one apart
+        }
+    }
+    if (f == WeightFormat::kFp8) {
+        EXPECT_EQ(differ, 0u) << "the host copy of the dropped FP8 matrices is not the bf16 copy's values";
+    }
+    EXPECT_EQ(far, 0u) << "values more than a bf16 step from the bf16 copy's";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaQuantDrop,
+                         ::testing::Combine(::testing::Values("e2b", "26b-a4b"),
+                                            ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4)),
+                         param_name);
+
 }  // namespace
 }  // namespace markbase
