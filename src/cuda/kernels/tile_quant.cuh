@@ -98,6 +98,14 @@ __device__ __forceinline__ void mma_stage_quant(float (&acc)[MT][NT * 4], uint32
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+    // the A registers live until the MMAs that read them asynchronously are done: the compiler sees each
+    // wgmma's inputs consumed when it is issued, and could otherwise give them to a later value
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[kk][mt][r])::"memory");
 }
 
 }  // namespace markbase::cuda::tile
