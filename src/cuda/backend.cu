@@ -239,12 +239,16 @@ CudaDeviceInfo cuda_device_info() {
 }
 
 namespace {
-// The quantised rows on the device, and the bf16 copy freed where every product reads them instead
-// (Tuning::quant_tiles), before the KV pool is sized from what is left.
+// The bf16 copies a quantised model can do without on this GPU under t (Tuning::quant_tiles).
+cuda::Bf16Drop drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t) {
+    const CudaDeviceInfo d = cuda_device_info();
+    return cuda::bf16_drop_plan(c, f, t, d.cc_major, d.cc_minor);
+}
+// The quantised rows on the device, and the bf16 copy freed (or, from a checkpoint, never uploaded) where
+// every product reads them instead, before the KV pool is sized from what is left.
 void attach_quant(cuda::DeviceWeights& dw, WeightFormat f, const Weights* host, const Tuning& t) {
     cuda::attach_quant_weights(dw, f, host);
-    const CudaDeviceInfo d = cuda_device_info();
-    cuda::drop_bf16_copy(dw, cuda::bf16_drop_plan(dw.config, f, t, d.cc_major, d.cc_minor));
+    cuda::drop_bf16_copy(dw, drop_plan(dw.config, f, t));
 }
 }  // namespace
 
@@ -261,7 +265,10 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
     // quantised: the bf16 slots (the dequantised values, for the prefill and the batched step) from the host,
     // then the bytes, scales and zero points the decode step reads
-    auto dw = made ? cuda::upload_weights_from_host(ck) : cuda::upload_weights(ck, o.tuning);
+    const std::vector<std::string> skip =
+        quant ? cuda::bf16_drop_names(ck.config, ck.weights, drop_plan(ck.config, ck.format, o.tuning))
+              : std::vector<std::string>{};
+    auto dw = made ? cuda::upload_weights_from_host(ck, skip) : cuda::upload_weights(ck, o.tuning);
     if (quant) attach_quant(*dw, ck.format, &ck.weights, o.tuning);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }

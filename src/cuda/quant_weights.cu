@@ -126,35 +126,58 @@ Bf16Drop bf16_drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t, i
     return d;
 }
 
+namespace {
+bool is_expert(const PlannedTensor& p) {
+    return p.name.find("experts.") != std::string::npos;
+}
+}  // namespace
+
 // A class (the projections, the experts) goes whole or not at all: a published checkpoint's ignored
 // modules keep theirs, and with them their class's (one launch of several matrices reads one format).
-void drop_bf16_copy(DeviceWeights& dw, Bf16Drop what) {
-    if (dw.arena || dw.quant_format == WeightFormat::kBf16 || (!what.dense && !what.experts)) return;
-    const std::vector<PlannedTensor> plan = plan_bound_tensors(dw.config, dw.w);
-    const auto is_expert = [](const PlannedTensor& p) {
-        return p.name.find("experts.") != std::string::npos;
-    };
+std::vector<std::string> bf16_drop_names(const ModelConfig& c, const Weights& w, Bf16Drop what,
+                                         Bf16Drop* applied) {
+    std::vector<std::string> names;
+    if (applied) *applied = {};
+    if (w.quant.empty() || (!what.dense && !what.experts)) return names;
+    Weights view = w;  // the plan wants its pointers writable
+    const std::vector<PlannedTensor> plan = plan_bound_tensors(c, view);
     bool dense_all = true, experts_all = true;
     for (const PlannedTensor& p : plan) {
         if (!p.quant_eligible || !*p.slot) continue;
         (is_expert(p) ? experts_all : dense_all) &= p.quant && p.quant->q;
     }
-    const bool dense = what.dense && dense_all, experts = what.experts && experts_all;
-    for (const PlannedTensor& p : plan) {
-        if (!p.quant || !p.quant->q || !*p.slot || !(is_expert(p) ? experts : dense)) continue;
-        size_t j = 0;
-        while (j < dw.tensors.size() && dw.tensors[j].ptr != *p.slot) ++j;
-        if (j == dw.tensors.size()) throw Error("internal: " + p.name + "'s bf16 tensor is not the model's");
+    const Bf16Drop take{what.dense && dense_all, what.experts && experts_all};
+    for (const PlannedTensor& p : plan)
+        if (p.quant && p.quant->q && *p.slot && (is_expert(p) ? take.experts : take.dense))
+            names.push_back(p.name);
+    if (applied) *applied = take;
+    return names;
+}
+
+void drop_bf16_copy(DeviceWeights& dw, Bf16Drop what) {
+    if (dw.arena || dw.quant_format == WeightFormat::kBf16) return;
+    Bf16Drop take;
+    const std::vector<std::string> names = bf16_drop_names(dw.config, dw.w, what, &take);
+    const std::vector<PlannedTensor> plan = plan_bound_tensors(dw.config, dw.w);
+    for (const std::string& name : names) {
+        size_t i = 0, j = 0;
+        while (i < plan.size() && plan[i].name != name) ++i;
+        while (j < dw.tensors.size() && dw.tensors[j].name != name) ++j;
+        if (i == plan.size() || j == dw.tensors.size())
+            throw Error("internal: " + name + " is not among the model's tensors");
+        const PlannedTensor& p = plan[i];
         int64_t rows = 1;
         for (size_t k = 0; k + 1 < p.shape.size(); ++k) rows *= p.shape[k];
-        CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
-        dw.bytes -= dw.tensors[j].bytes;
-        dw.tensors[j].ptr = nullptr;
+        if (dw.tensors[j].ptr) {  // else never uploaded (upload_weights_from_host skipped it)
+            CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
+            dw.bytes -= dw.tensors[j].bytes;
+            dw.tensors[j].ptr = nullptr;
+        }
         dw.dropped.push_back({j, *p.quant, rows, static_cast<int>(p.shape.back())});
         *p.slot = kDroppedBf16;
     }
-    dw.dense_dropped = dense;
-    dw.experts_dropped = experts;
+    dw.dense_dropped = take.dense;
+    dw.experts_dropped = take.experts;
 }
 
 }  // namespace markbase::cuda

@@ -258,6 +258,43 @@ TEST_P(CudaQuantCheckpoint, BundledModelQuantisedAtLoadMatchesTheCpu) {
 #endif
 }
 
+// The same checkpoint with quant_tiles=1: the bf16 copy of its projections is never uploaded (the fit check
+// counts it out too), the GPU holds fewer bytes, and a prompt and 8 decode steps agree with the model that
+// keeps the copy (quant_tiles=0) to the bf16 operand's bound (tile_gemm over the rows against cuBLAS over
+// the copy: their sums' orders differ).
+TEST_P(CudaQuantCheckpoint, QuantTilesLoadWithoutTheBf16Copy) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    LoadOptions lo;
+    lo.quantize = GetParam();
+    const auto ck = load_checkpoint(MARKBASE_TEST_DATA "/../../models/default", lo);
+    BackendOptions o;
+    o.ctx_size = 128;
+    o.chunk = 32;
+    auto kept = make_cuda_backend(*ck, o);
+    o.tuning.quant_tiles = true;
+    auto dropped = make_cuda_backend(*ck, o);
+    std::printf("  bundled %s: %llu bytes on the GPU with the bf16 copy, %llu without\n",
+                format_name(GetParam()), static_cast<unsigned long long>(kept->weight_bytes()),
+                static_cast<unsigned long long>(dropped->weight_bytes()));
+    EXPECT_LT(dropped->weight_bytes(), kept->weight_bytes()) << "the bf16 copy was uploaded";
+    const int64_t V = ck->config.vocab_size;
+    std::vector<int> ids = testing::random_ids(16, static_cast<int>(V), 3);
+    std::vector<float> a(V), b(V);
+    kept->eval(ids.data(), 16, a.data(), false);
+    dropped->eval(ids.data(), 16, b.data(), false);
+    double e = testing::rel_err(a, b);
+    for (int s = 0; s < 8; ++s) {
+        const int next = static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin());
+        kept->eval(&next, 1, a.data(), false);
+        dropped->eval(&next, 1, b.data(), false);
+        e = std::max(e, testing::rel_err(a, b));
+    }
+    std::printf("  rel err against the model with the copy: %.2e\n", e);
+    EXPECT_LT(e, 2e-2);
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantCheckpoint,
                          ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
                          [](const ::testing::TestParamInfo<WeightFormat>& p) {
