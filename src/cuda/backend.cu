@@ -132,8 +132,8 @@ class CudaBackendImpl final : public CudaBackend {
         const cuda::CudaModel::MoePrefillStats& m = model_.moe_prefill_stats();
         return "MoE experts: " + std::to_string(m.moe_gemm_layers) +
                " layers through moe_gemm (grouped on the device), " + std::to_string(m.moe_gemm_fp8_layers) +
-               " with FP8 rows; " + std::to_string(m.gemv_layers) + " as grouped GEMVs; " +
-               std::to_string(m.stream_layers) +
+               " with FP8 rows, " + std::to_string(m.moe_gemm_int4_layers) + " with int4; " +
+               std::to_string(m.gemv_layers) + " as grouped GEMVs; " + std::to_string(m.stream_layers) +
                " batched-step layers recorded with their experts on the device (" +
                std::to_string(m.stream_fp8_layers) + " of them FP8, " + std::to_string(m.stream_int4_layers) +
                " int4; since the model was built; a step's graph counts once, when captured)";

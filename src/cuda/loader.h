@@ -42,7 +42,7 @@ std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck,
 // null, by quantising the bf16 tensors on the device (which then hold the quantised values rounded to bf16).
 void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host);
 // Which of a quantised model's bf16 copies every product can do without (Tuning::quant_tiles on a GPU
-// where tile_gemm runs, over the bf16 operand: the projections; and FP8 experts where moe_gemm takes the
+// where tile_gemm runs, over the bf16 operand: the projections; and the experts where moe_gemm takes the
 // prompt chunks'), and the freeing of them (each class only where every one of its matrices is quantised;
 // not for a staged arena, which only bf16 checkpoints use). CudaModel makes the matching choices.
 struct Bf16Drop {

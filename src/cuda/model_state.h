@@ -17,9 +17,10 @@ namespace markbase::cuda {
 
 // The 26B's prefill experts since the model was built (the bench receipt shows how its layers ran).
 struct MoePrefillStats {
-    int moe_gemm_layers = 0;      // prefill layers through moe_gemm (grouped on the device)
-    int moe_gemm_fp8_layers = 0;  // those of them reading FP8 experts
-    int gemv_layers = 0;          // through the grouped GEMV kernels (widths moe_gemm does not tile)
+    int moe_gemm_layers = 0;       // prefill layers through moe_gemm (grouped on the device)
+    int moe_gemm_fp8_layers = 0;   // those of them reading FP8 experts
+    int moe_gemm_int4_layers = 0;  // and int4
+    int gemv_layers = 0;           // through the grouped GEMV kernels (widths moe_gemm does not tile)
     int stream_layers = 0;  // batched-step layers recorded through moe_stream (a graph's once, at capture)
     int stream_fp8_layers = 0;   // those of them reading FP8 experts
     int stream_int4_layers = 0;  // and int4

@@ -7,9 +7,8 @@
 
 namespace markbase::cuda {
 
-// A layer's experts as ExpertRows: FP8 rows where the model streams them (fp8_experts), int4 rows where the
-// batched step does (int4: moe_stream only), else bf16 (a published checkpoint's ignored experts read the
-// bf16 copy, as do moe_gemm's prompt chunks of int4 experts).
+// A layer's experts as ExpertRows: FP8 or int4 rows where the model streams them (fp8_experts,
+// int4_experts), else bf16 (a published checkpoint's ignored experts read the bf16 copy).
 static ExpertRows expert_rows(const bf16* w, const QuantMatrix& q, bool fp8, bool int4 = false) {
     ExpertRows r;
     r.w = w;
@@ -26,14 +25,15 @@ void CudaModel::prefill_experts(int i, int n) {
     const LayerWeights& lw = w_.layers[i];
     const int H = c_.hidden, E = c_.n_experts, K = c_.top_k, Ie = c_.expert_width;
     if (plan_.moe_gemm && moe_gemm_fits(H, Ie, E)) {
-        const bool fp8 = fp8_experts();
         const LayerQuant& lq = layer_quant(w_, i);
-        const ExpertRows gate_up = expert_rows(lw.experts_gate_up, lq.experts_gate_up, fp8);
-        const ExpertRows down = expert_rows(lw.experts_down, lq.experts_down, fp8);
+        const ExpertRows gate_up =
+            expert_rows(lw.experts_gate_up, lq.experts_gate_up, fp8_experts(), int4_experts());
+        const ExpertRows down = expert_rows(lw.experts_down, lq.experts_down, fp8_experts(), int4_experts());
         moe_gemm_experts(moe_.e_in, H, K, n, gate_up, down, Ie, moe_.gexp, moe_.goff, moe_.gent, E,
                          static_cast<bf16*>(moe_.mx), moe_.mh, moe_.eslots, stream_);
         ++moe_.stats.moe_gemm_layers;
         moe_.stats.moe_gemm_fp8_layers += gate_up.fp8.q && down.fp8.q;
+        moe_.stats.moe_gemm_int4_layers += gate_up.int4.q && down.int4.q;
         return;
     }
     moe_gate_up(moe_.e_in, H, lw.experts_gate_up, Ie, K, moe_.gexp, moe_.goff, moe_.gent, E, moe_.eh,

@@ -119,10 +119,9 @@ Bf16Drop bf16_drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t, i
     // CudaModel's own_product: the quantised rows through tile_gemm (sm_90a, tile_gemm > 0) over the bf16
     // operand, at every token count
     d.dense = cc_major == 9 && cc_minor == 0 && t.tile_gemm > 0 && t.gemm_inputs == Tuning::GemmInputs::kBf16;
-    // the experts: decode and moe_stream read FP8 or int4 rows, but a prompt chunk's go through moe_gemm,
-    // which reads FP8 rows only (and its widths, else the grouped GEMVs over bf16)
-    d.experts = d.dense && c.moe && f == WeightFormat::kFp8 && t.moe_gemm &&
-                moe_gemm_fits(c.hidden, c.expert_width, c.n_experts);
+    // the experts: decode, moe_stream and a prompt chunk's moe_gemm read FP8 or int4 rows (moe_gemm at its
+    // widths; else the grouped GEMVs read bf16)
+    d.experts = d.dense && c.moe && t.moe_gemm && moe_gemm_fits(c.hidden, c.expert_width, c.n_experts);
     return d;
 }
 

@@ -99,7 +99,7 @@ struct Tuning {
     // rows (a half or a quarter of the bf16 copy's bytes, converted in registers to the copy's values),
     // wherever the kernel takes the shape, chunks past 128 tokens in slices of 128 (tile_gemm=0 turns it
     // off with the bf16 tiles); and frees the bf16 copy of every matrix no product reads any more
-    // (cuda/quant_weights.cu drop_bf16_copy: the projections; FP8 experts too, which moe_gemm reads as FP8),
+    // (cuda/quant_weights.cu drop_bf16_copy: the projections; the experts too where moe_gemm takes them),
     // so the memory the format saves is free for the KV cache. 0 reads (and keeps) the bf16 copy as before.
     // Off until measured on the H200: the A/B that decides it, and the rule it then needs, are the kernel
     // lab's and the batched step's.

@@ -43,17 +43,21 @@ struct Errors {
     int nonzero_foreign = 0;    // values of another rank's entries that are not 0
 };
 
-// Expert rows on the device as the kernels take them; the FP8 rows' bf16 slots hold NaN (the FP8 path must
+// Expert rows on the device as the kernels take them; quantised rows' bf16 slots hold NaN (their paths must
 // not read them).
 cuda::ExpertRows upload(const testing::ExpertRowsHost& r, std::vector<void*>& owned) {
     cuda::ExpertRows d;
-    if (r.fp8) {
-        d.fp8.q = to_device(r.q);
-        d.fp8.scale = to_device(r.scale);
-        owned.push_back(const_cast<uint8_t*>(d.fp8.q));
-        owned.push_back(const_cast<float*>(d.fp8.scale));
+    if (r.fp8 || r.is_int4) {
+        QuantMatrix& m = r.fp8 ? d.fp8 : d.int4;
+        m.q = to_device(r.q);
+        m.scale = to_device(r.scale);
+        m.zero = r.zero.empty() ? nullptr : to_device(r.zero);
+        owned.push_back(const_cast<uint8_t*>(m.q));
+        owned.push_back(const_cast<float*>(m.scale));
+        if (m.zero) owned.push_back(const_cast<uint8_t*>(m.zero));
     }
-    const std::vector<uint16_t> bf = r.fp8 ? std::vector<uint16_t>(r.q.size(), 0x7fc0) : r.w;
+    const size_t values = r.is_int4 ? 2 * r.q.size() : r.q.size();
+    const std::vector<uint16_t> bf = r.fp8 || r.is_int4 ? std::vector<uint16_t>(values, 0x7fc0) : r.w;
     d.w = to_device(bf);
     owned.push_back(const_cast<uint16_t*>(d.w));
     return d;
@@ -61,7 +65,9 @@ cuda::ExpertRows upload(const testing::ExpertRowsHost& r, std::vector<void*>& ow
 
 // n tokens of K slots over E experts routed by expert_of; expert `foreign` belongs to another rank.
 template <class Route>
-Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, int foreign, Route expert_of, uint32_t seed) {
+Errors run_case(WeightFormat f, int n, int K, int E, int H, int Ie, int foreign, Route expert_of,
+                uint32_t seed) {
+    const bool fp8 = f == WeightFormat::kFp8, int4 = f == WeightFormat::kInt4, quant = fp8 || int4;
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<int> off(static_cast<size_t>(E) + 1, 0), entries, group_expert(static_cast<size_t>(E));
@@ -74,8 +80,11 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, int foreign, Route
     const int total = n * K;
     std::vector<float> x(static_cast<size_t>(n) * H);
     for (float& v : x) v = u(rng);
-    const testing::ExpertRowsHost gu(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H),
-        down(rng, fp8, static_cast<size_t>(E) * H, Ie);
+    using Rows = testing::ExpertRowsHost;
+    const Rows gu = int4 ? Rows::int4(rng, static_cast<size_t>(E) * 2 * Ie, H, true)
+                         : Rows(rng, fp8, static_cast<size_t>(E) * 2 * Ie, H);
+    const Rows down = int4 ? Rows::int4(rng, static_cast<size_t>(E) * H, Ie, false)
+                           : Rows(rng, fp8, static_cast<size_t>(E) * H, Ie);
     std::vector<void*> owned;
     const cuda::ExpertRows d_gu = upload(gu, owned), d_down = upload(down, owned);
     float* d_x = to_device(x);
@@ -96,7 +105,7 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, int foreign, Route
     const std::vector<float> out = to_host(d_out, nout);
     // h as the kernel wrote it: bf16 hi + lo, or 16 f16(h / 16)
     auto hval = [&](size_t i) {
-        return fp8 ? 16.0 * from_f16(h[i]) : double(from_bf16(h[i])) + double(from_bf16(h[nh + i]));
+        return quant ? 16.0 * from_f16(h[i]) : double(from_bf16(h[i])) + double(from_bf16(h[nh + i]));
     };
     Errors err;
     for (int e = 0; e < E; ++e)
@@ -141,24 +150,26 @@ Errors run_case(bool fp8, int n, int K, int E, int H, int Ie, int foreign, Route
 }
 
 // Every routing of the tests below for one format. The bound of h is the products' rounding: the inputs as
-// bf16 halves keep ~2^-17 of each value, fp32 sums; FP8's inputs and h are one f16 (2^-11). The down pass
-// reads h as written: 1e-5 for both.
-void check_format(bool fp8) {
-    const int E = 12, K = 4, H = 256, Ie = 128, n = 70, foreign = 5;
-    const double bound = fp8 ? 5e-4 : 1e-5;
-    const char* f = fp8 ? "FP8" : "bf16";
+// bf16 halves keep ~2^-17 of each value, fp32 sums; quantised rows' inputs and h are one f16 (2^-11). The
+// down pass reads h as written: 1e-5 for all. int4: Ie 192, so the down rows end in half a group (a group's
+// sums folded after its one stage), zero points stored for gate/up, symmetric for down.
+void check_format(WeightFormat fmt) {
+    const bool quant = fmt != WeightFormat::kBf16;
+    const int E = 12, K = 4, H = 256, Ie = fmt == WeightFormat::kInt4 ? 192 : 128, n = 70, foreign = 5;
+    const double bound = quant ? 5e-4 : 1e-5;
+    const char* f = fmt == WeightFormat::kFp8 ? "FP8" : quant ? "int4" : "bf16";
     auto route = [&](int t, int k) { return k == 0 ? 0 : 2 + (t * 7 + k * 5 + (t * k) % 3) % (E - 2); };
-    const Errors e = run_case(fp8, n, K, E, H, Ie, foreign, route, 32);
+    const Errors e = run_case(fmt, n, K, E, H, Ie, foreign, route, 32);
     EXPECT_LT(e.h, bound) << f << ": GeGLU";
     EXPECT_LT(e.out, 1e-5) << f << ": down";
     EXPECT_EQ(e.nonzero_foreign, 0) << f << ": another rank's entries";
     // one token (one partial tile an expert), and every entry on one expert
     const Errors one = run_case(
-        fp8, 1, K, E, H, Ie, -1, [](int, int k) { return 3 * k; }, 7);
+        fmt, 1, K, E, H, Ie, -1, [](int, int k) { return 3 * k; }, 7);
     EXPECT_LT(one.h, bound) << f << ", one token";
     EXPECT_LT(one.out, 1e-5) << f << ", one token";
     const Errors busy = run_case(
-        fp8, 40, K, E, H, Ie, -1, [](int, int) { return 11; }, 8);
+        fmt, 40, K, E, H, Ie, -1, [](int, int) { return 11; }, 8);
     EXPECT_LT(busy.h, bound) << f << ", one busy expert";
     EXPECT_LT(busy.out, 1e-5) << f << ", one busy expert";
 }
@@ -170,14 +181,21 @@ void check_format(bool fp8) {
 TEST(MoeGemm, GeGluAndDownMatchTheFp64Products) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    check_format(false);
+    check_format(WeightFormat::kBf16);
 #endif
 }
 
 TEST(MoeGemm, Fp8RowsMatchTheFp64ProductsOfTheirScaledCodes) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    check_format(true);
+    check_format(WeightFormat::kFp8);
+#endif
+}
+
+TEST(MoeGemm, Int4RowsMatchTheFp64ProductsOfTheirGroups) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    check_format(WeightFormat::kInt4);
 #endif
 }
 
