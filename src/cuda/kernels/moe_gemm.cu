@@ -133,14 +133,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row_bytes = Int4 ? H / 2 : Fp8 ? H : 2 * int64_t{H};
     Operands<BN> op;
     op.lo_off = x_lo;
-    const int rows_per = Int4  ? 128
-                         : Fp8 ? 64
-                               : 32,
-              rt = Int4  ? threadIdx.x >> 1
-                   : Fp8 ? threadIdx.x >> 2
-                         : threadIdx.x >> 3;
+    constexpr int rows_per = copy_stride<F>();
+    const int rt = copy_row<F>();
 #pragma unroll
-    for (int i = 0; i < (Int4 ? 1 : Fp8 ? 2 : 4); ++i) {
+    for (int i = 0; i < kRows / rows_per; ++i) {
         const int r = rt + rows_per * i;  // < 64: gate row r0 + r, else up row r0 + r - 64
         op.w[i] = w.w + (eb + (r < 64 ? r0 + r : Ie + r0 + r - 64)) * row_bytes;
     }
@@ -202,15 +198,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row_bytes = Int4 ? Ie / 2 : Fp8 ? Ie : 2 * int64_t{Ie};
     Operands<BN> op;
     op.lo_off = h_lo;
-    const int rows_per = Int4  ? 128
-                         : Fp8 ? 64
-                               : 32,
-              rt = Int4  ? threadIdx.x >> 1
-                   : Fp8 ? threadIdx.x >> 2
-                         : threadIdx.x >> 3;
+    constexpr int rows_per = copy_stride<F>();
+    const int rt = copy_row<F>();
 #pragma unroll
-    for (int i = 0; i < (Int4 ? 1 : Fp8 ? 2 : 4); ++i)
-        op.w[i] = w.w + (eb + r0 + rt + rows_per * i) * row_bytes;
+    for (int i = 0; i < kRows / rows_per; ++i) op.w[i] = w.w + (eb + r0 + rt + rows_per * i) * row_bytes;
     input_rows<BN>(op, h, Ie, j0, nj, [](int j) { return j; });
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp & 3, wn = warp >> 2;
     const int g = lane >> 2, q = lane & 3;

@@ -105,6 +105,24 @@ __device__ __forceinline__ void mma_stage_bf16(float (&acc)[2][NT][4], uint32_t 
     }
 }
 
+// A k16 step kk of a quantised stage: the warp's A fragments a (its two row tiles) against its NT tiles of
+// 8 entries' f16 inputs (shared rows from rn), lane q's 4 values at k 4q .. 4q + 3 in one 8-byte load.
+template <int NT>
+__device__ __forceinline__ void mma_f16_inputs(float (&acc)[2][NT][4], const uint32_t (&a)[2][4], uint32_t xs,
+                                               int rn, int kk) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int row = rn + nt * 8 + g;
+        uint32_t b0, b1;
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
+                     : "=r"(b0), "=r"(b1)
+                     : "r"(xs + swz(row, kk * 2 + (q >> 1)) + 8 * (q & 1)));
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_f16(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+    }
+}
+
 // The same over an FP8 stage, on f16: the k order inside each group of 16 is permuted alike for both operands
 // (lane q's bytes 4q .. 4q + 3 of a row are the fragment's k 2q, 2q + 1, 2q + 8, 2q + 9), so a lane reads its
 // row's 4 weight bytes in one load (converted to two f16 pairs) and its input's 4 f16 in one 8-byte load.
@@ -126,16 +144,7 @@ __device__ __forceinline__ void mma_stage_fp8(float (&acc)[2][NT][4], uint32_t s
             a[m][2] = fp8x2_to_f16x2(lo >> 16);
             a[m][3] = fp8x2_to_f16x2(hi >> 16);
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int row = rn + nt * 8 + g;
-            uint32_t b0, b1;
-            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
-                         : "=r"(b0), "=r"(b1)
-                         : "r"(xs + swz(row, kk * 2 + (q >> 1)) + 8 * (q & 1)));
-#pragma unroll
-            for (int m = 0; m < 2; ++m) mma_f16(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
-        }
+        mma_f16_inputs<NT>(acc, a, xs, rn, kk);
     }
 }
 
@@ -170,16 +179,7 @@ __device__ __forceinline__ void mma_stage_int4(float (&acc)[2][NT][4], uint32_t 
             a[m][2] = int4_pair_f16(static_cast<uint32_t>(lo) >> 8, zz[m][0]);
             a[m][3] = int4_pair_f16(static_cast<uint32_t>(hi) >> 8, zz[m][1]);
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int row = rn + nt * 8 + g;
-            uint32_t b0, b1;
-            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
-                         : "=r"(b0), "=r"(b1)
-                         : "r"(xs + swz(row, kk * 2 + (q >> 1)) + 8 * (q & 1)));
-#pragma unroll
-            for (int m = 0; m < 2; ++m) mma_f16(acc[m][nt], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
-        }
+        mma_f16_inputs<NT>(acc, a, xs, rn, kk);
     }
 }
 
@@ -277,6 +277,17 @@ __device__ __forceinline__ void block_mma(float (&acc)[2][NT][4], uint32_t smem,
         else
             mma_stage_bf16<BN, NT>(acc, st, ra0, ra1, rn);
     }
+}
+
+// The weight rows a thread copies a stage (load_stage's layout): its first, and the rows between its copies
+// (bf16 four copies 32 apart, FP8 two 64 apart, int4 one).
+template <Fmt F>
+constexpr int copy_stride() {
+    return F == Fmt::kInt4 ? 128 : F == Fmt::kFp8 ? 64 : 32;
+}
+template <Fmt F>
+__device__ __forceinline__ int copy_row() {
+    return F == Fmt::kInt4 ? threadIdx.x >> 1 : F == Fmt::kFp8 ? threadIdx.x >> 2 : threadIdx.x >> 3;
 }
 
 }  // namespace markbase::cuda::moe_tiles
