@@ -30,10 +30,11 @@ __global__ void fill_fp8(uint8_t* p, int64_t n, uint64_t seed) {
         p[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(
             448.0f * lab::uniform_pm1(seed, i) * lab::uniform_pm1(seed + 1, i), __NV_SATFINITE, __NV_E4M3));
 }
-__global__ void fill_scale(float* p, int64_t n, uint64_t seed) {
+// scales of 0.5 to 1 units (FP8 codes to 448: weights to ~0.1; int4 (nibble - zero) to 15: unit 0.1 / 15)
+__global__ void fill_scale(float* p, int64_t n, uint64_t seed, float unit = 0.1f / 448.0f) {
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
          i += int64_t{gridDim.x} * blockDim.x)
-        p[i] = (0.75f + 0.25f * lab::uniform_pm1(seed, i)) * (0.1f / 448.0f);
+        p[i] = (0.75f + 0.25f * lab::uniform_pm1(seed, i)) * unit;
 }
 __global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -41,13 +42,21 @@ __global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
         p[i] = lab::uniform_pm1(seed, i);
 }
 
-// The rows as the kernels read them: bf16 w, or e4m3 q times the row's scale
+// The rows as the kernels read them: bf16 w, e4m3 q times the row's scale, or (int4) q's nibbles less the
+// group's zero point (zero, or the symmetric 8) times the group's scale (a group of 128 along K)
 struct DevRows {
     const uint16_t* w;
     const uint8_t* q;
     const float* scale;
+    bool int4 = false;
+    const uint8_t* zero = nullptr;
     __device__ double at(int64_t row, int K, int k) const {
         if (!q) return __uint_as_float(static_cast<uint32_t>(w[row * K + k]) << 16);
+        if (int4) {
+            const int64_t g = row * ((K + 127) / 128) + k / 128;
+            const int n = (q[(row * K + k) / 2] >> (4 * (k & 1))) & 15, z = zero ? zero[g] : 8;
+            return double(n - z) * scale[g];
+        }
         const __half_raw h = __nv_cvt_fp8_to_halfraw(q[row * K + k], __NV_E4M3);
         return double(__half2float(__half(h))) * scale[row];
     }
@@ -190,13 +199,21 @@ float graph_ms(cudaStream_t s, F&& launch, int launches = 20) {
     return ms / launches;
 }
 
-// The 128 experts' gate/up [E][2 Ie][H] and down [E][H][Ie] rows, bf16 and e4m3 with their row scales, drawn
-// on the device (fixed seeds).
+// The 128 experts' gate/up [E][2 Ie][H] and down [E][H][Ie] rows, bf16, e4m3 with their row scales, and
+// int4 (random bytes of nibbles, group scales of ~0.01, zero points for gate/up, symmetric down), drawn on
+// the device (fixed seeds).
 struct ExpertWeights {
     uint16_t *w_gu = nullptr, *w_dn = nullptr;
     uint8_t *q_gu = nullptr, *q_dn = nullptr;
     float *s_gu = nullptr, *s_dn = nullptr;
+    uint8_t *n_gu = nullptr, *n_dn = nullptr, *z_gu = nullptr;
+    float *g_gu = nullptr, *g_dn = nullptr;
 };
+__global__ void fill_bytes(uint8_t* p, int64_t n, uint64_t seed, int mod) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        p[i] = static_cast<uint8_t>(static_cast<int>((lab::uniform_pm1(seed, i) + 1.0f) * 0.5f * mod) % mod);
+}
 ExpertWeights make_weights(cudaStream_t s) {
     const int64_t gu = int64_t{kE} * 2 * kIe * kH, dn = int64_t{kE} * kH * kIe;
     ExpertWeights w;
@@ -209,6 +226,15 @@ ExpertWeights make_weights(cudaStream_t s) {
     fill_fp8<<<4096, 256, 0, s>>>(w.q_dn, dn, 5);
     fill_scale<<<256, 256, 0, s>>>(w.s_gu, int64_t{kE} * 2 * kIe, 7);
     fill_scale<<<256, 256, 0, s>>>(w.s_dn, int64_t{kE} * kH, 8);
+    const int64_t ggu = int64_t{kE} * 2 * kIe * ((kH + 127) / 128),
+                  gdn = int64_t{kE} * kH * ((kIe + 127) / 128);
+    w.n_gu = dalloc<uint8_t>(gu / 2), w.n_dn = dalloc<uint8_t>(dn / 2), w.z_gu = dalloc<uint8_t>(ggu);
+    w.g_gu = dalloc<float>(ggu), w.g_dn = dalloc<float>(gdn);
+    fill_bytes<<<4096, 256, 0, s>>>(w.n_gu, gu / 2, 11, 256);
+    fill_bytes<<<4096, 256, 0, s>>>(w.n_dn, dn / 2, 12, 256);
+    fill_bytes<<<256, 256, 0, s>>>(w.z_gu, ggu, 13, 16);
+    fill_scale<<<256, 256, 0, s>>>(w.g_gu, ggu, 14, 0.1f / 15.0f);
+    fill_scale<<<256, 256, 0, s>>>(w.g_dn, gdn, 15, 0.1f / 15.0f);
     CK(cudaGetLastError());
     return w;
 }

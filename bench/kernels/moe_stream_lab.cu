@@ -1,12 +1,14 @@
 // Kernel lab for a batched step's experts (moe_stream.cu): the 26B-A4B's 128 experts (H 2816, Ie 704, top 8)
-// for n tokens of uniform random routing, bf16 rows (inputs as bf16 halves) and FP8 rows (e4m3 with a scale
-// per row, inputs one f16 of x / 16), each pass at every shape the product builds (MoeStreamShape: row
-// tiles of 16 per block x chunks a warp loads per round); v1 is the product's rule (moe_stream_shape).
+// for n tokens of uniform random routing, bf16 rows (inputs as bf16 halves), FP8 rows (e4m3 with a scale
+// per row) and int4 rows (group scales; zero points for gate/up, symmetric down; the down rows end in half a
+// group), the quantised rows' inputs one f16 of x / 16, each pass at every shape the product builds
+// (MoeStreamShape: row tiles of 16 per block x chunks a warp loads per round); v1 is the product's rule
+// (moe_stream_shape).
 // Correctness gate: every output against an fp64 GPU reference of the same inputs and weights (the down pass
 // from the gate/up pass's own h), as max |error| over max |reference|; a shape over 1e-4 (bf16) or 2e-3
-// (FP8: f16 inputs) fails the run. Timing: 20 launches captured in a CUDA graph (the experts' rows, 0.25-1
-// GB a pass, are far past the 60 MB L2), per-launch time, median of 5 replays; GB/s = the touched experts'
-// weight bytes / time.
+// (quantised rows: f16 inputs) fails the run. Timing: 20 launches captured in a CUDA graph (the experts'
+// rows, 0.25-1 GB a pass, are far past the 60 MB L2), per-launch time, median of 5 replays; GB/s = the
+// touched experts' weight bytes / time.
 //   markbase_moe_stream_lab [--quick]
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -57,25 +59,34 @@ int main(int argc, char** argv) {
     const MoeStreamShape dn_shapes[2][2] = {{{2, 2}, {2, 2}}, {{2, 2}, {4, 1}}};
     int failures = 0;
     std::printf("%-6s %4s %-8s %-10s %9s %9s %10s\n", "rows", "n", "pass", "shape", "us", "GB/s", "max err");
-    for (const bool fp8 : {false, true}) {
-        const double wbytes = fp8 ? 1.0 : 2.0, bound = fp8 ? 2e-3 : 1e-4;
+    for (const int fmt : {0, 1, 2}) {  // bf16, FP8, int4
+        const bool fp8 = fmt == 1, int4 = fmt == 2, quant = fmt > 0;
+        const char* fname = int4 ? "int4" : fp8 ? "fp8" : "bf16";
+        const double wbytes = int4 ? 0.5 : fp8 ? 1.0 : 2.0, bound = quant ? 2e-3 : 1e-4;
         ExpertRows rgu, rdn;
         if (fp8) {
             rgu.fp8.q = q_gu, rgu.fp8.scale = s_gu;
             rdn.fp8.q = q_dn, rdn.fp8.scale = s_dn;
+        } else if (int4) {
+            rgu.int4 = {wt.n_gu, wt.g_gu, wt.z_gu};
+            rdn.int4 = {wt.n_dn, wt.g_dn, nullptr};
         } else {
             rgu.w = reinterpret_cast<const markbase::bf16*>(w_gu);
             rdn.w = reinterpret_cast<const markbase::bf16*>(w_dn);
         }
-        const DevRows dgu{fp8 ? nullptr : w_gu, fp8 ? q_gu : nullptr, s_gu},
-            ddn{fp8 ? nullptr : w_dn, fp8 ? q_dn : nullptr, s_dn};
+        const DevRows dgu = int4  ? DevRows{nullptr, wt.n_gu, wt.g_gu, true, wt.z_gu}
+                            : fp8 ? DevRows{nullptr, q_gu, s_gu}
+                                  : DevRows{w_gu, nullptr, s_gu};
+        const DevRows ddn = int4  ? DevRows{nullptr, wt.n_dn, wt.g_dn, true, nullptr}
+                            : fp8 ? DevRows{nullptr, q_dn, s_dn}
+                                  : DevRows{w_dn, nullptr, s_dn};
         for (const int n : counts) {
             const int nK = n * kK;
             const Routing r = route(n, 100 + n);
             CK(cudaMemcpy(d_off, r.off.data(), sizeof(int) * r.off.size(), cudaMemcpyHostToDevice));
             CK(cudaMemcpy(d_ent, r.entries.data(), sizeof(int) * r.entries.size(), cudaMemcpyHostToDevice));
             CK(cudaMemcpy(d_exp, r.expert.data(), sizeof(int) * r.expert.size(), cudaMemcpyHostToDevice));
-            if (fp8)
+            if (quant)
                 f16_rows(x, kH, kH, n, false, nullptr, 0.0f, x_hi, s);
             else
                 split_rows(x, kH, kH, n, false, nullptr, 0.0f, reinterpret_cast<markbase::bf16*>(x_hi),
@@ -83,25 +94,25 @@ int main(int argc, char** argv) {
             const double gu_gb = r.touched * 2.0 * kIe * kH * wbytes / 1e9,
                          dn_gb = r.touched * double(kH) * kIe * wbytes / 1e9;
             // gate/up: the reference once, then each shape (the last one run leaves h for the down pass)
-            ref_gate_up<<<(nK * kIe + 255) / 256, 256, 0, s>>>(dgu, x_hi, x_lo, fp8, d_exp, nK, ref);
+            ref_gate_up<<<(nK * kIe + 255) / 256, 256, 0, s>>>(dgu, x_hi, x_lo, quant, d_exp, nK, ref);
             const std::vector<double> href = host(ref, int64_t{nK} * kIe);
             for (int v = 0; v <= (fp8 ? 2 : 1); ++v) {
                 const MoeStreamShape sh = v == 0 ? MoeStreamShape{} : gu_shapes[fp8][v - 1];
                 auto run = [&] {
-                    moe_stream_gate_up(x_hi, x_lo, kH, kK, rgu, kIe, d_off, d_ent, kE, n, h_hi, h_lo, fp8, s,
-                                       sh);
+                    moe_stream_gate_up(x_hi, x_lo, kH, kK, rgu, kIe, d_off, d_ent, kE, n, h_hi, h_lo, quant,
+                                       s, sh);
                 };
                 run();
                 CK(cudaStreamSynchronize(s));
-                const double err = rel_err(h_values(h_hi, h_lo, fp8, int64_t{nK} * kIe), href);
+                const double err = rel_err(h_values(h_hi, h_lo, quant, int64_t{nK} * kIe), href);
                 const float ms = graph_ms(s, run);
                 const MoeStreamShape used = v == 0 ? moe_stream_shape(false, fp8, n, kK, kE, kIe) : sh;
-                std::printf("%-6s %4d %-8s %s(%d,%d) %9.2f %9.0f %10.2e%s\n", fp8 ? "fp8" : "bf16", n,
-                            "gate/up", v == 0 ? "v1 " : "v2 ", used.mt, used.g, ms * 1e3, gu_gb / (ms * 1e-3),
-                            err, err > bound ? "  FAIL" : "");
+                std::printf("%-6s %4d %-8s %s(%d,%d) %9.2f %9.0f %10.2e%s\n", fname, n, "gate/up",
+                            v == 0 ? "v1 " : "v2 ", used.mt, used.g, ms * 1e3, gu_gb / (ms * 1e-3), err,
+                            err > bound ? "  FAIL" : "");
                 failures += err > bound;
             }
-            ref_down<<<(nK * kH + 255) / 256, 256, 0, s>>>(ddn, h_hi, h_lo, fp8, d_exp, nK, ref);
+            ref_down<<<(nK * kH + 255) / 256, 256, 0, s>>>(ddn, h_hi, h_lo, quant, d_exp, nK, ref);
             const std::vector<double> yref = host(ref, int64_t{nK} * kH);
             for (int v = 0; v <= (fp8 ? 2 : 1); ++v) {
                 const MoeStreamShape sh = v == 0 ? MoeStreamShape{} : dn_shapes[fp8][v - 1];
@@ -113,7 +124,7 @@ int main(int argc, char** argv) {
                 const double err = rel_err(host(y, int64_t{nK} * kH), yref);
                 const float ms = graph_ms(s, run);
                 const MoeStreamShape used = v == 0 ? moe_stream_shape(true, fp8, n, kK, kE, kH) : sh;
-                std::printf("%-6s %4d %-8s %s(%d,%d) %9.2f %9.0f %10.2e%s\n", fp8 ? "fp8" : "bf16", n, "down",
+                std::printf("%-6s %4d %-8s %s(%d,%d) %9.2f %9.0f %10.2e%s\n", fname, n, "down",
                             v == 0 ? "v1 " : "v2 ", used.mt, used.g, ms * 1e3, dn_gb / (ms * 1e-3), err,
                             err > bound ? "  FAIL" : "");
                 failures += err > bound;
