@@ -290,8 +290,11 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i) acc[mt][i] = 0.0f;
     for (int j = 0; j < ns; ++j) {
-        // int4: the group's scales and zero points (a group is two stages), loaded before the wait
-        if constexpr (F == Fmt::kInt4) load_row_scales<F, MT>(rs, sg, row0, K, (s_begin + j) >> 1);
+        // int4: a group's scales and zero points at its first stage here (a group is two stages), loaded
+        // before the wait
+        if constexpr (F == Fmt::kInt4)
+            if (j == 0 || ((s_begin + j) & 1) == 0)
+                load_row_scales<F, MT>(rs, sg, row0, K, (s_begin + j) >> 1);
         cp_wait<S - 2>();
         fence_proxy_async();  // this thread's copies of stage j, visible to the tensor cores' reads
         __syncthreads();      // stage j landed for every thread; stage j - 1's slot is free again
