@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/device_common.cuh"
+#include "cuda/kernels/quant_operands.cuh"
 #include "cuda/kernels/smem_ring.cuh"
 #include "model/weights.h"
 
@@ -183,12 +184,7 @@ __device__ __forceinline__ void mma_stage_int4(float (&acc)[2][NT][4], uint32_t 
     }
 }
 
-// int4 rows: where the lane's rows (tile m, row g + 8 h) keep their groups' scales and zero points (null:
-// the symmetric 8).
-struct Int4Rows {
-    const float* scale[2][2] = {};
-    const uint8_t* zero[2][2] = {};
-};
+using Int4Rows = quant::Int4Rows<2>;  // the lane's rows of its two row tiles
 
 template <int BN, Fmt F>
 constexpr uint32_t stage_bytes() {
@@ -226,7 +222,7 @@ __device__ __forceinline__ void block_mma_int4(float (&acc)[2][NT][4], uint32_t 
                 for (int h = 0; h < 2; ++h) {
                     sc[m][h] = __ldg(rows.scale[m][h] + (kc >> 1));
                     const uint32_t z = rows.zero[m][h] ? __ldg(rows.zero[m][h] + (kc >> 1)) : 8u;
-                    zz[m][h] = 0x00010001u * (0x6400u + z);
+                    zz[m][h] = quant::int4_zz(z);
                 }
         }
         cp_wait<kStages - 2>();

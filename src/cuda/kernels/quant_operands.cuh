@@ -69,6 +69,22 @@ __device__ __forceinline__ void int4_word_to_f16(uint32_t w, uint32_t zz, uint32
     o[3] = *reinterpret_cast<const uint32_t*>(&r3);
 }
 
+// A zero point's constants for int4_word_to_f16, in both halves: 1024 + z (zz) and -(64 + z) (zh).
+__device__ __forceinline__ uint32_t int4_zz(uint32_t z) {
+    return 0x00010001u * (0x6400u + z);
+}
+__device__ __forceinline__ uint32_t int4_zh(uint32_t z) {
+    return 0x00010001u * (0xd400u + 16u * z);
+}
+
+// int4 rows of the batched step's and the prefill's expert kernels: where a lane's rows (tile mt, row g + 8
+// h) keep their groups' scales and zero points (null: the symmetric 8).
+template <int MT>
+struct Int4Rows {
+    const float* scale[MT][2] = {};
+    const uint8_t* zero[MT][2] = {};
+};
+
 __device__ __forceinline__ uint32_t f16x2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
@@ -86,8 +102,7 @@ __device__ __forceinline__ void mma_step(float (&c)[4], uint4 wa, uint4 wb, cons
     const uint32_t va[4] = {wa.x, wa.y, wa.z, wa.w}, vb[4] = {wb.x, wb.y, wb.z, wb.w};
     if constexpr (F == Fmt::kInt4) {
         // 1024 + z and -(64 + z) as f16, in both halves (int4_word_to_f16)
-        const uint32_t zza = 0x00010001u * (0x6400u + za), zha = 0x00010001u * (0xd400u + 16u * za);
-        const uint32_t zzb = 0x00010001u * (0x6400u + zb), zhb = 0x00010001u * (0xd400u + 16u * zb);
+        const uint32_t zza = int4_zz(za), zha = int4_zh(za), zzb = int4_zz(zb), zhb = int4_zh(zb);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

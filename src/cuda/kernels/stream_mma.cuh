@@ -21,13 +21,8 @@ constexpr int kWarps = 4;
 // f16 operand against FP8 or int4 rows.
 enum class Tokens { kHalves, kBf16, kFp8, kInt4 };
 
-// int4 rows: where the lane's rows (tile mt, row g + 8 h) keep their groups' scales and zero points (null:
-// the symmetric 8), a group of 128 k a chunk.
-template <int MT>
-struct Int4Rows {
-    const float* scale[MT][2] = {};
-    const uint8_t* zero[MT][2] = {};
-};
+// int4 rows: where the lane's rows keep their groups' scales and zero points, a group of 128 k a chunk.
+using quant::Int4Rows;
 
 // The tokens: the previous kernel's output, read after the PDL wait with plain loads.
 __device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
@@ -122,8 +117,8 @@ __device__ __forceinline__ void chunk_mma_int4(float (&acc)[MT][NT][4], const ui
         for (int h = 0; h < 2; ++h) {
             sc[mt][h] = __ldg(rows.scale[mt][h] + c);
             const uint32_t z = rows.zero[mt][h] ? __ldg(rows.zero[mt][h] + c) : 8u;
-            zz[mt][h] = 0x00010001u * (0x6400u + z);        // 1024 + z in both halves
-            zh[mt][h] = 0x00010001u * (0xd400u + 16u * z);  // -(64 + z) in both halves
+            zz[mt][h] = quant::int4_zz(z);
+            zh[mt][h] = quant::int4_zh(z);
         }
     float d[MT][NT][4] = {};
 #pragma unroll
