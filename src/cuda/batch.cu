@@ -233,7 +233,6 @@ cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
 void CudaModel::record_batch(int n, int64_t range) {
     const int H = c_.hidden, L = c_.n_layers;
     const int64_t V = c_.vocab_size;
-    const float eps = c_.rms_eps;
     struct BatchScope {  // batch_ while the step is recorded, also when it throws
         bool& flag;
         explicit BatchScope(bool& f) : flag(f) { flag = true; }
@@ -244,7 +243,7 @@ void CudaModel::record_batch(int n, int64_t range) {
     // prefill_layer sizes the attention pieces from pos0 + n: here the range
     for (int i = 0; i < L; ++i) prefill_layer(i, n, range - n);
     run(pf, "lm_head", -1, 2.0 * V * H, [&] {
-        split_rows(act_.x, H, H, n, true, w_.final_norm, eps, act_.hi, lo_at(n, H), stream_);
+        split_x({true, true, w_.final_norm}, n);
         gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
         if (c_.final_softcap > 0.0f)
             softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);

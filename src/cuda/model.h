@@ -273,6 +273,16 @@ class CudaModel {
     GemvSeg product_seg(const bf16* w, const QuantMatrix& q, float* y, int rows) const;
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
+    // x's input rows of a product (split_rows of x: normed by w, or as it is); on: a split is wanted
+    struct XSplit {
+        bool on = false;
+        bool norm = false;
+        const bf16* w = nullptr;
+    };
+    RowSplit split_for(const XSplit& next, int n);  // an update of n rows writes next's rows too
+    void split_x(const XSplit& want, int n);        // act_.hi, lo = want's rows (launched unless written)
+    XSplit after_ffn(int i) const;                  // the rows the product after layer i's FFN takes
+    XSplit layer_input(int i) const;                // layer i's q/k/v rows (past the last: lm_head's)
     // The experts of prefill layer i over n tokens (after moe_route and moe_bucket), no host in the loop:
     // moe_gemm where it tiles the widths (FP8 experts where the model has them), else the grouped GEMV
     // kernels. Writes moe_.eslots. A batched step that batch_on_device allows runs batch_experts instead
@@ -383,6 +393,9 @@ class CudaModel {
         const char* name = nullptr;  // the update's own launch, by its consumer
     } pending_;
     const bf16* xn_for_ = nullptr;
+    // the rows of x the last n-row update wrote into act_.hi (split_for), until split_x takes them
+    XSplit x_split_;
+    int x_split_n_ = 0;
 
     // batched decode: the slots, their positions, the slot the single-sequence calls address, and while
     // decode_batch runs, per-token positions / slots [chunk] and the next ids

@@ -119,7 +119,7 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     const double wb = 2.0 * H;  // bytes per weight row of H
 
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
-        split_rows(act_.x, H, H, n, true, lw.input_norm, eps, act_.hi, lo_at(n, H), stream_);
+        split_x({true, true, lw.input_norm}, n);
         const LayerQuant& lq = layer_quant(w_, i);
         const GemvSeg segs[3] = {product_seg(lw.q_proj, lq.q_proj, act_.q, qw),
                                  product_seg(lw.k_proj, lq.k_proj, act_.k, kvw),
@@ -163,7 +163,8 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
         const GemvSeg o = product_seg(lw.o_proj, layer_quant(w_, i).o_proj, act_.o, H);
         gemm_many(&o, 1, qw, n);
         all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);
-        residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_);
+        residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_, nullptr, nullptr, {},
+                          split_for({true, true, lw.pre_ffn_norm}, n));  // the MLP's input
     });
 }
 
@@ -189,7 +190,7 @@ void CudaModel::prefill_ffn(int i, int n) {
     }
 
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
-        split_rows(act_.x, H, H, n, true, lw.pre_ffn_norm, eps, act_.hi, lo_at(n, H), stream_);
+        split_x({true, true, lw.pre_ffn_norm}, n);
         const LayerQuant& lq = layer_quant(w_, i);
         const GemvSeg segs[2] = {product_seg(lw.gate_proj, lq.gate_proj, act_.g, I),
                                  product_seg(lw.up_proj, lq.up_proj, act_.u, I)};
@@ -208,7 +209,8 @@ void CudaModel::prefill_ffn(int i, int n) {
     } else {
         run(pf, "ffn_residual", i, 0.0, [&] {
             all_reduce(nullptr, i, act_.m, static_cast<size_t>(n) * H);
-            residual_add_norm(act_.x, act_.m, lw.post_ffn_norm, H, n, eps, ffn_scale(i), stream_);
+            residual_add_norm(act_.x, act_.m, lw.post_ffn_norm, H, n, eps, ffn_scale(i), stream_, nullptr,
+                              nullptr, {}, split_for(after_ffn(i), n));
         });
     }
 }
@@ -271,11 +273,13 @@ void CudaModel::prefill_moe_combine(int i, int n) {
         moe_weighted_sum(moe_.eslots, moe_.sel_w, K, H, n, e, stream_);
         all_reduce(nullptr, i, act_.m, 2 * static_cast<size_t>(n) * H);
         residual_moe_combine(act_.x, act_.m, e, moe_.ones, 1, lw.post_ffn_norm_1, lw.post_ffn_norm_2,
-                             lw.post_ffn_norm, H, n, eps, scale, stream_);
+                             lw.post_ffn_norm, H, n, eps, scale, stream_, false, nullptr, nullptr,
+                             split_for(after_ffn(i), n));
     } else {
         run(prefill_pf_, "ffn_combine", i, 0.0, [&] {
             residual_moe_combine(act_.x, act_.m, moe_.eslots, moe_.sel_w, K, lw.post_ffn_norm_1,
-                                 lw.post_ffn_norm_2, lw.post_ffn_norm, H, n, eps, scale, stream_);
+                                 lw.post_ffn_norm_2, lw.post_ffn_norm, H, n, eps, scale, stream_, false,
+                                 nullptr, nullptr, split_for(after_ffn(i), n));
         });
     }
 }
@@ -288,12 +292,43 @@ void CudaModel::prefill_ple(int i, int n) {
     const float eps = c_.rms_eps;
     const double wb = 2.0 * H;  // bytes per weight row of H
     run(prefill_pf_, "ple", i, 2.0 * wb * P, [&] {
-        split_rows(act_.x, H, H, n, false, nullptr, eps, act_.hi, lo_at(n, H), stream_);
+        split_x({true, false, nullptr}, n);
         gemm(lw.ple_gate, P, H, n, act_.g, P);
         geglu_split(act_.g, act_.ple + int64_t{i} * P, LP, P, n, act_.hi, lo_at(n, P), stream_);
         gemm(lw.ple_proj, H, P, n, act_.o, H);
-        residual_add_norm(act_.x, act_.o, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_);
+        residual_add_norm(act_.x, act_.o, lw.ple_post_norm, H, n, eps, lw.layer_scalar, stream_, nullptr,
+                          nullptr, {}, split_for(layer_input(i + 1), n));
     });
+}
+
+// x's input rows for the product that follows an update of n rows (prompt chunks, batched steps): the update
+// writes them (RowSplit) where plan_.residual_splits, and split_x then launches nothing. Each update names
+// the split its next product takes (the same norm, the same rows), and nothing else writes act_.hi between
+// the two, so the rows are split_rows' own.
+RowSplit CudaModel::split_for(const XSplit& next, int n) {
+    x_split_ = plan_.residual_splits ? next : XSplit{};
+    x_split_n_ = n;
+    if (!x_split_.on) return {};
+    return {next.norm, next.w, act_.hi, lo_at(n, c_.hidden)};
+}
+
+void CudaModel::split_x(const XSplit& want, int n) {
+    const bool ready = x_split_.on && x_split_.norm == want.norm && x_split_.w == want.w && x_split_n_ == n;
+    x_split_ = {};
+    if (!ready)
+        split_rows(act_.x, c_.hidden, c_.hidden, n, want.norm, want.w, c_.rms_eps, act_.hi,
+                   lo_at(n, c_.hidden), stream_);
+}
+
+// After layer i's FFN update: the PLE's gate reads x as it is; else the next layer's q/k/v.
+CudaModel::XSplit CudaModel::after_ffn(int i) const {
+    return c_.ple_dim ? XSplit{true, false, nullptr} : layer_input(i + 1);
+}
+
+// Layer i's q/k/v input; past the last layer a batched step's lm_head (the prompt's takes one row's GEMV).
+CudaModel::XSplit CudaModel::layer_input(int i) const {
+    if (i < c_.n_layers) return {true, true, w_.layers[i].input_norm};
+    return batch_ ? XSplit{true, true, w_.final_norm} : XSplit{};
 }
 
 // The prefill's GEMMs (and batched decode's): stream_gemm for a few tokens where it pays, else cuBLAS; the

@@ -134,6 +134,11 @@ struct Tuning {
     // elsewhere), halves keeps the exact fp32 products the goldens hold.
     enum class GemmInputs : uint8_t { kBf16, kHalves };
     GemmInputs gemm_inputs = GemmInputs::kBf16;
+    // residual_splits=0|1: in prompt chunks and batched steps each residual update also writes the input rows
+    // of the product after it (the MLP's after o_proj's update, the PLE gate's or the next layer's q/k/v
+    // after the FFN's, lm_head's after the last), the values split_rows would write from the new x, bit for
+    // bit; 0 launches split_rows for them. Two or three launches a layer fewer (E2B's step: 105 of ~620).
+    bool residual_splits = true;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel

@@ -165,21 +165,32 @@ struct NormCopies {
     float* out[2] = {nullptr, nullptr};
     float scale[2] = {1.0f, 1.0f};
 };
+// The next product's input that an update of n rows writes beside x (prompt chunks and batched steps):
+// hi, lo = split_rows(x, norm, w)'s, the same values, so the product needs no split_rows launch of its own.
+// hi null: none.
+struct RowSplit {
+    bool norm = false;
+    const bf16* w = nullptr;
+    bf16* hi = nullptr;
+    bf16* lo = nullptr;
+};
 // x[t] = (x[t] + RMSNorm(y[t]) * w) * scale (n == 1, H <= 6144: one block of 1024 threads, loads batched);
-// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies
+// with next_w (one token only) also xn = RMSNorm(x) * next_w, the next GEMV's input, and `more`'s copies;
+// with split.hi (the n-row form) also the next product's input rows
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
                        cudaStream_t s, const bf16* next_w = nullptr, float* xn = nullptr,
-                       const NormCopies& more = {});
+                       const NormCopies& more = {}, const RowSplit& split = {});
 // 26B FFN combine: e = sum_k sel_w[t][k] * slots[t*K + k]; m' = RMSNorm(m)*w1 + RMSNorm(e)*w2;
 // x = (x + RMSNorm(m')*w) * scale
 // wide (decode: n == 1, H <= 3072, K <= 8): one block of 1024 threads with each thread's loads issued
 // together (two L2 round trips instead of ~12; 26B-A4B -11.3% per token); otherwise a block of 256 per token.
-// With next_w (wide only), also xn = RMSNorm(x) * next_w, as residual_add_norm.
+// With next_w (wide only), also xn = RMSNorm(x) * next_w, as residual_add_norm; with split.hi (not wide)
+// the next product's input rows.
 constexpr int kMoeWideMaxHidden = 3072, kMoeWideMaxK = 8;  // the wide form's limits
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
                           cudaStream_t s, bool wide = false, const bf16* next_w = nullptr,
-                          float* xn = nullptr);
+                          float* xn = nullptr, const RowSplit& split = {});
 // out[t] = RMSNorm(x[t]) * w (w may be null) as fp32
 void rmsnorm_rows(const float* x, const bf16* w, int H, int n, float eps, float* out, cudaStream_t s);
 // Prefill GEMM inputs, fp32 -> two bf16 halves (hi = bf16(v), lo = bf16(v - hi)) so that two bf16 GEMMs

@@ -13,17 +13,40 @@ namespace markbase::cuda {
 
 namespace {
 
+// The next product's bf16 input from the row an update has just written (RowSplit): the values split_rows
+// writes from that row, bit for bit (ss is the row's sum of squares each thread took in split_rows' order,
+// the block of split_rows' size), so the product after the update needs no launch of its own.
+__device__ __forceinline__ void split_row(const float* __restrict__ xr, int H, float ss, float eps,
+                                          const RowSplit& sp, int64_t o, float* red) {
+    float inv = 1.0f;
+    if (sp.norm) inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(H) + eps);
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        float v = xr[k];  // this thread's own store
+        if (sp.norm) {
+            v *= inv;
+            if (sp.w) v *= bf16_at(sp.w, k);
+        }
+        split_store(v, sp.hi, sp.lo, o + k);
+    }
+}
+
+// Split: the update also writes the next product's input (split_row).
+template <bool Split>
 __global__ void residual_kernel(float* __restrict__ x, const float* __restrict__ y,
-                                const bf16* __restrict__ w, int H, float eps, float scale) {
+                                const bf16* __restrict__ w, int H, float eps, float scale, RowSplit sp) {
     pdl_begin();
     __shared__ float red[32];
     const int64_t off = static_cast<int64_t>(blockIdx.x) * H;
     const float inv = row_inv_rms(y + off, H, eps, red);
+    float ss = 0.0f;
 #pragma unroll 4
     for (int k = threadIdx.x; k < H; k += blockDim.x) {
         const float v = y[off + k] * inv * bf16_at(w, k);
-        x[off + k] = (x[off + k] + v) * scale;
+        const float nx = (x[off + k] + v) * scale;
+        x[off + k] = nx;
+        if constexpr (Split) ss = fmaf(nx, nx, ss);
     }
+    if constexpr (Split) split_row(x + off, H, ss, eps, sp, off, red);
 }
 
 // The same update at one token by 1024 threads holding <= 6 elements each, their loads in one batch (the
@@ -110,11 +133,12 @@ __global__ void __launch_bounds__(kWideThreads)
     }
 }
 
-// dynamic smem: 2*H floats (the expert sum, then the combined m')
+// dynamic smem: 2*H floats (the expert sum, then the combined m'). Split: as residual_kernel's.
+template <bool Split>
 __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restrict__ m,
                                     const float* __restrict__ slots, const float* __restrict__ sel_w, int K,
                                     const bf16* __restrict__ w1, const bf16* __restrict__ w2,
-                                    const bf16* __restrict__ w, int H, float eps, float scale) {
+                                    const bf16* __restrict__ w, int H, float eps, float scale, RowSplit sp) {
     pdl_begin();
     extern __shared__ float sm[];
     __shared__ float red[32];
@@ -138,9 +162,14 @@ __global__ void residual_moe_kernel(float* __restrict__ x, const float* __restri
         mm[k] = m[off + k] * inv_m * bf16_at(w1, k) + e[k] * inv_e * bf16_at(w2, k);
     __syncthreads();
     const float inv = row_inv_rms(mm, H, eps, red);
+    float ss = 0.0f;
 #pragma unroll 4
-    for (int k = threadIdx.x; k < H; k += blockDim.x)
-        x[off + k] = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) {
+        const float nx = (x[off + k] + mm[k] * inv * bf16_at(w, k)) * scale;
+        x[off + k] = nx;
+        if constexpr (Split) ss = fmaf(nx, nx, ss);
+    }
+    if constexpr (Split) split_row(x + off, H, ss, eps, sp, off, red);
 }
 
 // The same update at one token (decode) by 1024 threads, each holding <= 3
@@ -228,10 +257,11 @@ __global__ void __launch_bounds__(kWideThreads)
 }  // namespace
 
 void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, float eps, float scale,
-                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more) {
+                       cudaStream_t s, const bf16* next_w, float* xn, const NormCopies& more,
+                       const RowSplit& split) {
     if (more.out[1] && !more.out[0])
         throw Error("internal: the update's normalised copies fill slot 0 first");
-    if (n == 1 && H <= kWideThreads * kWideResidualPer) {
+    if (n == 1 && !split.hi && H <= kWideThreads * kWideResidualPer) {
         const size_t smem = more.out[0] ? 2 * static_cast<size_t>(H) * sizeof(bf16) : 0;  // <= 24 KB
         launch_kernel(residual_wide_kernel, dim3(1), dim3(kWideThreads), smem, s, x, y, w, H, eps, scale,
                       next_w, xn, more);
@@ -240,14 +270,19 @@ void residual_add_norm(float* x, const float* y, const bf16* w, int H, int n, fl
     }
     if (next_w || more.out[0])
         throw Error("internal: the residual update writes a normalised copy at one token only");
-    launch_kernel(residual_kernel, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale);
+    if (split.hi)
+        launch_kernel(residual_kernel<true>, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale,
+                      split);
+    else
+        launch_kernel(residual_kernel<false>, dim3(n), dim3(row_threads(H)), 0, s, x, y, w, H, eps, scale,
+                      split);
     CUDA_CHECK_LAUNCH();
 }
 
 void residual_moe_combine(float* x, const float* m, const float* slots, const float* sel_w, int K,
                           const bf16* w1, const bf16* w2, const bf16* w, int H, int n, float eps, float scale,
-                          cudaStream_t s, bool wide, const bf16* next_w, float* xn) {
-    if (wide && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
+                          cudaStream_t s, bool wide, const bf16* next_w, float* xn, const RowSplit& split) {
+    if (wide && !split.hi && n == 1 && H <= kWideThreads * kWideCombinePer && K <= kWideMaxK) {
         launch_kernel(residual_moe_wide_kernel, dim3(1), dim3(kWideThreads), 0, s, x, m, slots, sel_w, K, w1,
                       w2, w, H, eps, scale, next_w, xn);
         CUDA_CHECK_LAUNCH();
@@ -256,8 +291,12 @@ void residual_moe_combine(float* x, const float* m, const float* slots, const fl
     if (next_w) throw Error("internal: the MoE combine writes a normalised copy in its wide form only");
     const size_t smem = 2 * static_cast<size_t>(H) * sizeof(float);
     if (smem > 48 * 1024) throw Error("internal: MoE combine needs hidden <= 6144");
-    launch_kernel(residual_moe_kernel, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w, K, w1, w2,
-                  w, H, eps, scale);
+    if (split.hi)
+        launch_kernel(residual_moe_kernel<true>, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w,
+                      K, w1, w2, w, H, eps, scale, split);
+    else
+        launch_kernel(residual_moe_kernel<false>, dim3(n), dim3(row_threads(H)), smem, s, x, m, slots, sel_w,
+                      K, w1, w2, w, H, eps, scale, split);
     CUDA_CHECK_LAUNCH();
 }
 
