@@ -151,6 +151,12 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
     a.max_heads = plan_.batch_attn_heads;
     a.mma = plan_.batch_attn_mma;
+    // a batched step's merge writes o_proj's input rows too (Tuning::residual_splits)
+    const bool merged_rows = batch_ && plan_.residual_splits;
+    if (merged_rows) {
+        a.out_hi = act_.hi;
+        a.out_lo = lo_at(n, qw);
+    }
     run(pf, "attention", i, 0.0, [&] {
         if (batch_)
             attention(a, n, stream_);
@@ -159,7 +165,8 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     });
 
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
-        split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
+        if (!merged_rows)
+            split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
         const GemvSeg o = product_seg(lw.o_proj, layer_quant(w_, i).o_proj, act_.o, H);
         gemm_many(&o, 1, qw, n);
         all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);

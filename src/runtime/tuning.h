@@ -136,8 +136,9 @@ struct Tuning {
     GemmInputs gemm_inputs = GemmInputs::kBf16;
     // residual_splits=0|1: in prompt chunks and batched steps each residual update also writes the input rows
     // of the product after it (the MLP's after o_proj's update, the PLE gate's or the next layer's q/k/v
-    // after the FFN's, lm_head's after the last), the values split_rows would write from the new x, bit for
-    // bit; 0 launches split_rows for them. Two or three launches a layer fewer (E2B's step: 105 of ~620).
+    // after the FFN's, lm_head's after the last), and a batched step's attention merge o_proj's: the values
+    // split_rows would write, bit for bit; 0 launches split_rows for them. Three or four launches a layer
+    // fewer in a batched step (E2B's: 140 of ~620).
     bool residual_splits = true;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,

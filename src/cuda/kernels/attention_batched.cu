@@ -12,10 +12,10 @@ namespace {
 
 using namespace attn_kernels;
 
-// Merge of a head's first n pieces into its output row: out = sum_s o_s * exp(m_s - M) / sum_s l_s *
-// exp(m_s - M). Reads through L2 (__ldcg): the pieces may have been written by other blocks of the running
-// grid.
-__device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, float* out) {
+// Merge of a head's first n pieces into its output row (a.out + o): out = sum_s o_s * exp(m_s - M) / sum_s
+// l_s * exp(m_s - M), and with a.out_hi its bf16 halves at the same offsets. Reads through L2 (__ldcg): the
+// pieces may have been written by other blocks of the running grid.
+__device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, int64_t o) {
     float M = -FLT_MAX;
     for (int s = 0; s < n; ++s)
         if (__ldcg(a.part_ml + 2 * (base + s) + 1) > 0.0f) M = fmaxf(M, __ldcg(a.part_ml + 2 * (base + s)));
@@ -39,7 +39,11 @@ __device__ void merge_pieces(const AttnArgs& a, int64_t base, int n, float* out)
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerThread; ++i) {
         const int dim = threadIdx.x + i * kThreads;
-        if (dim < a.d) out[dim] = acc[i] * inv;
+        if (dim < a.d) {
+            const float v = acc[i] * inv;
+            a.out[o + dim] = v;
+            if (a.out_hi) split_store(v, a.out_hi, a.out_lo, o + dim);
+        }
     }
 }
 
@@ -47,8 +51,7 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const AttnArgs a
     pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const int64_t base = (static_cast<int64_t>(t) * a.nH + h) * a.nsplit;
-    merge_pieces(a, base, piece_geometry<true>(a, t).active,
-                 a.out + (static_cast<int64_t>(t) * a.nH + h) * a.d);
+    merge_pieces(a, base, piece_geometry<true>(a, t).active, (static_cast<int64_t>(t) * a.nH + h) * a.d);
 }
 
 }  // namespace
