@@ -74,7 +74,7 @@ struct DecodePlan {
     bool gemm_bf16 = false;
     // The residual updates of prompt chunks and batched steps write the next product's input rows
     // (Tuning::residual_splits).
-    bool residual_splits = true;
+    bool residual_splits = false;
     int sms = 0;
 };
 
