@@ -95,7 +95,6 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     plan_.batch_experts_max = tuning.batch_experts;
     plan_.moe_gemm = tuning.moe_gemm;
     plan_.gemm_bf16 = tuning.gemm_inputs == Tuning::GemmInputs::kBf16;
-    plan_.residual_splits = tuning.residual_splits;
     plan_.sms = sms;
     // Decode: a fixed number of pieces per head (the graph's grid), each taking an even share of the current
     // range (split_len 0): pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks over the SMs (and never

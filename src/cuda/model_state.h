@@ -72,9 +72,6 @@ struct DecodePlan {
     bool moe_gemm = true;
     // The cuBLAS products take their inputs' bf16 rounding alone (Tuning::gemm_inputs), not both halves.
     bool gemm_bf16 = false;
-    // The residual updates of prompt chunks and batched steps write the next product's input rows
-    // (Tuning::residual_splits).
-    bool residual_splits = false;
     int sms = 0;
 };
 

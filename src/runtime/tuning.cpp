@@ -11,7 +11,7 @@ namespace {
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
     "attn_gemm_rows, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, tile_gemm, "
-    "quant_tiles, batch_experts, moe_gemm, gemm_inputs, residual_splits, cpu_pin, skip";
+    "quant_tiles, batch_experts, moe_gemm, gemm_inputs, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -90,8 +90,6 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "gemm_inputs") {
         if (v != "halves" && v != "bf16") bad(source, key, v, "bf16 or halves");
         t.gemm_inputs = v == "bf16" ? Tuning::GemmInputs::kBf16 : Tuning::GemmInputs::kHalves;
-    } else if (key == "residual_splits") {
-        t.residual_splits = parse_flag(source, key, v);
     } else if (key == "skip") {
         t.skip.clear();
         for (std::string_view rest = v; !rest.empty();) {
@@ -155,8 +153,6 @@ std::string tuning_string(const Tuning& t) {
     if (t.moe_gemm != d.moe_gemm) add(std::string("moe_gemm=") + (t.moe_gemm ? "1" : "0"));
     if (t.gemm_inputs != d.gemm_inputs)
         add(std::string("gemm_inputs=") + (t.gemm_inputs == Tuning::GemmInputs::kBf16 ? "bf16" : "halves"));
-    if (t.residual_splits != d.residual_splits)
-        add(std::string("residual_splits=") + (t.residual_splits ? "1" : "0"));
     if (t.cpu_pin != d.cpu_pin) add(std::string("cpu_pin=") + (t.cpu_pin ? "1" : "0"));
     if (!t.skip.empty()) {
         std::string names;

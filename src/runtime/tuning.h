@@ -134,12 +134,6 @@ struct Tuning {
     // elsewhere), halves keeps the exact fp32 products the goldens hold.
     enum class GemmInputs : uint8_t { kBf16, kHalves };
     GemmInputs gemm_inputs = GemmInputs::kBf16;
-    // residual_splits=0|1: in prompt chunks and batched steps each residual update also writes the input rows
-    // of the product after it (the MLP's after o_proj's update, the PLE gate's or the next layer's q/k/v
-    // after the FFN's, lm_head's after the last), and a batched step's attention merge o_proj's: the values
-    // split_rows would write, bit for bit; 0 launches split_rows for them. Three or four launches a layer
-    // fewer in a batched step (E2B's: 140 of ~620). Off until the H200 has run its tests and timed it.
-    bool residual_splits = false;
 
     // skip=name+name: a timing experiment, never for output. Those decode launches (the profile's names: qkv,
     // route_topk, ffn_combine, ...) are left out of every step, so the graph step with and without a kernel

@@ -1,27 +1,21 @@
-// Tuning::residual_splits: the residual updates of prompt chunks and batched steps write the next product's
-// input rows (cuda/kernels/residual.cu RowSplit), which split_rows wrote in a launch of its own. The rows
-// must be split_rows' to the bit: the kernels against split_rows over the updated x (both updates, with and
-// without the input norm, at E2B's, the 26B-A4B's and the 31B's widths), then models at real widths whose
-// prompt chunks and batched steps (the MoE's forked and unforked experts) give the same logits both ways, bit
-// for bit: a split taken for the wrong product (another norm, stale rows) would change them.
+// The residual updates of prompt chunks and batched steps write the next product's input rows
+// (cuda/kernels/residual.cu RowSplit), which split_rows wrote in a launch of its own. The rows must be
+// split_rows' to the bit: the kernels against split_rows over the updated x (both updates, with and without
+// the input norm, at E2B's, the 26B-A4B's and the 31B's widths). (Whole models with and without them gave
+// the same logits bit for bit on the H200 before the split_rows launches were removed; the batched and
+// golden tests hold the models now.)
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
-#include <string>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/tuning.h"
 #include "support/device_arrays.h"
-#include "support/logits_compare.h"
 #include "support/require_cuda.h"
-#include "support/tiny_models.h"
 
 #ifdef MARKBASE_HAS_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda/backend.h"
 #include "cuda/kernels/kernels.h"
 #endif
 
@@ -99,64 +93,6 @@ TEST(ResidualSplits, UpdatesWriteSplitRowsOwnRows) {
                 for (bool norm : {false, true}) check_update(H, n, moe, norm, static_cast<uint32_t>(H + n));
 #endif
 }
-
-#ifdef MARKBASE_HAS_CUDA
-// Two layers at real widths: the last token's logits of a 300-token prompt (chunks of 256 and 44), and the
-// logits of batched steps of 20 and of 8 sequences (the MoE forks its experts beside the dense MLP at 8).
-std::vector<float> model_logits(const char* variant, bool splits) {
-    BackendOptions o;
-    o.ctx_size = 512;
-    o.chunk = 256;
-    o.tuning.residual_splits = splits;
-    std::vector<float> out;
-    {
-        auto one = make_synthetic_cuda_backend(variant, 2, o, 43);
-        const int V = static_cast<int>(one->config().vocab_size);
-        const std::vector<int> prompt = testing::random_ids(300, V, 5);
-        out.resize(static_cast<size_t>(V));
-        one->eval(prompt.data(), 300, out.data(), false);
-    }
-    o.slots = 20;
-    auto b = make_synthetic_cuda_backend(variant, 2, o, 43);
-    const int V = static_cast<int>(b->config().vocab_size);
-    for (int n : {20, 8}) {
-        std::vector<int> order(n), in(n);
-        for (int s = 0; s < n; ++s) {
-            const std::vector<int> p = testing::random_ids(3 + s % 5, V, 100 + s + n);
-            b->slot_reset(s);
-            b->slot_eval(s, p.data(), static_cast<int64_t>(p.size()));
-            order[s] = n - 1 - s;
-            in[s] = (7 * s + 3) % V;
-        }
-        std::vector<float> step(static_cast<size_t>(n) * V);
-        b->decode_batch(order.data(), in.data(), n, step.data());
-        out.insert(out.end(), step.begin(), step.end());
-    }
-    return out;
-}
-#endif
-
-class ResidualSplitsModel : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(ResidualSplitsModel, ChangeNoLogitBit) {
-    REQUIRE_CUDA();
-#ifdef MARKBASE_HAS_CUDA
-    const std::vector<float> apart = model_logits(GetParam(), false);
-    const std::vector<float> fused = model_logits(GetParam(), true);
-    ASSERT_EQ(apart.size(), fused.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < apart.size(); ++i) differ += apart[i] != fused[i];
-    EXPECT_EQ(differ, 0u) << "of " << apart.size()
-                          << " logits (the prompt's row, then the steps' of 20 and 8)";
-#endif
-}
-
-std::string family_name(const ::testing::TestParamInfo<const char*>& p) {
-    return testing::test_name(p.param);
-}
-
-INSTANTIATE_TEST_SUITE_P(Families, ResidualSplitsModel, ::testing::Values("e2b", "26b-a4b", "31b"),
-                         family_name);
 
 }  // namespace
 }  // namespace markbase

@@ -309,7 +309,7 @@ struct AttnArgs {
     float* part_ml = nullptr;  // [n][nH][nsplit][2] scratch
     float* out = nullptr;      // [n][nH][d]
     // Batched decode's separate merge: also out's bf16 halves ([n][nH d] each, o_proj's input rows as
-    // split_rows writes them; Tuning::residual_splits); null: none.
+    // split_rows writes them); null: none.
     bf16* out_hi = nullptr;
     bf16* out_lo = nullptr;
     // Decode (split_len 0): [n][nH] zeroed counters; the last piece of each head merges them all into `out`
