@@ -9,15 +9,11 @@
 //   v2  stream_gemm with each forced shape (mt row tiles per block x ks K splits)
 //   v3  tile_gemm (bf16 only) with each K split ks, tiles of 128 weight rows
 //   v4  tile_gemm (bf16 only) with each K split ks, tiles of 64 weight rows
-//   v5  tile_gemm over quantised rows (bf16 inputs only; --quant fp8, the default: e4m3 with a scale per
-//       row, quantize_rows_fp8; int4: a scale per 128 weights, quantize_rows_int4; either rewrites the bf16
-//       weights every variant reads as the quantised values, so all compute one product), with each K split
-//       ks and both tile heights; GB/s counts the quantised bytes (scales aside)
 // Correctness gate: every output of every variant against an fp64 GPU reference of the same operands and
 // weights (relative to the row's sum of |x| |w|); a variant over 1e-5 fails the run. Timing: each variant's
 // launches over rotating weight copies (>= 256 MB distinct, so that the 60 MB L2 cannot serve them) captured
 // as one CUDA graph; per-launch time, median of 5 replays; GB/s = weight bytes / time.
-//   markbase_stream_gemm_lab [--inputs halves|bf16] [--quant fp8|int4] [--n 8,16,...] [--only SUBSTRING]
+//   markbase_stream_gemm_lab [--inputs halves|bf16] [--n 8,16,...] [--only SUBSTRING]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -103,7 +99,6 @@ __global__ void reference(const bf16* w, const bf16* hi, const bf16* lo, int N, 
 
 struct Bench {
     bool bf16 = false;  // --inputs bf16: one operand (lo zeros for the reference, null for stream_gemm)
-    markbase::WeightFormat quant = markbase::WeightFormat::kFp8;  // --quant: v5's rows
     cudaStream_t s = nullptr;
     cublasHandle_t blas = nullptr;
     int sms = 0;
@@ -113,15 +108,13 @@ struct Bench {
 struct Variant {
     std::string name;
     int mt = 0, ks = 0;  // 0: cuBLAS (v0); -1: the shape rule (v1)
-    bool tile = false;   // v3, v4, v5: tile_gemm with K split ks
-    int tile_mt = 2;     // v3: 128-row tiles (two m64); v4: 64-row tiles; v5 either
-    bool quant = false;  // v5: the quantised rows
+    bool tile = false;   // v3, v4: tile_gemm with K split ks
+    int tile_mt = 2;     // v3: 128-row tiles (two m64); v4: 64-row tiles
 };
 
-// One launch of variant v over weight copy `w` (one pointer per segment; v5 its FP8 rows q).
+// One launch of variant v over weight copy `w` (one pointer per segment).
 void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector<const bf16*>& w,
-            const std::vector<markbase::QuantMatrix>& q, const std::vector<float*>& y, const bf16* hi,
-            const bf16* lo, int n) {
+            const std::vector<float*>& y, const bf16* hi, const bf16* lo, int n) {
     const int nseg = static_cast<int>(sh.rows.size());
     if (v.mt == 0) {
         const float one = 1.0f, zero = 0.0f;
@@ -140,14 +133,7 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
         return;
     }
     GemvSeg segs[kStreamGemmMaxSegs];
-    for (int i = 0; i < nseg; ++i) {
-        segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
-        if (v.quant) {
-            segs[i].w = nullptr;
-            segs[i].q = q[i];
-            segs[i].format = b.quant;
-        }
-    }
+    for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{w[i], y[i], sh.rows[i], sh.rows[i]};
     if (v.tile || (v.mt < 0 && b.bf16 && n > 16)) {
         const TileGemmShape shape =
             v.tile ? TileGemmShape{v.ks, v.tile_mt} : tile_gemm_shape(segs, nseg, sh.K, n, b.sms);
@@ -162,31 +148,16 @@ void launch(const Bench& b, const Variant& v, const Shape& sh, const std::vector
 // One shape's weights: `copies` rotating copies of its segments (>= 256 MB in all), and its outputs.
 struct ShapeRun {
     const Shape& sh;
-    markbase::WeightFormat quant;
-    int64_t elems = 0, all_rows = 0;  // weights and rows of one copy
+    int64_t elems = 0;  // weights of one copy
     int copies = 1;
     bf16* wall = nullptr;
-    uint8_t* qall = nullptr;  // bf16 inputs: every copy's quantised rows (v5), wall rewritten as their values
-    float* scall = nullptr;
     std::vector<float*> y;
 
-    ShapeRun(const Shape& s, const Bench& b, int max_n) : sh(s), quant(b.quant) {
-        for (int r : sh.rows) {
-            elems += int64_t{r} * sh.K;
-            all_rows += r;
-        }
+    ShapeRun(const Shape& s, const Bench& b, int max_n) : sh(s) {
+        for (int r : sh.rows) elems += int64_t{r} * sh.K;
         copies = static_cast<int>(std::max<double>(1.0, std::ceil(256e6 / (2.0 * elems))));
         CK(cudaMalloc(&wall, sizeof(bf16) * elems * copies));
         fill_bf16<<<1024, 256, 0, b.s>>>(wall, elems * copies, 7, 0.05f);
-        if (b.bf16) {
-            CK(cudaMalloc(&qall, qbytes(elems) * copies));
-            CK(cudaMalloc(&scall, sizeof(float) * all_rows * groups() * copies));
-            uint16_t* w = reinterpret_cast<uint16_t*>(wall);
-            if (int4())
-                quantize_rows_int4(w, all_rows * copies, sh.K, qall, scall, b.s);
-            else
-                quantize_rows_fp8(w, all_rows * copies, sh.K, qall, scall, b.s);
-        }
         for (int r : sh.rows) {
             y.push_back(nullptr);
             CK(cudaMalloc(&y.back(), sizeof(float) * max_n * r));
@@ -195,8 +166,6 @@ struct ShapeRun {
     ~ShapeRun() {
         for (float* p : y) CK(cudaFree(p));
         CK(cudaFree(wall));
-        if (qall) CK(cudaFree(qall));
-        if (scall) CK(cudaFree(scall));
     }
     std::vector<const bf16*> weights(int c) const {
         std::vector<const bf16*> w;
@@ -207,21 +176,6 @@ struct ShapeRun {
         }
         return w;
     }
-    // scales a row: FP8 one, int4 one per 128 weights (qbytes: the bytes of n weights)
-    bool int4() const { return quant == markbase::WeightFormat::kInt4; }
-    int64_t groups() const { return int4() ? (sh.K + 127) / 128 : 1; }
-    int64_t qbytes(int64_t n) const { return int4() ? n / 2 : n; }
-    std::vector<markbase::QuantMatrix> quant_rows(int c) const {  // copy c's quantised rows, by segment
-        std::vector<markbase::QuantMatrix> q;
-        if (!qall) return q;
-        int64_t off = int64_t{c} * elems, row = int64_t{c} * all_rows;
-        for (int r : sh.rows) {
-            q.push_back(markbase::QuantMatrix{qall + qbytes(off), scall + row * groups(), nullptr});
-            off += int64_t{r} * sh.K;
-            row += r;
-        }
-        return q;
-    }
 };
 
 // Variant v's largest error on copy 0 against the fp64 reference, segment by segment (outputs poisoned
@@ -230,7 +184,7 @@ double max_error(const Bench& b, const Variant& v, ShapeRun& run, const bf16* hi
                  double* ref, double* mag) {
     const Shape& sh = run.sh;
     double worst = 0.0;
-    launch(b, v, sh, run.weights(0), run.quant_rows(0), run.y, hi, lo, n);
+    launch(b, v, sh, run.weights(0), run.y, hi, lo, n);
     for (size_t i = 0; i < sh.rows.size(); ++i) {
         const int N = sh.rows[i];
         reference<<<dim3((N + 127) / 128, n), 128, 0, b.s>>>(run.weights(0)[i], hi, lo, N, sh.K, n, ref, mag);
@@ -255,8 +209,7 @@ double time_us(const Bench& b, const Variant& v, const ShapeRun& run, const bf16
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(b.s, cudaStreamCaptureModeRelaxed));
-    for (int r = 0; r < per_graph; ++r)
-        launch(b, v, run.sh, run.weights(r % run.copies), run.quant_rows(r % run.copies), run.y, hi, lo, n);
+    for (int r = 0; r < per_graph; ++r) launch(b, v, run.sh, run.weights(r % run.copies), run.y, hi, lo, n);
     CK(cudaStreamEndCapture(b.s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     const float ms = lab::time_ms(5, b.s, [&] { CK(cudaGraphLaunch(ge, b.s)); });
@@ -289,9 +242,6 @@ int main(int argc, char** argv) {
             only = argv[++i];
         else if (!std::strcmp(argv[i], "--inputs") && i + 1 < argc)
             b.bf16 = !std::strcmp(argv[++i], "bf16");
-        else if (!std::strcmp(argv[i], "--quant") && i + 1 < argc)
-            b.quant = !std::strcmp(argv[++i], "int4") ? markbase::WeightFormat::kInt4
-                                                      : markbase::WeightFormat::kFp8;
         else if (!std::strcmp(argv[i], "--n") && i + 1 < argc)
             ns = parse_ns(argv[++i]);
     }
@@ -306,8 +256,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     b.sms = prop.multiProcessorCount;
-    std::printf("device %s, %d SMs, inputs %s, v5 rows %s\n", prop.name, b.sms, b.bf16 ? "bf16" : "halves",
-                b.quant == markbase::WeightFormat::kInt4 ? "int4" : "fp8");
+    std::printf("device %s, %d SMs, inputs %s\n", prop.name, b.sms, b.bf16 ? "bf16" : "halves");
     const int max_n = *std::max_element(ns.begin(), ns.end());
     int max_rows = 0, max_k = 0;
     for (const Shape& sh : kShapes) {
@@ -329,12 +278,6 @@ int main(int argc, char** argv) {
     if (b.bf16) {
         for (int ks : {1, 2, 4, 8}) variants.push_back({"v3 tile ks" + std::to_string(ks), 1, ks, true, 2});
         for (int ks : {1, 2, 4, 8}) variants.push_back({"v4 tile64 ks" + std::to_string(ks), 1, ks, true, 1});
-        for (int mt : {2, 1})
-            for (int ks : {1, 2, 4, 8})
-                variants.push_back(
-                    {std::string(b.quant == markbase::WeightFormat::kInt4 ? "v5 int4 " : "v5 fp8 ") +
-                         (mt == 2 ? "tile" : "tile64") + " ks" + std::to_string(ks),
-                     1, ks, true, mt, true});
     }
     bool failed = false;
     std::printf("%-16s %3s  %-16s %9s %8s %10s\n", "shape", "n", "variant", "us", "GB/s", "max err");
@@ -357,8 +300,7 @@ int main(int argc, char** argv) {
                 const bool bad = !(worst <= 1e-5);
                 failed |= bad;
                 std::printf("%-16s %3d  %-16s %9.2f %8.0f %10.2e%s\n", sh.name, n, v.name.c_str(), us,
-                            (v.quant ? run.qbytes(run.elems) : bytes) / us * 1e-3, worst,
-                            bad ? "  FAIL" : "");
+                            bytes / us * 1e-3, worst, bad ? "  FAIL" : "");
             }
         }
     }

@@ -1,14 +1,10 @@
 // CudaModel behind the runtime's Backend interface, the factories, and device discovery.
 #include <algorithm>
 #include <mutex>
-#include <vector>
 
-#include "cuda/check.h"
 #include "cuda/loader.h"
 #include "cuda/model.h"
 #include "loading/config_json.h"
-#include "model/fp8.h"
-#include "model/int4.h"
 #include "model/tensor_plan.h"
 #include "model/variants.h"
 
@@ -238,20 +234,6 @@ CudaDeviceInfo cuda_device_info() {
     return info;
 }
 
-namespace {
-// The bf16 copies a quantised model can do without on this GPU under t (Tuning::quant_tiles).
-cuda::Bf16Drop drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t) {
-    const CudaDeviceInfo d = cuda_device_info();
-    return cuda::bf16_drop_plan(c, f, t, d.cc_major, d.cc_minor);
-}
-// The quantised rows on the device, and the bf16 copy freed (or, from a checkpoint, never uploaded) where
-// every product reads them instead, before the KV pool is sized from what is left.
-void attach_quant(cuda::DeviceWeights& dw, WeightFormat f, const Weights* host, const Tuning& t) {
-    cuda::attach_quant_weights(dw, f, host);
-    cuda::drop_bf16_copy(dw, drop_plan(dw.config, f, t));
-}
-}  // namespace
-
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
@@ -265,11 +247,8 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
     // quantised: the bf16 slots (the dequantised values, for the prefill and the batched step) from the host,
     // then the bytes, scales and zero points the decode step reads
-    const std::vector<std::string> skip =
-        quant ? cuda::bf16_drop_names(ck.config, ck.weights, drop_plan(ck.config, ck.format, o.tuning))
-              : std::vector<std::string>{};
-    auto dw = made ? cuda::upload_weights_from_host(ck, skip) : cuda::upload_weights(ck, o.tuning);
-    if (quant) attach_quant(*dw, ck.format, &ck.weights, o.tuning);
+    auto dw = made ? cuda::upload_weights_from_host(ck) : cuda::upload_weights(ck, o.tuning);
+    if (quant) cuda::attach_quant_weights(*dw, ck.format, &ck.weights);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 
@@ -283,40 +262,9 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
         throw Error("quantised weights over several GPUs are not supported yet");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
     auto dw = cuda::synthetic_weights(c, seed);
-    if (quant) attach_quant(*dw, o.weights, nullptr, o.tuning);
+    if (quant) cuda::attach_quant_weights(*dw, o.weights, nullptr);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
-
-namespace {
-// A tensor whose bf16 copy the device dropped (drop_bf16_copy), from its quantised rows: the values that
-// copy held (FP8: f32(e4m3) x scale rounded to bf16, as quantize_rows.cu wrote them; int4 by
-// dequantize_row_int4, which rounds the exact product: a tie's last bit can differ from the device's).
-void dequantize_dropped(const cuda::DeviceWeights& dw, size_t tensor, bf16* out) {
-    for (const cuda::DeviceWeights::Dropped& d : dw.dropped) {
-        if (d.tensor != tensor) continue;
-        const bool int4 = dw.quant_format == WeightFormat::kInt4;
-        const int64_t row_bytes = int4 ? (d.K + 1) / 2 : d.K, groups = int4 ? int4_groups(d.K) : 1;
-        std::vector<uint8_t> q(static_cast<size_t>(d.rows * row_bytes)), zero;
-        std::vector<float> scale(static_cast<size_t>(d.rows * groups));
-        CUDA_CHECK(cudaMemcpy(q.data(), d.q.q, q.size(), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(scale.data(), d.q.scale, 4 * scale.size(), cudaMemcpyDeviceToHost));
-        if (d.q.zero) {
-            zero.resize(scale.size());
-            CUDA_CHECK(cudaMemcpy(zero.data(), d.q.zero, zero.size(), cudaMemcpyDeviceToHost));
-        }
-        for (int64_t r = 0; r < d.rows; ++r) {
-            const uint8_t* qr = q.data() + r * row_bytes;
-            if (int4)
-                dequantize_row_int4(qr, scale.data() + r * groups,
-                                    zero.empty() ? nullptr : zero.data() + r * groups, d.K, out + r * d.K);
-            else
-                dequantize_row_fp8(qr, scale[static_cast<size_t>(r)], d.K, out + r * d.K);
-        }
-        return;
-    }
-    throw Error("internal: " + dw.tensors[tensor].name + " has neither its bf16 copy nor quantised rows");
-}
-}  // namespace
 
 std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {
     const auto* impl = dynamic_cast<const CudaBackendImpl*>(&be);
@@ -331,15 +279,10 @@ std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {
     hw->storage.reserve(plan.size());
     for (size_t i = 0; i < plan.size(); ++i) {
         const auto& t = dw.tensors[i];
-        uint64_t elems = 1;
-        for (int64_t d : t.shape) elems *= static_cast<uint64_t>(d);
-        hw->storage.emplace_back(elems);
-        if (t.ptr)
-            CUDA_CHECK(cudaMemcpy(hw->storage.back().data(), t.ptr, t.bytes, cudaMemcpyDeviceToHost));
-        else
-            dequantize_dropped(dw, i, hw->storage.back().data());
+        hw->storage.emplace_back(t.bytes / sizeof(bf16));
+        CUDA_CHECK(cudaMemcpy(hw->storage.back().data(), t.ptr, t.bytes, cudaMemcpyDeviceToHost));
         *plan[i].slot = hw->storage.back().data();
-        ck.bound_bytes += 2 * elems;
+        ck.bound_bytes += t.bytes;
     }
     for (size_t i = 0; i < ck.weights.layers.size(); ++i)
         ck.weights.layers[i].layer_scalar = dw.w.layers[i].layer_scalar;

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "loading/checkpoint.h"
 #include "loading/staged_reader.h"
@@ -34,26 +33,10 @@ struct DeviceWeights;
 std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const StagedOptions& opt);
 // weights.cu: from the host's pointers, a tensor at a time (an FP8 checkpoint: its bf16 slots are the
 // loader's dequantised buffers, in none of the files the staged pipeline reads).
-// Tensors named in `skip` (bf16_drop_names: copies the model will not keep) are not uploaded: their
-// pointers hold kDroppedBf16.
-std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck,
-                                                        const std::vector<std::string>& skip = {});
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck);
 // quant_weights.cu: w.quant filled, from the host's quantised matrices (host->quant, a checkpoint's) or, host
-// null, by quantising the bf16 tensors on the device (which then hold the quantised values rounded to bf16).
+// null, by quantising the bf16 tensors on the device (which then hold the FP8 values rounded to bf16).
 void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host);
-// Which of a quantised model's bf16 copies every product can do without (Tuning::quant_tiles on a GPU
-// where tile_gemm runs, over the bf16 operand: the projections; and the experts where moe_gemm takes the
-// prompt chunks'), and the freeing of them (each class only where every one of its matrices is quantised;
-// not for a staged arena, which only bf16 checkpoints use). CudaModel makes the matching choices.
-struct Bf16Drop {
-    bool dense = false, experts = false;
-};
-Bf16Drop bf16_drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t, int cc_major, int cc_minor);
-// The tensors whose copy goes, given w's quantised matrices (a checkpoint's on the host, or the device's once
-// attached); applied: the classes that go whole.
-std::vector<std::string> bf16_drop_names(const ModelConfig& c, const Weights& w, Bf16Drop what,
-                                         Bf16Drop* applied = nullptr);
-void drop_bf16_copy(DeviceWeights& dw, Bf16Drop what);
 }  // namespace cuda
 
 }  // namespace markbase

@@ -91,7 +91,6 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
     plan_.tile_gemm_max = cc_major == 9 && cc_minor == 0 ? tuning.tile_gemm : 0;
-    plan_.quant_tiles = tuning.quant_tiles;
     plan_.batch_experts_max = tuning.batch_experts;
     plan_.moe_gemm = tuning.moe_gemm;
     plan_.gemm_bf16 = tuning.gemm_inputs == Tuning::GemmInputs::kBf16;

@@ -55,25 +55,11 @@ struct DeviceWeights {
     void* quant_arena = nullptr;
     uint64_t quant_bytes = 0;
     WeightFormat quant_format = WeightFormat::kBf16;
-    // The bf16 copy of quantised matrices freed (drop_bf16_copy: every product reads their rows); their
-    // Weights pointers hold kDroppedBf16, their tensors a null ptr, and `dropped` where the rows are.
-    struct Dropped {
-        size_t tensor = 0;  // index in tensors
-        QuantMatrix q;
-        int64_t rows = 0;
-        int K = 0;
-    };
-    std::vector<Dropped> dropped;
-    bool dense_dropped = false, experts_dropped = false;
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
     DeviceWeights& operator=(const DeviceWeights&) = delete;
     ~DeviceWeights();
 };
-
-// What a dropped matrix's bf16 pointer holds: not null (the pointers also say which tensors a layer has),
-// and no device memory, so a read of it faults rather than computing with stale values.
-inline const bf16* const kDroppedBf16 = reinterpret_cast<const bf16*>(uintptr_t{256});
 
 // cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
 bf16* device_alloc(uint64_t bytes, const std::string& what);
@@ -270,7 +256,6 @@ class CudaModel {
     // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
     bool own_product(const GemvSeg* segs, int nseg, int K, int n);  // stream_gemm or tile_gemm ran them
-    GemvSeg product_seg(const bf16* w, const QuantMatrix& q, float* y, int rows) const;
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }
     // x's input rows of a product (split_rows of x: normed by w, or as it is); on: a split is wanted

@@ -61,9 +61,6 @@ struct DecodePlan {
     // With the bf16 operand (gemm_bf16), the projections of up to tile_gemm_max tokens that stream_gemm does
     // not take run tile_gemm where it pays (Tuning::tile_gemm).
     int tile_gemm_max = 0;
-    // Quantised projections of up to tile_gemm_max tokens read their FP8 or int4 rows through tile_gemm
-    // (Tuning::quant_tiles), not the bf16 copy.
-    bool quant_tiles = false;
     // A batched step of at most batch_experts_max sequences runs the MoE's experts on the device (moe_stream,
     // Tuning::batch_experts) and is captured as one graph; more run prefill_experts' path (moe_gemm).
     int batch_experts_max = 0;

@@ -120,10 +120,8 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
 
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
         split_x({true, true, lw.input_norm}, n);
-        const LayerQuant& lq = layer_quant(w_, i);
-        const GemvSeg segs[3] = {product_seg(lw.q_proj, lq.q_proj, act_.q, qw),
-                                 product_seg(lw.k_proj, lq.k_proj, act_.k, kvw),
-                                 product_seg(lw.v_proj, lq.v_proj, act_.v, kvw)};
+        const GemvSeg segs[3] = {
+            {lw.q_proj, act_.q, qw, qw}, {lw.k_proj, act_.k, kvw, kvw}, {lw.v_proj, act_.v, kvw, kvw}};
         gemm_many(segs, own ? (lw.v_proj ? 3 : 2) : 1, H, n);
     });
     const QkvPost p = qkv_post_args(i);
@@ -167,8 +165,7 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
         if (!merged_rows)
             split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
-        const GemvSeg o = product_seg(lw.o_proj, layer_quant(w_, i).o_proj, act_.o, H);
-        gemm_many(&o, 1, qw, n);
+        gemm(lw.o_proj, H, qw, n, act_.o, H);
         all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);
         residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_, nullptr, nullptr, {},
                           split_for({true, true, lw.pre_ffn_norm}, n));  // the MLP's input
@@ -198,13 +195,10 @@ void CudaModel::prefill_ffn(int i, int n) {
 
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
         split_x({true, true, lw.pre_ffn_norm}, n);
-        const LayerQuant& lq = layer_quant(w_, i);
-        const GemvSeg segs[2] = {product_seg(lw.gate_proj, lq.gate_proj, act_.g, I),
-                                 product_seg(lw.up_proj, lq.up_proj, act_.u, I)};
+        const GemvSeg segs[2] = {{lw.gate_proj, act_.g, I, I}, {lw.up_proj, act_.u, I, I}};
         gemm_many(segs, 2, H, n);
         geglu_split(act_.g, act_.u, I, I, n, act_.hi, lo_at(n, I), stream_);
-        const GemvSeg down = product_seg(lw.down_proj, lq.down_proj, act_.m, H);
-        gemm_many(&down, 1, I, n);
+        gemm(lw.down_proj, H, I, n, act_.m, H);
     });
 
     if (c_.moe) {
@@ -366,57 +360,12 @@ void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, 
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// A prompt chunk's or batched step's product of the bf16 matrix w (rows x K, into y at a row stride of rows),
-// with the quantised rows the model has of it attached (own_product decides which of the two it reads).
-GemvSeg CudaModel::product_seg(const bf16* w, const QuantMatrix& q, float* y, int rows) const {
-    GemvSeg s{w, y, rows, rows};
-    if (q.q) {
-        s.q = q;
-        s.format = dw_->quant_format;
-    }
-    return s;
-}
-
 // These matrices of one input at n tokens through stream_gemm (up to stream_gemm_max tokens) or tile_gemm
 // (the bf16 operand, up to tile_gemm_max) where the kernel takes them and beats cuBLAS (the kernel labs'
-// rules); false where cuBLAS should run them (over the bf16 copy). Both halves: stream_gemm also where cuBLAS
-// would read a matrix twice (wider than the stacked scratch: lm_head). Quantised rows (FP8 or int4, every
-// segment's; Tuning::quant_tiles) go to tile_gemm wherever it takes the shape, a longer chunk's tokens in
-// slices of kTileGemmMaxN (each slice reads the rows again: a 512-token chunk four times a quarter or an
-// eighth of the bf16 bytes).
-bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
+// rules); false where cuBLAS should run them. Both halves: stream_gemm also where cuBLAS would read a matrix
+// twice (wider than the stacked scratch: lm_head).
+bool CudaModel::own_product(const GemvSeg* segs, int nseg, int K, int n) {
     const bool one = plan_.gemm_bf16;
-    // Not beside the MoE's experts: a batched step of up to stream_gemm_max sequences runs them on a second
-    // stream during the dense MLP (prefill_ffn), and tile_gemm's blocks (up to 114 KB of shared memory,
-    // clusters of 8) took the SMs they stream on: the 26B-A4B's 8 sequences 8.93 -> 9.88 ms per step.
-    const bool beside_experts = c_.moe && n <= plan_.stream_gemm_max;
-    const bool tiles = one && !beside_experts && n <= plan_.tile_gemm_max;
-    // quantised rows at any n (tile_gemm on this GPU): a prompt chunk in slices of kTileGemmMaxN tokens;
-    // beside the experts too where there is no bf16 copy left to read (drop_bf16_copy)
-    bool quant =
-        one && (!beside_experts || dw_->dense_dropped) && plan_.tile_gemm_max > 0 && plan_.quant_tiles;
-    for (int i = 0; i < nseg; ++i)
-        quant = quant && in[i].format != WeightFormat::kBf16 &&
-                tile_gemm_fits(in[i].rows, K, std::min(n, kTileGemmMaxN));
-    if (!quant && dw_->dense_dropped && in[0].format != WeightFormat::kBf16)
-        throw Error("internal: a product of " + std::to_string(n) + " tokens over " +
-                    std::to_string(in[0].rows) + " x " + std::to_string(K) +
-                    " quantised rows that tile_gemm does not take, and no bf16 copy");
-    if (quant) {
-        GemvSeg slice[kStreamGemmMaxSegs];
-        for (int t0 = 0; t0 < n; t0 += kTileGemmMaxN) {
-            const int m = std::min(kTileGemmMaxN, n - t0);
-            for (int i = 0; i < nseg; ++i) {
-                slice[i] = in[i];
-                slice[i].y = in[i].y + int64_t{t0} * in[i].ldy;
-            }
-            tile_gemm(slice, nseg, act_.hi + int64_t{t0} * K, m, K,
-                      tile_gemm_shape(slice, nseg, K, m, plan_.sms), stream_);
-        }
-        return true;
-    }
-    GemvSeg segs[kStreamGemmMaxSegs];  // the bf16 copy's
-    for (int i = 0; i < nseg; ++i) segs[i] = GemvSeg{in[i].w, in[i].y, in[i].rows, in[i].ldy};
     int64_t bytes = 0;
     bool wide = false, stream_fits = true, tile_fits = true;
     for (int i = 0; i < nseg; ++i) {
@@ -431,7 +380,13 @@ bool CudaModel::own_product(const GemvSeg* in, int nseg, int K, int n) {
                     stream_gemm_shape(segs, nseg, K, n, plan_.sms), stream_);
         return true;
     }
-    if (!tiles || !tile_fits || !tile_gemm_pays(bytes, nseg, n, plan_.sms, segs)) return false;
+    // Not beside the MoE's experts: a batched step of up to stream_gemm_max sequences runs them on a second
+    // stream during the dense MLP (prefill_ffn), and tile_gemm's blocks (up to 114 KB of shared memory,
+    // clusters of 8) took the SMs they stream on: the 26B-A4B's 8 sequences 8.93 -> 9.88 ms per step.
+    const bool beside_experts = c_.moe && n <= plan_.stream_gemm_max;
+    if (!one || beside_experts || n > plan_.tile_gemm_max || !tile_fits ||
+        !tile_gemm_pays(bytes, nseg, n, plan_.sms, segs))
+        return false;
     tile_gemm(segs, nseg, act_.hi, n, K, tile_gemm_shape(segs, nseg, K, n, plan_.sms), stream_);
     return true;
 }

@@ -1,14 +1,12 @@
 // The decode step's quantised weights (model/weights.h LayerQuant, FP8 or int4) in one device allocation
 // beside the bf16 tensors: a checkpoint's bytes, scales and zero points copied from the host (loading/ made
 // them, as published or by --quantize), or random bf16 weights quantised on the device (bench at real
-// widths). The bf16 tensors hold the same values rounded to bf16 (the loader's dequantised copy, or
-// quantize_rows.cu's rewrite), for the prefill and the batched step where those read bf16; with
-// Tuning::quant_tiles every product of them reads the quantised rows, and drop_bf16_copy frees the copy.
+// widths). The bf16 tensors stay resident and hold the same values rounded to bf16 (the loader's dequantised
+// copy, or quantize_rows.cu's rewrite), for the prefill and the batched step, which read bf16.
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
-#include "cuda/kernels/kernels.h"
 #include "cuda/loader.h"
 #include "cuda/model.h"
 #include "loading/checkpoint.h"
@@ -111,72 +109,6 @@ void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host
         *s.dst = {q, scale, zero};
     }
     CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-Bf16Drop bf16_drop_plan(const ModelConfig& c, WeightFormat f, const Tuning& t, int cc_major, int cc_minor) {
-    Bf16Drop d;
-    if (f == WeightFormat::kBf16 || !t.quant_tiles) return d;
-    // CudaModel's own_product: the quantised rows through tile_gemm (sm_90a, tile_gemm > 0) over the bf16
-    // operand, at every token count
-    d.dense = cc_major == 9 && cc_minor == 0 && t.tile_gemm > 0 && t.gemm_inputs == Tuning::GemmInputs::kBf16;
-    // the experts: decode, moe_stream and a prompt chunk's moe_gemm read FP8 or int4 rows (moe_gemm at its
-    // widths; else the grouped GEMVs read bf16)
-    d.experts = d.dense && c.moe && t.moe_gemm && moe_gemm_fits(c.hidden, c.expert_width, c.n_experts);
-    return d;
-}
-
-namespace {
-bool is_expert(const PlannedTensor& p) {
-    return p.name.find("experts.") != std::string::npos;
-}
-}  // namespace
-
-// A class (the projections, the experts) goes whole or not at all: a published checkpoint's ignored
-// modules keep theirs, and with them their class's (one launch of several matrices reads one format).
-std::vector<std::string> bf16_drop_names(const ModelConfig& c, const Weights& w, Bf16Drop what,
-                                         Bf16Drop* applied) {
-    std::vector<std::string> names;
-    if (applied) *applied = {};
-    if (w.quant.empty() || (!what.dense && !what.experts)) return names;
-    Weights view = w;  // the plan wants its pointers writable
-    const std::vector<PlannedTensor> plan = plan_bound_tensors(c, view);
-    bool dense_all = true, experts_all = true;
-    for (const PlannedTensor& p : plan) {
-        if (!p.quant_eligible || !*p.slot) continue;
-        (is_expert(p) ? experts_all : dense_all) &= p.quant && p.quant->q;
-    }
-    const Bf16Drop take{what.dense && dense_all, what.experts && experts_all};
-    for (const PlannedTensor& p : plan)
-        if (p.quant && p.quant->q && *p.slot && (is_expert(p) ? take.experts : take.dense))
-            names.push_back(p.name);
-    if (applied) *applied = take;
-    return names;
-}
-
-void drop_bf16_copy(DeviceWeights& dw, Bf16Drop what) {
-    if (dw.arena || dw.quant_format == WeightFormat::kBf16) return;
-    Bf16Drop take;
-    const std::vector<std::string> names = bf16_drop_names(dw.config, dw.w, what, &take);
-    const std::vector<PlannedTensor> plan = plan_bound_tensors(dw.config, dw.w);
-    for (const std::string& name : names) {
-        size_t i = 0, j = 0;
-        while (i < plan.size() && plan[i].name != name) ++i;
-        while (j < dw.tensors.size() && dw.tensors[j].name != name) ++j;
-        if (i == plan.size() || j == dw.tensors.size())
-            throw Error("internal: " + name + " is not among the model's tensors");
-        const PlannedTensor& p = plan[i];
-        int64_t rows = 1;
-        for (size_t k = 0; k + 1 < p.shape.size(); ++k) rows *= p.shape[k];
-        if (dw.tensors[j].ptr) {  // else never uploaded (upload_weights_from_host skipped it)
-            CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
-            dw.bytes -= dw.tensors[j].bytes;
-            dw.tensors[j].ptr = nullptr;
-        }
-        dw.dropped.push_back({j, *p.quant, rows, static_cast<int>(p.shape.back())});
-        *p.slot = kDroppedBf16;
-    }
-    dw.dense_dropped = take.dense;
-    dw.experts_dropped = take.experts;
 }
 
 }  // namespace markbase::cuda

@@ -85,8 +85,7 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning
     return upload_weights_staged(ck, cuda_staged_options(tuning));
 }
 
-std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck,
-                                                        const std::vector<std::string>& skip) {
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck) {
     auto dw = std::make_unique<DeviceWeights>();
     dw->config = ck.config;
     Weights src = ck.weights;  // the host pointers, through the plan's slots (in plan order)
@@ -94,11 +93,6 @@ std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck,
     const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
     for (size_t i = 0; i < plan.size(); ++i) {
         const PlannedTensor& p = plan[i];
-        if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) {
-            dw->tensors.push_back({p.name, p.shape, nullptr, 0});
-            *p.slot = kDroppedBf16;
-            continue;
-        }
         const uint64_t bytes = 2 * numel(p.shape);
         bf16* d = device_alloc(bytes, p.name);
         dw->tensors.push_back({p.name, p.shape, d, bytes});

@@ -11,7 +11,7 @@ namespace {
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
     "attn_gemm_rows, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, tile_gemm, "
-    "quant_tiles, batch_experts, moe_gemm, gemm_inputs, cpu_pin, skip";
+    "batch_experts, moe_gemm, gemm_inputs, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
                       std::string_view expected) {
@@ -81,8 +81,6 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "tile_gemm") {
         t.tile_gemm = static_cast<int>(parse_int(source, key, v, 0, 128, "0 (off) to 128"));
-    } else if (key == "quant_tiles") {
-        t.quant_tiles = parse_flag(source, key, v);
     } else if (key == "batch_experts") {
         t.batch_experts = static_cast<int>(parse_int(source, key, v, 0, 1024, "0 (off) to 1024"));
     } else if (key == "moe_gemm") {
@@ -148,7 +146,6 @@ std::string tuning_string(const Tuning& t) {
         add(std::string("batch_attn=") + (t.batch_attn == Tuning::BatchAttn::kWarp ? "warp" : "mma"));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.tile_gemm != d.tile_gemm) add("tile_gemm=" + std::to_string(t.tile_gemm));
-    if (t.quant_tiles != d.quant_tiles) add(std::string("quant_tiles=") + (t.quant_tiles ? "1" : "0"));
     if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));
     if (t.moe_gemm != d.moe_gemm) add(std::string("moe_gemm=") + (t.moe_gemm ? "1" : "0"));
     if (t.gemm_inputs != d.gemm_inputs)

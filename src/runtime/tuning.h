@@ -94,16 +94,6 @@ struct Tuning {
     // cp.async ring, q/k/v and gate/up in one launch each) where tile_gemm_pays says it beats cuBLAS: up to
     // 16 tokens nearly everywhere, past that launches of several matrices (docs/performance.md); 0 = never.
     int tile_gemm = 128;
-    // quant_tiles=0|1: a model with quantised projections (--quantize fp8|int4, a compressed-tensors FP8 or
-    // W4A16 checkpoint) runs those of batched steps and prompt chunks through tile_gemm over the quantised
-    // rows (a half or a quarter of the bf16 copy's bytes, converted in registers to the copy's values),
-    // wherever the kernel takes the shape, chunks past 128 tokens in slices of 128 (tile_gemm=0 turns it
-    // off with the bf16 tiles); and frees the bf16 copy of every matrix no product reads any more
-    // (cuda/quant_weights.cu drop_bf16_copy: the projections; the experts too where moe_gemm takes them),
-    // so the memory the format saves is free for the KV cache. 0 reads (and keeps) the bf16 copy as before.
-    // Off until measured on the H200: the A/B that decides it, and the rule it then needs, are the kernel
-    // lab's and the batched step's.
-    bool quant_tiles = false;
     // batch_experts=N (0..1024): the MoE's experts in a batched step of at most N sequences run moe_stream
     // (cuda/kernels/moe_stream.cu: grouped on the device, each touched expert's rows streamed once, no host
     // in the loop, so the step is one graph); 0 = what prefill chunks take for every count (moe_gemm since

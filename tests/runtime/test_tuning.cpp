@@ -36,7 +36,6 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kMma);
     EXPECT_EQ(t.stream_gemm, 16);
     EXPECT_EQ(t.tile_gemm, 128);
-    EXPECT_FALSE(t.quant_tiles);
     EXPECT_FALSE(t.cpu_pin);
     EXPECT_TRUE(t.skip.empty());
     EXPECT_EQ(tuning_string(t), "");
@@ -46,7 +45,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
         "load_direct=1,attn_gemm_rows=40,batch_attn_keys=16,batch_attn_heads=2,"
-        "batch_attn=warp,stream_gemm=0,tile_gemm=32,quant_tiles=1,moe_gemm=0,gemm_inputs=halves,"
+        "batch_attn=warp,stream_gemm=0,tile_gemm=32,moe_gemm=0,gemm_inputs=halves,"
         "cpu_pin=1,skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
@@ -64,7 +63,6 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kWarp);
     EXPECT_EQ(t.stream_gemm, 0);
     EXPECT_EQ(t.tile_gemm, 32);
-    EXPECT_TRUE(t.quant_tiles);
     EXPECT_TRUE(t.cpu_pin);
     ASSERT_EQ(t.skip.size(), 2u);
     EXPECT_EQ(t.skip[1], "route_topk");
@@ -94,7 +92,6 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
     EXPECT_NE(error_of("batch_attn=tc").find("batch_attn=tc: expected mma or warp"), std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);
     EXPECT_NE(error_of("tile_gemm=129").find("tile_gemm=129: expected 0 (off) to 128"), std::string::npos);
-    EXPECT_NE(error_of("quant_tiles=2").find("quant_tiles=2: expected 0 or 1"), std::string::npos);
     EXPECT_NE(error_of("gemm_inputs=fp32").find("gemm_inputs=fp32: expected bf16 or halves"),
               std::string::npos);
     EXPECT_NE(error_of("skip=").find("skip=: expected"), std::string::npos);

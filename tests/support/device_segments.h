@@ -1,7 +1,6 @@
 // The projection kernels' tests (stream_gemm, tile_gemm): random bf16 weight matrices of one input on the
-// device as GemvSeg segments (or as FP8 or int4 rows), their outputs poisoned with NaN (so every output must
-// be written, at a row stride wider than any matrix), and each output checked against the fp64 product of the
-// tokens' values.
+// device as GemvSeg segments, their outputs poisoned with NaN (so every output must be written, at a row
+// stride wider than any matrix), and each output checked against the fp64 product of the tokens' values.
 #pragma once
 
 #ifdef MARKBASE_HAS_CUDA
@@ -38,56 +37,9 @@ class DeviceSegments {
     ~DeviceSegments() {
         for (uint16_t* p : d_w_) cudaFree(p);
         for (float* p : d_y_) cudaFree(p);
-        for (void* p : d_quant_) cudaFree(p);
     }
     DeviceSegments(const DeviceSegments&) = delete;
     DeviceSegments& operator=(const DeviceSegments&) = delete;
-
-    // The segments read FP8 rows from here on: each matrix quantised on the device (quantize_rows_fp8: e4m3
-    // with a scale per row, the bf16 rows rewritten as the values those hold, and copied back here), so
-    // worst_error's fp64 products are the FP8 values'.
-    void quantize_fp8() {
-        for (size_t s = 0; s < segs_.size(); ++s) {
-            uint8_t* q = device_bytes<uint8_t>(static_cast<size_t>(rows_[s]) * K_);
-            float* scale = device_bytes<float>(static_cast<size_t>(rows_[s]));
-            cuda::quantize_rows_fp8(d_w_[s], rows_[s], K_, q, scale, nullptr);
-            w_[s] = to_host(d_w_[s], w_[s].size());
-            read_quantised(s, {q, scale, nullptr}, WeightFormat::kFp8);
-        }
-    }
-
-    // The segments read int4 rows from here on: random nibbles, a scale in [0.004, 0.01) and (with
-    // zero_points) a zero point 0..15 per group of 128 along K, else the symmetric 8; the bf16 weights
-    // rewritten as (nibble - zero) x scale in fp32 rounded to bf16 (quantize_rows.cu's rule).
-    void quantize_int4(std::mt19937& rng, bool zero_points) {
-        const int G = (K_ + 127) / 128;
-        std::uniform_int_distribution<int> nib(0, 15);
-        std::uniform_real_distribution<float> sc(0.004f, 0.01f);
-        for (size_t s = 0; s < segs_.size(); ++s) {
-            const size_t R = static_cast<size_t>(rows_[s]);
-            std::vector<uint8_t> q(R * K_ / 2), zero(R * G);
-            std::vector<float> scale(R * G);
-            for (float& v : scale) v = sc(rng);
-            for (uint8_t& z : zero) z = static_cast<uint8_t>(zero_points ? nib(rng) : 8);
-            for (size_t r = 0; r < R; ++r)
-                for (int k = 0; k < K_; ++k) {
-                    const int n = nib(rng), g = k / 128;
-                    q[r * K_ / 2 + k / 2] |= static_cast<uint8_t>(n << (4 * (k & 1)));
-                    const float v = static_cast<float>(n - zero[r * G + g]) * scale[r * G + g];
-                    w_[s][r * K_ + k] = to_bf16(v);
-                }
-            uint8_t* d_q = device_bytes<uint8_t>(q.size());
-            float* d_scale = device_bytes<float>(scale.size());
-            uint8_t* d_zero = zero_points ? device_bytes<uint8_t>(zero.size()) : nullptr;
-            EXPECT_EQ(cudaMemcpy(d_q, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
-            EXPECT_EQ(cudaMemcpy(d_scale, scale.data(), sizeof(float) * scale.size(), cudaMemcpyHostToDevice),
-                      cudaSuccess);
-            if (d_zero) {
-                EXPECT_EQ(cudaMemcpy(d_zero, zero.data(), zero.size(), cudaMemcpyHostToDevice), cudaSuccess);
-            }
-            read_quantised(s, {d_q, d_scale, d_zero}, WeightFormat::kInt4);
-        }
-    }
 
     const cuda::GemvSeg* segs() const { return segs_.data(); }
     int count() const { return static_cast<int>(segs_.size()); }
@@ -116,25 +68,11 @@ class DeviceSegments {
     }
 
   private:
-    template <class T>
-    T* device_bytes(size_t n) {
-        T* p = nullptr;
-        EXPECT_EQ(cudaMalloc(&p, sizeof(T) * n), cudaSuccess);
-        d_quant_.push_back(p);
-        return p;
-    }
-    void read_quantised(size_t s, QuantMatrix q, WeightFormat f) {
-        segs_[s].w = nullptr;
-        segs_[s].q = q;
-        segs_[s].format = f;
-    }
-
     std::vector<int> rows_;
     int K_, n_;
     std::vector<std::vector<uint16_t>> w_;
     std::vector<uint16_t*> d_w_;
     std::vector<float*> d_y_;
-    std::vector<void*> d_quant_;  // the quantised rows, scales and zero points
     std::vector<cuda::GemvSeg> segs_;
 };
 

@@ -88,21 +88,16 @@ std::string resolve_device(const std::string& requested) {
 
 #ifdef MARKBASE_HAS_CUDA
 // The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds every tensor in bf16
-// (the prefill and the batched step read those) but the copies every product can do without under the
-// tuning (Tuning::quant_tiles: cuda::bf16_drop_names), and its projections once more quantised, with their
-// scales (and int4's zero points).
-static uint64_t gpu_weight_bytes(const Checkpoint& ck, const Tuning& t) {
+// (the prefill and the batched step read those) and its projections once more quantised, with their scales
+// (and int4's zero points).
+static uint64_t gpu_weight_bytes(const Checkpoint& ck) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
     const bool zero_points = has_zero_points(ck.weights);
-    const CudaDeviceInfo d = cuda_device_info();
-    const std::vector<std::string> dropped = cuda::bf16_drop_names(
-        ck.config, ck.weights, cuda::bf16_drop_plan(ck.config, ck.format, t, d.cc_major, d.cc_minor));
     double bytes = 0;
     for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) {
         double n = 1;
-        for (int64_t dim : p.shape) n *= static_cast<double>(dim);
-        const bool kept = std::find(dropped.begin(), dropped.end(), p.name) == dropped.end();
-        bytes += n * ((kept ? 2 : 0) + quantized_bytes_per_weight(p, ck.format, zero_points));
+        for (int64_t d : p.shape) n *= static_cast<double>(d);
+        bytes += n * (2 + quantized_bytes_per_weight(p, ck.format, zero_points));
     }
     return static_cast<uint64_t>(bytes);
 }
@@ -129,10 +124,9 @@ LoadedModel load_model(const ModelOptions& o) {
             const int64_t pool = b.kv_blocks > 0                ? b.kv_blocks
                                  : b.gpu_memory_utilization > 0 ? kv_blocks_per_slot(b.ctx_size)
                                                                 : 0;
-            const FitCheck f = check_cuda_fit(lm.checkpoint->config,
-                                              gpu_weight_bytes(*lm.checkpoint, b.tuning) / b.tensor_parallel,
-                                              b.ctx_size, b.chunk, b.slots, free_b, cuda_device_info().name,
-                                              gpu_kv_bytes(b.kv_dtype, b.slots), pool);
+            const FitCheck f = check_cuda_fit(
+                lm.checkpoint->config, gpu_weight_bytes(*lm.checkpoint) / b.tensor_parallel, b.ctx_size,
+                b.chunk, b.slots, free_b, cuda_device_info().name, gpu_kv_bytes(b.kv_dtype, b.slots), pool);
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);

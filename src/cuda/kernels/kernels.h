@@ -234,8 +234,7 @@ void stream_gemm(const GemvSeg* segs, int nseg, const bf16* hi, const bf16* lo, 
 // ---- tile_gemm.cu: the projections of up to kTileGemmMaxN tokens over the one bf16 operand -------------
 // Y[t][r] = sum_k x[t][k] W[r][k] for each segment (up to kStreamGemmMaxSegs matrices of one input), x [n][K]
 // bf16 (split_rows' hi); tiles of mt x 64 weight rows (1, 2) x every token through a cp.async ring, the K
-// range optionally cut across a cluster of ks blocks (1, 2, 4, 8). W is each segment's bf16 w, or its
-// quantised rows q where its format says FP8 or int4 (all segments one format).
+// range optionally cut across a cluster of ks blocks (1, 2, 4, 8).
 constexpr int kTileGemmMaxN = 128;
 struct TileGemmShape {
     int ks = 1;

@@ -12,14 +12,8 @@
 // kernel is built for sm_90a). The K range may be cut
 // across a cluster of ks blocks (matrices of few rows: o_proj, down), whose partial sums add in rank order
 // through distributed shared memory: deterministic, no atomics.
-//
-// Quantised weights (a model's FP8 or int4 rows, the decode step's own copy) travel the ring as they are;
-// each thread converts its A fragments in registers to the values of the model's bf16 copy and the tensor
-// cores take A from registers, B from the stage's swizzled token rows: the same MMAs over a half or a
-// quarter of the weight bytes (tile_quant.cuh).
 #include <algorithm>
 #include <string>
-#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/kernels/cluster.cuh"
@@ -27,7 +21,6 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/kernels/launch.h"
 #include "cuda/kernels/smem_ring.cuh"
-#include "cuda/kernels/tile_quant.cuh"
 #include "cuda/kernels/wgmma.cuh"
 #include "model/error.h"
 
@@ -38,52 +31,29 @@ namespace {
 constexpr int kKc = 64;        // k a stage: one 128-byte shared row
 constexpr int kThreads = 128;  // one warpgroup
 
-using Fmt = WeightFormat;
-
 // A block holds MT m64 tiles of weight rows (MT = 1 or 2) and NT n8 tiles of tokens.
 template <int MT>
 constexpr int rows() {
     return 64 * MT;
 }
-// A stage: bf16 weights (128-byte swizzled rows, 1 KB-aligned) then the tokens' rows; quantised rows the
-// tokens' rows first (they are the tile that must be 1 KB-aligned), then the weights' padded rows.
-template <Fmt F, int MT>
-constexpr int weight_bytes() {
-    return rows<MT>() * (F == Fmt::kBf16 ? 128 : tile::quant_row<F>());
-}
-template <Fmt F, int MT>
-constexpr int tokens_at() {
-    return F == Fmt::kBf16 ? weight_bytes<F, MT>() : 0;
-}
-template <Fmt F, int NT>
-constexpr int weights_at() {
-    return F == Fmt::kBf16 ? 0 : NT * 8 * 128;
-}
-template <Fmt F, int MT, int NT>
+template <int MT, int NT>
 constexpr int stage_bytes() {
-    return weight_bytes<F, MT>() + NT * 8 * 128;
+    return (rows<MT>() + NT * 8) * 128;
 }
-// Stages in the ring. bf16, 128 rows: four, three where the tokens' stages are large (so that two blocks fit
-// an SM's 228 KB); 64 rows: as many as keep a block within 74 KB (three blocks an SM), at most six. Quantised
-// rows move a half or a quarter of bf16's weight bytes a stage, so they keep more stages in flight where
-// the same blocks an SM hold them (up to eight: at 16 tokens an FP8 stage is 12 KB, 8 KB of it weights, so
-// eight stages keep 56 KB of weights in flight a block where four kept 24).
-template <Fmt F, int MT, int NT>
+// Stages in the ring. 128 rows: four, three where the tokens' stages are large (so that two blocks fit an
+// SM's 228 KB). 64 rows: as many as keep a block within 74 KB (three blocks an SM), at most six.
+template <int MT, int NT>
 constexpr int stages() {
-    constexpr int most = F == Fmt::kBf16 ? 6 : 8;
-    if constexpr (MT == 2) {
-        if constexpr (F == Fmt::kBf16) return NT >= 12 ? 3 : 4;
-        return std::min(most, (111 * 1024) / stage_bytes<F, MT, NT>());
-    }
-    return std::min(most, (74 * 1024) / stage_bytes<F, MT, NT>());
+    if constexpr (MT == 2) return NT >= 12 ? 3 : 4;
+    return std::min(6, (74 * 1024) / stage_bytes<MT, NT>());
 }
-template <Fmt F, int MT, int NT>
+template <int MT, int NT>
 constexpr size_t ring_bytes() {
-    return static_cast<size_t>(stages<F, MT, NT>()) * stage_bytes<F, MT, NT>();
+    return static_cast<size_t>(stages<MT, NT>()) * stage_bytes<MT, NT>();
 }
-template <Fmt F, int MT, int NT>
+template <int MT, int NT>
 constexpr size_t smem_bytes() {
-    return ring_bytes<F, MT, NT>() + 1024;  // + the slack that aligns the ring to 1 KB
+    return ring_bytes<MT, NT>() + 1024;  // + the slack that aligns the ring to 1 KB
 }
 
 struct TileArgs {
@@ -95,51 +65,27 @@ struct TileArgs {
     int split_stages = 0;  // stages of 64 k per rank of the K split
 };
 
-// A stage's weight copies a thread makes: bf16 chunk t & 7 of rows (t >> 3) + 16 i (4 MT rows), FP8 chunk t
-// & 3 of rows (t >> 2) + 32 i (2 MT), int4 chunk t & 1 of rows (t >> 1) + 64 i (MT); and chunk t & 7 of
-// token rows (t >> 3) + 16 i (NT / 2 rows).
-template <Fmt F>
-constexpr int chunks_log2() {  // 16-byte chunks of a row's stage, log 2
-    return F == Fmt::kBf16 ? 3 : F == Fmt::kFp8 ? 2 : 1;
-}
-template <Fmt F, int MT>
-constexpr int weight_copies() {
-    return rows<MT>() >> (7 - chunks_log2<F>());
-}
-template <Fmt F>
-constexpr int stage_row_bytes() {  // a row's bytes a stage (kKc weights)
-    return 16 << chunks_log2<F>();
-}
-template <Fmt F, int MT, int NT>
+// Thread t copies chunk t & 7 of rows (t >> 3) + 16 i: 4 MT weight rows and NT / 2 token rows a stage.
+template <int MT, int NT>
 struct Copies {
-    using Row = std::conditional_t<F == Fmt::kBf16, const bf16*, const uint8_t*>;  // bf16: k counts weights
-    Row w[weight_copies<F, MT>()];
-    bool w_ok[weight_copies<F, MT>()];
+    const bf16* w[4 * MT];
+    bool w_ok[4 * MT];
     const bf16* x[NT / 2];
     bool x_ok[NT / 2];
 };
 
-// Stage j's weights (j counted from the rank's first stage: kKc weights a row a stage).
-template <Fmt F, int MT, int NT>
-__device__ __forceinline__ void copy_weights(uint32_t st, const Copies<F, MT, NT>& cp, int j) {
-    const uint32_t ws = st + weights_at<F, NT>();
-    constexpr int L = chunks_log2<F>(), per_pass = 128 >> L;
-    const int r = threadIdx.x >> L, c = threadIdx.x & ((1 << L) - 1);
+template <int MT, int NT>
+__device__ __forceinline__ void copy_weights(uint32_t st, const Copies<MT, NT>& cp, int k0) {
+    const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < weight_copies<F, MT>(); ++i) {
-        if constexpr (F == Fmt::kBf16)
-            cp16(ws + swz(r + per_pass * i, c), cp.w[i] + j * kKc, cp.w_ok[i]);
-        else
-            cp16(ws + (r + per_pass * i) * tile::quant_row<F>() + c * 16, cp.w[i] + j * stage_row_bytes<F>(),
-                 cp.w_ok[i]);
-    }
+    for (int i = 0; i < 4 * MT; ++i) cp16(st + swz(r + 16 * i, c), cp.w[i] + k0, cp.w_ok[i]);
 }
-template <Fmt F, int MT, int NT>
-__device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<F, MT, NT>& cp, int j) {
+template <int MT, int NT>
+__device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<MT, NT>& cp, int k0) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i)
-        cp16(st + tokens_at<F, MT>() + swz(r + 16 * i, c), cp.x[i] + j * kKc, cp.x_ok[i]);
+        cp16(st + rows<MT>() * 128 + swz(r + 16 * i, c), cp.x[i] + k0, cp.x_ok[i]);
 }
 
 // One stage's 4 k16 steps on the warpgroup: weight rows 64 mt .. 64 mt + 63 (A) against every token (B), both
@@ -147,7 +93,7 @@ __device__ __forceinline__ void copy_tokens(uint32_t st, const Copies<F, MT, NT>
 // its slot may be refilled after the next barrier.
 template <int MT, int NT>
 __device__ __forceinline__ void mma_stage(float (&acc)[MT][NT * 4], uint32_t st) {
-    const uint32_t xs = st + tokens_at<Fmt::kBf16, MT>();
+    const uint32_t xs = st + rows<MT>() * 128;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -208,32 +154,10 @@ __device__ __forceinline__ void store(const float (&acc)[MT][NT * 4], float* red
     }
 }
 
-// The thread's A rows' scales (and int4's 2^23 + zero points) of K group `group` (FP8: the row's); 0 past
-// the matrix's rows.
-template <Fmt F, int MT>
-__device__ __forceinline__ void load_row_scales(tile::RowScales<MT>& rs, const GemvSeg& sg, int row0, int K,
-                                                int group) {
-    const int G = (K + 127) / 128;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + mt * 64 + (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * h;
-            const bool ok = row < sg.rows;
-            if constexpr (F == Fmt::kFp8) {
-                rs.scale[mt][h] = ok ? __ldg(sg.q.scale + row) : 0.0f;
-            } else {
-                const int64_t at = int64_t{ok ? row : 0} * G + group;
-                rs.scale[mt][h] = ok ? __ldg(sg.q.scale + at) : 0.0f;
-                rs.zf[mt][h] = 8388608.0f + static_cast<float>(sg.q.zero ? __ldg(sg.q.zero + at) : 8);
-            }
-        }
-}
-
-template <Fmt F, int MT, int NT, bool Cluster>
+template <int MT, int NT, bool Cluster>
 __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
-    constexpr int S = stages<F, MT, NT>();
-    constexpr int SB = stage_bytes<F, MT, NT>();
+    constexpr int S = stages<MT, NT>();
+    constexpr int SB = stage_bytes<MT, NT>();
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // the 128-byte swizzle's 8-row groups start 1024-aligned (the ring is allocated with 1 KB to spare)
     const uint32_t raw = shared_addr(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -247,24 +171,14 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     const int s_begin = blockIdx.x * a.split_stages;
     const int ns = max(0, min(K / kKc, s_begin + a.split_stages) - s_begin);
 
-    Copies<F, MT, NT> cp;
+    Copies<MT, NT> cp;
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < weight_copies<F, MT>(); ++i) {
-        if constexpr (F == Fmt::kBf16) {
-            const int row = row0 + r + 16 * i;
-            cp.w_ok[i] = row < sg.rows;
-            cp.w[i] = sg.w + int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc + c * 8;
-        } else {
-            constexpr int L = chunks_log2<F>(), B = stage_row_bytes<F>();
-            const int row = row0 + (threadIdx.x >> L) + (128 >> L) * i;
-            cp.w_ok[i] = row < sg.rows;
-            cp.w[i] = sg.q.q + int64_t{cp.w_ok[i] ? row : 0} * (K / kKc * B) + s_begin * B +
-                      (threadIdx.x & ((1 << L) - 1)) * 16;
-        }
+    for (int i = 0; i < 4 * MT; ++i) {
+        const int row = row0 + r + 16 * i;
+        cp.w_ok[i] = row < sg.rows;
+        cp.w[i] = sg.w + int64_t{cp.w_ok[i] ? row : 0} * K + s_begin * kKc + c * 8;
     }
-    tile::RowScales<MT> rs;
-    if constexpr (F == Fmt::kFp8) load_row_scales<F, MT>(rs, sg, row0, K, 0);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) {
         const int tok = r + 16 * i;
@@ -275,13 +189,13 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
     // tokens after it; a group each, so that group S - 1 + j always holds stage j's tokens (wait_group S - 2)
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < ns) copy_weights<F, MT, NT>(base + j * SB, cp, j);
+        if (j < ns) copy_weights<MT, NT>(base + j * SB, cp, j * kKc);
         cp_commit();
     }
     pdl_begin();
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < ns) copy_tokens<F, MT, NT>(base + j * SB, cp, j);
+        if (j < ns) copy_tokens<MT, NT>(base + j * SB, cp, j * kKc);
         cp_commit();
     }
     float acc[MT][NT * 4];
@@ -290,97 +204,83 @@ __global__ void __launch_bounds__(kThreads) tile_gemm_kernel(TileArgs a) {
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i) acc[mt][i] = 0.0f;
     for (int j = 0; j < ns; ++j) {
-        // int4: a group's scales and zero points at its first stage here (a group is two stages), loaded
-        // before the wait
-        if constexpr (F == Fmt::kInt4)
-            if (j == 0 || ((s_begin + j) & 1) == 0)
-                load_row_scales<F, MT>(rs, sg, row0, K, (s_begin + j) >> 1);
         cp_wait<S - 2>();
         fence_proxy_async();  // this thread's copies of stage j, visible to the tensor cores' reads
         __syncthreads();      // stage j landed for every thread; stage j - 1's slot is free again
         const int next = j + S - 1;
         if (next < ns) {
             const uint32_t st = base + (next % S) * SB;
-            copy_weights<F, MT, NT>(st, cp, next);
-            copy_tokens<F, MT, NT>(st, cp, next);
+            copy_weights<MT, NT>(st, cp, next * kKc);
+            copy_tokens<MT, NT>(st, cp, next * kKc);
         }
         cp_commit();
-        const uint32_t st = base + (j % S) * SB;
-        if constexpr (F == Fmt::kBf16)
-            mma_stage<MT, NT>(acc, st);
-        else
-            tile::mma_stage_quant<F, MT, NT>(acc, st + weights_at<F, NT>(), st + tokens_at<F, MT>(), rs);
+        mma_stage<MT, NT>(acc, base + (j % S) * SB);
     }
     cp_wait<0>();
     if constexpr (Cluster) __syncthreads();  // the ring's memory becomes the partial sums'
     store<MT, NT, Cluster>(acc, red, sg, row0, a.n);
 }
 
-template <Fmt F, int MT, int NT>
+template <int MT, int NT>
 void launch_nt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>(ks), static_cast<unsigned>(tiles)), block(kThreads);
-    constexpr size_t smem = smem_bytes<F, MT, NT>();
     if (ks > 1)
-        launch_kernel_cluster(tile_gemm_kernel<F, MT, NT, true>, grid, block, smem, s, ks, a);
+        launch_kernel_cluster(tile_gemm_kernel<MT, NT, true>, grid, block, smem_bytes<MT, NT>(), s, ks, a);
     else
-        launch_kernel_cluster(tile_gemm_kernel<F, MT, NT, false>, grid, block, smem, s, 0, a);
+        launch_kernel_cluster(tile_gemm_kernel<MT, NT, false>, grid, block, smem_bytes<MT, NT>(), s, 0, a);
 }
 
 // Token tiles of 8, rounded up to even: N a multiple of 16.
-template <Fmt F, int MT>
+template <int MT>
 void launch_mt(const TileArgs& a, int tiles, int ks, cudaStream_t s) {
     switch ((a.n + 15) / 16) {
         case 1:
-            return launch_nt<F, MT, 2>(a, tiles, ks, s);
+            return launch_nt<MT, 2>(a, tiles, ks, s);
         case 2:
-            return launch_nt<F, MT, 4>(a, tiles, ks, s);
+            return launch_nt<MT, 4>(a, tiles, ks, s);
         case 3:
-            return launch_nt<F, MT, 6>(a, tiles, ks, s);
+            return launch_nt<MT, 6>(a, tiles, ks, s);
         case 4:
-            return launch_nt<F, MT, 8>(a, tiles, ks, s);
+            return launch_nt<MT, 8>(a, tiles, ks, s);
         case 5:
-            return launch_nt<F, MT, 10>(a, tiles, ks, s);
+            return launch_nt<MT, 10>(a, tiles, ks, s);
         case 6:
-            return launch_nt<F, MT, 12>(a, tiles, ks, s);
+            return launch_nt<MT, 12>(a, tiles, ks, s);
         case 7:
-            return launch_nt<F, MT, 14>(a, tiles, ks, s);
+            return launch_nt<MT, 14>(a, tiles, ks, s);
         default:
-            return launch_nt<F, MT, 16>(a, tiles, ks, s);
+            return launch_nt<MT, 16>(a, tiles, ks, s);
     }
 }
 
-template <Fmt F, int MT, int NT>
+template <int MT, int NT>
 void allow_smem() {
-    static_assert(MT * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<F, MT, NT>(),
+    static_assert(MT * NT * 4 * 32 * 4 * sizeof(float) <= ring_bytes<MT, NT>(),
                   "the partial sums fit the ring");
-    static_assert(2 * smem_bytes<F, MT, NT>() <= 226 * 1024, "two blocks an SM");
-    constexpr int smem = static_cast<int>(smem_bytes<F, MT, NT>());
-    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<F, MT, NT, false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<F, MT, NT, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<MT, NT, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes<MT, NT>())));
+    CUDA_CHECK(cudaFuncSetAttribute(tile_gemm_kernel<MT, NT, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes<MT, NT>())));
 }
-template <Fmt F, int MT>
+template <int MT>
 void allow_smem_mt() {
-    allow_smem<F, MT, 2>();
-    allow_smem<F, MT, 4>();
-    allow_smem<F, MT, 6>();
-    allow_smem<F, MT, 8>();
-    allow_smem<F, MT, 10>();
-    allow_smem<F, MT, 12>();
-    allow_smem<F, MT, 14>();
-    allow_smem<F, MT, 16>();
+    allow_smem<MT, 2>();
+    allow_smem<MT, 4>();
+    allow_smem<MT, 6>();
+    allow_smem<MT, 8>();
+    allow_smem<MT, 10>();
+    allow_smem<MT, 12>();
+    allow_smem<MT, 14>();
+    allow_smem<MT, 16>();
 }
 
 }  // namespace
 
 void tile_gemm_prepare() {
-    allow_smem_mt<Fmt::kBf16, 1>();
-    allow_smem_mt<Fmt::kBf16, 2>();
-    allow_smem_mt<Fmt::kFp8, 1>();
-    allow_smem_mt<Fmt::kFp8, 2>();
-    allow_smem_mt<Fmt::kInt4, 1>();
-    allow_smem_mt<Fmt::kInt4, 2>();
+    allow_smem_mt<1>();
+    allow_smem_mt<2>();
 }
 
 bool tile_gemm_fits(int N, int K, int n) {
@@ -438,7 +338,6 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
         throw Error("internal: tile_gemm K split " + std::to_string(ks) + " (1, 2, 4 or 8)");
     if (mt != 1 && mt != 2)
         throw Error("internal: tile_gemm row tiles of " + std::to_string(mt) + " x 64 (1 or 2)");
-    const Fmt f = segs[0].format;
     TileArgs a;
     a.nseg = nseg;
     a.x = x;
@@ -449,26 +348,13 @@ void tile_gemm(const GemvSeg* segs, int nseg, const bf16* x, int n, int K, TileG
         if (!tile_gemm_fits(segs[i].rows, K, n))
             throw Error("internal: tile_gemm cannot take " + std::to_string(segs[i].rows) + " x " +
                         std::to_string(K) + " at " + std::to_string(n) + " tokens");
-        if (segs[i].format != f || (f == Fmt::kBf16 ? !segs[i].w : !segs[i].q.q || !segs[i].q.scale))
-            throw Error(std::string("internal: tile_gemm's matrices must all be ") +
-                        (f == Fmt::kBf16  ? "bf16"
-                         : f == Fmt::kFp8 ? "FP8, with their scales"
-                                          : "int4, with their scales"));
         a.seg[i] = segs[i];
         tiles += (segs[i].rows + 64 * mt - 1) / (64 * mt);
         a.tiles_end[i] = tiles;
     }
     a.split_stages = (K / kKc + ks - 1) / ks;
-    if (f == Fmt::kFp8) {
-        if (mt == 1) return launch_mt<Fmt::kFp8, 1>(a, tiles, ks, s);
-        return launch_mt<Fmt::kFp8, 2>(a, tiles, ks, s);
-    }
-    if (f == Fmt::kInt4) {
-        if (mt == 1) return launch_mt<Fmt::kInt4, 1>(a, tiles, ks, s);
-        return launch_mt<Fmt::kInt4, 2>(a, tiles, ks, s);
-    }
-    if (mt == 1) return launch_mt<Fmt::kBf16, 1>(a, tiles, ks, s);
-    return launch_mt<Fmt::kBf16, 2>(a, tiles, ks, s);
+    if (mt == 1) return launch_mt<1>(a, tiles, ks, s);
+    return launch_mt<2>(a, tiles, ks, s);
 }
 
 }  // namespace markbase::cuda

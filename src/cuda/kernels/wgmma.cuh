@@ -1,7 +1,7 @@
 // Hopper's warpgroup MMA (wgmma, sm_90a): D[64][N] += A[64][16] B[16][N] in bf16 with fp32 accumulation, both
-// operands read from shared memory through 64-bit matrix descriptors (or A from registers), issued by the 4
-// warps of a warpgroup at once and completed asynchronously (fence, commit, wait). The kernels that use it
-// are compiled for sm_90a only (CMakeLists.txt: markbase_cuda_sm90a); elsewhere these trap.
+// operands read from shared memory through 64-bit matrix descriptors, issued by the 4 warps of a warpgroup at
+// once and completed asynchronously (fence, commit, wait). The kernels that use it are compiled for sm_90a
+// only (CMakeLists.txt: markbase_cuda_sm90a); elsewhere these trap.
 //
 // Both operands here are K-major tiles of 128-byte shared rows whose 16-byte chunks are XOR-swizzled by row &
 // 7 (smem_ring.cuh's swz): the hardware's 128-byte swizzle, so a tile's 8-row groups must start 1024-aligned,
@@ -62,11 +62,6 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[R]) {
 
 template <int N>
 __device__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b);
-// The same with A from registers (weights converted on the way in: tile_gemm's FP8 rows): thread t's four
-// registers hold A's rows 16 w + l / 4 (a[0]: k 2 (l & 3) and + 1; a[2]: those + 8) and 8 rows on (a[1],
-// a[3]), mma.sync's m16n8k16 A fragment per warp; B through its descriptor.
-template <int N>
-__device__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b);
 
 // One m64nNk16 instruction: its N / 2 accumulators, then the two descriptors (operands N / 2 and N / 2 + 1)
 // and the scale of D (operand N / 2 + 2, 1: D += A B).
@@ -76,17 +71,8 @@ __device__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_
                  "k16.f32.bf16.bf16 {" REGS "}, %" DA ", %" DB ", p, 1, 1, 0, 0; }"                \
                  : __VA_ARGS__                                                                     \
                  : "l"(a), "l"(b), "r"(1))
-// A from registers: the accumulators, A's four registers, B's descriptor, the scale of D; the immediates are
-// A's and B's scales and B's transpose.
-#define MARKBASE_WGMMA_RS(N, REGS, A0, A1, A2, A3, DB, SC, ...)                                    \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %" SC ", 0; wgmma.mma_async.sync.aligned.m64n" #N \
-                 "k16.f32.bf16.bf16 {" REGS "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" DB        \
-                 ", p, 1, 1, 0; }"                                                                 \
-                 : __VA_ARGS__                                                                     \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 #else
 #define MARKBASE_WGMMA(N, REGS, DA, DB, SC, ...) __trap()
-#define MARKBASE_WGMMA_RS(N, REGS, A0, A1, A2, A3, DB, SC, ...) __trap()
 #endif
 #define MB_R0 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define MB_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
@@ -136,48 +122,7 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
     MARKBASE_WGMMA(128, MB_R0 MB_R8 MB_R16 MB_R24 MB_R32 MB_R40 MB_R48 MB_R56, "64", "65", "66", MB_F8(0),
                    MB_F8(8), MB_F8(16), MB_F8(24), MB_F8(32), MB_F8(40), MB_F8(48), MB_F8(56));
 }
-
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(16, MB_R0, "8", "9", "10", "11", "12", "13", MB_F8(0));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(32, MB_R0 MB_R8, "16", "17", "18", "19", "20", "21", MB_F8(0), MB_F8(8));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<48>(float (&d)[24], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(48, MB_R0 MB_R8 MB_R16, "24", "25", "26", "27", "28", "29", MB_F8(0), MB_F8(8),
-                      MB_F8(16));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(64, MB_R0 MB_R8 MB_R16 MB_R24, "32", "33", "34", "35", "36", "37", MB_F8(0), MB_F8(8),
-                      MB_F8(16), MB_F8(24));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<80>(float (&d)[40], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(80, MB_R0 MB_R8 MB_R16 MB_R24 MB_R32, "40", "41", "42", "43", "44", "45", MB_F8(0),
-                      MB_F8(8), MB_F8(16), MB_F8(24), MB_F8(32));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<96>(float (&d)[48], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(96, MB_R0 MB_R8 MB_R16 MB_R24 MB_R32 MB_R40, "48", "49", "50", "51", "52", "53",
-                      MB_F8(0), MB_F8(8), MB_F8(16), MB_F8(24), MB_F8(32), MB_F8(40));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<112>(float (&d)[56], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(112, MB_R0 MB_R8 MB_R16 MB_R24 MB_R32 MB_R40 MB_R48, "56", "57", "58", "59", "60", "61",
-                      MB_F8(0), MB_F8(8), MB_F8(16), MB_F8(24), MB_F8(32), MB_F8(40), MB_F8(48));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    MARKBASE_WGMMA_RS(128, MB_R0 MB_R8 MB_R16 MB_R24 MB_R32 MB_R40 MB_R48 MB_R56, "64", "65", "66", "67",
-                      "68", "69", MB_F8(0), MB_F8(8), MB_F8(16), MB_F8(24), MB_F8(32), MB_F8(40), MB_F8(48),
-                      MB_F8(56));
-}
 #undef MARKBASE_WGMMA
-#undef MARKBASE_WGMMA_RS
 #undef MB_R0
 #undef MB_R8
 #undef MB_R16
