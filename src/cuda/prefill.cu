@@ -66,6 +66,7 @@ void CudaModel::embed_chunk(Profiler* pf, int n) {
     const int H = c_.hidden, P = c_.ple_dim, L = c_.n_layers;
     const int64_t LP = int64_t{L} * P, V = c_.vocab_size;
     const float eps = c_.rms_eps;
+    x_split_ = {};  // a new x: no update's rows stand (also after a pass that threw while being recorded)
     run(pf, "embed", -1, 0.0, [&] {
         embed_rows(st_.d_ids, n, w_.embed, H, c_.embed_scale(), act_.x, st_.d_argmax, stream_,
                    shard_.vocab_begin, sharded() ? V : -1);
@@ -306,9 +307,8 @@ void CudaModel::prefill_ple(int i, int n) {
 // writes them (RowSplit), and split_x then launches nothing: split_rows' values bit for bit, three or four
 // launches a layer fewer (the H200, against split_rows launches in one call: E2B 96 sequences 5.318 -> 5.035
 // ms a step, 32 4.124 -> 3.883, E4B 96 7.827 -> 7.519, 26B-A4B FP8 96 16.798 -> 16.383; E2B prefill of 512
-// 52.3k -> 54.2k tok/s; the same ids). Each update names
-// the split its next product takes (the same norm, the same rows), and nothing else writes act_.hi between
-// the two, so the rows are split_rows' own.
+// 52.3k -> 54.2k tok/s; the same ids). Each update names the split its next product takes (the same norm,
+// the same rows), and nothing else writes act_.hi between the two, so the rows are split_rows' own.
 RowSplit CudaModel::split_for(const XSplit& next, int n) {
     x_split_ = next;
     x_split_n_ = n;
