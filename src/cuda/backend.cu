@@ -245,9 +245,11 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
                     std::to_string(o.tensor_parallel) +
                     ") are not supported yet: run them on one GPU, or the bf16 checkpoint split");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
-    // quantised: the bf16 slots (the dequantised values, for the prefill and the batched step) from the host,
-    // then the bytes, scales and zero points the decode step reads
-    auto dw = made ? cuda::upload_weights_from_host(ck) : cuda::upload_weights(ck, o.tuning);
+    // quantised: the bf16 slots (the dequantised values, for the prefill's and the batched step's dense
+    // products) from the host, but the experts' where nothing reads them, then the bytes, scales and zero
+    // points the decode step reads
+    const bool skip_experts = quant && cuda::expert_copy_unread(ck.config, ck.format, o.tuning);
+    auto dw = made ? cuda::upload_weights_from_host(ck, skip_experts) : cuda::upload_weights(ck, o.tuning);
     if (quant) cuda::attach_quant_weights(*dw, ck.format, &ck.weights);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
@@ -263,8 +265,29 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
     auto dw = cuda::synthetic_weights(c, seed);
     if (quant) cuda::attach_quant_weights(*dw, o.weights, nullptr);
+    // before the KV pool is sized from what is left: the 26B-A4B FP8's two layers 6.41 -> 3.12 GB
+    if (quant && cuda::expert_copy_unread(c, o.weights, o.tuning)) cuda::drop_expert_copies(*dw);
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
+
+namespace {
+// A bf16 copy the device does not keep (the experts': expert_copy_unread), made again from its rows on the
+// device by quantize_rows.cu's expressions (the values the copy held before it was freed), for the host.
+// p: the device weights' plan entry.
+void remake_copy(const PlannedTensor& p, WeightFormat f, bf16* out) {
+    if (!p.quant || !p.quant->q) throw Error("internal: " + p.name + " has neither its bf16 copy nor rows");
+    int64_t rows = 1;
+    for (size_t d = 0; d + 1 < p.shape.size(); ++d) rows *= p.shape[d];
+    const int K = static_cast<int>(p.shape.back());
+    const uint64_t bytes = 2 * static_cast<uint64_t>(rows) * static_cast<uint64_t>(K);
+    bf16* d = cuda::device_alloc(bytes, "the host copy of " + p.name);
+    const QuantMatrix& q = *p.quant;
+    cuda::dequantize_rows(q.q, q.scale, q.zero, rows, K, f == WeightFormat::kInt4, d, nullptr);
+    const cudaError_t e = cudaMemcpy(out, d, bytes, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    CUDA_CHECK(e);
+}
+}  // namespace
 
 std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {
     const auto* impl = dynamic_cast<const CudaBackendImpl*>(&be);
@@ -275,14 +298,22 @@ std::unique_ptr<HostWeights> copy_weights_to_host(const CudaBackend& be) {
     ck.dir = "(device copy)";
     ck.config = dw.config;
     const std::vector<PlannedTensor> plan = plan_tensors(ck.config, &ck.weights);
-    if (plan.size() != dw.tensors.size()) throw Error("internal: tensor plan changed");
+    Weights dev = dw.w;  // the device's pointers and rows, in plan order
+    const std::vector<PlannedTensor> dplan = plan_bound_tensors(dw.config, dev);
+    if (plan.size() != dw.tensors.size() || dplan.size() != plan.size())
+        throw Error("internal: tensor plan changed");
     hw->storage.reserve(plan.size());
     for (size_t i = 0; i < plan.size(); ++i) {
         const auto& t = dw.tensors[i];
-        hw->storage.emplace_back(t.bytes / sizeof(bf16));
-        CUDA_CHECK(cudaMemcpy(hw->storage.back().data(), t.ptr, t.bytes, cudaMemcpyDeviceToHost));
+        uint64_t elems = 1;
+        for (int64_t d : t.shape) elems *= static_cast<uint64_t>(d);
+        hw->storage.emplace_back(elems);
+        if (t.ptr)
+            CUDA_CHECK(cudaMemcpy(hw->storage.back().data(), t.ptr, t.bytes, cudaMemcpyDeviceToHost));
+        else
+            remake_copy(dplan[i], dw.quant_format, hw->storage.back().data());
         *plan[i].slot = hw->storage.back().data();
-        ck.bound_bytes += t.bytes;
+        ck.bound_bytes += 2 * elems;
     }
     for (size_t i = 0; i < ck.weights.layers.size(); ++i)
         ck.weights.layers[i].layer_scalar = dw.w.layers[i].layer_scalar;

@@ -33,10 +33,19 @@ struct DeviceWeights;
 std::unique_ptr<DeviceWeights> upload_weights_staged(const Checkpoint& ck, const StagedOptions& opt);
 // weights.cu: from the host's pointers, a tensor at a time (an FP8 checkpoint: its bf16 slots are the
 // loader's dequantised buffers, in none of the files the staged pipeline reads).
-std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck);
+// skip_expert_copies: the experts' copy of every layer experts_quantized names is not uploaded.
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck, bool skip_expert_copies);
 // quant_weights.cu: w.quant filled, from the host's quantised matrices (host->quant, a checkpoint's) or, host
 // null, by quantising the bf16 tensors on the device (which then hold the FP8 values rounded to bf16).
 void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host);
+// A quantised MoE's bf16 copy of its experts goes unread where every path takes their rows (decode's
+// quantised GEMVs, a batched step's moe_stream, a prompt chunk's moe_gemm): true where that holds for c under
+// t. The copy is then never kept, layer by layer where both expert matrices have rows (experts_quantized: a
+// published checkpoint's ignored experts keep theirs): upload_weights_from_host skips it, drop_expert_copies
+// frees it after the device quantised it. Its Weights pointers hold kDroppedBf16.
+bool expert_copy_unread(const ModelConfig& c, WeightFormat f, const Tuning& t);
+bool experts_quantized(const Weights& w, size_t layer);
+void drop_expert_copies(DeviceWeights& dw);
 }  // namespace cuda
 
 }  // namespace markbase

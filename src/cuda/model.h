@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,11 @@ struct DeviceWeights {
     DeviceWeights& operator=(const DeviceWeights&) = delete;
     ~DeviceWeights();
 };
+
+// The Weights pointer of a bf16 copy that is not kept (expert_copy_unread): not null (the pointers also say
+// which tensors a layer has), and no device memory, so a read of it faults rather than computing with stale
+// values.
+inline const bf16* const kDroppedBf16 = reinterpret_cast<const bf16*>(uintptr_t{256});
 
 // cudaMalloc that throws markbase::Error naming `what`, the size and the free memory.
 bf16* device_alloc(uint64_t bytes, const std::string& what);

@@ -7,6 +7,12 @@
 
 namespace markbase::cuda {
 
+// The experts' bf16 copy, where a path is about to read it: expert_copy_unread promised none would.
+static void require_copy(const bf16* w) {
+    if (w == kDroppedBf16)
+        throw Error("internal: a path reads the experts' bf16 copy, which expert_copy_unread did not keep");
+}
+
 // A layer's experts as ExpertRows: FP8 or int4 rows where the model streams them (fp8_experts,
 // int4_experts), else bf16 (a published checkpoint's ignored experts read the bf16 copy).
 static ExpertRows expert_rows(const bf16* w, const QuantMatrix& q, bool fp8, bool int4 = false) {
@@ -14,6 +20,7 @@ static ExpertRows expert_rows(const bf16* w, const QuantMatrix& q, bool fp8, boo
     r.w = w;
     if (fp8 && q.q) r.fp8 = q;
     if (int4 && q.q) r.int4 = q;
+    if (!r.fp8.q && !r.int4.q) require_copy(w);
     return r;
 }
 
@@ -36,6 +43,8 @@ void CudaModel::prefill_experts(int i, int n) {
         moe_.stats.moe_gemm_int4_layers += gate_up.int4.q && down.int4.q;
         return;
     }
+    require_copy(lw.experts_gate_up);
+    require_copy(lw.experts_down);
     moe_gate_up(moe_.e_in, H, lw.experts_gate_up, Ie, K, moe_.gexp, moe_.goff, moe_.gent, E, moe_.eh,
                 stream_);
     moe_down(moe_.eh, Ie, lw.experts_down, H, moe_.gexp, moe_.goff, moe_.gent, E, moe_.eslots, stream_);

@@ -1,12 +1,14 @@
 // The decode step's quantised weights (model/weights.h LayerQuant, FP8 or int4) in one device allocation
 // beside the bf16 tensors: a checkpoint's bytes, scales and zero points copied from the host (loading/ made
 // them, as published or by --quantize), or random bf16 weights quantised on the device (bench at real
-// widths). The bf16 tensors stay resident and hold the same values rounded to bf16 (the loader's dequantised
-// copy, or quantize_rows.cu's rewrite), for the prefill and the batched step, which read bf16.
+// widths). The bf16 tensors hold the same values rounded to bf16 (the loader's dequantised copy, or
+// quantize_rows.cu's rewrite), for the prefill's and the batched step's dense products, which read bf16. The
+// experts' copy is not kept where every path reads their rows (expert_copy_unread).
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/kernels/moe_kernels.h"
 #include "cuda/loader.h"
 #include "cuda/model.h"
 #include "loading/checkpoint.h"
@@ -109,6 +111,40 @@ void attach_quant_weights(DeviceWeights& dw, WeightFormat f, const Weights* host
         *s.dst = {q, scale, zero};
     }
     CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+bool expert_copy_unread(const ModelConfig& c, WeightFormat f, const Tuning& t) {
+    if (!c.moe || (f != WeightFormat::kFp8 && f != WeightFormat::kInt4)) return false;
+    const int H = c.hidden, Ie = c.expert_width;
+    // decode reads the rows (the quantised GEMVs); a prompt chunk's experts, and a batched step's past
+    // batch_experts, go through moe_gemm, which reads FP8 and int4 rows (prefill_experts; its grouped-GEMV
+    // fallback reads bf16); a batched step's moe_stream reads them at the widths it takes for the format
+    const bool stream = f == WeightFormat::kFp8 ? moe_stream_fits_fp8(H, Ie) : moe_stream_fits(H, Ie);
+    return t.moe_gemm && moe_gemm_fits(H, Ie, c.n_experts) && stream;
+}
+
+bool experts_quantized(const Weights& w, size_t l) {
+    if (l >= w.quant.size() || l >= w.layers.size() || !w.layers[l].experts_gate_up) return false;
+    return w.quant[l].experts_gate_up.q && w.quant[l].experts_down.q;
+}
+
+void drop_expert_copies(DeviceWeights& dw) {
+    if (dw.arena) throw Error("internal: the experts' copy in a staged arena (bf16 checkpoints only)");
+    for (size_t l = 0; l < dw.w.layers.size(); ++l) {
+        if (!experts_quantized(dw.w, l)) continue;
+        LayerWeights& lw = dw.w.layers[l];
+        for (const bf16** slot : {&lw.experts_gate_up, &lw.experts_down}) {
+            if (*slot == kDroppedBf16) continue;
+            size_t j = 0;
+            while (j < dw.tensors.size() && dw.tensors[j].ptr != *slot) ++j;
+            if (j == dw.tensors.size()) throw Error("internal: an expert tensor that is not the model's");
+            CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
+            dw.bytes -= dw.tensors[j].bytes;
+            dw.tensors[j].ptr = nullptr;
+            dw.tensors[j].bytes = 0;
+            *slot = kDroppedBf16;
+        }
+    }
 }
 
 }  // namespace markbase::cuda

@@ -34,6 +34,16 @@ __global__ void fill_kernel(uint16_t* out, int64_t rows, int64_t cols, int64_t l
     }
 }
 
+// Whether p is the bf16 copy of layer experts that have rows in w (experts_quantized).
+bool is_expert_copy(const Weights& w, const PlannedTensor& p) {
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        const LayerWeights& lw = w.layers[l];
+        if ((p.slot == &lw.experts_gate_up || p.slot == &lw.experts_down) && experts_quantized(w, l))
+            return true;
+    }
+    return false;
+}
+
 uint64_t numel(const std::vector<int64_t>& shape) {
     uint64_t n = 1;
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
@@ -85,7 +95,7 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning
     return upload_weights_staged(ck, cuda_staged_options(tuning));
 }
 
-std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck) {
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck, bool skip_expert_copies) {
     auto dw = std::make_unique<DeviceWeights>();
     dw->config = ck.config;
     Weights src = ck.weights;  // the host pointers, through the plan's slots (in plan order)
@@ -93,6 +103,11 @@ std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck) {
     const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
     for (size_t i = 0; i < plan.size(); ++i) {
         const PlannedTensor& p = plan[i];
+        if (skip_expert_copies && is_expert_copy(src, from[i])) {
+            dw->tensors.push_back({p.name, p.shape, nullptr, 0});
+            *p.slot = kDroppedBf16;
+            continue;
+        }
         const uint64_t bytes = 2 * numel(p.shape);
         bf16* d = device_alloc(bytes, p.name);
         dw->tensors.push_back({p.name, p.shape, d, bytes});

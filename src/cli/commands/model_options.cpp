@@ -87,17 +87,25 @@ std::string resolve_device(const std::string& requested) {
 }
 
 #ifdef MARKBASE_HAS_CUDA
-// The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds every tensor in bf16
-// (the prefill and the batched step read those) and its projections once more quantised, with their scales
-// (and int4's zero points).
-static uint64_t gpu_weight_bytes(const Checkpoint& ck) {
+// The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds its tensors in bf16
+// (the prefill's and the batched step's dense products read those) but the experts' copy where nothing reads
+// it (cuda::expert_copy_unread), and its projections once more quantised, with their scales (and int4's zero
+// points).
+static uint64_t gpu_weight_bytes(const Checkpoint& ck, const Tuning& t) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
     const bool zero_points = has_zero_points(ck.weights);
+    const bool experts_unread = cuda::expert_copy_unread(ck.config, ck.format, t);
+    Weights w = ck.weights;  // the plan wants them writable
     double bytes = 0;
-    for (const PlannedTensor& p : plan_tensors(ck.config, nullptr)) {
+    for (const PlannedTensor& p : plan_bound_tensors(ck.config, w)) {
         double n = 1;
         for (int64_t d : p.shape) n *= static_cast<double>(d);
-        bytes += n * (2 + quantized_bytes_per_weight(p, ck.format, zero_points));
+        bool copy = true;
+        for (size_t l = 0; experts_unread && l < w.layers.size(); ++l)
+            copy =
+                copy && !((p.slot == &w.layers[l].experts_gate_up || p.slot == &w.layers[l].experts_down) &&
+                          cuda::experts_quantized(w, l));
+        bytes += n * ((copy ? 2 : 0) + quantized_bytes_per_weight(p, ck.format, zero_points));
     }
     return static_cast<uint64_t>(bytes);
 }
@@ -124,9 +132,10 @@ LoadedModel load_model(const ModelOptions& o) {
             const int64_t pool = b.kv_blocks > 0                ? b.kv_blocks
                                  : b.gpu_memory_utilization > 0 ? kv_blocks_per_slot(b.ctx_size)
                                                                 : 0;
-            const FitCheck f = check_cuda_fit(
-                lm.checkpoint->config, gpu_weight_bytes(*lm.checkpoint) / b.tensor_parallel, b.ctx_size,
-                b.chunk, b.slots, free_b, cuda_device_info().name, gpu_kv_bytes(b.kv_dtype, b.slots), pool);
+            const FitCheck f = check_cuda_fit(lm.checkpoint->config,
+                                              gpu_weight_bytes(*lm.checkpoint, b.tuning) / b.tensor_parallel,
+                                              b.ctx_size, b.chunk, b.slots, free_b, cuda_device_info().name,
+                                              gpu_kv_bytes(b.kv_dtype, b.slots), pool);
             if (!f.fits) throw Error("--device cuda: " + f.message);
         }
         lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);

@@ -99,6 +99,10 @@ void gemv_logits(const GemvInput& in, const bf16* w, int rows, float softcap, fl
 // (scale [rows, ceil(K/128)]).
 void quantize_rows_fp8(uint16_t* w, int64_t rows, int K, uint8_t* q, float* scale, cudaStream_t s);
 void quantize_rows_int4(uint16_t* w, int64_t rows, int K, uint8_t* q, float* scale, cudaStream_t s);
+// The rewritten bf16 values again from q and scale (and int4's zero points, null: symmetric), into out
+// [rows, K]: equal to what quantize_rows_* wrote (its -0 for a weight rounded to a zero code excepted).
+void dequantize_rows(const uint8_t* q, const float* scale, const uint8_t* zero, int64_t rows, int K,
+                     bool int4, uint16_t* out, cudaStream_t s);
 
 // ---- gemv_rows.cu: the same products, one warp per row, input norm folded into each warp (one token) ----
 // GemvKernel::kRows routes gemv / gemv_geglu / gemv_gelu_mul here when ntok == 1 (lm_head keeps

@@ -9,6 +9,7 @@
 //    the low one).
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/check.h"
@@ -76,7 +77,43 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// The rewrite's values again from the rows (a copy that was freed, for the host: copy_weights_to_host), by
+// the same expressions: FP8 f32(e4m3) x scale; int4 f32(code - zero) x scale (zero 8 where none is stored),
+// each rounded once to bf16. A thread a weight.
+__global__ void __launch_bounds__(kThreads)
+    dequantize_rows_kernel(const uint8_t* q, const float* scale, const uint8_t* zero, int64_t rows, int K,
+                           bool int4, uint16_t* out) {
+    const int64_t n = rows * K;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * kThreads) {
+        const int64_t r = i / K;
+        const int k = static_cast<int>(i - r * K);
+        float v;
+        if (int4) {
+            const int64_t G = int4_groups(K), g = r * G + k / kInt4Group;
+            const uint8_t b = q[r * (K / 2) + k / 2];
+            const int code = (k & 1) ? b >> 4 : b & 0xf;
+            const int z = zero ? zero[g] : kInt4SymmetricZero;
+            v = static_cast<float>(code - z) * scale[g];
+        } else {
+            const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
+            v = __half2float(__half(h)) * scale[r];
+        }
+        out[i] = float_to_bf16_bits(v);
+    }
+}
+
 }  // namespace
+
+void dequantize_rows(const uint8_t* q, const float* scale, const uint8_t* zero, int64_t rows, int K,
+                     bool int4, uint16_t* out, cudaStream_t s) {
+    if (rows <= 0) return;
+    if (int4 && K % 2) throw Error("internal: int4 rows of an odd width " + std::to_string(K));
+    const int64_t blocks = std::min<int64_t>((rows * K + kThreads - 1) / kThreads, 65536);
+    dequantize_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(q, scale, zero, rows, K, int4,
+                                                                              out);
+    CUDA_CHECK_LAUNCH();
+}
 
 void quantize_rows_fp8(uint16_t* w, int64_t rows, int K, uint8_t* q, float* scale, cudaStream_t s) {
     if (rows <= 0) return;

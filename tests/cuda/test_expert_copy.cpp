@@ -1,0 +1,178 @@
+// A quantised MoE's experts without their bf16 copy (cuda::expert_copy_unread): decode, the batched step and
+// the prompt chunks all read the FP8 or int4 rows, so the copy is never kept. These tests hold that the GPU
+// then holds exactly the copy's bytes fewer, that the host copy (the CPU reference of every other CUDA test)
+// made again from the rows equals what the copy held, and that a checkpoint quantised at load never uploads
+// it and computes what the CPU computes. Without a GPU every test skips with the reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loading/checkpoint.h"
+#include "loading/random_checkpoint.h"
+#include "model/int4.h"
+#include "runtime/backend.h"
+#include "support/device_arrays.h"
+#include "support/exact_options.h"
+#include "support/logits_compare.h"
+#include "support/require_cuda.h"
+#include "support/tiny_models.h"
+#ifdef MARKBASE_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/backend.h"
+#include "cuda/kernels/kernels.h"
+#endif
+
+namespace markbase {
+namespace {
+
+const char* format_name(WeightFormat f) {
+    return f == WeightFormat::kInt4 ? "int4" : "fp8";
+}
+
+// Equal as values: the rewrite keeps the sign of a weight rounded to a zero code (-0), the rows do not.
+size_t differing(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += testing::from_bf16(a[i]) != testing::from_bf16(b[i]);
+    return n;
+}
+
+class ExpertCopy : public ::testing::TestWithParam<WeightFormat> {};
+
+// dequantize_rows against quantize_rows' rewrite of the same weights: the values the freed copy held. Rows
+// of 704 (the 26B-A4B's expert width: int4's last group half full) and 2816, with all-zero and outlier rows.
+TEST_P(ExpertCopy, DequantizeRowsRemakesTheRewrite) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const bool int4 = GetParam() == WeightFormat::kInt4;
+    for (const int K : {704, 2816}) {
+        constexpr int64_t kRows = 48;
+        std::mt19937 rng(static_cast<uint32_t>(K));
+        std::normal_distribution<float> nd(0.0f, 0.05f);
+        std::vector<uint16_t> w(static_cast<size_t>(kRows * K));
+        for (auto& v : w) v = testing::to_bf16(nd(rng));
+        for (int k = 0; k < K; ++k) w[static_cast<size_t>(K + k)] = 0;  // row 1 all zero
+        w[static_cast<size_t>(2 * K + 7)] = testing::to_bf16(40.0f);    // row 2 one outlier
+        const int64_t G = int4_groups(K), qbytes = int4 ? kRows * K / 2 : kRows * K;
+        const int64_t nscale = int4 ? kRows * G : kRows;
+        uint16_t* dw = testing::to_device(w);
+        uint8_t* q = testing::to_device(std::vector<uint8_t>(static_cast<size_t>(qbytes)));
+        float* s = testing::to_device(std::vector<float>(static_cast<size_t>(nscale)));
+        uint16_t* out = testing::to_device(std::vector<uint16_t>(w.size()));
+        if (int4)
+            cuda::quantize_rows_int4(dw, kRows, K, q, s, nullptr);
+        else
+            cuda::quantize_rows_fp8(dw, kRows, K, q, s, nullptr);
+        cuda::dequantize_rows(q, s, nullptr, kRows, K, int4, out, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<uint16_t> rewrite = testing::to_host(dw, w.size()),
+                                    remade = testing::to_host(out, w.size());
+        EXPECT_EQ(differing(rewrite, remade), 0u) << "K " << K;
+        size_t changed = 0;  // the rewrite is the quantised values, not the weights
+        for (size_t i = 0; i < w.size(); ++i) changed += rewrite[i] != w[i];
+        EXPECT_GT(changed, w.size() / 4) << "K " << K << ": quantize_rows left the weights as they were";
+        for (void* p :
+             {static_cast<void*>(dw), static_cast<void*>(q), static_cast<void*>(s), static_cast<void*>(out)})
+            cudaFree(p);
+    }
+#endif
+}
+
+// The 26B-A4B at real widths, two layers, quantised on the device: with moe_gemm (every path reads the rows)
+// the experts' copy goes; with it off (a prompt chunk's experts would go through the grouped GEMVs over bf16)
+// it stays. The GPU holds exactly the copy's bytes fewer, and the host copies agree value for value.
+TEST_P(ExpertCopy, TheCopyGoesWhereNothingReadsItAndComesBackFromTheRows) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const WeightFormat f = GetParam();
+    BackendOptions o;
+    o.ctx_size = 64;
+    o.weights = f;
+    const auto dropped = make_synthetic_cuda_backend("26b-a4b", 2, o, 17);
+    o.tuning.moe_gemm = false;
+    const auto kept = make_synthetic_cuda_backend("26b-a4b", 2, o, 17);
+    const ModelConfig& c = kept->config();
+    const uint64_t copy = uint64_t{2} * 2 * static_cast<uint64_t>(c.n_experts) * 3 *
+                          static_cast<uint64_t>(c.expert_width) * static_cast<uint64_t>(c.hidden);
+    std::printf("  26b-a4b/2L %s: %.3f GB on the GPU with the experts' bf16 copy, %.3f without\n",
+                format_name(f), kept->weight_bytes() / 1e9, dropped->weight_bytes() / 1e9);
+    EXPECT_EQ(kept->weight_bytes() - dropped->weight_bytes(), copy);
+    const auto a = copy_weights_to_host(*kept), b = copy_weights_to_host(*dropped);
+    ASSERT_EQ(a->storage.size(), b->storage.size());
+    size_t differ = 0;
+    for (size_t t = 0; t < a->storage.size(); ++t) {
+        ASSERT_EQ(a->storage[t].size(), b->storage[t].size());
+        differ += differing(a->storage[t], b->storage[t]);
+    }
+    EXPECT_EQ(differ, 0u) << "the host copy of the experts is not the bf16 copy's values";
+#endif
+}
+
+// A tiny MoE checkpoint quantised at load: the experts' copy is never uploaded (the GPU holds less than the
+// same checkpoint with moe_gemm off), and the prompt and the batched step, which read the rows, agree with
+// the CPU on the checkpoint's dequantised copy.
+TEST_P(ExpertCopy, CheckpointQuantisedAtLoadNeverUploadsIt) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const WeightFormat f = GetParam();
+    testing::TempDir dir(std::string("expert-copy-") + format_name(f));
+    write_random_checkpoint(dir.path(), testing::tiny_int4_config("26b-a4b"), 31);
+    LoadOptions lo;
+    lo.quantize = f;
+    const auto ck = load_checkpoint(dir.path(), lo);
+    BackendOptions o = testing::exact_options();
+    o.ctx_size = 64;
+    o.chunk = 16;
+    o.kv_dtype = KvDtype::kF32;
+    o.slots = 3;
+    auto cpu = make_cpu_backend(*ck, o);
+    auto gpu = make_cuda_backend(*ck, o);
+    BackendOptions ok = o;
+    ok.tuning.moe_gemm = false;
+    EXPECT_LT(gpu->weight_bytes(), make_cuda_backend(*ck, ok)->weight_bytes())
+        << "the experts' copy was uploaded";
+    const int64_t V = ck->config.vocab_size;
+    double e = 0;
+    std::vector<std::vector<int>> ids;
+    std::vector<std::vector<float>> ref;
+    uint32_t seed = 40;
+    for (int s = 0; s < 3; ++s) {
+        std::vector<float> lg(V);
+        for (;; ++seed) {  // routing clear of a tie by more than the rows' rounding can move a router logit
+            ASSERT_LT(seed, 40u + 1024u) << "no prompt in 1024 routes clear of a tie";
+            ids.resize(static_cast<size_t>(s));
+            ids.push_back(testing::random_ids(10, static_cast<int>(V), seed));
+            cpu->reset();
+            cpu->eval(ids[s].data(), 10, lg.data(), false);
+            if (cpu->router_margin() >= 3e-3f) break;
+        }
+        ++seed;
+        ref.push_back(lg);
+        gpu->slot_reset(s);
+        gpu->slot_eval(s, ids[s].data(), 9);  // the batched step below takes the last token
+    }
+    std::vector<int> slots{0, 1, 2}, last{ids[0][9], ids[1][9], ids[2][9]};
+    std::vector<float> lg(3 * V);
+    gpu->decode_batch(slots.data(), last.data(), 3, lg.data());
+    for (int s = 0; s < 3; ++s)
+        e = std::max(
+            e, testing::rel_err(ref[s], std::vector<float>(lg.begin() + s * V, lg.begin() + (s + 1) * V)));
+    std::printf("  tiny 26b-a4b %s at load: batched step against the CPU %.2e; %s\n", format_name(f), e,
+                gpu->prefill_note().c_str());
+    EXPECT_LT(e, 5e-3);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, ExpertCopy, ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
+                         [](const ::testing::TestParamInfo<WeightFormat>& p) {
+                             return std::string(format_name(p.param));
+                         });
+
+}  // namespace
+}  // namespace markbase
