@@ -134,7 +134,10 @@ class CudaBackendImpl final : public CudaBackend {
                std::to_string(m.stream_fp8_layers) + " of them FP8, " + std::to_string(m.stream_int4_layers) +
                " int4; since the model was built; a step's graph counts once, when captured)";
     }
-    uint64_t weight_bytes() const override { return model_.weights().bytes + model_.weights().quant_bytes; }
+    uint64_t weight_bytes() const override {
+        const cuda::DeviceWeights& w = model_.weights();
+        return w.bytes + w.quant_bytes + w.dequant_scratch_bytes;
+    }
     const cuda::DeviceWeights& weights() const { return model_.weights(); }
 
   private:
@@ -234,6 +237,13 @@ CudaDeviceInfo cuda_device_info() {
     return info;
 }
 
+namespace {
+// --bf16-copy auto where no fit check resolved it (load_model's does): keep the copy
+Bf16Copy kept(Bf16Copy c) {
+    return c == Bf16Copy::kAuto ? Bf16Copy::kKeep : c;
+}
+}  // namespace
+
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt) {
     require_device();
     const BackendOptions o = clamp(ck.config, opt);
@@ -248,9 +258,13 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
     // quantised: the bf16 slots (the dequantised values, for the prefill's and the batched step's dense
     // products) from the host, but the experts' where nothing reads them, then the bytes, scales and zero
     // points the decode step reads
-    const bool skip_experts = quant && cuda::expert_copy_unread(ck.config, ck.format, o.tuning);
-    auto dw = made ? cuda::upload_weights_from_host(ck, skip_experts) : cuda::upload_weights(ck, o.tuning);
-    if (quant) cuda::attach_quant_weights(*dw, ck.format, &ck.weights);
+    const cuda::CopyDrop drop =
+        quant ? cuda::copy_drop(ck.config, ck.format, o.tuning, kept(o.bf16_copy)) : cuda::CopyDrop{};
+    auto dw = made ? cuda::upload_weights_from_host(ck, drop) : cuda::upload_weights(ck, o.tuning);
+    if (quant) {
+        cuda::attach_quant_weights(*dw, ck.format, &ck.weights);
+        cuda::drop_copies(*dw, drop);  // (the scratch; the copies themselves were not uploaded)
+    }
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 
@@ -266,7 +280,7 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     auto dw = cuda::synthetic_weights(c, seed);
     if (quant) cuda::attach_quant_weights(*dw, o.weights, nullptr);
     // before the KV pool is sized from what is left: the 26B-A4B FP8's two layers 6.41 -> 3.12 GB
-    if (quant && cuda::expert_copy_unread(c, o.weights, o.tuning)) cuda::drop_expert_copies(*dw);
+    if (quant) cuda::drop_copies(*dw, cuda::copy_drop(c, o.weights, o.tuning, kept(o.bf16_copy)));
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 

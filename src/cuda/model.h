@@ -56,6 +56,10 @@ struct DeviceWeights {
     void* quant_arena = nullptr;
     uint64_t quant_bytes = 0;
     WeightFormat quant_format = WeightFormat::kBf16;
+    // Where the dense projections' bf16 copy is not kept (loader.h CopyDrop): a prompt chunk's or a batched
+    // step's product dequantises its matrices here first (dequant_scratch_bytes: a layer's largest launch)
+    bf16* dequant_scratch = nullptr;
+    uint64_t dequant_scratch_bytes = 0;
     DeviceWeights() = default;
     DeviceWeights(const DeviceWeights&) = delete;
     DeviceWeights& operator=(const DeviceWeights&) = delete;
@@ -257,10 +261,15 @@ class CudaModel {
     void prefill_experts_of(int i, int n, cudaStream_t s);  // router, routing, experts (2.6) on stream s
     void prefill_moe_combine(int i, int n);
     void prefill_ple(int i, int n);
-    // Y[n][N] = alpha (hi+lo)[n][K] W^T
-    void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha = 1.0f);
-    // gemm() for matrices of one input (q/k/v, gate/up): one stream_gemm launch where it applies
+    // Y[n][N] = alpha (hi+lo)[n][K] W^T; W's rows q where its bf16 copy was not kept (loader.h CopyDrop)
+    void gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha = 1.0f,
+              const QuantMatrix& q = {});
+    // gemm() for matrices of one input (q/k/v, gate/up; each seg's q as gemm's): one stream_gemm launch where
+    // it applies
     void gemm_many(const GemvSeg* segs, int nseg, int K, int n);
+    void gemm_cublas(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha);
+    // A product's bf16 weights: the copy, or its rows q dequantised into the scratch at `at` (advanced)
+    const bf16* bf16_weights(const bf16* w, const QuantMatrix& q, int rows, int K, bf16*& at);
     bool own_product(const GemvSeg* segs, int nseg, int K, int n);  // stream_gemm or tile_gemm ran them
     // Where a GEMM's lo half lives: right after its n rows of hi (width K), so [hi; lo] is one [2n][K] input
     bf16* lo_at(int n, int K) const { return act_.hi + int64_t{n} * K; }

@@ -121,8 +121,10 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
 
     run(pf, "qkv", i, wb * (qw + (own ? kvw * (lw.v_proj ? 2 : 1) : 0)), [&] {
         split_x({true, true, lw.input_norm}, n);
-        const GemvSeg segs[3] = {
-            {lw.q_proj, act_.q, qw, qw}, {lw.k_proj, act_.k, kvw, kvw}, {lw.v_proj, act_.v, kvw, kvw}};
+        const LayerQuant& lq = layer_quant(w_, i);
+        const GemvSeg segs[3] = {{lw.q_proj, act_.q, qw, qw, lq.q_proj},
+                                 {lw.k_proj, act_.k, kvw, kvw, lq.k_proj},
+                                 {lw.v_proj, act_.v, kvw, kvw, lq.v_proj}};
         gemm_many(segs, own ? (lw.v_proj ? 3 : 2) : 1, H, n);
     });
     const QkvPost p = qkv_post_args(i);
@@ -166,7 +168,7 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     run(pf, "o_proj", i, 2.0 * qw * H, [&] {
         if (!merged_rows)
             split_rows(act_.attn, qw, qw, n, false, nullptr, eps, act_.hi, lo_at(n, qw), stream_);
-        gemm(lw.o_proj, H, qw, n, act_.o, H);
+        gemm(lw.o_proj, H, qw, n, act_.o, H, 1.0f, layer_quant(w_, i).o_proj);
         all_reduce(nullptr, i, act_.o, static_cast<size_t>(n) * H);
         residual_add_norm(act_.x, act_.o, lw.post_attn_norm, H, n, eps, 1.0f, stream_, nullptr, nullptr, {},
                           split_for({true, true, lw.pre_ffn_norm}, n));  // the MLP's input
@@ -196,10 +198,12 @@ void CudaModel::prefill_ffn(int i, int n) {
 
     run(pf, "mlp", i, 3.0 * wb * I, [&] {
         split_x({true, true, lw.pre_ffn_norm}, n);
-        const GemvSeg segs[2] = {{lw.gate_proj, act_.g, I, I}, {lw.up_proj, act_.u, I, I}};
+        const LayerQuant& lq = layer_quant(w_, i);
+        const GemvSeg segs[2] = {{lw.gate_proj, act_.g, I, I, lq.gate_proj},
+                                 {lw.up_proj, act_.u, I, I, lq.up_proj}};
         gemm_many(segs, 2, H, n);
         geglu_split(act_.g, act_.u, I, I, n, act_.hi, lo_at(n, I), stream_);
-        gemm(lw.down_proj, H, I, n, act_.m, H);
+        gemm(lw.down_proj, H, I, n, act_.m, H, 1.0f, lq.down_proj);
     });
 
     if (c_.moe) {
@@ -337,9 +341,32 @@ CudaModel::XSplit CudaModel::layer_input(int i) const {
 
 // The prefill's GEMMs (and batched decode's): stream_gemm for a few tokens where it pays, else cuBLAS; the
 // fp32 activations rounded to bf16 (hi), or as two bf16 halves (hi + lo, Tuning::gemm_inputs=halves).
-void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha) {
+// Where the dense projections' copy was not kept (--bf16-copy drop), each product first rewrites its rows as
+// the copy's values into the scratch: the same products, 1 (FP8) or 0.5 (int4) + 2 more bytes a weight moved.
+const bf16* CudaModel::bf16_weights(const bf16* w, const QuantMatrix& q, int rows, int K, bf16*& at) {
+    if (w != kDroppedBf16) return w;
+    const int64_t used = at - dw_->dequant_scratch, elems = int64_t{rows} * K;
+    if (!q.q || !dw_->dequant_scratch || 2 * static_cast<uint64_t>(used + elems) > dw_->dequant_scratch_bytes)
+        throw Error("internal: a product of " + std::to_string(rows) + " x " + std::to_string(K) +
+                    " weights with neither their bf16 copy nor room to dequantise their rows");
+    dequantize_rows(q.q, q.scale, q.zero, rows, K, dw_->quant_format == WeightFormat::kInt4, at, stream_);
+    at += elems;
+    return at - elems;
+}
+
+// stream_gemm and tile_gemm start loading their weights before the PDL wait (weights no kernel of a step
+// writes): over the scratch, which the kernel before them wrote, the products are cuBLAS's.
+void CudaModel::gemm(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha,
+                     const QuantMatrix& q) {
+    bf16* at = dw_->dequant_scratch;
+    const bool scratch = W == kDroppedBf16;
+    W = bf16_weights(W, q, N, K, at);
     const GemvSeg seg{W, Y, N, ldy};
-    if (alpha == 1.0f && own_product(&seg, 1, K, n)) return;
+    if (alpha == 1.0f && !scratch && own_product(&seg, 1, K, n)) return;
+    gemm_cublas(W, N, K, n, Y, ldy, alpha);
+}
+
+void CudaModel::gemm_cublas(const bf16* W, int N, int K, int n, float* Y, int64_t ldy, float alpha) {
     // Row-major Y[n][N] = X[n][K] W[N][K]^T is column-major Y^T = W^T(op) X^T.
     const float zero = 0.0f, one = 1.0f;
     const bool halves = !plan_.gemm_bf16;
@@ -392,8 +419,22 @@ bool CudaModel::own_product(const GemvSeg* segs, int nseg, int K, int n) {
 }
 
 void CudaModel::gemm_many(const GemvSeg* segs, int nseg, int K, int n) {
-    if (own_product(segs, nseg, K, n)) return;
-    for (int i = 0; i < nseg; ++i) gemm(segs[i].w, segs[i].rows, K, n, segs[i].y, segs[i].ldy);
+    if (nseg > kStreamGemmMaxSegs)
+        throw Error("internal: gemm_many of " + std::to_string(nseg) + " matrices");
+    GemvSeg in[kStreamGemmMaxSegs];
+    bf16* at = dw_->dequant_scratch;
+    bool scratch = false;
+    for (int i = 0; i < nseg; ++i) {
+        scratch = scratch || segs[i].w == kDroppedBf16;
+        in[i] = {bf16_weights(segs[i].w, segs[i].q, segs[i].rows, K, at), segs[i].y, segs[i].rows,
+                 segs[i].ldy};
+    }
+    if (scratch) {  // (cuBLAS only: gemm's comment)
+        for (int i = 0; i < nseg; ++i) gemm_cublas(in[i].w, in[i].rows, K, n, in[i].y, in[i].ldy, 1.0f);
+        return;
+    }
+    if (own_product(in, nseg, K, n)) return;
+    for (int i = 0; i < nseg; ++i) gemm(in[i].w, in[i].rows, K, n, in[i].y, in[i].ldy);
 }
 
 }  // namespace markbase::cuda

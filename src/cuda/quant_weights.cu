@@ -4,7 +4,9 @@
 // widths). The bf16 tensors hold the same values rounded to bf16 (the loader's dequantised copy, or
 // quantize_rows.cu's rewrite), for the prefill's and the batched step's dense products, which read bf16. The
 // experts' copy is not kept where every path reads their rows (expert_copy_unread).
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/check.h"
@@ -123,27 +125,85 @@ bool expert_copy_unread(const ModelConfig& c, WeightFormat f, const Tuning& t) {
     return t.moe_gemm && moe_gemm_fits(H, Ie, c.n_experts) && stream;
 }
 
+CopyDrop copy_drop(const ModelConfig& c, WeightFormat f, const Tuning& t, Bf16Copy dense) {
+    if (dense == Bf16Copy::kAuto) throw Error("internal: --bf16-copy auto is the fit check's to resolve");
+    const bool quant = f == WeightFormat::kFp8 || f == WeightFormat::kInt4;
+    return {expert_copy_unread(c, f, t), quant && dense == Bf16Copy::kDrop};
+}
+
 bool experts_quantized(const Weights& w, size_t l) {
     if (l >= w.quant.size() || l >= w.layers.size() || !w.layers[l].experts_gate_up) return false;
     return w.quant[l].experts_gate_up.q && w.quant[l].experts_down.q;
 }
 
-void drop_expert_copies(DeviceWeights& dw) {
-    if (dw.arena) throw Error("internal: the experts' copy in a staged arena (bf16 checkpoints only)");
-    for (size_t l = 0; l < dw.w.layers.size(); ++l) {
-        if (!experts_quantized(dw.w, l)) continue;
-        LayerWeights& lw = dw.w.layers[l];
-        for (const bf16** slot : {&lw.experts_gate_up, &lw.experts_down}) {
-            if (*slot == kDroppedBf16) continue;
-            size_t j = 0;
-            while (j < dw.tensors.size() && dw.tensors[j].ptr != *slot) ++j;
-            if (j == dw.tensors.size()) throw Error("internal: an expert tensor that is not the model's");
+// Every projection layer l has (q, k, v where present, o, gate, up, down) has rows: then each of the decode
+// step's launches reads them quantised (it reads a group quantised only where all of it is), and its copy
+// can go whole.
+bool dense_quantized(const Weights& w, size_t l) {
+    if (l >= w.quant.size() || l >= w.layers.size()) return false;
+    const LayerWeights& lw = w.layers[l];
+    const LayerQuant& q = w.quant[l];
+    const std::pair<const bf16*, const QuantMatrix*> m[] = {
+        {lw.q_proj, &q.q_proj},      {lw.k_proj, &q.k_proj},       {lw.v_proj, &q.v_proj},
+        {lw.o_proj, &q.o_proj},      {lw.gate_proj, &q.gate_proj}, {lw.up_proj, &q.up_proj},
+        {lw.down_proj, &q.down_proj}};
+    bool any = false;
+    for (const auto& [bf, rows] : m) {
+        if (!bf) continue;
+        if (!rows->q) return false;
+        any = true;
+    }
+    return any;
+}
+
+bool copy_dropped(const Weights& w, const PlannedTensor& p, CopyDrop d) {
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        const LayerWeights& lw = w.layers[l];
+        if (p.slot == &lw.experts_gate_up || p.slot == &lw.experts_down)
+            return d.experts && experts_quantized(w, l);
+        const bf16* const* dense[] = {&lw.q_proj,    &lw.k_proj,  &lw.v_proj,   &lw.o_proj,
+                                      &lw.gate_proj, &lw.up_proj, &lw.down_proj};
+        for (const bf16* const* slot : dense)
+            if (p.slot == slot) return d.dense && dense_quantized(w, l);
+    }
+    return false;
+}
+
+uint64_t dequant_scratch_bytes(const ModelConfig& c) {
+    uint64_t most = 0;
+    const uint64_t H = static_cast<uint64_t>(c.hidden);
+    for (const LayerSpec& s : c.layers) {
+        const uint64_t qw = static_cast<uint64_t>(c.n_heads) * s.head_dim;
+        const uint64_t kvw = static_cast<uint64_t>(s.n_kv_heads) * s.head_dim;
+        const uint64_t I = static_cast<uint64_t>(s.mlp_width);
+        // one launch's matrices: q/k/v, o_proj, gate/up, down
+        most = std::max({most, (qw + 2 * kvw) * H, H * qw, 2 * I * H, H * I});
+    }
+    return 2 * most;
+}
+
+void drop_copies(DeviceWeights& dw, CopyDrop d) {
+    if (!d.experts && !d.dense) return;
+    if (dw.arena) throw Error("internal: a bf16 copy in a staged arena (bf16 checkpoints only)");
+    const std::vector<PlannedTensor> plan = plan_bound_tensors(dw.config, dw.w);  // slots into dw.w
+    if (plan.size() != dw.tensors.size()) throw Error("internal: the tensor plan changed");
+    std::vector<bool> drop(plan.size());
+    for (size_t j = 0; j < plan.size(); ++j) drop[j] = copy_dropped(dw.w, plan[j], d);
+    bool dense = false;
+    for (size_t j = 0; j < plan.size(); ++j) {
+        if (!drop[j]) continue;
+        dense = dense || plan[j].name.find("experts.") == std::string::npos;
+        if (dw.tensors[j].ptr) {  // (a checkpoint's was never uploaded)
             CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
             dw.bytes -= dw.tensors[j].bytes;
             dw.tensors[j].ptr = nullptr;
             dw.tensors[j].bytes = 0;
-            *slot = kDroppedBf16;
         }
+        *plan[j].slot = kDroppedBf16;
+    }
+    if (dense && !dw.dequant_scratch) {
+        dw.dequant_scratch_bytes = dequant_scratch_bytes(dw.config);
+        dw.dequant_scratch = device_alloc(dw.dequant_scratch_bytes, "the dequantised weights' scratch");
     }
 }
 

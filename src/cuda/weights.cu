@@ -34,16 +34,6 @@ __global__ void fill_kernel(uint16_t* out, int64_t rows, int64_t cols, int64_t l
     }
 }
 
-// Whether p is the bf16 copy of layer experts that have rows in w (experts_quantized).
-bool is_expert_copy(const Weights& w, const PlannedTensor& p) {
-    for (size_t l = 0; l < w.layers.size(); ++l) {
-        const LayerWeights& lw = w.layers[l];
-        if ((p.slot == &lw.experts_gate_up || p.slot == &lw.experts_down) && experts_quantized(w, l))
-            return true;
-    }
-    return false;
-}
-
 uint64_t numel(const std::vector<int64_t>& shape) {
     uint64_t n = 1;
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
@@ -82,6 +72,7 @@ void fill_random_bf16(bf16* out, int64_t n, uint64_t seed, float lo, float hi, c
 
 DeviceWeights::~DeviceWeights() {
     if (quant_arena) cudaFree(quant_arena);
+    if (dequant_scratch) cudaFree(dequant_scratch);
     if (arena) {
         cudaFree(arena);
         return;
@@ -95,7 +86,7 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning
     return upload_weights_staged(ck, cuda_staged_options(tuning));
 }
 
-std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck, bool skip_expert_copies) {
+std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck, CopyDrop skip) {
     auto dw = std::make_unique<DeviceWeights>();
     dw->config = ck.config;
     Weights src = ck.weights;  // the host pointers, through the plan's slots (in plan order)
@@ -103,7 +94,7 @@ std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck, bo
     const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
     for (size_t i = 0; i < plan.size(); ++i) {
         const PlannedTensor& p = plan[i];
-        if (skip_expert_copies && is_expert_copy(src, from[i])) {
+        if (copy_dropped(src, from[i], skip)) {
             dw->tensors.push_back({p.name, p.shape, nullptr, 0});
             *p.slot = kDroppedBf16;
             continue;

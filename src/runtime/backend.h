@@ -29,6 +29,13 @@ struct DeviceSelection {
     bool ok = false;                // SlotBackend::eval_slots: selected (false: the row came back instead)
 };
 
+// A quantised model's bf16 copy of its dense projections on the GPU (--bf16-copy), which the prefill's and
+// the batched step's products read (decode reads the quantised rows): kKeep holds it (the fastest prefill and
+// batched steps); kDrop does without it, those products first dequantising their rows into a scratch (the
+// memory of the quantised rows, slower prompts and batched steps); kAuto keeps it where the model then
+// fits the GPU and drops it where only that makes it fit (the fit check decides; with no fit check, keep).
+enum class Bf16Copy { kAuto, kKeep, kDrop };
+
 struct BackendOptions {
     int64_t ctx_size = 4096;  // positions the KV cache holds (capped at max_position_embeddings)
     int threads = 0;          // CPU threads; 0 = all cores
@@ -44,6 +51,7 @@ struct BackendOptions {
     // Random weights (CUDA bench at real widths): kFp8 quantises them on the device (model/fp8.h), as
     // --quantize fp8 does a checkpoint's at load. A checkpoint's own format comes from the checkpoint.
     WeightFormat weights = WeightFormat::kBf16;
+    Bf16Copy bf16_copy = Bf16Copy::kAuto;
     Tuning tuning;  // runtime/tuning.h: --tuning / $MARKBASE_TUNING
 };
 

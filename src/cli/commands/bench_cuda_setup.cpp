@@ -60,6 +60,7 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
             bo.weights = WeightFormat::kInt4;
         else if (quantize != "none")
             throw Error("--quantize: expected fp8, int4 or none, found \"" + quantize + "\"");
+        bo.bf16_copy = read_bf16_copy(a);  // (auto keeps it: random weights have no fit check)
         m.tuning = bo.tuning;
         m.kv_dtype = bo.kv_dtype;
         a.finish();
@@ -69,6 +70,8 @@ BenchModel load_backend(ArgReader& a, const BenchArgs& b) {
         m.load_s = now_s() - t0;
         m.label = "synthetic:" + *b.synthetic + (b.layers ? "/" + std::to_string(b.layers) + "L" : "");
         if (bo.weights != WeightFormat::kBf16) m.label += std::string(" ") + weight_format_name(bo.weights);
+        if (bo.weights != WeightFormat::kBf16 && bo.bf16_copy == Bf16Copy::kDrop)
+            m.label += " (no bf16 copy)";
         m.weights = bo.weights;
         return m;
     }

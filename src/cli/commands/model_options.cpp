@@ -41,6 +41,7 @@ ModelOptions ModelOptions::read(ArgReader& a) {
         if (save->empty() && !a.help()) throw UsageError("--save: expected a folder to write, found \"\"");
         o.save_dir = *save;
     }
+    o.backend.bf16_copy = read_bf16_copy(a);
     o.backend.tuning = read_tuning(a);
     return o;
 }
@@ -70,6 +71,15 @@ std::unique_ptr<Checkpoint> load_checkpoint_for(const ModelOptions& o) {
     return ck;
 }
 
+Bf16Copy read_bf16_copy(ArgReader& a) {
+    const std::string c = a.value_or({"--bf16-copy"}, "auto");
+    if (c == "keep") return Bf16Copy::kKeep;
+    if (c == "drop") return Bf16Copy::kDrop;
+    if (c != "auto" && !a.help())
+        throw UsageError("--bf16-copy: expected auto, keep or drop, found '" + c + "'");
+    return Bf16Copy::kAuto;
+}
+
 Tuning read_tuning(ArgReader& a) {
     if (const auto t = a.value({"--tuning"})) return parse_tuning(*t, "--tuning");
     if (const char* env = std::getenv("MARKBASE_TUNING")) return parse_tuning(env, "MARKBASE_TUNING");
@@ -88,26 +98,53 @@ std::string resolve_device(const std::string& requested) {
 
 #ifdef MARKBASE_HAS_CUDA
 // The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds its tensors in bf16
-// (the prefill's and the batched step's dense products read those) but the experts' copy where nothing reads
-// it (cuda::expert_copy_unread), and its projections once more quantised, with their scales (and int4's zero
-// points).
-static uint64_t gpu_weight_bytes(const Checkpoint& ck, const Tuning& t) {
+// but the copies `drop` names (cuda::CopyDrop: the experts' where nothing reads them, the dense projections'
+// under --bf16-copy drop, with the scratch their products dequantise into), and its projections once more
+// quantised, with their scales (and int4's zero points).
+static uint64_t gpu_weight_bytes(const Checkpoint& ck, cuda::CopyDrop drop) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
     const bool zero_points = has_zero_points(ck.weights);
-    const bool experts_unread = cuda::expert_copy_unread(ck.config, ck.format, t);
     Weights w = ck.weights;  // the plan wants them writable
-    double bytes = 0;
+    double bytes = drop.dense ? static_cast<double>(cuda::dequant_scratch_bytes(ck.config)) : 0.0;
     for (const PlannedTensor& p : plan_bound_tensors(ck.config, w)) {
         double n = 1;
         for (int64_t d : p.shape) n *= static_cast<double>(d);
-        bool copy = true;
-        for (size_t l = 0; experts_unread && l < w.layers.size(); ++l)
-            copy =
-                copy && !((p.slot == &w.layers[l].experts_gate_up || p.slot == &w.layers[l].experts_down) &&
-                          cuda::experts_quantized(w, l));
+        const bool copy = !cuda::copy_dropped(w, p, drop);
         bytes += n * ((copy ? 2 : 0) + quantized_bytes_per_weight(p, ck.format, zero_points));
     }
     return static_cast<uint64_t>(bytes);
+}
+
+CudaFitChoice fit_cuda_model(const Checkpoint& ck, const BackendOptions& b, uint64_t free_bytes,
+                             const std::string& device) {
+    // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole); batched
+    // decode (bench -np): a KV cache for each of the slots; a pool sized to the memory (serve) needs room for
+    // one sequence's context here, and takes what is left once loaded
+    const int64_t pool = b.kv_blocks > 0                ? b.kv_blocks
+                         : b.gpu_memory_utilization > 0 ? kv_blocks_per_slot(b.ctx_size)
+                                                        : 0;
+    const auto fit = [&](Bf16Copy copy) {
+        const cuda::CopyDrop drop = ck.weights.quant.empty()
+                                        ? cuda::CopyDrop{}
+                                        : cuda::copy_drop(ck.config, ck.format, b.tuning, copy);
+        return check_cuda_fit(ck.config, gpu_weight_bytes(ck, drop) / b.tensor_parallel, b.ctx_size, b.chunk,
+                              b.slots, free_bytes, device, gpu_kv_bytes(b.kv_dtype, b.slots), pool);
+    };
+    CudaFitChoice c;
+    c.copy = b.bf16_copy == Bf16Copy::kAuto ? Bf16Copy::kKeep : b.bf16_copy;
+    FitCheck f = fit(c.copy);
+    if (!f.fits && b.bf16_copy == Bf16Copy::kAuto && !ck.weights.quant.empty()) {
+        const FitCheck without = fit(Bf16Copy::kDrop);
+        if (without.fits) {
+            c.copy = Bf16Copy::kDrop;
+            c.note = "the quantised projections' bf16 copy does not fit beside them (" + f.message +
+                     "): not kept, so prompts and batched steps dequantise each product's weights first "
+                     "(--bf16-copy keep to refuse instead)";
+            f = without;
+        }
+    }
+    if (!f.fits) throw Error("--device cuda: " + f.message);
+    return c;
 }
 #endif
 
@@ -122,23 +159,16 @@ LoadedModel load_model(const ModelOptions& o) {
         lm.backend = make_cpu_backend(*lm.checkpoint, o.backend);
     } else if (o.device == "cuda") {
 #ifdef MARKBASE_HAS_CUDA
-        // Refuse before any weight moves when weights + KV cache + workspace exceed the free memory.
+        // Refuse before any weight moves when weights + KV cache + workspace exceed the free memory; a
+        // quantised model's bf16 copy of its projections only where it fits (--bf16-copy auto)
+        BackendOptions b = o.backend;
         uint64_t free_b = 0, total_b = 0;
         if (cuda_memory_info(&free_b, &total_b)) {
-            // tensor parallel: each GPU holds about 1/N of the weights (the cache estimate stays whole);
-            // batched decode (bench -np): a KV cache for each of the slots; a pool sized to the memory
-            // (serve) needs room for one sequence's context here, and takes what is left once loaded
-            const BackendOptions& b = o.backend;
-            const int64_t pool = b.kv_blocks > 0                ? b.kv_blocks
-                                 : b.gpu_memory_utilization > 0 ? kv_blocks_per_slot(b.ctx_size)
-                                                                : 0;
-            const FitCheck f = check_cuda_fit(lm.checkpoint->config,
-                                              gpu_weight_bytes(*lm.checkpoint, b.tuning) / b.tensor_parallel,
-                                              b.ctx_size, b.chunk, b.slots, free_b, cuda_device_info().name,
-                                              gpu_kv_bytes(b.kv_dtype, b.slots), pool);
-            if (!f.fits) throw Error("--device cuda: " + f.message);
+            const CudaFitChoice c = fit_cuda_model(*lm.checkpoint, b, free_b, cuda_device_info().name);
+            if (!c.note.empty()) std::fprintf(stderr, "note: %s\n", c.note.c_str());
+            b.bf16_copy = c.copy;
         }
-        lm.backend = make_cuda_backend(*lm.checkpoint, o.backend);
+        lm.backend = make_cuda_backend(*lm.checkpoint, b);
 #else
         throw Error(
             "--device cuda: this build has no CUDA backend (configure where nvcc is found, or with "

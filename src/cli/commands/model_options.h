@@ -19,7 +19,7 @@ struct LoadedModel {
 
 // Reads -m/--model (default: $MARKBASE_MODEL, else the bundled models/default), --device, -t/--threads,
 // -c/--ctx-size, -b/--batch-size, -tp/--tensor-parallel-size, --kv-cache-dtype, --check-weights,
-// --quantize, --save, --tuning.
+// --quantize, --save, --bf16-copy, --tuning.
 struct ModelOptions {
     std::string model_dir;
     std::string device = "cpu";
@@ -40,6 +40,21 @@ struct ModelOptions {
 std::unique_ptr<Checkpoint> load_checkpoint_for(const ModelOptions& o);
 
 LoadedModel load_model(const ModelOptions& o);
+
+// --bf16-copy auto|keep|drop (runtime/backend.h Bf16Copy; default auto).
+Bf16Copy read_bf16_copy(ArgReader& a);
+
+#ifdef MARKBASE_HAS_CUDA
+// What load_model decides before any weight moves: whether weights + KV cache + workspace fit free_bytes of
+// `device`, a quantised model's bf16 copy of its projections kept where that fits (--bf16-copy auto) and
+// dropped, with a note saying so, where only that makes it fit. Throws the fit check's message otherwise.
+struct CudaFitChoice {
+    Bf16Copy copy = Bf16Copy::kKeep;
+    std::string note;  // empty unless auto dropped the copy
+};
+CudaFitChoice fit_cuda_model(const Checkpoint& ck, const BackendOptions& b, uint64_t free_bytes,
+                             const std::string& device);
+#endif
 
 // --tuning KEY=VALUE[,...] (runtime/tuning.h), else $MARKBASE_TUNING, else the defaults: the one place the
 // engine's tuning is built.

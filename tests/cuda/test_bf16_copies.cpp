@@ -1,8 +1,13 @@
-// A quantised MoE's experts without their bf16 copy (cuda::expert_copy_unread): decode, the batched step and
-// the prompt chunks all read the FP8 or int4 rows, so the copy is never kept. These tests hold that the GPU
-// then holds exactly the copy's bytes fewer, that the host copy (the CPU reference of every other CUDA test)
-// made again from the rows equals what the copy held, and that a checkpoint quantised at load never uploads
-// it and computes what the CPU computes. Without a GPU every test skips with the reason.
+// The bf16 copies a quantised model does without on the GPU (cuda/loader.h CopyDrop). A MoE's experts:
+// decode, the batched step and the prompt chunks all read their FP8 or int4 rows, so the copy is never kept.
+// The dense projections under --bf16-copy drop: decode reads the rows, and a prompt chunk's or a batched
+// step's product dequantises them into a scratch first. These tests hold that the GPU then holds exactly the
+// copies' bytes fewer (plus the scratch), that the host copy (the CPU reference of every other CUDA test)
+// made again from the rows equals what the copy held, that a checkpoint quantised at load never uploads it
+// and computes what the CPU computes, and that without the dense copy the model computes what it computes
+// with it, bit for bit where both run cuBLAS. Without a GPU every test skips with the reason; the fit check's
+// choice
+// (--bf16-copy auto) runs everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands/model_options.h"
 #include "loading/checkpoint.h"
 #include "loading/random_checkpoint.h"
 #include "model/int4.h"
+#include "model/tensor_plan.h"
 #include "runtime/backend.h"
 #include "support/device_arrays.h"
 #include "support/exact_options.h"
@@ -27,6 +34,7 @@
 
 #include "cuda/backend.h"
 #include "cuda/kernels/kernels.h"
+#include "cuda/loader.h"
 #endif
 
 namespace markbase {
@@ -43,11 +51,11 @@ size_t differing(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b)
     return n;
 }
 
-class ExpertCopy : public ::testing::TestWithParam<WeightFormat> {};
+class Bf16Copies : public ::testing::TestWithParam<WeightFormat> {};
 
 // dequantize_rows against quantize_rows' rewrite of the same weights: the values the freed copy held. Rows
 // of 704 (the 26B-A4B's expert width: int4's last group half full) and 2816, with all-zero and outlier rows.
-TEST_P(ExpertCopy, DequantizeRowsRemakesTheRewrite) {
+TEST_P(Bf16Copies, DequantizeRowsRemakesTheRewrite) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const bool int4 = GetParam() == WeightFormat::kInt4;
@@ -87,7 +95,7 @@ TEST_P(ExpertCopy, DequantizeRowsRemakesTheRewrite) {
 // The 26B-A4B at real widths, two layers, quantised on the device: with moe_gemm (every path reads the rows)
 // the experts' copy goes; with it off (a prompt chunk's experts would go through the grouped GEMVs over bf16)
 // it stays. The GPU holds exactly the copy's bytes fewer, and the host copies agree value for value.
-TEST_P(ExpertCopy, TheCopyGoesWhereNothingReadsItAndComesBackFromTheRows) {
+TEST_P(Bf16Copies, TheCopyGoesWhereNothingReadsItAndComesBackFromTheRows) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const WeightFormat f = GetParam();
@@ -117,7 +125,7 @@ TEST_P(ExpertCopy, TheCopyGoesWhereNothingReadsItAndComesBackFromTheRows) {
 // A tiny MoE checkpoint quantised at load: the experts' copy is never uploaded (the GPU holds less than the
 // same checkpoint with moe_gemm off), and the prompt and the batched step, which read the rows, agree with
 // the CPU on the checkpoint's dequantised copy.
-TEST_P(ExpertCopy, CheckpointQuantisedAtLoadNeverUploadsIt) {
+TEST_P(Bf16Copies, CheckpointQuantisedAtLoadNeverUploadsIt) {
     REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
     const WeightFormat f = GetParam();
@@ -169,10 +177,125 @@ TEST_P(ExpertCopy, CheckpointQuantisedAtLoadNeverUploadsIt) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, ExpertCopy, ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
+// The dense projections without their copy (--bf16-copy drop) against the same random weights with it, both
+// through cuBLAS only (stream_gemm=0, tile_gemm=0: over the scratch the products are cuBLAS's): a prompt's
+// logits, decode steps and a batched step of 3 bit for bit, the GPU holding the copy's bytes less the
+// scratch. E2B (PLE, KV-shared layers) and the 31B (k_eq_v full layers), two layers each.
+TEST_P(Bf16Copies, DenseCopyDroppedComputesTheSameModel) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const WeightFormat f = GetParam();
+    for (const std::string v : {"e2b", "31b"}) {
+        BackendOptions o = testing::exact_options();
+        o.ctx_size = 64;
+        o.chunk = 16;
+        o.kv_dtype = KvDtype::kF32;
+        o.slots = 3;
+        o.weights = f;
+        o.tuning.stream_gemm = 0;
+        o.tuning.tile_gemm = 0;
+        o.bf16_copy = Bf16Copy::kKeep;
+        const auto keep = make_synthetic_cuda_backend(v, 2, o, 23);
+        o.bf16_copy = Bf16Copy::kDrop;
+        const auto drop = make_synthetic_cuda_backend(v, 2, o, 23);
+        std::printf("  %s/2L %s: %.3f GB on the GPU with the bf16 copy, %.3f without\n", v.c_str(),
+                    format_name(f), keep->weight_bytes() / 1e9, drop->weight_bytes() / 1e9);
+        EXPECT_LT(drop->weight_bytes(), keep->weight_bytes() * 3 / 4) << v;
+        const int64_t V = keep->config().vocab_size;
+        const std::vector<int> ids = testing::random_ids(20, static_cast<int>(V), 7);  // two chunks
+        std::vector<float> a(20 * V), b(20 * V);
+        keep->eval(ids.data(), 20, a.data(), true);
+        drop->eval(ids.data(), 20, b.data(), true);
+        EXPECT_EQ(a, b) << v << ": the prompt's logits differ";
+        for (int t = 0; t < 3; ++t) {  // decode reads the rows either way
+            keep->eval(&ids[t], 1, a.data(), false);
+            drop->eval(&ids[t], 1, b.data(), false);
+            EXPECT_TRUE(std::equal(a.begin(), a.begin() + V, b.begin())) << v << ": decode step " << t;
+        }
+        std::vector<int> slots{0, 1, 2}, last{ids[3], ids[5], ids[8]};
+        for (auto* be : {keep.get(), drop.get()})
+            for (int s = 0; s < 3; ++s) {
+                be->slot_reset(s);
+                be->slot_eval(s, ids.data() + 4 * s, 5 + s);
+            }
+        keep->decode_batch(slots.data(), last.data(), 3, a.data());
+        drop->decode_batch(slots.data(), last.data(), 3, b.data());
+        EXPECT_TRUE(std::equal(a.begin(), a.begin() + 3 * V, b.begin())) << v << ": the batched step differs";
+        EXPECT_TRUE(std::all_of(b.begin(), b.begin() + 3 * V, [](float x) { return std::isfinite(x); }));
+    }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Bf16Copies, ::testing::Values(WeightFormat::kFp8, WeightFormat::kInt4),
                          [](const ::testing::TestParamInfo<WeightFormat>& p) {
                              return std::string(format_name(p.param));
                          });
+
+#ifdef MARKBASE_HAS_CUDA
+// --bf16-copy auto (load_model's fit check, no GPU needed): with room the copy is kept; where only dropping
+// it makes the model fit, it goes, with a note; where neither fits, the fit check's error. The two thresholds
+// differ by exactly the dense copy's bytes less the scratch its products dequantise into.
+TEST(Bf16CopyFit, AutoKeepsTheCopyWhereItFitsAndDropsItWhereOnlyThatFits) {
+    testing::TempDir dir("bf16-copy-fit");
+    write_random_checkpoint(dir.path(), testing::tiny_int4_config("e4b"), 5);
+    LoadOptions lo;
+    lo.quantize = WeightFormat::kFp8;
+    const auto ck = load_checkpoint(dir.path(), lo);
+    BackendOptions b;
+    b.ctx_size = 256;
+    const auto least = [&](Bf16Copy c) {  // the fewest free bytes the model fits in with that choice
+        b.bf16_copy = c;
+        uint64_t lo_b = 0, hi_b = uint64_t{1} << 40;
+        while (hi_b - lo_b > 1) {
+            const uint64_t mid = lo_b + (hi_b - lo_b) / 2;
+            bool fits = true;
+            try {
+                cli::fit_cuda_model(*ck, b, mid, "a GPU");
+            } catch (const Error&) {
+                fits = false;
+            }
+            (fits ? hi_b : lo_b) = mid;
+        }
+        return hi_b;
+    };
+    const uint64_t with_copy = least(Bf16Copy::kKeep), without = least(Bf16Copy::kDrop);
+    Weights w = ck->weights;
+    uint64_t copy = 0;
+    for (const PlannedTensor& p : plan_bound_tensors(ck->config, w)) {
+        if (!cuda::copy_dropped(w, p, {false, true})) continue;
+        uint64_t n = 2;
+        for (int64_t d : p.shape) n *= static_cast<uint64_t>(d);
+        copy += n;
+    }
+    const uint64_t scratch = cuda::dequant_scratch_bytes(ck->config);
+    std::printf("  fits in %llu bytes with the copy, %llu without (copy %llu, scratch %llu)\n",
+                static_cast<unsigned long long>(with_copy), static_cast<unsigned long long>(without),
+                static_cast<unsigned long long>(copy), static_cast<unsigned long long>(scratch));
+    ASSERT_GT(copy, scratch) << "no projection's copy would go";
+    EXPECT_NEAR(static_cast<double>(with_copy - without), static_cast<double>(copy - scratch), 16.0);
+
+    b.bf16_copy = Bf16Copy::kAuto;
+    const cli::CudaFitChoice roomy = cli::fit_cuda_model(*ck, b, with_copy, "a GPU");
+    EXPECT_EQ(roomy.copy, Bf16Copy::kKeep);
+    EXPECT_TRUE(roomy.note.empty()) << roomy.note;
+    const cli::CudaFitChoice tight = cli::fit_cuda_model(*ck, b, (with_copy + without) / 2, "a GPU");
+    EXPECT_EQ(tight.copy, Bf16Copy::kDrop);
+    EXPECT_NE(tight.note.find("bf16 copy does not fit"), std::string::npos) << tight.note;
+    EXPECT_NE(tight.note.find("--bf16-copy keep"), std::string::npos) << tight.note;
+    try {
+        cli::fit_cuda_model(*ck, b, without - 1, "a GPU");
+        ADD_FAILURE() << "a model that does not fit even without its copy was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("free on a GPU"), std::string::npos) << e.what();
+    }
+    b.bf16_copy = Bf16Copy::kKeep;  // asked to keep it: refused rather than dropped
+    EXPECT_THROW(cli::fit_cuda_model(*ck, b, (with_copy + without) / 2, "a GPU"), Error);
+
+    const auto plain = load_checkpoint(dir.path());  // bf16: nothing to drop, one threshold
+    b.bf16_copy = Bf16Copy::kAuto;
+    EXPECT_EQ(cli::fit_cuda_model(*plain, b, uint64_t{1} << 40, "a GPU").copy, Bf16Copy::kKeep);
+}
+#endif
 
 }  // namespace
 }  // namespace markbase
