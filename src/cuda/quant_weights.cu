@@ -136,9 +136,9 @@ bool experts_quantized(const Weights& w, size_t l) {
     return w.quant[l].experts_gate_up.q && w.quant[l].experts_down.q;
 }
 
-// Every projection layer l has (q, k, v where present, o, gate, up, down) has rows: then each of the decode
-// step's launches reads them quantised (it reads a group quantised only where all of it is), and its copy
-// can go whole.
+// Whether all of layer l's projections (q, k and v where present, o, gate, up, down) have rows: then each of
+// the decode step's launches reads them quantised (it reads a group quantised only where all of it is), and
+// the layer's copy can go whole.
 bool dense_quantized(const Weights& w, size_t l) {
     if (l >= w.quant.size() || l >= w.layers.size()) return false;
     const LayerWeights& lw = w.layers[l];
