@@ -51,7 +51,10 @@ bool expert_copy_unread(const ModelConfig& c, WeightFormat f, const Tuning& t);
 CopyDrop copy_drop(const ModelConfig& c, WeightFormat f, const Tuning& t, Bf16Copy dense);
 bool experts_quantized(const Weights& w, size_t layer);
 bool dense_quantized(const Weights& w, size_t layer);
-// Whether the plan's tensor p (a plan over w, w.quant sized [L]) is a copy d drops.
+// A host's weights as the device will hold their rows: q cleared where attach_quant_weights does not take a
+// matrix (decode_reads_quantized), so that decisions over them are the device's.
+Weights rows_on_device(const ModelConfig& c, const Weights& host, WeightFormat f);
+// Whether the plan's tensor p (a plan over w, w.quant sized [L]: the device's rows) is a copy d drops.
 bool copy_dropped(const Weights& w, const PlannedTensor& p, CopyDrop d);
 uint64_t dequant_scratch_bytes(const ModelConfig& c);
 void drop_copies(DeviceWeights& dw, CopyDrop d);

@@ -131,6 +131,13 @@ CopyDrop copy_drop(const ModelConfig& c, WeightFormat f, const Tuning& t, Bf16Co
     return {expert_copy_unread(c, f, t), quant && dense == Bf16Copy::kDrop};
 }
 
+Weights rows_on_device(const ModelConfig& c, const Weights& host, WeightFormat f) {
+    Weights w = host;
+    for (const PlannedTensor& p : plan_bound_tensors(c, w))
+        if (p.quant && !decode_reads_quantized(p, f)) *p.quant = {};  // attach_quant_weights skips it
+    return w;
+}
+
 bool experts_quantized(const Weights& w, size_t l) {
     if (l >= w.quant.size() || l >= w.layers.size() || !w.layers[l].experts_gate_up) return false;
     return w.quant[l].experts_gate_up.q && w.quant[l].experts_down.q;

@@ -89,7 +89,8 @@ std::unique_ptr<DeviceWeights> upload_weights(const Checkpoint& ck, const Tuning
 std::unique_ptr<DeviceWeights> upload_weights_from_host(const Checkpoint& ck, CopyDrop skip) {
     auto dw = std::make_unique<DeviceWeights>();
     dw->config = ck.config;
-    Weights src = ck.weights;  // the host pointers, through the plan's slots (in plan order)
+    // the host pointers, through the plan's slots (in plan order), and the rows the device will hold
+    Weights src = ck.weights.quant.empty() ? ck.weights : rows_on_device(ck.config, ck.weights, ck.format);
     const std::vector<PlannedTensor> from = plan_bound_tensors(dw->config, src);
     const std::vector<PlannedTensor> plan = plan_tensors(dw->config, &dw->w);
     for (size_t i = 0; i < plan.size(); ++i) {

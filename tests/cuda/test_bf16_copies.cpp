@@ -268,7 +268,7 @@ TEST(Bf16CopyFit, AutoKeepsTheCopyWhereItFitsAndDropsItWhereOnlyThatFits) {
         return hi_b;
     };
     const uint64_t with_copy = least(Bf16Copy::kKeep), without = least(Bf16Copy::kDrop);
-    Weights w = ck->weights;
+    Weights w = cuda::rows_on_device(ck->config, ck->weights, ck->format);
     uint64_t copy = 0;
     for (const PlannedTensor& p : plan_bound_tensors(ck->config, w)) {
         if (!cuda::copy_dropped(w, p, {false, true})) continue;

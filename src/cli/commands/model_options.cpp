@@ -104,7 +104,7 @@ std::string resolve_device(const std::string& requested) {
 static uint64_t gpu_weight_bytes(const Checkpoint& ck, cuda::CopyDrop drop) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
     const bool zero_points = has_zero_points(ck.weights);
-    Weights w = ck.weights;  // the plan wants them writable
+    Weights w = cuda::rows_on_device(ck.config, ck.weights, ck.format);
     double bytes = drop.dense ? static_cast<double>(cuda::dequant_scratch_bytes(ck.config)) : 0.0;
     for (const PlannedTensor& p : plan_bound_tensors(ck.config, w)) {
         double n = 1;
