@@ -256,8 +256,8 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const Backe
                     ") are not supported yet: run them on one GPU, or the bf16 checkpoint split");
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(ck.config, &ck, 0, o);
     // quantised: the bf16 slots (the dequantised values, for the prefill's and the batched step's dense
-    // products) from the host, but the experts' where nothing reads them, then the bytes, scales and zero
-    // points the decode step reads
+    // products) from the host but the copies the model does without (loader.h CopyDrop), then the bytes,
+    // scales and zero points the decode step reads
     const cuda::CopyDrop drop =
         quant ? cuda::copy_drop(ck.config, ck.format, o.tuning, kept(o.bf16_copy)) : cuda::CopyDrop{};
     auto dw = made ? cuda::upload_weights_from_host(ck, drop) : cuda::upload_weights(ck, o.tuning);
@@ -279,13 +279,14 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const std::string& vari
     if (o.tensor_parallel > 1) return cuda::make_tp_backend(c, nullptr, seed, o);
     auto dw = cuda::synthetic_weights(c, seed);
     if (quant) cuda::attach_quant_weights(*dw, o.weights, nullptr);
-    // before the KV pool is sized from what is left: the 26B-A4B FP8's two layers 6.41 -> 3.12 GB
+    // the copies the model does without (loader.h CopyDrop) freed before the KV pool is sized from what is
+    // left
     if (quant) cuda::drop_copies(*dw, cuda::copy_drop(c, o.weights, o.tuning, kept(o.bf16_copy)));
     return std::make_unique<CudaBackendImpl>(std::move(dw), o);
 }
 
 namespace {
-// A bf16 copy the device does not keep (the experts': expert_copy_unread), made again from its rows on the
+// A bf16 copy the device does not keep (loader.h CopyDrop), made again from its rows on the
 // device by quantize_rows.cu's expressions (the values the copy held before it was freed), for the host.
 // p: the device weights' plan entry.
 void remake_copy(const PlannedTensor& p, WeightFormat f, bf16* out) {
