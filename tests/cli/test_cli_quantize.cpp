@@ -3,6 +3,7 @@
 // its bytes per token, a second quantisation is a note, and an unknown format is a usage error (exit 2).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -46,6 +47,24 @@ TEST(CliQuantize, QuantizeFp8RunsAsThePublishedFp8CheckpointDoes) {
         << inspect.out;
     const auto plain = testing::run_cli("inspect -m '" + kModel.string() + "'");
     EXPECT_NE(plain.out.find("weights      bf16\n"), std::string::npos) << plain.out;
+#ifdef MARKBASE_HAS_CUDA
+    // the GPU's weights with and without the projections' bf16 copy (--bf16-copy): without it, less than
+    // the bf16 checkpoint's bytes; with it, more
+    const size_t at = inspect.out.find("gpu weights  ");
+    ASSERT_NE(at, std::string::npos) << inspect.out;
+    double keep = 0, drop = 0, bound = 0;
+    ASSERT_EQ(std::sscanf(inspect.out.c_str() + at,
+                          "gpu weights  %lf GB with the projections' bf16 copy %*[^,], %lf", &keep, &drop),
+              2)
+        << inspect.out;
+    const size_t cb = plain.out.find("checkpoint   ");
+    ASSERT_NE(cb, std::string::npos) << plain.out;
+    ASSERT_EQ(std::sscanf(plain.out.c_str() + cb, "checkpoint   %*d file(s), %lf GB bound", &bound), 1)
+        << plain.out;
+    EXPECT_GT(keep, bound) << inspect.out;
+    EXPECT_LT(drop, bound) << inspect.out;
+    EXPECT_EQ(plain.out.find("gpu weights"), std::string::npos) << "a bf16 checkpoint has no copy to drop";
+#endif
 }
 
 TEST(CliQuantize, QuantizeInt4RunsAsThePublishedInt4CheckpointDoes) {

@@ -97,11 +97,7 @@ std::string resolve_device(const std::string& requested) {
 }
 
 #ifdef MARKBASE_HAS_CUDA
-// The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds its tensors in bf16
-// but the copies `drop` names (cuda::CopyDrop: the experts' where nothing reads them, the dense projections'
-// under --bf16-copy drop, with the scratch their products dequantise into), and its projections once more
-// quantised, with their scales (and int4's zero points).
-static uint64_t gpu_weight_bytes(const Checkpoint& ck, cuda::CopyDrop drop) {
+uint64_t gpu_weight_bytes(const Checkpoint& ck, cuda::CopyDrop drop) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
     const bool zero_points = has_zero_points(ck.weights);
     Weights w = cuda::rows_on_device(ck.config, ck.weights, ck.format);

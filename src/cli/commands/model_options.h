@@ -8,6 +8,9 @@
 #include "loading/checkpoint.h"
 #include "runtime/backend.h"
 #include "runtime/sampler.h"
+#ifdef MARKBASE_HAS_CUDA
+#include "cuda/loader.h"
+#endif
 
 namespace markbase::cli {
 
@@ -45,6 +48,12 @@ LoadedModel load_model(const ModelOptions& o);
 Bf16Copy read_bf16_copy(ArgReader& a);
 
 #ifdef MARKBASE_HAS_CUDA
+// The weights' bytes on the GPU: the files' tensors as stored; a quantised model holds its tensors in bf16
+// but the copies `drop` names (cuda::CopyDrop: the experts' where nothing reads them, the dense projections'
+// under --bf16-copy drop, with the scratch their products dequantise into), and its projections once more
+// quantised, with their scales (and int4's zero points).
+uint64_t gpu_weight_bytes(const Checkpoint& ck, cuda::CopyDrop drop);
+
 // What load_model decides before any weight moves: whether weights + KV cache + workspace fit free_bytes of
 // `device`, a quantised model's bf16 copy of its projections kept where that fits (--bf16-copy auto) and
 // dropped, with a note saying so, where only that makes it fit. Throws the fit check's message otherwise.
