@@ -56,6 +56,8 @@ bool dense_quantized(const Weights& w, size_t layer);
 Weights rows_on_device(const ModelConfig& c, const Weights& host, WeightFormat f);
 // Whether the plan's tensor p (a plan over w, w.quant sized [L]: the device's rows) is a copy d drops.
 bool copy_dropped(const Weights& w, const PlannedTensor& p, CopyDrop d);
+// Whether d drops any projection's copy of w (then the scratch, of dequant_scratch_bytes, is allocated).
+bool dequant_scratch_needed(const Weights& w, CopyDrop d);
 uint64_t dequant_scratch_bytes(const ModelConfig& c);
 void drop_copies(DeviceWeights& dw, CopyDrop d);
 // weights.cu: from the host's pointers, a tensor at a time (an FP8 checkpoint: its bf16 slots are the

@@ -66,7 +66,7 @@ struct DeviceWeights {
     ~DeviceWeights();
 };
 
-// The Weights pointer of a bf16 copy that is not kept (expert_copy_unread): not null (the pointers also say
+// The Weights pointer of a bf16 copy that is not kept (loader.h CopyDrop): not null (the pointers also say
 // which tensors a layer has), and no device memory, so a read of it faults rather than computing with stale
 // values.
 inline const bf16* const kDroppedBf16 = reinterpret_cast<const bf16*>(uintptr_t{256});

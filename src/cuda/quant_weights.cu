@@ -2,8 +2,9 @@
 // beside the bf16 tensors: a checkpoint's bytes, scales and zero points copied from the host (loading/ made
 // them, as published or by --quantize), or random bf16 weights quantised on the device (bench at real
 // widths). The bf16 tensors hold the same values rounded to bf16 (the loader's dequantised copy, or
-// quantize_rows.cu's rewrite), for the prefill's and the batched step's dense products, which read bf16. The
-// experts' copy is not kept where every path reads their rows (expert_copy_unread).
+// quantize_rows.cu's rewrite), for the prefill's and the batched step's dense products, which read bf16, but
+// the copies a model does without (loader.h CopyDrop: the experts' where every path reads their rows, the
+// projections' under --bf16-copy drop).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -176,6 +177,12 @@ bool copy_dropped(const Weights& w, const PlannedTensor& p, CopyDrop d) {
     return false;
 }
 
+bool dequant_scratch_needed(const Weights& w, CopyDrop d) {
+    for (size_t l = 0; d.dense && l < w.layers.size(); ++l)
+        if (dense_quantized(w, l)) return true;
+    return false;
+}
+
 uint64_t dequant_scratch_bytes(const ModelConfig& c) {
     uint64_t most = 0;
     const uint64_t H = static_cast<uint64_t>(c.hidden);
@@ -196,10 +203,8 @@ void drop_copies(DeviceWeights& dw, CopyDrop d) {
     if (plan.size() != dw.tensors.size()) throw Error("internal: the tensor plan changed");
     std::vector<bool> drop(plan.size());
     for (size_t j = 0; j < plan.size(); ++j) drop[j] = copy_dropped(dw.w, plan[j], d);
-    bool dense = false;
     for (size_t j = 0; j < plan.size(); ++j) {
         if (!drop[j]) continue;
-        dense = dense || plan[j].name.find("experts.") == std::string::npos;
         if (dw.tensors[j].ptr) {  // (a checkpoint's was never uploaded)
             CUDA_CHECK(cudaFree(const_cast<bf16*>(dw.tensors[j].ptr)));
             dw.bytes -= dw.tensors[j].bytes;
@@ -208,7 +213,7 @@ void drop_copies(DeviceWeights& dw, CopyDrop d) {
         }
         *plan[j].slot = kDroppedBf16;
     }
-    if (dense && !dw.dequant_scratch) {
+    if (dequant_scratch_needed(dw.w, d) && !dw.dequant_scratch) {
         dw.dequant_scratch_bytes = dequant_scratch_bytes(dw.config);
         dw.dequant_scratch = device_alloc(dw.dequant_scratch_bytes, "the dequantised weights' scratch");
     }

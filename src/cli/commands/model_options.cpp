@@ -101,7 +101,9 @@ uint64_t gpu_weight_bytes(const Checkpoint& ck, cuda::CopyDrop drop) {
     if (ck.weights.quant.empty()) return ck.bound_bytes;
     const bool zero_points = has_zero_points(ck.weights);
     Weights w = cuda::rows_on_device(ck.config, ck.weights, ck.format);
-    double bytes = drop.dense ? static_cast<double>(cuda::dequant_scratch_bytes(ck.config)) : 0.0;
+    double bytes = cuda::dequant_scratch_needed(w, drop)
+                       ? static_cast<double>(cuda::dequant_scratch_bytes(ck.config))
+                       : 0.0;
     for (const PlannedTensor& p : plan_bound_tensors(ck.config, w)) {
         double n = 1;
         for (int64_t d : p.shape) n *= static_cast<double>(d);
