@@ -9,8 +9,8 @@
 
 namespace markbase::testing {
 
-nlohmann::json tiny_config(const std::string& family) {
-    const int layers = family == "e2b" ? 10 : 12;
+nlohmann::json tiny_config(const std::string& family, int layers) {
+    if (layers == 0) layers = family == "e2b" ? 10 : 12;
     nlohmann::json c = variant_config(family, layers);
     c["hidden_size"] = 64;
     c["vocab_size"] = 256;
@@ -32,8 +32,8 @@ nlohmann::json tiny_config(const std::string& family) {
     return c;
 }
 
-nlohmann::json tiny_int4_config(const std::string& family) {
-    nlohmann::json c = tiny_config(family);
+nlohmann::json tiny_int4_config(const std::string& family, int layers) {
+    nlohmann::json c = tiny_config(family, layers);
     c["hidden_size"] = 128;
     c["head_dim"] = 32;
     c["global_head_dim"] = 64;
