@@ -128,7 +128,9 @@ TEST_P(Bf16Copies, TheCopyGoesWhereNothingReadsItAndComesBackFromTheRows) {
 // A tiny MoE checkpoint quantised at load, and three prompts whose routing on the CPU (its dequantised
 // copy) is clear of a tie by more than the rows' rounding can move a router logit. Every prompt starts with
 // BOS, whose position routes the same in every prompt, so a checkpoint whose BOS routing is near a tie has no
-// such prompt: the checkpoint's seed is searched too. Six layers: five sliding, one full.
+// such prompt: the checkpoint's seed is searched too. Six layers: five sliding, one full. At hidden 128 the
+// GPU's logits are ~2e-3 from the CPU's (FP8, bf16 activations into the experts' products), so the margin
+// is 1e-2 of the largest router logit.
 struct ClearlyRouted {
     std::unique_ptr<Checkpoint> ck;
     std::vector<std::vector<int>> ids;    // [3][10]
@@ -137,7 +139,7 @@ struct ClearlyRouted {
 
 ClearlyRouted clearly_routed_checkpoint(const std::filesystem::path& dir, WeightFormat f,
                                         const BackendOptions& o) {
-    constexpr float kMargin = 3e-3f;
+    constexpr float kMargin = 1e-2f;
     for (uint64_t ck_seed = 31; ck_seed < 31 + 16; ++ck_seed) {
         write_random_checkpoint(dir, testing::tiny_int4_config("26b-a4b", 6), ck_seed);
         LoadOptions lo;
@@ -183,19 +185,30 @@ TEST_P(Bf16Copies, CheckpointQuantisedAtLoadNeverUploadsIt) {
     EXPECT_LT(gpu->weight_bytes(), make_cuda_backend(*r.ck, ok)->weight_bytes())
         << "the experts' copy was uploaded";
     const int64_t V = r.ck->config.vocab_size;
+    double e_prompt = 0;  // each whole prompt as one chunk (moe_gemm) of a one-sequence backend
+    std::vector<float> lg(3 * V);
+    BackendOptions o1 = o;
+    o1.slots = 1;
+    auto one = make_cuda_backend(*r.ck, o1);
+    for (int s = 0; s < 3; ++s) {
+        one->reset();
+        one->eval(r.ids[s].data(), 10, lg.data(), false);
+        e_prompt =
+            std::max(e_prompt, testing::rel_err(r.ref[s], std::vector<float>(lg.begin(), lg.begin() + V)));
+    }
     for (int s = 0; s < 3; ++s) {
         gpu->slot_reset(s);
         gpu->slot_eval(s, r.ids[s].data(), 9);  // the batched step below takes the last token
     }
     std::vector<int> slots{0, 1, 2}, last{r.ids[0][9], r.ids[1][9], r.ids[2][9]};
-    std::vector<float> lg(3 * V);
     gpu->decode_batch(slots.data(), last.data(), 3, lg.data());
     double e = 0;
     for (int s = 0; s < 3; ++s)
         e = std::max(
             e, testing::rel_err(r.ref[s], std::vector<float>(lg.begin() + s * V, lg.begin() + (s + 1) * V)));
-    std::printf("  tiny 26b-a4b %s at load: batched step against the CPU %.2e; %s\n", format_name(f), e,
-                gpu->prefill_note().c_str());
+    std::printf("  tiny 26b-a4b %s at load: the prompts against the CPU %.2e, the batched step %.2e; %s\n",
+                format_name(f), e_prompt, e, gpu->prefill_note().c_str());
+    EXPECT_LT(e_prompt, 5e-3);
     EXPECT_LT(e, 5e-3);
 #endif
 }
