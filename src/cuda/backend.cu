@@ -89,6 +89,16 @@ class CudaBackendImpl final : public CudaBackend {
         }
         return model_.decode_timeline(replays);
     }
+    GraphTimeline batch_timeline(const int* slots, const int* ids, int n, int replays) override {
+        try {
+            cuda::check_token_ids(config(), ids, n);
+        } catch (const std::exception& e) {
+            GraphTimeline t;
+            t.why_not = e.what();
+            return t;
+        }
+        return model_.batch_timeline(slots, ids, n, replays);
+    }
     std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) override {
         if (n < 1 || n > model_.chunk())
             throw Error("profile_prefill: " + std::to_string(n) + " tokens; at most the chunk of " +

@@ -65,6 +65,12 @@ class CudaBackend : public Backend {
         t.why_not = "the timeline runs on one GPU: use --tensor-parallel-size 1";
         return t;
     }
+    // The batched step of the slots (n >= 2; ids: each slot's next token) the same way: its graph replayed
+    // as it is, the same step every replay (the slots' positions do not move). Never throws.
+    virtual GraphTimeline batch_timeline(const int* slots, const int* ids, int n, int replays) {
+        (void)slots, (void)ids, (void)n;
+        return decode_timeline(replays);
+    }
     // A prefill of ids (n <= the chunk size) from an empty cache, with events around each phase of each layer
     // (no graph; the prompt stays in the cache).
     virtual std::vector<CudaProfileEntry> profile_prefill(const int* ids, int n) = 0;

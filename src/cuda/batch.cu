@@ -75,15 +75,17 @@ std::vector<int> CudaModel::decode_batch(const int* slot_ids, const int* ids, in
     return batch_step(slot_ids, ids, n, logits, nullptr);
 }
 
-// decode_batch's step; with a profiler (profile_batch), run eagerly with events around each phase.
-std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int n, float* logits,
-                                       Profiler* pf) {
+// A step's sequences checked (n of them, each slot once, room in each cache): their positions and slots,
+// and the furthest position.
+int64_t CudaModel::check_batch(const int* slot_ids, int n, std::vector<int>* pos,
+                               std::vector<int>* slot) const {
     if (slots_ < 2 || !d_bpos_)
         throw Error("internal: decode_batch needs a model built with 2 or more slots");
     if (n < 1 || n > std::min(chunk_, slots_))
         throw Error("decode_batch: " + std::to_string(n) + " sequences; at most " +
                     std::to_string(std::min(chunk_, slots_)) + " (the slots, and the batch size -b)");
-    std::vector<int> pos(static_cast<size_t>(n)), slot(static_cast<size_t>(n));
+    pos->assign(static_cast<size_t>(n), 0);
+    slot->assign(static_cast<size_t>(n), 0);
     std::vector<char> seen(static_cast<size_t>(slots_), 0);
     int64_t max_pos = 0;
     for (int t = 0; t < n; ++t) {
@@ -96,10 +98,30 @@ std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int 
         if (p >= ctx_)
             throw Error("context full: sequence slot " + std::to_string(s) + " holds " + std::to_string(p) +
                         " tokens (raise --ctx-size)");
-        pos[static_cast<size_t>(t)] = static_cast<int>(p);
-        slot[static_cast<size_t>(t)] = s;
+        (*pos)[static_cast<size_t>(t)] = static_cast<int>(p);
+        (*slot)[static_cast<size_t>(t)] = s;
         max_pos = std::max(max_pos, p);
     }
+    return max_pos;
+}
+
+// The step's ids, positions and slots into device memory (the step's graph reads them there), once the
+// previous step no longer reads the pinned ids.
+void CudaModel::stage_batch(const int* ids, const std::vector<int>& pos, const std::vector<int>& slot) {
+    const int n = static_cast<int>(pos.size());
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    upload_block_tables();
+    std::copy(ids, ids + n, st_.h_ids);
+    CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_bslot_, slot.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+}
+
+// decode_batch's step; with a profiler (profile_batch), run eagerly with events around each phase.
+std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int n, float* logits,
+                                       Profiler* pf) {
+    std::vector<int> pos, slot;
+    const int64_t max_pos = check_batch(slot_ids, n, &pos, &slot);
     batch_rows_ = nullptr;  // until this step has run
     batch_n_ = 0;
     if (n == 1 && !pf) {
@@ -110,12 +132,7 @@ std::vector<int> CudaModel::batch_step(const int* slot_ids, const int* ids, int 
         return {next};
     }
     const int64_t V = c_.vocab_size;
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned ids and the positions are free
-    upload_block_tables();
-    std::copy(ids, ids + n, st_.h_ids);
-    CUDA_CHECK(cudaMemcpyAsync(st_.d_ids, st_.h_ids, n * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(d_bpos_, pos.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(d_bslot_, slot.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    stage_batch(ids, pos, slot);
     if (pf || !batch_on_device(n)) {
         prefill_pf_ = pf;
         try {
@@ -213,6 +230,12 @@ cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
     const auto it = batch_graphs_.find(key);
     if (it != batch_graphs_.end()) return it->second;
     ensure_all_logits();
+    return batch_graphs_.emplace(key, instantiate_graph(capture_batch(n, range))).first->second;
+}
+
+// The batched step of n sequences in range class `range` as a graph (batch_graph's capture, the timeline's;
+// the caller owns it).
+cudaGraph_t CudaModel::capture_batch(int n, int64_t range) {
     cudaGraph_t g = nullptr;
     // relaxed: cuBLAS may set up its workspace on its first call inside the capture
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
@@ -224,7 +247,7 @@ cudaGraphExec_t CudaModel::batch_graph(int n, int64_t range) {
         throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    return batch_graphs_.emplace(key, instantiate_graph(g)).first->second;
+    return g;
 }
 
 // The batched step's launches (captured, or run eagerly: the MoE, the profile): n tokens (st_.d_ids) at

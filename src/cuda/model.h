@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -199,6 +200,10 @@ class CudaModel {
     // between events, then `replays` times under CUPTI (graph_timeline.h). Every replay is a real step (up to
     // timeline_positions(replays) tokens). Never throws: a failure, or no CUPTI, comes back as why_not.
     GraphTimeline decode_timeline(int replays);
+    // The batched step of the slots (n >= 2, each at its position, ids their next tokens) the same way: its
+    // graph captured with each launch's nodes noted, replayed between events, then under CUPTI. Every replay
+    // is the same step (the positions do not move: each writes the same K/V rows again). Never throws.
+    GraphTimeline batch_timeline(const int* slot_ids, const int* ids, int n, int replays);
 
   private:
     // q/k norms + RoPE + cache write arguments for layer i (decode and prefill build the same ones)
@@ -300,7 +305,10 @@ class CudaModel {
     }
     cudaGraphExec_t step_graph(int64_t pos);
     void timeline_note(const char* name, int layer, double bytes);
-    GraphTimeline timeline_run(int replays, int64_t* launched);
+    // capture: the step as a graph, each launch noted; decode: the decode step's (its positions advance by
+    // a replay, so the context must hold them, and the ids count is zeroed before the replays)
+    GraphTimeline timeline_run(int replays, const std::function<cudaGraph_t()>& capture, bool decode,
+                               int64_t* launched);
     void launch_step(int id);  // the decode graph for token `id` at n_past (no sync, n_past unchanged)
     void release();            // frees everything this object allocated (destructor, failed constructor)
     // The constructor's parts (model.cu): the widest per-layer shapes; what the tuning and the shape
@@ -411,6 +419,9 @@ class CudaModel {
     std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
     int64_t batch_range(int64_t max_pos) const;
     cudaGraphExec_t batch_graph(int n, int64_t range);
+    cudaGraph_t capture_batch(int n, int64_t range);
+    int64_t check_batch(const int* slot_ids, int n, std::vector<int>* pos, std::vector<int>* slot) const;
+    void stage_batch(const int* ids, const std::vector<int>& pos, const std::vector<int>& slot);
     bool batch_on_device(int n) const;  // no host in the step's loop: it can be one graph
     bool fp8_experts() const;           // batched steps can stream FP8 experts (batch.cu)
     bool int4_experts() const;          // ... int4 experts (batch.cu)

@@ -160,15 +160,15 @@ GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
     return t;
 }
 
-void print_timeline(std::FILE* f, const GraphTimeline& t) {
+void print_timeline(std::FILE* f, const GraphTimeline& t, const char* what) {
     if (!t.ok) {
-        std::fprintf(f, "timeline  not measured: %s\n", t.why_not.c_str());
+        std::fprintf(f, "timeline  %s not measured: %s\n", what, t.why_not.c_str());
         return;
     }
     std::fprintf(f,
-                 "timeline  one decode step inside its graph replay (CUPTI kernel records, median of %d "
-                 "replays; marginal = the time a kernel adds to the step's end)\n",
-                 t.replays);
+                 "timeline  %s inside its graph replay (CUPTI kernel records, median of %d replays; "
+                 "marginal = the time a kernel adds to the step's end)\n",
+                 what, t.replays);
     std::fprintf(f, "  %-18s %6s %11s %7s %9s %9s\n", "name", "calls", "marginal ms", "%", "busy ms", "GB/s");
     for (const TimelineKernel& k : t.by_kernel) {
         const double pct = t.step_ms > 0 ? 100.0 * k.marginal_ms / t.step_ms : 0.0;
@@ -261,11 +261,12 @@ TimelineGap timeline_gap(const GraphTimeline& t, double roofline_gbs, int n_laye
 
 void print_gap(std::FILE* f, const TimelineGap& g) {
     if (!g.ok) return;
+    std::fprintf(f,
+                 "why       the step takes %.3f ms; the %.2f GB its launches read take %.3f ms at %.2f TB/s "
+                 "(+%.3f ms):\n",
+                 g.step_ms, g.bytes / 1e9, g.bytes_ms, g.roofline_gbs / 1e3, g.step_ms - g.bytes_ms);
     std::fprintf(
-        f, "why       the step takes %.3f ms; its %.2f GB of weights take %.3f ms at %.2f TB/s (+%.3f ms):\n",
-        g.step_ms, g.bytes / 1e9, g.bytes_ms, g.roofline_gbs / 1e3, g.step_ms - g.bytes_ms);
-    std::fprintf(
-        f, "            launches that stream weights: %.3f ms = %.2f TB/s, %+.3f ms beyond their bytes\n",
+        f, "            launches that stream bytes: %.3f ms = %.2f TB/s, %+.3f ms beyond their bytes\n",
         g.weight_ms, g.weight_ms > 0 ? g.bytes / (g.weight_ms * 1e-3) / 1e12 : 0.0, g.weight_over_ms);
     std::fprintf(f, "            launches that stream none: %.3f ms (", g.other_ms);
     for (size_t i = 0; i < g.other_top.size(); ++i)

@@ -93,8 +93,9 @@ GraphTimeline summarize_timeline(const std::vector<TimelineLabel>& labels,
                                  const std::vector<std::vector<TimelineSpan>>& replays,
                                  const std::vector<double>& untraced_ms);
 
-// The bench receipt's table (after the receipt) and the JSON object under "timeline".
-void print_timeline(std::FILE* f, const GraphTimeline& t);
+// The bench receipt's table (after the receipt) and the JSON object under "timeline"; what: the step
+// replayed, as the table's title names it.
+void print_timeline(std::FILE* f, const GraphTimeline& t, const char* what = "one decode step");
 nlohmann::json timeline_json(const GraphTimeline& t);
 
 // Where a step's time goes against the memory roofline (the receipt's "why" lines under --timeline: what the

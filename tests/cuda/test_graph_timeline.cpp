@@ -309,6 +309,62 @@ TEST_P(CudaTimeline, EveryRecordChargedToItsLaunch) {
 #endif
 }
 
+// The batched step's graph (bench -np N --timeline) the same way, 3 sequences of the tiny model: every
+// record charged to its launch, the step's launches counted per layer, the marginals adding up to the step,
+// and the replays (the same step each time) leaving the slots where they were: the step after the timeline
+// is the one a backend that never traced computes.
+TEST_P(CudaTimeline, BatchedStepChargedToItsLaunches) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    const std::string family = GetParam();
+    testing::TempDir dir("batch-timeline-" + family);
+    // (widths moe_stream takes: the MoE's step is a graph only with its experts on the device)
+    write_random_checkpoint(dir.path(), testing::tiny_int4_config(family), 7);
+    auto ck = load_checkpoint(dir.path());
+    const ModelConfig& c = ck->config;
+    const int V = static_cast<int>(c.vocab_size);
+    BackendOptions o = testing::exact_options();
+    o.ctx_size = 256;
+    o.chunk = 64;
+    o.slots = 3;
+    auto gpu = make_cuda_backend(*ck, o);
+    auto ref = make_cuda_backend(*ck, o);
+    std::vector<int> slots{0, 1, 2}, last(3);
+    for (int s = 0; s < 3; ++s) {
+        const std::vector<int> p = testing::random_ids(9 + s, V, 50 + static_cast<uint32_t>(s));
+        for (auto* be : {gpu.get(), ref.get()}) be->slot_eval(s, p.data(), 9 + s);
+        last[static_cast<size_t>(s)] = p.back();
+    }
+    const std::vector<int> next =
+        gpu->decode_batch(slots.data(), last.data(), 3, nullptr);  // its graph, once
+    ref->decode_batch(slots.data(), last.data(), 3, nullptr);
+    const GraphTimeline t = gpu->batch_timeline(slots.data(), next.data(), 3, 10);
+    if (t.unavailable) GTEST_SKIP() << t.why_not;
+    ASSERT_TRUE(t.ok) << t.why_not;
+    std::printf("  %s x3: step %.4f ms (untraced %.4f), idle %.4f, marginals %.4f; %s\n", family.c_str(),
+                t.step_ms, t.step_ms_untraced, t.idle_ms, t.marginal_sum_ms, t.note.c_str());
+    EXPECT_EQ(t.mapping, "node-id") << t.note;
+    EXPECT_EQ(t.replays, 10) << t.note;
+    EXPECT_GT(t.step_ms, 0.0);
+    EXPECT_NEAR(t.marginal_sum_ms, t.step_ms, 0.01 * t.step_ms) << "sum of the per-launch medians";
+    std::map<std::string, int> calls;
+    for (const auto& k : t.by_kernel) calls[k.name] = k.calls;
+    EXPECT_EQ(calls.count("other"), 0u) << "kernel nodes outside every run()";
+    for (const char* n : {"qkv", "attention", "o_proj"}) EXPECT_EQ(calls[n], c.n_layers) << n;
+    EXPECT_EQ(calls["embed"], 1);
+    EXPECT_EQ(calls["lm_head"], 1);
+    if (c.moe) {
+        EXPECT_EQ(calls["experts"], c.n_layers);
+    }
+    // the slots unmoved: the next step here and on the untraced backend alike
+    std::vector<float> a(3 * static_cast<size_t>(V)), b(a.size());
+    const std::vector<int> na = gpu->decode_batch(slots.data(), next.data(), 3, a.data());
+    const std::vector<int> nb = ref->decode_batch(slots.data(), next.data(), 3, b.data());
+    EXPECT_EQ(na, nb);
+    EXPECT_EQ(testing::rel_err(b, a), 0.0) << "the step after the timeline";
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaTimeline,
                          ::testing::Values(std::string("e2b"), std::string("e4b"), std::string("26b-a4b"),
                                            std::string("31b")),

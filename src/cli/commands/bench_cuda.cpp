@@ -4,8 +4,9 @@
 // (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the
 // bytes each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a
 // separate --prefill-tokens prompt. -np N: N sequences decoded together (batched decode). --profile times one
-// decode step kernel by kernel. --timeline: where the graph step's time goes inside its replay (CUPTI kernel
-// records, graph_timeline.h); without CUPTI it says why and the bench goes on. Prints a receipt with a
+// decode step kernel by kernel (bench_cuda_profile.cpp). --timeline: where the graph step's time goes inside
+// its replay (CUPTI kernel records, graph_timeline.h), the decode step's and with -np the batched step's;
+// without CUPTI it says why and the bench goes on. Prints a receipt with a
 // logits hash.
 #include "cli/commands/bench_cuda.h"
 
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands/bench_cuda_profile.h"
 #include "cli/commands/bench_cuda_setup.h"
 #include "cli/commands/model_options.h"
 #include "cuda/backend.h"
@@ -46,13 +48,6 @@ std::string hash_hex(const void* p, size_t bytes) {
     char s[32];
     std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(h));
     return s;
-}
-std::vector<int> random_prompt(int n, const ModelConfig& c, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int> p(static_cast<size_t>(std::max(n, 0)));
-    if (n > 0) p[0] = c.bos_id;
-    for (int i = 1; i < n; ++i) p[i] = static_cast<int>(rng() % static_cast<uint32_t>(c.vocab_size));
-    return p;
 }
 
 // The timed runs at batch 1: prefill of the long prompt, greedy decode after the prompt, and sampled decode.
@@ -116,20 +111,6 @@ DecodeRuns bench_decode(CudaBackend* be, const BenchArgs& b, const std::vector<i
     return d;
 }
 
-// Every slot reset and given its own random prompt; slot_ids = 0.., next = each prompt's last token.
-void fill_slots(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots,
-                std::vector<int>* slot_ids, std::vector<int>* next) {
-    slot_ids->resize(static_cast<size_t>(slots));
-    next->resize(static_cast<size_t>(slots));
-    for (int sl = 0; sl < slots; ++sl) {
-        (*slot_ids)[static_cast<size_t>(sl)] = sl;
-        be->slot_reset(sl);
-        const std::vector<int> pr = random_prompt(b.n_prompt, c, 1000 + sl);
-        be->slot_eval(sl, pr.data(), b.n_prompt);
-        (*next)[static_cast<size_t>(sl)] = pr.back();
-    }
-}
-
 // Batched decode: every slot gets its own random prompt, then n_gen steps of one token per slot (greedy);
 // tokens/s over all slots against the one-sequence step. The median step (s) and the last run's ids hash.
 double bench_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, double dc,
@@ -170,124 +151,6 @@ void print_step_roofline(const StepBytes& sb, double step_s, double roofline_gbs
         "batched   a step reads >= %.2f GB (weights %.2f, K/V %.2f%s): %.3f ms at %.2f TB/s, %.1f%% of it\n",
         bytes / 1e9, sb.weights / 1e9, sb.kv / 1e9, experts, floor_ms, roofline_gbs / 1e3,
         step_s > 0 ? 100.0 * floor_ms / (step_s * 1e3) : 0.0);
-}
-
-// bench --profile: one decode step kernel by kernel, then the prefill's last chunk phase by phase, and with
-// -np one batched step phase by phase.
-struct ProfileRuns {
-    nlohmann::json steps = nlohmann::json::array();
-    nlohmann::json by_kernel = nlohmann::json::object();
-    double total = 0, prefill_total = 0, batch_total = 0;
-    int prefill_at = 0;  // the profiled prefill chunk's first position
-    nlohmann::json prefill_by_phase = nlohmann::json::object();
-    nlohmann::json batch_by_phase = nlohmann::json::object();
-};
-struct Agg {
-    int calls = 0;
-    double ms = 0, bytes = 0;
-};
-
-void profile_decode(CudaBackend* be, const BenchArgs& b, const std::vector<int>& prompt, double dc,
-                    ProfileRuns* p) {
-    be->reset();
-    be->eval(prompt.data(), b.n_prompt, nullptr, false);
-    be->decode_greedy(1, nullptr);
-    const std::vector<CudaProfileEntry> entries = be->profile_step();
-    std::map<std::string, Agg> by_kernel;
-    std::map<int, double> by_layer;
-    for (const auto& e : entries) {
-        Agg& k = by_kernel[e.kernel];
-        ++k.calls;
-        k.ms += e.ms;
-        k.bytes += e.bytes;
-        by_layer[e.layer] += e.ms;
-        p->total += e.ms;
-        p->steps.push_back({{"kernel", e.kernel}, {"layer", e.layer}, {"ms", e.ms}, {"bytes", e.bytes}});
-    }
-    std::vector<std::pair<std::string, Agg>> rows(by_kernel.begin(), by_kernel.end());
-    std::sort(rows.begin(), rows.end(),
-              [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-    std::printf(
-        "profile   one decode step, kernel by kernel (events around each launch, no graph, %s): %.3f ms "
-        "in "
-        "%zu launches; graph step %.3f ms\n",
-        be->profile_gated() ? "enqueued whole behind a gate" : "NOT gated: small kernels read high", p->total,
-        entries.size(), dc * 1e3);
-    std::printf("  %-18s %6s %10s %7s %10s %8s\n", "kernel", "calls", "total ms", "%", "MB", "GB/s");
-    for (const auto& [name, k] : rows) {
-        std::printf("  %-18s %6d %10.4f %6.1f%% %10.2f %8.1f\n", name.c_str(), k.calls, k.ms,
-                    100.0 * k.ms / p->total, k.bytes / 1e6, k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0.0);
-        p->by_kernel[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
-    }
-    std::printf("  per layer (ms):");
-    for (const auto& [layer, ms] : by_layer) {
-        if (layer < 0)
-            std::printf(" outside=%.3f", ms);
-        else
-            std::printf(" %d=%.3f", layer, ms);
-    }
-    std::printf("\n");
-}
-
-// Profile entries summed by phase over the layers, printed largest first and kept in *out; the total ms.
-double phase_table(const std::vector<CudaProfileEntry>& entries, const char* title, nlohmann::json* out) {
-    std::map<std::string, Agg> by_phase;
-    double total = 0;
-    for (const auto& e : entries) {
-        Agg& k = by_phase[e.kernel];
-        ++k.calls;
-        k.ms += e.ms;
-        k.bytes += e.bytes;
-        total += e.ms;
-    }
-    std::vector<std::pair<std::string, Agg>> rows(by_phase.begin(), by_phase.end());
-    std::sort(rows.begin(), rows.end(),
-              [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-    std::printf("profile   %s, phase by phase (events, no graph): %.3f ms\n", title, total);
-    std::printf("  %-18s %6s %10s %7s %8s\n", "phase", "calls", "total ms", "%", "GB/s");
-    for (const auto& [name, k] : rows) {
-        std::printf("  %-18s %6d %10.3f %6.1f%% %8.0f\n", name.c_str(), k.calls, k.ms, 100.0 * k.ms / total,
-                    k.ms > 0 ? k.bytes / (k.ms * 1e6) : 0.0);
-        (*out)[name] = {{"calls", k.calls}, {"ms", k.ms}, {"bytes", k.bytes}};
-    }
-    return total;
-}
-
-// The prefill the same way, phase by phase (a phase is one or a few launches: GEMMs with their input
-// splits, attention, the MoE's router / route / experts / combine): the prompt's last chunk, after its other
-// tokens, so a long --prefill-tokens shows the cost deep into the context.
-void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>& long_prompt, int chunk,
-                     ProfileRuns* p) {
-    const int n_pp = std::min(b.n_prefill, chunk);
-    if (n_pp <= 0) return;
-    be->reset();
-    p->prefill_at = b.n_prefill - n_pp;
-    if (p->prefill_at > 0) be->eval(long_prompt.data(), p->prefill_at, nullptr, false);
-    const std::vector<CudaProfileEntry> pp = be->profile_prefill(long_prompt.data() + p->prefill_at, n_pp);
-    char title[128];
-    std::snprintf(title, sizeof title, "prefill of %d tokens at position %d", n_pp, p->prefill_at);
-    p->prefill_total = phase_table(pp, title, &p->prefill_by_phase);
-}
-
-// One batched step of every slot the same way (after each slot's prompt): where the step's time goes. The
-// attention phase is split by layer kind, with the K/V bytes its layers read (every slot at n_prompt + 1
-// keys, a sliding layer at most its window; KV-shared layers read their source's), so its GB/s show.
-void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, int kv_elem_bytes,
-                     ProfileRuns* p) {
-    std::vector<int> slot_ids, next;
-    fill_slots(be, c, b, slots, &slot_ids, &next);
-    std::vector<CudaProfileEntry> pb = be->profile_batch(slot_ids.data(), next.data(), slots);
-    for (CudaProfileEntry& e : pb) {
-        if (e.kernel != "attention" || e.layer < 0 || e.layer >= c.n_layers) continue;
-        const LayerSpec& s = c.layers[static_cast<size_t>(e.layer)];
-        const bool sliding = s.kind == AttentionKind::Sliding;
-        const int64_t keys = sliding ? std::min<int64_t>(b.n_prompt + 1, c.sliding_window) : b.n_prompt + 1;
-        e.kernel = sliding ? "attention_sliding" : "attention_full";
-        e.bytes = 2.0 * slots * static_cast<double>(keys) * s.n_kv_heads * s.head_dim * kv_elem_bytes;
-    }
-    char title[128];
-    std::snprintf(title, sizeof title, "batched step of %d sequences after %d tokens", slots, b.n_prompt);
-    p->batch_total = phase_table(pb, title, &p->batch_by_phase);
 }
 
 }  // namespace
@@ -339,8 +202,14 @@ struct Receipt {
     std::string logits_hash, ids_hash, batch_ids_hash;
 };
 
+// --timeline: the decode step's and (with -np) the batched step's, each where it ran
+struct Timelines {
+    GraphTimeline decode, batch;
+    bool has_decode = false, has_batch = false;
+};
+
 void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be, const BenchArgs& b,
-                   const DecodeRuns& d, const Receipt& r, const ProfileRuns& p, const GraphTimeline* tl) {
+                   const DecodeRuns& d, const Receipt& r, const ProfileRuns& p, const Timelines& tls) {
     const ModelConfig& c = be->config();
     const ModelCounts counts = count_params(c, m.weights);
     const CudaDeviceInfo dev = be->device();
@@ -411,9 +280,13 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
         {"profile_batch_total_ms", p.batch_total},
         {"profile_batch_by_phase", p.batch_by_phase},
         {"profile", p.steps}};
-    if (tl) {
-        j["timeline"] = timeline_json(*tl);
-        j["timeline_gap"] = gap_json(timeline_gap(*tl, kRooflineGBs, c.n_layers));
+    if (tls.has_decode) {
+        j["timeline"] = timeline_json(tls.decode);
+        j["timeline_gap"] = gap_json(timeline_gap(tls.decode, kRooflineGBs, c.n_layers));
+    }
+    if (tls.has_batch) {
+        j["batch_timeline"] = timeline_json(tls.batch);
+        j["batch_timeline_gap"] = gap_json(timeline_gap(tls.batch, kRooflineGBs, c.n_layers));
     }
     std::ofstream f(path);
     f << j.dump(1) << "\n";
@@ -455,18 +328,23 @@ int cmd_bench_cuda(ArgReader& a) {
         if (m.slots > 1) profile_batched(be, c, b, m.slots, kv_elem, &p);
     }
     // The graph step from the inside: after the prompt and one token, as the profile starts
-    GraphTimeline tl;
+    Timelines tls;
     if (b.timeline) {
         be->reset();
         be->eval(prompt.data(), b.n_prompt, nullptr, false);
         be->decode_greedy(1, nullptr);
-        tl = be->decode_timeline(kTimelineReplays);
-        print_timeline(stdout, tl);
+        tls.decode = be->decode_timeline(kTimelineReplays);
+        tls.has_decode = true;
+        print_timeline(stdout, tls.decode);
         // the step against the roofline: bytes, the weight launches' excess, the rest, per launch per layer
         // (one GPU's timeline, so one GPU's roofline)
-        print_gap(stdout, timeline_gap(tl, kRooflineGBs, c.n_layers));
+        print_gap(stdout, timeline_gap(tls.decode, kRooflineGBs, c.n_layers));
+        if (m.slots > 1) {
+            tls.batch = timeline_batched(be, c, b, m.slots, kv_elem, kRooflineGBs);
+            tls.has_batch = true;
+        }
     }
-    if (!b.json_out.empty()) write_receipt(b.json_out, m, be, b, d, r, p, b.timeline ? &tl : nullptr);
+    if (!b.json_out.empty()) write_receipt(b.json_out, m, be, b, d, r, p, tls);
     return 0;
 }
 

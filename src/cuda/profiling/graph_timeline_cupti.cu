@@ -1,6 +1,7 @@
-// CudaModel::decode_timeline (graph_timeline.h): the decode graph captured again with each run() launch's
-// graph nodes noted, instantiated, replayed between CUDA events (no tracing) and then under CUPTI's activity
-// API, and each kernel record charged to the launch whose node ran it.
+// CudaModel::decode_timeline and batch_timeline (graph_timeline.h): the decode graph, or the batched step's,
+// captured again with each run() launch's graph nodes noted, instantiated, replayed between CUDA events (no
+// tracing) and then under CUPTI's activity API, and each kernel record charged to the launch whose node ran
+// it.
 //
 // libcupti is loaded at run time (dlopen), never linked: the binary must start where it is missing. Only its
 // headers are used here, for the types; without them (no cupti.h at configure time) the feature is compiled
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -73,6 +75,10 @@ GraphTimeline CudaModel::decode_timeline(int) {
     t.unavailable = true;
     t.why_not = "--timeline needs CUPTI: this build found no cupti.h at configure time";
     return t;
+}
+
+GraphTimeline CudaModel::batch_timeline(const int*, const int*, int, int) {
+    return decode_timeline(0);
 }
 
 #else
@@ -265,7 +271,8 @@ GraphTimeline CudaModel::decode_timeline(int replays) {
     GraphTimeline t;
     int64_t launched = 0;  // graph launches so far: each one is a decode step, so n_past follows
     try {
-        t = timeline_run(replays, &launched);
+        t = timeline_run(
+            replays, [&] { return capture_step(short_step(n_past)); }, true, &launched);
     } catch (const std::exception& e) {
         t = {};
         t.why_not = e.what();
@@ -274,12 +281,38 @@ GraphTimeline CudaModel::decode_timeline(int replays) {
     return t;
 }
 
-GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
+GraphTimeline CudaModel::batch_timeline(const int* slot_ids, const int* ids, int n, int replays) {
+    GraphTimeline t;
+    try {
+        if (n < 2)
+            throw Error("the batched step's timeline takes 2 or more sequences (one runs the decode graph)");
+        std::vector<int> pos, slot;
+        const int64_t max_pos = check_batch(slot_ids, n, &pos, &slot);
+        if (!batch_on_device(n))
+            throw Error("this batched step of " + std::to_string(n) +
+                        " sequences runs eagerly (its experts planned on the host): no graph to trace");
+        ensure_all_logits();
+        stage_batch(ids, pos, slot);
+        const int64_t range = batch_range(max_pos);
+        int64_t launched = 0;  // (the same step each replay: nothing advances)
+        t = timeline_run(
+            replays, [&] { return capture_batch(n, range); }, false, &launched);
+    } catch (const std::exception& e) {
+        t = {};
+        t.why_not = e.what();
+    }
+    batch_rows_ = nullptr;  // the replays' logits rows are no step decode_batch returned
+    batch_n_ = 0;
+    return t;
+}
+
+GraphTimeline CudaModel::timeline_run(int replays, const std::function<cudaGraph_t()>& capture, bool decode,
+                                      int64_t* launched) {
     GraphTimeline t;
     if (sharded()) throw Error("the timeline runs on one GPU: use --tensor-parallel-size 1");
     if (replays < 1) throw Error("the timeline needs at least one replay");
     const int64_t most = timeline_positions(replays);
-    if (n_past + most > ctx_)
+    if (decode && n_past + most > ctx_)
         throw Error("context full: the timeline decodes up to " + std::to_string(most) + " tokens after " +
                     std::to_string(n_past) + " (raise --ctx-size)");
     Cupti& cu = cupti();
@@ -291,7 +324,7 @@ GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
     TimelineSession ss;
     subscribe(cu, ss);
 
-    // 1. the decode step captured as ensure_graph captures it, each launch's nodes noted
+    // 1. the step captured as its graph is (ensure_graph's, batch_graph's), each launch's nodes noted
     TimelineCapture cap;
     struct Noting {  // hooks_.capture only while this capture runs, also when it throws
         TimelineCapture*& p;
@@ -300,18 +333,19 @@ GraphTimeline CudaModel::timeline_run(int replays, int64_t* launched) {
     };
     {
         Noting on(hooks_.capture, &cap);
-        ss.graph = capture_step(short_step(n_past));
+        ss.graph = capture();
     }
     note_other_nodes(ss.graph, cap);
     std::vector<TimelineLabel> labels;
     bool names_known = true;
     const std::vector<KernelNode> knodes = kernel_nodes(cu, cap, &labels, &names_known);
     const size_t K = knodes.size();
-    if (K == 0) throw Error("internal: the captured decode step holds no kernel nodes");
+    if (K == 0) throw Error("internal: the captured step holds no kernel nodes");
 
     // 2. instantiated (the clone callback fires now), warmed up, then timed between events without tracing
     CUDA_CHECK(cudaGraphInstantiate(&ss.exec, ss.graph, 0));
-    CUDA_CHECK(cudaMemsetAsync(st_.d_state + 2, 0, sizeof(int), stream_));  // decode_greedy's ids count
+    if (decode)
+        CUDA_CHECK(cudaMemsetAsync(st_.d_state + 2, 0, sizeof(int), stream_));  // decode_greedy's ids count
     auto replay = [&] {
         CUDA_CHECK(cudaGraphLaunch(ss.exec, stream_));
         ++*launched;
