@@ -361,7 +361,8 @@ TEST_P(CudaTimeline, BatchedStepChargedToItsLaunches) {
     const std::vector<int> na = gpu->decode_batch(slots.data(), next.data(), 3, a.data());
     const std::vector<int> nb = ref->decode_batch(slots.data(), next.data(), 3, b.data());
     EXPECT_EQ(na, nb);
-    EXPECT_EQ(testing::rel_err(b, a), 0.0) << "the step after the timeline";
+    // (replays that wrote other K/V rows or moved a slot would change this step far beyond rounding)
+    EXPECT_LT(testing::rel_err(b, a), 1e-5) << "the step after the timeline";
 #endif
 }
 
