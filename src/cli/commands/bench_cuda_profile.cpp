@@ -147,6 +147,8 @@ void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, 
     p->batch_total = phase_table(pb, title, &p->batch_by_phase);
 }
 
+namespace {
+
 // The batched step's launches whose bytes run() does not count, as bench's step roofline counts them: the
 // experts (those the step's tokens are expected to touch: batched_step_bytes) and attention (the K/V of
 // keys positions), so the "why" lines weigh them.
@@ -160,6 +162,8 @@ void count_step_bytes(GraphTimeline* t, const ModelConfig& c, int slots, int64_t
         if (k.name == "attention") k.bytes = sb.kv;
     }
 }
+
+}  // namespace
 
 GraphTimeline timeline_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots,
                                int kv_elem_bytes, double roofline_gbs) {
