@@ -85,6 +85,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
     plan_.batch_attn_keys = tuning.batch_attn_keys;
     plan_.batch_attn_heads = tuning.batch_attn_heads;
     plan_.batch_attn_mma = tuning.batch_attn == Tuning::BatchAttn::kMma;
+    plan_.decode_attn_mma = tuning.decode_attn == Tuning::DecodeAttn::kMma;
     plan_.stream_gemm_max = tuning.stream_gemm;
     // tile_gemm's machine code is sm_90a's (wgmma): on any other device its PTX traps, so cuBLAS takes them
     int cc_major = 0, cc_minor = 0;

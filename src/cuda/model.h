@@ -226,6 +226,7 @@ class CudaModel {
     // step.cu: one layer at one token, in the named blocks of cpu/forward.cpp's layer
     void record_layer(int i, Profiler* pf);
     void record_attention(int i, Profiler* pf);
+    bool record_attention_mma(int i, AttnArgs& a, Profiler* pf);  // Tuning::decode_attn=mma's layers
     bool record_ffn(int i, Profiler* pf);  // whether the MoE's experts were forked to moe_.stream2
     void record_moe_combine(int i, Profiler* pf, bool overlap);
     void record_ple(int i, Profiler* pf);

@@ -54,6 +54,9 @@ struct DecodePlan {
     int batch_attn_keys = 64;
     int batch_attn_heads = 0;
     bool batch_attn_mma = false;
+    // The one-sequence decode graph's full layers over a bf16 or fp8 cache on the batched step's tensor-core
+    // pieces (Tuning::decode_attn; step.cu record_attention)
+    bool decode_attn_mma = false;
     // The projections of at most stream_gemm_max tokens (a batched step, a short chunk) run stream_gemm
     // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
     // halves; sms sizes its K split.
@@ -75,8 +78,9 @@ struct DecodePlan {
 // The decode step's device state: what the graph reads and writes between tokens, and the device-side top-k
 // for sampling (decode_select) with its pinned host mirrors.
 struct StepState {
-    int* d_state =
-        nullptr;  // [4]: [0] next token, [1] its position, [2] ids produced by decode_greedy so far
+    // [4]: [0] next token, [1] its position, [2] ids produced by decode_greedy so far, [3] 0: the one
+    // sequence's slot for kernels that take each token's slot (its rows are already the current slot's)
+    int* d_state = nullptr;
     int* h_state = nullptr;                   // pinned [4]
     int* h_ids = nullptr;                     // pinned [n]
     int* d_ids = nullptr;                     // [n]

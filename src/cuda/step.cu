@@ -237,6 +237,11 @@ void CudaModel::record_attention(int i, Profiler* pf) {
     });
     AttnArgs a;
     attention_args(i, a);
+    if (record_attention_mma(i, a, pf)) {
+        project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, lq.o_proj, H, act_.attn, qw, act_.o,
+                         lw.post_attn_norm, 1.0f, true, lw.pre_ffn_norm);
+        return;
+    }
     a.nsplit = plan_.decode_splits[i];
     a.split_len = 0;  // an even share of the current range per piece
     a.min_split = kAttnMinKeys;
@@ -251,6 +256,23 @@ void CudaModel::record_attention(int i, Profiler* pf) {
     run(pf, "attention", i, 0.0, [&] { attention_pieces(a, 1, stream_); });
     project_residual(pf, "o_proj", "post_attn_norm", i, lw.o_proj, lq.o_proj, H, act_.attn, qw, act_.o,
                      lw.post_attn_norm, 1.0f, true, lw.pre_ffn_norm);
+}
+
+// Tuning::decode_attn=mma: a full layer over a bf16 or fp8 cache as one sequence of the batched step, on
+// its tensor-core pieces (all query heads of a KV group per warp, each K/V row read once for them) in fixed
+// pieces of batch_attn_keys keys over the whole context, the pieces past the current position empty, then
+// the separate merge. Returns whether it recorded the layer's attention so.
+bool CudaModel::record_attention_mma(int i, AttnArgs& a, Profiler* pf) {
+    if (!plan_.decode_attn_mma || rec_short_ || a.window > 0 || !attention_mma_fits(a)) return false;
+    a.tok_pos = st_.d_state + 1;   // the one query's position
+    a.tok_slot = st_.d_state + 3;  // 0: a.k_cache / a.v_cache (or the block table) are the slot's already
+    const int64_t room = std::max<int64_t>(1, act_.max_pieces / a.nH);
+    a.nsplit = static_cast<int>(
+        std::clamp<int64_t>((ctx_ + plan_.batch_attn_keys - 1) / plan_.batch_attn_keys, 1, room));
+    a.split_len = static_cast<int>((ctx_ + a.nsplit - 1) / a.nsplit);
+    a.mma = true;
+    run(pf, "attention", i, 0.0, [&] { attention(a, 1, stream_); });
+    return true;
 }
 
 // FFN: m = down(gelu(gate(xn)) * up(xn)), xn = pre_feedforward_layernorm(x); a dense layer's update follows

@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::string_view kKeys =
     "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, load_direct, "
-    "attn_gemm_rows, batch_attn_keys, batch_attn_heads, batch_attn, stream_gemm, tile_gemm, "
+    "attn_gemm_rows, batch_attn_keys, batch_attn_heads, batch_attn, decode_attn, stream_gemm, tile_gemm, "
     "batch_experts, moe_gemm, gemm_inputs, cpu_pin, skip";
 
 [[noreturn]] void bad(std::string_view source, std::string_view key, std::string_view value,
@@ -77,6 +77,9 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
     } else if (key == "batch_attn") {
         if (v != "warp" && v != "mma") bad(source, key, v, "mma or warp");
         t.batch_attn = v == "mma" ? Tuning::BatchAttn::kMma : Tuning::BatchAttn::kWarp;
+    } else if (key == "decode_attn") {
+        if (v != "pieces" && v != "mma") bad(source, key, v, "pieces or mma");
+        t.decode_attn = v == "mma" ? Tuning::DecodeAttn::kMma : Tuning::DecodeAttn::kPieces;
     } else if (key == "stream_gemm") {
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "tile_gemm") {
@@ -144,6 +147,8 @@ std::string tuning_string(const Tuning& t) {
         add("batch_attn_heads=" + std::to_string(t.batch_attn_heads));
     if (t.batch_attn != d.batch_attn)
         add(std::string("batch_attn=") + (t.batch_attn == Tuning::BatchAttn::kWarp ? "warp" : "mma"));
+    if (t.decode_attn != d.decode_attn)
+        add(std::string("decode_attn=") + (t.decode_attn == Tuning::DecodeAttn::kMma ? "mma" : "pieces"));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.tile_gemm != d.tile_gemm) add("tile_gemm=" + std::to_string(t.tile_gemm));
     if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));

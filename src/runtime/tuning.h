@@ -80,6 +80,15 @@ struct Tuning {
     // (docs/performance.md).
     enum class BatchAttn : uint8_t { kMma, kWarp };
     BatchAttn batch_attn = BatchAttn::kMma;
+    // decode_attn=pieces|mma: the one-sequence decode graph's full-attention layers over a bf16 or fp8 cache
+    // (--kv-cache-dtype bf16|fp8; auto keeps one sequence on fp32). pieces, the default: each query head's
+    // range in up to ~2 waves of per-head pieces merged by the last (cuda/kernels/attention.cu), which reads
+    // a KV group's rows once per query head on the CUDA cores; mma: the batched step's tensor-core pieces
+    // (attention_mma.cu: a KV group's query heads together, fixed pieces of batch_attn_keys keys over the
+    // whole context, then their merge). An experiment for the long-context row of the batched-step issue
+    // (E2B after 32,768 tokens 3.23 ms where 1.94 is short; the lab: bench/kernels/batch_attn_lab.cu).
+    enum class DecodeAttn : uint8_t { kPieces, kMma };
+    DecodeAttn decode_attn = DecodeAttn::kPieces;
 
     // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
     // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) where it pays

@@ -34,6 +34,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.batch_attn_keys, 64);
     EXPECT_EQ(t.batch_attn_heads, 0);
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kMma);
+    EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::kPieces);
     EXPECT_EQ(t.stream_gemm, 16);
     EXPECT_EQ(t.tile_gemm, 128);
     EXPECT_FALSE(t.cpu_pin);
@@ -45,7 +46,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
         "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
         "load_direct=1,attn_gemm_rows=40,batch_attn_keys=16,batch_attn_heads=2,"
-        "batch_attn=warp,stream_gemm=0,tile_gemm=32,moe_gemm=0,gemm_inputs=halves,"
+        "batch_attn=warp,decode_attn=mma,stream_gemm=0,tile_gemm=32,moe_gemm=0,gemm_inputs=halves,"
         "cpu_pin=1,skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
@@ -56,6 +57,7 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_EQ(t.load_chunk_mib, 1);
     EXPECT_TRUE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 40);
+    EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::kMma);
     EXPECT_FALSE(t.moe_gemm);
     EXPECT_EQ(t.gemm_inputs, Tuning::GemmInputs::kHalves);
     EXPECT_EQ(t.batch_attn_keys, 16);
@@ -90,6 +92,8 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
               std::string::npos);
     EXPECT_NE(error_of("batch_attn_heads=16").find("batch_attn_heads=16: expected"), std::string::npos);
     EXPECT_NE(error_of("batch_attn=tc").find("batch_attn=tc: expected mma or warp"), std::string::npos);
+    EXPECT_NE(error_of("decode_attn=warp").find("decode_attn=warp: expected pieces or mma"),
+              std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);
     EXPECT_NE(error_of("tile_gemm=129").find("tile_gemm=129: expected 0 (off) to 128"), std::string::npos);
     EXPECT_NE(error_of("gemm_inputs=fp32").find("gemm_inputs=fp32: expected bf16 or halves"),
