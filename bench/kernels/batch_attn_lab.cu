@@ -29,6 +29,7 @@
 
 #include "cuda/kernels/kernels.h"
 #include "lab_common.cuh"
+#include "loading/memory_plan.h"
 
 using namespace markbase::cuda;
 
@@ -147,14 +148,6 @@ struct Bufs {
     int nsplit = 0, decode_splits = 0;
 };
 
-// The pieces the one-sequence decode plan gives a head of this layer at the lab's range (model.cu:
-// pieces of >= kAttnMinKeys keys, at most ~2 waves of blocks, at most kMaxDecodePieces a layer)
-int decode_splits(const Shape& sh, const Opts& o, int sms) {
-    const int64_t range = sh.window ? sh.window : o.pos + 9;
-    const int cap_pieces = std::max(1, std::min(2 * sms, 512) / sh.nH);
-    return static_cast<int>(std::clamp<int64_t>((range + kAttnMinKeys - 1) / kAttnMinKeys, 1, cap_pieces));
-}
-
 AttnArgs args_for(Variant v, const Shape& sh, const Opts& o, KvElem e, const Bufs& b) {
     AttnArgs a;
     a.q = b.q;
@@ -242,7 +235,7 @@ int run_shape(Shape sh, const Opts& o, int sms, cudaStream_t s) {
     }
     Bufs b;
     b.nsplit = (o.pos + 9 + o.keys - 1) / o.keys;
-    b.decode_splits = decode_splits(sh, o, sms);
+    b.decode_splits = markbase::decode_attention_splits(sh.window ? sh.window : o.pos + 9, sh.nH, sms);
     const int64_t pieces = std::max(b.nsplit, b.decode_splits);
     const int64_t nq = int64_t{sh.seqs} * sh.nH * sh.d, ns = int64_t{sh.seqs} * sh.nH * cap;
     b.pos = dalloc<int>(sh.seqs);

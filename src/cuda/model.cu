@@ -106,9 +106,7 @@ void CudaModel::plan_decode(const Tuning& tuning) {
         const LayerSpec& s = c_.layers[i];
         const int64_t range =
             s.kind == AttentionKind::Sliding ? std::min<int64_t>(c_.sliding_window, ctx_) : ctx_;
-        const int64_t cap_pieces = std::max(1, std::min(2 * std::max(sms, 1), kMaxDecodePieces) / nH);
-        plan_.decode_splits[i] =
-            static_cast<int>(std::clamp<int64_t>((range + kAttnMinKeys - 1) / kAttnMinKeys, 1, cap_pieces));
+        plan_.decode_splits[i] = decode_attention_splits(range, nH, std::max(sms, 1));
         max_pieces = std::max<int64_t>(max_pieces, int64_t{nH} * plan_.decode_splits[i]);
         widest = std::max(widest, std::min(plan_.decode_splits[i], kMaxAttnCluster));
         dmax = std::max(dmax, s.head_dim);

@@ -51,16 +51,15 @@ Widths widths(const ModelConfig& c) {
     return w;
 }
 
-// Decode attention's pieces: per head, pieces of >= kAttnMinKeys keys, at most kMaxDecodePieces blocks per
-// layer (the model's own cap, ~2 waves of its SMs, is never larger); prefill attention takes 4 per row.
+// Decode attention's pieces: each layer's decode_attention_splits for any GPU (the model's own cap, ~2 waves
+// of its SMs, is never larger); prefill attention takes 4 per row.
 int64_t attention_pieces(const ModelConfig& c, int64_t ctx, int chunk) {
-    const int64_t nH = std::max(c.n_heads, 1), min_keys = CudaBuffers::kAttnMinKeys;
+    const int64_t nH = std::max(c.n_heads, 1);
     int64_t pieces = int64_t{chunk} * nH * 4;
     for (const LayerSpec& s : c.layers) {
         const int64_t range =
             s.kind == AttentionKind::Sliding ? std::min<int64_t>(c.sliding_window, ctx) : ctx;
-        const int64_t cap = std::max<int64_t>(1, kMaxDecodePieces / nH);
-        pieces = std::max(pieces, nH * std::clamp<int64_t>((range + min_keys - 1) / min_keys, 1, cap));
+        pieces = std::max(pieces, nH * decode_attention_splits(range, c.n_heads, 0));
     }
     return pieces;
 }
@@ -177,6 +176,13 @@ void cache_buffers(const ModelConfig& c, const Widths& wd, CudaBuffers& b) {
 }
 
 }  // namespace
+
+int decode_attention_splits(int64_t range, int n_heads, int sms) {
+    const int64_t nH = std::max(n_heads, 1), min_keys = CudaBuffers::kAttnMinKeys;
+    const int64_t blocks = sms > 0 ? std::min(2 * sms, kMaxDecodePieces) : kMaxDecodePieces;
+    return static_cast<int>(
+        std::clamp<int64_t>((range + min_keys - 1) / min_keys, 1, std::max<int64_t>(1, blocks / nH)));
+}
 
 uint64_t CudaBuffers::eager_bytes() const {
     uint64_t sum = 0;

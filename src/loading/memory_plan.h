@@ -49,6 +49,10 @@ inline int64_t kv_blocks_per_slot(int64_t ctx) {
 // Decode attention's pieces per layer: at most this many blocks (the model takes ~2 waves of its SMs, never
 // more than this, so the scratch sized here holds any GPU's pieces).
 constexpr int kMaxDecodePieces = 512;
+// The decode graph's attention pieces per head for a layer whose key range is at most `range`: pieces of at
+// least 16 keys (CudaBuffers::kAttnMinKeys, kernels.h kAttnMinKeys), at most ~2 waves of blocks over `sms`
+// SMs and never more than kMaxDecodePieces blocks a layer; sms 0: the bound any GPU stays within.
+int decode_attention_splits(int64_t range, int n_heads, int sms);
 
 // What besides the config decides CudaModel's buffers. plan_cuda_memory uses the one-GPU defaults.
 struct CudaBufferSpec {
