@@ -328,6 +328,9 @@ struct AttnArgs {
     bool mma = false;
 };
 void attention(const AttnArgs& a, int n, cudaStream_t s);
+// Batched decode's separate merge (attention_batched.cu): above this many pieces a head, the wide merge (a
+// head over many blocks) rather than one block walking them
+constexpr int kWideMergePieces = 32;
 constexpr int kMaxAttnCluster = 16;
 // Decode attention: pieces of at least kAttnMinKeys keys (attention.cu's split_len 0 rule), at most ~2 waves
 // of blocks per layer, only the pieces holding keys run and merge. Measured on the H200
