@@ -346,7 +346,11 @@ TEST_P(CudaTimeline, BatchedStepChargedToItsLaunches) {
     EXPECT_EQ(t.mapping, "node-id") << t.note;
     EXPECT_EQ(t.replays, 10) << t.note;
     EXPECT_GT(t.step_ms, 0.0);
-    EXPECT_NEAR(t.marginal_sum_ms, t.step_ms, 0.01 * t.step_ms) << "sum of the per-launch medians";
+    // Each launch's marginal is its median over the replays, so their sum is not the step's median exactly:
+    // where the MoE's experts overlap the dense MLP on a second stream, which launch ends last (and takes
+    // the marginal) changes from replay to replay (26B-A4B measured 2.0% over on an H100 in the whole CUDA
+    // suite, within 1% alone). A launch charged twice or a replay's gap lost is off by far more.
+    EXPECT_NEAR(t.marginal_sum_ms, t.step_ms, 0.03 * t.step_ms) << "sum of the per-launch medians";
     std::map<std::string, int> calls;
     for (const auto& k : t.by_kernel) calls[k.name] = k.calls;
     EXPECT_EQ(calls.count("other"), 0u) << "kernel nodes outside every run()";
