@@ -295,14 +295,18 @@ class CudaModel {
     // (moe_stream; on any stream).
     void prefill_experts(int i, int n);
     void batch_experts(int i, int n, cudaStream_t s);
-    // the decode step as a graph (ensure_graph's capture; the caller owns it); short_range: the form for
-    // positions below plan_.attn_short_keys (Tuning::attn_cluster)
-    cudaGraph_t capture_step(bool short_range = false);
-    cudaGraphExec_t ensure_graph(bool short_range = false);  // the current slot's
+    // the decode step as a graph (ensure_graph's capture; the caller owns it) for one range of positions
+    cudaGraph_t capture_step(StepRange range = StepRange::kGeneral);
+    cudaGraphExec_t ensure_graph(StepRange range = StepRange::kGeneral);  // the current slot's
     // The graph for a step at position pos (captured on first use): the short-range one while every layer's
-    // range fits its clusters, else the general one. Both are correct at any position; this is speed only.
-    bool short_step(int64_t pos) const {
-        return plan_.attn_short_keys > 0 && pos + 1 <= plan_.attn_short_keys;
+    // range fits its clusters (plan_.attn_short_keys), the long-range one past plan_.attn_long_keys over a
+    // bf16 or fp8 cache (Tuning::decode_attn), else the general one. All are correct at any position; this
+    // is speed only.
+    StepRange step_range(int64_t pos) const {
+        if (plan_.attn_short_keys > 0 && pos + 1 <= plan_.attn_short_keys) return StepRange::kShort;
+        if (plan_.attn_long_keys > 0 && kv_.elem_bytes < 4 && pos + 1 > plan_.attn_long_keys)
+            return StepRange::kLong;
+        return StepRange::kGeneral;
     }
     cudaGraphExec_t step_graph(int64_t pos);
     void timeline_note(const char* name, int layer, double bytes);
@@ -379,15 +383,15 @@ class CudaModel {
     // streams and graphs
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
-    // the decode step's graphs by (sequence slot, short range: the step below plan_.attn_short_keys, with
-    // clustered attention); a slot's cache is bound at capture
-    std::map<std::pair<int, bool>, cudaGraphExec_t> step_graphs_;
+    // the decode step's graphs by (sequence slot, range of positions: step_range); a slot's cache is bound
+    // at capture
+    std::map<std::pair<int, StepRange>, cudaGraphExec_t> step_graphs_;
 
     // while a step is recorded
-    bool rec_short_ = false;          // the short-range step
-    bool in_decode_ = false;          // record_step runs (prefill keeps NCCL: its sums are large)
-    Profiler* prefill_pf_ = nullptr;  // profile_prefill runs a prefill
-    bool profile_gated_ = false;      // the last profile_step ran behind the gate
+    StepRange rec_range_ = StepRange::kGeneral;  // the range of the step recorded
+    bool in_decode_ = false;                     // record_step runs (prefill keeps NCCL: its sums are large)
+    Profiler* prefill_pf_ = nullptr;             // profile_prefill runs a prefill
+    bool profile_gated_ = false;                 // the last profile_step ran behind the gate
     // A residual update waits as `pending_` for its consumer (plan_.prenorm): the consumer launches it, and
     // where that consumer is a GEMV with an input norm the update also writes act_.xn = RMSNorm(x) * that
     // norm's weight, the GEMV's input (one GPU, dense models: 31B -5.3%, E4B -5.6%, E2B -7.8%; sharded models

@@ -32,6 +32,10 @@ struct MoePrefillStats {
 // heads; q, kv, mlp = the widest layer's q, k/v and MLP widths.
 
 // What the tuning and the model's shape decide for the decode step (plan_decode).
+// The decode step's graphs by the range of positions they serve, in the order positions reach them
+// (CudaModel::step_range)
+enum class StepRange : uint8_t { kShort, kGeneral, kLong };
+
 struct DecodePlan {
     // The decode GEMVs (GemvInput): the kernel (Tuning::gemv), the split GeGLU and min_waves (one GPU),
     // and the cp.async GeGLU's pieces and row counters for the launches on stream_ (a GEMV on moe_.stream2
@@ -55,8 +59,9 @@ struct DecodePlan {
     int batch_attn_heads = 0;
     bool batch_attn_mma = false;
     // The one-sequence decode graph's full layers over a bf16 or fp8 cache on the batched step's tensor-core
-    // pieces (Tuning::decode_attn; step.cu record_attention)
-    bool decode_attn_mma = false;
+    // pieces (Tuning::decode_attn; step.cu record_attention_mma) in a third graph for steps past this many
+    // keys (CudaModel::step_range); 0 = never.
+    int64_t attn_long_keys = 0;
     // The projections of at most stream_gemm_max tokens (a batched step, a short chunk) run stream_gemm
     // (Tuning::stream_gemm), each weight read once on the tensor cores, instead of cuBLAS over the stacked
     // halves; sms sizes its K split.

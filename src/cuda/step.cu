@@ -249,7 +249,7 @@ void CudaModel::record_attention(int i, Profiler* pf) {
     // the short-range graph (Tuning::attn_cluster): at most 16 pieces, one cluster per head, merged
     // through distributed shared memory; below plan_.attn_short_keys keys these are the pieces the general
     // graph has keys in, so it is the same work with another merge
-    if (rec_short_) {
+    if (rec_range_ == StepRange::kShort) {
         a.nsplit = std::min(a.nsplit, kMaxAttnCluster);
         a.cluster = a.nsplit;
     }
@@ -258,12 +258,12 @@ void CudaModel::record_attention(int i, Profiler* pf) {
                      lw.post_attn_norm, 1.0f, true, lw.pre_ffn_norm);
 }
 
-// Tuning::decode_attn=mma: a full layer over a bf16 or fp8 cache as one sequence of the batched step, on
-// its tensor-core pieces (all query heads of a KV group per warp, each K/V row read once for them) in fixed
-// pieces of batch_attn_keys keys over the whole context, the pieces past the current position empty, then
-// the separate merge. Returns whether it recorded the layer's attention so.
+// The long-range graph (Tuning::decode_attn): a full layer over a bf16 or fp8 cache as one sequence of the
+// batched step, on its tensor-core pieces (all query heads of a KV group per warp, each K/V row read once
+// for them) in fixed pieces of batch_attn_keys keys over the whole context, the pieces past the current
+// position empty, then the separate (wide) merge. Returns whether it recorded the layer's attention so.
 bool CudaModel::record_attention_mma(int i, AttnArgs& a, Profiler* pf) {
-    if (!plan_.decode_attn_mma || rec_short_ || a.window > 0 || !attention_mma_fits(a)) return false;
+    if (rec_range_ != StepRange::kLong || a.window > 0 || !attention_mma_fits(a)) return false;
     a.tok_pos = st_.d_state + 1;   // the one query's position
     a.tok_slot = st_.d_state + 3;  // 0: a.k_cache / a.v_cache (or the block table) are the slot's already
     const int64_t room = std::max<int64_t>(1, act_.max_pieces / a.nH);

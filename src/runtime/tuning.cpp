@@ -78,8 +78,10 @@ void set(Tuning& t, std::string_view source, std::string_view key, std::string_v
         if (v != "warp" && v != "mma") bad(source, key, v, "mma or warp");
         t.batch_attn = v == "mma" ? Tuning::BatchAttn::kMma : Tuning::BatchAttn::kWarp;
     } else if (key == "decode_attn") {
-        if (v != "pieces" && v != "mma") bad(source, key, v, "pieces or mma");
-        t.decode_attn = v == "mma" ? Tuning::DecodeAttn::kMma : Tuning::DecodeAttn::kPieces;
+        if (v != "auto" && v != "pieces" && v != "mma") bad(source, key, v, "auto, pieces or mma");
+        t.decode_attn = v == "mma"      ? Tuning::DecodeAttn::kMma
+                        : v == "pieces" ? Tuning::DecodeAttn::kPieces
+                                        : Tuning::DecodeAttn::kAuto;
     } else if (key == "stream_gemm") {
         t.stream_gemm = static_cast<int>(parse_int(source, key, v, 0, 64, "0 (off) to 64"));
     } else if (key == "tile_gemm") {
@@ -148,7 +150,9 @@ std::string tuning_string(const Tuning& t) {
     if (t.batch_attn != d.batch_attn)
         add(std::string("batch_attn=") + (t.batch_attn == Tuning::BatchAttn::kWarp ? "warp" : "mma"));
     if (t.decode_attn != d.decode_attn)
-        add(std::string("decode_attn=") + (t.decode_attn == Tuning::DecodeAttn::kMma ? "mma" : "pieces"));
+        add(std::string("decode_attn=") + (t.decode_attn == Tuning::DecodeAttn::kMma      ? "mma"
+                                           : t.decode_attn == Tuning::DecodeAttn::kPieces ? "pieces"
+                                                                                          : "auto"));
     if (t.stream_gemm != d.stream_gemm) add("stream_gemm=" + std::to_string(t.stream_gemm));
     if (t.tile_gemm != d.tile_gemm) add("tile_gemm=" + std::to_string(t.tile_gemm));
     if (t.batch_experts != d.batch_experts) add("batch_experts=" + std::to_string(t.batch_experts));

@@ -80,15 +80,18 @@ struct Tuning {
     // (docs/performance.md).
     enum class BatchAttn : uint8_t { kMma, kWarp };
     BatchAttn batch_attn = BatchAttn::kMma;
-    // decode_attn=pieces|mma: the one-sequence decode graph's full-attention layers over a bf16 or fp8 cache
-    // (--kv-cache-dtype bf16|fp8; auto keeps one sequence on fp32). pieces, the default: each query head's
-    // range in up to ~2 waves of per-head pieces merged by the last (cuda/kernels/attention.cu), which reads
-    // a KV group's rows once per query head on the CUDA cores; mma: the batched step's tensor-core pieces
+    // decode_attn=auto|pieces|mma: the one-sequence decode graph's full-attention layers over a bf16 or fp8
+    // cache (--kv-cache-dtype bf16|fp8; auto keeps one sequence on fp32). pieces: each query head's range in
+    // up to ~2 waves of per-head pieces merged by the last (cuda/kernels/attention.cu), a KV group's rows
+    // read once per query head on the CUDA cores; mma: the batched step's tensor-core pieces
     // (attention_mma.cu: a KV group's query heads together, fixed pieces of batch_attn_keys keys over the
-    // whole context, then their merge). An experiment for the long-context row of the batched-step issue
-    // (E2B after 32,768 tokens 3.23 ms where 1.94 is short; the lab: bench/kernels/batch_attn_lab.cu).
-    enum class DecodeAttn : uint8_t { kPieces, kMma };
-    DecodeAttn decode_attn = DecodeAttn::kPieces;
+    // whole context, then the wide merge) at every position past the short-range graph; auto, the default:
+    // mma in a third graph for the long range (CudaModel::step_range: past max(4096, context / 8) keys),
+    // pieces below. Measured on an H100 (docs/performance.md): E2B over a bf16 cache after 32,768 tokens
+    // 4.50 ms on pieces, 2.79 on mma; after 4,096 mma 2.56 against the fp32 pieces' 2.56; after 1,024 mma
+    // 2.58 against pieces' 2.47.
+    enum class DecodeAttn : uint8_t { kAuto, kPieces, kMma };
+    DecodeAttn decode_attn = DecodeAttn::kAuto;
 
     // stream_gemm=N (0..64): the projections of at most N tokens (batched decode steps, short prompt chunks)
     // run stream_gemm (cuda/kernels/stream_gemm.cu: each weight read once, on the tensor cores) where it pays

@@ -124,6 +124,47 @@ TEST_P(CudaKvBf16, DecodeGraphOnTensorCoresComputesTheCpusBf16Cache) {
     EXPECT_GT(apart, 0.0) << family << ": decode_attn=mma changed nothing, so its pieces did not run";
 }
 
+// decode_attn=auto, the default: the long-range graph past max(4096, context / 8) keys. A prompt of 4,090
+// tokens, then 24 tokens one at a time through the decode graphs (positions 4,090 to 4,113: the general
+// graph, then the long-range one from 4,096 on) in a context of 4,160: 65 fixed pieces of 64 keys a head,
+// merged by the wide merge. Against the same steps with decode_attn=pieces: the two differ only in the
+// full layers' attention arithmetic (bf16 queries and weights into the MMAs, ~1e-5; measured below), the
+// general graph's steps not at all, and the long ones must differ or the range never switched.
+TEST_P(CudaKvBf16, LongRangeGraphTakesTheTensorCoresPast4096Keys) {
+    REQUIRE_CUDA();
+    const std::string family = GetParam();
+    testing::TempDir dir("cuda-kv-bf16-long-" + family);
+    write_random_checkpoint(dir.path(), testing::tiny_int4_config(family), 31);
+    auto ck = load_checkpoint(dir.path());
+    const int64_t V = ck->config.vocab_size;
+    constexpr int kPrompt = 4090, kSteps = 24, kLong = 4096 - kPrompt;  // steps before the long range
+    BackendOptions o = testing::exact_options();
+    o.ctx_size = 4160;
+    o.chunk = 512;
+    o.kv_dtype = KvDtype::kBf16;
+    const std::vector<int> ids = testing::random_ids(kPrompt + kSteps, 256, 53);
+    auto steps = [&](const char* tuning) {
+        BackendOptions ot = o;
+        ot.tuning = testing::exact_tuning(tuning);
+        auto be = make_cuda_backend(*ck, ot);
+        be->eval(ids.data(), kPrompt, nullptr, false);
+        std::vector<float> out(kSteps * V);
+        for (int i = 0; i < kSteps; ++i) be->eval(&ids[kPrompt + i], 1, out.data() + i * V, false);
+        return out;
+    };
+    const std::vector<float> pieces = steps("decode_attn=pieces"), dflt = steps("");
+    auto rows = [&](const std::vector<float>& v, int from, int to) {
+        return std::vector<float>(v.begin() + from * V, v.begin() + to * V);
+    };
+    const double general = testing::rel_err(rows(pieces, 0, kLong), rows(dflt, 0, kLong));
+    const double long_range = testing::rel_err(rows(pieces, kLong, kSteps), rows(dflt, kLong, kSteps));
+    std::printf("  %s: default against decode_attn=pieces: %d general steps %.2e, %d long-range %.2e\n",
+                family.c_str(), kLong, general, kSteps - kLong, long_range);
+    EXPECT_EQ(general, 0.0) << family << ": below 4096 keys the graphs are the same";
+    EXPECT_GT(long_range, 0.0) << family << ": past 4096 keys the long-range graph did not run";
+    EXPECT_LT(long_range, 2e-3) << family;
+}
+
 // The prompt's path (attention as GEMMs over bf16 Q, K, V and P) over a long prompt, against the fp32 cache
 // (support/kv_long_prompt.h): half the bytes, logits within 0.1 (measured 8.3e-3 to 3.2e-2 on the dense
 // families: a cache read as the wrong type or a softmax row stored over itself is off by ~1). Not the MoE's:

@@ -34,7 +34,7 @@ TEST(Tuning, EmptyIsTheDefaults) {
     EXPECT_EQ(t.batch_attn_keys, 64);
     EXPECT_EQ(t.batch_attn_heads, 0);
     EXPECT_EQ(t.batch_attn, Tuning::BatchAttn::kMma);
-    EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::kPieces);
+    EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::kAuto);
     EXPECT_EQ(t.stream_gemm, 16);
     EXPECT_EQ(t.tile_gemm, 128);
     EXPECT_FALSE(t.cpu_pin);
@@ -58,6 +58,9 @@ TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     EXPECT_TRUE(t.load_direct);
     EXPECT_EQ(t.attn_gemm_rows, 40);
     EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::kMma);
+    EXPECT_EQ(parse_tuning("decode_attn=pieces").decode_attn, Tuning::DecodeAttn::kPieces);
+    EXPECT_EQ(tuning_string(parse_tuning("decode_attn=pieces")), "decode_attn=pieces");
+    EXPECT_EQ(tuning_string(parse_tuning("decode_attn=auto")), "");
     EXPECT_FALSE(t.moe_gemm);
     EXPECT_EQ(t.gemm_inputs, Tuning::GemmInputs::kHalves);
     EXPECT_EQ(t.batch_attn_keys, 16);
@@ -92,7 +95,7 @@ TEST(Tuning, WrongKeysAndValuesAreRefusedByName) {
               std::string::npos);
     EXPECT_NE(error_of("batch_attn_heads=16").find("batch_attn_heads=16: expected"), std::string::npos);
     EXPECT_NE(error_of("batch_attn=tc").find("batch_attn=tc: expected mma or warp"), std::string::npos);
-    EXPECT_NE(error_of("decode_attn=warp").find("decode_attn=warp: expected pieces or mma"),
+    EXPECT_NE(error_of("decode_attn=warp").find("decode_attn=warp: expected auto, pieces or mma"),
               std::string::npos);
     EXPECT_NE(error_of("stream_gemm=65").find("stream_gemm=65: expected 0 (off) to 64"), std::string::npos);
     EXPECT_NE(error_of("tile_gemm=129").find("tile_gemm=129: expected 0 (off) to 128"), std::string::npos);

@@ -272,7 +272,7 @@ GraphTimeline CudaModel::decode_timeline(int replays) {
     int64_t launched = 0;  // graph launches so far: each one is a decode step, so n_past follows
     try {
         t = timeline_run(
-            replays, [&] { return capture_step(short_step(n_past)); }, true, &launched);
+            replays, [&] { return capture_step(step_range(n_past)); }, true, &launched);
     } catch (const std::exception& e) {
         t = {};
         t.why_not = e.what();

@@ -66,14 +66,19 @@ std::vector<CudaProfileEntry> CudaModel::profile_step() {
     int* d_timed_out = st_.d_sel_info ? st_.d_sel_info + 1 : nullptr;  // scratch int (the top-k flag slot)
     int timed_out = 0;
     Profiler pf;
+    // the long range's attention as its graph runs it (the short range's clusters profile as the general
+    // graph's pieces)
+    rec_range_ = step_range(n_past) == StepRange::kLong ? StepRange::kLong : StepRange::kGeneral;
     try {
         if (d_timed_out) CUDA_CHECK(cudaMemsetAsync(d_timed_out, 0, sizeof(int), stream_));
         if (d_timed_out) stream_gate(d_flag, 2.0, d_timed_out, stream_);
         record_step(&pf);
+        rec_range_ = StepRange::kGeneral;
         *reinterpret_cast<volatile int*>(flag) = 1;
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (d_timed_out) CUDA_CHECK(cudaMemcpy(&timed_out, d_timed_out, sizeof(int), cudaMemcpyDeviceToHost));
     } catch (...) {
+        rec_range_ = StepRange::kGeneral;
         *reinterpret_cast<volatile int*>(flag) = 1;
         cudaStreamSynchronize(stream_);
         cudaFreeHost(flag);
