@@ -5,8 +5,8 @@
 // chain took 268 us for E2B's 8 heads on the H100, six times the pieces' own 43 us
 // (bench/results/cuda-batch-attn-lab.txt). attn_combine_wide_kernel spreads a head over its columns and
 // 8 warps of pieces each, 4 pieces' loads in flight per warp.
-#include <algorithm>
 #include <cfloat>
+#include <string>
 
 #include "cuda/check.h"
 #include "cuda/kernels/attention.cuh"
@@ -137,8 +137,7 @@ void attention_combine(const AttnArgs& a, int n, cudaStream_t s) {
         const size_t smem = sizeof(float) * static_cast<size_t>(a.nsplit);
         if (smem > 40 * 1024)
             throw Error("internal: " + std::to_string(a.nsplit) +
-                        " attention pieces a head exceed the merge's "
-                        "shared memory");
+                        " attention pieces a head exceed the wide merge's shared memory");
         launch_kernel(attn_combine_wide_kernel, dim3((a.d / 4 + 31) / 32, a.nH, n), dim3(32 * kWideWarps),
                       smem, s, a);
     }
