@@ -31,17 +31,6 @@ using namespace attn_kernels;
 // outputs with independent loads (every merged piece holds keys, so l > 0 for each; merge_pieces_v2).
 constexpr int kWarpsAttn = kThreads / 32;
 
-__device__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float t = lane < kWarpsAttn ? scratch[lane] : -FLT_MAX;
-    t = warp_max(t);
-    __syncthreads();
-    return t;
-}
-
 // The v2 merge, by the last piece of a head: every piece's (m, l) read once (pieces tid, tid + kThreads,
 // ...: one round for <= kThreads pieces), then thread c owns float4 column c of the output (d / 4 <=
 // kThreads) and requests 8 pieces' partials before using any. A merge of n pieces waits for about n / 8

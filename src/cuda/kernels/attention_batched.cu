@@ -76,12 +76,7 @@ __global__ void __launch_bounds__(32 * kWideWarps) attn_combine_wide_kernel(cons
     float mx = -FLT_MAX;
     for (int s = tid; s < n; s += blockDim.x)
         if (__ldcg(a.part_ml + 2 * (base + s) + 1) > 0.0f) mx = fmaxf(mx, __ldcg(a.part_ml + 2 * (base + s)));
-    mx = warp_max(mx);
-    if (lane == 0) scratch[warp] = mx;
-    __syncthreads();
-    float M = -FLT_MAX;
-    for (int w = 0; w < kWideWarps; ++w) M = fmaxf(M, scratch[w]);
-    __syncthreads();
+    const float M = block_max(mx, scratch);
     float lp = 0.0f;
     for (int s = tid; s < n; s += blockDim.x) {
         const float ls = __ldcg(a.part_ml + 2 * (base + s) + 1);

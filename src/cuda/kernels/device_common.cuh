@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 namespace markbase::cuda {
@@ -113,6 +114,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     __syncthreads();
     float t = lane < nwarps ? scratch[lane] : 0.0f;
     t = warp_sum(t);
+    __syncthreads();
+    return t;
+}
+
+// Max over the block, as block_sum (every thread gets it; ends with a barrier).
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : -FLT_MAX;
+    t = warp_max(t);
     __syncthreads();
     return t;
 }
