@@ -205,11 +205,13 @@ def step_split(before, after, duration):
     steps = d.get("markbase_steps_total", 0.0)
     if not steps:
         return None
-    phase = {p: d.get(f'markbase_step_seconds_total{{phase="{p}"}}', 0.0) for p in ("prefill", "decode", "engine")}
+    phase = {p: d.get(f'markbase_step_seconds_total{{phase="{p}"}}', 0.0)
+             for p in ("prefill", "decode", "mixed", "engine")}
     busy = sum(phase.values())
     return {
         "steps": int(steps),
-        "prefill_s": phase["prefill"], "decode_s": phase["decode"], "engine_s": phase["engine"],
+        "prefill_s": phase["prefill"], "decode_s": phase["decode"], "mixed_s": phase["mixed"],
+        "engine_s": phase["engine"],
         "idle_s": max(0.0, duration - busy),
         "decode_rows_per_step": d.get("markbase_step_decode_rows_total", 0.0) / steps,
         "prompt_tokens": int(d.get("markbase_step_prompt_tokens_total", 0.0)),

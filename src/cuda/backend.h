@@ -43,6 +43,15 @@ struct BatchRowSelect {
     float* fallback = nullptr;          // [V]: then the row goes here
 };
 
+// One sequence's share of a mixed step (CudaBackend::mixed_batch): n ids appended to its slot (one decode
+// token, or a prompt chunk); logits: its last id's row is wanted.
+struct SlotItem {
+    int slot = 0;
+    const int* ids = nullptr;
+    int n = 0;
+    bool logits = false;
+};
+
 class CudaBackend : public Backend {
   public:
     // Decodes `steps` tokens greedily on the device, starting from the argmax of the last evaluated position
@@ -89,6 +98,15 @@ class CudaBackend : public Backend {
     virtual std::vector<CudaProfileEntry> profile_batch(const int* slots, const int* ids, int n) = 0;
     // The most sequences one decode_batch takes besides the slots: the prefill chunk (-b) bounds its rows.
     virtual int batch_rows() const { return 1; }
+    // A mixed step (CudaModel::mixed_batch): items of distinct slots, each appending its ids, in one pass
+    // over the weights of at most mixed_rows() rows in all (0: this backend has none). Returns the greedy
+    // next id of each item with logits set, in item order; logits [k][V] of those rows when given. The rows
+    // stay on the device for batch_row_logits / batch_select as decode_batch's do.
+    virtual int mixed_rows() const { return 0; }
+    virtual std::vector<int> mixed_batch(const SlotItem* items, int n, float* logits) {
+        (void)items, (void)n, (void)logits;
+        throw Error("internal: this backend runs no mixed steps");
+    }
     // After a decode_batch that copied no logits, whose rows stay on the device until the next call: the
     // most rows batch_select takes at once (0: none), row r's logits to the host, and each listed row's best
     // candidates as eval_select chooses them (the engine's sampled rows: k pairs cross the bus, not a row).
@@ -122,9 +140,9 @@ class CudaBackend : public Backend {
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, const BackendOptions& opt);
 
-// The serving engine's view of a CUDA backend built with max(2, slots) slots (cuda_slots.cpp): prompt chunks
-// through slot_eval, every wanted logits row through one decode_batch per step. The backend's own
-// single-sequence calls are not used alongside.
+// The serving engine's view of a CUDA backend built with max(2, slots) slots (cuda_slots.cpp): a step with
+// prompt chunks as one mixed_batch where the backend has them, else its chunks through slot_eval and every
+// wanted logits row through decode_batch. The backend's own single-sequence calls are not used alongside.
 std::unique_ptr<SlotBackend> make_cuda_slot_backend(std::unique_ptr<CudaBackend> be, int slots);
 
 // Random bf16 weights for a released variant ("e2b", "e4b", "26b-a4b", "31b"; layers 0 = real depth), drawn

@@ -178,6 +178,12 @@ class CudaModel {
     // One token for each of n distinct slots in one batched pass (GEMMs over the n rows); the greedy next id
     // of each; logits [n][V] when given. Each slot's position advances by one.
     std::vector<int> decode_batch(const int* slot_ids, const int* ids, int n, float* logits);
+    // A mixed step (mixed.cu): each item appends its ids to its slot (distinct slots; one decode token, or a
+    // prompt chunk), all of them rows of one pass over the weights, at most chunk() rows. The leading
+    // one-id items attend through the batched step's pieces, every later item through the prompt's attention
+    // over its slot. Returns the greedy next id of each item with logits set, in item order; logits [k][V]
+    // of those rows when given (they stay on the device for batch_select either way). Eager, not a graph.
+    std::vector<int> mixed_batch(const SlotItem* items, int count, float* logits);
     // After a decode_batch that copied no logits (its rows stay on the device until the next step): the most
     // rows batch_select takes at once (0: none; a tensor-parallel rank holds part of each row), row r's
     // logits to the host, and each listed row's best candidates as decode_select chooses them, with its own
@@ -263,6 +269,9 @@ class CudaModel {
     // prefill.cu: one layer over n tokens at pos0.., in the named blocks of cpu/forward.cpp's layer
     void prefill_layer(int i, int n, int64_t pos0);
     void prefill_attention(int i, int n, int64_t pos0);
+    // mixed.cu: a mixed step's attention at layer i over its n rows (a: the decode rows' batched pieces)
+    void mixed_attention(int i, AttnArgs& a, int n);
+    void record_mixed(int n, const std::vector<int>& wanted);  // mixed.cu: the step's launches
     void prefill_ffn(int i, int n);
     void prefill_experts_of(int i, int n, cudaStream_t s);  // router, routing, experts (2.6) on stream s
     void prefill_moe_combine(int i, int n);
@@ -342,18 +351,23 @@ class CudaModel {
     // slots' base with each token's position and slot; a paged layer's through the block tables.
     template <class Args>
     void bind_cache(int i, Args& a) const {
+        bind_cache(i, a, batch_, cur_slot_);
+    }
+    // ... of one slot's (batch false: a mixed step's prompt chunk), or the batched binding
+    template <class Args>
+    void bind_cache(int i, Args& a, bool batch, int slot) const {
         const LayerCache& lc = kv_.layers[i];
-        const int64_t off = batch_ || lc.paged ? 0 : cur_slot_ * lc.slot_stride * kv_.elem_bytes;  // bytes
+        const int64_t off = batch || lc.paged ? 0 : slot * lc.slot_stride * kv_.elem_bytes;  // bytes
         a.cap = lc.cap;
         a.kv = kv_.elem_bytes == 1 ? KvElem::kFp8 : kv_.elem_bytes == 2 ? KvElem::kBf16 : KvElem::kF32;
         a.k_cache = static_cast<char*>(lc.k) + off;
         a.v_cache = static_cast<char*>(lc.v) + off;
         if (lc.paged) {
-            a.block_table = kv_.table + (batch_ ? 0 : cur_slot_ * kv_.table_stride);
+            a.block_table = kv_.table + (batch ? 0 : slot * kv_.table_stride);
             a.table_stride = kv_.table_stride;
             a.block_shift = kKvBlockShift;
         }
-        if (batch_) {
+        if (batch) {
             a.tok_pos = d_bpos_;
             a.tok_slot = d_bslot_;
         }
@@ -416,6 +430,18 @@ class CudaModel {
     std::vector<int64_t> slot_pos_;
     int cur_slot_ = 0;
     bool batch_ = false;
+    // while mixed_batch runs: its leading one-id rows (the batched pieces, positions below decode_range) and
+    // its prompt chunks (rows row0.. of slot `slot` from pos0, through attention_gemm)
+    struct MixedChunk {
+        int row0 = 0, n = 0, slot = 0;
+        int64_t pos0 = 0;
+    };
+    struct MixedPlan {
+        bool on = false;
+        int decode_rows = 0;
+        int64_t decode_range = 0;
+        std::vector<MixedChunk> chunks;
+    } mixed_;
     int *d_bpos_ = nullptr, *d_bslot_ = nullptr, *d_bnext_ = nullptr;
     // the last decode_batch's logits rows on the device ([n][V]; one sequence's in act_.logits)
     const float* batch_rows_ = nullptr;

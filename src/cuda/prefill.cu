@@ -132,7 +132,10 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
 
     AttnArgs a;
     attention_args(i, a);
-    const int64_t range = sliding ? std::min<int64_t>(c_.sliding_window, pos0 + n) : pos0 + n;
+    // a mixed step's pieces are its leading one-id rows' (mixed_attention runs its chunks apart)
+    const int nb = mixed_.on ? std::max(1, mixed_.decode_rows) : n;
+    const int64_t top = mixed_.on ? mixed_.decode_range : pos0 + n;
+    const int64_t range = sliding ? std::min<int64_t>(c_.sliding_window, top) : top;
     int64_t want = (range + 255) / 256;
     // batched decode, one query per sequence: shorter pieces (Tuning::batch_attn_keys), or the 256-key
     // pieces of a few sequences at a short range leave most SMs idle (E2B at 8 sequences: 37% of the step);
@@ -143,11 +146,11 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
     if (batch_) {
         constexpr int64_t kMinPieceWarps = 4;
         int64_t keys = plan_.batch_attn_keys;
-        if (int64_t{n} * nKV * ((range + keys - 1) / keys) < kMinPieceWarps * plan_.sms)
+        if (int64_t{nb} * nKV * ((range + keys - 1) / keys) < kMinPieceWarps * plan_.sms)
             keys = std::min<int64_t>(keys, 32);
         want = std::max(want, (range + keys - 1) / keys);
     }
-    const int64_t room = std::max<int64_t>(1, act_.max_pieces / (int64_t{n} * nH));
+    const int64_t room = std::max<int64_t>(1, act_.max_pieces / (int64_t{nb} * nH));
     a.nsplit = static_cast<int>(std::clamp<int64_t>(want, 1, room));
     a.split_len = static_cast<int>((range + a.nsplit - 1) / a.nsplit);
     a.max_heads = plan_.batch_attn_heads;
@@ -159,7 +162,9 @@ void CudaModel::prefill_attention(int i, int n, int64_t pos0) {
         a.out_lo = lo_at(n, qw);
     }
     run(pf, "attention", i, 0.0, [&] {
-        if (batch_)
+        if (mixed_.on)
+            mixed_attention(i, a, n);
+        else if (batch_)
             attention(a, n, stream_);
         else
             attention_gemm(a, n, pos0, attn_gemm_, stream_);

@@ -37,8 +37,12 @@ Scheduler::Scheduler(const SchedulerLimits& limits, const KvBlockOptions& kv) : 
     if (limits.ctx_size < 1)
         throw Error("scheduler: ctx_size must be positive, found " + std::to_string(limits.ctx_size));
     if (limits.step_token_budget < 1)
-        throw Error("scheduler: the step's prompt token budget must be positive, found " +
+        throw Error("scheduler: the step's token budget must be positive, found " +
                     std::to_string(limits.step_token_budget));
+    if (limits.one_pass_steps && limits.step_token_budget < limits.max_sequences)
+        throw Error("scheduler: the step's token budget (-b, " + std::to_string(limits.step_token_budget) +
+                    ") must be at least max_sequences (-np, " + std::to_string(limits.max_sequences) +
+                    "): a step runs one decode token of every sequence and its prompt chunks as one pass");
     const int64_t one = kv_.blocks_for(limits.ctx_size, limits.step_token_budget);
     if (one > kv_.total())
         throw Error("scheduler: a KV pool of " + std::to_string(kv_.total()) +
@@ -161,15 +165,16 @@ void Scheduler::admit(Step& step) {
 }
 
 void Scheduler::schedule_prompts(Step& step, int64_t& budget) {
+    bool first = true;
     for (uint64_t id : running_in_admission_order(SeqState::Prefilling)) {
         if (budget <= 0) break;
         Seq* s = find_running(id);
         if (s == nullptr) continue;  // preempted for an older prompt of this step
         const int64_t left = static_cast<int64_t>(s->ids.size()) - s->n_cached;
-        // Only the step's first prompt is cut to the budget: every prompt chunk is a pass over the weights
-        // (on the MoE, nearly every expert's at ~100 tokens), so a second prompt that does not fit whole
-        // waits for the next step instead of starting with a sliver.
-        if (budget < limits_.step_token_budget && left > budget) break;
+        // Where each prompt chunk is a pass over the weights of its own (on the MoE nearly every expert's
+        // at ~100 tokens), only the step's first prompt is cut to the budget: a second one that does not fit
+        // whole waits for the next step instead of starting with a sliver. One-pass steps fill the budget.
+        if (!first && !limits_.one_pass_steps && left > budget) break;
         const int64_t want = std::min<int64_t>(left, budget);
         int64_t n = kv_.max_growable(id, s->n_cached + want) - s->n_cached;
         uint64_t victim = 0;
@@ -181,6 +186,7 @@ void Scheduler::schedule_prompts(Step& step, int64_t& budget) {
         kv_.grow(id, s->n_cached + n);
         add_work(*s, n, step);
         budget -= n;
+        first = false;
     }
 }
 
@@ -189,9 +195,13 @@ Step Scheduler::schedule() {
         throw std::logic_error("scheduler: sequence " + std::to_string(awaiting_.front()) +
                                " got logits in the last step but was neither appended to nor finished");
     Step step;
-    int64_t budget = limits_.step_token_budget;
     for (const auto& [id, s] : running_) kv_.trim(id);
     schedule_decodes(step);
+    // one-pass steps: the decode tokens count against the budget, so a step's ids never exceed it; the
+    // constructor's budget >= max_sequences leaves a prompt at least one id whenever a slot is free to hold
+    // it
+    int64_t budget = limits_.step_token_budget;
+    if (limits_.one_pass_steps) budget -= static_cast<int64_t>(step.work.size());
     admit(step);
     schedule_prompts(step, budget);
     return step;

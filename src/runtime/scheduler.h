@@ -18,8 +18,9 @@
 //   2. every decoding sequence (oldest admission first) gets its 1 token, before any prompt;
 //   3. waiting sequences are admitted in arrival order while a slot is free and the pool holds the blocks the
 //      whole sequence would need (KvBlockAllocator::blocks_for), sequences preempted in this step excepted;
-//   4. prefilling sequences (oldest first) get chunks of at most the token budget left, so a long prompt
-//      never stalls the decodes: it advances by what the budget leaves each step.
+//   4. prefilling sequences (oldest first) get chunks of at most the token budget left (less the decodes,
+//      with one_pass_steps), so a long prompt never stalls the decodes: it advances by what the budget
+//      leaves each step.
 //
 // Preemption (the pool cannot grow a sequence): the most recently admitted running sequence gives up its
 // slot and blocks and goes back to the head of the queue with every id it knows, prompt and generated ones;
@@ -47,6 +48,12 @@ struct SchedulerLimits {
     // longer than this is fed in chunks of it, so a long prompt never holds the decodes up for more than
     // one chunk's pass.
     int step_token_budget = 512;
+    // The backend runs a step's prompt chunks and decode tokens as one pass over the weights (the CUDA
+    // backend's mixed steps, SlotBackend::one_pass_rows): the decodes count against the budget, so a step's
+    // ids never exceed it (vLLM's max_num_batched_tokens; then at least max_sequences, else
+    // markbase::Error), and every prompt may be cut to what is left. Otherwise each prompt chunk is a pass of
+    // its own: the budget is the prompts', and only a step's first prompt is cut.
+    bool one_pass_steps = false;
     int64_t ctx_size = 4096;  // positions one sequence may hold
 };
 

@@ -45,11 +45,13 @@ struct SlotWork {
     DeviceSelection* selection = nullptr;
 };
 
-// Where the last eval_slots call's time went, in seconds of wall time: its prompt chunks (prefill) and its
-// rows of one id each (the batched decode). What a serving profile splits a step into (GET /metrics).
+// Where the last eval_slots call's time went, in seconds of wall time: its prompt chunks (prefill), its
+// rows of one id each (the batched decode), or both in one pass (mixed: the CUDA backend's step of prompt
+// chunks beside decode rows). What a serving profile splits a step into (GET /metrics).
 struct StepSeconds {
     double prefill = 0.0;
     double decode = 0.0;
+    double mixed = 0.0;
 };
 
 class SlotBackend {
@@ -77,6 +79,10 @@ class SlotBackend {
     // SlotWork::select: the largest k and the most penalty ids it takes (0: none; the engine sends rows).
     virtual int max_select_k() const { return 0; }
     virtual int max_select_penalty_ids() const { return 0; }
+    // The most ids a step runs as one pass over the weights, prompt chunks and decode tokens together (the
+    // CUDA backend's mixed steps); 0: each prompt chunk is a pass of its own (the scheduler's
+    // one_pass_steps).
+    virtual int one_pass_rows() const { return 0; }
 };
 
 // BackendOptions::slots caches of ctx_size positions each (slots >= 1).

@@ -65,7 +65,7 @@ struct EngineLimits {
     int max_sequences = 4;        // -np: sequences decoding at once
     int64_t ctx_size = 4096;      // per sequence: prompt + generated
     int max_queue = 64;           // requests waiting beyond max_sequences; more are refused (503)
-    int step_token_budget = 512;  // prompt tokens one step may run (chunked prefill; serve -b)
+    int step_token_budget = 512;  // prompt ids one step may run (chunked prefill; serve -b; SchedulerLimits)
     int64_t kv_blocks = 0;        // KV pool, blocks of 16 positions; 0: room for max_sequences full contexts
 };
 
@@ -81,9 +81,10 @@ struct EngineMetrics {
     double ttft_sum = 0, tpot_sum = 0;
     uint64_t ttft_n = 0, tpot_n = 0;
     // The scheduler thread's time while it has work, in seconds: the steps' prompt chunks (prefill), their
-    // one-id rows (decode: the batched step), and the rest of each step and of the request intake between
-    // steps (engine: scheduling, sampling, the sinks, the queue). Idle waits for work are not counted.
-    double step_prefill_s = 0, step_decode_s = 0, step_engine_s = 0;
+    // one-id rows (decode: the batched step), both in one pass (mixed: the CUDA backend's steps that carry
+    // prompt chunks), and the rest of each step and of the request intake between steps (engine:
+    // scheduling, sampling, the sinks, the queue). Idle waits for work are not counted.
+    double step_prefill_s = 0, step_decode_s = 0, step_mixed_s = 0, step_engine_s = 0;
     uint64_t steps = 0, step_decode_rows = 0, step_prompt_tokens = 0;
 };
 

@@ -25,12 +25,15 @@ namespace {
 constexpr int kBlockSize = 16;
 constexpr int kMaxTopLogprobs = 20;
 
-SchedulerLimits scheduler_limits(const EngineLimits& l) {
+// A one-pass backend's steps hold at most what one of its passes takes.
+SchedulerLimits scheduler_limits(const EngineLimits& l, const SlotBackend& be) {
     SchedulerLimits s;
     s.max_sequences = l.max_sequences;
     s.max_queue = l.max_queue;
     s.step_token_budget = l.step_token_budget;
     s.ctx_size = l.ctx_size;
+    s.one_pass_steps = be.one_pass_rows() > 0;
+    if (s.one_pass_steps) s.step_token_budget = std::min(s.step_token_budget, be.one_pass_rows());
     return s;
 }
 
@@ -54,7 +57,7 @@ KvBlockOptions kv_options(const ModelConfig& c, const EngineLimits& l, const Slo
 class EngineImpl final : public Engine {
   public:
     EngineImpl(SlotBackend& be, const Tokenizer& tok, const ModelConfig& c, EngineLimits lim)
-        : be_(be), tok_(tok), cfg_(c), lim_(lim), sched_(scheduler_limits(lim), kv_options(c, lim, be)) {
+        : be_(be), tok_(tok), cfg_(c), lim_(lim), sched_(scheduler_limits(lim, be), kv_options(c, lim, be)) {
         if (lim.max_sequences > be.slots())
             throw Error("max_sequences " + std::to_string(lim.max_sequences) + " exceeds the backend's " +
                         std::to_string(be.slots()) + " slots");
@@ -283,8 +286,7 @@ void EngineImpl::step() {
     }
     publish_counts();
     const StepSeconds be = work.empty() ? StepSeconds{} : be_.last_step_seconds();
-    book_.step(be.prefill, be.decode, now_s() - t0 - be.prefill - be.decode + intake_s_, decode_rows,
-               prompt_tokens);
+    book_.step(be, now_s() - t0 - be.prefill - be.decode - be.mixed + intake_s_, decode_rows, prompt_tokens);
     intake_s_ = 0;
 }
 

@@ -74,11 +74,12 @@ void MetricsBook::gauges(int running, int queued, int64_t kv_used, int64_t kv_fr
     m_.kv_blocks_free = kv_free;
 }
 
-void MetricsBook::step(double prefill_s, double decode_s, double engine_s, int64_t decode_rows,
+void MetricsBook::step(const StepSeconds& backend, double engine_s, int64_t decode_rows,
                        int64_t prompt_tokens) {
     std::lock_guard<std::mutex> lk(mu_);
-    m_.step_prefill_s += prefill_s;
-    m_.step_decode_s += decode_s;
+    m_.step_prefill_s += backend.prefill;
+    m_.step_decode_s += backend.decode;
+    m_.step_mixed_s += backend.mixed;
     m_.step_engine_s += engine_s;
     ++m_.steps;
     m_.step_decode_rows += static_cast<uint64_t>(decode_rows);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "runtime/slot_backend.h"
 #include "server/engine.h"
 
 namespace markbase::server {
@@ -25,7 +26,7 @@ class MetricsBook {
     void tpot(double s);
     void gauges(int running, int queued, int64_t kv_used, int64_t kv_free);
     // one engine step: its backend split, the rest of the engine's busy time since the last step, its rows
-    void step(double prefill_s, double decode_s, double engine_s, int64_t decode_rows, int64_t prompt_tokens);
+    void step(const StepSeconds& backend, double engine_s, int64_t decode_rows, int64_t prompt_tokens);
     EngineMetrics snapshot() const;
 
   private:

@@ -60,12 +60,12 @@ std::string prometheus_text(const EngineMetrics& m, const std::map<int, uint64_t
     o << "markbase_kv_blocks_used " << m.kv_blocks_used << '\n';
     header(o, "markbase_kv_blocks_free", "gauge", "KV cache blocks free.");
     o << "markbase_kv_blocks_free " << m.kv_blocks_free << '\n';
-    header(
-        o, "markbase_step_seconds_total", "counter",
-        "Scheduler-thread seconds while busy: prompt chunks, the batched decode rows, and the engine's own "
-        "work (scheduling, sampling, streaming, intake).");
+    header(o, "markbase_step_seconds_total", "counter",
+           "Scheduler-thread seconds while busy: prompt chunks, the batched decode rows, both in one pass "
+           "(mixed), and the engine's own work (scheduling, sampling, streaming, intake).");
     o << "markbase_step_seconds_total{phase=\"prefill\"} " << num(m.step_prefill_s) << '\n'
       << "markbase_step_seconds_total{phase=\"decode\"} " << num(m.step_decode_s) << '\n'
+      << "markbase_step_seconds_total{phase=\"mixed\"} " << num(m.step_mixed_s) << '\n'
       << "markbase_step_seconds_total{phase=\"engine\"} " << num(m.step_engine_s) << '\n';
     header(o, "markbase_steps_total", "counter", "Engine steps run.");
     o << "markbase_steps_total " << m.steps << '\n';

@@ -1,9 +1,12 @@
 // The CUDA SlotBackend (cuda/cuda_slots.cpp), what `markbase serve --device cuda` steps: on every golden
 // checkpoint, four sequences admitted at different steps, one prompt fed in two chunks (the first without
-// logits), listed in shifting orders and decoded together in groups smaller than the step (chunk 2 bounds
-// decode_batch's rows); every logits row must match that sequence run alone on the CPU to 1e-3 of its largest
-// magnitude (the decode rows run as GEMMs, as in test_cuda_batch.cpp), with the full-attention layers' K and
-// V in blocks of a paged pool that the default tables would not use. Then the serving engine over the CUDA
+// logits), listed in shifting orders; every logits row must match that sequence run alone on the CPU to 1e-3
+// of its largest magnitude (the decode rows run as GEMMs, as in test_cuda_batch.cpp), with the full-attention
+// layers' K and V in blocks of a paged pool that the default tables would not use. Twice: with chunk 2 the
+// steps run in two phases (prompt chunks through the prefill, then the wanted rows decoded together in
+// groups smaller than the step); with chunk 64 every step that carries a prompt is one mixed step (its
+// leading decode rows through the batched pieces, each later item, decode tokens too, through the prompt
+// attention over its slot). Then the serving engine over the CUDA
 // slots gives the CPU engine's greedy ids on the bundled model, also with a pool too small for every
 // sequence at once (preemption). Without a GPU every test skips with the reason.
 #include <gtest/gtest.h>
@@ -30,11 +33,11 @@
 namespace markbase {
 namespace {
 
-[[maybe_unused]] BackendOptions options(int slots) {
+[[maybe_unused]] BackendOptions options(int slots, int chunk = 2) {
     BackendOptions o = testing::exact_options();
     o.threads = 2;
     o.ctx_size = 64;
-    o.chunk = 2;
+    o.chunk = chunk;
     o.slots = slots;
     o.kv_dtype = KvDtype::kF32;  // the exact cache: compared with the CPU backend's fp32 products
     return o;
@@ -42,10 +45,9 @@ namespace {
 
 class CudaSlots : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
-    REQUIRE_CUDA();
 #ifdef MARKBASE_HAS_CUDA
-    auto ck = load_checkpoint(testing::golden_models_dir() / GetParam());
+void interleave_four(const std::string& model, int chunk) {
+    auto ck = load_checkpoint(testing::golden_models_dir() / model);
     const int V = ck->config.vocab_size;
     const std::vector<std::vector<int>> prompts = {
         testing::random_ids(5, V, 1), testing::random_ids(11, V, 2), testing::random_ids(1, V, 3),
@@ -56,7 +58,7 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
 
     // the paged cache with a pool of 4 blocks of 16 positions, one per sequence, none where the default
     // tables would put it (slot s's block 0 would be block 4 s, outside the pool for s > 0)
-    BackendOptions o = options(4);
+    BackendOptions o = options(4, chunk);
     o.kv_blocks = 4;
     auto sb = make_cuda_slot_backend(make_cuda_backend(*ck, o), 4);
     ASSERT_EQ(sb->slots(), 4);
@@ -100,6 +102,10 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
         std::vector<float> logits(rows * static_cast<size_t>(V));
         std::vector<int> next(rows, -1);
         sb->eval_slots(work, logits.data(), next.data());
+        const bool prompt = std::any_of(work.begin(), work.end(), [](auto& w) { return w.ids.size() > 1; });
+        const StepSeconds took = sb->last_step_seconds();
+        EXPECT_EQ(took.mixed > 0, prompt && chunk > 2) << "step " << step << ": the mixed step ran";
+        EXPECT_EQ(took.prefill > 0, prompt && chunk == 2) << "step " << step << ": the chunks' own passes";
         size_t r = 0;
         for (size_t i = 0; i < work.size(); ++i) {
             const int s = seq_of[i];
@@ -113,8 +119,8 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
                                          logits.begin() + static_cast<std::ptrdiff_t>(r + 1) * V);
             EXPECT_EQ(next[r], std::max_element(got.begin(), got.end()) - got.begin())
                 << "the device's argmax";
-            EXPECT_LT(testing::rel_err(want, got), 1e-3) << GetParam() << ": sequence " << s << " after "
-                                                         << fed[s] << " decode tokens (step " << step << ")";
+            EXPECT_LT(testing::rel_err(want, got), 1e-3) << model << ": sequence " << s << " after " << fed[s]
+                                                         << " decode tokens (step " << step << ")";
             ++r;
         }
     }
@@ -132,6 +138,53 @@ TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
     std::vector<float> row(static_cast<size_t>(V));
     sb->eval_slots({SlotWork{0, prompts[0], true}}, row.data());
     EXPECT_LT(testing::rel_err(alone[0].rows[0], row), 1e-3);
+}
+#endif
+
+TEST_P(CudaSlots, InterleavedSequencesMatchEachRunAloneOnTheCpu) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    interleave_four(GetParam(), 2);
+#endif
+}
+
+TEST_P(CudaSlots, MixedStepsMatchEachRunAloneOnTheCpu) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    interleave_four(GetParam(), 64);
+#endif
+}
+
+// mixed_batch refuses a step it cannot run, naming why, and evaluates nothing of it.
+TEST_P(CudaSlots, MixedStepRefusesBadItems) {
+    REQUIRE_CUDA();
+#ifdef MARKBASE_HAS_CUDA
+    auto ck = load_checkpoint(testing::golden_models_dir() / GetParam());
+    auto be = make_cuda_backend(*ck, options(4, 8));
+    ASSERT_EQ(be->mixed_rows(), 8);
+    const std::vector<int> a = {2, 3, 4}, b = {5, 6, 7, 8, 9, 10};
+    auto refuses = [&](std::vector<SlotItem> items, const std::string& why) {
+        try {
+            be->mixed_batch(items.data(), static_cast<int>(items.size()), nullptr);
+            ADD_FAILURE() << "accepted: " << why;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+        }
+    };
+    refuses({{1, a.data(), 3, true}, {1, b.data(), 1, true}}, "sequence slot 1 appears twice in one step");
+    refuses({{0, a.data(), 3, true}, {2, b.data(), 6, true}}, "more than 8 rows (the batch size -b)");
+    refuses({{4, a.data(), 3, true}}, "sequence slot 4 is outside [0, 4)");
+    refuses({{0, a.data(), 0, true}}, "item 0 (slot 0) has no ids");
+    const std::vector<int> bad = {2, -1};
+    refuses({{0, bad.data(), 2, true}}, "token id -1 at position 1 is outside the vocabulary");
+    // a good step afterwards: nothing of the refused ones was appended (slot 0 starts from position 0)
+    const testing::AloneRun alone = testing::run_alone_on_cpu(*ck, options(1), a, 0);
+    std::vector<float> row(static_cast<size_t>(ck->config.vocab_size));
+    const SlotItem good{0, a.data(), 3, true};
+    const std::vector<int> next = be->mixed_batch(&good, 1, row.data());
+    ASSERT_EQ(next.size(), 1u);
+    EXPECT_EQ(next[0], std::max_element(row.begin(), row.end()) - row.begin());
+    EXPECT_LT(testing::rel_err(alone.rows[0], row), 1e-3);
 #endif
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/error.h"
@@ -138,6 +139,49 @@ TEST(Scheduler, SecondPromptWaitsRatherThanStartingWithASliver) {
     EXPECT_EQ(work_of(st, 4)->ids.size(), 64u) << "the step's first prompt is cut to the budget";
 }
 
+// A backend that runs a step as one pass (one_pass_steps: the CUDA mixed step) gets at most the budget of
+// ids a step, the decodes included, and every prompt is cut to fill it; a budget below max_sequences is
+// refused there (the decodes could take it whole while a freed slot's prompt waits).
+TEST(Scheduler, OnePassStepsCountTheDecodesAndFillTheBudget) {
+    SchedulerLimits l = lim(4, 8, 64, 4096);
+    l.one_pass_steps = true;
+    Scheduler s(l, pool(1024));
+    ASSERT_TRUE(s.add(1, prompt(5, 1)));
+    Step st = s.schedule();
+    sample_all(s, st);  // 1 decodes from now on
+    ASSERT_TRUE(s.add(2, prompt(40, 2)));
+    ASSERT_TRUE(s.add(3, prompt(100, 3)));
+    st = s.schedule();
+    EXPECT_EQ(st.tokens(), 64) << "1 decode + 40 + a 23-id sliver of the third";
+    ASSERT_NE(work_of(st, 2), nullptr);
+    ASSERT_NE(work_of(st, 3), nullptr);
+    EXPECT_EQ(work_of(st, 2)->ids.size(), 40u);
+    EXPECT_EQ(work_of(st, 3)->ids.size(), 23u);
+    EXPECT_FALSE(work_of(st, 3)->wants_logits);
+    sample_all(s, st);
+    st = s.schedule();  // 1 and 2 decode; 3's next 62
+    EXPECT_EQ(st.tokens(), 64);
+    ASSERT_NE(work_of(st, 3), nullptr);
+    EXPECT_EQ(work_of(st, 3)->ids.size(), 62u);
+    EXPECT_EQ(work_of(st, 3)->pos0, 23);
+
+    l = lim(8, 1, 7, 64);
+    l.one_pass_steps = true;
+    try {
+        Scheduler bad(l, pool(64));
+        ADD_FAILURE() << "a budget of 7 for 8 sequences was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("token budget (-b, 7) must be at least max_sequences (-np, 8)"),
+                  std::string::npos)
+            << e.what();
+    }
+    l.step_token_budget = 8;
+    Scheduler ok(l, pool(64));  // one prompt id beside seven decodes
+    l.one_pass_steps = false;
+    l.step_token_budget = 7;
+    Scheduler chunks(l, pool(64));  // the prompts' budget: decodes come on top
+}
+
 TEST(Scheduler, CancelFreesBlocksAndSlotWithinTheStep) {
     Scheduler s(lim(1, 8, 64, 256), pool(32));
     ASSERT_TRUE(s.add(1, prompt(40, 1)));
@@ -221,10 +265,12 @@ TEST(Scheduler, RejectsAPoolTooSmallForOneContext) {
 }
 
 // A seeded random walk of a driver: every step stays within the budget, decodes every decoding sequence,
-// never feeds past the context, and the blocks always add up.
-TEST(Scheduler, RandomDriverKeepsInvariants) {
+// never feeds past the context, and the blocks always add up; with one-pass steps, the decodes within it.
+void random_walk(bool one_pass) {
     const int64_t ctx = 48;
-    Scheduler s(lim(3, 4, 12, ctx), pool(30, 4, true, 8));
+    SchedulerLimits l = lim(3, 4, 12, ctx);
+    l.one_pass_steps = one_pass;
+    Scheduler s(l, pool(30, 4, true, 8));
     std::mt19937_64 rng(7);
     uint64_t next = 1;
     std::map<uint64_t, int> budget_left;  // tokens each live request may still generate
@@ -243,7 +289,8 @@ TEST(Scheduler, RandomDriverKeepsInvariants) {
         for (const auto& [id, left] : budget_left)
             if (s.state(id) == SeqState::Decoding) decoding.push_back(id);
         Step st = s.schedule();
-        ASSERT_LE(st.tokens(), 12 + 3);  // the prompt budget and one decode of each of the 3 sequences
+        // the prompt budget and one decode of each of the 3 sequences, or the decodes within it
+        ASSERT_LE(st.tokens(), one_pass ? 12 : 12 + 3);
         for (uint64_t id : decoding) {
             if (std::find(st.preempted.begin(), st.preempted.end(), id) != st.preempted.end()) continue;
             ASSERT_NE(work_of(st, id), nullptr) << "step " << step << ": decoding " << id << " skipped";
@@ -265,6 +312,13 @@ TEST(Scheduler, RandomDriverKeepsInvariants) {
     for (const auto& [id, left] : budget_left) s.cancel(id);
     EXPECT_EQ(s.blocks().used(), 0);
     EXPECT_TRUE(s.idle());
+}
+
+TEST(Scheduler, RandomDriverKeepsInvariants) {
+    random_walk(false);
+}
+TEST(Scheduler, RandomDriverKeepsInvariantsWithOnePassSteps) {
+    random_walk(true);
 }
 
 }  // namespace

@@ -128,6 +128,7 @@ TEST(ServeMetrics, PrometheusText) {
     m.ttft_n = 3;
     m.ttft_sum = 2.5;
     m.step_decode_s = 1.5;
+    m.step_mixed_s = 0.25;
     m.steps = 9;
     const std::string t = prometheus_text(m, {{200, 4}, {400, 1}});
     for (const char* line :
@@ -137,7 +138,8 @@ TEST(ServeMetrics, PrometheusText) {
           "markbase_time_to_first_token_seconds_count 3\n", "markbase_sequences_running 2\n",
           "markbase_kv_blocks_free 7\n", "markbase_http_responses_total{code=\"400\"} 1\n",
           "# TYPE markbase_time_per_output_token_seconds histogram\n",
-          "markbase_step_seconds_total{phase=\"decode\"} 1.5\n", "markbase_steps_total 9\n"})
+          "markbase_step_seconds_total{phase=\"decode\"} 1.5\n",
+          "markbase_step_seconds_total{phase=\"mixed\"} 0.25\n", "markbase_steps_total 9\n"})
         EXPECT_NE(t.find(line), std::string::npos) << line << "\nin\n" << t;
 }
 
