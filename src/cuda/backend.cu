@@ -134,6 +134,10 @@ class CudaBackendImpl final : public CudaBackend {
         for (int t = 0; t < n; ++t) cuda::check_token_ids(config(), items[t].ids, items[t].n);
         return model_.mixed_batch(items, n, logits);
     }
+    std::vector<CudaProfileEntry> profile_mixed(const SlotItem* items, int n) override {
+        for (int t = 0; t < n; ++t) cuda::check_token_ids(config(), items[t].ids, items[t].n);
+        return model_.profile_mixed(items, n);
+    }
     double batch_expert_weight_bytes(int n) const override { return model_.batch_expert_weight_bytes(n); }
     int64_t kv_pool_blocks() const override { return model_.kv_pool_blocks(); }
     void slot_set_blocks(int slot, const int* blocks, int64_t n) override {

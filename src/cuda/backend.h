@@ -107,6 +107,11 @@ class CudaBackend : public Backend {
         (void)items, (void)n, (void)logits;
         throw Error("internal: this backend runs no mixed steps");
     }
+    // mixed_batch's step with events around each phase of each layer (the slots advance). One GPU only.
+    virtual std::vector<CudaProfileEntry> profile_mixed(const SlotItem* items, int n) {
+        (void)items, (void)n;
+        throw Error("internal: this backend runs no mixed steps");
+    }
     // After a decode_batch that copied no logits, whose rows stay on the device until the next call: the
     // most rows batch_select takes at once (0: none), row r's logits to the host, and each listed row's best
     // candidates as eval_select chooses them (the engine's sampled rows: k pairs cross the bus, not a row).

@@ -16,7 +16,18 @@
 
 namespace markbase::cuda {
 
+std::vector<CudaProfileEntry> CudaModel::profile_mixed(const SlotItem* items, int count) {
+    if (sharded()) throw Error("the per-kernel profile runs on one GPU: use --tensor-parallel-size 1");
+    Profiler pf;  // (its destructor frees the events if the step throws)
+    mixed_run(items, count, nullptr, &pf);
+    return pf.collect();
+}
+
 std::vector<int> CudaModel::mixed_batch(const SlotItem* items, int count, float* logits) {
+    return mixed_run(items, count, logits, nullptr);
+}
+
+std::vector<int> CudaModel::mixed_run(const SlotItem* items, int count, float* logits, Profiler* pf) {
     if (slots_ < 2 || !d_bpos_)
         throw Error("internal: a mixed step needs a model built with 2 or more slots");
     if (count < 1) throw Error("mixed step: no items");
@@ -65,13 +76,16 @@ std::vector<int> CudaModel::mixed_batch(const SlotItem* items, int count, float*
     batch_n_ = 0;
     stage_batch(ids.data(), pos, slot);
     mixed_ = std::move(plan);
+    prefill_pf_ = pf;
     try {
         record_mixed(n, wanted);
     } catch (...) {
         mixed_ = {};
+        prefill_pf_ = nullptr;
         throw;
     }
     mixed_ = {};
+    prefill_pf_ = nullptr;
     std::vector<int> next(static_cast<size_t>(k));
     if (k > 0) {
         CUDA_CHECK(cudaMemcpyAsync(next.data(), d_bnext_, k * sizeof(int), cudaMemcpyDeviceToHost, stream_));
@@ -98,7 +112,8 @@ void CudaModel::record_mixed(int n, const std::vector<int>& wanted) {
         explicit BatchScope(bool& f) : flag(f) { flag = true; }
         ~BatchScope() { flag = false; }
     } scope(batch_);
-    embed_chunk(nullptr, n);
+    Profiler* pf = prefill_pf_;  // profile_mixed: events around each phase
+    embed_chunk(pf, n);
     for (int i = 0; i < L; ++i) prefill_layer(i, n, 0);  // (positions: mixed_ and the per-row arrays)
     const int k = static_cast<int>(wanted.size());
     if (k == 0) return;
@@ -108,7 +123,7 @@ void CudaModel::record_mixed(int n, const std::vector<int>& wanted) {
             CUDA_CHECK(cudaMemcpyAsync(act_.x + int64_t{j} * H,
                                        act_.x + int64_t{wanted[static_cast<size_t>(j)]} * H,
                                        H * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    run(nullptr, "lm_head", -1, 2.0 * V * H, [&] {
+    run(pf, "lm_head", -1, 2.0 * V * H, [&] {
         split_x({true, true, w_.final_norm}, k);  // the last update's rows stand only where k == n
         gemm(w_.embed, static_cast<int>(V), H, k, act_.all_logits, V);
         if (c_.final_softcap > 0.0f)
@@ -117,13 +132,14 @@ void CudaModel::record_mixed(int n, const std::vector<int>& wanted) {
     });
 }
 
-// Layer i's attention in a mixed step: the leading one-id rows through the batched pieces (a, as
-// prefill_attention laid them out for them; their merge writes o_proj's input rows), then each chunk
-// through attention_gemm over its slot's cache, its output rows split into o_proj's input as the merge
-// writes the others (hi at its rows, lo at the same rows of the n-row lo half).
+// Layer i's attention in a mixed step: each chunk through attention_gemm over its slot's cache, then the
+// leading one-id rows through the batched pieces (a, as prefill_attention laid them out for them; their
+// merge writes o_proj's input rows), then the chunks' output rows split into o_proj's input as the merge
+// writes the others (hi at its rows, lo at the same rows of the n-row lo half). In that order because
+// attention_gemm's bf16 queries (a bf16 or fp8 cache) are staged in act_.hi, which the merge and the
+// splits write.
 void CudaModel::mixed_attention(int i, AttnArgs& a, int n) {
     const int qw = a.nH * a.d;
-    if (mixed_.decode_rows > 0) attention(a, mixed_.decode_rows, stream_);
     for (const MixedChunk& ch : mixed_.chunks) {
         AttnArgs b = a;
         b.tok_pos = nullptr;
@@ -134,9 +150,11 @@ void CudaModel::mixed_attention(int i, AttnArgs& a, int n) {
         b.out = act_.attn + int64_t{ch.row0} * qw;
         b.out_hi = b.out_lo = nullptr;
         attention_gemm(b, ch.n, ch.pos0, attn_gemm_, stream_);
-        split_rows(b.out, qw, qw, ch.n, false, nullptr, c_.rms_eps, act_.hi + int64_t{ch.row0} * qw,
-                   lo_at(n, qw) + int64_t{ch.row0} * qw, stream_);
     }
+    if (mixed_.decode_rows > 0) attention(a, mixed_.decode_rows, stream_);
+    for (const MixedChunk& ch : mixed_.chunks)
+        split_rows(act_.attn + int64_t{ch.row0} * qw, qw, qw, ch.n, false, nullptr, c_.rms_eps,
+                   act_.hi + int64_t{ch.row0} * qw, lo_at(n, qw) + int64_t{ch.row0} * qw, stream_);
 }
 
 }  // namespace markbase::cuda

@@ -184,6 +184,8 @@ class CudaModel {
     // over its slot. Returns the greedy next id of each item with logits set, in item order; logits [k][V]
     // of those rows when given (they stay on the device for batch_select either way). Eager, not a graph.
     std::vector<int> mixed_batch(const SlotItem* items, int count, float* logits);
+    // mixed_batch's step with events around each phase of each layer (the slots advance)
+    std::vector<CudaProfileEntry> profile_mixed(const SlotItem* items, int count);
     // After a decode_batch that copied no logits (its rows stay on the device until the next step): the most
     // rows batch_select takes at once (0: none; a tensor-parallel rank holds part of each row), row r's
     // logits to the host, and each listed row's best candidates as decode_select chooses them, with its own
@@ -272,6 +274,7 @@ class CudaModel {
     // mixed.cu: a mixed step's attention at layer i over its n rows (a: the decode rows' batched pieces)
     void mixed_attention(int i, AttnArgs& a, int n);
     void record_mixed(int n, const std::vector<int>& wanted);  // mixed.cu: the step's launches
+    std::vector<int> mixed_run(const SlotItem* items, int count, float* logits, Profiler* pf);
     void prefill_ffn(int i, int n);
     void prefill_experts_of(int i, int n, cudaStream_t s);  // router, routing, experts (2.6) on stream s
     void prefill_moe_combine(int i, int n);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -134,7 +135,9 @@ TEST_P(CudaKvBf16, LongRangeGraphTakesTheTensorCoresPast4096Keys) {
     REQUIRE_CUDA();
     const std::string family = GetParam();
     testing::TempDir dir("cuda-kv-bf16-long-" + family);
-    write_random_checkpoint(dir.path(), testing::tiny_int4_config(family), 31);
+    nlohmann::json cfg = testing::tiny_int4_config(family);
+    cfg["max_position_embeddings"] = 4160;  // (the tiny configs hold 512)
+    write_random_checkpoint(dir.path(), cfg, 31);
     auto ck = load_checkpoint(dir.path());
     const int64_t V = ck->config.vocab_size;
     constexpr int kPrompt = 4090, kSteps = 24, kLong = 4096 - kPrompt;  // steps before the long range

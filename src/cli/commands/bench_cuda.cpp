@@ -3,7 +3,8 @@
 // Decode at batch 1: prefill a seeded random prompt of -p tokens, then -n greedy tokens decoded on the device
 // (one CUDA-graph launch per token, ids copied back once), median of -r repetitions; achieved GB/s from the
 // bytes each token must read (count_params) against the H200's 4.16 TB/s read roofline. Prefill tok/s over a
-// separate --prefill-tokens prompt. -np N: N sequences decoded together (batched decode). --profile times one
+// separate --prefill-tokens prompt. -np N: N sequences decoded together (batched decode), and the serving
+// step of N - 1 decodes and a prompt chunk as one mixed pass against the two apart. --profile times one
 // decode step kernel by kernel (bench_cuda_profile.cpp). --timeline: where the graph step's time goes inside
 // its replay (CUPTI kernel records, graph_timeline.h), the decode step's and with -np the batched step's;
 // without CUPTI it says why and the bench goes on. Prints a receipt with a
@@ -209,7 +210,8 @@ struct Timelines {
 };
 
 void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be, const BenchArgs& b,
-                   const DecodeRuns& d, const Receipt& r, const ProfileRuns& p, const Timelines& tls) {
+                   const DecodeRuns& d, const Receipt& r, const ProfileRuns& p, const Timelines& tls,
+                   const MixedRuns& mx) {
     const ModelConfig& c = be->config();
     const ModelCounts counts = count_params(c, m.weights);
     const CudaDeviceInfo dev = be->device();
@@ -284,6 +286,7 @@ void write_receipt(const std::string& path, const BenchModel& m, CudaBackend* be
         j["timeline"] = timeline_json(tls.decode);
         j["timeline_gap"] = gap_json(timeline_gap(tls.decode, kRooflineGBs, c.n_layers));
     }
+    if (mx.ran) j["mixed_step"] = mixed_json(mx);
     if (tls.has_batch) {
         j["batch_timeline"] = timeline_json(tls.batch);
         j["batch_timeline_gap"] = gap_json(timeline_gap(tls.batch, kRooflineGBs, c.n_layers));
@@ -320,6 +323,7 @@ int cmd_bench_cuda(ArgReader& a) {
                                            be->batch_expert_weight_bytes(m.slots));
         print_step_roofline(r.batch_bytes, r.batch_step, r.roofline, c.n_experts);
     }
+    const MixedRuns mx = m.slots > 1 ? bench_mixed(be, c, b, m.slots) : MixedRuns{};
 
     ProfileRuns p;
     if (b.profile) {
@@ -344,7 +348,7 @@ int cmd_bench_cuda(ArgReader& a) {
             tls.has_batch = true;
         }
     }
-    if (!b.json_out.empty()) write_receipt(b.json_out, m, be, b, d, r, p, tls);
+    if (!b.json_out.empty()) write_receipt(b.json_out, m, be, b, d, r, p, tls, mx);
     return 0;
 }
 

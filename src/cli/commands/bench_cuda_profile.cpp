@@ -11,6 +11,7 @@
 
 #include "loading/checkpoint.h"
 #include "model/config.h"
+#include "runtime/timing.h"
 
 namespace markbase::cli {
 
@@ -124,6 +125,74 @@ void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>
     char title[128];
     std::snprintf(title, sizeof title, "prefill of %d tokens at position %d", n_pp, p->prefill_at);
     p->prefill_total = phase_table(pp, title, &p->prefill_by_phase);
+}
+
+MixedRuns bench_mixed(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots) {
+    MixedRuns m;
+    m.decode_rows = slots - 1;
+    m.chunk = be->mixed_rows() - m.decode_rows;
+    const int reps = std::max(5, 2 * b.reps), steps = 2 * reps + 4;
+    if (slots < 2 || m.chunk < 1) return m;
+    if (b.n_prompt + steps > be->ctx_size() || m.chunk > be->ctx_size()) {
+        std::printf(
+            "mixed     skipped: the context (%lld) holds neither %d + %d positions nor a chunk of %d\n",
+            static_cast<long long>(be->ctx_size()), b.n_prompt, steps, m.chunk);
+        return m;
+    }
+    std::vector<int> slot_ids, next;
+    fill_slots(be, c, b, m.decode_rows, &slot_ids, &next);
+    const int last = m.decode_rows;
+    const std::vector<int> chunk = random_prompt(m.chunk, c, 77);
+    auto items = [&] {
+        std::vector<SlotItem> it;
+        for (int t = 0; t < m.decode_rows; ++t) it.push_back({t, &next[static_cast<size_t>(t)], 1, true});
+        it.push_back({last, chunk.data(), m.chunk, true});
+        return it;
+    };
+    std::vector<double> mixed, prefill, decode;
+    for (int r = 0; r <= reps; ++r) {  // the first round warms up (graphs captured, buffers touched)
+        be->slot_reset(last);
+        double t0 = now_s();
+        be->slot_eval(last, chunk.data(), m.chunk);
+        const double p = now_s() - t0;
+        be->slot_reset(last);
+        std::vector<SlotItem> it = items();
+        t0 = now_s();
+        std::vector<int> out = be->mixed_batch(it.data(), static_cast<int>(it.size()), nullptr);
+        const double x = now_s() - t0;
+        std::copy(out.begin(), out.begin() + m.decode_rows, next.begin());
+        t0 = now_s();
+        next = be->decode_batch(slot_ids.data(), next.data(), m.decode_rows, nullptr);
+        const double d = now_s() - t0;
+        if (r == 0) continue;
+        mixed.push_back(x * 1e3);
+        prefill.push_back(p * 1e3);
+        decode.push_back(d * 1e3);
+    }
+    m.ran = true;
+    m.mixed_ms = median(mixed);
+    m.prefill_ms = median(prefill);
+    m.decode_ms = median(decode);
+    std::printf(
+        "mixed     %d decode rows + a %d-token chunk in one pass: %.3f ms; apart %.3f (the chunk's "
+        "prefill) + %.3f (the batched step) = %.3f ms\n",
+        m.decode_rows, m.chunk, m.mixed_ms, m.prefill_ms, m.decode_ms, m.prefill_ms + m.decode_ms);
+    if (!b.profile) return m;
+    be->slot_reset(last);
+    std::vector<SlotItem> it = items();
+    const std::vector<CudaProfileEntry> pm = be->profile_mixed(it.data(), static_cast<int>(it.size()));
+    char title[128];
+    std::snprintf(title, sizeof title, "mixed step of %d decode rows and a %d-token chunk", m.decode_rows,
+                  m.chunk);
+    m.profile_total = phase_table(pm, title, &m.profile_by_phase);
+    return m;
+}
+
+nlohmann::json mixed_json(const MixedRuns& m) {
+    return {{"decode_rows", m.decode_rows},          {"chunk", m.chunk},
+            {"mixed_ms_median", m.mixed_ms},         {"apart_prefill_ms_median", m.prefill_ms},
+            {"apart_decode_ms_median", m.decode_ms}, {"profile_total_ms", m.profile_total},
+            {"profile_by_phase", m.profile_by_phase}};
 }
 
 // One batched step of every slot the same way (after each slot's prompt): where the step's time goes. The

@@ -41,6 +41,20 @@ void profile_prefill(CudaBackend* be, const BenchArgs& b, const std::vector<int>
 // K/V bytes its layers read (kv_elem_bytes a cache element).
 void profile_batched(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots, int kv_elem_bytes,
                      ProfileRuns* p);
+// The serving step two ways (-np N: N - 1 sequences decoding after their prompts, the last slot taking a
+// prompt chunk of what -b leaves, as the scheduler's one-pass budget cuts it): one mixed step against the
+// chunk's own prefill plus the batched step of the N - 1, medians of repeated runs; with --profile the
+// mixed step phase by phase. ran = false where the backend has no mixed steps or the context is too short.
+struct MixedRuns {
+    bool ran = false;
+    int decode_rows = 0, chunk = 0;
+    double mixed_ms = 0, prefill_ms = 0, decode_ms = 0;
+    double profile_total = 0;
+    nlohmann::json profile_by_phase = nlohmann::json::object();
+};
+MixedRuns bench_mixed(CudaBackend* be, const ModelConfig& c, const BenchArgs& b, int slots);
+nlohmann::json mixed_json(const MixedRuns& m);
+
 // The batched step of every slot after its prompt inside its graph replay, printed with its "why" lines
 // against roofline_gbs (the experts' bytes as expected touched, attention's its K/V: kv_elem_bytes an
 // element).
