@@ -43,8 +43,7 @@ class CudaBackendImpl final : public CudaBackend {
     CudaBackendImpl(std::unique_ptr<cuda::DeviceWeights> dw, const BackendOptions& opt)
         : model_(std::move(dw), opt.ctx_size, std::max(1, opt.chunk), opt.tuning, opt.kv_dtype, nullptr,
                  opt.slots, paged_pool_blocks(dw->config, opt)),
-          device_select_(opt.tuning.device_sampling),
-          mixed_steps_(opt.tuning.mixed_steps) {}
+          device_select_(opt.tuning.device_sampling) {}
 
     const ModelConfig& config() const override { return model_.config(); }
     std::string name() const override { return "cuda (" + cuda_device_info().name + ")"; }
@@ -129,7 +128,7 @@ class CudaBackendImpl final : public CudaBackend {
         return model_.profile_batch(slots, ids, n);
     }
     int batch_rows() const override { return model_.chunk(); }
-    int mixed_rows() const override { return mixed_steps_ ? model_.chunk() : 0; }
+    int mixed_rows() const override { return model_.chunk(); }
     std::vector<int> mixed_batch(const SlotItem* items, int n, float* logits) override {
         for (int t = 0; t < n; ++t) cuda::check_token_ids(config(), items[t].ids, items[t].n);
         return model_.mixed_batch(items, n, logits);
@@ -163,7 +162,6 @@ class CudaBackendImpl final : public CudaBackend {
   private:
     cuda::CudaModel model_;
     bool device_select_;    // Tuning::device_sampling
-    bool mixed_steps_;      // Tuning::mixed_steps
     std::vector<int> pen_;  // eval_select's ids then counts
 };
 

@@ -33,9 +33,7 @@ constexpr int kGemmStackMaxN = 128;
 // batches of the same scratch.
 constexpr int64_t kAttnGemmKeys = 2048;
 inline int64_t attn_gemm_keys(const ModelConfig& c, int64_t ctx, int chunk) {
-    const int64_t keys =
-        std::min<int64_t>(ctx, std::max<int64_t>(kAttnGemmKeys, int64_t{c.sliding_window} + chunk));
-    return (keys + 7) / 8 * 8;  // the scores' rows lie 8 floats apart (attention_gemm.cu)
+    return std::min<int64_t>(ctx, std::max<int64_t>(kAttnGemmKeys, int64_t{c.sliding_window} + chunk));
 }
 
 // The paged KV cache (more than one sequence slot): the full-attention layers' K and V live in a pool of

@@ -9,7 +9,7 @@ namespace markbase {
 namespace {
 
 constexpr std::string_view kKeys =
-    "device_sampling, mixed_steps, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, "
+    "device_sampling, gemv, attn_cluster, tp_allreduce, load_threads, load_chunk_mib, "
     "load_direct, "
     "attn_gemm_rows, batch_attn_keys, batch_attn_heads, batch_attn, decode_attn, stream_gemm, tile_gemm, "
     "batch_experts, moe_gemm, gemm_inputs, cpu_pin, skip";
@@ -37,8 +37,7 @@ int64_t parse_int(std::string_view source, std::string_view key, std::string_vie
 void set(Tuning& t, std::string_view source, std::string_view key, std::string_view v) {
     if (key == "device_sampling") {
         t.device_sampling = parse_flag(source, key, v);
-    } else if (key == "mixed_steps") {
-        t.mixed_steps = parse_flag(source, key, v);
+
     } else if (key == "gemv") {
         if (v == "auto")
             t.gemv = Tuning::Gemv::kAuto;
@@ -139,7 +138,6 @@ std::string tuning_string(const Tuning& t) {
     };
     if (t.device_sampling != d.device_sampling)
         add(std::string("device_sampling=") + (t.device_sampling ? "1" : "0"));
-    if (t.mixed_steps != d.mixed_steps) add(std::string("mixed_steps=") + (t.mixed_steps ? "1" : "0"));
     if (t.gemv != d.gemv)
         add(std::string("gemv=") + (t.gemv == Tuning::Gemv::kRows ? "rows" : "async_geglu"));
     if (t.attn_cluster != d.attn_cluster) add(std::string("attn_cluster=") + choice(t.attn_cluster));

@@ -24,11 +24,6 @@ struct Tuning {
     // are the same either way (tests/cuda/test_cuda_sampling.cpp).
     bool device_sampling = true;
 
-    // mixed_steps=0|1: the CUDA serving step carries its prompt chunks beside the decode rows in one pass
-    // over the weights (CudaModel::mixed_batch); 0 runs each chunk as its own prefill pass, then the decode
-    // rows as a batched step (the A/B of docs/performance.md's decisions).
-    bool mixed_steps = true;
-
     // gemv=auto|rows|async_geglu: the decode GeGLU (gate + up) GEMVs. rows = the warp-per-row kernel
     // (gemv_rows.cu), every other decode product runs it too; async_geglu = the GeGLU launches through the
     // cp.async ring. auto: async_geglu for the MoE model on one GPU (26B-A4B -3.5% per token, its dense

@@ -22,7 +22,6 @@ std::string error_of(const std::string& spec) {
 TEST(Tuning, EmptyIsTheDefaults) {
     const Tuning t = parse_tuning("");
     EXPECT_TRUE(t.device_sampling);
-    EXPECT_TRUE(t.mixed_steps);
     EXPECT_EQ(t.gemv, Tuning::Gemv::kAuto);
     EXPECT_EQ(t.attn_cluster, Tuning::Choice::kAuto);
     EXPECT_EQ(t.tp_allreduce, Tuning::AllReduce::kP2p);
@@ -45,14 +44,12 @@ TEST(Tuning, EmptyIsTheDefaults) {
 
 TEST(Tuning, EveryKeyParsesAndPrintsBack) {
     const std::string spec =
-        "device_sampling=0,mixed_steps=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,"
-        "load_chunk_mib=1,"
+        "device_sampling=0,gemv=async_geglu,attn_cluster=1,tp_allreduce=nccl,load_threads=3,load_chunk_mib=1,"
         "load_direct=1,attn_gemm_rows=40,batch_attn_keys=16,batch_attn_heads=2,"
         "batch_attn=warp,decode_attn=mma,stream_gemm=0,tile_gemm=32,moe_gemm=0,gemm_inputs=halves,"
         "cpu_pin=1,skip=qkv+route_topk";
     const Tuning t = parse_tuning(spec);
     EXPECT_FALSE(t.device_sampling);
-    EXPECT_FALSE(t.mixed_steps);
     EXPECT_EQ(t.gemv, Tuning::Gemv::kAsyncGeglu);
     EXPECT_EQ(t.attn_cluster, Tuning::Choice::kOn);
     EXPECT_EQ(t.tp_allreduce, Tuning::AllReduce::kNccl);

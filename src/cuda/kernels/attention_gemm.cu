@@ -36,18 +36,17 @@ constexpr int kMinRows = 16;    // the scratch holds at least this many query ro
 
 // The six pointer arrays of one batch of heads [h0, h0 + hb) and query rows [q0, q0 + nq):
 // [0] K_g, [1] Q_h, [2] S_i for the scores; [3] V_g, [4] P_i (= S_i), [5] O_h for the output.
-// The scores' rows are Ls long, lds apart. A bf16 cache (KvT uint16_t): the queries are q16's, P_i is bf16
-// in place.
+// The scores' rows are Ls long. A bf16 cache (KvT uint16_t): the queries are q16's, P_i is bf16 in place.
 template <class KvT>
 __global__ void attn_gemm_ptrs_kernel(const AttnArgs a, const uint16_t* q16, int q0, int nq, int h0, int hb,
-                                      int64_t lds, float* sc, void** p) {
+                                      int64_t Ls, float* sc, void** p) {
     pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hb) return;
     const int h = h0 + i, g = h / (a.nH / a.nKV);
     const int64_t qrow = int64_t{a.nH} * a.d, head = int64_t{h} * a.d;
     const int64_t kv = int64_t{g} * a.d;
-    float* s = sc + int64_t{i} * nq * lds;
+    float* s = sc + int64_t{i} * nq * Ls;
     p[i] = const_cast<KvT*>(static_cast<const KvT*>(a.k_cache) + kv);
     if constexpr (sizeof(KvT) == 2)
         p[hb + i] = const_cast<uint16_t*>(q16 + q0 * qrow + head);
@@ -76,17 +75,17 @@ __device__ __forceinline__ bool slot_visible(int64_t j, int64_t p, int64_t top, 
 }
 
 // grid hb * nq rows (head i = row / nq, token q0 + row % nq), kSoftmaxThreads threads; in place:
-// S row (Ls long, lds apart) -> softmax over the visible slots, 0 elsewhere. Cached: the row in registers
-// (Ls <= 2048). P16 (a bf16 cache): P as bf16 over the first half of the row's bytes (P's row stride stays
-// the row's bytes, 2 lds bf16), every read of the row before any store that could overlap it.
+// S row -> softmax over the visible slots, 0 elsewhere. Cached: the row in registers (Ls <= 2048).
+// P16 (a bf16 cache): P as bf16 over the first half of the row's bytes (P's row stride stays the row's
+// bytes, 2 Ls bf16), every read of the row before any store that could overlap it.
 template <bool Cached, bool P16>
 __global__ void __launch_bounds__(kSoftmaxThreads)
-    attn_gemm_softmax_kernel(float* sc, int64_t Ls, int64_t lds, int nq, int q0, int64_t pos0, int n,
-                             int64_t cap, int window) {
+    attn_gemm_softmax_kernel(float* sc, int64_t Ls, int nq, int q0, int64_t pos0, int n, int64_t cap,
+                             int window) {
     pdl_begin();
     __shared__ float red[kSoftmaxThreads / 32];
     const int64_t row = blockIdx.x;
-    float* x = sc + row * lds;
+    float* x = sc + row * Ls;
     const int64_t p = pos0 + q0 + row % nq, top = pos0 + n - 1;
     const bool wrapped = pos0 + n > cap;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -241,15 +240,12 @@ void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g
                        : args.block_table      ? gather_paged(args, pos0 + n, g, s)
                                                : args;
     const int64_t Ls = std::min<int64_t>(a.cap, pos0 + n);
-    // the scores' rows laid 8 floats apart (32 bytes: the GEMMs' S and P leading dimensions aligned for
-    // cuBLAS's vectorised tensor-core kernels whatever the chunk's length)
-    const int64_t lds = (Ls + 7) / 8 * 8;
-    const int64_t rows_fit = g.s_floats / lds;  // query rows of one head the scratch holds
+    const int64_t rows_fit = g.s_floats / Ls;  // query rows of one head the scratch holds
     if (rows_fit < std::min(n, kMinRows))
         throw Error("internal: the prefill attention scratch holds " + std::to_string(rows_fit) +
                     " rows of " + std::to_string(Ls) + " keys");
     const int nq = static_cast<int>(std::min<int64_t>(n, rows_fit));
-    const int hb = static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{nq} * lds), 1, a.nH));
+    const int hb = static_cast<int>(std::clamp<int64_t>(g.s_floats / (int64_t{nq} * Ls), 1, a.nH));
     const bool b16 = a.kv == KvElem::kBf16;
     if (b16) {
         const int64_t count = int64_t{n} * a.nH * a.d;
@@ -262,7 +258,7 @@ void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g
     const cudaDataType kv_t = b16 ? CUDA_R_16BF : CUDA_R_32F;
     const float one = 1.0f, zero = 0.0f;
     const int ldq = a.nH * a.d, ldk = a.nKV * a.d, ldv = a.nKV * a.d, ldo = a.nH * a.d;
-    const int ls = static_cast<int>(Ls), lsd = static_cast<int>(lds), ldp = b16 ? 2 * lsd : lsd;
+    const int ls = static_cast<int>(Ls), ldp = b16 ? 2 * ls : ls;
     void** p = g.ptrs;
     for (int q0 = 0; q0 < n; q0 += nq) {
         const int rows = std::min(nq, n - q0);
@@ -271,20 +267,20 @@ void attention_gemm(const AttnArgs& args, int n, int64_t pos0, const AttnGemm& g
             const dim3 ptr_grid((heads + 63) / 64);
             if (b16)
                 launch_kernel(attn_gemm_ptrs_kernel<uint16_t>, ptr_grid, dim3(64), 0, s, a, g.q16, q0, rows,
-                              h0, heads, lds, g.s, p);
+                              h0, heads, Ls, g.s, p);
             else
                 launch_kernel(attn_gemm_ptrs_kernel<float>, ptr_grid, dim3(64), 0, s, a, g.q16, q0, rows, h0,
-                              heads, lds, g.s, p);
+                              heads, Ls, g.s, p);
             CUDA_CHECK_LAUNCH();
             // row-major S[t][j] = sum_c Q[t][c] K[j][c]: column-major S^T (Ls x rows) = K^T(op T) Q^T
             CUBLAS_CHECK(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, ls, rows, a.d, &one, p, kv_t,
-                                             ldk, p + heads, kv_t, ldq, &zero, p + 2 * heads, CUDA_R_32F, lsd,
+                                             ldk, p + heads, kv_t, ldq, &zero, p + 2 * heads, CUDA_R_32F, ls,
                                              heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             const dim3 grid(static_cast<unsigned>(int64_t{heads} * rows));
             const bool cached = Ls <= int64_t{kSoftmaxThreads} * kSoftmaxPer;
             auto softmax = [&](auto kernel) {
-                launch_kernel(kernel, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls, lds, rows, q0, pos0, n,
-                              a.cap, a.window);
+                launch_kernel(kernel, grid, dim3(kSoftmaxThreads), 0, s, g.s, Ls, rows, q0, pos0, n, a.cap,
+                              a.window);
             };
             if (b16)
                 cached ? softmax(attn_gemm_softmax_kernel<true, true>)
