@@ -256,11 +256,7 @@ cudaGraph_t CudaModel::capture_batch(int n, int64_t range) {
 void CudaModel::record_batch(int n, int64_t range) {
     const int H = c_.hidden, L = c_.n_layers;
     const int64_t V = c_.vocab_size;
-    struct BatchScope {  // batch_ while the step is recorded, also when it throws
-        bool& flag;
-        explicit BatchScope(bool& f) : flag(f) { flag = true; }
-        ~BatchScope() { flag = false; }
-    } scope(batch_);
+    const BatchScope scope(batch_);
     Profiler* pf = prefill_pf_;  // profile_batch: events around each phase
     embed_chunk(pf, n);
     // prefill_layer sizes the attention pieces from pos0 + n: here the range

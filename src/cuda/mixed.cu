@@ -107,11 +107,7 @@ std::vector<int> CudaModel::mixed_run(const SlotItem* items, int count, float* l
 void CudaModel::record_mixed(int n, const std::vector<int>& wanted) {
     const int H = c_.hidden, L = c_.n_layers;
     const int64_t V = c_.vocab_size;
-    struct BatchScope {  // batch_ while the step is recorded, also when it throws
-        bool& flag;
-        explicit BatchScope(bool& f) : flag(f) { flag = true; }
-        ~BatchScope() { flag = false; }
-    } scope(batch_);
+    const BatchScope scope(batch_);
     Profiler* pf = prefill_pf_;  // profile_mixed: events around each phase
     embed_chunk(pf, n);
     for (int i = 0; i < L; ++i) prefill_layer(i, n, 0);  // (positions: mixed_ and the per-row arrays)

@@ -433,6 +433,13 @@ class CudaModel {
     std::vector<int64_t> slot_pos_;
     int cur_slot_ = 0;
     bool batch_ = false;
+    struct BatchScope {  // batch_ while a batched or mixed step is recorded, also when it throws
+        bool& flag;
+        explicit BatchScope(bool& f) : flag(f) { flag = true; }
+        ~BatchScope() { flag = false; }
+        BatchScope(const BatchScope&) = delete;
+        BatchScope& operator=(const BatchScope&) = delete;
+    };
     // while mixed_batch runs: its leading one-id rows (the batched pieces, positions below decode_range) and
     // its prompt chunks (rows row0.. of slot `slot` from pos0, through attention_gemm)
     struct MixedChunk {
