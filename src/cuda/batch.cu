@@ -254,19 +254,25 @@ cudaGraph_t CudaModel::capture_batch(int n, int64_t range) {
 // positions d_bpos_ of slots d_bslot_, every position below `range`; the greedy next ids into d_bnext_, every
 // row's logits in act_.all_logits.
 void CudaModel::record_batch(int n, int64_t range) {
-    const int H = c_.hidden, L = c_.n_layers;
-    const int64_t V = c_.vocab_size;
     const BatchScope scope(batch_);
     Profiler* pf = prefill_pf_;  // profile_batch: events around each phase
     embed_chunk(pf, n);
     // prefill_layer sizes the attention pieces from pos0 + n: here the range
-    for (int i = 0; i < L; ++i) prefill_layer(i, n, range - n);
+    for (int i = 0; i < c_.n_layers; ++i) prefill_layer(i, n, range - n);
+    record_batch_logits(pf, n);
+}
+
+// x's first `rows` rows through the final norm and lm_head: their logits in act_.all_logits, their greedy
+// ids in d_bnext_ (the batched step's rows; the mixed step's wanted rows, moved to the front).
+void CudaModel::record_batch_logits(Profiler* pf, int rows) {
+    const int H = c_.hidden;
+    const int64_t V = c_.vocab_size;
     run(pf, "lm_head", -1, 2.0 * V * H, [&] {
-        split_x({true, true, w_.final_norm}, n);
-        gemm(w_.embed, static_cast<int>(V), H, n, act_.all_logits, V);
+        split_x({true, true, w_.final_norm}, rows);
+        gemm(w_.embed, static_cast<int>(V), H, rows, act_.all_logits, V);
         if (c_.final_softcap > 0.0f)
-            softcap_inplace(act_.all_logits, int64_t{n} * V, c_.final_softcap, stream_);
-        argmax_rows(act_.all_logits, n, V, d_bnext_, stream_);
+            softcap_inplace(act_.all_logits, int64_t{rows} * V, c_.final_softcap, stream_);
+        argmax_rows(act_.all_logits, rows, V, d_bnext_, stream_);
     });
 }
 

@@ -106,7 +106,6 @@ std::vector<int> CudaModel::mixed_run(const SlotItem* items, int count, float* l
 // so no move overwrites a row still to be read) and lm_head over those k rows only.
 void CudaModel::record_mixed(int n, const std::vector<int>& wanted) {
     const int H = c_.hidden, L = c_.n_layers;
-    const int64_t V = c_.vocab_size;
     const BatchScope scope(batch_);
     Profiler* pf = prefill_pf_;  // profile_mixed: events around each phase
     embed_chunk(pf, n);
@@ -119,13 +118,7 @@ void CudaModel::record_mixed(int n, const std::vector<int>& wanted) {
             CUDA_CHECK(cudaMemcpyAsync(act_.x + int64_t{j} * H,
                                        act_.x + int64_t{wanted[static_cast<size_t>(j)]} * H,
                                        H * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    run(pf, "lm_head", -1, 2.0 * V * H, [&] {
-        split_x({true, true, w_.final_norm}, k);  // the last update's rows stand only where k == n
-        gemm(w_.embed, static_cast<int>(V), H, k, act_.all_logits, V);
-        if (c_.final_softcap > 0.0f)
-            softcap_inplace(act_.all_logits, int64_t{k} * V, c_.final_softcap, stream_);
-        argmax_rows(act_.all_logits, k, V, d_bnext_, stream_);
-    });
+    record_batch_logits(pf, k);  // (the last update's split rows stand only where k == n)
 }
 
 // Layer i's attention in a mixed step: each chunk through attention_gemm over its slot's cache, then the

@@ -467,6 +467,7 @@ class CudaModel {
     bool fp8_experts() const;           // batched steps can stream FP8 experts (batch.cu)
     bool int4_experts() const;          // ... int4 experts (batch.cu)
     void record_batch(int n, int64_t range);
+    void record_batch_logits(Profiler* pf, int rows);
     int decode_slot(int slot, int id, float* logits);  // one sequence: its slot's decode graph
     std::vector<int> batch_step(const int* slot_ids, const int* ids, int n, float* logits, Profiler* pf);
 };
